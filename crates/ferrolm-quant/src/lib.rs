@@ -1,0 +1,4 @@
+//! Quantized block formats (work in progress).
+#![deny(missing_docs)]
+
+pub use ferrolm_gguf::TensorType;
