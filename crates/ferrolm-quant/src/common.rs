@@ -1,0 +1,46 @@
+//! Small numeric helpers shared by the block formats.
+
+use half::f16;
+
+/// Reads a little-endian IEEE half stored as two bytes.
+#[inline(always)]
+pub(crate) fn f16_to_f32(b: [u8; 2]) -> f32 {
+    f16::from_le_bytes(b).to_f32()
+}
+
+/// Rounds to the nearest half (ties to even) and returns its two little-endian bytes.
+#[inline(always)]
+pub(crate) fn f32_to_f16(x: f32) -> [u8; 2] {
+    f16::from_f32(x).to_le_bytes()
+}
+
+/// ggml's `nearest_int`: round half to even through the 1.5 * 2^23 trick; valid for
+/// |x| <= 4194303, which every caller guarantees.
+#[inline(always)]
+pub(crate) fn nearest_int(x: f32) -> i32 {
+    let v = x + 12_582_912.0f32;
+    (v.to_bits() & 0x007f_ffff) as i32 - 0x0040_0000
+}
+
+/// C's `roundf`: round half away from zero.
+#[inline(always)]
+pub(crate) fn roundf(x: f32) -> f32 {
+    x.round()
+}
+
+/// ggml's `GGML_E8M0_TO_FP32_HALF`: 2^(e - 128) as an f32, subnormal for e < 2.
+#[inline(always)]
+pub(crate) fn e8m0_to_f32_half(e: u8) -> f32 {
+    let bits = if e < 2 {
+        0x0020_0000u32 << e
+    } else {
+        (e as u32 - 1) << 23
+    };
+    f32::from_bits(bits)
+}
+
+/// Sum of `a[i] * b[i]` over i8 values, as ggml's scalar kernels compute it.
+#[inline(always)]
+pub(crate) fn dot_i8(a: &[i8], b: &[i8]) -> i32 {
+    a.iter().zip(b).map(|(&x, &y)| x as i32 * y as i32).sum()
+}

@@ -1,0 +1,252 @@
+//! Dot-product kernels: the scalar references, and the pick of a SIMD kernel for this CPU.
+
+use std::fmt;
+use std::sync::OnceLock;
+
+use crate::{float, iq, k_quants, legacy, vec_dot_type, QuantError, TensorType};
+
+/// `dot(n, row, act)`: `row` and `act` are exactly the bytes of `n` elements.
+pub(crate) type DotFn = fn(usize, &[u8], &[u8]) -> f32;
+/// `rows(n, rows, row_stride, act, out)`: `out[i] = dot(row i, act)`; `rows` ends exactly at
+/// the end of the last row and `act` is exactly `n` elements.
+pub(crate) type RowsFn = fn(usize, &[u8], usize, &[u8], &mut [f32]);
+
+/// The instruction sets a kernel can be written for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Isa {
+    Scalar,
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    Avx2,
+    #[cfg_attr(not(target_arch = "aarch64"), allow(dead_code))]
+    Neon,
+}
+
+impl Isa {
+    fn name(self) -> &'static str {
+        match self {
+            Isa::Scalar => "scalar",
+            Isa::Avx2 => "avx2",
+            Isa::Neon => "neon",
+        }
+    }
+}
+
+/// The best instruction set of this CPU, detected once per process. Setting the environment
+/// variable `FERROLM_FORCE_SCALAR` (to anything) before the first call forces the scalar kernels.
+fn detected_isa() -> Isa {
+    static ISA: OnceLock<Isa> = OnceLock::new();
+    *ISA.get_or_init(|| {
+        if std::env::var_os("FERROLM_FORCE_SCALAR").is_some() {
+            return Isa::Scalar;
+        }
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::arch::is_x86_feature_detected!("avx2")
+                && std::arch::is_x86_feature_detected!("fma")
+                && std::arch::is_x86_feature_detected!("f16c")
+            {
+                return Isa::Avx2;
+            }
+        }
+        #[cfg(target_arch = "aarch64")]
+        {
+            if std::arch::is_aarch64_feature_detected!("neon") {
+                return Isa::Neon;
+            }
+        }
+        Isa::Scalar
+    })
+}
+
+/// A dot-product kernel for rows of one weight type against activations of its
+/// [`vec_dot_type`](crate::vec_dot_type), chosen for this CPU.
+///
+/// Contract for every method: `n` is a multiple of the weight type's block size, `row` (each
+/// row) holds at least the bytes of `n` weight elements and `act` at least the bytes of `n`
+/// activation elements, and activations are quantized by this crate (Q8 quants in -127..=127).
+/// Callers validate user input before; a violated length contract panics.
+#[derive(Clone, Copy)]
+pub struct DotKernel {
+    ty: TensorType,
+    act_ty: TensorType,
+    block_size: usize,
+    row_block_bytes: usize,
+    act_block_bytes: usize,
+    dot: DotFn,
+    rows: Option<RowsFn>,
+    isa: Isa,
+}
+
+impl fmt::Debug for DotKernel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DotKernel")
+            .field("ty", &self.ty)
+            .field("act_ty", &self.act_ty)
+            .field("isa", &self.isa.name())
+            .finish()
+    }
+}
+
+impl DotKernel {
+    #[inline(always)]
+    fn sizes(&self, n: usize) -> (usize, usize) {
+        assert!(
+            n % self.block_size == 0,
+            "{}: n = {n} is not a multiple of the block size {}",
+            self.ty,
+            self.block_size
+        );
+        let nb = n / self.block_size;
+        (nb * self.row_block_bytes, nb * self.act_block_bytes)
+    }
+
+    /// Dot of one weight row (`n` elements, GGUF bytes of the weight type) with an activation
+    /// vector already quantized to the activation type (`n` elements).
+    #[inline]
+    pub fn dot(&self, n: usize, row: &[u8], act: &[u8]) -> f32 {
+        let (rb, ab) = self.sizes(n);
+        assert!(row.len() >= rb, "{}: row has {} bytes, needs {rb}", self.ty, row.len());
+        assert!(act.len() >= ab, "{}: activation has {} bytes, needs {ab}", self.act_ty, act.len());
+        (self.dot)(n, &row[..rb], &act[..ab])
+    }
+
+    /// `out[i] = dot(row i, act)` for `out.len()` rows starting every `row_stride` bytes of
+    /// `rows`. SIMD kernels may process several rows at a time to reuse activation loads.
+    pub fn dot_rows(&self, n: usize, rows: &[u8], row_stride: usize, act: &[u8], out: &mut [f32]) {
+        let (rb, ab) = self.sizes(n);
+        if out.is_empty() {
+            return;
+        }
+        assert!(row_stride >= rb, "{}: row stride {row_stride} < row bytes {rb}", self.ty);
+        let need = (out.len() - 1) * row_stride + rb;
+        assert!(rows.len() >= need, "{}: rows have {} bytes, need {need}", self.ty, rows.len());
+        assert!(act.len() >= ab, "{}: activation has {} bytes, needs {ab}", self.act_ty, act.len());
+        let (rows, act) = (&rows[..need], &act[..ab]);
+        match self.rows {
+            Some(f) => f(n, rows, row_stride, act, out),
+            None => {
+                for (i, o) in out.iter_mut().enumerate() {
+                    *o = (self.dot)(n, &rows[i * row_stride..i * row_stride + rb], act);
+                }
+            }
+        }
+    }
+
+    /// Several activation columns at once (prompt processing): for each column `c` of
+    /// `n_cols` (starting every `act_stride` bytes of `acts`) and each of `n_rows` rows,
+    /// `out[c * n_rows + i] = dot(row i, column c)`. Each weight row is read once per group
+    /// of columns while it is hot in cache.
+    #[allow(clippy::too_many_arguments)] // two strided matrices and their shapes
+    pub fn dot_rows_multi(
+        &self,
+        n: usize,
+        rows: &[u8],
+        row_stride: usize,
+        n_rows: usize,
+        acts: &[u8],
+        act_stride: usize,
+        n_cols: usize,
+        out: &mut [f32],
+    ) {
+        let (rb, ab) = self.sizes(n);
+        if n_rows == 0 || n_cols == 0 {
+            return;
+        }
+        assert!(out.len() >= n_rows * n_cols, "output has {} < {n_rows} x {n_cols}", out.len());
+        assert!(row_stride >= rb && act_stride >= ab, "strides shorter than one row");
+        let need_r = (n_rows - 1) * row_stride + rb;
+        let need_a = (n_cols - 1) * act_stride + ab;
+        assert!(rows.len() >= need_r, "{}: rows have {} bytes, need {need_r}", self.ty, rows.len());
+        assert!(acts.len() >= need_a, "{}: acts have {} bytes, need {need_a}", self.act_ty, acts.len());
+        for i in 0..n_rows {
+            let row = &rows[i * row_stride..i * row_stride + rb];
+            for c in 0..n_cols {
+                let act = &acts[c * act_stride..c * act_stride + ab];
+                out[c * n_rows + i] = (self.dot)(n, row, act);
+            }
+        }
+    }
+
+    /// Name of the implementation picked ("avx2", "neon", "scalar") for benchmarks and logs.
+    pub fn isa(&self) -> &'static str {
+        self.isa.name()
+    }
+
+    /// The weight type of the rows.
+    pub fn weight_type(&self) -> TensorType {
+        self.ty
+    }
+
+    /// The type the activation vector must be quantized to ([`vec_dot_type`] of the weights).
+    pub fn activation_type(&self) -> TensorType {
+        self.act_ty
+    }
+}
+
+fn scalar_fn(ty: TensorType) -> Option<DotFn> {
+    use TensorType as T;
+    Some(match ty {
+        T::F32 => float::dot_f32,
+        T::F16 => float::dot_f16,
+        T::BF16 => float::dot_bf16,
+        T::Q4_0 => legacy::dot_q4_0_q8_0,
+        T::Q4_1 => legacy::dot_q4_1_q8_1,
+        T::Q5_0 => legacy::dot_q5_0_q8_0,
+        T::Q5_1 => legacy::dot_q5_1_q8_1,
+        T::Q8_0 => legacy::dot_q8_0_q8_0,
+        T::Q2_K => k_quants::dot_q2_k_q8_k,
+        T::Q3_K => k_quants::dot_q3_k_q8_k,
+        T::Q4_K => k_quants::dot_q4_k_q8_k,
+        T::Q5_K => k_quants::dot_q5_k_q8_k,
+        T::Q6_K => k_quants::dot_q6_k_q8_k,
+        T::IQ4_NL => iq::dot_iq4_nl_q8_0,
+        T::MXFP4 => iq::dot_mxfp4_q8_0,
+        _ => return None,
+    })
+}
+
+fn build(ty: TensorType, isa: Isa) -> Result<DotKernel, QuantError> {
+    let unsupported = QuantError::Unsupported {
+        ty,
+        op: "dot product",
+    };
+    let act_ty = vec_dot_type(ty)?;
+    let scalar = scalar_fn(ty).ok_or(unsupported)?;
+    let simd: Option<(DotFn, Option<RowsFn>)> = match isa {
+        Isa::Scalar => None,
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => crate::avx2::kernel(ty),
+        #[cfg(target_arch = "aarch64")]
+        Isa::Neon => crate::neon::kernel(ty),
+        #[allow(unreachable_patterns)]
+        _ => None,
+    };
+    let (dot, rows, isa) = match simd {
+        Some((dot, rows)) => (dot, rows, isa),
+        None => (scalar, None, Isa::Scalar),
+    };
+    debug_assert_eq!(ty.block_size(), act_ty.block_size());
+    Ok(DotKernel {
+        ty,
+        act_ty,
+        block_size: ty.block_size(),
+        row_block_bytes: ty.block_bytes(),
+        act_block_bytes: act_ty.block_bytes(),
+        dot,
+        rows,
+        isa,
+    })
+}
+
+/// A dot-product kernel for rows of `ty`, chosen once at run time for this CPU (AVX2+FMA+F16C
+/// on x86-64 when detected, NEON on aarch64, scalar otherwise or for types without a SIMD
+/// kernel). [`DotKernel::isa`] says which.
+pub fn dot_kernel(ty: TensorType) -> Result<DotKernel, QuantError> {
+    build(ty, detected_isa())
+}
+
+/// The scalar reference kernel for the same contract, following ggml's integer arithmetic;
+/// what the SIMD kernels are tested against.
+pub fn dot_kernel_scalar(ty: TensorType) -> Result<DotKernel, QuantError> {
+    build(ty, Isa::Scalar)
+}

@@ -1,0 +1,402 @@
+//! The 32-element "legacy" formats: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and the Q8_1 activation format.
+//!
+//! Every block holds an f16 scale `d` (plus an f16 minimum `m` for the `_1` kinds); quants are
+//! packed so that byte `j` carries element `j` in its low nibble and element `j + 16` in its high
+//! nibble. Q5 keeps the fifth bit of element `j` in bit `j` of the little-endian u32 `qh`.
+
+use bytemuck::{Pod, Zeroable};
+
+use crate::common::{dot_i8, f16_to_f32, f32_to_f16, roundf};
+
+/// Elements per block of every legacy format.
+pub(crate) const QK: usize = 32;
+
+/// Q4_0: `x = d * (q - 8)`.
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+pub(crate) struct BlockQ4_0 {
+    pub d: [u8; 2],
+    pub qs: [u8; QK / 2],
+}
+const _: () = assert!(std::mem::size_of::<BlockQ4_0>() == 2 + QK / 2);
+
+/// Q4_1: `x = d * q + m`.
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+pub(crate) struct BlockQ4_1 {
+    pub d: [u8; 2],
+    pub m: [u8; 2],
+    pub qs: [u8; QK / 2],
+}
+const _: () = assert!(std::mem::size_of::<BlockQ4_1>() == 4 + QK / 2);
+
+/// Q5_0: `x = d * (q - 16)` with q five bits.
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+pub(crate) struct BlockQ5_0 {
+    pub d: [u8; 2],
+    pub qh: [u8; 4],
+    pub qs: [u8; QK / 2],
+}
+const _: () = assert!(std::mem::size_of::<BlockQ5_0>() == 2 + 4 + QK / 2);
+
+/// Q5_1: `x = d * q + m` with q five bits.
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+pub(crate) struct BlockQ5_1 {
+    pub d: [u8; 2],
+    pub m: [u8; 2],
+    pub qh: [u8; 4],
+    pub qs: [u8; QK / 2],
+}
+const _: () = assert!(std::mem::size_of::<BlockQ5_1>() == 4 + 4 + QK / 2);
+
+/// Q8_0: `x = d * q` with q a signed byte.
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+pub(crate) struct BlockQ8_0 {
+    pub d: [u8; 2],
+    pub qs: [u8; QK],
+}
+const _: () = assert!(std::mem::size_of::<BlockQ8_0>() == 2 + QK);
+
+/// Q8_1 (activations only): Q8_0 plus `s = d * sum(q)` as f16.
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+pub(crate) struct BlockQ8_1 {
+    pub d: [u8; 2],
+    pub s: [u8; 2],
+    pub qs: [u8; QK],
+}
+const _: () = assert!(std::mem::size_of::<BlockQ8_1>() == 4 + QK);
+
+#[inline(always)]
+fn as_i8(b: &[u8; QK]) -> &[i8; QK] {
+    bytemuck::cast_ref(b)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Dequantize
+
+pub(crate) fn dequantize_q4_0(src: &[u8], dst: &mut [f32]) {
+    let blocks: &[BlockQ4_0] = bytemuck::cast_slice(src);
+    for (b, y) in blocks.iter().zip(dst.chunks_exact_mut(QK)) {
+        let d = f16_to_f32(b.d);
+        for j in 0..QK / 2 {
+            y[j] = ((b.qs[j] & 0x0f) as i32 - 8) as f32 * d;
+            y[j + QK / 2] = ((b.qs[j] >> 4) as i32 - 8) as f32 * d;
+        }
+    }
+}
+
+pub(crate) fn dequantize_q4_1(src: &[u8], dst: &mut [f32]) {
+    let blocks: &[BlockQ4_1] = bytemuck::cast_slice(src);
+    for (b, y) in blocks.iter().zip(dst.chunks_exact_mut(QK)) {
+        let d = f16_to_f32(b.d);
+        let m = f16_to_f32(b.m);
+        for j in 0..QK / 2 {
+            y[j] = (b.qs[j] & 0x0f) as f32 * d + m;
+            y[j + QK / 2] = (b.qs[j] >> 4) as f32 * d + m;
+        }
+    }
+}
+
+#[inline(always)]
+fn q5_values(qh: [u8; 4], qs: &[u8; QK / 2]) -> [u8; QK] {
+    let qh = u32::from_le_bytes(qh);
+    let mut q = [0u8; QK];
+    for j in 0..QK / 2 {
+        let h0 = (((qh >> j) << 4) & 0x10) as u8;
+        let h1 = ((qh >> (j + 12)) & 0x10) as u8;
+        q[j] = (qs[j] & 0x0f) | h0;
+        q[j + QK / 2] = (qs[j] >> 4) | h1;
+    }
+    q
+}
+
+pub(crate) fn dequantize_q5_0(src: &[u8], dst: &mut [f32]) {
+    let blocks: &[BlockQ5_0] = bytemuck::cast_slice(src);
+    for (b, y) in blocks.iter().zip(dst.chunks_exact_mut(QK)) {
+        let d = f16_to_f32(b.d);
+        let q = q5_values(b.qh, &b.qs);
+        for j in 0..QK {
+            y[j] = (q[j] as i32 - 16) as f32 * d;
+        }
+    }
+}
+
+pub(crate) fn dequantize_q5_1(src: &[u8], dst: &mut [f32]) {
+    let blocks: &[BlockQ5_1] = bytemuck::cast_slice(src);
+    for (b, y) in blocks.iter().zip(dst.chunks_exact_mut(QK)) {
+        let d = f16_to_f32(b.d);
+        let m = f16_to_f32(b.m);
+        let q = q5_values(b.qh, &b.qs);
+        for j in 0..QK {
+            y[j] = q[j] as f32 * d + m;
+        }
+    }
+}
+
+pub(crate) fn dequantize_q8_0(src: &[u8], dst: &mut [f32]) {
+    let blocks: &[BlockQ8_0] = bytemuck::cast_slice(src);
+    for (b, y) in blocks.iter().zip(dst.chunks_exact_mut(QK)) {
+        let d = f16_to_f32(b.d);
+        for (y, &q) in y.iter_mut().zip(as_i8(&b.qs)) {
+            *y = q as f32 * d;
+        }
+    }
+}
+
+pub(crate) fn dequantize_q8_1(src: &[u8], dst: &mut [f32]) {
+    let blocks: &[BlockQ8_1] = bytemuck::cast_slice(src);
+    for (b, y) in blocks.iter().zip(dst.chunks_exact_mut(QK)) {
+        let d = f16_to_f32(b.d);
+        for (y, &q) in y.iter_mut().zip(as_i8(&b.qs)) {
+            *y = q as f32 * d;
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Quantize (ggml's `quantize_row_*_ref`)
+
+/// Signed absolute maximum: the value with the largest magnitude, first one on ties.
+#[inline(always)]
+fn signed_absmax(x: &[f32]) -> f32 {
+    let mut amax = 0.0f32;
+    let mut max = 0.0f32;
+    for &v in x {
+        if amax < v.abs() {
+            amax = v.abs();
+            max = v;
+        }
+    }
+    max
+}
+
+#[inline(always)]
+fn min_max(x: &[f32]) -> (f32, f32) {
+    let mut min = f32::MAX;
+    let mut max = -f32::MAX;
+    for &v in x {
+        if v < min {
+            min = v;
+        }
+        if v > max {
+            max = v;
+        }
+    }
+    (min, max)
+}
+
+/// C's `(int8_t)(float)` for values the callers keep inside [0, 128): truncation toward zero.
+#[inline(always)]
+fn trunc_u8(x: f32) -> u8 {
+    x as i32 as u8
+}
+
+pub(crate) fn quantize_q4_0(src: &[f32], dst: &mut [u8]) {
+    let blocks: &mut [BlockQ4_0] = bytemuck::cast_slice_mut(dst);
+    for (x, b) in src.chunks_exact(QK).zip(blocks) {
+        let d = signed_absmax(x) / -8.0;
+        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        b.d = f32_to_f16(d);
+        for j in 0..QK / 2 {
+            let q0 = trunc_u8(x[j] * id + 8.5).min(15);
+            let q1 = trunc_u8(x[j + QK / 2] * id + 8.5).min(15);
+            b.qs[j] = q0 | (q1 << 4);
+        }
+    }
+}
+
+pub(crate) fn quantize_q4_1(src: &[f32], dst: &mut [u8]) {
+    let blocks: &mut [BlockQ4_1] = bytemuck::cast_slice_mut(dst);
+    for (x, b) in src.chunks_exact(QK).zip(blocks) {
+        let (min, max) = min_max(x);
+        let d = (max - min) / 15.0;
+        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        b.d = f32_to_f16(d);
+        b.m = f32_to_f16(min);
+        for j in 0..QK / 2 {
+            let q0 = trunc_u8((x[j] - min) * id + 0.5).min(15);
+            let q1 = trunc_u8((x[j + QK / 2] - min) * id + 0.5).min(15);
+            b.qs[j] = q0 | (q1 << 4);
+        }
+    }
+}
+
+#[inline(always)]
+fn pack_q5(q: &[u8; QK], qs: &mut [u8; QK / 2]) -> [u8; 4] {
+    let mut qh = 0u32;
+    for j in 0..QK / 2 {
+        qs[j] = (q[j] & 0x0f) | ((q[j + QK / 2] & 0x0f) << 4);
+        qh |= ((q[j] as u32 & 0x10) >> 4) << j;
+        qh |= ((q[j + QK / 2] as u32 & 0x10) >> 4) << (j + QK / 2);
+    }
+    qh.to_le_bytes()
+}
+
+pub(crate) fn quantize_q5_0(src: &[f32], dst: &mut [u8]) {
+    let blocks: &mut [BlockQ5_0] = bytemuck::cast_slice_mut(dst);
+    for (x, b) in src.chunks_exact(QK).zip(blocks) {
+        let d = signed_absmax(x) / -16.0;
+        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        b.d = f32_to_f16(d);
+        let mut q = [0u8; QK];
+        for (q, &v) in q.iter_mut().zip(x) {
+            *q = trunc_u8(v * id + 16.5).min(31);
+        }
+        b.qh = pack_q5(&q, &mut b.qs);
+    }
+}
+
+pub(crate) fn quantize_q5_1(src: &[f32], dst: &mut [u8]) {
+    let blocks: &mut [BlockQ5_1] = bytemuck::cast_slice_mut(dst);
+    for (x, b) in src.chunks_exact(QK).zip(blocks) {
+        let (min, max) = min_max(x);
+        let d = (max - min) / 31.0;
+        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        b.d = f32_to_f16(d);
+        b.m = f32_to_f16(min);
+        let mut q = [0u8; QK];
+        for (q, &v) in q.iter_mut().zip(x) {
+            *q = trunc_u8((v - min) * id + 0.5).min(31);
+        }
+        b.qh = pack_q5(&q, &mut b.qs);
+    }
+}
+
+/// How an activation quantizer turns `x * id` into an integer and computes `id`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Rounding {
+    /// `quantize_row_q8_*_ref`: `id = 1 / d`, `roundf` (half away from zero).
+    Reference,
+    /// llama.cpp's AVX path: `id = 127 / amax`, round half to even.
+    X86,
+    /// llama.cpp's NEON path: `id = 1 / d`, round half to even.
+    Arm,
+}
+
+#[inline(always)]
+fn q8_block(x: &[f32], qs: &mut [u8; QK], rounding: Rounding) -> (f32, i32) {
+    let amax = x.iter().fold(0.0f32, |a, &v| a.max(v.abs()));
+    let d = amax / 127.0;
+    let id = match rounding {
+        Rounding::X86 => {
+            if amax != 0.0 {
+                127.0 / amax
+            } else {
+                0.0
+            }
+        }
+        Rounding::Reference | Rounding::Arm => {
+            if d != 0.0 {
+                1.0 / d
+            } else {
+                0.0
+            }
+        }
+    };
+    let mut sum = 0i32;
+    for (q, &v) in qs.iter_mut().zip(x) {
+        let r = match rounding {
+            Rounding::Reference => roundf(v * id),
+            Rounding::X86 | Rounding::Arm => (v * id).round_ties_even(),
+        };
+        let r = r as i32;
+        sum += r;
+        *q = r as i8 as u8;
+    }
+    (d, sum)
+}
+
+pub(crate) fn quantize_q8_0_with(src: &[f32], dst: &mut [u8], rounding: Rounding) {
+    let blocks: &mut [BlockQ8_0] = bytemuck::cast_slice_mut(dst);
+    for (x, b) in src.chunks_exact(QK).zip(blocks) {
+        let (d, _) = q8_block(x, &mut b.qs, rounding);
+        b.d = f32_to_f16(d);
+    }
+}
+
+pub(crate) fn quantize_q8_1_with(src: &[f32], dst: &mut [u8], rounding: Rounding) {
+    let blocks: &mut [BlockQ8_1] = bytemuck::cast_slice_mut(dst);
+    for (x, b) in src.chunks_exact(QK).zip(blocks) {
+        let (d, sum) = q8_block(x, &mut b.qs, rounding);
+        b.d = f32_to_f16(d);
+        b.s = f32_to_f16(sum as f32 * d);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Scalar dot products (ggml's generic `ggml_vec_dot_*`): integer sums per block, then scales.
+
+pub(crate) fn dot_q4_0_q8_0(_n: usize, row: &[u8], act: &[u8]) -> f32 {
+    let xs: &[BlockQ4_0] = bytemuck::cast_slice(row);
+    let ys: &[BlockQ8_0] = bytemuck::cast_slice(act);
+    let mut sumf = 0.0f32;
+    for (x, y) in xs.iter().zip(ys) {
+        let yq = as_i8(&y.qs);
+        let mut sumi = 0i32;
+        for j in 0..QK / 2 {
+            sumi += ((x.qs[j] & 0x0f) as i32 - 8) * yq[j] as i32;
+            sumi += ((x.qs[j] >> 4) as i32 - 8) * yq[j + QK / 2] as i32;
+        }
+        sumf += sumi as f32 * f16_to_f32(x.d) * f16_to_f32(y.d);
+    }
+    sumf
+}
+
+pub(crate) fn dot_q4_1_q8_1(_n: usize, row: &[u8], act: &[u8]) -> f32 {
+    let xs: &[BlockQ4_1] = bytemuck::cast_slice(row);
+    let ys: &[BlockQ8_1] = bytemuck::cast_slice(act);
+    let mut sumf = 0.0f32;
+    for (x, y) in xs.iter().zip(ys) {
+        let yq = as_i8(&y.qs);
+        let mut sumi = 0i32;
+        for j in 0..QK / 2 {
+            sumi += (x.qs[j] & 0x0f) as i32 * yq[j] as i32;
+            sumi += (x.qs[j] >> 4) as i32 * yq[j + QK / 2] as i32;
+        }
+        sumf += (f16_to_f32(x.d) * f16_to_f32(y.d)) * sumi as f32
+            + f16_to_f32(x.m) * f16_to_f32(y.s);
+    }
+    sumf
+}
+
+pub(crate) fn dot_q5_0_q8_0(_n: usize, row: &[u8], act: &[u8]) -> f32 {
+    let xs: &[BlockQ5_0] = bytemuck::cast_slice(row);
+    let ys: &[BlockQ8_0] = bytemuck::cast_slice(act);
+    let mut sumf = 0.0f32;
+    for (x, y) in xs.iter().zip(ys) {
+        let q = q5_values(x.qh, &x.qs);
+        let yq = as_i8(&y.qs);
+        let sumi: i32 = (0..QK).map(|j| (q[j] as i32 - 16) * yq[j] as i32).sum();
+        sumf += sumi as f32 * (f16_to_f32(x.d) * f16_to_f32(y.d));
+    }
+    sumf
+}
+
+pub(crate) fn dot_q5_1_q8_1(_n: usize, row: &[u8], act: &[u8]) -> f32 {
+    let xs: &[BlockQ5_1] = bytemuck::cast_slice(row);
+    let ys: &[BlockQ8_1] = bytemuck::cast_slice(act);
+    let mut sumf = 0.0f32;
+    for (x, y) in xs.iter().zip(ys) {
+        let q = q5_values(x.qh, &x.qs);
+        let yq = as_i8(&y.qs);
+        let sumi: i32 = (0..QK).map(|j| q[j] as i32 * yq[j] as i32).sum();
+        sumf += (f16_to_f32(x.d) * f16_to_f32(y.d)) * sumi as f32
+            + f16_to_f32(x.m) * f16_to_f32(y.s);
+    }
+    sumf
+}
+
+pub(crate) fn dot_q8_0_q8_0(_n: usize, row: &[u8], act: &[u8]) -> f32 {
+    let xs: &[BlockQ8_0] = bytemuck::cast_slice(row);
+    let ys: &[BlockQ8_0] = bytemuck::cast_slice(act);
+    let mut sumf = 0.0f32;
+    for (x, y) in xs.iter().zip(ys) {
+        let sumi = dot_i8(as_i8(&x.qs), as_i8(&y.qs));
+        sumf += sumi as f32 * (f16_to_f32(x.d) * f16_to_f32(y.d));
+    }
+    sumf
+}
