@@ -11,11 +11,13 @@ use crate::legacy::BlockQ8_0;
 pub(crate) const QK: usize = 32;
 
 /// IQ4_NL's codebook.
-pub(crate) const KVALUES_IQ4NL: [i8; 16] =
-    [-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113];
+pub(crate) const KVALUES_IQ4NL: [i8; 16] = [
+    -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
+];
 
 /// The e2m1 values, doubled so that they are integers (the e8m0 scale is halved to match).
-pub(crate) const KVALUES_MXFP4: [i8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
+pub(crate) const KVALUES_MXFP4: [i8; 16] =
+    [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
 
 /// IQ4_NL: `x = d * KVALUES_IQ4NL[q]`.
 #[repr(C)]
@@ -82,7 +84,9 @@ fn best_index_mxfp4(x: f32, e: f32) -> u8 {
 pub(crate) fn quantize_mxfp4(src: &[f32], dst: &mut [u8]) {
     let blocks: &mut [BlockMxfp4] = bytemuck::cast_slice_mut(dst);
     for (x, b) in src.chunks_exact(QK).zip(blocks) {
-        let amax = x.iter().fold(0.0f32, |a, &v| if a < v.abs() { v.abs() } else { a });
+        let amax = x
+            .iter()
+            .fold(0.0f32, |a, &v| if a < v.abs() { v.abs() } else { a });
         let e = if amax > 0.0 {
             (amax.log2().floor() - 2.0 + 127.0) as u8
         } else {
@@ -101,7 +105,10 @@ pub(crate) fn dot_iq4_nl_q8_0(_n: usize, row: &[u8], act: &[u8]) -> f32 {
     let ys: &[BlockQ8_0] = bytemuck::cast_slice(act);
     let mut sumf = 0.0f32;
     for (x, y) in xs.iter().zip(ys) {
-        let sumi = dot_i8(&lookup(&x.qs, &KVALUES_IQ4NL), bytemuck::cast_ref::<_, [i8; QK]>(&y.qs));
+        let sumi = dot_i8(
+            &lookup(&x.qs, &KVALUES_IQ4NL),
+            bytemuck::cast_ref::<_, [i8; QK]>(&y.qs),
+        );
         sumf += (f16_to_f32(x.d) * f16_to_f32(y.d)) * sumi as f32;
     }
     sumf
@@ -112,7 +119,10 @@ pub(crate) fn dot_mxfp4_q8_0(_n: usize, row: &[u8], act: &[u8]) -> f32 {
     let ys: &[BlockQ8_0] = bytemuck::cast_slice(act);
     let mut sumf = 0.0f32;
     for (x, y) in xs.iter().zip(ys) {
-        let sumi = dot_i8(&lookup(&x.qs, &KVALUES_MXFP4), bytemuck::cast_ref::<_, [i8; QK]>(&y.qs));
+        let sumi = dot_i8(
+            &lookup(&x.qs, &KVALUES_MXFP4),
+            bytemuck::cast_ref::<_, [i8; QK]>(&y.qs),
+        );
         sumf += (e8m0_to_f32_half(x.e) * f16_to_f32(y.d)) * sumi as f32;
     }
     sumf

@@ -462,7 +462,11 @@ pub(crate) fn quantize_q4_k(src: &[f32], dst: &mut [u8]) {
                 max_min = m;
             }
         }
-        let inv_scale = if max_scale > 0.0 { 63.0 / max_scale } else { 0.0 };
+        let inv_scale = if max_scale > 0.0 {
+            63.0 / max_scale
+        } else {
+            0.0
+        };
         let inv_min = if max_min > 0.0 { 63.0 / max_min } else { 0.0 };
         y.scales = [0; K_SCALE_SIZE];
         for j in 0..QK_K / 32 {
@@ -572,7 +576,10 @@ pub(crate) fn quantize_q8_k(src: &[f32], dst: &mut [u8]) {
             *q = nearest_int(iscale * v).min(127) as i8 as u8;
         }
         for j in 0..QK_K / 16 {
-            let sum: i32 = y.qs[16 * j..16 * j + 16].iter().map(|&q| q as i8 as i32).sum();
+            let sum: i32 = y.qs[16 * j..16 * j + 16]
+                .iter()
+                .map(|&q| q as i8 as i32)
+                .sum();
             y.bsums[2 * j..2 * j + 2].copy_from_slice(&(sum as i16).to_le_bytes());
         }
         y.d = (1.0 / iscale).to_le_bytes();
@@ -630,8 +637,7 @@ pub(crate) fn dot_q4_k_q8_k(_n: usize, row: &[u8], act: &[u8]) -> f32 {
         let summs: i32 = (0..16)
             .map(|j| y.bsum(j) * scale_min_k4(j / 2, &x.scales).1 as i32)
             .sum();
-        sumf += f16_to_f32(x.d) * y.d() * isum as f32
-            - f16_to_f32(x.dmin) * y.d() * summs as f32;
+        sumf += f16_to_f32(x.d) * y.d() * isum as f32 - f16_to_f32(x.dmin) * y.d() * summs as f32;
     }
     sumf
 }
@@ -646,8 +652,7 @@ pub(crate) fn dot_q5_k_q8_k(_n: usize, row: &[u8], act: &[u8]) -> f32 {
         let summs: i32 = (0..16)
             .map(|j| y.bsum(j) * scale_min_k4(j / 2, &x.scales).1 as i32)
             .sum();
-        sumf += f16_to_f32(x.d) * y.d() * isum as f32
-            - f16_to_f32(x.dmin) * y.d() * summs as f32;
+        sumf += f16_to_f32(x.d) * y.d() * isum as f32 - f16_to_f32(x.dmin) * y.d() * summs as f32;
     }
     sumf
 }

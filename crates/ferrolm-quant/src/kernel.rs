@@ -105,8 +105,18 @@ impl DotKernel {
     #[inline]
     pub fn dot(&self, n: usize, row: &[u8], act: &[u8]) -> f32 {
         let (rb, ab) = self.sizes(n);
-        assert!(row.len() >= rb, "{}: row has {} bytes, needs {rb}", self.ty, row.len());
-        assert!(act.len() >= ab, "{}: activation has {} bytes, needs {ab}", self.act_ty, act.len());
+        assert!(
+            row.len() >= rb,
+            "{}: row has {} bytes, needs {rb}",
+            self.ty,
+            row.len()
+        );
+        assert!(
+            act.len() >= ab,
+            "{}: activation has {} bytes, needs {ab}",
+            self.act_ty,
+            act.len()
+        );
         (self.dot)(n, &row[..rb], &act[..ab])
     }
 
@@ -117,10 +127,24 @@ impl DotKernel {
         if out.is_empty() {
             return;
         }
-        assert!(row_stride >= rb, "{}: row stride {row_stride} < row bytes {rb}", self.ty);
+        assert!(
+            row_stride >= rb,
+            "{}: row stride {row_stride} < row bytes {rb}",
+            self.ty
+        );
         let need = (out.len() - 1) * row_stride + rb;
-        assert!(rows.len() >= need, "{}: rows have {} bytes, need {need}", self.ty, rows.len());
-        assert!(act.len() >= ab, "{}: activation has {} bytes, needs {ab}", self.act_ty, act.len());
+        assert!(
+            rows.len() >= need,
+            "{}: rows have {} bytes, need {need}",
+            self.ty,
+            rows.len()
+        );
+        assert!(
+            act.len() >= ab,
+            "{}: activation has {} bytes, needs {ab}",
+            self.act_ty,
+            act.len()
+        );
         let (rows, act) = (&rows[..need], &act[..ab]);
         match self.rows {
             Some(f) => f(n, rows, row_stride, act, out),
@@ -152,12 +176,29 @@ impl DotKernel {
         if n_rows == 0 || n_cols == 0 {
             return;
         }
-        assert!(out.len() >= n_rows * n_cols, "output has {} < {n_rows} x {n_cols}", out.len());
-        assert!(row_stride >= rb && act_stride >= ab, "strides shorter than one row");
+        assert!(
+            out.len() >= n_rows * n_cols,
+            "output has {} < {n_rows} x {n_cols}",
+            out.len()
+        );
+        assert!(
+            row_stride >= rb && act_stride >= ab,
+            "strides shorter than one row"
+        );
         let need_r = (n_rows - 1) * row_stride + rb;
         let need_a = (n_cols - 1) * act_stride + ab;
-        assert!(rows.len() >= need_r, "{}: rows have {} bytes, need {need_r}", self.ty, rows.len());
-        assert!(acts.len() >= need_a, "{}: acts have {} bytes, need {need_a}", self.act_ty, acts.len());
+        assert!(
+            rows.len() >= need_r,
+            "{}: rows have {} bytes, need {need_r}",
+            self.ty,
+            rows.len()
+        );
+        assert!(
+            acts.len() >= need_a,
+            "{}: acts have {} bytes, need {need_a}",
+            self.act_ty,
+            acts.len()
+        );
         for i in 0..n_rows {
             let row = &rows[i * row_stride..i * row_stride + rb];
             for c in 0..n_cols {

@@ -357,8 +357,8 @@ pub(crate) fn dot_q4_1_q8_1(_n: usize, row: &[u8], act: &[u8]) -> f32 {
             sumi += (x.qs[j] & 0x0f) as i32 * yq[j] as i32;
             sumi += (x.qs[j] >> 4) as i32 * yq[j + QK / 2] as i32;
         }
-        sumf += (f16_to_f32(x.d) * f16_to_f32(y.d)) * sumi as f32
-            + f16_to_f32(x.m) * f16_to_f32(y.s);
+        sumf +=
+            (f16_to_f32(x.d) * f16_to_f32(y.d)) * sumi as f32 + f16_to_f32(x.m) * f16_to_f32(y.s);
     }
     sumf
 }
@@ -384,8 +384,8 @@ pub(crate) fn dot_q5_1_q8_1(_n: usize, row: &[u8], act: &[u8]) -> f32 {
         let q = q5_values(x.qh, &x.qs);
         let yq = as_i8(&y.qs);
         let sumi: i32 = (0..QK).map(|j| q[j] as i32 * yq[j] as i32).sum();
-        sumf += (f16_to_f32(x.d) * f16_to_f32(y.d)) * sumi as f32
-            + f16_to_f32(x.m) * f16_to_f32(y.s);
+        sumf +=
+            (f16_to_f32(x.d) * f16_to_f32(y.d)) * sumi as f32 + f16_to_f32(x.m) * f16_to_f32(y.s);
     }
     sumf
 }

@@ -1,0 +1,162 @@
+//! Dot kernels: the scalar reference against a float dot of dequantized values, and every
+//! SIMD kernel against the scalar reference.
+
+mod common;
+
+use common::{random_act, random_row, Rng};
+use ferrolm_quant::{dequantize, dot_kernel, dot_kernel_scalar, vec_dot_type, TensorType};
+
+const WEIGHT_TYPES: &[TensorType] = &[
+    TensorType::F32,
+    TensorType::F16,
+    TensorType::BF16,
+    TensorType::Q4_0,
+    TensorType::Q4_1,
+    TensorType::Q5_0,
+    TensorType::Q5_1,
+    TensorType::Q8_0,
+    TensorType::Q2_K,
+    TensorType::Q3_K,
+    TensorType::Q4_K,
+    TensorType::Q5_K,
+    TensorType::Q6_K,
+    TensorType::IQ4_NL,
+    TensorType::MXFP4,
+];
+
+/// Dequantized float dot in f64, and the sum of |terms| for tolerances.
+fn float_dot(ty: TensorType, n: usize, row: &[u8], act: &[u8]) -> (f64, f64) {
+    let act_ty = vec_dot_type(ty).unwrap();
+    let mut w = vec![0f32; n];
+    let mut a = vec![0f32; n];
+    dequantize(ty, row, &mut w).unwrap();
+    dequantize(act_ty, act, &mut a).unwrap();
+    let dot = w.iter().zip(&a).map(|(&x, &y)| x as f64 * y as f64).sum();
+    let mag = w
+        .iter()
+        .zip(&a)
+        .map(|(&x, &y)| (x as f64 * y as f64).abs())
+        .sum();
+    (dot, mag)
+}
+
+#[test]
+fn scalar_kernels_equal_the_dequantized_dot() {
+    let mut rng = Rng::new(42);
+    for &ty in WEIGHT_TYPES {
+        let k = dot_kernel_scalar(ty).unwrap();
+        assert_eq!(k.isa(), "scalar");
+        for blocks in [1, 3, 8] {
+            let n = blocks * ty.block_size().max(32);
+            let row = random_row(ty, n, &mut rng);
+            let (_, act) = random_act(k.activation_type(), n, &mut rng);
+            let got = k.dot(n, &row, &act) as f64;
+            let (want, mag) = float_dot(ty, n, &row, &act);
+            // f16-rounded products of scales (Q8_1's s) cost a little more than f32 rounding.
+            let tol = 2e-3 * mag + 1e-30;
+            assert!(
+                (got - want).abs() <= tol,
+                "{ty} n={n}: scalar {got} vs dequantized {want} (|terms| {mag})"
+            );
+            assert!(mag > 0.0, "{ty}: degenerate test data");
+        }
+    }
+}
+
+#[test]
+fn simd_kernels_equal_the_scalar_reference() {
+    let mut rng = Rng::new(1234);
+    let mut simd = 0;
+    for &ty in WEIGHT_TYPES {
+        let fast = dot_kernel(ty).unwrap();
+        let slow = dot_kernel_scalar(ty).unwrap();
+        if fast.isa() != "scalar" {
+            simd += 1;
+        }
+        for blocks in [1, 2, 5, 16, 33] {
+            let n = blocks * ty.block_size().max(32);
+            for _ in 0..4 {
+                let row = random_row(ty, n, &mut rng);
+                let (_, act) = random_act(fast.activation_type(), n, &mut rng);
+                let a = fast.dot(n, &row, &act) as f64;
+                let b = slow.dot(n, &row, &act) as f64;
+                let (_, mag) = float_dot(ty, n, &row, &act);
+                let tol = 1e-5 * mag + 1e-30;
+                assert!(
+                    (a - b).abs() <= tol,
+                    "{ty} n={n} ({}): {a} vs scalar {b}, |terms| {mag}",
+                    fast.isa()
+                );
+            }
+        }
+    }
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2")
+        && std::env::var_os("FERROLM_FORCE_SCALAR").is_none()
+    {
+        assert_eq!(
+            simd,
+            WEIGHT_TYPES.len(),
+            "every weight type has an AVX2 kernel"
+        );
+    }
+    let _ = simd;
+}
+
+#[test]
+fn dot_rows_and_multi_match_single_dots() {
+    let mut rng = Rng::new(99);
+    for &ty in WEIGHT_TYPES {
+        let k = dot_kernel(ty).unwrap();
+        let n = 2 * ty.block_size().max(64);
+        let rb = ferrolm_quant::row_bytes(ty, n).unwrap();
+        let ab = ferrolm_quant::row_bytes(k.activation_type(), n).unwrap();
+        for n_rows in [1, 3, 4, 7] {
+            let stride = rb + 5; // rows need not be packed
+            let mut rows = vec![0u8; n_rows * stride];
+            for i in 0..n_rows {
+                rows[i * stride..i * stride + rb].copy_from_slice(&random_row(ty, n, &mut rng));
+            }
+            let n_cols = 3;
+            let mut acts = Vec::new();
+            for _ in 0..n_cols {
+                acts.extend(random_act(k.activation_type(), n, &mut rng).1);
+            }
+            let mut out = vec![0f32; n_rows];
+            k.dot_rows(n, &rows, stride, &acts[..ab], &mut out);
+            let mut multi = vec![0f32; n_rows * n_cols];
+            k.dot_rows_multi(n, &rows, stride, n_rows, &acts, ab, n_cols, &mut multi);
+            for i in 0..n_rows {
+                let row = &rows[i * stride..i * stride + rb];
+                let single = k.dot(n, row, &acts[..ab]);
+                assert_eq!(
+                    out[i].to_bits(),
+                    single.to_bits(),
+                    "{ty} rows={n_rows} row {i}"
+                );
+                for c in 0..n_cols {
+                    let s = k.dot(n, row, &acts[c * ab..(c + 1) * ab]);
+                    assert_eq!(
+                        multi[c * n_rows + i].to_bits(),
+                        s.to_bits(),
+                        "{ty} multi r{i} c{c}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+#[should_panic(expected = "multiple of the block size")]
+fn dot_panics_on_partial_blocks() {
+    let k = dot_kernel(TensorType::Q4_0).unwrap();
+    k.dot(48, &[0u8; 36], &[0u8; 68]);
+}
+
+#[test]
+#[should_panic(expected = "row has")]
+fn dot_panics_on_short_rows() {
+    let k = dot_kernel(TensorType::Q8_0).unwrap();
+    k.dot(64, &[0u8; 67], &[0u8; 68]);
+}

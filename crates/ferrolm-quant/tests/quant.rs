@@ -1,0 +1,217 @@
+//! Quantizers without a gguf counterpart (Q4_K, Q6_K, Q8_K details), error cases and the
+//! activation quantizer's llama.cpp-specific rounding.
+
+mod common;
+
+use common::Rng;
+use ferrolm_quant::{
+    dequantize, quantize, quantize_activation, row_bytes, vec_dot_type, QuantError, TensorType,
+};
+
+fn round_trip(ty: TensorType, x: &[f32]) -> Vec<f32> {
+    let mut q = vec![0u8; row_bytes(ty, x.len()).unwrap()];
+    quantize(ty, x, &mut q).unwrap();
+    let mut y = vec![0f32; x.len()];
+    dequantize(ty, &q, &mut y).unwrap();
+    y
+}
+
+/// Root-mean-square error relative to the RMS of the input.
+fn rel_rmse(x: &[f32], y: &[f32]) -> f32 {
+    let e: f32 = x.iter().zip(y).map(|(a, b)| (a - b) * (a - b)).sum();
+    let s: f32 = x.iter().map(|a| a * a).sum();
+    (e / s).sqrt()
+}
+
+#[test]
+fn k_quant_round_trips_are_close() {
+    let mut rng = Rng::new(7);
+    // (type, bound on relative RMS error for Gaussian data); llama.cpp's own numbers are
+    // about 0.09 for 4 bits and 0.022 for 6 bits.
+    for (ty, bound) in [
+        (TensorType::Q4_K, 0.12),
+        (TensorType::Q6_K, 0.035),
+        (TensorType::Q8_K, 0.01),
+        (TensorType::Q4_0, 0.15),
+        (TensorType::Q4_1, 0.12),
+        (TensorType::Q5_0, 0.07),
+        (TensorType::Q5_1, 0.06),
+        (TensorType::Q8_0, 0.01),
+        (TensorType::MXFP4, 0.25),
+    ] {
+        for scale in [1e-3f32, 1.0, 300.0] {
+            let x = rng.normals(4096, scale);
+            let y = round_trip(ty, &x);
+            let e = rel_rmse(&x, &y);
+            assert!(
+                e < bound,
+                "{ty} at scale {scale}: relative RMSE {e} >= {bound}"
+            );
+            assert!(
+                e > 0.0,
+                "{ty}: a lossy format cannot be exact on random data"
+            );
+        }
+    }
+}
+
+#[test]
+fn k_quants_of_zeros_and_constants() {
+    for ty in [TensorType::Q4_K, TensorType::Q6_K, TensorType::Q8_K] {
+        let x = vec![0f32; 512];
+        assert_eq!(round_trip(ty, &x), x, "{ty} of zeros");
+        let x = vec![0.75f32; 256];
+        let y = round_trip(ty, &x);
+        assert!(rel_rmse(&x, &y) < 0.02, "{ty} of a constant: {:?}", &y[..4]);
+    }
+}
+
+#[test]
+fn q8_k_uses_the_signed_maximum_and_bsums() {
+    let mut rng = Rng::new(11);
+    let mut x = rng.normals(512, 2.0);
+    x[5] = -50.0; // the signed maximum of block 0 is negative -> it quantizes to +127 * d < 0
+    x[300] = 40.0;
+    let mut q = vec![0u8; row_bytes(TensorType::Q8_K, 512).unwrap()];
+    quantize(TensorType::Q8_K, &x, &mut q).unwrap();
+    for (b, block) in q.chunks_exact(292).enumerate() {
+        let d = f32::from_le_bytes(block[0..4].try_into().unwrap());
+        let qs: Vec<i32> = block[4..260].iter().map(|&v| v as i8 as i32).collect();
+        let max = if b == 0 { -50.0f32 } else { 40.0 };
+        assert_eq!(d, 1.0 / (-127.0 / max), "block {b}: d");
+        let imax = if b == 0 { 5 } else { 300 - 256 };
+        assert_eq!(qs[imax], -127, "block {b}: the maximum maps to -127");
+        assert!(qs.iter().all(|&v| (-127..=127).contains(&v)));
+        for j in 0..16 {
+            let bsum = i16::from_le_bytes([block[260 + 2 * j], block[261 + 2 * j]]) as i32;
+            assert_eq!(
+                bsum,
+                qs[16 * j..16 * j + 16].iter().sum::<i32>(),
+                "block {b} bsum {j}"
+            );
+        }
+        for (i, &qi) in qs.iter().enumerate() {
+            let v = x[256 * b + i];
+            assert!(
+                (qi as f32 * d - v).abs() <= d.abs() * 0.5001,
+                "block {b} element {i}"
+            );
+        }
+    }
+}
+
+#[test]
+fn q8_1_stores_the_scaled_sum() {
+    let mut rng = Rng::new(3);
+    let x = rng.normals(256, 1.0);
+    for quant in [quantize, quantize_activation] {
+        let mut q = vec![0u8; row_bytes(TensorType::Q8_1, 256).unwrap()];
+        quant(TensorType::Q8_1, &x, &mut q).unwrap();
+        for (block, x) in q.chunks_exact(36).zip(x.chunks_exact(32)) {
+            // s uses the f32 scale, before its rounding to f16.
+            let d = x.iter().fold(0f32, |a, v| a.max(v.abs())) / 127.0;
+            assert_eq!(
+                half::f16::from_le_bytes([block[0], block[1]]),
+                half::f16::from_f32(d)
+            );
+            let s = half::f16::from_le_bytes([block[2], block[3]]).to_f32();
+            let sum: i32 = block[4..].iter().map(|&v| v as i8 as i32).sum();
+            assert_eq!(s, half::f16::from_f32(sum as f32 * d).to_f32());
+        }
+    }
+}
+
+#[test]
+fn activation_rounding_follows_llama_cpp_simd() {
+    // 63.5 / 127 * 127 = 63.5 exactly under id = 127 / amax: the reference (roundf) gives 64,
+    // llama.cpp's AVX and NEON paths round half to even, 64 as well; 62.5 separates them.
+    let mut x = vec![0f32; 32];
+    x[0] = 127.0;
+    x[1] = 62.5;
+    x[2] = -62.5;
+    let mut r = vec![0u8; 34];
+    let mut a = vec![0u8; 34];
+    quantize(TensorType::Q8_0, &x, &mut r).unwrap();
+    quantize_activation(TensorType::Q8_0, &x, &mut a).unwrap();
+    assert_eq!(
+        (r[3] as i8, r[4] as i8),
+        (63, -63),
+        "reference rounds half away from zero"
+    );
+    if cfg!(any(target_arch = "x86_64", target_arch = "aarch64")) {
+        assert_eq!(
+            (a[3] as i8, a[4] as i8),
+            (62, -62),
+            "SIMD paths round half to even"
+        );
+    } else {
+        assert_eq!(a, r);
+    }
+}
+
+#[test]
+fn errors_name_the_problem() {
+    let mut out = vec![0f32; 32];
+    let e = dequantize(TensorType::IQ2_XXS, &[0u8; 66], &mut vec![0f32; 256]).unwrap_err();
+    assert!(matches!(
+        e,
+        QuantError::Unsupported {
+            ty: TensorType::IQ2_XXS,
+            ..
+        }
+    ));
+    assert!(e.to_string().contains("IQ2_XXS"), "{e}");
+    let e = dequantize(TensorType::Q4_0, &[0u8; 17], &mut out).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            QuantError::BufferSize {
+                expected: 18,
+                actual: 17,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    let e = dequantize(TensorType::Q4_0, &[0u8; 18], &mut out[..31]).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            QuantError::PartialBlock {
+                n: 31,
+                block_size: 32,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    let e = quantize(TensorType::Q2_K, &[0f32; 256], &mut [0u8; 84]).unwrap_err();
+    assert!(matches!(e, QuantError::Unsupported { .. }), "{e}");
+    assert!(vec_dot_type(TensorType::I32).is_err());
+    assert_eq!(row_bytes(TensorType::Q6_K, 512), Ok(420));
+    assert!(row_bytes(TensorType::Q6_K, 500).is_err());
+}
+
+#[test]
+fn vec_dot_types_match_llama_cpp() {
+    use TensorType as T;
+    for (w, a) in [
+        (T::Q4_0, T::Q8_0),
+        (T::Q5_0, T::Q8_0),
+        (T::Q8_0, T::Q8_0),
+        (T::IQ4_NL, T::Q8_0),
+        (T::MXFP4, T::Q8_0),
+        (T::Q4_1, T::Q8_1),
+        (T::Q5_1, T::Q8_1),
+        (T::Q2_K, T::Q8_K),
+        (T::Q3_K, T::Q8_K),
+        (T::Q4_K, T::Q8_K),
+        (T::Q5_K, T::Q8_K),
+        (T::Q6_K, T::Q8_K),
+        (T::F16, T::F16),
+        (T::BF16, T::BF16),
+        (T::F32, T::F32),
+    ] {
+        assert_eq!(vec_dot_type(w), Ok(a), "{w}");
+    }
+}
