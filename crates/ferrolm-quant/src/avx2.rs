@@ -1,8 +1,626 @@
-//! AVX2 + FMA + F16C kernels (x86-64), picked at run time when the CPU has them.
+//! AVX2 + FMA + F16C kernels (x86-64), handed out only after run-time detection.
+//!
+//! Every kernel is one [`Block`] implementation: how one block of weights meets one block of
+//! activations, accumulating into an [`Acc`]. Two generic drivers run them: [`dot_entry`] for
+//! one row and [`rows_entry`] for several rows, four at a time, with independent accumulators.
+//! The drivers check all lengths in safe code; the `unsafe` inside only reads within them.
+//!
+//! Integer parts are exact (no 16-bit saturation: weight quants are at most 8 bits and
+//! activations are in -127..=127, so every `maddubs` pair sum stays below 2^15); float
+//! accumulation order differs from the scalar reference, within rounding.
 
+use std::arch::x86_64::*;
+
+use crate::common::{e8m0_to_f32_half, f16_to_f32};
+use crate::iq::{KVALUES_IQ4NL, KVALUES_MXFP4};
+use crate::k_quants::{q3k_scales, scale_min_k4};
 use crate::kernel::{DotFn, RowsFn};
 use crate::TensorType;
 
-pub(crate) fn kernel(_ty: TensorType) -> Option<(DotFn, Option<RowsFn>)> {
-    None
+/// The kernels of this module for `ty`, if it has one.
+pub(crate) fn kernel(ty: TensorType) -> Option<(DotFn, Option<RowsFn>)> {
+    use TensorType as T;
+    fn pair<B: Block>() -> (DotFn, Option<RowsFn>) {
+        (dot_entry::<B> as DotFn, Some(rows_entry::<B> as RowsFn))
+    }
+    Some(match ty {
+        T::F32 => (dot_f32 as DotFn, None),
+        T::F16 => (dot_f16 as DotFn, None),
+        T::BF16 => (dot_bf16 as DotFn, None),
+        T::Q4_0 => pair::<Q4_0>(),
+        T::Q4_1 => pair::<Q4_1>(),
+        T::Q5_0 => pair::<Q5_0>(),
+        T::Q5_1 => pair::<Q5_1>(),
+        T::Q8_0 => pair::<Q8_0>(),
+        T::IQ4_NL => pair::<Iq4Nl>(),
+        T::MXFP4 => pair::<Mxfp4>(),
+        T::Q2_K => pair::<Q2K>(),
+        T::Q3_K => pair::<Q3K>(),
+        T::Q4_K => pair::<Q4K>(),
+        T::Q5_K => pair::<Q5K>(),
+        T::Q6_K => pair::<Q6K>(),
+        _ => return None,
+    })
+}
+
+/// A running sum: a vector part (summed horizontally at the end) and a scalar part.
+#[derive(Clone, Copy)]
+struct Acc {
+    v: __m256,
+    s: f32,
+}
+
+/// One block format's inner step.
+trait Block {
+    /// Elements per block.
+    const QK: usize;
+    /// Bytes per weight block.
+    const WB: usize;
+    /// Bytes per activation block.
+    const AB: usize;
+    /// Adds the dot of the weight block at `x` with the activation block at `y` to `acc`.
+    ///
+    /// # Safety
+    /// AVX2, FMA and F16C are available; `x` has `WB` readable bytes and `y` has `AB`.
+    unsafe fn step(x: *const u8, y: *const u8, acc: &mut Acc);
+}
+
+/// One row: checks lengths, then runs the block loop.
+fn dot_entry<B: Block>(n: usize, row: &[u8], act: &[u8]) -> f32 {
+    let nb = n / B::QK;
+    assert!(n % B::QK == 0 && row.len() >= nb * B::WB && act.len() >= nb * B::AB);
+    // SAFETY: `kernel` hands these functions out only after `is_x86_feature_detected!` found
+    // avx2, fma and f16c; the loop reads `nb` blocks, which the assert above keeps in bounds.
+    unsafe { dot_blocks::<B>(nb, row.as_ptr(), act.as_ptr()) }
+}
+
+/// Several rows `row_stride` bytes apart: checks lengths, then four rows per pass.
+fn rows_entry<B: Block>(n: usize, rows: &[u8], row_stride: usize, act: &[u8], out: &mut [f32]) {
+    let nb = n / B::QK;
+    assert!(n % B::QK == 0 && act.len() >= nb * B::AB && row_stride >= nb * B::WB);
+    if out.is_empty() {
+        return;
+    }
+    assert!(rows.len() >= (out.len() - 1) * row_stride + nb * B::WB);
+    // SAFETY: as in `dot_entry`; row `i` starts at `i * row_stride` and the assert above keeps
+    // its `nb` blocks inside `rows` for every `i < out.len()`.
+    unsafe { rows_blocks::<B>(nb, rows.as_ptr(), row_stride, act.as_ptr(), out) }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_blocks<B: Block>(nb: usize, x: *const u8, y: *const u8) -> f32 {
+    let mut acc = Acc {
+        v: _mm256_setzero_ps(),
+        s: 0.0,
+    };
+    for b in 0..nb {
+        B::step(x.add(b * B::WB), y.add(b * B::AB), &mut acc);
+    }
+    hsum_f32(acc.v) + acc.s
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn rows_blocks<B: Block>(
+    nb: usize,
+    x: *const u8,
+    stride: usize,
+    y: *const u8,
+    out: &mut [f32],
+) {
+    let mut i = 0;
+    while i + 4 <= out.len() {
+        let zero = Acc {
+            v: _mm256_setzero_ps(),
+            s: 0.0,
+        };
+        let mut acc = [zero; 4];
+        let base = x.add(i * stride);
+        for b in 0..nb {
+            let yb = y.add(b * B::AB);
+            let xb = base.add(b * B::WB);
+            B::step(xb, yb, &mut acc[0]);
+            B::step(xb.add(stride), yb, &mut acc[1]);
+            B::step(xb.add(2 * stride), yb, &mut acc[2]);
+            B::step(xb.add(3 * stride), yb, &mut acc[3]);
+        }
+        for r in 0..4 {
+            out[i + r] = hsum_f32(acc[r].v) + acc[r].s;
+        }
+        i += 4;
+    }
+    while i < out.len() {
+        out[i] = dot_blocks::<B>(nb, x.add(i * stride), y);
+        i += 1;
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Helpers
+
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn hsum_f32(v: __m256) -> f32 {
+    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    let s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    _mm_cvtss_f32(s)
+}
+
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn load(p: *const u8) -> __m256i {
+    _mm256_loadu_si256(p as *const __m256i)
+}
+
+/// 16 bytes of packed nibbles -> 32 bytes: low nibbles (elements 0..16) then high (16..32).
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn nibbles_16(p: *const u8) -> __m256i {
+    let x = _mm_loadu_si128(p as *const __m128i);
+    let m = _mm_set1_epi8(0x0f);
+    let lo = _mm_and_si128(x, m);
+    let hi = _mm_and_si128(_mm_srli_epi16(x, 4), m);
+    _mm256_set_m128i(hi, lo)
+}
+
+/// Signed bytes times signed bytes, summed in groups of four into 8 i32.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn dot_i8(x: __m256i, y: __m256i) -> __m256i {
+    let ax = _mm256_sign_epi8(x, x);
+    let sy = _mm256_sign_epi8(y, x);
+    _mm256_madd_epi16(_mm256_maddubs_epi16(ax, sy), _mm256_set1_epi16(1))
+}
+
+/// Unsigned bytes times signed bytes, summed in groups of four into 8 i32.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn dot_u8_i8(x: __m256i, y: __m256i) -> __m256i {
+    _mm256_madd_epi16(_mm256_maddubs_epi16(x, y), _mm256_set1_epi16(1))
+}
+
+/// Unsigned bytes times signed bytes, pairs weighted by a 16-bit scale per 16 elements:
+/// `lo` for elements 0..16, `hi` for 16..32; 8 i32.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn dot_u8_i8_scaled(x: __m256i, y: __m256i, lo: i16, hi: i16) -> __m256i {
+    let s = _mm256_set_m128i(_mm_set1_epi16(hi), _mm_set1_epi16(lo));
+    _mm256_madd_epi16(_mm256_maddubs_epi16(x, y), s)
+}
+
+/// Bit `i` of `bits` -> byte `i` of the result: 0xFF where set, 0 where clear.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn bits_to_bytes(bits: u32) -> __m256i {
+    let v = _mm256_set1_epi32(bits as i32);
+    let spread = _mm256_shuffle_epi8(
+        v,
+        _mm256_set_epi64x(
+            0x0303_0303_0303_0303,
+            0x0202_0202_0202_0202,
+            0x0101_0101_0101_0101,
+            0x0000_0000_0000_0000,
+        ),
+    );
+    let mask = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
+    _mm256_cmpeq_epi8(_mm256_and_si256(spread, mask), mask)
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn fma_i32(acc: &mut Acc, d: f32, sum: __m256i) {
+    acc.v = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sum), acc.v);
+}
+
+#[inline(always)]
+unsafe fn f16_at(p: *const u8) -> f32 {
+    f16_to_f32([*p, *p.add(1)])
+}
+
+// ---------------------------------------------------------------------------------------------
+// Legacy formats against Q8_0 / Q8_1 (Q8_0: d at 0, qs at 2; Q8_1: d at 0, s at 2, qs at 4)
+
+struct Q4_0;
+impl Block for Q4_0 {
+    const QK: usize = 32;
+    const WB: usize = 18;
+    const AB: usize = 34;
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn step(x: *const u8, y: *const u8, acc: &mut Acc) {
+        let q = _mm256_sub_epi8(nibbles_16(x.add(2)), _mm256_set1_epi8(8));
+        let sum = dot_i8(q, load(y.add(2)));
+        fma_i32(acc, f16_at(x) * f16_at(y), sum);
+    }
+}
+
+struct Q4_1;
+impl Block for Q4_1 {
+    const QK: usize = 32;
+    const WB: usize = 20;
+    const AB: usize = 36;
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn step(x: *const u8, y: *const u8, acc: &mut Acc) {
+        let sum = dot_u8_i8(nibbles_16(x.add(4)), load(y.add(4)));
+        fma_i32(acc, f16_at(x) * f16_at(y), sum);
+        acc.s += f16_at(x.add(2)) * f16_at(y.add(2));
+    }
+}
+
+/// Q5 quants (0..=31) from the 4 `qh` bytes at `qh` and 16 nibble bytes at `qs`.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn q5_bytes(qh: *const u8, qs: *const u8) -> __m256i {
+    let bits = u32::from_le_bytes([*qh, *qh.add(1), *qh.add(2), *qh.add(3)]);
+    let high = _mm256_and_si256(bits_to_bytes(bits), _mm256_set1_epi8(0x10));
+    _mm256_or_si256(nibbles_16(qs), high)
+}
+
+struct Q5_0;
+impl Block for Q5_0 {
+    const QK: usize = 32;
+    const WB: usize = 22;
+    const AB: usize = 34;
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn step(x: *const u8, y: *const u8, acc: &mut Acc) {
+        let q = _mm256_sub_epi8(q5_bytes(x.add(2), x.add(6)), _mm256_set1_epi8(16));
+        let sum = dot_i8(q, load(y.add(2)));
+        fma_i32(acc, f16_at(x) * f16_at(y), sum);
+    }
+}
+
+struct Q5_1;
+impl Block for Q5_1 {
+    const QK: usize = 32;
+    const WB: usize = 24;
+    const AB: usize = 36;
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn step(x: *const u8, y: *const u8, acc: &mut Acc) {
+        let sum = dot_u8_i8(q5_bytes(x.add(4), x.add(8)), load(y.add(4)));
+        fma_i32(acc, f16_at(x) * f16_at(y), sum);
+        acc.s += f16_at(x.add(2)) * f16_at(y.add(2));
+    }
+}
+
+struct Q8_0;
+impl Block for Q8_0 {
+    const QK: usize = 32;
+    const WB: usize = 34;
+    const AB: usize = 34;
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn step(x: *const u8, y: *const u8, acc: &mut Acc) {
+        let sum = dot_i8(load(x.add(2)), load(y.add(2)));
+        fma_i32(acc, f16_at(x) * f16_at(y), sum);
+    }
+}
+
+/// 16 nibble bytes at `qs` looked up in a 16-entry signed table.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn lookup_16(qs: *const u8, table: &[i8; 16]) -> __m256i {
+    let t = _mm256_broadcastsi128_si256(_mm_loadu_si128(table.as_ptr() as *const __m128i));
+    _mm256_shuffle_epi8(t, nibbles_16(qs))
+}
+
+struct Iq4Nl;
+impl Block for Iq4Nl {
+    const QK: usize = 32;
+    const WB: usize = 18;
+    const AB: usize = 34;
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn step(x: *const u8, y: *const u8, acc: &mut Acc) {
+        let sum = dot_i8(lookup_16(x.add(2), &KVALUES_IQ4NL), load(y.add(2)));
+        fma_i32(acc, f16_at(x) * f16_at(y), sum);
+    }
+}
+
+struct Mxfp4;
+impl Block for Mxfp4 {
+    const QK: usize = 32;
+    const WB: usize = 17;
+    const AB: usize = 34;
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn step(x: *const u8, y: *const u8, acc: &mut Acc) {
+        let sum = dot_i8(lookup_16(x.add(1), &KVALUES_MXFP4), load(y.add(2)));
+        fma_i32(acc, e8m0_to_f32_half(*x) * f16_at(y), sum);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// K-quants against Q8_K (d f32 at 0, qs at 4, bsums i16 at 260)
+
+const Y_QS: usize = 4;
+const Y_BSUMS: usize = 260;
+
+#[inline(always)]
+unsafe fn y_d(y: *const u8) -> f32 {
+    f32::from_le_bytes([*y, *y.add(1), *y.add(2), *y.add(3)])
+}
+
+#[inline(always)]
+unsafe fn bsum(y: *const u8, j: usize) -> i32 {
+    let p = y.add(Y_BSUMS + 2 * j);
+    i16::from_le_bytes([*p, *p.add(1)]) as i32
+}
+
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn low2(v: __m256i, shift: i32) -> __m256i {
+    let s = _mm_cvtsi32_si128(shift);
+    _mm256_and_si256(_mm256_srl_epi16(v, s), _mm256_set1_epi8(3))
+}
+
+struct Q2K;
+impl Block for Q2K {
+    const QK: usize = 256;
+    const WB: usize = 84;
+    const AB: usize = 292;
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn step(x: *const u8, y: *const u8, acc: &mut Acc) {
+        let scales = &*(x as *const [u8; 16]);
+        let mut sum = _mm256_setzero_si256();
+        for chunk in 0..2 {
+            let q = load(x.add(16 + 32 * chunk));
+            for j in 0..4 {
+                let is = 8 * chunk + 2 * j;
+                let qj = low2(q, 2 * j as i32);
+                let yv = load(y.add(Y_QS + 128 * chunk + 32 * j));
+                let lo = (scales[is] & 0x0f) as i16;
+                let hi = (scales[is + 1] & 0x0f) as i16;
+                sum = _mm256_add_epi32(sum, dot_u8_i8_scaled(qj, yv, lo, hi));
+            }
+        }
+        let summs: i32 = (0..16).map(|j| bsum(y, j) * (scales[j] >> 4) as i32).sum();
+        let yd = y_d(y);
+        fma_i32(acc, yd * f16_at(x.add(80)), sum);
+        acc.s -= yd * f16_at(x.add(82)) * summs as f32;
+    }
+}
+
+struct Q3K;
+impl Block for Q3K {
+    const QK: usize = 256;
+    const WB: usize = 110;
+    const AB: usize = 292;
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn step(x: *const u8, y: *const u8, acc: &mut Acc) {
+        let sc = q3k_scales(&*(x.add(96) as *const [u8; 12]));
+        let hm = load(x);
+        let mut sum = _mm256_setzero_si256();
+        for chunk in 0..2 {
+            let q = load(x.add(32 + 32 * chunk));
+            for j in 0..4 {
+                let is = 8 * chunk + 2 * j;
+                let hbit = _mm256_and_si256(
+                    _mm256_srl_epi16(hm, _mm_cvtsi32_si128((4 * chunk + j) as i32)),
+                    _mm256_set1_epi8(1),
+                );
+                let u = _mm256_or_si256(low2(q, 2 * j as i32), _mm256_slli_epi16(hbit, 2));
+                let yv = load(y.add(Y_QS + 128 * chunk + 32 * j));
+                let s = dot_u8_i8_scaled(u, yv, sc[is] as i16, sc[is + 1] as i16);
+                sum = _mm256_add_epi32(sum, s);
+            }
+        }
+        // The quants are u - 4: take 4 * sum(scale * bsum) off, exactly, in lane 0.
+        let offs: i32 = (0..16).map(|g| sc[g] as i32 * bsum(y, g)).sum();
+        sum = _mm256_sub_epi32(sum, _mm256_setr_epi32(4 * offs, 0, 0, 0, 0, 0, 0, 0));
+        fma_i32(acc, f16_at(x.add(108)) * y_d(y), sum);
+    }
+}
+
+/// Q4_K/Q5_K's eight 6-bit scales and the mins dotted with the activation's bsums.
+#[inline(always)]
+unsafe fn k4_scales_mins(scales: *const u8, y: *const u8) -> ([i16; 8], i32) {
+    let s = &*(scales as *const [u8; 12]);
+    let mut sc = [0i16; 8];
+    let mut summs = 0i32;
+    for (j, sc) in sc.iter_mut().enumerate() {
+        let (d, m) = scale_min_k4(j, s);
+        *sc = d as i16;
+        summs += m as i32 * (bsum(y, 2 * j) + bsum(y, 2 * j + 1));
+    }
+    (sc, summs)
+}
+
+struct Q4K;
+impl Block for Q4K {
+    const QK: usize = 256;
+    const WB: usize = 144;
+    const AB: usize = 292;
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn step(x: *const u8, y: *const u8, acc: &mut Acc) {
+        let (sc, summs) = k4_scales_mins(x.add(4), y);
+        let m4 = _mm256_set1_epi8(0x0f);
+        let mut sum = _mm256_setzero_si256();
+        for c in 0..4 {
+            let q = load(x.add(16 + 32 * c));
+            let lo = _mm256_and_si256(q, m4);
+            let hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+            let y0 = load(y.add(Y_QS + 64 * c));
+            let y1 = load(y.add(Y_QS + 64 * c + 32));
+            let p0 = dot_u8_i8_scaled(lo, y0, sc[2 * c], sc[2 * c]);
+            let p1 = dot_u8_i8_scaled(hi, y1, sc[2 * c + 1], sc[2 * c + 1]);
+            sum = _mm256_add_epi32(sum, _mm256_add_epi32(p0, p1));
+        }
+        let yd = y_d(y);
+        fma_i32(acc, f16_at(x) * yd, sum);
+        acc.s -= f16_at(x.add(2)) * yd * summs as f32;
+    }
+}
+
+struct Q5K;
+impl Block for Q5K {
+    const QK: usize = 256;
+    const WB: usize = 176;
+    const AB: usize = 292;
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn step(x: *const u8, y: *const u8, acc: &mut Acc) {
+        let (sc, summs) = k4_scales_mins(x.add(4), y);
+        let m4 = _mm256_set1_epi8(0x0f);
+        let one = _mm256_set1_epi8(1);
+        let qh = load(x.add(16));
+        let mut sum = _mm256_setzero_si256();
+        for c in 0..4 {
+            let q = load(x.add(48 + 32 * c));
+            let h0 = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * c as i32)), one);
+            let h1 = _mm256_and_si256(
+                _mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * c as i32 + 1)),
+                one,
+            );
+            let lo = _mm256_or_si256(_mm256_and_si256(q, m4), _mm256_slli_epi16(h0, 4));
+            let hi = _mm256_or_si256(
+                _mm256_and_si256(_mm256_srli_epi16(q, 4), m4),
+                _mm256_slli_epi16(h1, 4),
+            );
+            let y0 = load(y.add(Y_QS + 64 * c));
+            let y1 = load(y.add(Y_QS + 64 * c + 32));
+            let p0 = dot_u8_i8_scaled(lo, y0, sc[2 * c], sc[2 * c]);
+            let p1 = dot_u8_i8_scaled(hi, y1, sc[2 * c + 1], sc[2 * c + 1]);
+            sum = _mm256_add_epi32(sum, _mm256_add_epi32(p0, p1));
+        }
+        let yd = y_d(y);
+        fma_i32(acc, f16_at(x) * yd, sum);
+        acc.s -= f16_at(x.add(2)) * yd * summs as f32;
+    }
+}
+
+struct Q6K;
+impl Block for Q6K {
+    const QK: usize = 256;
+    const WB: usize = 210;
+    const AB: usize = 292;
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn step(x: *const u8, y: *const u8, acc: &mut Acc) {
+        let sc = &*(x.add(192) as *const [i8; 16]);
+        let m4 = _mm256_set1_epi8(0x0f);
+        let mut sum = _mm256_setzero_si256();
+        for chunk in 0..2 {
+            let ql0 = load(x.add(64 * chunk));
+            let ql1 = load(x.add(64 * chunk + 32));
+            let qh = load(x.add(128 + 32 * chunk));
+            let parts = [
+                (_mm256_and_si256(ql0, m4), low2(qh, 0)),
+                (_mm256_and_si256(ql1, m4), low2(qh, 2)),
+                (_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4), low2(qh, 4)),
+                (_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4), low2(qh, 6)),
+            ];
+            for (k, (l, h)) in parts.into_iter().enumerate() {
+                let u = _mm256_or_si256(l, _mm256_slli_epi16(h, 4));
+                let yv = load(y.add(Y_QS + 128 * chunk + 32 * k));
+                let is = 8 * chunk + 2 * k;
+                let s = dot_u8_i8_scaled(u, yv, sc[is] as i16, sc[is + 1] as i16);
+                sum = _mm256_add_epi32(sum, s);
+            }
+        }
+        // The quants are u - 32: take 32 * sum(scale * bsum) off, exactly, in lane 0.
+        let offs: i32 = (0..16).map(|g| sc[g] as i32 * bsum(y, g)).sum();
+        sum = _mm256_sub_epi32(sum, _mm256_setr_epi32(32 * offs, 0, 0, 0, 0, 0, 0, 0));
+        fma_i32(acc, f16_at(x.add(208)) * y_d(y), sum);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Float rows (block size 1: any n)
+
+fn dot_f32(n: usize, row: &[u8], act: &[u8]) -> f32 {
+    assert!(row.len() >= 4 * n && act.len() >= 4 * n);
+    // SAFETY: detected features as in `dot_entry`; `n` f32 fit in both slices (assert above).
+    unsafe { dot_f32_impl(n, row.as_ptr(), act.as_ptr()) }
+}
+
+#[target_feature(enable = "avx2,fma")]
+unsafe fn dot_f32_impl(n: usize, x: *const u8, y: *const u8) -> f32 {
+    let (x, y) = (x as *const f32, y as *const f32);
+    let mut acc = [_mm256_setzero_ps(); 4];
+    let mut i = 0;
+    while i + 32 <= n {
+        for (k, a) in acc.iter_mut().enumerate() {
+            let o = i + 8 * k;
+            *a = _mm256_fmadd_ps(_mm256_loadu_ps(x.add(o)), _mm256_loadu_ps(y.add(o)), *a);
+        }
+        i += 32;
+    }
+    while i + 8 <= n {
+        acc[0] = _mm256_fmadd_ps(_mm256_loadu_ps(x.add(i)), _mm256_loadu_ps(y.add(i)), acc[0]);
+        i += 8;
+    }
+    let v = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
+    let mut s = hsum_f32(v);
+    while i < n {
+        s += x.add(i).read_unaligned() * y.add(i).read_unaligned();
+        i += 1;
+    }
+    s
+}
+
+fn dot_f16(n: usize, row: &[u8], act: &[u8]) -> f32 {
+    assert!(row.len() >= 2 * n && act.len() >= 2 * n);
+    // SAFETY: detected features as in `dot_entry`; `n` f16 fit in both slices (assert above).
+    unsafe { dot_half_impl::<false>(n, row.as_ptr(), act.as_ptr()) }
+}
+
+fn dot_bf16(n: usize, row: &[u8], act: &[u8]) -> f32 {
+    assert!(row.len() >= 2 * n && act.len() >= 2 * n);
+    // SAFETY: detected features as in `dot_entry`; `n` bf16 fit in both slices (assert above).
+    unsafe { dot_half_impl::<true>(n, row.as_ptr(), act.as_ptr()) }
+}
+
+/// Eight halves at `p` as f32: IEEE f16 (`BF == false`) or bfloat16.
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+unsafe fn load8_half<const BF: bool>(p: *const u8) -> __m256 {
+    let h = _mm_loadu_si128(p as *const __m128i);
+    if BF {
+        _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16))
+    } else {
+        _mm256_cvtph_ps(h)
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_half_impl<const BF: bool>(n: usize, x: *const u8, y: *const u8) -> f32 {
+    let mut acc = [_mm256_setzero_ps(); 4];
+    let mut i = 0;
+    while i + 32 <= n {
+        for (k, a) in acc.iter_mut().enumerate() {
+            let o = 2 * (i + 8 * k);
+            *a = _mm256_fmadd_ps(load8_half::<BF>(x.add(o)), load8_half::<BF>(y.add(o)), *a);
+        }
+        i += 32;
+    }
+    while i + 8 <= n {
+        let o = 2 * i;
+        acc[0] = _mm256_fmadd_ps(
+            load8_half::<BF>(x.add(o)),
+            load8_half::<BF>(y.add(o)),
+            acc[0],
+        );
+        i += 8;
+    }
+    let v = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
+    let mut s = hsum_f32(v);
+    while i < n {
+        let (a, b) = (
+            [*x.add(2 * i), *x.add(2 * i + 1)],
+            [*y.add(2 * i), *y.add(2 * i + 1)],
+        );
+        s += if BF {
+            crate::float::bf16_to_f32(a) * crate::float::bf16_to_f32(b)
+        } else {
+            f16_to_f32(a) * f16_to_f32(b)
+        };
+        i += 1;
+    }
+    s
 }

@@ -524,8 +524,8 @@ pub(crate) fn quantize_q6_k(src: &[f32], dst: &mut [u8]) {
         }
         let iscale = -128.0f32 / max_scale;
         y.d = f32_to_f16(1.0 / iscale);
-        for ib in 0..QK_K / 16 {
-            y.scales[ib] = nearest_int(iscale * scales[ib]).min(127) as i8 as u8;
+        for (ys, &s) in y.scales.iter_mut().zip(&scales) {
+            *ys = nearest_int(iscale * s).min(127) as i8 as u8;
         }
         for j in 0..QK_K / 16 {
             let d = f16_to_f32(y.d) * y.scales[j] as i8 as f32;
