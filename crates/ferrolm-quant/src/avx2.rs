@@ -212,9 +212,22 @@ unsafe fn fma_i32(acc: &mut Acc, d: f32, sum: __m256i) {
     acc.v = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sum), acc.v);
 }
 
-#[inline(always)]
+/// The f16 at `p` as f32, with F16C (the `half` crate would check the CPU on every call).
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
 unsafe fn f16_at(p: *const u8) -> f32 {
-    f16_to_f32([*p, *p.add(1)])
+    let h = u16::from_le_bytes([*p, *p.add(1)]);
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h as i32)))
+}
+
+/// Two consecutive f16 at `x` times two at `y`: `(x0 * y0, x1 * y1)`.
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+unsafe fn f16_pair_products(x: *const u8, y: *const u8) -> (f32, f32) {
+    let xv = _mm_cvtph_ps(_mm_cvtsi32_si128((x as *const i32).read_unaligned()));
+    let yv = _mm_cvtph_ps(_mm_cvtsi32_si128((y as *const i32).read_unaligned()));
+    let p = _mm_mul_ps(xv, yv);
+    (_mm_cvtss_f32(p), _mm_cvtss_f32(_mm_movehdup_ps(p)))
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -243,8 +256,9 @@ impl Block for Q4_1 {
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn step(x: *const u8, y: *const u8, acc: &mut Acc) {
         let sum = dot_u8_i8(nibbles_16(x.add(4)), load(y.add(4)));
-        fma_i32(acc, f16_at(x) * f16_at(y), sum);
-        acc.s += f16_at(x.add(2)) * f16_at(y.add(2));
+        let (dd, ms) = f16_pair_products(x, y);
+        fma_i32(acc, dd, sum);
+        acc.s += ms;
     }
 }
 
@@ -280,8 +294,9 @@ impl Block for Q5_1 {
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn step(x: *const u8, y: *const u8, acc: &mut Acc) {
         let sum = dot_u8_i8(q5_bytes(x.add(4), x.add(8)), load(y.add(4)));
-        fma_i32(acc, f16_at(x) * f16_at(y), sum);
-        acc.s += f16_at(x.add(2)) * f16_at(y.add(2));
+        let (dd, ms) = f16_pair_products(x, y);
+        fma_i32(acc, dd, sum);
+        acc.s += ms;
     }
 }
 
