@@ -33,7 +33,15 @@ const TYPES: &[TensorType] = &[
     TensorType::F32,
 ];
 
-fn matvec(k: &DotKernel, n: usize, w: &[u8], rb: usize, act: &[u8], out: &mut [f32], threads: usize) {
+fn matvec(
+    k: &DotKernel,
+    n: usize,
+    w: &[u8],
+    rb: usize,
+    act: &[u8],
+    out: &mut [f32],
+    threads: usize,
+) {
     if threads <= 1 {
         k.dot_rows(n, w, rb, act, out);
         return;
@@ -61,8 +69,14 @@ fn time(mut f: impl FnMut(), budget: Duration) -> Duration {
 }
 
 fn main() {
-    let args: Vec<usize> = std::env::args().skip(1).filter_map(|a| a.parse().ok()).collect();
-    let (rows, cols) = (args.first().copied().unwrap_or(4096), args.get(1).copied().unwrap_or(4096));
+    let args: Vec<usize> = std::env::args()
+        .skip(1)
+        .filter_map(|a| a.parse().ok())
+        .collect();
+    let (rows, cols) = (
+        args.first().copied().unwrap_or(4096),
+        args.get(1).copied().unwrap_or(4096),
+    );
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     let mut rng = Rng::new(2024);
     println!("matrix {rows} x {cols}, {threads} threads, best of repeated runs\n");
@@ -86,7 +100,10 @@ fn main() {
         let budget = Duration::from_millis(400);
         let t_scalar = time(|| matvec(&slow, cols, &w, rb, &act, &mut out, 1), budget);
         let t1 = time(|| matvec(&fast, cols, &w, rb, &act, &mut out, 1), budget);
-        let tn = time(|| matvec(&fast, cols, &w, rb, &act, &mut out, threads), budget);
+        let tn = time(
+            || matvec(&fast, cols, &w, rb, &act, &mut out, threads),
+            budget,
+        );
         println!(
             "| {} | {} | {} | {:.1} | {:.2} | {:.2} | {:.2} | {:.1}x |",
             ty,

@@ -13,7 +13,6 @@ use std::arch::x86_64::*;
 
 use crate::common::{e8m0_to_f32_half, f16_to_f32};
 use crate::iq::{KVALUES_IQ4NL, KVALUES_MXFP4};
-use crate::k_quants::{q3k_scales, scale_min_k4};
 use crate::kernel::{DotFn, RowsFn};
 use crate::TensorType;
 
@@ -220,6 +219,14 @@ unsafe fn f16_at(p: *const u8) -> f32 {
     _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h as i32)))
 }
 
+/// Two consecutive f16 at `p` as f32.
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+unsafe fn f16_pair(p: *const u8) -> (f32, f32) {
+    let v = _mm_cvtph_ps(_mm_cvtsi32_si128((p as *const i32).read_unaligned()));
+    (_mm_cvtss_f32(v), _mm_cvtss_f32(_mm_movehdup_ps(v)))
+}
+
 /// Two consecutive f16 at `x` times two at `y`: `(x0 * y0, x1 * y1)`.
 #[inline]
 #[target_feature(enable = "avx2,f16c")]
@@ -358,10 +365,55 @@ unsafe fn y_d(y: *const u8) -> f32 {
     f32::from_le_bytes([*y, *y.add(1), *y.add(2), *y.add(3)])
 }
 
+/// The activation's sixteen bsums as i16 lanes.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn bsums(y: *const u8) -> __m256i {
+    load(y.add(Y_BSUMS))
+}
+
+/// Sixteen i16 scales (one per 16 elements) dotted with the bsums: 8 i32 partial sums.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn scales_dot_bsums(scales16: __m256i, y: *const u8) -> __m256i {
+    _mm256_madd_epi16(scales16, bsums(y))
+}
+
+/// Q3_K's 12 packed bytes -> sixteen 6-bit scales as bytes 0..=63 (offset 32 not removed).
 #[inline(always)]
-unsafe fn bsum(y: *const u8, j: usize) -> i32 {
-    let p = y.add(Y_BSUMS + 2 * j);
-    i16::from_le_bytes([*p, *p.add(1)]) as i32
+unsafe fn q3k_scale_bytes(p: *const u8) -> [u8; 16] {
+    const KMASK1: u32 = 0x0303_0303;
+    const KMASK2: u32 = 0x0f0f_0f0f;
+    let a0 = (p as *const u32).read_unaligned();
+    let a1 = (p.add(4) as *const u32).read_unaligned();
+    let tmp = (p.add(8) as *const u32).read_unaligned();
+    let out = [
+        (a0 & KMASK2) | ((tmp & KMASK1) << 4),
+        (a1 & KMASK2) | (((tmp >> 2) & KMASK1) << 4),
+        ((a0 >> 4) & KMASK2) | (((tmp >> 4) & KMASK1) << 4),
+        ((a1 >> 4) & KMASK2) | (((tmp >> 6) & KMASK1) << 4),
+    ];
+    std::mem::transmute::<[u32; 4], [u8; 16]>(out)
+}
+
+/// Q4_K/Q5_K's 12 packed bytes -> (eight 6-bit scales, eight 6-bit mins).
+#[inline(always)]
+unsafe fn k4_scale_min_bytes(p: *const u8) -> ([u8; 8], [u8; 8]) {
+    const KMASK1: u32 = 0x3f3f_3f3f;
+    const KMASK2: u32 = 0x0f0f_0f0f;
+    const KMASK3: u32 = 0x0303_0303;
+    let u0 = (p as *const u32).read_unaligned();
+    let u1 = (p.add(4) as *const u32).read_unaligned();
+    let u2 = (p.add(8) as *const u32).read_unaligned();
+    let sc = [u0 & KMASK1, (u2 & KMASK2) | (((u0 >> 6) & KMASK3) << 4)];
+    let mn = [
+        u1 & KMASK1,
+        ((u2 >> 4) & KMASK2) | (((u1 >> 6) & KMASK3) << 4),
+    ];
+    (
+        std::mem::transmute::<[u32; 2], [u8; 8]>(sc),
+        std::mem::transmute::<[u32; 2], [u8; 8]>(mn),
+    )
 }
 
 #[inline]
@@ -392,10 +444,13 @@ impl Block for Q2K {
                 sum = _mm256_add_epi32(sum, dot_u8_i8_scaled(qj, yv, lo, hi));
             }
         }
-        let summs: i32 = (0..16).map(|j| bsum(y, j) * (scales[j] >> 4) as i32).sum();
+        let sc = _mm_loadu_si128(x as *const __m128i);
+        let mins = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sc, 4), _mm_set1_epi8(0x0f)));
+        let summs = scales_dot_bsums(mins, y);
         let yd = y_d(y);
-        fma_i32(acc, yd * f16_at(x.add(80)), sum);
-        acc.s -= yd * f16_at(x.add(82)) * summs as f32;
+        let (d, dmin) = f16_pair(x.add(80));
+        fma_i32(acc, yd * d, sum);
+        fma_i32(acc, -yd * dmin, summs);
     }
 }
 
@@ -407,7 +462,8 @@ impl Block for Q3K {
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn step(x: *const u8, y: *const u8, acc: &mut Acc) {
-        let sc = q3k_scales(&*(x.add(96) as *const [u8; 12]));
+        let sb = q3k_scale_bytes(x.add(96));
+        let sc: [i8; 16] = std::array::from_fn(|i| sb[i] as i8 - 32);
         let hm = load(x);
         let mut sum = _mm256_setzero_si256();
         for chunk in 0..2 {
@@ -424,25 +480,21 @@ impl Block for Q3K {
                 sum = _mm256_add_epi32(sum, s);
             }
         }
-        // The quants are u - 4: take 4 * sum(scale * bsum) off, exactly, in lane 0.
-        let offs: i32 = (0..16).map(|g| sc[g] as i32 * bsum(y, g)).sum();
-        sum = _mm256_sub_epi32(sum, _mm256_setr_epi32(4 * offs, 0, 0, 0, 0, 0, 0, 0));
+        // The quants are u - 4: take 4 * sum(scale * bsum) off, exactly.
+        let sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(sc.as_ptr() as *const __m128i));
+        sum = _mm256_sub_epi32(sum, _mm256_slli_epi32(scales_dot_bsums(sc16, y), 2));
         fma_i32(acc, f16_at(x.add(108)) * y_d(y), sum);
     }
 }
 
-/// Q4_K/Q5_K's eight 6-bit scales and the mins dotted with the activation's bsums.
-#[inline(always)]
-unsafe fn k4_scales_mins(scales: *const u8, y: *const u8) -> ([i16; 8], i32) {
-    let s = &*(scales as *const [u8; 12]);
-    let mut sc = [0i16; 8];
-    let mut summs = 0i32;
-    for (j, sc) in sc.iter_mut().enumerate() {
-        let (d, m) = scale_min_k4(j, s);
-        *sc = d as i16;
-        summs += m as i32 * (bsum(y, 2 * j) + bsum(y, 2 * j + 1));
-    }
-    (sc, summs)
+/// Q4_K/Q5_K's eight 6-bit scales, and the mins dotted with the activation's bsums (8 i32).
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn k4_scales_mins(scales: *const u8, y: *const u8) -> ([i16; 8], __m256i) {
+    let (sc, mn) = k4_scale_min_bytes(scales);
+    let pair_sums = _mm256_madd_epi16(bsums(y), _mm256_set1_epi16(1));
+    let mins = _mm256_cvtepu8_epi32(_mm_loadl_epi64(mn.as_ptr() as *const __m128i));
+    (sc.map(|v| v as i16), _mm256_mullo_epi32(pair_sums, mins))
 }
 
 struct Q4K;
@@ -467,8 +519,9 @@ impl Block for Q4K {
             sum = _mm256_add_epi32(sum, _mm256_add_epi32(p0, p1));
         }
         let yd = y_d(y);
-        fma_i32(acc, f16_at(x) * yd, sum);
-        acc.s -= f16_at(x.add(2)) * yd * summs as f32;
+        let (d, dmin) = f16_pair(x);
+        fma_i32(acc, d * yd, sum);
+        fma_i32(acc, -dmin * yd, summs);
     }
 }
 
@@ -504,8 +557,9 @@ impl Block for Q5K {
             sum = _mm256_add_epi32(sum, _mm256_add_epi32(p0, p1));
         }
         let yd = y_d(y);
-        fma_i32(acc, f16_at(x) * yd, sum);
-        acc.s -= f16_at(x.add(2)) * yd * summs as f32;
+        let (d, dmin) = f16_pair(x);
+        fma_i32(acc, d * yd, sum);
+        fma_i32(acc, -dmin * yd, summs);
     }
 }
 
@@ -538,9 +592,9 @@ impl Block for Q6K {
                 sum = _mm256_add_epi32(sum, s);
             }
         }
-        // The quants are u - 32: take 32 * sum(scale * bsum) off, exactly, in lane 0.
-        let offs: i32 = (0..16).map(|g| sc[g] as i32 * bsum(y, g)).sum();
-        sum = _mm256_sub_epi32(sum, _mm256_setr_epi32(32 * offs, 0, 0, 0, 0, 0, 0, 0));
+        // The quants are u - 32: take 32 * sum(scale * bsum) off, exactly.
+        let sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(x.add(192) as *const __m128i));
+        sum = _mm256_sub_epi32(sum, _mm256_slli_epi32(scales_dot_bsums(sc16, y), 5));
         fma_i32(acc, f16_at(x.add(208)) * y_d(y), sum);
     }
 }
