@@ -100,6 +100,15 @@ fn simd_kernels_equal_the_scalar_reference() {
             "every weight type has an AVX2 kernel"
         );
     }
+    #[cfg(target_arch = "aarch64")]
+    if std::env::var_os("FERROLM_FORCE_SCALAR").is_none() {
+        // F16 rows stay scalar on NEON (f16 vector types are unstable in Rust).
+        assert_eq!(
+            simd,
+            WEIGHT_TYPES.len() - 1,
+            "every weight type but F16 has a NEON kernel"
+        );
+    }
     let _ = simd;
 }
 
