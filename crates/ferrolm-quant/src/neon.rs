@@ -376,10 +376,10 @@ impl Block for Q5K {
             let yb = y.add(Y_QS + 64 * c);
             let b0 = vdupq_n_u8(1 << (2 * c));
             let b1 = vdupq_n_u8(2 << (2 * c));
-            for h in 0..2 {
+            for (h, &qh) in qh.iter().enumerate() {
                 let (lo, hi) = nibbles(x.add(48 + 32 * c + 16 * h));
-                let lo = vorrq_u8(lo, vandq_u8(vtstq_u8(qh[h], b0), m16));
-                let hi = vorrq_u8(hi, vandq_u8(vtstq_u8(qh[h], b1), m16));
+                let lo = vorrq_u8(lo, vandq_u8(vtstq_u8(qh, b0), m16));
+                let hi = vorrq_u8(hi, vandq_u8(vtstq_u8(qh, b1), m16));
                 sum = group16(sum, s8(lo), yb.add(16 * h), sc[2 * c]);
                 sum = group16(sum, s8(hi), yb.add(32 + 16 * h), sc[2 * c + 1]);
             }
