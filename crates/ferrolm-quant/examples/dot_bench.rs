@@ -5,7 +5,9 @@
 //! For each weight type: a random `rows x cols` matrix (default 4096 x 4096) in that type, a
 //! random activation vector quantized to its `vec_dot_type`, and timed matrix-vector products
 //! on one thread (scalar reference and the picked kernel) and on all threads (rows split
-//! evenly with `std::thread::scope`). Prints a markdown table of weight GB/s.
+//! evenly with `std::thread::scope`). Prints a markdown table of weight GB/s, and the
+//! multiply-accumulates per second of one column (`dot_rows`) against eight columns at once
+//! (`dot_rows_multi`, as in prompt processing).
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -14,6 +16,9 @@ use std::time::{Duration, Instant};
 
 use common::{random_act, random_row, Rng};
 use ferrolm_quant::{dot_kernel, dot_kernel_scalar, row_bytes, DotKernel, TensorType};
+
+/// Activation columns in the prompt-processing measurement.
+const COLS: usize = 8;
 
 const TYPES: &[TensorType] = &[
     TensorType::Q4_0,
@@ -80,8 +85,11 @@ fn main() {
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     let mut rng = Rng::new(2024);
     println!("matrix {rows} x {cols}, {threads} threads, best of repeated runs\n");
-    println!("| type | act | ISA | MB | scalar 1T GB/s | SIMD 1T GB/s | SIMD {threads}T GB/s | speed-up 1T |");
-    println!("|---|---|---|---:|---:|---:|---:|---:|");
+    println!(
+        "| type | act | ISA | MB | scalar 1T GB/s | SIMD 1T GB/s | SIMD {threads}T GB/s | speed-up 1T \
+         | 1 col 1T GMAC/s | {COLS} cols 1T GMAC/s |"
+    );
+    println!("|---|---|---|---:|---:|---:|---:|---:|---:|---:|");
     for &ty in TYPES {
         let fast = dot_kernel(ty).unwrap();
         let slow = dot_kernel_scalar(ty).unwrap();
@@ -104,8 +112,23 @@ fn main() {
             || matvec(&fast, cols, &w, rb, &act, &mut out, threads),
             budget,
         );
+        // Prompt processing: COLS activation columns against the same rows (at most 512
+        // rows, so this stays quick).
+        let ab = act.len();
+        let mut acts = Vec::with_capacity(COLS * ab);
+        for _ in 0..COLS {
+            acts.extend(random_act(fast.activation_type(), cols, &mut rng).1);
+        }
+        let prows = rows.min(512);
+        let mut pout = vec![0f32; prows * COLS];
+        let tm = time(
+            || fast.dot_rows_multi(cols, &w, rb, prows, &acts, ab, COLS, &mut pout),
+            budget,
+        );
+        let gmac1 = (rows * cols) as f64 / t1.as_secs_f64() / 1e9;
+        let gmacm = (prows * cols * COLS) as f64 / tm.as_secs_f64() / 1e9;
         println!(
-            "| {} | {} | {} | {:.1} | {:.2} | {:.2} | {:.2} | {:.1}x |",
+            "| {} | {} | {} | {:.1} | {:.2} | {:.2} | {:.2} | {:.1}x | {:.1} | {:.1} |",
             ty,
             fast.activation_type(),
             fast.isa(),
@@ -113,7 +136,9 @@ fn main() {
             gbs(t_scalar),
             gbs(t1),
             gbs(tn),
-            t_scalar.as_secs_f64() / t1.as_secs_f64()
+            t_scalar.as_secs_f64() / t1.as_secs_f64(),
+            gmac1,
+            gmacm
         );
     }
 }

@@ -13,19 +13,30 @@ use std::arch::x86_64::*;
 
 use crate::common::{e8m0_to_f32_half, f16_to_f32};
 use crate::iq::{KVALUES_IQ4NL, KVALUES_MXFP4};
-use crate::kernel::{DotFn, RowsFn};
+use crate::kernel::{DotFn, MultiFn, RowsFn, Simd};
 use crate::TensorType;
 
 /// The kernels of this module for `ty`, if it has one.
-pub(crate) fn kernel(ty: TensorType) -> Option<(DotFn, Option<RowsFn>)> {
+pub(crate) fn kernel(ty: TensorType) -> Option<Simd> {
     use TensorType as T;
-    fn pair<B: Block>() -> (DotFn, Option<RowsFn>) {
-        (dot_entry::<B> as DotFn, Some(rows_entry::<B> as RowsFn))
+    fn pair<B: Block>() -> Simd {
+        Simd {
+            dot: dot_entry::<B>,
+            rows: Some(rows_entry::<B> as RowsFn),
+            multi: Some(multi_entry::<B> as MultiFn),
+        }
+    }
+    fn float(dot: DotFn) -> Simd {
+        Simd {
+            dot,
+            rows: None,
+            multi: None,
+        }
     }
     Some(match ty {
-        T::F32 => (dot_f32 as DotFn, None),
-        T::F16 => (dot_f16 as DotFn, None),
-        T::BF16 => (dot_bf16 as DotFn, None),
+        T::F32 => float(dot_f32),
+        T::F16 => float(dot_f16),
+        T::BF16 => float(dot_bf16),
         T::Q4_0 => pair::<Q4_0>(),
         T::Q4_1 => pair::<Q4_1>(),
         T::Q5_0 => pair::<Q5_0>(),
@@ -57,11 +68,27 @@ trait Block {
     const WB: usize;
     /// Bytes per activation block.
     const AB: usize;
-    /// Adds the dot of the weight block at `x` with the activation block at `y` to `acc`.
+    /// The weight block unpacked, shared by all activation columns it meets.
+    type W: Copy;
+    /// Unpacks the weight block at `x`.
     ///
     /// # Safety
-    /// AVX2, FMA and F16C are available; `x` has `WB` readable bytes and `y` has `AB`.
-    unsafe fn step(x: *const u8, y: *const u8, acc: &mut Acc);
+    /// AVX2, FMA and F16C are available; `x` has `WB` readable bytes.
+    unsafe fn decode(x: *const u8) -> Self::W;
+    /// Adds the dot of an unpacked weight block with the activation block at `y` to `acc`.
+    ///
+    /// # Safety
+    /// As for `decode`, and `y` has `AB` readable bytes.
+    unsafe fn apply(w: &Self::W, y: *const u8, acc: &mut Acc);
+    /// `apply(decode(x))`: one weight block against one activation block.
+    ///
+    /// # Safety
+    /// As for `apply`.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn step(x: *const u8, y: *const u8, acc: &mut Acc) {
+        Self::apply(&Self::decode(x), y, acc)
+    }
 }
 
 /// One row: checks lengths, then runs the block loop.
@@ -84,6 +111,82 @@ fn rows_entry<B: Block>(n: usize, rows: &[u8], row_stride: usize, act: &[u8], ou
     // SAFETY: as in `dot_entry`; row `i` starts at `i * row_stride` and the assert above keeps
     // its `nb` blocks inside `rows` for every `i < out.len()`.
     unsafe { rows_blocks::<B>(nb, rows.as_ptr(), row_stride, act.as_ptr(), out) }
+}
+
+/// Several activation columns: `out[c * n_rows + i] = dot(row i, column c)`. Each weight
+/// block is unpacked once for four columns.
+#[allow(clippy::too_many_arguments)] // two strided matrices and their shapes
+fn multi_entry<B: Block>(
+    n: usize,
+    rows: &[u8],
+    row_stride: usize,
+    n_rows: usize,
+    acts: &[u8],
+    act_stride: usize,
+    n_cols: usize,
+    out: &mut [f32],
+) {
+    let nb = n / B::QK;
+    assert!(n % B::QK == 0 && row_stride >= nb * B::WB && act_stride >= nb * B::AB);
+    if n_rows == 0 || n_cols == 0 {
+        return;
+    }
+    assert!(rows.len() >= (n_rows - 1) * row_stride + nb * B::WB);
+    assert!(acts.len() >= (n_cols - 1) * act_stride + nb * B::AB);
+    assert!(out.len() >= n_rows * n_cols);
+    // SAFETY: as in `dot_entry`; row `i < n_rows` and column `c < n_cols` stay inside their
+    // slices by the asserts above, and every output index is below `n_rows * n_cols`.
+    unsafe {
+        multi_blocks::<B>(
+            nb,
+            rows.as_ptr(),
+            row_stride,
+            n_rows,
+            acts.as_ptr(),
+            act_stride,
+            n_cols,
+            out,
+        )
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn multi_blocks<B: Block>(
+    nb: usize,
+    x: *const u8,
+    row_stride: usize,
+    n_rows: usize,
+    y: *const u8,
+    act_stride: usize,
+    n_cols: usize,
+    out: &mut [f32],
+) {
+    const C: usize = 4;
+    for i in 0..n_rows {
+        let xr = x.add(i * row_stride);
+        let mut c0 = 0;
+        while c0 + C <= n_cols {
+            let zero = Acc {
+                v: _mm256_setzero_ps(),
+                s: 0.0,
+            };
+            let mut acc = [zero; C];
+            for b in 0..nb {
+                let w = B::decode(xr.add(b * B::WB));
+                for (k, acc) in acc.iter_mut().enumerate() {
+                    B::apply(&w, y.add((c0 + k) * act_stride + b * B::AB), acc);
+                }
+            }
+            for (k, acc) in acc.iter().enumerate() {
+                out[(c0 + k) * n_rows + i] = hsum_f32(acc.v) + acc.s;
+            }
+            c0 += C;
+        }
+        for c in c0..n_cols {
+            out[c * n_rows + i] = dot_blocks::<B>(nb, xr, y.add(c * act_stride));
+        }
+    }
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -171,6 +274,14 @@ unsafe fn dot_i8(x: __m256i, y: __m256i) -> __m256i {
     _mm256_madd_epi16(_mm256_maddubs_epi16(ax, sy), _mm256_set1_epi16(1))
 }
 
+/// `dot_i8(x, y)` with `ax = |x|` precomputed.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn dot_abs_i8(ax: __m256i, x: __m256i, y: __m256i) -> __m256i {
+    let sy = _mm256_sign_epi8(y, x);
+    _mm256_madd_epi16(_mm256_maddubs_epi16(ax, sy), _mm256_set1_epi16(1))
+}
+
 /// Unsigned bytes times signed bytes, summed in groups of four into 8 i32.
 #[inline]
 #[target_feature(enable = "avx2")]
@@ -227,13 +338,18 @@ unsafe fn f16_pair(p: *const u8) -> (f32, f32) {
     (_mm_cvtss_f32(v), _mm_cvtss_f32(_mm_movehdup_ps(v)))
 }
 
-/// Two consecutive f16 at `x` times two at `y`: `(x0 * y0, x1 * y1)`.
+/// Two consecutive f16 at `p` in lanes 0 and 1.
 #[inline]
 #[target_feature(enable = "avx2,f16c")]
-unsafe fn f16_pair_products(x: *const u8, y: *const u8) -> (f32, f32) {
-    let xv = _mm_cvtph_ps(_mm_cvtsi32_si128((x as *const i32).read_unaligned()));
-    let yv = _mm_cvtph_ps(_mm_cvtsi32_si128((y as *const i32).read_unaligned()));
-    let p = _mm_mul_ps(xv, yv);
+unsafe fn f16x2(p: *const u8) -> __m128 {
+    _mm_cvtph_ps(_mm_cvtsi32_si128((p as *const i32).read_unaligned()))
+}
+
+/// `(x0 * y0, x1 * y1)` of lanes 0 and 1.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn pair_products(x: __m128, y: __m128) -> (f32, f32) {
+    let p = _mm_mul_ps(x, y);
     (_mm_cvtss_f32(p), _mm_cvtss_f32(_mm_movehdup_ps(p)))
 }
 
@@ -245,12 +361,19 @@ impl Block for Q4_0 {
     const QK: usize = 32;
     const WB: usize = 18;
     const AB: usize = 34;
+    /// (signed quants, their absolute values, d)
+    type W = (__m256i, __m256i, f32);
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn step(x: *const u8, y: *const u8, acc: &mut Acc) {
+    unsafe fn decode(x: *const u8) -> Self::W {
         let q = _mm256_sub_epi8(nibbles_16(x.add(2)), _mm256_set1_epi8(8));
-        let sum = dot_i8(q, load(y.add(2)));
-        fma_i32(acc, f16_at(x) * f16_at(y), sum);
+        (q, _mm256_sign_epi8(q, q), f16_at(x))
+    }
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn apply(&(q, aq, d): &Self::W, y: *const u8, acc: &mut Acc) {
+        let sum = dot_abs_i8(aq, q, load(y.add(2)));
+        fma_i32(acc, d * f16_at(y), sum);
     }
 }
 
@@ -259,11 +382,18 @@ impl Block for Q4_1 {
     const QK: usize = 32;
     const WB: usize = 20;
     const AB: usize = 36;
+    /// (quants, [d, m, ..])
+    type W = (__m256i, __m128);
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn step(x: *const u8, y: *const u8, acc: &mut Acc) {
-        let sum = dot_u8_i8(nibbles_16(x.add(4)), load(y.add(4)));
-        let (dd, ms) = f16_pair_products(x, y);
+    unsafe fn decode(x: *const u8) -> Self::W {
+        (nibbles_16(x.add(4)), f16x2(x))
+    }
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn apply(&(q, dm): &Self::W, y: *const u8, acc: &mut Acc) {
+        let sum = dot_u8_i8(q, load(y.add(4)));
+        let (dd, ms) = pair_products(dm, f16x2(y));
         fma_i32(acc, dd, sum);
         acc.s += ms;
     }
@@ -283,12 +413,19 @@ impl Block for Q5_0 {
     const QK: usize = 32;
     const WB: usize = 22;
     const AB: usize = 34;
+    /// (signed quants, their absolute values, d)
+    type W = (__m256i, __m256i, f32);
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn step(x: *const u8, y: *const u8, acc: &mut Acc) {
+    unsafe fn decode(x: *const u8) -> Self::W {
         let q = _mm256_sub_epi8(q5_bytes(x.add(2), x.add(6)), _mm256_set1_epi8(16));
-        let sum = dot_i8(q, load(y.add(2)));
-        fma_i32(acc, f16_at(x) * f16_at(y), sum);
+        (q, _mm256_sign_epi8(q, q), f16_at(x))
+    }
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn apply(&(q, aq, d): &Self::W, y: *const u8, acc: &mut Acc) {
+        let sum = dot_abs_i8(aq, q, load(y.add(2)));
+        fma_i32(acc, d * f16_at(y), sum);
     }
 }
 
@@ -297,11 +434,18 @@ impl Block for Q5_1 {
     const QK: usize = 32;
     const WB: usize = 24;
     const AB: usize = 36;
+    /// (quants, [d, m, ..])
+    type W = (__m256i, __m128);
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn step(x: *const u8, y: *const u8, acc: &mut Acc) {
-        let sum = dot_u8_i8(q5_bytes(x.add(4), x.add(8)), load(y.add(4)));
-        let (dd, ms) = f16_pair_products(x, y);
+    unsafe fn decode(x: *const u8) -> Self::W {
+        (q5_bytes(x.add(4), x.add(8)), f16x2(x))
+    }
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn apply(&(q, dm): &Self::W, y: *const u8, acc: &mut Acc) {
+        let sum = dot_u8_i8(q, load(y.add(4)));
+        let (dd, ms) = pair_products(dm, f16x2(y));
         fma_i32(acc, dd, sum);
         acc.s += ms;
     }
@@ -312,11 +456,19 @@ impl Block for Q8_0 {
     const QK: usize = 32;
     const WB: usize = 34;
     const AB: usize = 34;
+    /// (signed quants, their absolute values, d)
+    type W = (__m256i, __m256i, f32);
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn step(x: *const u8, y: *const u8, acc: &mut Acc) {
-        let sum = dot_i8(load(x.add(2)), load(y.add(2)));
-        fma_i32(acc, f16_at(x) * f16_at(y), sum);
+    unsafe fn decode(x: *const u8) -> Self::W {
+        let q = load(x.add(2));
+        (q, _mm256_sign_epi8(q, q), f16_at(x))
+    }
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn apply(&(q, aq, d): &Self::W, y: *const u8, acc: &mut Acc) {
+        let sum = dot_abs_i8(aq, q, load(y.add(2)));
+        fma_i32(acc, d * f16_at(y), sum);
     }
 }
 
@@ -333,9 +485,15 @@ impl Block for Iq4Nl {
     const QK: usize = 32;
     const WB: usize = 18;
     const AB: usize = 34;
+    type W = *const u8;
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn step(x: *const u8, y: *const u8, acc: &mut Acc) {
+    unsafe fn decode(x: *const u8) -> *const u8 {
+        x
+    }
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn apply(&x: &*const u8, y: *const u8, acc: &mut Acc) {
         let sum = dot_i8(lookup_16(x.add(2), &KVALUES_IQ4NL), load(y.add(2)));
         fma_i32(acc, f16_at(x) * f16_at(y), sum);
     }
@@ -346,9 +504,15 @@ impl Block for Mxfp4 {
     const QK: usize = 32;
     const WB: usize = 17;
     const AB: usize = 34;
+    type W = *const u8;
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn step(x: *const u8, y: *const u8, acc: &mut Acc) {
+    unsafe fn decode(x: *const u8) -> *const u8 {
+        x
+    }
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn apply(&x: &*const u8, y: *const u8, acc: &mut Acc) {
         let sum = dot_i8(lookup_16(x.add(1), &KVALUES_MXFP4), load(y.add(2)));
         fma_i32(acc, e8m0_to_f32_half(*x) * f16_at(y), sum);
     }
@@ -428,9 +592,15 @@ impl Block for Q2K {
     const QK: usize = 256;
     const WB: usize = 84;
     const AB: usize = 292;
+    type W = *const u8;
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn step(x: *const u8, y: *const u8, acc: &mut Acc) {
+    unsafe fn decode(x: *const u8) -> *const u8 {
+        x
+    }
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn apply(&x: &*const u8, y: *const u8, acc: &mut Acc) {
         let scales = &*(x as *const [u8; 16]);
         let mut sum = _mm256_setzero_si256();
         for chunk in 0..2 {
@@ -459,9 +629,15 @@ impl Block for Q3K {
     const QK: usize = 256;
     const WB: usize = 110;
     const AB: usize = 292;
+    type W = *const u8;
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn step(x: *const u8, y: *const u8, acc: &mut Acc) {
+    unsafe fn decode(x: *const u8) -> *const u8 {
+        x
+    }
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn apply(&x: &*const u8, y: *const u8, acc: &mut Acc) {
         let sb = q3k_scale_bytes(x.add(96));
         let sc: [i8; 16] = std::array::from_fn(|i| sb[i] as i8 - 32);
         let hm = load(x);
@@ -487,14 +663,48 @@ impl Block for Q3K {
     }
 }
 
-/// Q4_K/Q5_K's eight 6-bit scales, and the mins dotted with the activation's bsums (8 i32).
+/// Q4_K/Q5_K unpacked: 8 vectors of 32 quants (sub-block order), their scales, the mins,
+/// and d, dmin.
+#[derive(Clone, Copy)]
+struct K4 {
+    q: [__m256i; 8],
+    sc: [i16; 8],
+    mins: __m256i,
+    d: f32,
+    dmin: f32,
+}
+
 #[inline]
-#[target_feature(enable = "avx2")]
-unsafe fn k4_scales_mins(scales: *const u8, y: *const u8) -> ([i16; 8], __m256i) {
-    let (sc, mn) = k4_scale_min_bytes(scales);
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn k4_apply(w: &K4, y: *const u8, acc: &mut Acc) {
+    let mut sum = _mm256_setzero_si256();
+    for c in 0..4 {
+        let y0 = load(y.add(Y_QS + 64 * c));
+        let y1 = load(y.add(Y_QS + 64 * c + 32));
+        let p0 = dot_u8_i8_scaled(w.q[2 * c], y0, w.sc[2 * c], w.sc[2 * c]);
+        let p1 = dot_u8_i8_scaled(w.q[2 * c + 1], y1, w.sc[2 * c + 1], w.sc[2 * c + 1]);
+        sum = _mm256_add_epi32(sum, _mm256_add_epi32(p0, p1));
+    }
     let pair_sums = _mm256_madd_epi16(bsums(y), _mm256_set1_epi16(1));
-    let mins = _mm256_cvtepu8_epi32(_mm_loadl_epi64(mn.as_ptr() as *const __m128i));
-    (sc.map(|v| v as i16), _mm256_mullo_epi32(pair_sums, mins))
+    let summs = _mm256_mullo_epi32(pair_sums, w.mins);
+    let yd = y_d(y);
+    fma_i32(acc, w.d * yd, sum);
+    fma_i32(acc, -w.dmin * yd, summs);
+}
+
+/// Scales, mins and d/dmin of a Q4_K/Q5_K block (quants left zero).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn k4_header(x: *const u8) -> K4 {
+    let (sc, mn) = k4_scale_min_bytes(x.add(4));
+    let (d, dmin) = f16_pair(x);
+    K4 {
+        q: [_mm256_setzero_si256(); 8],
+        sc: sc.map(|v| v as i16),
+        mins: _mm256_cvtepu8_epi32(_mm_loadl_epi64(mn.as_ptr() as *const __m128i)),
+        d,
+        dmin,
+    }
 }
 
 struct Q4K;
@@ -502,26 +712,23 @@ impl Block for Q4K {
     const QK: usize = 256;
     const WB: usize = 144;
     const AB: usize = 292;
+    type W = K4;
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn step(x: *const u8, y: *const u8, acc: &mut Acc) {
-        let (sc, summs) = k4_scales_mins(x.add(4), y);
+    unsafe fn decode(x: *const u8) -> K4 {
+        let mut w = k4_header(x);
         let m4 = _mm256_set1_epi8(0x0f);
-        let mut sum = _mm256_setzero_si256();
         for c in 0..4 {
             let q = load(x.add(16 + 32 * c));
-            let lo = _mm256_and_si256(q, m4);
-            let hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
-            let y0 = load(y.add(Y_QS + 64 * c));
-            let y1 = load(y.add(Y_QS + 64 * c + 32));
-            let p0 = dot_u8_i8_scaled(lo, y0, sc[2 * c], sc[2 * c]);
-            let p1 = dot_u8_i8_scaled(hi, y1, sc[2 * c + 1], sc[2 * c + 1]);
-            sum = _mm256_add_epi32(sum, _mm256_add_epi32(p0, p1));
+            w.q[2 * c] = _mm256_and_si256(q, m4);
+            w.q[2 * c + 1] = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
         }
-        let yd = y_d(y);
-        let (d, dmin) = f16_pair(x);
-        fma_i32(acc, d * yd, sum);
-        fma_i32(acc, -dmin * yd, summs);
+        w
+    }
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn apply(w: &K4, y: *const u8, acc: &mut Acc) {
+        k4_apply(w, y, acc)
     }
 }
 
@@ -530,14 +737,14 @@ impl Block for Q5K {
     const QK: usize = 256;
     const WB: usize = 176;
     const AB: usize = 292;
+    type W = K4;
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn step(x: *const u8, y: *const u8, acc: &mut Acc) {
-        let (sc, summs) = k4_scales_mins(x.add(4), y);
+    unsafe fn decode(x: *const u8) -> K4 {
+        let mut w = k4_header(x);
         let m4 = _mm256_set1_epi8(0x0f);
         let one = _mm256_set1_epi8(1);
         let qh = load(x.add(16));
-        let mut sum = _mm256_setzero_si256();
         for c in 0..4 {
             let q = load(x.add(48 + 32 * c));
             let h0 = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * c as i32)), one);
@@ -545,22 +752,28 @@ impl Block for Q5K {
                 _mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * c as i32 + 1)),
                 one,
             );
-            let lo = _mm256_or_si256(_mm256_and_si256(q, m4), _mm256_slli_epi16(h0, 4));
-            let hi = _mm256_or_si256(
+            w.q[2 * c] = _mm256_or_si256(_mm256_and_si256(q, m4), _mm256_slli_epi16(h0, 4));
+            w.q[2 * c + 1] = _mm256_or_si256(
                 _mm256_and_si256(_mm256_srli_epi16(q, 4), m4),
                 _mm256_slli_epi16(h1, 4),
             );
-            let y0 = load(y.add(Y_QS + 64 * c));
-            let y1 = load(y.add(Y_QS + 64 * c + 32));
-            let p0 = dot_u8_i8_scaled(lo, y0, sc[2 * c], sc[2 * c]);
-            let p1 = dot_u8_i8_scaled(hi, y1, sc[2 * c + 1], sc[2 * c + 1]);
-            sum = _mm256_add_epi32(sum, _mm256_add_epi32(p0, p1));
         }
-        let yd = y_d(y);
-        let (d, dmin) = f16_pair(x);
-        fma_i32(acc, d * yd, sum);
-        fma_i32(acc, -dmin * yd, summs);
+        w
     }
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn apply(w: &K4, y: *const u8, acc: &mut Acc) {
+        k4_apply(w, y, acc)
+    }
+}
+
+/// Q6_K unpacked: 8 vectors of 32 unsigned quants (element order), scales, d.
+#[derive(Clone, Copy)]
+struct K6 {
+    u: [__m256i; 8],
+    sc: [i8; 16],
+    sc16: __m256i,
+    d: f32,
 }
 
 struct Q6K;
@@ -568,12 +781,12 @@ impl Block for Q6K {
     const QK: usize = 256;
     const WB: usize = 210;
     const AB: usize = 292;
+    type W = K6;
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn step(x: *const u8, y: *const u8, acc: &mut Acc) {
-        let sc = &*(x.add(192) as *const [i8; 16]);
+    unsafe fn decode(x: *const u8) -> K6 {
         let m4 = _mm256_set1_epi8(0x0f);
-        let mut sum = _mm256_setzero_si256();
+        let mut u = [_mm256_setzero_si256(); 8];
         for chunk in 0..2 {
             let ql0 = load(x.add(64 * chunk));
             let ql1 = load(x.add(64 * chunk + 32));
@@ -585,17 +798,29 @@ impl Block for Q6K {
                 (_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4), low2(qh, 6)),
             ];
             for (k, (l, h)) in parts.into_iter().enumerate() {
-                let u = _mm256_or_si256(l, _mm256_slli_epi16(h, 4));
-                let yv = load(y.add(Y_QS + 128 * chunk + 32 * k));
-                let is = 8 * chunk + 2 * k;
-                let s = dot_u8_i8_scaled(u, yv, sc[is] as i16, sc[is + 1] as i16);
-                sum = _mm256_add_epi32(sum, s);
+                u[4 * chunk + k] = _mm256_or_si256(l, _mm256_slli_epi16(h, 4));
             }
         }
+        let sc16 = _mm_loadu_si128(x.add(192) as *const __m128i);
+        K6 {
+            u,
+            sc: *(x.add(192) as *const [i8; 16]),
+            sc16: _mm256_cvtepi8_epi16(sc16),
+            d: f16_at(x.add(208)),
+        }
+    }
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn apply(w: &K6, y: *const u8, acc: &mut Acc) {
+        let mut sum = _mm256_setzero_si256();
+        for (k, &u) in w.u.iter().enumerate() {
+            let yv = load(y.add(Y_QS + 32 * k));
+            let s = dot_u8_i8_scaled(u, yv, w.sc[2 * k] as i16, w.sc[2 * k + 1] as i16);
+            sum = _mm256_add_epi32(sum, s);
+        }
         // The quants are u - 32: take 32 * sum(scale * bsum) off, exactly.
-        let sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(x.add(192) as *const __m128i));
-        sum = _mm256_sub_epi32(sum, _mm256_slli_epi32(scales_dot_bsums(sc16, y), 5));
-        fma_i32(acc, f16_at(x.add(208)) * y_d(y), sum);
+        sum = _mm256_sub_epi32(sum, _mm256_slli_epi32(scales_dot_bsums(w.sc16, y), 5));
+        fma_i32(acc, w.d * y_d(y), sum);
     }
 }
 

@@ -11,6 +11,16 @@ pub(crate) type DotFn = fn(usize, &[u8], &[u8]) -> f32;
 /// the end of the last row and `act` is exactly `n` elements.
 pub(crate) type RowsFn = fn(usize, &[u8], usize, &[u8], &mut [f32]);
 
+/// `multi(n, rows, row_stride, n_rows, acts, act_stride, n_cols, out)`, lengths checked.
+pub(crate) type MultiFn = fn(usize, &[u8], usize, usize, &[u8], usize, usize, &mut [f32]);
+
+/// What a SIMD module offers for one weight type.
+pub(crate) struct Simd {
+    pub dot: DotFn,
+    pub rows: Option<RowsFn>,
+    pub multi: Option<MultiFn>,
+}
+
 /// The instruction sets a kernel can be written for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Isa {
@@ -74,6 +84,7 @@ pub struct DotKernel {
     act_block_bytes: usize,
     dot: DotFn,
     rows: Option<RowsFn>,
+    multi: Option<MultiFn>,
     isa: Isa,
 }
 
@@ -199,6 +210,18 @@ impl DotKernel {
             self.act_ty,
             acts.len()
         );
+        if let Some(f) = self.multi {
+            return f(
+                n,
+                &rows[..need_r],
+                row_stride,
+                n_rows,
+                &acts[..need_a],
+                act_stride,
+                n_cols,
+                out,
+            );
+        }
         for i in 0..n_rows {
             let row = &rows[i * row_stride..i * row_stride + rb];
             for c in 0..n_cols {
@@ -253,7 +276,7 @@ fn build(ty: TensorType, isa: Isa) -> Result<DotKernel, QuantError> {
     };
     let act_ty = vec_dot_type(ty)?;
     let scalar = scalar_fn(ty).ok_or(unsupported)?;
-    let simd: Option<(DotFn, Option<RowsFn>)> = match isa {
+    let simd: Option<Simd> = match isa {
         Isa::Scalar => None,
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 => crate::avx2::kernel(ty),
@@ -262,9 +285,16 @@ fn build(ty: TensorType, isa: Isa) -> Result<DotKernel, QuantError> {
         #[allow(unreachable_patterns)]
         _ => None,
     };
-    let (dot, rows, isa) = match simd {
-        Some((dot, rows)) => (dot, rows, isa),
-        None => (scalar, None, Isa::Scalar),
+    let (Simd { dot, rows, multi }, isa) = match simd {
+        Some(simd) => (simd, isa),
+        None => (
+            Simd {
+                dot: scalar,
+                rows: None,
+                multi: None,
+            },
+            Isa::Scalar,
+        ),
     };
     debug_assert_eq!(ty.block_size(), act_ty.block_size());
     Ok(DotKernel {
@@ -275,6 +305,7 @@ fn build(ty: TensorType, isa: Isa) -> Result<DotKernel, QuantError> {
         act_block_bytes: act_ty.block_bytes(),
         dot,
         rows,
+        multi,
         isa,
     })
 }

@@ -10,18 +10,25 @@ use std::arch::aarch64::*;
 use crate::common::{e8m0_to_f32_half, f16_to_f32};
 use crate::iq::{KVALUES_IQ4NL, KVALUES_MXFP4};
 use crate::k_quants::{q3k_scales, scale_min_k4};
-use crate::kernel::{DotFn, RowsFn};
+use crate::kernel::{DotFn, Simd};
 use crate::TensorType;
 
 /// The kernels of this module for `ty`, if it has one.
-pub(crate) fn kernel(ty: TensorType) -> Option<(DotFn, Option<RowsFn>)> {
+pub(crate) fn kernel(ty: TensorType) -> Option<Simd> {
     use TensorType as T;
-    fn one<B: Block>() -> (DotFn, Option<RowsFn>) {
-        (dot_entry::<B> as DotFn, None)
+    fn one<B: Block>() -> Simd {
+        float(dot_entry::<B>)
+    }
+    fn float(dot: DotFn) -> Simd {
+        Simd {
+            dot,
+            rows: None,
+            multi: None,
+        }
     }
     Some(match ty {
-        T::F32 => (dot_f32 as DotFn, None),
-        T::BF16 => (dot_bf16 as DotFn, None),
+        T::F32 => float(dot_f32),
+        T::BF16 => float(dot_bf16),
         T::Q4_0 => one::<Q4_0>(),
         T::Q4_1 => one::<Q4_1>(),
         T::Q5_0 => one::<Q5_0>(),

@@ -126,7 +126,7 @@ fn dot_rows_and_multi_match_single_dots() {
             for i in 0..n_rows {
                 rows[i * stride..i * stride + rb].copy_from_slice(&random_row(ty, n, &mut rng));
             }
-            let n_cols = 3;
+            let n_cols = 6; // one group of four columns and a remainder
             let mut acts = Vec::new();
             for _ in 0..n_cols {
                 acts.extend(random_act(k.activation_type(), n, &mut rng).1);
