@@ -1,0 +1,81 @@
+//! Chat templates render exactly as Python's jinja2 renders them the way transformers sets it up
+//! (goldens from scripts/tokenizer_chat_golden.py), and the model's own template is the one used.
+
+mod common;
+
+use common::*;
+use ferrolm_tokenizer::{ChatMessage, ChatTemplate};
+
+#[test]
+fn templates_render_like_jinja2() {
+    let g = read_json("chat_templates.json");
+    let convs: Vec<Vec<ChatMessage>> = serde_json::from_value(g["conversations"].clone()).unwrap();
+    let tools = &g["tools"];
+    let mut failures = Vec::new();
+    let mut n = 0;
+    for c in g["cases"].as_array().unwrap() {
+        let name = c["template"].as_str().unwrap();
+        let t = &g["templates"][name];
+        let tmpl = ChatTemplate::new(
+            t["source"].as_str().unwrap(),
+            t["bos"].as_str().unwrap(),
+            t["eos"].as_str().unwrap(),
+        )
+        .unwrap_or_else(|e| panic!("{name}: {e}"));
+        let conv = &convs[c["conversation"].as_u64().unwrap() as usize];
+        let agp = c["add_generation_prompt"].as_bool().unwrap();
+        let with_tools = c.get("tools").is_some();
+        let got = tmpl.render(conv, agp, with_tools.then_some(tools));
+        n += 1;
+        match (c.get("text"), got) {
+            (Some(want), Ok(got)) if want.as_str().unwrap() == got => {}
+            (None, Err(e)) => {
+                let want = c["error"].as_str().unwrap();
+                if !e.to_string().contains(want) {
+                    failures.push(format!("{name} #{}: error {e} lacks {want:?}", c["conversation"]));
+                }
+            }
+            (want, got) => failures.push(format!(
+                "{name} conversation {} agp={agp} tools={with_tools}\n  jinja2   {:?}\n  minijinja {:?}",
+                c["conversation"],
+                want.map(|w| w.as_str().unwrap().to_string()).unwrap_or_else(|| c["error"].to_string()),
+                got
+            )),
+        }
+    }
+    assert!(n >= 100, "only {n} cases");
+    assert!(failures.is_empty(), "{} of {n} renderings differ:\n{}", failures.len(), failures.join("\n"));
+}
+
+#[test]
+fn smollm2_uses_its_own_template() {
+    let tok = load(SMOLLM2);
+    let t = ChatTemplate::for_tokenizer(&tok).unwrap();
+    assert!(t.warning().is_none());
+    let out = t.render(&[ChatMessage::new("user", "Hi")], true, None).unwrap();
+    assert_eq!(
+        out,
+        "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n\
+         <|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+    );
+    // the rendered prompt tokenizes with the specials as single tokens
+    let ids = tok.encode(&out, false, true);
+    assert_eq!(ids[0], tok.token_id("<|im_start|>").unwrap());
+}
+
+#[test]
+fn a_model_without_template_gets_chatml_with_a_warning() {
+    let tok = load(GEMMA3);
+    assert!(tok.chat_template().is_none());
+    let t = ChatTemplate::for_tokenizer(&tok).unwrap();
+    assert!(t.warning().unwrap().contains("ChatML"));
+    let out = t.render(&[ChatMessage::new("user", "Hi")], false, None).unwrap();
+    assert_eq!(out, "<|im_start|>user\nHi<|im_end|>\n");
+}
+
+#[test]
+fn broken_templates_are_errors() {
+    assert!(ChatTemplate::new("{% for %}", "", "").is_err());
+    let t = ChatTemplate::new("{{ messages[0].content.nosuchmethod() }}", "", "").unwrap();
+    assert!(t.render(&[ChatMessage::new("user", "x")], false, None).is_err());
+}
