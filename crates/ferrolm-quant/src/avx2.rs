@@ -289,13 +289,21 @@ unsafe fn dot_u8_i8(x: __m256i, y: __m256i) -> __m256i {
     _mm256_madd_epi16(_mm256_maddubs_epi16(x, y), _mm256_set1_epi16(1))
 }
 
-/// Unsigned bytes times signed bytes, pairs weighted by a 16-bit scale per 16 elements:
-/// `lo` for elements 0..16, `hi` for 16..32; 8 i32.
+/// Sixteen signed byte scales (one per 16 elements) -> for each 32-element group `k`, the
+/// 16-bit scale vector `[sc[2k]; 8] ++ [sc[2k + 1]; 8]` that `madd` applies to `maddubs`.
 #[inline]
 #[target_feature(enable = "avx2")]
-unsafe fn dot_u8_i8_scaled(x: __m256i, y: __m256i, lo: i16, hi: i16) -> __m256i {
-    let s = _mm256_set_m128i(_mm_set1_epi16(hi), _mm_set1_epi16(lo));
-    _mm256_madd_epi16(_mm256_maddubs_epi16(x, y), s)
+unsafe fn pair_scales(sc: __m128i) -> [__m256i; 8] {
+    let mut out = [_mm256_setzero_si256(); 8];
+    for (k, o) in out.iter_mut().enumerate() {
+        let lo = (2 * k) as i8;
+        let hi = lo + 1;
+        let mask = _mm_setr_epi8(
+            lo, lo, lo, lo, lo, lo, lo, lo, hi, hi, hi, hi, hi, hi, hi, hi,
+        );
+        *o = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc, mask));
+    }
+    out
 }
 
 /// Bit `i` of `bits` -> byte `i` of the result: 0xFF where set, 0 where clear.
@@ -601,7 +609,8 @@ impl Block for Q2K {
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn apply(&x: &*const u8, y: *const u8, acc: &mut Acc) {
-        let scales = &*(x as *const [u8; 16]);
+        let sc = _mm_loadu_si128(x as *const __m128i);
+        let scv = pair_scales(_mm_and_si128(sc, _mm_set1_epi8(0x0f)));
         let mut sum = _mm256_setzero_si256();
         for chunk in 0..2 {
             let q = load(x.add(16 + 32 * chunk));
@@ -609,12 +618,10 @@ impl Block for Q2K {
                 let is = 8 * chunk + 2 * j;
                 let qj = low2(q, 2 * j as i32);
                 let yv = load(y.add(Y_QS + 128 * chunk + 32 * j));
-                let lo = (scales[is] & 0x0f) as i16;
-                let hi = (scales[is + 1] & 0x0f) as i16;
-                sum = _mm256_add_epi32(sum, dot_u8_i8_scaled(qj, yv, lo, hi));
+                let p = _mm256_madd_epi16(_mm256_maddubs_epi16(qj, yv), scv[is / 2]);
+                sum = _mm256_add_epi32(sum, p);
             }
         }
-        let sc = _mm_loadu_si128(x as *const __m128i);
         let mins = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sc, 4), _mm_set1_epi8(0x0f)));
         let summs = scales_dot_bsums(mins, y);
         let yd = y_d(y);
@@ -639,7 +646,11 @@ impl Block for Q3K {
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn apply(&x: &*const u8, y: *const u8, acc: &mut Acc) {
         let sb = q3k_scale_bytes(x.add(96));
-        let sc: [i8; 16] = std::array::from_fn(|i| sb[i] as i8 - 32);
+        let sc = _mm_sub_epi8(
+            _mm_loadu_si128(sb.as_ptr() as *const __m128i),
+            _mm_set1_epi8(32),
+        );
+        let scv = pair_scales(sc);
         let hm = load(x);
         let mut sum = _mm256_setzero_si256();
         for chunk in 0..2 {
@@ -652,12 +663,12 @@ impl Block for Q3K {
                 );
                 let u = _mm256_or_si256(low2(q, 2 * j as i32), _mm256_slli_epi16(hbit, 2));
                 let yv = load(y.add(Y_QS + 128 * chunk + 32 * j));
-                let s = dot_u8_i8_scaled(u, yv, sc[is] as i16, sc[is + 1] as i16);
+                let s = _mm256_madd_epi16(_mm256_maddubs_epi16(u, yv), scv[is / 2]);
                 sum = _mm256_add_epi32(sum, s);
             }
         }
         // The quants are u - 4: take 4 * sum(scale * bsum) off, exactly.
-        let sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(sc.as_ptr() as *const __m128i));
+        let sc16 = _mm256_cvtepi8_epi16(sc);
         sum = _mm256_sub_epi32(sum, _mm256_slli_epi32(scales_dot_bsums(sc16, y), 2));
         fma_i32(acc, f16_at(x.add(108)) * y_d(y), sum);
     }
@@ -668,7 +679,7 @@ impl Block for Q3K {
 #[derive(Clone, Copy)]
 struct K4 {
     q: [__m256i; 8],
-    sc: [i16; 8],
+    scv: [__m256i; 8],
     mins: __m256i,
     d: f32,
     dmin: f32,
@@ -681,8 +692,8 @@ unsafe fn k4_apply(w: &K4, y: *const u8, acc: &mut Acc) {
     for c in 0..4 {
         let y0 = load(y.add(Y_QS + 64 * c));
         let y1 = load(y.add(Y_QS + 64 * c + 32));
-        let p0 = dot_u8_i8_scaled(w.q[2 * c], y0, w.sc[2 * c], w.sc[2 * c]);
-        let p1 = dot_u8_i8_scaled(w.q[2 * c + 1], y1, w.sc[2 * c + 1], w.sc[2 * c + 1]);
+        let p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(w.q[2 * c], y0), w.scv[2 * c]);
+        let p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(w.q[2 * c + 1], y1), w.scv[2 * c + 1]);
         sum = _mm256_add_epi32(sum, _mm256_add_epi32(p0, p1));
     }
     let pair_sums = _mm256_madd_epi16(bsums(y), _mm256_set1_epi16(1));
@@ -700,7 +711,7 @@ unsafe fn k4_header(x: *const u8) -> K4 {
     let (d, dmin) = f16_pair(x);
     K4 {
         q: [_mm256_setzero_si256(); 8],
-        sc: sc.map(|v| v as i16),
+        scv: sc.map(|v| _mm256_set1_epi16(v as i16)),
         mins: _mm256_cvtepu8_epi32(_mm_loadl_epi64(mn.as_ptr() as *const __m128i)),
         d,
         dmin,
@@ -771,7 +782,7 @@ impl Block for Q5K {
 #[derive(Clone, Copy)]
 struct K6 {
     u: [__m256i; 8],
-    sc: [i8; 16],
+    scv: [__m256i; 8],
     sc16: __m256i,
     d: f32,
 }
@@ -801,11 +812,11 @@ impl Block for Q6K {
                 u[4 * chunk + k] = _mm256_or_si256(l, _mm256_slli_epi16(h, 4));
             }
         }
-        let sc16 = _mm_loadu_si128(x.add(192) as *const __m128i);
+        let sc = _mm_loadu_si128(x.add(192) as *const __m128i);
         K6 {
             u,
-            sc: *(x.add(192) as *const [i8; 16]),
-            sc16: _mm256_cvtepi8_epi16(sc16),
+            scv: pair_scales(sc),
+            sc16: _mm256_cvtepi8_epi16(sc),
             d: f16_at(x.add(208)),
         }
     }
@@ -815,7 +826,7 @@ impl Block for Q6K {
         let mut sum = _mm256_setzero_si256();
         for (k, &u) in w.u.iter().enumerate() {
             let yv = load(y.add(Y_QS + 32 * k));
-            let s = dot_u8_i8_scaled(u, yv, w.sc[2 * k] as i16, w.sc[2 * k + 1] as i16);
+            let s = _mm256_madd_epi16(_mm256_maddubs_epi16(u, yv), w.scv[k]);
             sum = _mm256_add_epi32(sum, s);
         }
         // The quants are u - 32: take 32 * sum(scale * bsum) off, exactly.
