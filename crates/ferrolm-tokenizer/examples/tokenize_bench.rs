@@ -10,7 +10,9 @@ fn main() {
         eprintln!("usage: tokenize_bench MODEL.gguf TEXT_FILE [REPEATS]");
         std::process::exit(2);
     }
-    let repeats: usize = args.get(3).map_or(5, |s| s.parse().expect("REPEATS is a number"));
+    let repeats: usize = args
+        .get(3)
+        .map_or(5, |s| s.parse().expect("REPEATS is a number"));
     let gguf = ferrolm_gguf::GgufFile::open(&args[1]).expect("open GGUF");
     let t0 = Instant::now();
     let tok = ferrolm_tokenizer::Tokenizer::from_metadata(gguf.metadata()).expect("tokenizer");

@@ -44,7 +44,12 @@ fn templates_render_like_jinja2() {
         }
     }
     assert!(n >= 100, "only {n} cases");
-    assert!(failures.is_empty(), "{} of {n} renderings differ:\n{}", failures.len(), failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "{} of {n} renderings differ:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
 }
 
 #[test]
@@ -52,7 +57,9 @@ fn smollm2_uses_its_own_template() {
     let tok = load(SMOLLM2);
     let t = ChatTemplate::for_tokenizer(&tok).unwrap();
     assert!(t.warning().is_none());
-    let out = t.render(&[ChatMessage::new("user", "Hi")], true, None).unwrap();
+    let out = t
+        .render(&[ChatMessage::new("user", "Hi")], true, None)
+        .unwrap();
     assert_eq!(
         out,
         "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n\
@@ -69,7 +76,9 @@ fn a_model_without_template_gets_chatml_with_a_warning() {
     assert!(tok.chat_template().is_none());
     let t = ChatTemplate::for_tokenizer(&tok).unwrap();
     assert!(t.warning().unwrap().contains("ChatML"));
-    let out = t.render(&[ChatMessage::new("user", "Hi")], false, None).unwrap();
+    let out = t
+        .render(&[ChatMessage::new("user", "Hi")], false, None)
+        .unwrap();
     assert_eq!(out, "<|im_start|>user\nHi<|im_end|>\n");
 }
 
@@ -77,5 +86,7 @@ fn a_model_without_template_gets_chatml_with_a_warning() {
 fn broken_templates_are_errors() {
     assert!(ChatTemplate::new("{% for %}", "", "").is_err());
     let t = ChatTemplate::new("{{ messages[0].content.nosuchmethod() }}", "", "").unwrap();
-    assert!(t.render(&[ChatMessage::new("user", "x")], false, None).is_err());
+    assert!(t
+        .render(&[ChatMessage::new("user", "x")], false, None)
+        .is_err());
 }
