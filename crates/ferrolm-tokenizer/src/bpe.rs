@@ -53,6 +53,9 @@ struct HeapSym {
 
 const NONE: u32 = u32::MAX;
 
+/// A queued merge: (rank, left index, right index, left id, right id); smallest pops first.
+type QueuedPair = (u32, u32, u32, u32, u32);
+
 /// Words at most this long are cached and merged by a linear scan; longer ones use a heap.
 const SHORT_WORD: usize = 48;
 
@@ -211,8 +214,7 @@ impl Bpe {
                 next: if i + 1 == n { NONE } else { i as u32 + 1 },
             });
         }
-        // (rank, left index, right index, left id, right id); smallest first
-        let mut heap: BinaryHeap<Reverse<(u32, u32, u32, u32, u32)>> = BinaryHeap::new();
+        let mut heap: BinaryHeap<Reverse<QueuedPair>> = BinaryHeap::new();
         let push = |heap: &mut BinaryHeap<_>, syms: &[HeapSym], l: u32, r: u32| {
             if l == NONE || r == NONE {
                 return;

@@ -85,7 +85,7 @@ pub(crate) const ATTR_RSTRIP: u32 = 1 << 8;
 #[derive(Debug)]
 pub(crate) enum Model {
     /// `gpt2`: byte-level BPE.
-    Bpe(bpe::Bpe),
+    Bpe(Box<bpe::Bpe>),
     /// `llama`: SentencePiece.
     Spm,
 }
@@ -417,7 +417,7 @@ pub(crate) fn clean_spaces(text: &[u8]) -> Vec<u8> {
                 total -= 1;
             } else if x1 != b't' && x1 != b'd' && i + 2 < n3 {
                 let x2 = t[i + 2];
-                if (x1 == b'r' && x2 == b'e') || (x1 == b'v' && x2 == b'e') {
+                if x2 == b'e' && (x1 == b'r' || x1 == b'v') {
                     total -= 1;
                 }
             }

@@ -353,13 +353,13 @@ pub(crate) fn load(meta: &Metadata) -> Result<Tokenizer, TokenizerError> {
             None => return Err(TokenizerError::MissingKey(KEY_MERGES.into())),
         };
         let pre = PreTokenizer::new(spec.regexes)?;
-        Model::Bpe(bpe::Bpe::new(
+        Model::Bpe(Box::new(bpe::Bpe::new(
             pre,
             spec.ignore_merges,
             &texts,
             &token_to_id,
             merges,
-        ))
+        )))
     } else {
         Model::Spm
     };

@@ -466,7 +466,7 @@ fn split_each_number(t: &[u8], text: &str, a: usize, b: usize, out: &mut Vec<(us
 
 /// `[^\n]+|[\n]+`: runs of newlines and runs of anything else.
 fn split_newlines(text: &str, a: usize, b: usize, out: &mut Vec<(usize, usize)>) {
-    let s = text[a..b].as_bytes();
+    let s = &text.as_bytes()[a..b];
     let mut start = 0usize;
     for i in 1..s.len() {
         if (s[i] == b'\n') != (s[i - 1] == b'\n') {
