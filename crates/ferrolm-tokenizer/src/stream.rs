@@ -18,9 +18,61 @@ pub struct StreamDecoder<'a> {
     first: bool,
     /// Bytes not yet returned (the tail of an incomplete UTF-8 sequence).
     pending: Vec<u8>,
-    /// With `clean_spaces`: every raw byte so far, and how much of the cleaned text was used.
+    /// With `clean_spaces`: the cleaning of the raw bytes.
+    clean: CleanStream,
+}
+
+/// `clean_spaces` applied to a stream of raw bytes: cleans the bytes since the last point
+/// where no rule can reach across, and returns the cleaned bytes no later byte can change.
+#[derive(Default)]
+struct CleanStream {
+    /// Raw bytes since the last safe cut.
     raw: Vec<u8>,
-    cleaned_used: usize,
+    /// How many bytes of `clean_spaces(raw)` were already returned.
+    used: usize,
+}
+
+/// Bytes that take part in a cleaning rule.
+fn active(b: u8) -> bool {
+    matches!(b, b' ' | b'\'' | b'?' | b'!' | b'.' | b',')
+}
+
+impl CleanStream {
+    fn push(&mut self, bytes: &[u8]) -> Vec<u8> {
+        self.raw.extend_from_slice(bytes);
+        let mut out = Vec::new();
+        // The last cut p with raw[p-2..p+2] free of rule bytes: no rule looks across it, so
+        // clean(raw) = clean(raw[..p]) + clean(raw[p..]).
+        let r = &self.raw;
+        let cut = (2..r.len().saturating_sub(1))
+            .rev()
+            .find(|&p| !r[p - 2..p + 2].iter().any(|&b| active(b)));
+        if let Some(p) = cut {
+            let head = clean_spaces(&self.raw[..p]);
+            if self.used <= head.len() {
+                out.extend_from_slice(&head[self.used..]);
+                self.used = 0;
+            } else {
+                self.used -= head.len();
+            }
+            self.raw.drain(..p);
+        }
+        let cleaned = clean_spaces(&self.raw);
+        let stable = cleaned.len().saturating_sub(CLEAN_HOLD);
+        if stable > self.used {
+            out.extend_from_slice(&cleaned[self.used..stable]);
+            self.used = stable;
+        }
+        out
+    }
+
+    fn finish(&mut self) -> Vec<u8> {
+        let cleaned = clean_spaces(&self.raw);
+        let out = cleaned.get(self.used..).unwrap_or_default().to_vec();
+        self.raw.clear();
+        self.used = 0;
+        out
+    }
 }
 
 impl<'a> StreamDecoder<'a> {
@@ -36,8 +88,7 @@ impl<'a> StreamDecoder<'a> {
             special,
             first: true,
             pending: Vec::new(),
-            raw: Vec::new(),
-            cleaned_used: 0,
+            clean: CleanStream::default(),
         }
     }
 
@@ -50,14 +101,8 @@ impl<'a> StreamDecoder<'a> {
         }
         self.first = false;
         if self.tok.clean_spaces {
-            self.raw.extend_from_slice(piece);
-            let cleaned = clean_spaces(&self.raw);
-            let stable = cleaned.len().saturating_sub(CLEAN_HOLD);
-            if stable > self.cleaned_used {
-                self.pending
-                    .extend_from_slice(&cleaned[self.cleaned_used..stable]);
-                self.cleaned_used = stable;
-            }
+            let done = self.clean.push(piece);
+            self.pending.extend_from_slice(&done);
         } else {
             self.pending.extend_from_slice(piece);
         }
@@ -67,12 +112,8 @@ impl<'a> StreamDecoder<'a> {
     /// Ends the stream: returns what was held back (an incomplete sequence becomes U+FFFD).
     pub fn finish(&mut self) -> String {
         if self.tok.clean_spaces {
-            let cleaned = clean_spaces(&self.raw);
-            if cleaned.len() > self.cleaned_used {
-                self.pending
-                    .extend_from_slice(&cleaned[self.cleaned_used..]);
-            }
-            self.cleaned_used = cleaned.len();
+            let rest = self.clean.finish();
+            self.pending.extend_from_slice(&rest);
         }
         let s = String::from_utf8_lossy(&self.pending).into_owned();
         self.pending.clear();
@@ -142,6 +183,32 @@ mod tests {
                     String::from_utf8_lossy(&s)
                 );
             }
+        }
+    }
+
+    #[test]
+    fn streamed_cleaning_equals_cleaning_the_whole() {
+        let alphabet = b" 'smtdrevl?!.,abc";
+        let mut state = 99u64;
+        let mut next = |m: usize| {
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (state >> 33) as usize % m
+        };
+        for _ in 0..3000 {
+            let len = next(60) + 1;
+            let s: Vec<u8> = (0..len).map(|_| alphabet[next(alphabet.len())]).collect();
+            let mut cs = super::CleanStream::default();
+            let mut out = Vec::new();
+            let mut i = 0;
+            while i < s.len() {
+                let k = (next(5) + 1).min(s.len() - i);
+                out.extend(cs.push(&s[i..i + k]));
+                i += k;
+            }
+            out.extend(cs.finish());
+            assert_eq!(out, clean_spaces(&s), "{:?}", String::from_utf8_lossy(&s));
         }
     }
 

@@ -6,7 +6,7 @@ mod common;
 
 use common::*;
 use ferrolm_gguf::{Metadata, Value};
-use ferrolm_tokenizer::{Tokenizer, TokenizerError};
+use ferrolm_tokenizer::{StreamDecoder, Tokenizer, TokenizerError};
 
 fn metadata(file: &str) -> Metadata {
     let path = ferrolm_home().join("models").join(file);
@@ -60,6 +60,18 @@ fn variants_match_llama_cpp() {
             let got = tok.encode(&corpus[i], true, true);
             let want_text = expected_bytes(&v["decode_plain"][k]);
             let got_text = tok.decode_bytes(&want, false).unwrap();
+            // streaming gives the same text (these variants include clean_spaces ones)
+            let mut sd = StreamDecoder::new(&tok);
+            let mut streamed = String::new();
+            for &id in &want {
+                streamed.push_str(&sd.push(id).unwrap());
+            }
+            streamed.push_str(&sd.finish());
+            assert_eq!(
+                streamed,
+                String::from_utf8_lossy(&got_text),
+                "{name}: stream of {want:?}"
+            );
             if got == want && got_text == want_text {
                 ok += 1;
             } else if failures.len() < 30 {
