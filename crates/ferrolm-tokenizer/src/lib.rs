@@ -91,7 +91,6 @@ pub(crate) enum Model {
 }
 
 /// A vocabulary and the rules to turn text into its ids and back.
-#[derive(Debug)]
 pub struct Tokenizer {
     pub(crate) model: Model,
     pub(crate) model_name: String,
@@ -115,6 +114,25 @@ pub struct Tokenizer {
     pub(crate) special_finder: Option<AhoCorasick>,
     pub(crate) eog: Vec<u32>,
     pub(crate) chat_template: Option<String>,
+    /// SentencePiece byte fallback: the token of each byte (`<0xXX>`, else the byte as text).
+    pub(crate) byte_tokens: [Option<u32>; 256],
+}
+
+impl std::fmt::Debug for Tokenizer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tokenizer")
+            .field("vocab_type", &self.model_name)
+            .field("pre", &self.pre_name)
+            .field("vocab_size", &self.texts.len())
+            .field("bos", &self.bos)
+            .field("eos", &self.eos)
+            .field("add_bos", &self.add_bos)
+            .field("add_eos", &self.add_eos)
+            .field("add_space_prefix", &self.add_space_prefix)
+            .field("specials", &self.specials.len())
+            .field("eog", &self.eog)
+            .finish_non_exhaustive()
+    }
 }
 
 /// A piece of input after special tokens were cut out.

@@ -383,7 +383,20 @@ pub(crate) fn load(meta: &Metadata) -> Result<Tokenizer, TokenizerError> {
         special_finder,
         eog,
         chat_template: meta.opt_str("tokenizer.chat_template")?.map(str::to_string),
+        byte_tokens: [None; 256],
     };
+    for b in 0..=255u8 {
+        let hex = format!("<0x{b:02X}>");
+        tok.byte_tokens[b as usize] = tok.token_to_id.get(hex.as_str()).copied().or_else(|| {
+            (b < 0x80)
+                .then(|| {
+                    tok.token_to_id
+                        .get((b as char).to_string().as_str())
+                        .copied()
+                })
+                .flatten()
+        });
+    }
     tok.pieces = (0..n as u32).map(|id| piece_of(&tok, id)).collect();
     Ok(tok)
 }

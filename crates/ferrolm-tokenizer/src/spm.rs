@@ -107,7 +107,7 @@ pub(crate) fn encode(tok: &Tokenizer, text: &str, out: &mut Vec<u32>) {
             Some(&id) => out.push(id),
             None => {
                 for b in piece.bytes() {
-                    if let Some(id) = byte_token(tok, b) {
+                    if let Some(id) = tok.byte_tokens[b as usize] {
                         out.push(id);
                     }
                 }
@@ -115,19 +115,4 @@ pub(crate) fn encode(tok: &Tokenizer, text: &str, out: &mut Vec<u32>) {
         }
         i = s.next;
     }
-}
-
-/// The token of one byte: `<0xXX>`, else the byte itself as text.
-fn byte_token(tok: &Tokenizer, b: u8) -> Option<u32> {
-    let hex = format!("<0x{b:02X}>");
-    if let Some(&id) = tok.token_to_id.get(hex.as_str()) {
-        return Some(id);
-    }
-    if b < 0x80 {
-        return tok
-            .token_to_id
-            .get((b as char).to_string().as_str())
-            .copied();
-    }
-    None
 }
