@@ -1,1 +1,155 @@
-//! Work in progress.
+//! Models: architectures described as layer plans, weights bound from GGUF files, and the CPU
+//! forward pass with its KV cache.
+#![forbid(unsafe_code)]
+#![deny(missing_docs)]
+
+pub mod arch;
+mod cpu;
+mod error;
+mod kv_cache;
+pub mod plan;
+mod weights;
+
+use std::path::Path;
+use std::sync::Arc;
+
+use ferrolm_gguf::GgufFile;
+
+pub use cpu::forward::Logits;
+pub use error::{ModelError, Result};
+pub use kv_cache::KvCache;
+pub use plan::ModelPlan;
+pub use weights::{Matrix, Weights};
+
+/// A loaded model: its plan, and its weights in the mapped file.
+pub struct Model {
+    plan: ModelPlan,
+    weights: Weights,
+    file: Arc<GgufFile>,
+    pool: rayon::ThreadPool,
+}
+
+impl Model {
+    /// Loads the model at `path`, running on `threads` threads (0: every core).
+    pub fn load(path: impl AsRef<Path>, threads: usize) -> Result<Model> {
+        Model::from_file(Arc::new(GgufFile::open(path)?), threads)
+    }
+
+    /// Loads a model from an open file.
+    pub fn from_file(file: Arc<GgufFile>, threads: usize) -> Result<Model> {
+        let plan = arch::describe(&file)?;
+        let weights = weights::bind(&file, &plan)?;
+        let threads = if threads == 0 {
+            std::thread::available_parallelism().map_or(1, |n| n.get())
+        } else {
+            threads
+        };
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .map_err(|e| ModelError::Invalid(format!("cannot start {threads} threads: {e}")))?;
+        Ok(Model {
+            plan,
+            weights,
+            file,
+            pool,
+        })
+    }
+
+    /// The plan.
+    pub fn plan(&self) -> &ModelPlan {
+        &self.plan
+    }
+
+    /// The file the weights come from.
+    pub fn file(&self) -> &GgufFile {
+        &self.file
+    }
+
+    /// Threads the forward pass uses.
+    pub fn threads(&self) -> usize {
+        self.pool.current_num_threads()
+    }
+
+    /// A new sequence with room for `n_ctx` positions (0: the trained context length).
+    pub fn session(&self, n_ctx: usize) -> Session<'_> {
+        let n_ctx = if n_ctx == 0 {
+            self.plan.n_ctx_train
+        } else {
+            n_ctx
+        };
+        Session {
+            model: self,
+            cache: KvCache::new(&self.plan, n_ctx),
+            scratch: Default::default(),
+            pos: 0,
+        }
+    }
+}
+
+/// One sequence: its KV cache and how far it has got.
+pub struct Session<'m> {
+    model: &'m Model,
+    cache: KvCache,
+    scratch: cpu::forward::Scratch,
+    pos: usize,
+}
+
+/// Tokens evaluated in one forward pass during prompt processing.
+pub const BATCH: usize = 512;
+
+impl Session<'_> {
+    /// Positions filled so far.
+    pub fn position(&self) -> usize {
+        self.pos
+    }
+
+    /// Positions the context holds.
+    pub fn n_ctx(&self) -> usize {
+        self.cache.n_ctx()
+    }
+
+    /// Forgets everything: the next token goes to position 0.
+    pub fn reset(&mut self) {
+        self.pos = 0;
+    }
+
+    /// Goes back to position `pos` (keeping what came before it).
+    pub fn truncate(&mut self, pos: usize) {
+        self.pos = self.pos.min(pos);
+    }
+
+    /// Evaluates `ids` after what the session holds, in batches of [`BATCH`], and returns the
+    /// logits asked for (`All`: one row of `n_vocab` per id).
+    pub fn eval(&mut self, ids: &[u32], want: Logits) -> Result<Vec<f32>> {
+        let n_vocab = self.model.plan.n_vocab;
+        if let Some(&id) = ids.iter().find(|&&id| id as usize >= n_vocab) {
+            return Err(ModelError::TokenOutOfRange { id, n_vocab });
+        }
+        let needed = self.pos + ids.len();
+        if needed > self.cache.n_ctx() {
+            return Err(ModelError::ContextFull {
+                needed,
+                n_ctx: self.cache.n_ctx(),
+            });
+        }
+        let mut out = Vec::new();
+        let chunks: Vec<&[u32]> = ids.chunks(BATCH).collect();
+        for (i, chunk) in chunks.iter().enumerate() {
+            let last = i + 1 == chunks.len();
+            let w = match want {
+                Logits::All => Logits::All,
+                Logits::Last if last => Logits::Last,
+                _ => Logits::None,
+            };
+            let model = self.model;
+            let (cache, scratch, pos) = (&mut self.cache, &mut self.scratch, self.pos);
+            let logits = model
+                .pool
+                .install(|| cpu::forward::forward(model, cache, scratch, chunk, pos, w));
+            out.extend_from_slice(&logits);
+            self.pos += chunk.len();
+        }
+        Ok(out)
+    }
+}

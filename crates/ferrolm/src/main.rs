@@ -10,7 +10,11 @@ mod cmd;
 mod models;
 
 #[derive(Parser)]
-#[command(name = "ferrolm", version, about = "Run GGUF language models on CPUs and NVIDIA GPUs")]
+#[command(
+    name = "ferrolm",
+    version,
+    about = "Run GGUF language models on CPUs and NVIDIA GPUs"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -18,6 +22,48 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Generate a continuation of a prompt, streamed to stdout.
+    Run(cmd::run::RunArgs),
+    /// Chat in the terminal with the model's chat template.
+    Chat(cmd::chat::ChatArgs),
+    /// Measure prompt processing (pp) and generation (tg) speed, like llama-bench.
+    Bench(cmd::bench::BenchArgs),
+    /// Evaluate ids as one prompt and write every position's logits (f32 LE, n_ids x n_vocab).
+    Logits {
+        #[command(flatten)]
+        model: cmd::common::ModelArgs,
+        /// Comma-separated token ids.
+        #[arg(long)]
+        ids: String,
+        /// Output file.
+        #[arg(short, long)]
+        output: PathBuf,
+        /// Context size (0: the number of ids).
+        #[arg(short = 'c', long, default_value_t = 0)]
+        ctx_size: usize,
+    },
+    /// Print the ids of a text as a JSON array.
+    Tokenize {
+        /// A GGUF file or a known model's name (default: the default model).
+        #[arg(short, long)]
+        model: Option<String>,
+        /// Do not add BOS/EOS.
+        #[arg(long)]
+        no_bos: bool,
+        /// Treat special-token text as plain text.
+        #[arg(long)]
+        no_special: bool,
+        /// The text.
+        text: String,
+    },
+    /// Print the text of comma-separated ids.
+    Detokenize {
+        /// A GGUF file or a known model's name (default: the default model).
+        #[arg(short, long)]
+        model: Option<String>,
+        /// Comma-separated token ids.
+        ids: String,
+    },
     /// Print a GGUF file's metadata and tensor table.
     Inspect {
         /// A GGUF file, or a known model's name (default: the default model).
@@ -45,17 +91,46 @@ fn main() -> ExitCode {
 
 fn run(cli: Cli) -> Result<()> {
     match cli.command {
+        Command::Run(args) => cmd::run::run(args),
+        Command::Chat(args) => cmd::chat::run(args),
+        Command::Bench(args) => cmd::bench::run(args),
+        Command::Logits {
+            model,
+            ids,
+            output,
+            ctx_size,
+        } => {
+            let path = models::resolve(model.model.as_deref())?;
+            let ids = cmd::logits::parse_ids(&ids)?;
+            cmd::logits::run(&path, &ids, &output, model.threads, ctx_size)
+        }
+        Command::Tokenize {
+            model,
+            no_bos,
+            no_special,
+            text,
+        } => cmd::tokenize::tokenize(model.as_deref(), &text, !no_bos, !no_special),
+        Command::Detokenize { model, ids } => {
+            cmd::tokenize::detokenize(model.as_deref(), &cmd::logits::parse_ids(&ids)?)
+        }
         Command::Inspect { model } => {
             let path: PathBuf = models::resolve(model.as_deref())?;
             let stdout = std::io::stdout();
             cmd::inspect::run(&path, &mut stdout.lock())
         }
         Command::Pull { names } => {
-            let names = if names.is_empty() { vec![models::DEFAULT_MODEL.to_string()] } else { names };
+            let names = if names.is_empty() {
+                vec![models::DEFAULT_MODEL.to_string()]
+            } else {
+                names
+            };
             let wanted: Vec<&models::KnownModel> = if names.iter().any(|n| n == "all") {
                 models::KNOWN_MODELS.iter().collect()
             } else {
-                names.iter().map(|n| models::find(n)).collect::<Result<_>>()?
+                names
+                    .iter()
+                    .map(|n| models::find(n))
+                    .collect::<Result<_>>()?
             };
             for m in wanted {
                 let path = models::ensure(m)?;

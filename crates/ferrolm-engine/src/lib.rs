@@ -1,0 +1,9 @@
+//! The engine: sampling and generation over a model session and its tokenizer.
+#![forbid(unsafe_code)]
+#![deny(missing_docs)]
+
+mod generate;
+mod sampler;
+
+pub use generate::{generate, FinishReason, GenerateError, GenerateParams, Generation};
+pub use sampler::{argmax, Sampler, SamplerParams};

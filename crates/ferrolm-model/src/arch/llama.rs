@@ -1,0 +1,134 @@
+//! The llama family: llama (Llama 2/3, Mistral, SmolLM2, TinyLlama), mistral, qwen2 (QKV
+//! biases), qwen3 (Q/K norms). One decoder shape with a few switches.
+
+use ferrolm_gguf::GgufFile;
+
+use super::Keys;
+use crate::error::{ModelError, Result};
+use crate::plan::{Activation, Attention, Ffn, LayerPlan, ModelPlan, Rope, RopeLayout};
+
+/// What distinguishes the members of the family.
+struct Variant {
+    rope_layout: RopeLayout,
+    qkv_bias: bool,
+    qk_norm: bool,
+}
+
+fn variant(arch: &str) -> Variant {
+    match arch {
+        "qwen2" => Variant {
+            rope_layout: RopeLayout::Neox,
+            qkv_bias: true,
+            qk_norm: false,
+        },
+        "qwen3" => Variant {
+            rope_layout: RopeLayout::Neox,
+            qkv_bias: false,
+            qk_norm: true,
+        },
+        _ => Variant {
+            rope_layout: RopeLayout::Normal,
+            qkv_bias: false,
+            qk_norm: false,
+        },
+    }
+}
+
+pub(super) fn describe(file: &GgufFile, arch: &str) -> Result<ModelPlan> {
+    let k = Keys { file, arch };
+    let v = variant(arch);
+    let n_embd = k.usize("embedding_length")?;
+    let n_layer = k.usize("block_count")?;
+    let n_ff = k.usize("feed_forward_length")?;
+    let n_head = k.usize("attention.head_count")?;
+    let n_head_kv = k.opt_usize("attention.head_count_kv")?.unwrap_or(n_head);
+    if n_head == 0 || n_head_kv == 0 || n_head % n_head_kv != 0 {
+        return Err(ModelError::Invalid(format!(
+            "{n_head} query heads cannot share {n_head_kv} key/value heads"
+        )));
+    }
+    let head_dim = match k.opt_usize("attention.key_length")? {
+        Some(d) => d,
+        None if n_embd % n_head == 0 => n_embd / n_head,
+        None => {
+            return Err(ModelError::Invalid(format!(
+                "{n_embd} wide but {n_head} heads"
+            )));
+        }
+    };
+    if let Some(vd) = k.opt_usize("attention.value_length")? {
+        if vd != head_dim {
+            return Err(ModelError::Unsupported {
+                what: "value head size different from key head size",
+                value: format!("{vd} vs {head_dim}"),
+            });
+        }
+    }
+    let n_rot = k.opt_usize("rope.dimension_count")?.unwrap_or(head_dim);
+    if n_rot > head_dim || n_rot % 2 != 0 || head_dim % 2 != 0 {
+        return Err(ModelError::Invalid(format!(
+            "rope over {n_rot} of {head_dim} dimensions"
+        )));
+    }
+    let freq_base = k.opt_f32("rope.freq_base")?.unwrap_or(10000.0);
+    let freq_scale = match k.opt_str("rope.scaling.type")? {
+        None | Some("none") => 1.0,
+        Some("linear") => 1.0 / k.opt_f32("rope.scaling.factor")?.unwrap_or(1.0),
+        Some(other) => {
+            return Err(ModelError::Unsupported {
+                what: "rope scaling type",
+                value: other.to_string(),
+            })
+        }
+    };
+    let norm_eps = k
+        .opt_f32("attention.layer_norm_rms_epsilon")?
+        .unwrap_or(1e-5);
+    let embd = file
+        .tensor("token_embd.weight")
+        .ok_or_else(|| ModelError::MissingTensor("token_embd.weight".into()))?;
+    let n_vocab = match k.opt_usize("vocab_size")? {
+        Some(n) => n,
+        None => embd.dims.get(1).copied().unwrap_or(0) as usize,
+    };
+    let n_ctx_train = k.opt_usize("context_length")?.unwrap_or(4096);
+    if let Some(n) = k.opt_usize("expert_count")? {
+        if n > 0 {
+            return Err(ModelError::Unsupported {
+                what: "mixture-of-experts layers (expert_count)",
+                value: n.to_string(),
+            });
+        }
+    }
+    let attention = Attention {
+        n_head,
+        n_head_kv,
+        head_dim,
+        qkv_bias: v.qkv_bias,
+        qk_norm: v.qk_norm,
+        rope: Rope {
+            layout: v.rope_layout,
+            n_dims: n_rot,
+            freq_base,
+            freq_scale,
+            freq_factors: file.tensor("rope_freqs.weight").is_some(),
+        },
+        scale: 1.0 / (head_dim as f32).sqrt(),
+    };
+    let layer = LayerPlan {
+        attention,
+        ffn: Ffn::Gated {
+            n_ff,
+            activation: Activation::Silu,
+        },
+    };
+    Ok(ModelPlan {
+        architecture: arch.to_string(),
+        n_embd,
+        n_vocab,
+        n_ctx_train,
+        norm_eps,
+        layers: vec![layer; n_layer],
+        tied_output: file.tensor("output.weight").is_none(),
+    })
+}

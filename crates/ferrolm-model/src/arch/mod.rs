@@ -1,0 +1,66 @@
+//! Architectures: each turns a file's metadata into a [`ModelPlan`], owning its own keys.
+
+mod llama;
+
+use ferrolm_gguf::GgufFile;
+
+use crate::error::{ModelError, Result};
+use crate::plan::ModelPlan;
+
+/// A function that describes one architecture.
+type Describe = fn(&GgufFile, &str) -> Result<ModelPlan>;
+
+/// Every architecture we run, by the name `general.architecture` gives.
+const ARCHITECTURES: &[(&str, Describe)] = &[
+    ("llama", llama::describe),
+    ("mistral", llama::describe),
+    ("qwen2", llama::describe),
+    ("qwen3", llama::describe),
+];
+
+/// The names of the architectures we run.
+pub fn supported() -> Vec<&'static str> {
+    ARCHITECTURES.iter().map(|(n, _)| *n).collect()
+}
+
+/// The plan of the model in `file`.
+pub fn describe(file: &GgufFile) -> Result<ModelPlan> {
+    let arch = file.metadata().get_str("general.architecture")?;
+    let (_, describe) = ARCHITECTURES
+        .iter()
+        .find(|(name, _)| *name == arch)
+        .ok_or_else(|| ModelError::UnknownArchitecture(arch.to_string(), supported().join(", ")))?;
+    describe(file, arch)
+}
+
+/// Reads the keys every decoder shares, under the architecture's prefix.
+pub(crate) struct Keys<'a> {
+    pub file: &'a GgufFile,
+    pub arch: &'a str,
+}
+
+impl Keys<'_> {
+    pub fn key(&self, suffix: &str) -> String {
+        format!("{}.{suffix}", self.arch)
+    }
+
+    pub fn usize(&self, suffix: &str) -> Result<usize> {
+        Ok(self.file.metadata().get_u64(&self.key(suffix))? as usize)
+    }
+
+    pub fn opt_usize(&self, suffix: &str) -> Result<Option<usize>> {
+        Ok(self
+            .file
+            .metadata()
+            .opt_u64(&self.key(suffix))?
+            .map(|v| v as usize))
+    }
+
+    pub fn opt_f32(&self, suffix: &str) -> Result<Option<f32>> {
+        Ok(self.file.metadata().opt_f32(&self.key(suffix))?)
+    }
+
+    pub fn opt_str(&self, suffix: &str) -> Result<Option<&str>> {
+        Ok(self.file.metadata().opt_str(&self.key(suffix))?)
+    }
+}

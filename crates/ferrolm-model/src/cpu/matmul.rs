@@ -1,0 +1,133 @@
+//! Quantized matrix products: activations quantized once per input (shared by every matrix
+//! that reads it), weight rows split across threads.
+
+use ferrolm_gguf::TensorType;
+use ferrolm_quant::DotKernel;
+use rayon::prelude::*;
+
+use crate::weights::Matrix;
+
+/// Rows of activations quantized to one type, one row per token.
+#[derive(Default)]
+pub struct QuantizedRows {
+    ty: Option<TensorType>,
+    cols: usize,
+    n: usize,
+    stride: usize,
+    data: Vec<u8>,
+}
+
+impl QuantizedRows {
+    /// Quantizes `n` rows of `cols` values from `x` to `ty`, as llama.cpp's CPU backend does.
+    pub fn quantize(&mut self, x: &[f32], n: usize, cols: usize, ty: TensorType) {
+        let stride =
+            ferrolm_quant::row_bytes(ty, cols).expect("activation types take any whole row");
+        self.data.resize(stride * n, 0);
+        self.data
+            .par_chunks_mut(stride)
+            .zip(x.par_chunks(cols))
+            .for_each(|(dst, src)| {
+                ferrolm_quant::quantize_activation(ty, src, dst).expect("sizes match");
+            });
+        *self = QuantizedRows {
+            ty: Some(ty),
+            cols,
+            n,
+            stride,
+            data: std::mem::take(&mut self.data),
+        };
+    }
+
+    /// Whether these rows hold `cols`-wide rows of `ty` for `n` tokens.
+    pub fn holds(&self, ty: TensorType, n: usize, cols: usize) -> bool {
+        self.ty == Some(ty) && self.n == n && self.cols == cols
+    }
+}
+
+/// A small set of quantized copies of one input, one per activation type.
+#[derive(Default)]
+pub struct SharedInput {
+    copies: Vec<QuantizedRows>,
+    used: usize,
+}
+
+impl SharedInput {
+    /// Forgets the previous input.
+    pub fn reset(&mut self) {
+        self.used = 0;
+    }
+
+    /// The input quantized for matrices of `weight_ty`, quantizing it on first use.
+    pub fn get(
+        &mut self,
+        x: &[f32],
+        n: usize,
+        cols: usize,
+        weight_ty: TensorType,
+    ) -> &QuantizedRows {
+        let ty = ferrolm_quant::vec_dot_type(weight_ty).expect("bound matrices have a dot kernel");
+        if let Some(i) = self.copies[..self.used]
+            .iter()
+            .position(|c| c.holds(ty, n, cols))
+        {
+            return &self.copies[i];
+        }
+        if self.used == self.copies.len() {
+            self.copies.push(QuantizedRows::default());
+        }
+        self.copies[self.used].quantize(x, n, cols, ty);
+        self.used += 1;
+        &self.copies[self.used - 1]
+    }
+}
+
+/// Rows per task: enough work to amortize a task, small enough to balance threads.
+const ROWS_PER_TASK: usize = 16;
+
+/// `out[t * w.rows + r] = dot(row r of w, input row t)` for every token `t`.
+pub fn matmul(w: &Matrix, file: &[u8], input: &QuantizedRows, out: &mut [f32]) {
+    let kernel: DotKernel = ferrolm_quant::dot_kernel(w.ty).expect("checked at load");
+    let data = w.data(file);
+    let n_tok = input.n;
+    assert_eq!(out.len(), n_tok * w.rows);
+    if n_tok == 1 {
+        let act = &input.data[..input.stride];
+        out.par_chunks_mut(ROWS_PER_TASK)
+            .enumerate()
+            .for_each(|(c, chunk)| {
+                let r0 = c * ROWS_PER_TASK;
+                let rows = &data[r0 * w.row_bytes..(r0 + chunk.len()) * w.row_bytes];
+                kernel.dot_rows(w.cols, rows, w.row_bytes, act, chunk);
+            });
+        return;
+    }
+    let n_tasks = w.rows.div_ceil(ROWS_PER_TASK);
+    let tiles: Vec<Vec<f32>> = (0..n_tasks)
+        .into_par_iter()
+        .map(|c| {
+            let r0 = c * ROWS_PER_TASK;
+            let n_rows = ROWS_PER_TASK.min(w.rows - r0);
+            let rows = &data[r0 * w.row_bytes..(r0 + n_rows) * w.row_bytes];
+            let mut tile = vec![0.0; n_rows * n_tok];
+            kernel.dot_rows_multi(
+                w.cols,
+                rows,
+                w.row_bytes,
+                n_rows,
+                &input.data,
+                input.stride,
+                n_tok,
+                &mut tile,
+            );
+            tile
+        })
+        .collect();
+    for (c, tile) in tiles.iter().enumerate() {
+        let r0 = c * ROWS_PER_TASK;
+        let n_rows = tile.len() / n_tok;
+        for t in 0..n_tok {
+            out[t * w.rows + r0..t * w.rows + r0 + n_rows]
+                .copy_from_slice(&tile[t * n_rows..(t + 1) * n_rows]);
+        }
+    }
+}

@@ -1,0 +1,6 @@
+//! The CPU executor of a layer plan.
+
+pub(crate) mod attention;
+pub(crate) mod forward;
+pub(crate) mod matmul;
+pub(crate) mod ops;

@@ -1,0 +1,110 @@
+//! Element-wise and row operations, with llama.cpp's arithmetic (f64 sums where ggml uses them).
+
+use crate::plan::{Rope, RopeLayout};
+
+/// `out = (x / rms(x)) * w`, rounding as ggml does: the mean square summed in f64, the scale in
+/// f32, then a separate multiply by the weight.
+pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
+    let sum: f64 = x.iter().map(|&v| f64::from(v * v)).sum();
+    let mean = (sum / x.len() as f64) as f32;
+    let scale = 1.0 / (mean + eps).sqrt();
+    for ((o, &v), &g) in out.iter_mut().zip(x).zip(w) {
+        *o = (v * scale) * g;
+    }
+}
+
+/// [`rms_norm`] in place.
+pub fn rms_norm_in_place(x: &mut [f32], w: &[f32], eps: f32) {
+    let sum: f64 = x.iter().map(|&v| f64::from(v * v)).sum();
+    let mean = (sum / x.len() as f64) as f32;
+    let scale = 1.0 / (mean + eps).sqrt();
+    for (v, &g) in x.iter_mut().zip(w) {
+        *v = (*v * scale) * g;
+    }
+}
+
+/// `x * sigmoid(x)`.
+#[inline]
+pub fn silu(x: f32) -> f32 {
+    x / (1.0 + (-x).exp())
+}
+
+/// The cosines and sines of one position, for the pairs RoPE rotates.
+pub struct RopeAngles {
+    cos_sin: Vec<(f32, f32)>,
+}
+
+impl RopeAngles {
+    /// Angles for position `pos`, computed as ggml does (the angle multiplied up pair by pair
+    /// in f32), so that positions far into the context round the same way.
+    pub fn new(rope: &Rope, freq_factors: Option<&[f32]>, pos: usize) -> RopeAngles {
+        let theta_scale = rope.freq_base.powf(-2.0 / rope.n_dims as f32);
+        let mut theta = pos as f32;
+        let cos_sin = (0..rope.n_dims / 2)
+            .map(|i| {
+                let ff = freq_factors.map_or(1.0, |f| f[i]);
+                let angle = rope.freq_scale * (theta / ff);
+                theta *= theta_scale;
+                (angle.cos(), angle.sin())
+            })
+            .collect();
+        RopeAngles { cos_sin }
+    }
+
+    /// Rotates one head in place.
+    pub fn apply(&self, layout: RopeLayout, head: &mut [f32]) {
+        match layout {
+            RopeLayout::Normal => {
+                for (i, &(c, s)) in self.cos_sin.iter().enumerate() {
+                    let (x0, x1) = (head[2 * i], head[2 * i + 1]);
+                    head[2 * i] = x0 * c - x1 * s;
+                    head[2 * i + 1] = x0 * s + x1 * c;
+                }
+            }
+            RopeLayout::Neox => {
+                let half = self.cos_sin.len();
+                for (i, &(c, s)) in self.cos_sin.iter().enumerate() {
+                    let (x0, x1) = (head[i], head[i + half]);
+                    head[i] = x0 * c - x1 * s;
+                    head[i + half] = x0 * s + x1 * c;
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rms_norm_makes_unit_rms() {
+        let x = [3.0f32, -4.0, 0.0, 5.0];
+        let mut out = [0.0; 4];
+        rms_norm(&x, &[1.0; 4], 0.0, &mut out);
+        let ms: f32 = out.iter().map(|v| v * v).sum::<f32>() / 4.0;
+        assert!((ms - 1.0).abs() < 1e-6);
+        assert!((out[1] / out[0] + 4.0 / 3.0).abs() < 1e-6);
+    }
+
+    #[test]
+    fn rope_rotates_pairs_by_position_angle() {
+        let rope = Rope {
+            layout: RopeLayout::Normal,
+            n_dims: 4,
+            freq_base: 10000.0,
+            freq_scale: 1.0,
+            freq_factors: false,
+        };
+        let a = RopeAngles::new(&rope, None, 3);
+        let mut h = [1.0, 0.0, 1.0, 0.0, 7.0];
+        a.apply(RopeLayout::Normal, &mut h);
+        assert!((h[0] - 3f32.cos()).abs() < 1e-6 && (h[1] - 3f32.sin()).abs() < 1e-6);
+        let theta1 = 3.0 * 10000f32.powf(-0.5);
+        assert!((h[2] - theta1.cos()).abs() < 1e-6);
+        assert_eq!(h[4], 7.0, "dimensions past n_dims pass through");
+        let mut n = [1.0, 1.0, 0.0, 0.0];
+        a.apply(RopeLayout::Neox, &mut n);
+        assert!((n[0] - 3f32.cos()).abs() < 1e-6 && (n[2] - 3f32.sin()).abs() < 1e-6);
+    }
+}

@@ -1,0 +1,185 @@
+//! Binding the tensors a plan needs, with their shapes checked: matrices stay quantized in the
+//! mapped file; norms and biases (small) are read into `f32`.
+
+use std::ops::Range;
+
+use ferrolm_gguf::{GgufFile, TensorType};
+
+use crate::error::{ModelError, Result};
+use crate::plan::{Ffn, ModelPlan};
+
+/// A weight matrix in the file: `rows` rows of `cols` elements in the blocks of `ty`.
+#[derive(Clone, Debug)]
+pub struct Matrix {
+    /// The tensor's name.
+    pub name: String,
+    /// The block type.
+    pub ty: TensorType,
+    /// Output features.
+    pub rows: usize,
+    /// Input features (the row length).
+    pub cols: usize,
+    /// Bytes per row.
+    pub row_bytes: usize,
+    /// Where the data is in the file.
+    pub(crate) range: Range<usize>,
+}
+
+impl Matrix {
+    /// The matrix's bytes within the file's bytes.
+    pub fn data<'f>(&self, file: &'f [u8]) -> &'f [u8] {
+        &file[self.range.clone()]
+    }
+}
+
+/// The weights of one decoder layer.
+#[derive(Debug)]
+pub struct LayerWeights {
+    pub(crate) attn_norm: Vec<f32>,
+    pub(crate) wq: Matrix,
+    pub(crate) wk: Matrix,
+    pub(crate) wv: Matrix,
+    pub(crate) wo: Matrix,
+    pub(crate) bq: Option<Vec<f32>>,
+    pub(crate) bk: Option<Vec<f32>>,
+    pub(crate) bv: Option<Vec<f32>>,
+    pub(crate) q_norm: Option<Vec<f32>>,
+    pub(crate) k_norm: Option<Vec<f32>>,
+    pub(crate) ffn_norm: Vec<f32>,
+    pub(crate) gate: Matrix,
+    pub(crate) up: Matrix,
+    pub(crate) down: Matrix,
+}
+
+/// All the weights of a model.
+#[derive(Debug)]
+pub struct Weights {
+    pub(crate) token_embd: Matrix,
+    pub(crate) output_norm: Vec<f32>,
+    pub(crate) output: Matrix,
+    pub(crate) rope_freqs: Option<Vec<f32>>,
+    pub(crate) layers: Vec<LayerWeights>,
+}
+
+struct Binder<'a> {
+    file: &'a GgufFile,
+}
+
+impl Binder<'_> {
+    fn info(&self, name: &str, dims: &[u64]) -> Result<&ferrolm_gguf::TensorInfo> {
+        let t = self
+            .file
+            .tensor(name)
+            .ok_or_else(|| ModelError::MissingTensor(name.into()))?;
+        // Trailing 1s are equivalent to fewer dimensions.
+        let trimmed: Vec<u64> = {
+            let mut d = t.dims.clone();
+            while d.len() > dims.len() && d.last() == Some(&1) {
+                d.pop();
+            }
+            d
+        };
+        if trimmed != dims {
+            return Err(ModelError::WrongShape {
+                name: name.into(),
+                expected: dims.to_vec(),
+                found: t.dims.clone(),
+            });
+        }
+        Ok(t)
+    }
+
+    fn matrix(&self, name: &str, cols: usize, rows: usize) -> Result<Matrix> {
+        let t = self.info(name, &[cols as u64, rows as u64])?;
+        if ferrolm_quant::dot_kernel(t.ty).is_err() {
+            return Err(ModelError::UnsupportedTensorType {
+                name: name.into(),
+                ty: t.ty,
+            });
+        }
+        let start = (self.file.data_offset() + t.offset) as usize;
+        Ok(Matrix {
+            name: name.into(),
+            ty: t.ty,
+            rows,
+            cols,
+            row_bytes: t.size as usize / rows.max(1),
+            range: start..start + t.size as usize,
+        })
+    }
+
+    fn vector(&self, name: &str, len: usize) -> Result<Vec<f32>> {
+        let t = self.info(name, &[len as u64])?;
+        let mut v = vec![0.0; len];
+        ferrolm_quant::dequantize(t.ty, self.file.tensor_data(t), &mut v).map_err(|_| {
+            ModelError::UnsupportedTensorType {
+                name: name.into(),
+                ty: t.ty,
+            }
+        })?;
+        Ok(v)
+    }
+
+    fn opt_vector(&self, name: &str, len: usize, wanted: bool) -> Result<Option<Vec<f32>>> {
+        if wanted {
+            self.vector(name, len).map(Some)
+        } else {
+            Ok(None)
+        }
+    }
+}
+
+/// Binds every tensor `plan` needs from `file`.
+pub fn bind(file: &GgufFile, plan: &ModelPlan) -> Result<Weights> {
+    let b = Binder { file };
+    let d = plan.n_embd;
+    let token_embd = b.matrix("token_embd.weight", d, plan.n_vocab)?;
+    if ferrolm_quant::dequantize(token_embd.ty, &[], &mut []).is_err() {
+        return Err(ModelError::UnsupportedTensorType {
+            name: token_embd.name,
+            ty: token_embd.ty,
+        });
+    }
+    let output = if plan.tied_output {
+        token_embd.clone()
+    } else {
+        b.matrix("output.weight", d, plan.n_vocab)?
+    };
+    let rope_freqs = match plan.layers.first() {
+        Some(l) if l.attention.rope.freq_factors => {
+            Some(b.vector("rope_freqs.weight", l.attention.rope.n_dims / 2)?)
+        }
+        _ => None,
+    };
+    let mut layers = Vec::with_capacity(plan.layers.len());
+    for (i, l) in plan.layers.iter().enumerate() {
+        let a = &l.attention;
+        let n = |s: &str| format!("blk.{i}.{s}");
+        let q_dim = a.n_head * a.head_dim;
+        let kv_dim = a.n_head_kv * a.head_dim;
+        let Ffn::Gated { n_ff, .. } = l.ffn;
+        layers.push(LayerWeights {
+            attn_norm: b.vector(&n("attn_norm.weight"), d)?,
+            wq: b.matrix(&n("attn_q.weight"), d, q_dim)?,
+            wk: b.matrix(&n("attn_k.weight"), d, kv_dim)?,
+            wv: b.matrix(&n("attn_v.weight"), d, kv_dim)?,
+            wo: b.matrix(&n("attn_output.weight"), q_dim, d)?,
+            bq: b.opt_vector(&n("attn_q.bias"), q_dim, a.qkv_bias)?,
+            bk: b.opt_vector(&n("attn_k.bias"), kv_dim, a.qkv_bias)?,
+            bv: b.opt_vector(&n("attn_v.bias"), kv_dim, a.qkv_bias)?,
+            q_norm: b.opt_vector(&n("attn_q_norm.weight"), a.head_dim, a.qk_norm)?,
+            k_norm: b.opt_vector(&n("attn_k_norm.weight"), a.head_dim, a.qk_norm)?,
+            ffn_norm: b.vector(&n("ffn_norm.weight"), d)?,
+            gate: b.matrix(&n("ffn_gate.weight"), d, n_ff)?,
+            up: b.matrix(&n("ffn_up.weight"), d, n_ff)?,
+            down: b.matrix(&n("ffn_down.weight"), n_ff, d)?,
+        });
+    }
+    Ok(Weights {
+        token_embd,
+        output_norm: b.vector("output_norm.weight", d)?,
+        output,
+        rope_freqs,
+        layers,
+    })
+}

@@ -1,0 +1,96 @@
+//! `ferrolm chat`: a multi-turn conversation in the terminal, keeping the KV cache between turns.
+
+use std::io::{BufRead, Write};
+
+use anyhow::Result;
+use clap::Args;
+use ferrolm_engine::{generate, GenerateParams};
+use ferrolm_tokenizer::{ChatMessage, ChatTemplate};
+
+use super::common::{context_size, load, ModelArgs, SamplingArgs};
+use super::run::encode_prompt;
+
+/// Flags of `ferrolm chat`.
+#[derive(Args, Debug)]
+pub struct ChatArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
+    /// A system message.
+    #[arg(long)]
+    pub system: Option<String>,
+    /// Tokens per reply at most.
+    #[arg(short = 'n', long, default_value_t = 512)]
+    pub n_predict: usize,
+    /// Context size (0: the model's, at most 4096).
+    #[arg(short = 'c', long, default_value_t = 0)]
+    pub ctx_size: usize,
+}
+
+pub fn run(args: ChatArgs) -> Result<()> {
+    let (model, tokenizer) = load(&args.model)?;
+    let template = ChatTemplate::for_tokenizer(&tokenizer)?;
+    if let Some(w) = template.warning() {
+        eprintln!("ferrolm: warning: {w}");
+    }
+    let n_ctx = context_size(&model, args.ctx_size);
+    let mut session = model.session(n_ctx);
+    let mut messages: Vec<ChatMessage> = args
+        .system
+        .iter()
+        .map(|s| ChatMessage::new("system", s))
+        .collect();
+    // The ids whose keys and values the session holds.
+    let mut cached: Vec<u32> = Vec::new();
+    let params = GenerateParams {
+        max_tokens: args.n_predict,
+        sampler: args.sampling.params(),
+        stop_at_eog: true,
+    };
+    eprintln!("ferrolm chat: type a message and press Enter; an empty line or Ctrl-D ends.");
+    let stdin = std::io::stdin();
+    let mut lines = stdin.lock().lines();
+    loop {
+        eprint!("> ");
+        let Some(line) = lines.next().transpose()? else {
+            break;
+        };
+        let line = line.trim_end().to_string();
+        if line.is_empty() {
+            break;
+        }
+        messages.push(ChatMessage::new("user", line));
+        let ids = encode_prompt(&tokenizer, &template.render(&messages, true, None)?);
+        // Reuse the cache up to the first id that differs; evaluate only the rest.
+        let common = cached.iter().zip(&ids).take_while(|(a, b)| a == b).count();
+        let common = common.min(ids.len() - 1);
+        session.truncate(common);
+        cached.truncate(common);
+        if ids.len() + 1 >= n_ctx {
+            eprintln!("ferrolm: the conversation no longer fits the context of {n_ctx} tokens; start a new chat or use a larger --ctx-size");
+            break;
+        }
+        let stdout = std::io::stdout();
+        let mut out = stdout.lock();
+        let gen = generate(&mut session, &tokenizer, &ids[common..], &params, |piece| {
+            out.write_all(piece.as_bytes())
+                .and_then(|_| out.flush())
+                .is_ok()
+        })?;
+        writeln!(out)?;
+        cached.extend_from_slice(&ids[common..]);
+        cached.extend_from_slice(&gen.tokens);
+        cached.truncate(session.position());
+        messages.push(ChatMessage::new("assistant", gen.text.trim()));
+        eprintln!(
+            "[{} new prompt tokens at {:.1} tok/s, {} generated at {:.1} tok/s, {} of {n_ctx} context used]",
+            gen.prompt_evaluated,
+            gen.pp_tokens_per_s(),
+            gen.tokens.len(),
+            gen.tg_tokens_per_s(),
+            session.position()
+        );
+    }
+    Ok(())
+}

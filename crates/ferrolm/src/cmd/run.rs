@@ -1,0 +1,127 @@
+//! `ferrolm run`: one prompt, its continuation streamed to stdout, timings to stderr.
+
+use std::io::Write;
+
+use anyhow::{bail, Result};
+use clap::Args;
+use ferrolm_engine::{generate, GenerateParams};
+use ferrolm_tokenizer::{ChatMessage, ChatTemplate};
+
+use super::common::{context_size, load, ModelArgs, SamplingArgs};
+
+/// Flags of `ferrolm run`.
+#[derive(Args, Debug)]
+pub struct RunArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
+    /// The prompt (or give it with -p).
+    pub prompt: Option<String>,
+    /// The prompt.
+    #[arg(short = 'p', long = "prompt")]
+    pub prompt_flag: Option<String>,
+    /// Tokens to generate at most.
+    #[arg(short = 'n', long, default_value_t = 256)]
+    pub n_predict: usize,
+    /// Context size (0: the model's, at most 4096).
+    #[arg(short = 'c', long, default_value_t = 0)]
+    pub ctx_size: usize,
+    /// Wrap the prompt in the model's chat template as a user message.
+    #[arg(long)]
+    pub chat: bool,
+    /// Print one JSON object at the end instead of streaming.
+    #[arg(long)]
+    pub json: bool,
+    /// Keep the end of a prompt longer than the context instead of failing.
+    #[arg(long)]
+    pub truncate: bool,
+}
+
+pub fn run(args: RunArgs) -> Result<()> {
+    let prompt = match (&args.prompt, &args.prompt_flag) {
+        (Some(p), None) | (None, Some(p)) => p.clone(),
+        (Some(_), Some(_)) => bail!("give the prompt either as an argument or with -p, not both"),
+        (None, None) => bail!("no prompt: ferrolm run \"your prompt\""),
+    };
+    let (model, tokenizer) = load(&args.model)?;
+    let text = if args.chat {
+        let template = ChatTemplate::for_tokenizer(&tokenizer)?;
+        if let Some(w) = template.warning() {
+            eprintln!("ferrolm: warning: {w}");
+        }
+        template.render(&[ChatMessage::new("user", &prompt)], true, None)?
+    } else {
+        prompt
+    };
+    let mut ids = encode_prompt(&tokenizer, &text);
+    let n_ctx = context_size(&model, args.ctx_size);
+    if ids.len() >= n_ctx {
+        if !args.truncate {
+            bail!(
+                "the prompt has {} tokens but the context holds {n_ctx}; use a larger --ctx-size or --truncate",
+                ids.len()
+            );
+        }
+        let keep = n_ctx / 2;
+        eprintln!(
+            "ferrolm: prompt truncated from {} to its last {keep} tokens",
+            ids.len()
+        );
+        ids.drain(..ids.len() - keep);
+    }
+    let mut session = model.session(n_ctx);
+    let params = GenerateParams {
+        max_tokens: args.n_predict,
+        sampler: args.sampling.params(),
+        stop_at_eog: true,
+    };
+    let stdout = std::io::stdout();
+    let mut out = stdout.lock();
+    let gen = generate(&mut session, &tokenizer, &ids, &params, |piece| {
+        if !args.json {
+            // A closed stdout (`| head`) ends the generation.
+            return out
+                .write_all(piece.as_bytes())
+                .and_then(|_| out.flush())
+                .is_ok();
+        }
+        true
+    })?;
+    if args.json {
+        let v = serde_json::json!({
+            "prompt_tokens": ids,
+            "tokens": gen.tokens,
+            "text": gen.text,
+            "finish_reason": match gen.finish { ferrolm_engine::FinishReason::Stop => "stop", ferrolm_engine::FinishReason::Length => "length" },
+            "pp_tokens_per_s": gen.pp_tokens_per_s(),
+            "tg_tokens_per_s": gen.tg_tokens_per_s(),
+        });
+        writeln!(out, "{v}")?;
+    } else {
+        writeln!(out)?;
+    }
+    eprintln!(
+        "ferrolm: prompt {} tokens in {:.3} s ({:.1} tok/s), generated {} tokens in {:.3} s ({:.1} tok/s), {} threads",
+        gen.prompt_evaluated,
+        gen.prompt_time.as_secs_f64(),
+        gen.pp_tokens_per_s(),
+        gen.tokens.len(),
+        gen.gen_time.as_secs_f64(),
+        gen.tg_tokens_per_s(),
+        model.threads(),
+    );
+    Ok(())
+}
+
+/// Tokenizes a prompt with BOS/EOS as the model asks, parsing special-token text; a template
+/// that writes its own BOS text does not get a second one.
+pub fn encode_prompt(tokenizer: &ferrolm_tokenizer::Tokenizer, text: &str) -> Vec<u32> {
+    let mut ids = tokenizer.encode(text, true, true);
+    if let Some(bos) = tokenizer.bos() {
+        if tokenizer.adds_bos() && ids.len() >= 2 && ids[0] == bos && ids[1] == bos {
+            ids.remove(0);
+        }
+    }
+    ids
+}
