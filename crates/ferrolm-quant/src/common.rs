@@ -44,3 +44,21 @@ pub(crate) fn e8m0_to_f32_half(e: u8) -> f32 {
 pub(crate) fn dot_i8(a: &[i8], b: &[i8]) -> i32 {
     a.iter().zip(b).map(|(&x, &y)| x as i32 * y as i32).sum()
 }
+
+/// ggml's `hsum_float_8` (and llamafile's `hsum(__m256)`): the high half added to the low
+/// half, then `(r0 + r2) + (r1 + r3)`.
+#[inline(always)]
+pub(crate) fn reduce8(x: &[f32; 8]) -> f32 {
+    let r = [x[4] + x[0], x[5] + x[1], x[6] + x[2], x[7] + x[3]];
+    (r[0] + r[2]) + (r[1] + r[3])
+}
+
+/// gcc's `_mm512_reduce_add_ps`: the high 8 lanes added to the low 8, then [`reduce8`].
+#[inline(always)]
+pub(crate) fn reduce16(x: &[f32; 16]) -> f32 {
+    let mut h = [0f32; 8];
+    for i in 0..8 {
+        h[i] = x[i + 8] + x[i];
+    }
+    reduce8(&h)
+}

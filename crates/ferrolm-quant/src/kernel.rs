@@ -68,6 +68,11 @@ fn detected_isa() -> Isa {
     })
 }
 
+/// False when `FERROLM_FORCE_SCALAR` forces the scalar code paths.
+pub(crate) fn simd_enabled() -> bool {
+    detected_isa() != Isa::Scalar || std::env::var_os("FERROLM_FORCE_SCALAR").is_none()
+}
+
 /// A dot-product kernel for rows of one weight type against activations of its
 /// [`vec_dot_type`](crate::vec_dot_type), chosen for this CPU.
 ///

@@ -14,6 +14,7 @@
 
 mod common;
 mod float;
+pub mod ggml_vec;
 mod iq;
 mod k_quants;
 mod kernel;

@@ -1,0 +1,302 @@
+//! Vector functions bit-identical to llama.cpp's CPU `ggml_vec_*` on x86-64 with AVX512F/DQ
+//! (the build the project compares against: ggml with GGML_NATIVE, gcc 12).
+//!
+//! ggml processes full chunks of 16 floats with AVX512 (`ggml_v_expf`, `ggml_v_silu`,
+//! `_mm512_reduce_add_ps`) and the last `n % 16` elements with scalar C (`expf` from libm).
+//! Every function here reproduces that split: the 16-lane part is emulated lane by lane with
+//! `f32::mul_add` for each fused multiply-add (so it gives the same bits on any CPU), and the
+//! tail calls `f32::exp`, which is the platform libm's `expf` (glibc's on Linux, as llama.cpp's).
+//! On x86-64 with AVX2+FMA+F16C the same arithmetic runs vectorized.
+
+use half::f16;
+
+use crate::common::reduce16;
+
+const EXP_SHIFT: f32 = 12_582_912.0; // 0x1.8p23
+
+/// One lane of ggml's AVX512 `ggml_v_expf` ("adapted from arm limited optimized routine"):
+/// `2^n * p(b)` with `n = round(x / ln 2)`, `_mm512_scalef_ps` for the scaling, and 0 / inf
+/// when `|n| > 192`.
+#[inline(always)]
+fn v_expf(x: f32) -> f32 {
+    let z = x.mul_add(f32::from_bits(0x3fb8_aa3b), EXP_SHIFT); // 0x1.715476p+0
+    let n = z - EXP_SHIFT;
+    let b = (-n).mul_add(
+        f32::from_bits(0x35bf_be8e),                  // 0x1.7f7d1cp-20
+        (-n).mul_add(f32::from_bits(0x3f31_7200), x), // 0x1.62e4p-1
+    );
+    let u = b * b;
+    let j = f32::from_bits(0x3c07_2010) // 0x1.0e4020p-7
+        .mul_add(b, f32::from_bits(0x3d2b_9f17)) // 0x1.573e2ep-5
+        .mul_add(
+            u,
+            f32::from_bits(0x3e2a_af33).mul_add(b, f32::from_bits(0x3eff_fedb)), // 0x1.555e66p-3, 0x1.fffdb6p-2
+        )
+        .mul_add(u, f32::from_bits(0x3f7f_fff6).mul_add(b, 1.0)); // 0x1.ffffecp-1
+    if n.abs() > 192.0 {
+        return if n <= 0.0 { 0.0 } else { f32::INFINITY };
+    }
+    if n.is_nan() {
+        return f32::NAN;
+    }
+    // scalef(j, n) = j * 2^n rounded once: exact in f64, then one rounding to f32 (which also
+    // handles the subnormal range like the instruction).
+    let p = f64::from_bits(((n as i64 + 1023) as u64) << 52);
+    (j as f64 * p) as f32
+}
+
+/// One lane of ggml's AVX512 `ggml_v_silu`: `x / (1 + v_expf(0 - x))`.
+#[inline(always)]
+fn v_silu(x: f32) -> f32 {
+    x / (1.0 + v_expf(0.0 - x))
+}
+
+/// ggml's scalar `ggml_silu_f32`: `x / (1 + expf(-x))` with libm's `expf`.
+#[inline(always)]
+fn silu_scalar(x: f32) -> f32 {
+    x / (1.0 + (-x).exp())
+}
+
+#[inline(always)]
+fn swiglu_body(gate: &[f32], up: &[f32], out: &mut [f32]) {
+    let n = out.len();
+    let np = n - n % 16;
+    for i in 0..np {
+        out[i] = v_silu(gate[i]) * up[i];
+    }
+    for i in np..n {
+        out[i] = silu_scalar(gate[i]) * up[i];
+    }
+}
+
+#[inline(always)]
+fn silu_body(x: &[f32], out: &mut [f32]) {
+    let n = out.len();
+    let np = n - n % 16;
+    for i in 0..np {
+        out[i] = v_silu(x[i]);
+    }
+    for i in np..n {
+        out[i] = silu_scalar(x[i]);
+    }
+}
+
+#[inline(always)]
+fn soft_max_body(x: &[f32], out: &mut [f32], max: f32) -> f64 {
+    let n = out.len();
+    let np = n - n % 16;
+    let mut sum = 0f64;
+    for (xs, os) in x[..np].chunks_exact(16).zip(out[..np].chunks_exact_mut(16)) {
+        let mut v = [0f32; 16];
+        for l in 0..16 {
+            v[l] = v_expf(xs[l] - max);
+        }
+        os.copy_from_slice(&v);
+        sum += reduce16(&v) as f64;
+    }
+    for i in np..n {
+        let v = (x[i] - max).exp();
+        sum += v as f64;
+        out[i] = v;
+    }
+    sum
+}
+
+fn use_simd() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        crate::kernel::simd_enabled()
+            && std::arch::is_x86_feature_detected!("avx2")
+            && std::arch::is_x86_feature_detected!("fma")
+            && std::arch::is_x86_feature_detected!("f16c")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// `out[i] = silu(gate[i]) * up[i]`, bit-identical to llama.cpp's `ggml_vec_swiglu_f32(n, out,
+/// gate, up)`: the AVX512 `ggml_v_silu` on chunks of 16, `ggml_silu_f32` (libm `expf`) on the
+/// last `n % 16`.
+///
+/// # Panics
+/// If the three slices differ in length.
+pub fn swiglu(gate: &[f32], up: &[f32], out: &mut [f32]) {
+    assert!(
+        gate.len() == out.len() && up.len() == out.len(),
+        "swiglu: lengths differ"
+    );
+    #[cfg(target_arch = "x86_64")]
+    if use_simd() {
+        // SAFETY: avx2 and fma were detected just above.
+        #[allow(unsafe_code)]
+        unsafe {
+            x86::swiglu(gate, up, out)
+        };
+        return;
+    }
+    swiglu_body(gate, up, out)
+}
+
+/// `out[i] = x[i] / (1 + exp(-x[i]))`, bit-identical to llama.cpp's `ggml_vec_silu_f32`.
+///
+/// # Panics
+/// If the slices differ in length.
+pub fn silu(x: &[f32], out: &mut [f32]) {
+    assert_eq!(x.len(), out.len(), "silu: lengths differ");
+    #[cfg(target_arch = "x86_64")]
+    if use_simd() {
+        // SAFETY: avx2 and fma were detected just above.
+        #[allow(unsafe_code)]
+        unsafe {
+            x86::silu(x, out)
+        };
+        return;
+    }
+    silu_body(x, out)
+}
+
+/// `out[i] = exp(x[i] - max)`, returning the sum of `out` as ggml accumulates it (f64 sum of
+/// per-16 `_mm512_reduce_add_ps`, then the scalar tail): bit-identical to llama.cpp's
+/// `ggml_vec_soft_max_f32(n, out, x, max)`. The caller divides by the sum (llama.cpp's
+/// soft_max op scales by `1.0 / sum` computed in f64 and rounded to f32).
+///
+/// # Panics
+/// If the slices differ in length.
+pub fn soft_max(x: &[f32], out: &mut [f32], max: f32) -> f64 {
+    assert_eq!(x.len(), out.len(), "soft_max: lengths differ");
+    #[cfg(target_arch = "x86_64")]
+    if use_simd() {
+        // SAFETY: avx2 and fma were detected just above.
+        #[allow(unsafe_code)]
+        return unsafe { x86::soft_max(x, out, max) };
+    }
+    soft_max_body(x, out, max)
+}
+
+/// Dot product of two f16 vectors of any length, bit-identical to llama.cpp's
+/// `ggml_vec_dot_f16` with AVX512 (GGML_F16_STEP 64: four 16-lane f32 accumulators fed by
+/// fused multiply-adds, reduced as `(acc0 + acc2) + (acc1 + acc3)` then
+/// `_mm512_reduce_add_ps`, widened to f64; the last `n % 64` products added in f64; the sum
+/// rounded to f32).
+///
+/// # Panics
+/// If the slices differ in length.
+pub fn dot_f16(x: &[f16], y: &[f16]) -> f32 {
+    assert_eq!(x.len(), y.len(), "dot_f16: lengths differ");
+    #[cfg(target_arch = "x86_64")]
+    if use_simd() {
+        // SAFETY: avx2, fma and f16c were detected just above.
+        #[allow(unsafe_code)]
+        return unsafe { x86::dot_f16(x, y) };
+    }
+    dot_f16_scalar(x, y)
+}
+
+pub(crate) fn dot_f16_scalar(x: &[f16], y: &[f16]) -> f32 {
+    let n = x.len();
+    let np = n & !63;
+    let mut acc = [[0f32; 16]; 4];
+    for i in (0..np).step_by(64) {
+        for (j, a) in acc.iter_mut().enumerate() {
+            for (l, a) in a.iter_mut().enumerate() {
+                let k = i + 16 * j + l;
+                *a = x[k].to_f32().mul_add(y[k].to_f32(), *a);
+            }
+        }
+    }
+    let mut sumf = reduce_4x16(&acc) as f64;
+    for k in np..n {
+        sumf += (x[k].to_f32() * y[k].to_f32()) as f64;
+    }
+    sumf as f32
+}
+
+/// `GGML_F32x16_REDUCE` over four accumulators: `x0 + x2`, `x1 + x3`, their sum, then
+/// `_mm512_reduce_add_ps`.
+#[inline(always)]
+pub(crate) fn reduce_4x16(acc: &[[f32; 16]; 4]) -> f32 {
+    let mut s = [0f32; 16];
+    for l in 0..16 {
+        s[l] = (acc[0][l] + acc[2][l]) + (acc[1][l] + acc[3][l]);
+    }
+    reduce16(&s)
+}
+
+/// f32 to f16 rounding to nearest even, bit-identical to llama.cpp's `ggml_cpu_fp32_to_fp16`
+/// (`vcvtps2ph` with rounding mode 0, which is what `half` computes too).
+///
+/// # Panics
+/// If the slices differ in length.
+pub fn f32_to_f16_row(src: &[f32], dst: &mut [f16]) {
+    assert_eq!(src.len(), dst.len(), "f32_to_f16_row: lengths differ");
+    for (d, &s) in dst.iter_mut().zip(src) {
+        *d = f16::from_f32(s);
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[allow(unsafe_code)]
+mod x86 {
+    use std::arch::x86_64::*;
+
+    use half::f16;
+
+    /// The bodies compiled with FMA enabled, so LLVM can vectorize the lane-wise `mul_add`s
+    /// (same arithmetic, same bits).
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn swiglu(gate: &[f32], up: &[f32], out: &mut [f32]) {
+        super::swiglu_body(gate, up, out)
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn silu(x: &[f32], out: &mut [f32]) {
+        super::silu_body(x, out)
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn soft_max(x: &[f32], out: &mut [f32], max: f32) -> f64 {
+        super::soft_max_body(x, out, max)
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,f16c")]
+    unsafe fn load8(p: *const f16) -> __m256 {
+        _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i))
+    }
+
+    /// The 4 x 16-lane accumulators as 8 AVX2 registers (lanes 0..8 and 8..16 of each).
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn dot_f16(x: &[f16], y: &[f16]) -> f32 {
+        let n = x.len();
+        let np = n & !63;
+        let (xp, yp) = (x.as_ptr(), y.as_ptr());
+        let mut acc = [_mm256_setzero_ps(); 8];
+        let mut i = 0;
+        while i < np {
+            for (h, a) in acc.iter_mut().enumerate() {
+                *a = _mm256_fmadd_ps(load8(xp.add(i + 8 * h)), load8(yp.add(i + 8 * h)), *a);
+            }
+            i += 64;
+        }
+        // (acc0 + acc2) + (acc1 + acc3), per 8-lane half
+        let lo = _mm256_add_ps(_mm256_add_ps(acc[0], acc[4]), _mm256_add_ps(acc[2], acc[6]));
+        let hi = _mm256_add_ps(_mm256_add_ps(acc[1], acc[5]), _mm256_add_ps(acc[3], acc[7]));
+        let mut sumf = hsum8(_mm256_add_ps(hi, lo)) as f64;
+        for k in np..n {
+            sumf += (x[k].to_f32() * y[k].to_f32()) as f64;
+        }
+        sumf as f32
+    }
+
+    /// ggml's `hsum_float_8`.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    pub(crate) unsafe fn hsum8(v: __m256) -> f32 {
+        let s = _mm_add_ps(_mm256_extractf128_ps(v, 1), _mm256_castps256_ps128(v));
+        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+        let s = _mm_add_ss(s, _mm_movehdup_ps(s));
+        _mm_cvtss_f32(s)
+    }
+}

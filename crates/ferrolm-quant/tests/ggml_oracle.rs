@@ -1,0 +1,268 @@
+//! Bit-exactness against llama.cpp's own compiled CPU kernels.
+//!
+//! The goldens in `tests/ggml_oracle/` were made by `scripts/ggml_oracle.py`, which calls the
+//! functions of an installed llama.cpp build (ggml with GGML_NATIVE on an AVX512 x86-64 CPU,
+//! gcc 12) through ctypes on random inputs. Every comparison here is on f32 (or f64) BITS, for
+//! the kernel this CPU picks and for the scalar reference (the two must agree on any machine).
+
+use std::path::PathBuf;
+
+use ferrolm_quant::{dot_kernel, dot_kernel_scalar, ggml_vec, quantize_activation, TensorType};
+use half::f16;
+
+struct Rec {
+    kind: String,
+    ints: Vec<i64>,
+    arrays: Vec<Vec<u8>>,
+}
+
+fn read(name: &str) -> Vec<Rec> {
+    let path: PathBuf = [env!("CARGO_MANIFEST_DIR"), "tests", "ggml_oracle", name]
+        .iter()
+        .collect();
+    let data = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    assert_eq!(&data[..4], b"GGO1");
+    let mut p = 4;
+    let mut u32_at = |p: &mut usize| {
+        let v = u32::from_le_bytes(data[*p..*p + 4].try_into().unwrap());
+        *p += 4;
+        v as usize
+    };
+    let mut recs = Vec::new();
+    while p < data.len() {
+        let kl = u32_at(&mut p);
+        let kind = String::from_utf8(data[p..p + kl].to_vec()).unwrap();
+        p += kl;
+        let ni = u32_at(&mut p);
+        let ints = (0..ni)
+            .map(|i| i64::from_le_bytes(data[p + 8 * i..p + 8 * i + 8].try_into().unwrap()))
+            .collect();
+        p += 8 * ni;
+        let na = u32_at(&mut p);
+        let mut arrays = Vec::new();
+        for _ in 0..na {
+            let l = u32_at(&mut p);
+            arrays.push(data[p..p + l].to_vec());
+            p += l;
+        }
+        recs.push(Rec { kind, ints, arrays });
+    }
+    recs
+}
+
+fn f32s(b: &[u8]) -> Vec<f32> {
+    b.chunks_exact(4)
+        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+        .collect()
+}
+
+fn f16s(b: &[u8]) -> Vec<f16> {
+    b.chunks_exact(2)
+        .map(|c| f16::from_le_bytes([c[0], c[1]]))
+        .collect()
+}
+
+fn ty(id: i64) -> TensorType {
+    TensorType::from_id(id as u32).unwrap()
+}
+
+/// Collects mismatches, then fails with all of them listed.
+#[derive(Default)]
+struct Failures(Vec<String>);
+
+impl Failures {
+    fn check(&mut self, what: impl FnOnce() -> String, got: u32, want: u32) {
+        if got != want {
+            self.0.push(format!(
+                "{}: got {} ({got:#010x}), want {} ({want:#010x})",
+                what(),
+                f32::from_bits(got),
+                f32::from_bits(want)
+            ));
+        }
+    }
+    fn finish(self, total: usize) {
+        if !self.0.is_empty() {
+            for f in self.0.iter().take(60) {
+                eprintln!("{f}");
+            }
+            panic!("{} of {total} checks differ from llama.cpp", self.0.len());
+        }
+    }
+}
+
+#[test]
+fn from_float_matches_llama_cpp() {
+    let mut fails = Vec::new();
+    let recs = read("from_float.bin");
+    for r in &recs {
+        assert_eq!(r.kind, "from_float");
+        let (t, n) = (ty(r.ints[0]), r.ints[1] as usize);
+        let x = f32s(&r.arrays[0]);
+        let mut out = vec![0u8; r.arrays[1].len()];
+        quantize_activation(t, &x, &mut out).unwrap();
+        if out != r.arrays[1] {
+            fails.push(format!("{t} n={n}"));
+        }
+        if t == TensorType::F16 {
+            let mut h = vec![f16::ZERO; n];
+            ggml_vec::f32_to_f16_row(&x, &mut h);
+            let hb: Vec<u8> = h.iter().flat_map(|v| v.to_le_bytes()).collect();
+            if hb != r.arrays[1] {
+                fails.push(format!("f32_to_f16_row n={n}"));
+            }
+        }
+    }
+    assert!(fails.is_empty(), "differ from llama.cpp: {fails:?}");
+}
+
+#[test]
+fn vec_dot_matches_llama_cpp() {
+    let recs = read("vec_dot.bin");
+    let mut fails = Failures::default();
+    let mut total = 0;
+    for r in &recs {
+        let (t, n) = (ty(r.ints[0]), r.ints[1] as usize);
+        let (row, act) = (&r.arrays[0], &r.arrays[1]);
+        let want = f32s(&r.arrays[2])[0].to_bits();
+        for k in [dot_kernel(t).unwrap(), dot_kernel_scalar(t).unwrap()] {
+            total += 2;
+            let got = k.dot(n, row, act).to_bits();
+            fails.check(|| format!("{t} {} dot n={n}", k.isa()), got, want);
+            let mut out = [0f32; 1];
+            k.dot_rows(n, row, row.len(), act, &mut out);
+            fails.check(
+                || format!("{t} {} dot_rows n={n}", k.isa()),
+                out[0].to_bits(),
+                want,
+            );
+        }
+    }
+    fails.finish(total);
+}
+
+/// Several identical rows through `dot_rows` (SIMD kernels run four rows at a time).
+#[test]
+fn dot_rows_matches_llama_cpp() {
+    let recs = read("vec_dot.bin");
+    let mut fails = Failures::default();
+    let mut total = 0;
+    for r in &recs {
+        let (t, n) = (ty(r.ints[0]), r.ints[1] as usize);
+        let (row, act) = (&r.arrays[0], &r.arrays[1]);
+        let want = f32s(&r.arrays[2])[0].to_bits();
+        let rows: Vec<u8> = (0..6).flat_map(|_| row.iter().copied()).collect();
+        for k in [dot_kernel(t).unwrap(), dot_kernel_scalar(t).unwrap()] {
+            let mut out = [0f32; 6];
+            k.dot_rows(n, &rows, row.len(), act, &mut out);
+            for (i, o) in out.iter().enumerate() {
+                total += 1;
+                fails.check(
+                    || format!("{t} {} dot_rows[{i}] n={n}", k.isa()),
+                    o.to_bits(),
+                    want,
+                );
+            }
+        }
+    }
+    fails.finish(total);
+}
+
+/// `dot_rows_multi` against llamafile_sgemm, the path llama.cpp's mul_mat takes for batches.
+#[test]
+fn dot_rows_multi_matches_llama_cpp_sgemm() {
+    let recs = read("sgemm.bin");
+    let mut fails = Failures::default();
+    let mut total = 0;
+    for r in &recs {
+        let t = ty(r.ints[0]);
+        let (m, nc, k) = (r.ints[1] as usize, r.ints[2] as usize, r.ints[3] as usize);
+        let (a, b) = (&r.arrays[0], &r.arrays[1]);
+        let want = f32s(&r.arrays[2]);
+        for kern in [dot_kernel(t).unwrap(), dot_kernel_scalar(t).unwrap()] {
+            let mut out = vec![0f32; m * nc];
+            kern.dot_rows_multi(k, a, a.len() / m, m, b, b.len() / nc, nc, &mut out);
+            for (i, (o, w)) in out.iter().zip(&want).enumerate() {
+                total += 1;
+                fails.check(
+                    || format!("{t} {} multi m={m} n={nc} k={k} [{i}]", kern.isa()),
+                    o.to_bits(),
+                    w.to_bits(),
+                );
+            }
+        }
+    }
+    fails.finish(total);
+}
+
+#[test]
+fn vec_functions_match_llama_cpp() {
+    let recs = read("vec.bin");
+    let mut fails = Failures::default();
+    let mut total = 0;
+    for r in &recs {
+        let n = r.ints[0] as usize;
+        match r.kind.as_str() {
+            "swiglu" => {
+                let (g, u, want) = (f32s(&r.arrays[0]), f32s(&r.arrays[1]), f32s(&r.arrays[2]));
+                let mut out = vec![0f32; n];
+                ggml_vec::swiglu(&g, &u, &mut out);
+                for i in 0..n {
+                    total += 1;
+                    fails.check(
+                        || format!("swiglu n={n} [{i}] g={}", g[i]),
+                        out[i].to_bits(),
+                        want[i].to_bits(),
+                    );
+                }
+            }
+            "silu" => {
+                let (x, want) = (f32s(&r.arrays[0]), f32s(&r.arrays[1]));
+                let mut out = vec![0f32; n];
+                ggml_vec::silu(&x, &mut out);
+                for i in 0..n {
+                    total += 1;
+                    fails.check(
+                        || format!("silu n={n} [{i}] x={}", x[i]),
+                        out[i].to_bits(),
+                        want[i].to_bits(),
+                    );
+                }
+            }
+            "soft_max" => {
+                let x = f32s(&r.arrays[0]);
+                let max = f32s(&r.arrays[1])[0];
+                let want = f32s(&r.arrays[2]);
+                let want_sum = f64::from_le_bytes(r.arrays[3][..8].try_into().unwrap());
+                let mut out = vec![0f32; n];
+                let sum = ggml_vec::soft_max(&x, &mut out, max);
+                for i in 0..n {
+                    total += 1;
+                    fails.check(
+                        || format!("soft_max n={n} [{i}] x-max={}", x[i] - max),
+                        out[i].to_bits(),
+                        want[i].to_bits(),
+                    );
+                }
+                total += 1;
+                if sum.to_bits() != want_sum.to_bits() {
+                    fails
+                        .0
+                        .push(format!("soft_max n={n} sum {sum} != {want_sum}"));
+                }
+            }
+            "dot_f16" => {
+                let (x, y) = (f16s(&r.arrays[0]), f16s(&r.arrays[1]));
+                let want = f32s(&r.arrays[2])[0];
+                total += 1;
+                fails.check(
+                    || format!("dot_f16 n={n}"),
+                    ggml_vec::dot_f16(&x, &y).to_bits(),
+                    want.to_bits(),
+                );
+            }
+            k => panic!("unknown record {k}"),
+        }
+    }
+    fails.finish(total);
+}
