@@ -11,7 +11,7 @@
 
 use std::arch::x86_64::*;
 
-use crate::common::{e8m0_to_f32_half, f16_to_f32};
+use crate::common::e8m0_to_f32_half;
 use crate::iq::{KVALUES_IQ4NL, KVALUES_MXFP4};
 use crate::kernel::{DotFn, MultiFn, RowsFn, Simd};
 use crate::TensorType;
@@ -42,8 +42,8 @@ pub(crate) fn kernel(ty: TensorType) -> Option<Simd> {
         T::Q5_0 => pair::<Q5_0>(),
         T::Q5_1 => pair::<Q5_1>(),
         T::Q8_0 => pair::<Q8_0>(),
-        T::IQ4_NL => pair::<Iq4Nl>(),
-        T::MXFP4 => pair::<Mxfp4>(),
+        T::IQ4_NL => float(dot_pairs_entry::<Iq4Nl>),
+        T::MXFP4 => float(dot_pairs_entry::<Mxfp4>),
         T::Q2_K => pair::<Q2K>(),
         T::Q3_K => pair::<Q3K>(),
         T::Q4_K => pair::<Q4K>(),
@@ -187,6 +187,46 @@ unsafe fn multi_blocks<B: Block>(
             out[c * n_rows + i] = dot_blocks::<B>(nb, xr, y.add(c * act_stride));
         }
     }
+}
+
+/// The kernels that accumulate blocks in pairs (IQ4_NL, MXFP4): one row.
+fn dot_pairs_entry<B: Block + OddBlock>(n: usize, row: &[u8], act: &[u8]) -> f32 {
+    let nb = n / B::QK;
+    assert!(n % B::QK == 0 && row.len() >= nb * B::WB && act.len() >= nb * B::AB);
+    // SAFETY: as in `dot_entry`.
+    let sumf = unsafe { dot_pairs::<B>(nb, row.as_ptr(), act.as_ptr()) };
+    if nb % 2 == 1 {
+        let b = nb - 1;
+        sumf + B::odd_block(
+            &row[b * B::WB..(b + 1) * B::WB],
+            &act[b * B::AB..(b + 1) * B::AB],
+        )
+    } else {
+        sumf
+    }
+}
+
+/// The scalar last block of an odd block count.
+trait OddBlock {
+    fn odd_block(x: &[u8], y: &[u8]) -> f32;
+}
+
+/// llama.cpp's AVX2 IQ4_NL / MXFP4 loop: even blocks into `acc1`, odd ones into `acc2`,
+/// `hsum_float_8(acc1 + acc2)`; a last unpaired block is left to the caller.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_pairs<B: Block>(nb: usize, x: *const u8, y: *const u8) -> f32 {
+    let zero = Acc {
+        v: _mm256_setzero_ps(),
+        s: 0.0,
+    };
+    let (mut a1, mut a2) = (zero, zero);
+    let mut b = 0;
+    while b + 1 < nb {
+        B::step(x.add(b * B::WB), y.add(b * B::AB), &mut a1);
+        B::step(x.add((b + 1) * B::WB), y.add((b + 1) * B::AB), &mut a2);
+        b += 2;
+    }
+    hsum_f32(_mm256_add_ps(a1.v, a2.v))
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -504,6 +544,18 @@ impl Block for Iq4Nl {
     unsafe fn apply(&x: &*const u8, y: *const u8, acc: &mut Acc) {
         let sum = dot_i8(lookup_16(x.add(2), &KVALUES_IQ4NL), load(y.add(2)));
         fma_i32(acc, f16_at(x) * f16_at(y), sum);
+    }
+}
+
+impl OddBlock for Iq4Nl {
+    fn odd_block(x: &[u8], y: &[u8]) -> f32 {
+        crate::iq::odd_block_iq4_nl(x, y)
+    }
+}
+
+impl OddBlock for Mxfp4 {
+    fn odd_block(x: &[u8], y: &[u8]) -> f32 {
+        crate::iq::odd_block_mxfp4(x, y)
     }
 }
 
@@ -841,91 +893,17 @@ impl Block for Q6K {
 fn dot_f32(n: usize, row: &[u8], act: &[u8]) -> f32 {
     assert!(row.len() >= 4 * n && act.len() >= 4 * n);
     // SAFETY: detected features as in `dot_entry`; `n` f32 fit in both slices (assert above).
-    unsafe { dot_f32_impl(n, row.as_ptr(), act.as_ptr()) }
-}
-
-#[target_feature(enable = "avx2,fma")]
-unsafe fn dot_f32_impl(n: usize, x: *const u8, y: *const u8) -> f32 {
-    let (x, y) = (x as *const f32, y as *const f32);
-    let mut acc = [_mm256_setzero_ps(); 4];
-    let mut i = 0;
-    while i + 32 <= n {
-        for (k, a) in acc.iter_mut().enumerate() {
-            let o = i + 8 * k;
-            *a = _mm256_fmadd_ps(_mm256_loadu_ps(x.add(o)), _mm256_loadu_ps(y.add(o)), *a);
-        }
-        i += 32;
-    }
-    while i + 8 <= n {
-        acc[0] = _mm256_fmadd_ps(_mm256_loadu_ps(x.add(i)), _mm256_loadu_ps(y.add(i)), acc[0]);
-        i += 8;
-    }
-    let v = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
-    let mut s = hsum_f32(v);
-    while i < n {
-        s += x.add(i).read_unaligned() * y.add(i).read_unaligned();
-        i += 1;
-    }
-    s
+    unsafe { crate::ggml_vec::x86::dot_f32(n, row.as_ptr(), act.as_ptr()) }
 }
 
 fn dot_f16(n: usize, row: &[u8], act: &[u8]) -> f32 {
     assert!(row.len() >= 2 * n && act.len() >= 2 * n);
     // SAFETY: detected features as in `dot_entry`; `n` f16 fit in both slices (assert above).
-    unsafe { dot_half_impl::<false>(n, row.as_ptr(), act.as_ptr()) }
+    unsafe { crate::ggml_vec::x86::dot_f16(n, row.as_ptr(), act.as_ptr()) }
 }
 
 fn dot_bf16(n: usize, row: &[u8], act: &[u8]) -> f32 {
     assert!(row.len() >= 2 * n && act.len() >= 2 * n);
     // SAFETY: detected features as in `dot_entry`; `n` bf16 fit in both slices (assert above).
-    unsafe { dot_half_impl::<true>(n, row.as_ptr(), act.as_ptr()) }
-}
-
-/// Eight halves at `p` as f32: IEEE f16 (`BF == false`) or bfloat16.
-#[inline]
-#[target_feature(enable = "avx2,f16c")]
-unsafe fn load8_half<const BF: bool>(p: *const u8) -> __m256 {
-    let h = _mm_loadu_si128(p as *const __m128i);
-    if BF {
-        _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16))
-    } else {
-        _mm256_cvtph_ps(h)
-    }
-}
-
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_half_impl<const BF: bool>(n: usize, x: *const u8, y: *const u8) -> f32 {
-    let mut acc = [_mm256_setzero_ps(); 4];
-    let mut i = 0;
-    while i + 32 <= n {
-        for (k, a) in acc.iter_mut().enumerate() {
-            let o = 2 * (i + 8 * k);
-            *a = _mm256_fmadd_ps(load8_half::<BF>(x.add(o)), load8_half::<BF>(y.add(o)), *a);
-        }
-        i += 32;
-    }
-    while i + 8 <= n {
-        let o = 2 * i;
-        acc[0] = _mm256_fmadd_ps(
-            load8_half::<BF>(x.add(o)),
-            load8_half::<BF>(y.add(o)),
-            acc[0],
-        );
-        i += 8;
-    }
-    let v = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
-    let mut s = hsum_f32(v);
-    while i < n {
-        let (a, b) = (
-            [*x.add(2 * i), *x.add(2 * i + 1)],
-            [*y.add(2 * i), *y.add(2 * i + 1)],
-        );
-        s += if BF {
-            crate::float::bf16_to_f32(a) * crate::float::bf16_to_f32(b)
-        } else {
-            f16_to_f32(a) * f16_to_f32(b)
-        };
-        i += 1;
-    }
-    s
+    unsafe { crate::ggml_vec::x86::dot_bf16(n, row.as_ptr(), act.as_ptr()) }
 }

@@ -62,3 +62,27 @@ pub(crate) fn reduce16(x: &[f32; 16]) -> f32 {
     }
     reduce8(&h)
 }
+
+/// The eight f32 lanes ggml's AVX2 kernels get from one 32-element block: lane `l` is the
+/// integer sum of the products of elements `4l..4l+4` (what `maddubs` + `madd`, or `dpbusd`,
+/// leave in each 32-bit lane), converted to f32.
+#[inline(always)]
+pub(crate) fn lanes8(w: &[i32; 32], y: &[i8; 32]) -> [f32; 8] {
+    let mut s = [0f32; 8];
+    for (l, s) in s.iter_mut().enumerate() {
+        let mut t = 0i32;
+        for k in 4 * l..4 * l + 4 {
+            t += w[k] * y[k] as i32;
+        }
+        *s = t as f32;
+    }
+    s
+}
+
+/// `acc[l] = fma(d, s[l], acc[l])` (`_mm256_fmadd_ps` with a broadcast scale).
+#[inline(always)]
+pub(crate) fn fma8(acc: &mut [f32; 8], d: f32, s: &[f32; 8]) {
+    for (a, &s) in acc.iter_mut().zip(s) {
+        *a = d.mul_add(s, *a);
+    }
+}

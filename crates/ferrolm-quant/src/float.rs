@@ -55,32 +55,17 @@ pub(crate) fn quantize_bf16(src: &[f32], dst: &mut [u8]) {
     }
 }
 
-// Scalar dots as ggml's generic `ggml_vec_dot_f32/f16/bf16`: products in f32, sum in f64.
+// Scalar dots with the float arithmetic of llama.cpp's AVX512 `ggml_vec_dot_f32/f16/bf16`
+// (see `ggml_vec`).
 
-pub(crate) fn dot_f32(_n: usize, row: &[u8], act: &[u8]) -> f32 {
-    let mut sum = 0.0f64;
-    for (x, y) in row.chunks_exact(4).zip(act.chunks_exact(4)) {
-        let x = f32::from_le_bytes([x[0], x[1], x[2], x[3]]);
-        let y = f32::from_le_bytes([y[0], y[1], y[2], y[3]]);
-        sum += (x * y) as f64;
-    }
-    sum as f32
+pub(crate) fn dot_f32(n: usize, row: &[u8], act: &[u8]) -> f32 {
+    crate::ggml_vec::dot_f32_bytes(n, row, act)
 }
 
-pub(crate) fn dot_f16(_n: usize, row: &[u8], act: &[u8]) -> f32 {
-    let mut sum = 0.0f64;
-    for (x, y) in row.chunks_exact(2).zip(act.chunks_exact(2)) {
-        let x = f16::from_le_bytes([x[0], x[1]]).to_f32();
-        let y = f16::from_le_bytes([y[0], y[1]]).to_f32();
-        sum += (x * y) as f64;
-    }
-    sum as f32
+pub(crate) fn dot_f16(n: usize, row: &[u8], act: &[u8]) -> f32 {
+    crate::ggml_vec::dot_f16_bytes(n, row, act)
 }
 
-pub(crate) fn dot_bf16(_n: usize, row: &[u8], act: &[u8]) -> f32 {
-    let mut sum = 0.0f64;
-    for (x, y) in row.chunks_exact(2).zip(act.chunks_exact(2)) {
-        sum += (bf16_to_f32([x[0], x[1]]) * bf16_to_f32([y[0], y[1]])) as f64;
-    }
-    sum as f32
+pub(crate) fn dot_bf16(n: usize, row: &[u8], act: &[u8]) -> f32 {
+    crate::ggml_vec::dot_bf16_bytes(n, row, act)
 }

@@ -187,28 +187,112 @@ pub fn dot_f16(x: &[f16], y: &[f16]) -> f32 {
     assert_eq!(x.len(), y.len(), "dot_f16: lengths differ");
     #[cfg(target_arch = "x86_64")]
     if use_simd() {
-        // SAFETY: avx2, fma and f16c were detected just above.
+        // SAFETY: avx2, fma and f16c were detected just above; both slices hold `len` halves.
         #[allow(unsafe_code)]
-        return unsafe { x86::dot_f16(x, y) };
+        return unsafe { x86::dot_f16(x.len(), x.as_ptr() as *const u8, y.as_ptr() as *const u8) };
     }
-    dot_f16_scalar(x, y)
+    dot_f16_lanes(x.len(), |k| x[k].to_f32(), |k| y[k].to_f32())
 }
 
-pub(crate) fn dot_f16_scalar(x: &[f16], y: &[f16]) -> f32 {
-    let n = x.len();
-    let np = n & !63;
+#[inline(always)]
+fn half_at(b: &[u8], k: usize) -> f32 {
+    f16::from_le_bytes([b[2 * k], b[2 * k + 1]]).to_f32()
+}
+
+#[inline(always)]
+fn bf16_at(b: &[u8], k: usize) -> f32 {
+    f32::from_bits((u16::from_le_bytes([b[2 * k], b[2 * k + 1]]) as u32) << 16)
+}
+
+#[inline(always)]
+fn f32_at(b: &[u8], k: usize) -> f32 {
+    f32::from_le_bytes([b[4 * k], b[4 * k + 1], b[4 * k + 2], b[4 * k + 3]])
+}
+
+/// [`dot_f16`] on little-endian f16 bytes, scalar emulation (the kernels' reference).
+pub(crate) fn dot_f16_bytes(n: usize, x: &[u8], y: &[u8]) -> f32 {
+    dot_f16_lanes(n, |k| half_at(x, k), |k| half_at(y, k))
+}
+
+/// The 4 x 16-lane FMA main loop of ggml's AVX512 `ggml_vec_dot_f16` / `ggml_vec_dot_f32`
+/// (GGML_F32_STEP = GGML_F16_STEP = 64) and its reduction.
+#[inline(always)]
+fn main_4x16(np: usize, x: impl Fn(usize) -> f32, y: impl Fn(usize) -> f32) -> f32 {
     let mut acc = [[0f32; 16]; 4];
     for i in (0..np).step_by(64) {
         for (j, a) in acc.iter_mut().enumerate() {
             for (l, a) in a.iter_mut().enumerate() {
                 let k = i + 16 * j + l;
-                *a = x[k].to_f32().mul_add(y[k].to_f32(), *a);
+                *a = x(k).mul_add(y(k), *a);
             }
         }
     }
-    let mut sumf = reduce_4x16(&acc) as f64;
+    reduce_4x16(&acc)
+}
+
+#[inline(always)]
+fn dot_f16_lanes(n: usize, x: impl Fn(usize) -> f32, y: impl Fn(usize) -> f32) -> f32 {
+    let np = n & !63;
+    let mut sumf = main_4x16(np, &x, &y) as f64;
     for k in np..n {
-        sumf += (x[k].to_f32() * y[k].to_f32()) as f64;
+        sumf += (x(k) * y(k)) as f64;
+    }
+    sumf as f32
+}
+
+/// llama.cpp's `ggml_vec_dot_f32` as gcc 12 compiled it with AVX512: the 4 x 16-lane main
+/// loop, then an f32 tail where gcc vectorized the products of whole 16- and then 8-element
+/// groups (multiplied, then added one by one) and fused the last `< 8` into `vfmadd231ss`.
+pub(crate) fn dot_f32_bytes(n: usize, x: &[u8], y: &[u8]) -> f32 {
+    let (x, y) = (|k| f32_at(x, k), |k| f32_at(y, k));
+    let np = n & !63;
+    let mut sumf = main_4x16(np, x, y);
+    f32_tail(np, n, &mut sumf, x, y);
+    sumf
+}
+
+#[inline(always)]
+fn f32_tail(
+    np: usize,
+    n: usize,
+    sumf: &mut f32,
+    x: impl Fn(usize) -> f32,
+    y: impl Fn(usize) -> f32,
+) {
+    let t = n - np;
+    let rem = t % 16;
+    let unfused = (t - rem) + if rem >= 8 { 8 } else { 0 };
+    for k in np..np + unfused {
+        *sumf += x(k) * y(k);
+    }
+    for k in np + unfused..n {
+        *sumf = x(k).mul_add(y(k), *sumf);
+    }
+}
+
+/// llama.cpp's `ggml_vec_dot_bf16` with AVX512-BF16: two 16-lane accumulators fed 32 elements
+/// at a time by `vdpbf16ps` (lane `l` adds the product of elements `2l + 1`, then of `2l`, each
+/// a fused add of an exact product), each reduced with `_mm512_reduce_add_ps` into an f64 sum,
+/// then the tail in f64. (`vdpbf16ps` also flushes subnormals, which real weights never are;
+/// that is not emulated.)
+pub(crate) fn dot_bf16_bytes(n: usize, x: &[u8], y: &[u8]) -> f32 {
+    let (x, y) = (|k| bf16_at(x, k), |k| bf16_at(y, k));
+    let np = n / 64 * 64;
+    let mut c = [[0f32; 16]; 2];
+    for i in (0..np).step_by(64) {
+        for (h, c) in c.iter_mut().enumerate() {
+            for (l, c) in c.iter_mut().enumerate() {
+                let k = i + 32 * h + 2 * l;
+                *c = x(k + 1).mul_add(y(k + 1), *c);
+                *c = x(k).mul_add(y(k), *c);
+            }
+        }
+    }
+    let mut sumf = 0f64;
+    sumf += reduce16(&c[0]) as f64;
+    sumf += reduce16(&c[1]) as f64;
+    for k in np..n {
+        sumf += (x(k) * y(k)) as f64;
     }
     sumf as f32
 }
@@ -238,7 +322,7 @@ pub fn f32_to_f16_row(src: &[f32], dst: &mut [f16]) {
 
 #[cfg(target_arch = "x86_64")]
 #[allow(unsafe_code)]
-mod x86 {
+pub(crate) mod x86 {
     use std::arch::x86_64::*;
 
     use half::f16;
@@ -262,30 +346,103 @@ mod x86 {
 
     #[inline]
     #[target_feature(enable = "avx2,f16c")]
-    unsafe fn load8(p: *const f16) -> __m256 {
+    unsafe fn load8(p: *const u8) -> __m256 {
         _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i))
     }
 
-    /// The 4 x 16-lane accumulators as 8 AVX2 registers (lanes 0..8 and 8..16 of each).
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn load8_f32(p: *const u8) -> __m256 {
+        _mm256_loadu_ps(p as *const f32)
+    }
+
+    /// The 4 x 16-lane accumulators as 8 AVX2 registers (lanes 0..8 and 8..16 of each),
+    /// reduced as `GGML_F32x16_REDUCE`.
+    #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub(super) unsafe fn dot_f16(x: &[f16], y: &[f16]) -> f32 {
-        let n = x.len();
-        let np = n & !63;
-        let (xp, yp) = (x.as_ptr(), y.as_ptr());
+    unsafe fn main_4x16<const HALF: bool>(np: usize, x: *const u8, y: *const u8) -> f32 {
+        let elem = if HALF { 2 } else { 4 };
+        let load = |p: *const u8| if HALF { load8(p) } else { load8_f32(p) };
         let mut acc = [_mm256_setzero_ps(); 8];
         let mut i = 0;
         while i < np {
             for (h, a) in acc.iter_mut().enumerate() {
-                *a = _mm256_fmadd_ps(load8(xp.add(i + 8 * h)), load8(yp.add(i + 8 * h)), *a);
+                let o = (i + 8 * h) * elem;
+                *a = _mm256_fmadd_ps(load(x.add(o)), load(y.add(o)), *a);
             }
             i += 64;
         }
-        // (acc0 + acc2) + (acc1 + acc3), per 8-lane half
+        // (acc0 + acc2) + (acc1 + acc3), per 8-lane half, then the 16-lane reduction
         let lo = _mm256_add_ps(_mm256_add_ps(acc[0], acc[4]), _mm256_add_ps(acc[2], acc[6]));
         let hi = _mm256_add_ps(_mm256_add_ps(acc[1], acc[5]), _mm256_add_ps(acc[3], acc[7]));
-        let mut sumf = hsum8(_mm256_add_ps(hi, lo)) as f64;
+        hsum8(_mm256_add_ps(hi, lo))
+    }
+
+    /// `ggml_vec_dot_f16`; `x` and `y` hold `n` f16 each.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(crate) unsafe fn dot_f16(n: usize, x: *const u8, y: *const u8) -> f32 {
+        let np = n & !63;
+        let mut sumf = main_4x16::<true>(np, x, y) as f64;
+        let (xs, ys) = (x as *const f16, y as *const f16);
         for k in np..n {
-            sumf += (x[k].to_f32() * y[k].to_f32()) as f64;
+            sumf +=
+                (xs.add(k).read_unaligned().to_f32() * ys.add(k).read_unaligned().to_f32()) as f64;
+        }
+        sumf as f32
+    }
+
+    /// `ggml_vec_dot_f32`; `x` and `y` hold `n` f32 each.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(crate) unsafe fn dot_f32(n: usize, x: *const u8, y: *const u8) -> f32 {
+        let np = n & !63;
+        let mut sumf = main_4x16::<false>(np, x, y);
+        let (xs, ys) = (x as *const f32, y as *const f32);
+        super::f32_tail(
+            np,
+            n,
+            &mut sumf,
+            |k| xs.add(k).read_unaligned(),
+            |k| ys.add(k).read_unaligned(),
+        );
+        sumf
+    }
+
+    /// `ggml_vec_dot_bf16` (the `vdpbf16ps` loop); `x` and `y` hold `n` bf16 each.
+    #[target_feature(enable = "avx2,fma")]
+    pub(crate) unsafe fn dot_bf16(n: usize, x: *const u8, y: *const u8) -> f32 {
+        let np = n / 64 * 64;
+        let hi_mask = _mm256_set1_epi32(0xffff_0000u32 as i32);
+        // c[2h] and c[2h + 1]: lanes 0..8 and 8..16 of accumulator h
+        let mut c = [_mm256_setzero_ps(); 4];
+        let mut i = 0;
+        while i < np {
+            for (q, c) in c.iter_mut().enumerate() {
+                let o = 2 * (i + 16 * q);
+                let xv = _mm256_loadu_si256(x.add(o) as *const __m256i);
+                let yv = _mm256_loadu_si256(y.add(o) as *const __m256i);
+                let (xo, yo) = (
+                    _mm256_castsi256_ps(_mm256_and_si256(xv, hi_mask)),
+                    _mm256_castsi256_ps(_mm256_and_si256(yv, hi_mask)),
+                );
+                let (xe, ye) = (
+                    _mm256_castsi256_ps(_mm256_slli_epi32(xv, 16)),
+                    _mm256_castsi256_ps(_mm256_slli_epi32(yv, 16)),
+                );
+                *c = _mm256_fmadd_ps(xo, yo, *c);
+                *c = _mm256_fmadd_ps(xe, ye, *c);
+            }
+            i += 64;
+        }
+        let mut sumf = 0f64;
+        sumf += hsum8(_mm256_add_ps(c[1], c[0])) as f64;
+        sumf += hsum8(_mm256_add_ps(c[3], c[2])) as f64;
+        for k in np..n {
+            let b = |p: *const u8| {
+                f32::from_bits(
+                    (u16::from_le_bytes([*p.add(2 * k), *p.add(2 * k + 1)]) as u32) << 16,
+                )
+            };
+            sumf += (b(x) * b(y)) as f64;
         }
         sumf as f32
     }

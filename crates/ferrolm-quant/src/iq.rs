@@ -4,7 +4,7 @@
 
 use bytemuck::{Pod, Zeroable};
 
-use crate::common::{dot_i8, e8m0_to_f32_half, f16_to_f32};
+use crate::common::{e8m0_to_f32_half, f16_to_f32, fma8, lanes8, reduce8};
 use crate::legacy::BlockQ8_0;
 
 /// Elements per block of both formats.
@@ -100,30 +100,90 @@ pub(crate) fn quantize_mxfp4(src: &[f32], dst: &mut [u8]) {
     }
 }
 
+/// llama.cpp's AVX2 `ggml_vec_dot_iq4_nl_q8_0` / `ggml_vec_dot_mxfp4_q8_0`: blocks in pairs into
+/// two 8-lane accumulators (fused multiply-add by the block scale), `hsum_float_8` of their
+/// sum, then an odd last block in scalar code, `sumf += d * sumi` (not contracted by gcc here).
+fn dot_lookup<X: Copy>(
+    xs: &[X],
+    ys: &[BlockQ8_0],
+    table: &[i8; 16],
+    qs: impl Fn(&X) -> &[u8; QK / 2],
+    scale: impl Fn(&X, &BlockQ8_0) -> f32,
+) -> f32 {
+    let nb = xs.len().min(ys.len());
+    let block = |ib: usize| {
+        let q = lookup(qs(&xs[ib]), table);
+        let mut w = [0i32; QK];
+        for (w, &q) in w.iter_mut().zip(&q) {
+            *w = q as i32;
+        }
+        (w, scale(&xs[ib], &ys[ib]))
+    };
+    let (mut acc1, mut acc2) = ([0f32; 8], [0f32; 8]);
+    let mut ib = 0;
+    while ib + 1 < nb {
+        let (w, d) = block(ib);
+        fma8(&mut acc1, d, &lanes8(&w, bytemuck::cast_ref(&ys[ib].qs)));
+        let (w, d) = block(ib + 1);
+        fma8(
+            &mut acc2,
+            d,
+            &lanes8(&w, bytemuck::cast_ref(&ys[ib + 1].qs)),
+        );
+        ib += 2;
+    }
+    let mut sum = [0f32; 8];
+    for l in 0..8 {
+        sum[l] = acc1[l] + acc2[l];
+    }
+    let mut sumf = reduce8(&sum);
+    if ib < nb {
+        let (w, d) = block(ib);
+        let y: &[i8; QK] = bytemuck::cast_ref(&ys[ib].qs);
+        let sumi: i32 = w.iter().zip(y).map(|(&w, &y)| w * y as i32).sum();
+        sumf += d * sumi as f32;
+    }
+    sumf
+}
+
 pub(crate) fn dot_iq4_nl_q8_0(_n: usize, row: &[u8], act: &[u8]) -> f32 {
     let xs: &[BlockIq4Nl] = bytemuck::cast_slice(row);
     let ys: &[BlockQ8_0] = bytemuck::cast_slice(act);
-    let mut sumf = 0.0f32;
-    for (x, y) in xs.iter().zip(ys) {
-        let sumi = dot_i8(
-            &lookup(&x.qs, &KVALUES_IQ4NL),
-            bytemuck::cast_ref::<_, [i8; QK]>(&y.qs),
-        );
-        sumf += (f16_to_f32(x.d) * f16_to_f32(y.d)) * sumi as f32;
-    }
-    sumf
+    dot_lookup(
+        xs,
+        ys,
+        &KVALUES_IQ4NL,
+        |x| &x.qs,
+        |x, y| f16_to_f32(y.d) * f16_to_f32(x.d),
+    )
 }
 
 pub(crate) fn dot_mxfp4_q8_0(_n: usize, row: &[u8], act: &[u8]) -> f32 {
     let xs: &[BlockMxfp4] = bytemuck::cast_slice(row);
     let ys: &[BlockQ8_0] = bytemuck::cast_slice(act);
-    let mut sumf = 0.0f32;
-    for (x, y) in xs.iter().zip(ys) {
-        let sumi = dot_i8(
-            &lookup(&x.qs, &KVALUES_MXFP4),
-            bytemuck::cast_ref::<_, [i8; QK]>(&y.qs),
-        );
-        sumf += (e8m0_to_f32_half(x.e) * f16_to_f32(y.d)) * sumi as f32;
-    }
-    sumf
+    dot_lookup(
+        xs,
+        ys,
+        &KVALUES_MXFP4,
+        |x| &x.qs,
+        |x, y| f16_to_f32(y.d) * e8m0_to_f32_half(x.e),
+    )
+}
+
+/// The scalar last block of the AVX2 kernels when the block count is odd: `d * sumi`.
+pub(crate) fn odd_block_iq4_nl(x: &[u8], y: &[u8]) -> f32 {
+    let (x, y): (&BlockIq4Nl, &BlockQ8_0) = (bytemuck::from_bytes(x), bytemuck::from_bytes(y));
+    let q = lookup(&x.qs, &KVALUES_IQ4NL);
+    let yq: &[i8; QK] = bytemuck::cast_ref(&y.qs);
+    let sumi: i32 = q.iter().zip(yq).map(|(&w, &y)| w as i32 * y as i32).sum();
+    (f16_to_f32(y.d) * f16_to_f32(x.d)) * sumi as f32
+}
+
+/// As [`odd_block_iq4_nl`] for MXFP4.
+pub(crate) fn odd_block_mxfp4(x: &[u8], y: &[u8]) -> f32 {
+    let (x, y): (&BlockMxfp4, &BlockQ8_0) = (bytemuck::from_bytes(x), bytemuck::from_bytes(y));
+    let q = lookup(&x.qs, &KVALUES_MXFP4);
+    let yq: &[i8; QK] = bytemuck::cast_ref(&y.qs);
+    let sumi: i32 = q.iter().zip(yq).map(|(&w, &y)| w as i32 * y as i32).sum();
+    (f16_to_f32(y.d) * e8m0_to_f32_half(x.e)) * sumi as f32
 }

@@ -6,7 +6,7 @@
 
 use bytemuck::{Pod, Zeroable};
 
-use crate::common::{dot_i8, f16_to_f32, f32_to_f16, roundf};
+use crate::common::{f16_to_f32, f32_to_f16, roundf};
 
 /// Elements per block of every legacy format.
 pub(crate) const QK: usize = 32;
@@ -328,75 +328,91 @@ pub(crate) fn quantize_q8_1_with(src: &[f32], dst: &mut [u8], rounding: Rounding
 }
 
 // ---------------------------------------------------------------------------------------------
-// Scalar dot products (ggml's generic `ggml_vec_dot_*`): integer sums per block, then scales.
+// Scalar dot products, with the float arithmetic of llama.cpp's AVX2 kernels
+// (arch/x86/quants.c): per block, eight f32 lanes of 4-product integer sums are accumulated
+// with a fused multiply-add by the block scale; at the end `hsum_float_8` (plus, for the `_1`
+// kinds, the scalar sum of `m * s` accumulated without fusion).
+
+use crate::common::{fma8, lanes8, reduce8};
+
+#[inline(always)]
+fn widen<const OFF: i32>(q: &[u8; QK]) -> [i32; QK] {
+    let mut w = [0i32; QK];
+    for (w, &q) in w.iter_mut().zip(q) {
+        *w = q as i32 - OFF;
+    }
+    w
+}
+
+#[inline(always)]
+fn nibbles(qs: &[u8; QK / 2]) -> [u8; QK] {
+    let mut q = [0u8; QK];
+    for j in 0..QK / 2 {
+        q[j] = qs[j] & 0x0f;
+        q[j + QK / 2] = qs[j] >> 4;
+    }
+    q
+}
 
 pub(crate) fn dot_q4_0_q8_0(_n: usize, row: &[u8], act: &[u8]) -> f32 {
     let xs: &[BlockQ4_0] = bytemuck::cast_slice(row);
     let ys: &[BlockQ8_0] = bytemuck::cast_slice(act);
-    let mut sumf = 0.0f32;
+    let mut acc = [0f32; 8];
     for (x, y) in xs.iter().zip(ys) {
-        let yq = as_i8(&y.qs);
-        let mut sumi = 0i32;
-        for j in 0..QK / 2 {
-            sumi += ((x.qs[j] & 0x0f) as i32 - 8) * yq[j] as i32;
-            sumi += ((x.qs[j] >> 4) as i32 - 8) * yq[j + QK / 2] as i32;
-        }
-        sumf += sumi as f32 * f16_to_f32(x.d) * f16_to_f32(y.d);
+        let s = lanes8(&widen::<8>(&nibbles(&x.qs)), as_i8(&y.qs));
+        fma8(&mut acc, f16_to_f32(x.d) * f16_to_f32(y.d), &s);
     }
-    sumf
+    reduce8(&acc)
 }
 
 pub(crate) fn dot_q4_1_q8_1(_n: usize, row: &[u8], act: &[u8]) -> f32 {
     let xs: &[BlockQ4_1] = bytemuck::cast_slice(row);
     let ys: &[BlockQ8_1] = bytemuck::cast_slice(act);
-    let mut sumf = 0.0f32;
+    let mut acc = [0f32; 8];
+    let mut summs = 0f32;
     for (x, y) in xs.iter().zip(ys) {
-        let yq = as_i8(&y.qs);
-        let mut sumi = 0i32;
-        for j in 0..QK / 2 {
-            sumi += (x.qs[j] & 0x0f) as i32 * yq[j] as i32;
-            sumi += (x.qs[j] >> 4) as i32 * yq[j + QK / 2] as i32;
-        }
-        sumf +=
-            (f16_to_f32(x.d) * f16_to_f32(y.d)) * sumi as f32 + f16_to_f32(x.m) * f16_to_f32(y.s);
+        summs += f16_to_f32(x.m) * f16_to_f32(y.s);
+        let s = lanes8(&widen::<0>(&nibbles(&x.qs)), as_i8(&y.qs));
+        fma8(&mut acc, f16_to_f32(x.d) * f16_to_f32(y.d), &s);
     }
-    sumf
+    reduce8(&acc) + summs
 }
 
 pub(crate) fn dot_q5_0_q8_0(_n: usize, row: &[u8], act: &[u8]) -> f32 {
     let xs: &[BlockQ5_0] = bytemuck::cast_slice(row);
     let ys: &[BlockQ8_0] = bytemuck::cast_slice(act);
-    let mut sumf = 0.0f32;
+    let mut acc = [0f32; 8];
     for (x, y) in xs.iter().zip(ys) {
-        let q = q5_values(x.qh, &x.qs);
-        let yq = as_i8(&y.qs);
-        let sumi: i32 = (0..QK).map(|j| (q[j] as i32 - 16) * yq[j] as i32).sum();
-        sumf += sumi as f32 * (f16_to_f32(x.d) * f16_to_f32(y.d));
+        let s = lanes8(&widen::<16>(&q5_values(x.qh, &x.qs)), as_i8(&y.qs));
+        fma8(&mut acc, f16_to_f32(x.d) * f16_to_f32(y.d), &s);
     }
-    sumf
+    reduce8(&acc)
 }
 
 pub(crate) fn dot_q5_1_q8_1(_n: usize, row: &[u8], act: &[u8]) -> f32 {
     let xs: &[BlockQ5_1] = bytemuck::cast_slice(row);
     let ys: &[BlockQ8_1] = bytemuck::cast_slice(act);
-    let mut sumf = 0.0f32;
+    let mut acc = [0f32; 8];
+    let mut summs = 0f32;
     for (x, y) in xs.iter().zip(ys) {
-        let q = q5_values(x.qh, &x.qs);
-        let yq = as_i8(&y.qs);
-        let sumi: i32 = (0..QK).map(|j| q[j] as i32 * yq[j] as i32).sum();
-        sumf +=
-            (f16_to_f32(x.d) * f16_to_f32(y.d)) * sumi as f32 + f16_to_f32(x.m) * f16_to_f32(y.s);
+        summs += f16_to_f32(x.m) * f16_to_f32(y.s);
+        let s = lanes8(&widen::<0>(&q5_values(x.qh, &x.qs)), as_i8(&y.qs));
+        fma8(&mut acc, f16_to_f32(x.d) * f16_to_f32(y.d), &s);
     }
-    sumf
+    reduce8(&acc) + summs
 }
 
 pub(crate) fn dot_q8_0_q8_0(_n: usize, row: &[u8], act: &[u8]) -> f32 {
     let xs: &[BlockQ8_0] = bytemuck::cast_slice(row);
     let ys: &[BlockQ8_0] = bytemuck::cast_slice(act);
-    let mut sumf = 0.0f32;
+    let mut acc = [0f32; 8];
     for (x, y) in xs.iter().zip(ys) {
-        let sumi = dot_i8(as_i8(&x.qs), as_i8(&y.qs));
-        sumf += sumi as f32 * (f16_to_f32(x.d) * f16_to_f32(y.d));
+        let mut w = [0i32; QK];
+        for (w, &q) in w.iter_mut().zip(as_i8(&x.qs)) {
+            *w = q as i32;
+        }
+        let s = lanes8(&w, as_i8(&y.qs));
+        fma8(&mut acc, f16_to_f32(x.d) * f16_to_f32(y.d), &s);
     }
-    sumf
+    reduce8(&acc)
 }

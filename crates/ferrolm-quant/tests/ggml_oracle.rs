@@ -23,7 +23,7 @@ fn read(name: &str) -> Vec<Rec> {
     let data = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     assert_eq!(&data[..4], b"GGO1");
     let mut p = 4;
-    let mut u32_at = |p: &mut usize| {
+    let u32_at = |p: &mut usize| {
         let v = u32::from_le_bytes(data[*p..*p + 4].try_into().unwrap());
         *p += 4;
         v as usize
@@ -83,7 +83,7 @@ impl Failures {
     }
     fn finish(self, total: usize) {
         if !self.0.is_empty() {
-            for f in self.0.iter().take(60) {
+            for f in self.0.iter().take(400) {
                 eprintln!("{f}");
             }
             panic!("{} of {total} checks differ from llama.cpp", self.0.len());
