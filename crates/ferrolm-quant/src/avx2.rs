@@ -42,7 +42,12 @@ pub(crate) fn kernel(ty: TensorType) -> Option<Simd> {
         T::Q5_0 => pair::<Q5_0>(),
         T::Q5_1 => pair::<Q5_1>(),
         T::Q8_0 => pair::<Q8_0>(),
-        T::IQ4_NL => float(dot_pairs_entry::<Iq4Nl>),
+        // vec_dot pairs blocks; llamafile_sgemm (batches) does not
+        T::IQ4_NL => Simd {
+            dot: dot_pairs_entry::<Iq4Nl>,
+            rows: None,
+            multi: Some(multi_entry::<Iq4Nl> as MultiFn),
+        },
         T::MXFP4 => float(dot_pairs_entry::<Mxfp4>),
         T::Q2_K => pair::<Q2K>(),
         T::Q3_K => pair::<Q3K>(),

@@ -187,3 +187,40 @@ pub(crate) fn odd_block_mxfp4(x: &[u8], y: &[u8]) -> f32 {
     let sumi: i32 = q.iter().zip(yq).map(|(&w, &y)| w as i32 * y as i32).sum();
     (f16_to_f32(y.d) * e8m0_to_f32_half(x.e)) * sumi as f32
 }
+
+/// IQ4_NL against several Q8_0 columns as llamafile_sgemm's `tinyBLAS_Q0_AVX` computes each
+/// element: one 8-lane accumulator, a fused multiply-add by `d_x * d_y` per block, `hsum`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn multi_iq4_nl_q8_0(
+    n: usize,
+    rows: &[u8],
+    row_stride: usize,
+    n_rows: usize,
+    acts: &[u8],
+    act_stride: usize,
+    n_cols: usize,
+    out: &mut [f32],
+) {
+    let nb = n / QK;
+    let (rb, ab) = (
+        nb * std::mem::size_of::<BlockIq4Nl>(),
+        nb * std::mem::size_of::<BlockQ8_0>(),
+    );
+    for i in 0..n_rows {
+        let xs: &[BlockIq4Nl] = bytemuck::cast_slice(&rows[i * row_stride..i * row_stride + rb]);
+        for c in 0..n_cols {
+            let ys: &[BlockQ8_0] = bytemuck::cast_slice(&acts[c * act_stride..c * act_stride + ab]);
+            let mut acc = [0f32; 8];
+            for (x, y) in xs.iter().zip(ys) {
+                let q = lookup(&x.qs, &KVALUES_IQ4NL);
+                let mut w = [0i32; QK];
+                for (w, &q) in w.iter_mut().zip(&q) {
+                    *w = q as i32;
+                }
+                let s = lanes8(&w, bytemuck::cast_ref(&y.qs));
+                fma8(&mut acc, f16_to_f32(x.d) * f16_to_f32(y.d), &s);
+            }
+            out[c * n_rows + i] = reduce8(&acc);
+        }
+    }
+}

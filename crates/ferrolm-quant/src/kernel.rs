@@ -70,7 +70,8 @@ fn detected_isa() -> Isa {
 
 /// False when `FERROLM_FORCE_SCALAR` forces the scalar code paths.
 pub(crate) fn simd_enabled() -> bool {
-    detected_isa() != Isa::Scalar || std::env::var_os("FERROLM_FORCE_SCALAR").is_none()
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| std::env::var_os("FERROLM_FORCE_SCALAR").is_none())
 }
 
 /// A dot-product kernel for rows of one weight type against activations of its
@@ -176,6 +177,23 @@ impl DotKernel {
     /// `n_cols` (starting every `act_stride` bytes of `acts`) and each of `n_rows` rows,
     /// `out[c * n_rows + i] = dot(row i, column c)`. Each weight row is read once per group
     /// of columns while it is hot in cache.
+    ///
+    /// Every element is bit-identical to what llama.cpp's `ggml_compute_forward_mul_mat`
+    /// computes for the same product on an AVX512 x86-64 build (GGML_NATIVE, default
+    /// options, weights in a plain CPU buffer), on any CPU:
+    /// * one column: `vec_dot` (as [`DotKernel::dot`]);
+    /// * Q8_0, Q4_0, Q5_0, IQ4_NL with >= 2 columns: llamafile_sgemm's `tinyBLAS_Q0_AVX`,
+    ///   which per element is one 8-lane FMA accumulator over the blocks and `hsum` -- the
+    ///   same as `vec_dot` for Q8_0/Q4_0/Q5_0, but not for IQ4_NL (whose `vec_dot` pairs
+    ///   blocks into two accumulators);
+    /// * F32, F16, BF16 with >= 2 columns, `n` a multiple of 16 (32 for BF16) and `n_rows` a
+    ///   multiple of 4: llamafile_sgemm's `tinyBLAS<16, __m512>` (one 16-lane FMA accumulator,
+    ///   `vdpbf16ps` pairs for BF16, then `_mm512_reduce_add_ps`); otherwise `vec_dot`. A
+    ///   caller splitting a matrix between threads must keep the row count of each part a
+    ///   multiple of 4 to get llama.cpp's choice, which is made for the whole matrix;
+    /// * every other type: `vec_dot` per element (Q4_1, Q5_1 and the K-quants are not taken by
+    ///   llamafile_sgemm; see the crate README for the repack and tiled paths llama.cpp takes
+    ///   for some of them when it repacks weights or has >= 8 columns).
     #[allow(clippy::too_many_arguments)] // two strided matrices and their shapes
     pub fn dot_rows_multi(
         &self,
@@ -215,6 +233,24 @@ impl DotKernel {
             self.act_ty,
             acts.len()
         );
+        if n_cols == 1 {
+            return self.dot_rows(n, rows, row_stride, acts, &mut out[..n_rows]);
+        }
+        if let Some(kind) = float::float_kind(self.ty) {
+            if float::tinyblas_applies(kind, n, n_rows, n_cols) {
+                return float::tinyblas(
+                    kind,
+                    n,
+                    &rows[..need_r],
+                    row_stride,
+                    n_rows,
+                    &acts[..need_a],
+                    act_stride,
+                    n_cols,
+                    out,
+                );
+            }
+        }
         if let Some(f) = self.multi {
             return f(
                 n,
@@ -274,6 +310,14 @@ fn scalar_fn(ty: TensorType) -> Option<DotFn> {
     })
 }
 
+/// Scalar batch kernels whose per-element arithmetic differs from `vec_dot`.
+fn scalar_multi_fn(ty: TensorType) -> Option<MultiFn> {
+    match ty {
+        TensorType::IQ4_NL => Some(iq::multi_iq4_nl_q8_0),
+        _ => None,
+    }
+}
+
 fn build(ty: TensorType, isa: Isa) -> Result<DotKernel, QuantError> {
     let unsupported = QuantError::Unsupported {
         ty,
@@ -296,7 +340,7 @@ fn build(ty: TensorType, isa: Isa) -> Result<DotKernel, QuantError> {
             Simd {
                 dot: scalar,
                 rows: None,
-                multi: None,
+                multi: scalar_multi_fn(ty),
             },
             Isa::Scalar,
         ),

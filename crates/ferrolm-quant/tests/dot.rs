@@ -135,6 +135,23 @@ fn dot_rows_and_multi_match_single_dots() {
             k.dot_rows(n, &rows, stride, &acts[..ab], &mut out);
             let mut multi = vec![0f32; n_rows * n_cols];
             k.dot_rows_multi(n, &rows, stride, n_rows, &acts, ab, n_cols, &mut multi);
+            // Batches of these types follow llamafile_sgemm, not vec_dot: compare with the
+            // scalar kernel's batch instead (tests/ggml_oracle.rs checks both against llama.cpp).
+            let sgemm = matches!(
+                ty,
+                TensorType::IQ4_NL | TensorType::F32 | TensorType::F16 | TensorType::BF16
+            );
+            let mut scalar_multi = vec![0f32; n_rows * n_cols];
+            dot_kernel_scalar(ty).unwrap().dot_rows_multi(
+                n,
+                &rows,
+                stride,
+                n_rows,
+                &acts,
+                ab,
+                n_cols,
+                &mut scalar_multi,
+            );
             for i in 0..n_rows {
                 let row = &rows[i * stride..i * stride + rb];
                 let single = k.dot(n, row, &acts[..ab]);
@@ -144,7 +161,11 @@ fn dot_rows_and_multi_match_single_dots() {
                     "{ty} rows={n_rows} row {i}"
                 );
                 for c in 0..n_cols {
-                    let s = k.dot(n, row, &acts[c * ab..(c + 1) * ab]);
+                    let s = if sgemm {
+                        scalar_multi[c * n_rows + i]
+                    } else {
+                        k.dot(n, row, &acts[c * ab..(c + 1) * ab])
+                    };
                     assert_eq!(
                         multi[c * n_rows + i].to_bits(),
                         s.to_bits(),
