@@ -63,6 +63,8 @@ pub(crate) fn kernel(ty: TensorType) -> Option<Simd> {
 struct Acc {
     v: __m256,
     s: f32,
+    /// Q4_K's four-lane accumulator of minimum corrections (`acc_m` in llama.cpp).
+    m: __m128,
 }
 
 /// One block format's inner step.
@@ -93,6 +95,15 @@ trait Block {
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn step(x: *const u8, y: *const u8, acc: &mut Acc) {
         Self::apply(&Self::decode(x), y, acc)
+    }
+    /// The dot from a finished accumulator: `hsum_float_8(v) + s`.
+    ///
+    /// # Safety
+    /// AVX2 is available.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn finish(acc: &Acc) -> f32 {
+        hsum_f32(acc.v) + acc.s
     }
 }
 
@@ -175,6 +186,7 @@ unsafe fn multi_blocks<B: Block>(
             let zero = Acc {
                 v: _mm256_setzero_ps(),
                 s: 0.0,
+                m: _mm_setzero_ps(),
             };
             let mut acc = [zero; C];
             for b in 0..nb {
@@ -184,7 +196,7 @@ unsafe fn multi_blocks<B: Block>(
                 }
             }
             for (k, acc) in acc.iter().enumerate() {
-                out[(c0 + k) * n_rows + i] = hsum_f32(acc.v) + acc.s;
+                out[(c0 + k) * n_rows + i] = B::finish(&acc);
             }
             c0 += C;
         }
@@ -223,6 +235,7 @@ unsafe fn dot_pairs<B: Block>(nb: usize, x: *const u8, y: *const u8) -> f32 {
     let zero = Acc {
         v: _mm256_setzero_ps(),
         s: 0.0,
+        m: _mm_setzero_ps(),
     };
     let (mut a1, mut a2) = (zero, zero);
     let mut b = 0;
@@ -239,11 +252,12 @@ unsafe fn dot_blocks<B: Block>(nb: usize, x: *const u8, y: *const u8) -> f32 {
     let mut acc = Acc {
         v: _mm256_setzero_ps(),
         s: 0.0,
+        m: _mm_setzero_ps(),
     };
     for b in 0..nb {
         B::step(x.add(b * B::WB), y.add(b * B::AB), &mut acc);
     }
-    hsum_f32(acc.v) + acc.s
+    B::finish(&acc)
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -259,6 +273,7 @@ unsafe fn rows_blocks<B: Block>(
         let zero = Acc {
             v: _mm256_setzero_ps(),
             s: 0.0,
+            m: _mm_setzero_ps(),
         };
         let mut acc = [zero; 4];
         let base = x.add(i * stride);
@@ -271,7 +286,7 @@ unsafe fn rows_blocks<B: Block>(
             B::step(xb.add(3 * stride), yb, &mut acc[3]);
         }
         for r in 0..4 {
-            out[i + r] = hsum_f32(acc[r].v) + acc[r].s;
+            out[i + r] = B::finish(&acc[r]);
         }
         i += 4;
     }
@@ -737,14 +752,15 @@ impl Block for Q3K {
 struct K4 {
     q: [__m256i; 8],
     scv: [__m256i; 8],
-    mins: __m256i,
+    /// The eight minimums as i16 lanes.
+    mins: __m128i,
     d: f32,
     dmin: f32,
 }
 
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn k4_apply(w: &K4, y: *const u8, acc: &mut Acc) {
+unsafe fn k4_apply<const Q5: bool>(w: &K4, y: *const u8, acc: &mut Acc) {
     let mut sum = _mm256_setzero_si256();
     for c in 0..4 {
         let y0 = load(y.add(Y_QS + 64 * c));
@@ -753,11 +769,21 @@ unsafe fn k4_apply(w: &K4, y: *const u8, acc: &mut Acc) {
         let p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(w.q[2 * c + 1], y1), w.scv[2 * c + 1]);
         sum = _mm256_add_epi32(sum, _mm256_add_epi32(p0, p1));
     }
-    let pair_sums = _mm256_madd_epi16(bsums(y), _mm256_set1_epi16(1));
-    let summs = _mm256_mullo_epi32(pair_sums, w.mins);
+    // llama.cpp: q8s = hadd(bsums), prod = madd(mins, q8s); Q4_K accumulates prod in four
+    // lanes, Q5_K its total in a scalar (both by FMA with dmin = -y.d * x.dmin).
+    let b = bsums(y);
+    let q8s = _mm_hadd_epi16(_mm256_castsi256_si128(b), _mm256_extracti128_si256::<1>(b));
+    let prod = _mm_madd_epi16(w.mins, q8s);
     let yd = y_d(y);
-    fma_i32(acc, w.d * yd, sum);
-    fma_i32(acc, -w.dmin * yd, summs);
+    let dmin = -yd * w.dmin;
+    if Q5 {
+        let p = _mm_add_epi32(prod, _mm_unpackhi_epi64(prod, prod));
+        let p = _mm_add_epi32(p, _mm_shuffle_epi32::<0b01>(p));
+        acc.s = dmin.mul_add(_mm_cvtsi128_si32(p) as f32, acc.s);
+    } else {
+        acc.m = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(prod), acc.m);
+    }
+    fma_i32(acc, yd * w.d, sum);
 }
 
 /// Scales, mins and d/dmin of a Q4_K/Q5_K block (quants left zero).
@@ -769,7 +795,7 @@ unsafe fn k4_header(x: *const u8) -> K4 {
     K4 {
         q: [_mm256_setzero_si256(); 8],
         scv: sc.map(|v| _mm256_set1_epi16(v as i16)),
-        mins: _mm256_cvtepu8_epi32(_mm_loadl_epi64(mn.as_ptr() as *const __m128i)),
+        mins: _mm_cvtepu8_epi16(_mm_loadl_epi64(mn.as_ptr() as *const __m128i)),
         d,
         dmin,
     }
@@ -796,7 +822,14 @@ impl Block for Q4K {
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn apply(w: &K4, y: *const u8, acc: &mut Acc) {
-        k4_apply(w, y, acc)
+        k4_apply::<false>(w, y, acc)
+    }
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn finish(acc: &Acc) -> f32 {
+        let m = _mm_add_ps(acc.m, _mm_movehl_ps(acc.m, acc.m));
+        let m = _mm_add_ss(m, _mm_movehdup_ps(m));
+        hsum_f32(acc.v) + _mm_cvtss_f32(m)
     }
 }
 
@@ -831,7 +864,7 @@ impl Block for Q5K {
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn apply(w: &K4, y: *const u8, acc: &mut Acc) {
-        k4_apply(w, y, acc)
+        k4_apply::<true>(w, y, acc)
     }
 }
 

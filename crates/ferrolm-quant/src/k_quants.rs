@@ -599,6 +599,39 @@ fn grouped_dot(q: &[i8; QK_K], y: &[i8; QK_K], group: usize, scale: impl Fn(usiz
         .sum()
 }
 
+/// The eight i32 lanes llama.cpp's AVX2 K-quant kernels build for one super-block (as f32):
+/// the block is processed 32 elements per 256-bit register, so lane `l` sums, over the eight
+/// 32-element groups `g`, `scale(g, l) * sum(q * y)` of elements `32g + 4l .. 32g + 4l + 4`.
+#[inline(always)]
+fn k_lanes(q: &[i8; QK_K], y: &[i8; QK_K], scale: impl Fn(usize, usize) -> i32) -> [f32; 8] {
+    let mut lanes = [0i32; 8];
+    for g in 0..QK_K / 32 {
+        for (l, lane) in lanes.iter_mut().enumerate() {
+            let mut t = 0i32;
+            for k in 32 * g + 4 * l..32 * g + 4 * l + 4 {
+                t += q[k] as i32 * y[k] as i32;
+            }
+            *lane += scale(g, l) * t;
+        }
+    }
+    lanes.map(|v| v as f32)
+}
+
+/// Q4_K / Q5_K minimums against the activation's sums, as llama.cpp's AVX2 kernels pair them
+/// (`_mm_madd_epi16(mins, hadd(bsums))`): lane `k` of 4 is
+/// `min[2k] * ysum[2k] + min[2k + 1] * ysum[2k + 1]` with `ysum[j]` the sum of group `j`.
+#[inline(always)]
+fn mins_lanes(scales: &[u8; K_SCALE_SIZE], y: &BlockQ8K) -> [i32; 4] {
+    let mut prod = [0i32; 4];
+    for (k, p) in prod.iter_mut().enumerate() {
+        for j in [2 * k, 2 * k + 1] {
+            let ysum = y.bsum(2 * j) + y.bsum(2 * j + 1);
+            *p += scale_min_k4(j, scales).1 as i32 * ysum;
+        }
+    }
+    prod
+}
+
 pub(crate) fn dot_q2_k_q8_k(_n: usize, row: &[u8], act: &[u8]) -> f32 {
     let xs: &[BlockQ2K] = bytemuck::cast_slice(row);
     let ys: &[BlockQ8K] = bytemuck::cast_slice(act);
@@ -630,41 +663,58 @@ pub(crate) fn dot_q3_k_q8_k(_n: usize, row: &[u8], act: &[u8]) -> f32 {
 pub(crate) fn dot_q4_k_q8_k(_n: usize, row: &[u8], act: &[u8]) -> f32 {
     let xs: &[BlockQ4K] = bytemuck::cast_slice(row);
     let ys: &[BlockQ8K] = bytemuck::cast_slice(act);
-    let mut sumf = 0.0f32;
+    let mut acc = [0f32; 8];
+    let mut acc_m = [0f32; 4];
     for (x, y) in xs.iter().zip(ys) {
-        let q = q4k_values(x);
-        let isum = grouped_dot(&q, y.q(), 32, |g| scale_min_k4(g, &x.scales).0 as i32);
-        let summs: i32 = (0..16)
-            .map(|j| y.bsum(j) * scale_min_k4(j / 2, &x.scales).1 as i32)
-            .sum();
-        sumf += f16_to_f32(x.d) * y.d() * isum as f32 - f16_to_f32(x.dmin) * y.d() * summs as f32;
+        let yd = y.d();
+        let d = yd * f16_to_f32(x.d);
+        let dmin = -yd * f16_to_f32(x.dmin);
+        let prod = mins_lanes(&x.scales, y);
+        for k in 0..4 {
+            acc_m[k] = dmin.mul_add(prod[k] as f32, acc_m[k]);
+        }
+        let lanes = k_lanes(&q4k_values(x), y.q(), |g, _| {
+            scale_min_k4(g, &x.scales).0 as i32
+        });
+        crate::common::fma8(&mut acc, d, &lanes);
     }
-    sumf
+    crate::common::reduce8(&acc) + ((acc_m[0] + acc_m[2]) + (acc_m[1] + acc_m[3]))
 }
 
 pub(crate) fn dot_q5_k_q8_k(_n: usize, row: &[u8], act: &[u8]) -> f32 {
     let xs: &[BlockQ5K] = bytemuck::cast_slice(row);
     let ys: &[BlockQ8K] = bytemuck::cast_slice(act);
-    let mut sumf = 0.0f32;
+    let mut acc = [0f32; 8];
+    let mut summs = 0f32;
     for (x, y) in xs.iter().zip(ys) {
-        let q = q5k_values(x);
-        let isum = grouped_dot(&q, y.q(), 32, |g| scale_min_k4(g, &x.scales).0 as i32);
-        let summs: i32 = (0..16)
-            .map(|j| y.bsum(j) * scale_min_k4(j / 2, &x.scales).1 as i32)
-            .sum();
-        sumf += f16_to_f32(x.d) * y.d() * isum as f32 - f16_to_f32(x.dmin) * y.d() * summs as f32;
+        let yd = y.d();
+        let d = yd * f16_to_f32(x.d);
+        let dmin = -yd * f16_to_f32(x.dmin);
+        let prod: i32 = mins_lanes(&x.scales, y).iter().sum();
+        summs = dmin.mul_add(prod as f32, summs); // gcc fused this one
+        let lanes = k_lanes(&q5k_values(x), y.q(), |g, _| {
+            scale_min_k4(g, &x.scales).0 as i32
+        });
+        crate::common::fma8(&mut acc, d, &lanes);
     }
-    sumf
+    crate::common::reduce8(&acc) + summs
 }
 
 pub(crate) fn dot_q6_k_q8_k(_n: usize, row: &[u8], act: &[u8]) -> f32 {
     let xs: &[BlockQ6K] = bytemuck::cast_slice(row);
     let ys: &[BlockQ8K] = bytemuck::cast_slice(act);
-    let mut sumf = 0.0f32;
+    let mut acc = [0f32; 8];
     for (x, y) in xs.iter().zip(ys) {
-        let q = q6k_values(x);
-        let isum = grouped_dot(&q, y.q(), 16, |g| x.scales[g] as i8 as i32);
-        sumf += f16_to_f32(x.d) * y.d() * isum as f32;
+        let d = y.d() * f16_to_f32(x.d);
+        // unsigned quants (0..=63); the 32 offset comes off per lane below
+        let u = q6k_values(x).map(|q| q + 32);
+        let sc = |j: usize| x.scales[j] as i8 as i32;
+        let lanes = k_lanes(&u, y.q(), |g, l| sc(2 * g + l / 4));
+        let mut lanes = lanes.map(|v| v as i32);
+        for (l, v) in lanes.iter_mut().enumerate() {
+            *v -= 32 * (y.bsum(2 * l) * sc(2 * l) + y.bsum(2 * l + 1) * sc(2 * l + 1));
+        }
+        crate::common::fma8(&mut acc, d, &lanes.map(|v| v as f32));
     }
-    sumf
+    crate::common::reduce8(&acc)
 }
