@@ -698,8 +698,9 @@ impl Block for Q2K {
         let summs = scales_dot_bsums(mins, y);
         let yd = y_d(y);
         let (d, dmin) = f16_pair(x.add(80));
-        fma_i32(acc, yd * d, sum);
+        // llama.cpp adds the minimums first
         fma_i32(acc, -yd * dmin, summs);
+        fma_i32(acc, yd * d, sum);
     }
 }
 
@@ -733,15 +734,17 @@ impl Block for Q3K {
                     _mm256_srl_epi16(hm, _mm_cvtsi32_si128((4 * chunk + j) as i32)),
                     _mm256_set1_epi8(1),
                 );
-                let u = _mm256_or_si256(low2(q, 2 * j as i32), _mm256_slli_epi16(hbit, 2));
+                // as llama.cpp: low bits times y, minus 4 * y where the high bit is clear
+                let hsub = _mm256_slli_epi16(_mm256_xor_si256(hbit, _mm256_set1_epi8(1)), 2);
                 let yv = load(y.add(Y_QS + 128 * chunk + 32 * j));
-                let s = _mm256_madd_epi16(_mm256_maddubs_epi16(u, yv), scv[is / 2]);
+                let p16 = _mm256_sub_epi16(
+                    _mm256_maddubs_epi16(low2(q, 2 * j as i32), yv),
+                    _mm256_maddubs_epi16(hsub, yv),
+                );
+                let s = _mm256_madd_epi16(p16, scv[is / 2]);
                 sum = _mm256_add_epi32(sum, s);
             }
         }
-        // The quants are u - 4: take 4 * sum(scale * bsum) off, exactly.
-        let sc16 = _mm256_cvtepi8_epi16(sc);
-        sum = _mm256_sub_epi32(sum, _mm256_slli_epi32(scales_dot_bsums(sc16, y), 2));
         fma_i32(acc, f16_at(x.add(108)) * y_d(y), sum);
     }
 }

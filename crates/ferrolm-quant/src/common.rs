@@ -39,12 +39,6 @@ pub(crate) fn e8m0_to_f32_half(e: u8) -> f32 {
     f32::from_bits(bits)
 }
 
-/// Sum of `a[i] * b[i]` over i8 values, as ggml's scalar kernels compute it.
-#[inline(always)]
-pub(crate) fn dot_i8(a: &[i8], b: &[i8]) -> i32 {
-    a.iter().zip(b).map(|(&x, &y)| x as i32 * y as i32).sum()
-}
-
 /// ggml's `hsum_float_8` (and llamafile's `hsum(__m256)`): the high half added to the low
 /// half, then `(r0 + r2) + (r1 + r3)`.
 #[inline(always)]

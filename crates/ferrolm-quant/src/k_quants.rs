@@ -589,16 +589,6 @@ pub(crate) fn quantize_q8_k(src: &[f32], dst: &mut [u8]) {
 // ---------------------------------------------------------------------------------------------
 // Scalar dot products against Q8_K
 
-/// Sum over groups of `group` elements of `scale[g] * sum(q * y)`.
-#[inline(always)]
-fn grouped_dot(q: &[i8; QK_K], y: &[i8; QK_K], group: usize, scale: impl Fn(usize) -> i32) -> i32 {
-    q.chunks_exact(group)
-        .zip(y.chunks_exact(group))
-        .enumerate()
-        .map(|(g, (q, y))| scale(g) * crate::common::dot_i8(q, y))
-        .sum()
-}
-
 /// The eight i32 lanes llama.cpp's AVX2 K-quant kernels build for one super-block (as f32):
 /// the block is processed 32 elements per 256-bit register, so lane `l` sums, over the eight
 /// 32-element groups `g`, `scale(g, l) * sum(q * y)` of elements `32g + 4l .. 32g + 4l + 4`.
@@ -635,29 +625,37 @@ fn mins_lanes(scales: &[u8; K_SCALE_SIZE], y: &BlockQ8K) -> [i32; 4] {
 pub(crate) fn dot_q2_k_q8_k(_n: usize, row: &[u8], act: &[u8]) -> f32 {
     let xs: &[BlockQ2K] = bytemuck::cast_slice(row);
     let ys: &[BlockQ8K] = bytemuck::cast_slice(act);
-    let mut sumf = 0.0f32;
+    let mut acc = [0f32; 8];
     for (x, y) in xs.iter().zip(ys) {
-        let q = q2k_values(x);
-        let isum = grouped_dot(&q, y.q(), 16, |g| (x.scales[g] & 0x0f) as i32);
-        let summs: i32 = (0..16).map(|j| y.bsum(j) * (x.scales[j] >> 4) as i32).sum();
-        let dall = y.d() * f16_to_f32(x.d);
-        let dmin = y.d() * f16_to_f32(x.dmin);
-        sumf += dall * isum as f32 - dmin * summs as f32;
+        let yd = y.d();
+        let d = yd * f16_to_f32(x.d);
+        let dmin = -yd * f16_to_f32(x.dmin);
+        // minimums first: lane l = min[2l] * bsum[2l] + min[2l + 1] * bsum[2l + 1]
+        let mut prod = [0f32; 8];
+        for (l, p) in prod.iter_mut().enumerate() {
+            *p = (y.bsum(2 * l) * (x.scales[2 * l] >> 4) as i32
+                + y.bsum(2 * l + 1) * (x.scales[2 * l + 1] >> 4) as i32) as f32;
+        }
+        crate::common::fma8(&mut acc, dmin, &prod);
+        let lanes = k_lanes(&q2k_values(x), y.q(), |g, l| {
+            (x.scales[2 * g + l / 4] & 0x0f) as i32
+        });
+        crate::common::fma8(&mut acc, d, &lanes);
     }
-    sumf
+    crate::common::reduce8(&acc)
 }
 
 pub(crate) fn dot_q3_k_q8_k(_n: usize, row: &[u8], act: &[u8]) -> f32 {
     let xs: &[BlockQ3K] = bytemuck::cast_slice(row);
     let ys: &[BlockQ8K] = bytemuck::cast_slice(act);
-    let mut sumf = 0.0f32;
+    let mut acc = [0f32; 8];
     for (x, y) in xs.iter().zip(ys) {
-        let q = q3k_values(x);
+        let d = y.d() * f16_to_f32(x.d);
         let sc = q3k_scales(&x.scales);
-        let isum = grouped_dot(&q, y.q(), 16, |g| sc[g] as i32);
-        sumf += f16_to_f32(x.d) * y.d() * isum as f32;
+        let lanes = k_lanes(&q3k_values(x), y.q(), |g, l| sc[2 * g + l / 4] as i32);
+        crate::common::fma8(&mut acc, d, &lanes);
     }
-    sumf
+    crate::common::reduce8(&acc)
 }
 
 pub(crate) fn dot_q4_k_q8_k(_n: usize, row: &[u8], act: &[u8]) -> f32 {
