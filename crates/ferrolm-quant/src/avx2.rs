@@ -196,7 +196,7 @@ unsafe fn multi_blocks<B: Block>(
                 }
             }
             for (k, acc) in acc.iter().enumerate() {
-                out[(c0 + k) * n_rows + i] = B::finish(&acc);
+                out[(c0 + k) * n_rows + i] = B::finish(acc);
             }
             c0 += C;
         }
