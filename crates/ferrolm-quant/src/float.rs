@@ -174,9 +174,11 @@ fn tinyblas_body(
     }
 }
 
+/// [`tinyblas_body`] with AVX2+FMA: the 16-lane accumulator as two 8-lane halves, four
+/// columns at a time for independent dependency chains.
 #[cfg(target_arch = "x86_64")]
 #[allow(unsafe_code, clippy::too_many_arguments)]
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn tinyblas_fma(
     kind: FloatKind,
     n: usize,
@@ -188,9 +190,78 @@ unsafe fn tinyblas_fma(
     n_cols: usize,
     out: &mut [f32],
 ) {
-    tinyblas_body(
-        kind, n, rows, row_stride, n_rows, acts, act_stride, n_cols, out,
-    )
+    use std::arch::x86_64::*;
+    let rb = n * kind.elem();
+    let hsum8 = |v: __m256| {
+        let s = _mm_add_ps(_mm256_extractf128_ps::<1>(v), _mm256_castps256_ps128(v));
+        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+        let s = _mm_add_ss(s, _mm_movehdup_ps(s));
+        _mm_cvtss_f32(s)
+    };
+    if kind == FloatKind::Bf16 {
+        // raw bf16: per 32-bit lane, the odd element is the high half, the even the low
+        let hi = _mm256_set1_epi32(0xffff_0000u32 as i32);
+        let odd = |v: __m256i| _mm256_castsi256_ps(_mm256_and_si256(v, hi));
+        let even = |v: __m256i| _mm256_castsi256_ps(_mm256_slli_epi32::<16>(v));
+        for i in 0..n_rows {
+            let a = rows[i * row_stride..i * row_stride + rb].as_ptr();
+            for c in 0..n_cols {
+                let b = acts[c * act_stride..c * act_stride + rb].as_ptr();
+                let (mut lo, mut up) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+                for k in (0..n).step_by(32) {
+                    let ld = |p: *const u8, o: usize| {
+                        _mm256_loadu_si256(p.add(2 * (k + o)) as *const __m256i)
+                    };
+                    let (a0, b0, a1, b1) = (ld(a, 0), ld(b, 0), ld(a, 16), ld(b, 16));
+                    lo = _mm256_fmadd_ps(odd(a0), odd(b0), lo);
+                    lo = _mm256_fmadd_ps(even(a0), even(b0), lo);
+                    up = _mm256_fmadd_ps(odd(a1), odd(b1), up);
+                    up = _mm256_fmadd_ps(even(a1), even(b1), up);
+                }
+                out[c * n_rows + i] = hsum8(_mm256_add_ps(up, lo));
+            }
+        }
+        return;
+    }
+    // f16 -> f32 with F16C (exact, like `_mm512_cvtph_ps`); n is a multiple of 16
+    let widen = |src: &[u8], dst: &mut [f32]| {
+        if kind == FloatKind::F16 {
+            for (k, d) in dst.chunks_exact_mut(8).enumerate() {
+                let h = _mm_loadu_si128(src.as_ptr().add(16 * k) as *const __m128i);
+                _mm256_storeu_ps(d.as_mut_ptr(), _mm256_cvtph_ps(h));
+            }
+        } else {
+            kind.widen(src, dst);
+        }
+    };
+    let mut cols = vec![0f32; n * n_cols];
+    for (c, col) in cols.chunks_exact_mut(n).enumerate() {
+        widen(&acts[c * act_stride..c * act_stride + rb], col);
+    }
+    let mut row = vec![0f32; n];
+    for i in 0..n_rows {
+        widen(&rows[i * row_stride..i * row_stride + rb], &mut row);
+        let a = row.as_ptr();
+        let mut c = 0;
+        while c < n_cols {
+            let g = (n_cols - c).min(4);
+            let mut lo = [_mm256_setzero_ps(); 4];
+            let mut up = [_mm256_setzero_ps(); 4];
+            let bp: [*const f32; 4] =
+                std::array::from_fn(|j| cols[(c + j.min(g - 1)) * n..].as_ptr());
+            for k in (0..n).step_by(16) {
+                let (a0, a1) = (_mm256_loadu_ps(a.add(k)), _mm256_loadu_ps(a.add(k + 8)));
+                for j in 0..4 {
+                    lo[j] = _mm256_fmadd_ps(a0, _mm256_loadu_ps(bp[j].add(k)), lo[j]);
+                    up[j] = _mm256_fmadd_ps(a1, _mm256_loadu_ps(bp[j].add(k + 8)), up[j]);
+                }
+            }
+            for j in 0..g {
+                out[(c + j) * n_rows + i] = hsum8(_mm256_add_ps(up[j], lo[j]));
+            }
+            c += g;
+        }
+    }
 }
 
 /// The per-element arithmetic of llamafile_sgemm's tinyBLAS (lengths checked by the caller;
@@ -211,8 +282,9 @@ pub(crate) fn tinyblas(
     if crate::kernel::simd_enabled()
         && std::arch::is_x86_feature_detected!("avx2")
         && std::arch::is_x86_feature_detected!("fma")
+        && std::arch::is_x86_feature_detected!("f16c")
     {
-        // SAFETY: avx2 and fma were detected just above.
+        // SAFETY: avx2, fma and f16c were detected just above.
         #[allow(unsafe_code)]
         unsafe {
             tinyblas_fma(
