@@ -6,8 +6,10 @@
 //! The drivers check all lengths in safe code; the `unsafe` inside only reads within them.
 //!
 //! Integer parts are exact (no 16-bit saturation: weight quants are at most 8 bits and
-//! activations are in -127..=127, so every `maddubs` pair sum stays below 2^15); float
-//! accumulation order differs from the scalar reference, within rounding.
+//! activations are in -127..=127, so every `maddubs` pair sum stays below 2^15); the float
+//! accumulation is llama.cpp's AVX2 one (8 lanes of 4-product sums, FMA by the block scale,
+//! `hsum_float_8`), so every kernel here gives the same bits as the scalar reference and as
+//! llama.cpp (tests/ggml_oracle.rs).
 
 use std::arch::x86_64::*;
 

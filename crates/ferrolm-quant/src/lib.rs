@@ -8,6 +8,17 @@
 //! * [`dot_kernel`] picks, once per process, the fastest dot product of a weight row with an
 //!   activation vector quantized to [`vec_dot_type`]; [`dot_kernel_scalar`] is the reference
 //!   every SIMD kernel is tested against.
+//! * [`ggml_vec`]: swiglu, silu, soft_max, f16 dot and f32->f16 rows as llama.cpp computes them.
+//!
+//! Bit-exactness with llama.cpp: [`quantize_activation`], every [`DotKernel`] (scalar and
+//! AVX2) and [`ggml_vec`] give the same f32 bits as llama.cpp's CPU backend built for an
+//! AVX512 x86-64 CPU (GGML_NATIVE, gcc 12): the scalar code emulates its SIMD lane structure
+//! with `f32::mul_add`, so this holds on any CPU (the aarch64 NEON kernels are not yet ported
+//! to that structure). `tests/ggml_oracle.rs` checks it against goldens made by
+//! `scripts/ggml_oracle.py` with llama.cpp's own compiled functions. Not mirrored: llama.cpp's
+//! CPU_REPACK kernels (by default it repacks Q4_0, Q4_K, IQ4_NL, MXFP4 and, with AVX512, Q2_K
+//! weights with a row count divisible by 8, and then uses `ggml_gemv/gemm_*` for every batch
+//! size) and its tiled K-quant matmul (Q2_K..Q6_K, batches of >= 8 columns).
 #![deny(missing_docs)]
 // `unsafe` lives only in the SIMD modules (`avx2`, `neon`), around the intrinsics.
 #![deny(unsafe_code)]
