@@ -16,14 +16,25 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .set("f", Value::F32(0.5))
         .set("b", Value::Bool(true))
         .set("i64", Value::I64(-5))
-        .set("toks", Value::Array(Array::String(vec!["a".into(), "<0x0A>".into()])))
+        .set(
+            "toks",
+            Value::Array(Array::String(vec!["a".into(), "<0x0A>".into()])),
+        )
         .set("scores", Value::Array(Array::F32(vec![0.0, -1.0])))
-        .set("nested", Value::Array(Array::Array(vec![Array::U8(vec![1]), Array::U8(vec![])])));
+        .set(
+            "nested",
+            Value::Array(Array::Array(vec![Array::U8(vec![1]), Array::U8(vec![])])),
+        );
     std::fs::write(out.join("metadata.gguf"), w.to_bytes())?;
 
-    for (i, ty) in [TensorType::F32, TensorType::Q4_0, TensorType::Q4_K, TensorType::MXFP4]
-        .into_iter()
-        .enumerate()
+    for (i, ty) in [
+        TensorType::F32,
+        TensorType::Q4_0,
+        TensorType::Q4_K,
+        TensorType::MXFP4,
+    ]
+    .into_iter()
+    .enumerate()
     {
         let n = ty.block_size() as u64 * 2;
         let bytes = ty.bytes_for(n * 2).expect("small") as usize;
@@ -39,8 +50,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // The first 4 KiB of real files: real key layouts, cut inside the vocabulary.
     for model in args {
         let bytes = std::fs::read(&model)?;
-        let name = std::path::Path::new(&model).file_stem().unwrap_or_default().to_string_lossy();
-        std::fs::write(out.join(format!("{name}.head")), &bytes[..bytes.len().min(4096)])?;
+        let name = std::path::Path::new(&model)
+            .file_stem()
+            .unwrap_or_default()
+            .to_string_lossy();
+        std::fs::write(
+            out.join(format!("{name}.head")),
+            &bytes[..bytes.len().min(4096)],
+        )?;
     }
     Ok(())
 }

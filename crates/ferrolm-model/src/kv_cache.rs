@@ -4,8 +4,12 @@ use half::f16;
 
 use crate::plan::ModelPlan;
 
-/// Keys and values of one layer: keys position-major (`[n_ctx][kv_dim]`), values transposed
-/// (`[kv_dim][n_ctx]`) so that both attention products are dot products over contiguous f16.
+/// Storage is allocated in multiples of this many positions, the padding llama.cpp gives the
+/// attended length (see `cpu::attention`).
+pub(crate) const KV_PAD: usize = 256;
+
+/// Keys and values of one layer: keys position-major (`[cap][kv_dim]`), values transposed
+/// (`[kv_dim][cap]`) so that both attention products are dot products over contiguous f16.
 pub(crate) struct LayerCache {
     pub k: Vec<f16>,
     pub v_t: Vec<f16>,
@@ -16,24 +20,27 @@ pub(crate) struct LayerCache {
 pub struct KvCache {
     pub(crate) layers: Vec<LayerCache>,
     n_ctx: usize,
+    /// Positions allocated: `n_ctx` rounded up to [`KV_PAD`].
+    pub(crate) cap: usize,
 }
 
 impl KvCache {
     /// An empty cache for `n_ctx` positions of the model described by `plan`.
     pub fn new(plan: &ModelPlan, n_ctx: usize) -> KvCache {
+        let cap = n_ctx.next_multiple_of(KV_PAD);
         let layers = plan
             .layers
             .iter()
             .map(|l| {
                 let kv_dim = l.attention.n_head_kv * l.attention.head_dim;
                 LayerCache {
-                    k: vec![f16::ZERO; n_ctx * kv_dim],
-                    v_t: vec![f16::ZERO; n_ctx * kv_dim],
+                    k: vec![f16::ZERO; cap * kv_dim],
+                    v_t: vec![f16::ZERO; cap * kv_dim],
                     kv_dim,
                 }
             })
             .collect();
-        KvCache { layers, n_ctx }
+        KvCache { layers, n_ctx, cap }
     }
 
     /// Positions the cache holds.
@@ -51,14 +58,12 @@ impl KvCache {
 }
 
 impl LayerCache {
-    /// Stores the keys and values of position `pos`.
-    pub fn store(&mut self, pos: usize, n_ctx: usize, k: &[f32], v: &[f32]) {
+    /// Stores the keys and values of position `pos` (rounded to f16 as ggml's copy does).
+    pub fn store(&mut self, pos: usize, cap: usize, k: &[f32], v: &[f32]) {
         let kd = self.kv_dim;
-        for (dst, &src) in self.k[pos * kd..(pos + 1) * kd].iter_mut().zip(k) {
-            *dst = f16::from_f32(src);
-        }
+        ferrolm_quant::ggml_vec::f32_to_f16_row(k, &mut self.k[pos * kd..(pos + 1) * kd]);
         for (d, &src) in v.iter().enumerate() {
-            self.v_t[d * n_ctx + pos] = f16::from_f32(src);
+            self.v_t[d * cap + pos] = f16::from_f32(src);
         }
     }
 }

@@ -1,60 +1,118 @@
-//! Causal grouped-query attention of a batch of tokens over the cache.
+//! Causal grouped-query attention of a batch of tokens over the cache, computed as llama.cpp's
+//! non-flash path computes it, so that the results are bit-identical:
+//!
+//! * the scores `K q` over `n_kv` positions, where `n_kv` is the used length rounded up to 256
+//!   (llama.cpp pads it so that its graphs stay the same across batches); `q` rounded to f16;
+//!   one token: `ggml_vec_dot_f16` per position; a batch: llamafile's tinyBLAS (the F16
+//!   kernel's `dot_rows_multi`);
+//! * `scale`, the causal mask (-inf), `ggml_vec_soft_max_f32`, times `1 / sum` rounded to f32;
+//! * the probabilities rounded to f16 and multiplied with the transposed values, again by
+//!   `ggml_vec_dot_f16` for one token and tinyBLAS for a batch.
+//!
+//! Positions past the used length hold zeros (or stale values after a rewind) and get
+//! probability 0, so they add nothing; they only keep the summation order llama.cpp's.
 
+use ferrolm_gguf::TensorType;
+use ferrolm_quant::ggml_vec;
 use half::f16;
 use rayon::prelude::*;
 
-use crate::kv_cache::LayerCache;
+use crate::kv_cache::{LayerCache, KV_PAD};
 use crate::plan::Attention;
 
-/// `out[t][h]` = softmax(q_t,h . K^T * scale) V over positions `0..=pos0 + t`, with `q` and the
-/// probabilities rounded to f16 as llama.cpp's f16 cache products do.
+/// `out[t][h]` for each token `t` of the batch (at position `pos0 + t`) and query head `h`.
 pub fn attend(
     a: &Attention,
     cache: &LayerCache,
-    n_ctx: usize,
+    cap: usize,
     q: &[f32],
     pos0: usize,
     n_tok: usize,
     out: &mut [f32],
 ) {
-    debug_assert_eq!(out.len(), n_tok * a.n_head * a.head_dim);
     let hd = a.head_dim;
+    let q_dim = a.n_head * hd;
+    debug_assert_eq!(out.len(), n_tok * q_dim);
     let group = a.n_head / a.n_head_kv;
     let kv_dim = cache.kv_dim;
-    let f16_dot = ferrolm_quant::dot_kernel(ferrolm_gguf::TensorType::F16).expect("F16 kernel");
+    let n_kv = (pos0 + n_tok).next_multiple_of(KV_PAD).min(cap);
+    let f16_kernel = ferrolm_quant::dot_kernel(TensorType::F16).expect("F16 kernel");
     let k_bytes: &[u8] = bytemuck::cast_slice(&cache.k);
     let v_bytes: &[u8] = bytemuck::cast_slice(&cache.v_t);
-    out.par_chunks_mut(hd).enumerate().for_each_init(
-        || (vec![f16::ZERO; hd], Vec::<f32>::new(), Vec::<f16>::new()),
-        |(q16, scores, probs16), (idx, out_h)| {
-            let (t, h) = (idx / a.n_head, idx % a.n_head);
+
+    // One task per head: its scores, probabilities and output for every token of the batch.
+    let per_head: Vec<Vec<f32>> = (0..a.n_head)
+        .into_par_iter()
+        .map(|h| {
             let kvh = h / group;
-            let n_kv = pos0 + t + 1;
-            for (d, &s) in q16.iter_mut().zip(&q[idx * hd..(idx + 1) * hd]) {
-                *d = f16::from_f32(s);
+            let mut q16 = vec![f16::ZERO; n_tok * hd];
+            let mut q_head = vec![0f32; hd];
+            for t in 0..n_tok {
+                q_head.copy_from_slice(&q[t * q_dim + h * hd..t * q_dim + (h + 1) * hd]);
+                ggml_vec::f32_to_f16_row(&q_head, &mut q16[t * hd..(t + 1) * hd]);
             }
-            let q_bytes: &[u8] = bytemuck::cast_slice(q16);
-            scores.clear();
-            let mut max = f32::NEG_INFINITY;
-            for j in 0..n_kv {
-                let k = &k_bytes[(j * kv_dim + kvh * hd) * 2..(j * kv_dim + (kvh + 1) * hd) * 2];
-                let s = f16_dot.dot(hd, k, q_bytes) * a.scale;
-                max = max.max(s);
-                scores.push(s);
+            let q_bytes: &[u8] = bytemuck::cast_slice(&q16);
+            // Keys of this head: row j at j * kv_dim + kvh * hd.
+            let k_rows = &k_bytes[kvh * hd * 2..];
+            let mut scores = vec![0f32; n_tok * n_kv];
+            if n_tok == 1 {
+                f16_kernel.dot_rows(hd, k_rows, kv_dim * 2, q_bytes, &mut scores);
+            } else {
+                f16_kernel.dot_rows_multi(
+                    hd,
+                    k_rows,
+                    kv_dim * 2,
+                    n_kv,
+                    q_bytes,
+                    hd * 2,
+                    n_tok,
+                    &mut scores,
+                );
             }
-            let mut sum = 0f64;
-            for s in scores.iter_mut() {
-                *s = (*s - max).exp();
-                sum += f64::from(*s);
+            let mut probs = vec![0f32; n_kv];
+            let mut p16 = vec![f16::ZERO; n_tok * n_kv];
+            for t in 0..n_tok {
+                let row = &mut scores[t * n_kv..(t + 1) * n_kv];
+                let last = pos0 + t;
+                let mut max = f32::NEG_INFINITY;
+                for (j, s) in row.iter_mut().enumerate() {
+                    *s = if j <= last {
+                        *s * a.scale
+                    } else {
+                        f32::NEG_INFINITY
+                    };
+                    max = max.max(*s);
+                }
+                let sum = ggml_vec::soft_max(row, &mut probs, max);
+                let inv = (1.0 / sum) as f32;
+                probs.iter_mut().for_each(|p| *p *= inv);
+                ggml_vec::f32_to_f16_row(&probs, &mut p16[t * n_kv..(t + 1) * n_kv]);
             }
-            let inv = (1.0 / sum) as f32;
-            probs16.clear();
-            probs16.extend(scores.iter().map(|&s| f16::from_f32(s * inv)));
-            let p_bytes: &[u8] = bytemuck::cast_slice(probs16);
-            for (d, o) in out_h.iter_mut().enumerate() {
-                let row = (kvh * hd + d) * n_ctx;
-                *o = f16_dot.dot(n_kv, &v_bytes[row * 2..(row + n_kv) * 2], p_bytes);
+            let p_bytes: &[u8] = bytemuck::cast_slice(&p16);
+            // Transposed values of this head: row d at (kvh * hd + d) * cap.
+            let v_rows = &v_bytes[kvh * hd * cap * 2..];
+            let mut o = vec![0f32; n_tok * hd];
+            if n_tok == 1 {
+                f16_kernel.dot_rows(n_kv, v_rows, cap * 2, p_bytes, &mut o);
+            } else {
+                f16_kernel.dot_rows_multi(
+                    n_kv,
+                    v_rows,
+                    cap * 2,
+                    hd,
+                    p_bytes,
+                    n_kv * 2,
+                    n_tok,
+                    &mut o,
+                );
             }
-        },
-    );
+            o
+        })
+        .collect();
+    for (h, o) in per_head.iter().enumerate() {
+        for t in 0..n_tok {
+            out[t * q_dim + h * hd..t * q_dim + (h + 1) * hd]
+                .copy_from_slice(&o[t * hd..(t + 1) * hd]);
+        }
+    }
 }

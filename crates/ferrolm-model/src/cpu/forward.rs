@@ -5,7 +5,7 @@ use rayon::prelude::*;
 
 use super::attention::attend;
 use super::matmul::{matmul, SharedInput};
-use super::ops::{rms_norm, rms_norm_in_place, silu, RopeAngles};
+use super::ops::{rms_norm, rms_norm_in_place, RopeAngles};
 use crate::kv_cache::KvCache;
 use crate::plan::{Activation, Ffn};
 use crate::Model;
@@ -19,6 +19,25 @@ pub enum Logits {
     Last,
     /// Every position's, `n_tok x n_vocab`.
     All,
+}
+
+/// Where `FERROLM_DUMP` asks intermediate tensors to be written (a developer's tool for
+/// comparing with llama.cpp's eval callback, tensor by tensor, under llama.cpp's names).
+fn dump_dir() -> Option<&'static std::path::Path> {
+    static DIR: std::sync::OnceLock<Option<std::path::PathBuf>> = std::sync::OnceLock::new();
+    DIR.get_or_init(|| std::env::var_os("FERROLM_DUMP").map(Into::into))
+        .as_deref()
+}
+
+fn dump(name: &str, layer: Option<usize>, data: &[f32]) {
+    if let Some(dir) = dump_dir() {
+        let name = match layer {
+            Some(l) => format!("{name}-{l}"),
+            None => name.to_string(),
+        };
+        let bytes: Vec<u8> = data.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let _ = std::fs::write(dir.join(format!("{name}.f32")), bytes);
+    }
 }
 
 /// Reused buffers of one sequence.
@@ -40,7 +59,7 @@ pub(crate) fn forward(
     let file = model.file.file_bytes();
     let d = plan.n_embd;
     let n = ids.len();
-    let n_ctx = cache.n_ctx();
+    let cap = cache.cap;
 
     // Embedding rows.
     let mut x = vec![0f32; n * d];
@@ -64,6 +83,7 @@ pub(crate) fn forward(
         h.par_chunks_mut(d)
             .zip(x.par_chunks(d))
             .for_each(|(o, xi)| rms_norm(xi, &lw.attn_norm, plan.norm_eps, o));
+        dump("attn_norm", Some(l), &h);
         scratch.input.reset();
         let mut q = vec![0f32; n * q_dim];
         let mut k = vec![0f32; n * kv_dim];
@@ -98,17 +118,21 @@ pub(crate) fn forward(
                 kt.chunks_mut(hd)
                     .for_each(|head| angles.apply(a.rope.layout, head));
             });
+        dump("Qcur", Some(l), &q);
+        dump("Kcur", Some(l), &k);
+        dump("Vcur", Some(l), &v);
         let lc = &mut cache.layers[l];
         for t in 0..n {
             lc.store(
                 pos0 + t,
-                n_ctx,
+                cap,
                 &k[t * kv_dim..(t + 1) * kv_dim],
                 &v[t * kv_dim..(t + 1) * kv_dim],
             );
         }
         let mut attn = vec![0f32; n * q_dim];
-        attend(a, lc, n_ctx, &q, pos0, n, &mut attn);
+        attend(a, lc, cap, &q, pos0, n, &mut attn);
+        dump("kqv_out", Some(l), &attn);
         scratch.input.reset();
         let mut o = vec![0f32; n * d];
         matmul(
@@ -118,12 +142,14 @@ pub(crate) fn forward(
             &mut o,
         );
         x.par_iter_mut().zip(&o).for_each(|(x, o)| *x += o);
+        dump("ffn_inp", Some(l), &x);
 
         // Feed-forward block.
         let Ffn::Gated { n_ff, activation } = lp.ffn;
         h.par_chunks_mut(d)
             .zip(x.par_chunks(d))
             .for_each(|(o, xi)| rms_norm(xi, &lw.ffn_norm, plan.norm_eps, o));
+        dump("ffn_norm", Some(l), &h);
         scratch.input.reset();
         let mut g = vec![0f32; n * n_ff];
         let mut u = vec![0f32; n * n_ff];
@@ -134,11 +160,16 @@ pub(crate) fn forward(
             &mut g,
         );
         matmul(&lw.up, file, scratch.input.get(&h, n, d, lw.up.ty), &mut u);
-        g.par_iter_mut().zip(&u).for_each(|(g, u)| {
-            *g = match activation {
-                Activation::Silu => silu(*g) * u,
+        match activation {
+            Activation::Silu => {
+                let mut gated = vec![0f32; n * n_ff];
+                gated
+                    .par_chunks_mut(n_ff)
+                    .zip(g.par_chunks(n_ff).zip(u.par_chunks(n_ff)))
+                    .for_each(|(o, (g, u))| ferrolm_quant::ggml_vec::swiglu(g, u, o));
+                g = gated;
             }
-        });
+        }
         scratch.input.reset();
         matmul(
             &lw.down,
@@ -146,7 +177,9 @@ pub(crate) fn forward(
             scratch.input.get(&g, n, n_ff, lw.down.ty),
             &mut o,
         );
+        dump("ffn_out", Some(l), &o);
         x.par_iter_mut().zip(&o).for_each(|(x, o)| *x += o);
+        dump("l_out", Some(l), &x);
     }
 
     let rows: Vec<usize> = match want {

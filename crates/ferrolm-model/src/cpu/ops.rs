@@ -23,12 +23,6 @@ pub fn rms_norm_in_place(x: &mut [f32], w: &[f32], eps: f32) {
     }
 }
 
-/// `x * sigmoid(x)`.
-#[inline]
-pub fn silu(x: f32) -> f32 {
-    x / (1.0 + (-x).exp())
-}
-
 /// The cosines and sines of one position, for the pairs RoPE rotates.
 pub struct RopeAngles {
     cos_sin: Vec<(f32, f32)>,
@@ -57,20 +51,26 @@ impl RopeAngles {
             RopeLayout::Normal => {
                 for (i, &(c, s)) in self.cos_sin.iter().enumerate() {
                     let (x0, x1) = (head[2 * i], head[2 * i + 1]);
-                    head[2 * i] = x0 * c - x1 * s;
-                    head[2 * i + 1] = x0 * s + x1 * c;
+                    (head[2 * i], head[2 * i + 1]) = rotate(x0, x1, c, s);
                 }
             }
             RopeLayout::Neox => {
                 let half = self.cos_sin.len();
                 for (i, &(c, s)) in self.cos_sin.iter().enumerate() {
                     let (x0, x1) = (head[i], head[i + half]);
-                    head[i] = x0 * c - x1 * s;
-                    head[i + half] = x0 * s + x1 * c;
+                    (head[i], head[i + half]) = rotate(x0, x1, c, s);
                 }
             }
         }
     }
+}
+
+/// One rotation, rounded as llama.cpp's build computes `x0*c - x1*s` and `x0*s + x1*c`: gcc
+/// contracts the first product of each into a fused multiply-add (checked bit for bit against
+/// llama.cpp's Qcur/Kcur tensors).
+#[inline]
+fn rotate(x0: f32, x1: f32, c: f32, s: f32) -> (f32, f32) {
+    (x0.mul_add(c, -(x1 * s)), x0.mul_add(s, x1 * c))
 }
 
 #[cfg(test)]

@@ -1,0 +1,152 @@
+//! Parity with llama.cpp on real models (DESIGN.md principle 3): every position's distribution
+//! compared by KL divergence and top-1 agreement, and greedy continuations token by token,
+//! against golden data made by `scripts/parity_golden.py`.
+
+use std::path::PathBuf;
+
+use ferrolm_model::{Logits, Model};
+
+/// The model cache, as `ferrolm pull` fills it.
+fn model_path(file: &str) -> PathBuf {
+    let home = std::env::var_os("FERROLM_HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var_os("HOME").expect("HOME")).join(".cache/ferrolm")
+        });
+    let path = home.join("models").join(file);
+    assert!(
+        path.exists(),
+        "{} is missing: run `cargo run --release -p ferrolm -- pull all` (scripts/test does)",
+        path.display()
+    );
+    path
+}
+
+struct Golden {
+    cases: Vec<(Vec<u32>, Vec<u32>)>,
+    k: usize,
+    topk: Vec<u8>,
+}
+
+fn golden(name: &str) -> Golden {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/golden");
+    let meta: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join(format!("{name}.json"))).unwrap()).unwrap();
+    let ids = |v: &serde_json::Value| -> Vec<u32> {
+        v.as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_u64().unwrap() as u32)
+            .collect()
+    };
+    let cases = meta["cases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| (ids(&c["ids"]), ids(&c["greedy"])))
+        .collect();
+    Golden {
+        cases,
+        k: meta["k"].as_u64().unwrap() as usize,
+        topk: std::fs::read(dir.join(format!("{name}.topk"))).unwrap(),
+    }
+}
+
+/// KL(reference || ours) from the reference's top-k (exact probabilities, from its log-sum-exp)
+/// and our full row; the reference's remaining mass is compared as one bucket, which makes this a
+/// lower bound of the full KL that is tight when the top-k hold nearly all the mass.
+fn kl_and_top1(reference: &[u8], k: usize, ours: &[f32]) -> (f64, bool) {
+    let f = |o: usize| f32::from_le_bytes(reference[o..o + 4].try_into().unwrap());
+    let lse_ref = f64::from(f(0));
+    let max = ours.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
+    let lse_ours = f64::from(max)
+        + ours
+            .iter()
+            .map(|&x| (f64::from(x) - f64::from(max)).exp())
+            .sum::<f64>()
+            .ln();
+    let (mut kl, mut p_top, mut q_top) = (0.0, 0.0, 0.0);
+    let mut ref_best = 0;
+    for i in 0..k {
+        let o = 4 + i * 8;
+        let id = u32::from_le_bytes(reference[o..o + 4].try_into().unwrap()) as usize;
+        if i == 0 {
+            ref_best = id;
+        }
+        let lp = f64::from(f(o + 4)) - lse_ref;
+        let lq = f64::from(ours[id]) - lse_ours;
+        kl += lp.exp() * (lp - lq);
+        p_top += lp.exp();
+        q_top += lq.exp();
+    }
+    let (p_tail, q_tail) = ((1.0 - p_top).max(0.0), (1.0 - q_top).max(1e-30));
+    if p_tail > 0.0 {
+        kl += p_tail * (p_tail / q_tail).ln();
+    }
+    let our_best = ours
+        .iter()
+        .enumerate()
+        .fold(0, |b, (i, &x)| if x > ours[b] { i } else { b });
+    (kl, our_best == ref_best)
+}
+
+fn check(file: &str, name: &str) {
+    let g = golden(name);
+    let model = Model::load(model_path(file), 0).unwrap();
+    let n_vocab = model.plan().n_vocab;
+    let row_bytes = 4 + g.k * 8;
+    let (mut kl_sum, mut top1, mut positions, mut offset) = (0.0, 0usize, 0usize, 0usize);
+    let mut worst = (0.0f64, 0usize);
+    let mut same_greedy = 0;
+    for (case, (ids, greedy)) in g.cases.iter().enumerate() {
+        let mut s = model.session(1024);
+        let logits = s.eval(ids, Logits::All).unwrap();
+        for row in logits.chunks(n_vocab) {
+            let (kl, agree) = kl_and_top1(&g.topk[offset..offset + row_bytes], g.k, row);
+            offset += row_bytes;
+            kl_sum += kl;
+            top1 += usize::from(agree);
+            positions += 1;
+            if kl > worst.0 {
+                worst = (kl, case);
+            }
+        }
+        // Greedy continuation, token by token.
+        let mut ours = Vec::new();
+        let mut last = logits[logits.len() - n_vocab..].to_vec();
+        for _ in 0..greedy.len() {
+            let best = last
+                .iter()
+                .enumerate()
+                .fold(0, |b, (i, &x)| if x > last[b] { i } else { b });
+            ours.push(best as u32);
+            last = s.eval(&[best as u32], Logits::Last).unwrap();
+        }
+        let agree = ours.iter().zip(greedy).take_while(|(a, b)| a == b).count();
+        same_greedy += usize::from(agree == greedy.len());
+        eprintln!(
+            "case {case:2}: {:4} tokens, greedy agrees for {agree}/{}",
+            ids.len(),
+            greedy.len()
+        );
+    }
+    assert_eq!(offset, g.topk.len(), "golden data and cases disagree");
+    let mean_kl = kl_sum / positions as f64;
+    let top1_rate = top1 as f64 / positions as f64;
+    eprintln!(
+        "{name}: {positions} positions, mean KL {mean_kl:.3e} (worst {:.3e} in case {}), top-1 {:.2}%, greedy identical {same_greedy}/{}",
+        worst.0, worst.1, 100.0 * top1_rate, g.cases.len()
+    );
+    assert!(mean_kl <= 1e-3, "mean KL {mean_kl:.3e} > 1e-3");
+    assert!(top1_rate >= 0.99, "top-1 agreement {top1_rate:.4} < 0.99");
+    assert!(
+        same_greedy * 10 >= g.cases.len() * 9,
+        "greedy identical on {same_greedy}/{}",
+        g.cases.len()
+    );
+}
+
+#[test]
+fn smollm2_matches_llama_cpp() {
+    check("SmolLM2-135M-Instruct.Q4_1.gguf", "smollm2");
+}
