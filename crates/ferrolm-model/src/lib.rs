@@ -8,6 +8,7 @@ mod cpu;
 mod error;
 mod kv_cache;
 pub mod plan;
+pub mod synthetic;
 mod weights;
 
 use std::path::Path;

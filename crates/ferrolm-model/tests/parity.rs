@@ -6,6 +6,9 @@ use std::path::PathBuf;
 
 use ferrolm_model::{Logits, Model};
 
+mod common;
+use common::{golden, kl_and_top1};
+
 /// The model cache, as `ferrolm pull` fills it.
 fn model_path(file: &str) -> PathBuf {
     let home = std::env::var_os("FERROLM_HOME")
@@ -20,74 +23,6 @@ fn model_path(file: &str) -> PathBuf {
         path.display()
     );
     path
-}
-
-struct Golden {
-    cases: Vec<(Vec<u32>, Vec<u32>)>,
-    k: usize,
-    topk: Vec<u8>,
-}
-
-fn golden(name: &str) -> Golden {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/golden");
-    let meta: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(dir.join(format!("{name}.json"))).unwrap()).unwrap();
-    let ids = |v: &serde_json::Value| -> Vec<u32> {
-        v.as_array()
-            .unwrap()
-            .iter()
-            .map(|x| x.as_u64().unwrap() as u32)
-            .collect()
-    };
-    let cases = meta["cases"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|c| (ids(&c["ids"]), ids(&c["greedy"])))
-        .collect();
-    Golden {
-        cases,
-        k: meta["k"].as_u64().unwrap() as usize,
-        topk: std::fs::read(dir.join(format!("{name}.topk"))).unwrap(),
-    }
-}
-
-/// KL(reference || ours) from the reference's top-k (exact probabilities, from its log-sum-exp)
-/// and our full row; the reference's remaining mass is compared as one bucket, which makes this a
-/// lower bound of the full KL that is tight when the top-k hold nearly all the mass.
-fn kl_and_top1(reference: &[u8], k: usize, ours: &[f32]) -> (f64, bool) {
-    let f = |o: usize| f32::from_le_bytes(reference[o..o + 4].try_into().unwrap());
-    let lse_ref = f64::from(f(0));
-    let max = ours.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
-    let lse_ours = f64::from(max)
-        + ours
-            .iter()
-            .map(|&x| (f64::from(x) - f64::from(max)).exp())
-            .sum::<f64>()
-            .ln();
-    let (mut kl, mut p_top, mut q_top) = (0.0, 0.0, 0.0);
-    let mut ref_best = 0;
-    for i in 0..k {
-        let o = 4 + i * 8;
-        let id = u32::from_le_bytes(reference[o..o + 4].try_into().unwrap()) as usize;
-        if i == 0 {
-            ref_best = id;
-        }
-        let lp = f64::from(f(o + 4)) - lse_ref;
-        let lq = f64::from(ours[id]) - lse_ours;
-        kl += lp.exp() * (lp - lq);
-        p_top += lp.exp();
-        q_top += lq.exp();
-    }
-    let (p_tail, q_tail) = ((1.0 - p_top).max(0.0), (1.0 - q_top).max(1e-30));
-    if p_tail > 0.0 {
-        kl += p_tail * (p_tail / q_tail).ln();
-    }
-    let our_best = ours
-        .iter()
-        .enumerate()
-        .fold(0, |b, (i, &x)| if x > ours[b] { i } else { b });
-    (kl, our_best == ref_best)
 }
 
 fn check(file: &str, name: &str) {

@@ -69,6 +69,8 @@ enum Command {
         /// A GGUF file, or a known model's name (default: the default model).
         model: Option<String>,
     },
+    /// Write a synthetic GGUF (random weights, a real architecture's layout) for parity tests.
+    Synth(cmd::synth::SynthArgs),
     /// Fetch known models into the cache ($FERROLM_HOME, default ~/.cache/ferrolm).
     Pull {
         /// Model names (`all` for every known one); default: the default model.
@@ -118,6 +120,7 @@ fn run(cli: Cli) -> Result<()> {
             let stdout = std::io::stdout();
             cmd::inspect::run(&path, &mut stdout.lock())
         }
+        Command::Synth(args) => cmd::synth::run(args),
         Command::Pull { names } => {
             let names = if names.is_empty() {
                 vec![models::DEFAULT_MODEL.to_string()]

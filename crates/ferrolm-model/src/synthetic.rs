@@ -1,0 +1,392 @@
+//! Synthetic GGUF files: random weights in the real metadata layout and tensor names of an
+//! architecture, for parity tests against llama.cpp on architectures we have no small real
+//! file of (MODELS.md, "Synthetic files").
+//!
+//! Everything is a pure function of the [`SyntheticSpec`]: the weights come from a small
+//! counter-free generator (SplitMix64) and are shaped with additions and multiplications only
+//! (no `ln`/`cos`, whose last bit may vary between C libraries), so the same spec writes the
+//! same bytes on every machine, which the parity tests check by sha256.
+
+use std::path::{Path, PathBuf};
+
+use ferrolm_gguf::{Array, GgufFile, GgufWriter, TensorType, Value};
+
+use crate::error::{ModelError, Result};
+
+/// Where the tokenizer of a synthetic file comes from.
+#[derive(Clone, Debug, PartialEq)]
+pub enum TokenizerSource {
+    /// A small byte-level BPE vocabulary (`gpt2` model, `gpt-2` pre-tokenizer) of
+    /// [`MINIMAL_VOCAB`] tokens: the 256 bytes, 702 merges, `<|endoftext|>`.
+    Minimal,
+    /// Every `tokenizer.*` key of a real GGUF file (its vocabulary size becomes `n_vocab`).
+    From(PathBuf),
+}
+
+/// Tokens in [`TokenizerSource::Minimal`]'s vocabulary.
+pub const MINIMAL_VOCAB: usize = 256 + 26 + 26 * 26 + 1;
+
+/// What to write: an architecture's shape, tensor types and seed.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SyntheticSpec {
+    /// `general.architecture`: `llama`, `mistral`, `qwen2` or `qwen3`.
+    pub arch: String,
+    /// Layers.
+    pub n_layer: usize,
+    /// Width of the residual stream.
+    pub n_embd: usize,
+    /// Query heads.
+    pub n_head: usize,
+    /// Key/value heads.
+    pub n_head_kv: usize,
+    /// Size of one head (0: `n_embd / n_head`); written as `attention.key_length` and
+    /// `value_length` when it differs from that.
+    pub head_dim: usize,
+    /// Hidden size of the feed-forward network.
+    pub n_ff: usize,
+    /// `context_length`.
+    pub n_ctx: usize,
+    /// `rope.freq_base`.
+    pub rope_base: f32,
+    /// `attention.layer_norm_rms_epsilon`.
+    pub norm_eps: f32,
+    /// `attention.sliding_window`, as Mistral files carry it.
+    pub sliding_window: Option<u32>,
+    /// Writes `rope_freqs.weight` (Llama 3 frequency factors).
+    pub rope_freqs: bool,
+    /// Shares the embedding as output matrix (no `output.weight`).
+    pub tied_output: bool,
+    /// The type of every matrix without an entry in `types`.
+    pub default_type: TensorType,
+    /// Per-tensor types: the first entry whose key is a substring of the tensor's name wins
+    /// (`("attn_v", F16)`, `("blk.1.ffn_down", Q5_1)`). Norms, biases and `rope_freqs` stay F32.
+    pub types: Vec<(String, TensorType)>,
+    /// Seed of the weights.
+    pub seed: u64,
+    /// The tokenizer.
+    pub tokenizer: TokenizerSource,
+}
+
+impl SyntheticSpec {
+    /// A small file of `arch` (4 layers, 256 wide, 8 heads, 512 feed-forward) that exercises
+    /// what distinguishes the architecture: GQA everywhere, `head_dim != n_embd / n_head` for
+    /// qwen3, a sliding window key for llama/mistral; matrices in a mix of Q8_0, Q4_1, Q5_0,
+    /// Q5_1 and F16 (the block types whose dot products ferrolm mirrors bit for bit).
+    pub fn small(arch: &str) -> SyntheticSpec {
+        let qwen = arch.starts_with("qwen");
+        let mistral_like = arch == "llama" || arch == "mistral";
+        SyntheticSpec {
+            arch: arch.to_string(),
+            n_layer: 4,
+            n_embd: 256,
+            n_head: 8,
+            n_head_kv: 2,
+            head_dim: if arch == "qwen3" { 48 } else { 0 },
+            n_ff: 512,
+            n_ctx: 2048,
+            rope_base: if qwen { 1_000_000.0 } else { 10_000.0 },
+            norm_eps: if qwen { 1e-6 } else { 1e-5 },
+            sliding_window: mistral_like.then_some(64),
+            rope_freqs: false,
+            tied_output: false,
+            default_type: TensorType::Q8_0,
+            types: mixed_types(),
+            seed: 42,
+            tokenizer: TokenizerSource::Minimal,
+        }
+    }
+
+    /// The head size.
+    pub fn head_dim(&self) -> usize {
+        if self.head_dim == 0 {
+            self.n_embd / self.n_head.max(1)
+        } else {
+            self.head_dim
+        }
+    }
+}
+
+/// The default mix of block types across tensors.
+pub fn mixed_types() -> Vec<(String, TensorType)> {
+    [
+        ("token_embd", TensorType::Q8_0),
+        ("output.weight", TensorType::Q8_0),
+        ("attn_q.", TensorType::Q5_0),
+        ("attn_k.", TensorType::Q4_1),
+        ("attn_v.", TensorType::F16),
+        ("attn_output", TensorType::Q5_1),
+        ("ffn_gate", TensorType::Q8_0),
+        ("ffn_up", TensorType::Q5_1),
+        ("ffn_down", TensorType::Q4_1),
+    ]
+    .into_iter()
+    .map(|(k, t)| (k.to_string(), t))
+    .collect()
+}
+
+/// SplitMix64, and values shaped from it with exact arithmetic only.
+struct Rng(u64);
+
+impl Rng {
+    fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in [0, 1), 24 bits.
+    fn uniform(&mut self) -> f32 {
+        (self.next_u64() >> 40) as f32 * (1.0 / 16_777_216.0)
+    }
+
+    /// About normal with mean 0 and standard deviation `std` (Irwin-Hall of four uniforms).
+    fn normal(&mut self, std: f32) -> f32 {
+        let s = self.uniform() + self.uniform() + self.uniform() + self.uniform();
+        (s - 2.0) * 1.732_050_8 * std
+    }
+}
+
+/// One tensor to write: GGML dims and how to draw it.
+enum Init {
+    Normal(f32),
+    /// 1 + normal(std): norm weights.
+    AroundOne(f32),
+    /// Llama 3 style frequency factors: 1 for the fast dimensions, rising to 8.
+    FreqFactors,
+}
+
+/// Writes the file `spec` describes at `path`.
+pub fn write(spec: &SyntheticSpec, path: impl AsRef<Path>) -> Result<()> {
+    build(spec)?.write_file(path)?;
+    Ok(())
+}
+
+/// The file `spec` describes, ready to write (add or replace keys and tensors before writing
+/// to make a broken file).
+pub fn build(spec: &SyntheticSpec) -> Result<GgufWriter> {
+    let invalid = |m: String| ModelError::Invalid(m);
+    let hd = spec.head_dim();
+    if spec.n_head == 0 || spec.n_head_kv == 0 || spec.n_head % spec.n_head_kv != 0 {
+        return Err(invalid(format!(
+            "{} query heads cannot share {} key/value heads",
+            spec.n_head, spec.n_head_kv
+        )));
+    }
+    if spec.n_layer == 0 || spec.n_embd == 0 || spec.n_ff == 0 || hd == 0 || hd % 2 != 0 {
+        return Err(invalid(format!(
+            "cannot build {} layers of width {}, feed-forward {}, head size {hd}",
+            spec.n_layer, spec.n_embd, spec.n_ff
+        )));
+    }
+    let mut w = GgufWriter::new();
+    let arch = spec.arch.as_str();
+    let n_vocab = tokenizer(&mut w, &spec.tokenizer)?;
+    let key = |s: &str| format!("{arch}.{s}");
+    let u32v = |n: usize| Value::U32(n as u32);
+    w.set("general.architecture", Value::String(arch.to_string()));
+    w.set("general.name", Value::String(format!("synthetic-{arch}")));
+    w.set(key("context_length"), u32v(spec.n_ctx));
+    w.set(key("embedding_length"), u32v(spec.n_embd));
+    w.set(key("block_count"), u32v(spec.n_layer));
+    w.set(key("feed_forward_length"), u32v(spec.n_ff));
+    w.set(key("attention.head_count"), u32v(spec.n_head));
+    w.set(key("attention.head_count_kv"), u32v(spec.n_head_kv));
+    w.set(
+        key("attention.layer_norm_rms_epsilon"),
+        Value::F32(spec.norm_eps),
+    );
+    w.set(key("rope.freq_base"), Value::F32(spec.rope_base));
+    w.set(key("rope.dimension_count"), u32v(hd));
+    if hd * spec.n_head != spec.n_embd {
+        w.set(key("attention.key_length"), u32v(hd));
+        w.set(key("attention.value_length"), u32v(hd));
+    }
+    if let Some(sw) = spec.sliding_window {
+        w.set(key("attention.sliding_window"), Value::U32(sw));
+    }
+    if arch == "llama" || arch == "mistral" {
+        w.set(key("vocab_size"), u32v(n_vocab));
+    }
+
+    let (d, q_dim, kv_dim) = (spec.n_embd, spec.n_head * hd, spec.n_head_kv * hd);
+    let matrix_type = |name: &str| {
+        spec.types
+            .iter()
+            .find(|(k, _)| name.contains(k.as_str()))
+            .map_or(spec.default_type, |(_, t)| *t)
+    };
+    let mut tensors: Vec<(String, Vec<u64>, Init, bool)> = Vec::new();
+    let mut add = |name: String, dims: &[usize], init: Init, is_matrix: bool| {
+        tensors.push((
+            name,
+            dims.iter().map(|&x| x as u64).collect(),
+            init,
+            is_matrix,
+        ))
+    };
+    // Embedding rows of unit scale (each is normalized before use); matrices scaled so that
+    // activations stay O(1): std about 1/sqrt(fan-in).
+    add(
+        "token_embd.weight".into(),
+        &[d, n_vocab],
+        Init::Normal(1.0),
+        true,
+    );
+    let m = |fan_in: usize| Init::Normal(0.7 / (fan_in as f32).sqrt());
+    for i in 0..spec.n_layer {
+        let n = |s: &str| format!("blk.{i}.{s}");
+        add(n("attn_norm.weight"), &[d], Init::AroundOne(0.1), false);
+        add(n("attn_q.weight"), &[d, q_dim], m(d), true);
+        add(n("attn_k.weight"), &[d, kv_dim], m(d), true);
+        add(n("attn_v.weight"), &[d, kv_dim], m(d), true);
+        if arch == "qwen2" {
+            add(n("attn_q.bias"), &[q_dim], Init::Normal(0.1), false);
+            add(n("attn_k.bias"), &[kv_dim], Init::Normal(0.1), false);
+            add(n("attn_v.bias"), &[kv_dim], Init::Normal(0.1), false);
+        }
+        if arch == "qwen3" {
+            add(n("attn_q_norm.weight"), &[hd], Init::AroundOne(0.2), false);
+            add(n("attn_k_norm.weight"), &[hd], Init::AroundOne(0.2), false);
+        }
+        add(n("attn_output.weight"), &[q_dim, d], m(q_dim), true);
+        add(n("ffn_norm.weight"), &[d], Init::AroundOne(0.1), false);
+        add(n("ffn_gate.weight"), &[d, spec.n_ff], m(d), true);
+        add(n("ffn_up.weight"), &[d, spec.n_ff], m(d), true);
+        add(n("ffn_down.weight"), &[spec.n_ff, d], m(spec.n_ff), true);
+    }
+    add(
+        "output_norm.weight".into(),
+        &[d],
+        Init::AroundOne(0.1),
+        false,
+    );
+    if !spec.tied_output {
+        add("output.weight".into(), &[d, n_vocab], m(d / 8), true);
+    }
+    if spec.rope_freqs {
+        add(
+            "rope_freqs.weight".into(),
+            &[hd / 2],
+            Init::FreqFactors,
+            false,
+        );
+    }
+
+    let mut rng = Rng(spec.seed);
+    for (name, dims, init, is_matrix) in tensors {
+        let n: usize = dims.iter().product::<u64>() as usize;
+        let values: Vec<f32> = match init {
+            Init::Normal(std) => (0..n).map(|_| rng.normal(std)).collect(),
+            Init::AroundOne(std) => (0..n).map(|_| 1.0 + rng.normal(std)).collect(),
+            Init::FreqFactors => (0..n)
+                .map(|j| 1.0 + 7.0 * (j as f32 / (n.max(2) - 1) as f32))
+                .collect(),
+        };
+        let ty = if is_matrix {
+            matrix_type(&name)
+        } else {
+            TensorType::F32
+        };
+        let bytes = ferrolm_quant::row_bytes(ty, n)
+            .map_err(|e| invalid(format!("{name}: {ty} for {n} values: {e}")))?;
+        let mut data = vec![0u8; bytes];
+        ferrolm_quant::quantize(ty, &values, &mut data)
+            .map_err(|e| invalid(format!("{name}: cannot quantize to {ty}: {e}")))?;
+        w.add_tensor(name, &dims, ty, data)?;
+    }
+    Ok(w)
+}
+
+/// Writes the tokenizer keys; returns the vocabulary size.
+fn tokenizer(w: &mut GgufWriter, source: &TokenizerSource) -> Result<usize> {
+    match source {
+        TokenizerSource::From(path) => {
+            let file = GgufFile::open(path)?;
+            let mut n_vocab = 0;
+            for (k, v) in file.metadata().iter() {
+                if k.starts_with("tokenizer.") {
+                    if k == "tokenizer.ggml.tokens" {
+                        if let Value::Array(a) = v {
+                            n_vocab = a.len();
+                        }
+                    }
+                    w.set(k, v.clone());
+                }
+            }
+            if n_vocab == 0 {
+                return Err(ModelError::Invalid(format!(
+                    "{} has no tokenizer.ggml.tokens to borrow",
+                    path.display()
+                )));
+            }
+            Ok(n_vocab)
+        }
+        TokenizerSource::Minimal => {
+            // GPT-2's byte-to-unicode mapping: printable bytes stand for themselves, the others
+            // for 256 + their rank.
+            let mut byte_char = [' '; 256];
+            let mut extra = 0u32;
+            for b in 0..256u32 {
+                let printable =
+                    (33..=126).contains(&b) || (161..=172).contains(&b) || (174..=255).contains(&b);
+                byte_char[b as usize] = if printable {
+                    char::from_u32(b).unwrap()
+                } else {
+                    extra += 1;
+                    char::from_u32(255 + extra).unwrap()
+                };
+            }
+            let mut tokens: Vec<String> = byte_char.iter().map(|c| c.to_string()).collect();
+            let mut merges = Vec::new();
+            let space = byte_char[b' ' as usize];
+            for a in 'a'..='z' {
+                merges.push(format!("{space} {a}"));
+                tokens.push(format!("{space}{a}"));
+            }
+            for a in 'a'..='z' {
+                for b in 'a'..='z' {
+                    merges.push(format!("{a} {b}"));
+                    tokens.push(format!("{a}{b}"));
+                }
+            }
+            tokens.push("<|endoftext|>".into());
+            let mut types = vec![1i32; tokens.len()];
+            let eot = tokens.len() - 1;
+            types[eot] = 3;
+            debug_assert_eq!(tokens.len(), MINIMAL_VOCAB);
+            w.set("tokenizer.ggml.model", Value::String("gpt2".into()));
+            w.set("tokenizer.ggml.pre", Value::String("gpt-2".into()));
+            w.set(
+                "tokenizer.ggml.tokens",
+                Value::Array(Array::String(tokens.clone())),
+            );
+            w.set("tokenizer.ggml.token_type", Value::Array(Array::I32(types)));
+            w.set("tokenizer.ggml.merges", Value::Array(Array::String(merges)));
+            w.set("tokenizer.ggml.bos_token_id", Value::U32(eot as u32));
+            w.set("tokenizer.ggml.eos_token_id", Value::U32(eot as u32));
+            w.set("tokenizer.ggml.add_bos_token", Value::Bool(false));
+            Ok(tokens.len())
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn same_spec_same_bytes_and_loads() {
+        let mut spec = SyntheticSpec::small("qwen3");
+        spec.n_layer = 1;
+        let a = build(&spec).unwrap().to_bytes();
+        assert_eq!(a, build(&spec).unwrap().to_bytes());
+        spec.seed += 1;
+        assert_ne!(a, build(&spec).unwrap().to_bytes());
+        let file = std::sync::Arc::new(GgufFile::from_bytes(a).unwrap());
+        let model = crate::Model::from_file(file, 1).unwrap();
+        assert_eq!(model.plan().n_vocab, MINIMAL_VOCAB);
+        assert_eq!(model.plan().layers[0].attention.head_dim, 48);
+    }
+}

@@ -1,0 +1,126 @@
+//! `ferrolm synth`: writes a synthetic GGUF (random weights, real metadata layout) for parity
+//! tests against llama.cpp.
+
+use std::path::PathBuf;
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use ferrolm_gguf::TensorType;
+use ferrolm_model::synthetic::{self, SyntheticSpec, TokenizerSource};
+
+/// Flags of `ferrolm synth`.
+#[derive(Args, Debug)]
+pub struct SynthArgs {
+    /// Architecture: llama, mistral, qwen2 or qwen3.
+    #[arg(long)]
+    pub arch: String,
+    /// Output file.
+    #[arg(short, long)]
+    pub output: PathBuf,
+    /// Layers.
+    #[arg(long)]
+    pub layers: Option<usize>,
+    /// Width of the residual stream.
+    #[arg(long)]
+    pub embd: Option<usize>,
+    /// Query heads.
+    #[arg(long)]
+    pub heads: Option<usize>,
+    /// Key/value heads.
+    #[arg(long)]
+    pub kv_heads: Option<usize>,
+    /// Head size (0: embd / heads).
+    #[arg(long)]
+    pub head_dim: Option<usize>,
+    /// Feed-forward hidden size.
+    #[arg(long)]
+    pub ff: Option<usize>,
+    /// Context length written to the file.
+    #[arg(long)]
+    pub ctx: Option<usize>,
+    /// RoPE frequency base.
+    #[arg(long)]
+    pub rope_base: Option<f32>,
+    /// `attention.sliding_window` (0: none).
+    #[arg(long)]
+    pub sliding_window: Option<u32>,
+    /// Write `rope_freqs.weight` (Llama 3 frequency factors).
+    #[arg(long)]
+    pub rope_freqs: bool,
+    /// Tie the output matrix to the embedding.
+    #[arg(long)]
+    pub tied: bool,
+    /// Type of every matrix (`q8_0`, `f16`, ...), or `mixed` for a mix of Q8_0, Q4_1, Q5_0,
+    /// Q5_1 and F16.
+    #[arg(long = "type", default_value = "mixed")]
+    pub ty: String,
+    /// Seed of the weights.
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Borrow the tokenizer of this GGUF file (default: a 959-token byte-level BPE).
+    #[arg(long)]
+    pub tokenizer_from: Option<PathBuf>,
+}
+
+/// The spec the flags describe.
+pub fn spec(args: &SynthArgs) -> Result<SyntheticSpec> {
+    let known = ferrolm_model::arch::supported();
+    if !known.contains(&args.arch.as_str()) {
+        bail!(
+            "cannot synthesize architecture {:?} (supported: {})",
+            args.arch,
+            known.join(", ")
+        );
+    }
+    let mut s = SyntheticSpec::small(&args.arch);
+    let set = |v: Option<usize>, d: &mut usize| {
+        if let Some(v) = v {
+            *d = v;
+        }
+    };
+    set(args.layers, &mut s.n_layer);
+    set(args.embd, &mut s.n_embd);
+    set(args.heads, &mut s.n_head);
+    set(args.kv_heads, &mut s.n_head_kv);
+    set(args.head_dim, &mut s.head_dim);
+    set(args.ff, &mut s.n_ff);
+    set(args.ctx, &mut s.n_ctx);
+    if let Some(b) = args.rope_base {
+        s.rope_base = b;
+    }
+    if let Some(w) = args.sliding_window {
+        s.sliding_window = (w != 0).then_some(w);
+    }
+    s.rope_freqs = args.rope_freqs;
+    s.tied_output = args.tied;
+    if !args.ty.eq_ignore_ascii_case("mixed") {
+        let ty = TensorType::ALL
+            .iter()
+            .find(|t| t.name().eq_ignore_ascii_case(&args.ty))
+            .copied()
+            .with_context(|| format!("unknown tensor type {:?}", args.ty))?;
+        s.default_type = ty;
+        s.types.clear();
+    }
+    if let Some(seed) = args.seed {
+        s.seed = seed;
+    }
+    if let Some(p) = &args.tokenizer_from {
+        s.tokenizer = TokenizerSource::From(p.clone());
+    }
+    Ok(s)
+}
+
+/// Runs `ferrolm synth`.
+pub fn run(args: SynthArgs) -> Result<()> {
+    let s = spec(&args)?;
+    synthetic::write(&s, &args.output)
+        .with_context(|| format!("cannot write {}", args.output.display()))?;
+    eprintln!(
+        "ferrolm: wrote {} ({} layers, {} wide)",
+        args.output.display(),
+        s.n_layer,
+        s.n_embd
+    );
+    Ok(())
+}

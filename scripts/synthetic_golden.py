@@ -1,0 +1,96 @@
+#!/usr/bin/env python3
+"""Golden data for the synthetic-model parity tests, made by llama.cpp (llama-cpp-python==0.3.36).
+
+Writes each synthetic file with `ferrolm synth` (random weights in the real metadata layout of an
+architecture, MODELS.md "Synthetic files"), runs llama.cpp on it and writes
+crates/ferrolm-model/tests/golden/synthetic-NAME.{json,topk}: the file's sha256 (the test
+regenerates the file from the same spec and checks it wrote the same bytes), and for each prompt
+of token ids the top-K logits of every position with the row's log-sum-exp, and the greedy
+continuation. Same layout as scripts/parity_golden.py.
+
+usage: scripts/synthetic_golden.py [--ferrolm target/release/ferrolm] [NAME ...]
+
+The reference runs with one thread, the f16 KV cache (llama.cpp's default, as ferrolm's) and flash
+attention off. The matrices are Q8_0, Q4_1, Q5_0, Q5_1 and F16 (synthetic.rs `mixed_types`):
+types llama.cpp's CPU backend neither repacks nor tiles, whose dot products ferrolm mirrors.
+"""
+import argparse, hashlib, json, os, struct, subprocess, sys, tempfile
+import numpy as np
+from llama_cpp import Llama
+
+K = 64
+N_CONT = 32
+
+# name -> `ferrolm synth` flags; crates/ferrolm-model/tests/synthetic_parity.rs builds the same specs.
+FILES = {
+    "qwen2": ["--arch", "qwen2"],
+    "qwen3": ["--arch", "qwen3"],
+    "llama": ["--arch", "llama"],  # Mistral-style: 8 heads / 2 kv heads, sliding_window key
+    "llama-ropefreqs": ["--arch", "llama", "--rope-freqs", "--rope-base", "500000", "--seed", "7"],
+}
+
+TEXTS = [
+    "the quick brown fox jumps over the lazy dog",
+    "once upon a time, in a small village by the sea, there lived an old fisherman.",
+    "def main():\n    print('hello world')\n",
+    "photosynthesis converts light energy into chemical energy in plants and algae",
+]
+
+def prompts(llm):
+    rng = np.random.default_rng(1234)
+    out = []
+    for n in [1, 8, 17, 33, 64, 100, 150, 257]:
+        out.append([int(x) for x in rng.integers(0, llm.n_vocab(), n)])
+    for t in TEXTS:
+        out.append(llm.tokenize(t.encode(), add_bos=False, special=False))
+    # one long prompt over two batches of llama.cpp (n_batch 512) and ferrolm (BATCH 512)
+    out.append([int(x) for x in rng.integers(0, llm.n_vocab(), 600)])
+    return out
+
+def golden(ferrolm, name, flags, outdir, tmp):
+    path = os.path.join(tmp, f"synthetic-{name}.gguf")
+    subprocess.run([ferrolm, "synth", *flags, "-o", path], check=True)
+    sha = hashlib.sha256(open(path, "rb").read()).hexdigest()
+    llm = Llama(model_path=path, n_ctx=1024, n_batch=512, n_threads=1, n_threads_batch=1,
+                logits_all=True, flash_attn=False, verbose=False)
+    cases, topk = [], bytearray()
+    for ids in prompts(llm):
+        llm.reset()
+        llm.eval(ids)
+        scores = np.array(llm.scores[: len(ids)], dtype=np.float32)
+        for row in scores:
+            m = row.max()
+            lse = float(m + np.log(np.exp((row - m).astype(np.float64)).sum()))
+            top = np.argsort(-row, kind="stable")[:K]
+            topk += struct.pack("<f", lse)
+            for i in top:
+                topk += struct.pack("<If", int(i), float(row[i]))
+        cont, last = [], scores[-1]
+        for _ in range(N_CONT):
+            tok = int(last.argmax())
+            cont.append(tok)
+            llm.eval([tok])
+            last = np.array(llm.scores[llm.n_tokens - 1], dtype=np.float32)
+        cases.append({"ids": ids, "greedy": cont})
+        print(f"{name}: {len(ids):4d} tokens", file=sys.stderr)
+    meta = {"model": f"synthetic-{name}", "synth": flags, "sha256": sha, "k": K,
+            "n_vocab": llm.n_vocab(),
+            "reference": "llama-cpp-python==0.3.36, n_threads=1, f16 KV cache, flash_attn=False",
+            "cases": cases}
+    with open(f"{outdir}/synthetic-{name}.json", "w") as f:
+        json.dump(meta, f, indent=0)
+    with open(f"{outdir}/synthetic-{name}.topk", "wb") as f:
+        f.write(topk)
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("names", nargs="*")
+    ap.add_argument("--ferrolm", default="target/release/ferrolm")
+    ap.add_argument("--outdir", default="crates/ferrolm-model/tests/golden")
+    a = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in a.names or FILES:
+            golden(a.ferrolm, name, FILES[name], a.outdir, tmp)
+
+if __name__ == "__main__":
+    main()
