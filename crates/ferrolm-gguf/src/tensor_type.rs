@@ -89,7 +89,7 @@ impl TensorType {
     /// of blocks or the byte count overflows.
     pub fn bytes_for(self, n_elements: u64) -> Option<u64> {
         let block = self.block_size() as u64;
-        if n_elements % block != 0 {
+        if !n_elements.is_multiple_of(block) {
             return None;
         }
         (n_elements / block).checked_mul(self.block_bytes() as u64)

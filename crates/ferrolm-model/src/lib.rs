@@ -27,7 +27,7 @@ pub struct Model {
     plan: ModelPlan,
     weights: Weights,
     file: Arc<GgufFile>,
-    pool: rayon::ThreadPool,
+    pool: ferrolm_threads::ThreadPool,
 }
 
 impl Model {
@@ -45,9 +45,7 @@ impl Model {
         } else {
             threads
         };
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(threads)
-            .build()
+        let pool = ferrolm_threads::ThreadPool::new(threads)
             .map_err(|e| ModelError::Invalid(format!("cannot start {threads} threads: {e}")))?;
         Ok(Model {
             plan,
@@ -69,7 +67,7 @@ impl Model {
 
     /// Threads the forward pass uses.
     pub fn threads(&self) -> usize {
-        self.pool.current_num_threads()
+        self.pool.n_threads()
     }
 
     /// A new sequence with room for `n_ctx` positions (0: the trained context length).
@@ -145,9 +143,7 @@ impl Session<'_> {
             };
             let model = self.model;
             let (cache, scratch, pos) = (&mut self.cache, &mut self.scratch, self.pos);
-            let logits = model
-                .pool
-                .install(|| cpu::forward::forward(model, cache, scratch, chunk, pos, w));
+            let logits = cpu::forward::forward(model, cache, scratch, chunk, pos, w);
             out.extend_from_slice(&logits);
             self.pos += chunk.len();
         }

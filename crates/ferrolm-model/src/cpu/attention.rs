@@ -14,14 +14,16 @@
 
 use ferrolm_gguf::TensorType;
 use ferrolm_quant::ggml_vec;
+use ferrolm_threads::ThreadPool;
 use half::f16;
-use rayon::prelude::*;
 
 use crate::kv_cache::{LayerCache, KV_PAD};
 use crate::plan::Attention;
 
 /// `out[t][h]` for each token `t` of the batch (at position `pos0 + t`) and query head `h`.
+#[allow(clippy::too_many_arguments)] // the layer, its cache, the batch and where it sits
 pub fn attend(
+    pool: &ThreadPool,
     a: &Attention,
     cache: &LayerCache,
     cap: usize,
@@ -41,74 +43,62 @@ pub fn attend(
     let v_bytes: &[u8] = bytemuck::cast_slice(&cache.v_t);
 
     // One task per head: its scores, probabilities and output for every token of the batch.
-    let per_head: Vec<Vec<f32>> = (0..a.n_head)
-        .into_par_iter()
-        .map(|h| {
-            let kvh = h / group;
-            let mut q16 = vec![f16::ZERO; n_tok * hd];
-            let mut q_head = vec![0f32; hd];
-            for t in 0..n_tok {
-                q_head.copy_from_slice(&q[t * q_dim + h * hd..t * q_dim + (h + 1) * hd]);
-                ggml_vec::f32_to_f16_row(&q_head, &mut q16[t * hd..(t + 1) * hd]);
+    let per_head: Vec<Vec<f32>> = pool.map(a.n_head, |h| {
+        let kvh = h / group;
+        let mut q16 = vec![f16::ZERO; n_tok * hd];
+        let mut q_head = vec![0f32; hd];
+        for t in 0..n_tok {
+            q_head.copy_from_slice(&q[t * q_dim + h * hd..t * q_dim + (h + 1) * hd]);
+            ggml_vec::f32_to_f16_row(&q_head, &mut q16[t * hd..(t + 1) * hd]);
+        }
+        let q_bytes: &[u8] = bytemuck::cast_slice(&q16);
+        // Keys of this head: row j at j * kv_dim + kvh * hd.
+        let k_rows = &k_bytes[kvh * hd * 2..];
+        let mut scores = vec![0f32; n_tok * n_kv];
+        if n_tok == 1 {
+            f16_kernel.dot_rows(hd, k_rows, kv_dim * 2, q_bytes, &mut scores);
+        } else {
+            f16_kernel.dot_rows_multi(
+                hd,
+                k_rows,
+                kv_dim * 2,
+                n_kv,
+                q_bytes,
+                hd * 2,
+                n_tok,
+                &mut scores,
+            );
+        }
+        let mut probs = vec![0f32; n_kv];
+        let mut p16 = vec![f16::ZERO; n_tok * n_kv];
+        for t in 0..n_tok {
+            let row = &mut scores[t * n_kv..(t + 1) * n_kv];
+            let last = pos0 + t;
+            let mut max = f32::NEG_INFINITY;
+            for (j, s) in row.iter_mut().enumerate() {
+                *s = if j <= last {
+                    *s * a.scale
+                } else {
+                    f32::NEG_INFINITY
+                };
+                max = max.max(*s);
             }
-            let q_bytes: &[u8] = bytemuck::cast_slice(&q16);
-            // Keys of this head: row j at j * kv_dim + kvh * hd.
-            let k_rows = &k_bytes[kvh * hd * 2..];
-            let mut scores = vec![0f32; n_tok * n_kv];
-            if n_tok == 1 {
-                f16_kernel.dot_rows(hd, k_rows, kv_dim * 2, q_bytes, &mut scores);
-            } else {
-                f16_kernel.dot_rows_multi(
-                    hd,
-                    k_rows,
-                    kv_dim * 2,
-                    n_kv,
-                    q_bytes,
-                    hd * 2,
-                    n_tok,
-                    &mut scores,
-                );
-            }
-            let mut probs = vec![0f32; n_kv];
-            let mut p16 = vec![f16::ZERO; n_tok * n_kv];
-            for t in 0..n_tok {
-                let row = &mut scores[t * n_kv..(t + 1) * n_kv];
-                let last = pos0 + t;
-                let mut max = f32::NEG_INFINITY;
-                for (j, s) in row.iter_mut().enumerate() {
-                    *s = if j <= last {
-                        *s * a.scale
-                    } else {
-                        f32::NEG_INFINITY
-                    };
-                    max = max.max(*s);
-                }
-                let sum = ggml_vec::soft_max(row, &mut probs, max);
-                let inv = (1.0 / sum) as f32;
-                probs.iter_mut().for_each(|p| *p *= inv);
-                ggml_vec::f32_to_f16_row(&probs, &mut p16[t * n_kv..(t + 1) * n_kv]);
-            }
-            let p_bytes: &[u8] = bytemuck::cast_slice(&p16);
-            // Transposed values of this head: row d at (kvh * hd + d) * cap.
-            let v_rows = &v_bytes[kvh * hd * cap * 2..];
-            let mut o = vec![0f32; n_tok * hd];
-            if n_tok == 1 {
-                f16_kernel.dot_rows(n_kv, v_rows, cap * 2, p_bytes, &mut o);
-            } else {
-                f16_kernel.dot_rows_multi(
-                    n_kv,
-                    v_rows,
-                    cap * 2,
-                    hd,
-                    p_bytes,
-                    n_kv * 2,
-                    n_tok,
-                    &mut o,
-                );
-            }
-            o
-        })
-        .collect();
+            let sum = ggml_vec::soft_max(row, &mut probs, max);
+            let inv = (1.0 / sum) as f32;
+            probs.iter_mut().for_each(|p| *p *= inv);
+            ggml_vec::f32_to_f16_row(&probs, &mut p16[t * n_kv..(t + 1) * n_kv]);
+        }
+        let p_bytes: &[u8] = bytemuck::cast_slice(&p16);
+        // Transposed values of this head: row d at (kvh * hd + d) * cap.
+        let v_rows = &v_bytes[kvh * hd * cap * 2..];
+        let mut o = vec![0f32; n_tok * hd];
+        if n_tok == 1 {
+            f16_kernel.dot_rows(n_kv, v_rows, cap * 2, p_bytes, &mut o);
+        } else {
+            f16_kernel.dot_rows_multi(n_kv, v_rows, cap * 2, hd, p_bytes, n_kv * 2, n_tok, &mut o);
+        }
+        o
+    });
     for (h, o) in per_head.iter().enumerate() {
         for t in 0..n_tok {
             out[t * q_dim + h * hd..t * q_dim + (h + 1) * hd]

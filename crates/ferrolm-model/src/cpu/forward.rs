@@ -1,7 +1,7 @@
 //! One forward pass over a batch of tokens: every layer as matrix-matrix products over the
 //! batch, attention against the cache, logits for the positions asked for.
 
-use rayon::prelude::*;
+use ferrolm_threads::ThreadPool;
 
 use super::attention::attend;
 use super::matmul::{matmul, SharedInput};
@@ -29,14 +29,10 @@ fn dump_dir() -> Option<&'static std::path::Path> {
         .as_deref()
 }
 
-fn dump(name: &str, layer: Option<usize>, data: &[f32]) {
+fn dump(name: &str, layer: usize, data: &[f32]) {
     if let Some(dir) = dump_dir() {
-        let name = match layer {
-            Some(l) => format!("{name}-{l}"),
-            None => name.to_string(),
-        };
         let bytes: Vec<u8> = data.iter().flat_map(|v| v.to_le_bytes()).collect();
-        let _ = std::fs::write(dir.join(format!("{name}.f32")), bytes);
+        let _ = std::fs::write(dir.join(format!("{name}-{layer}.f32")), bytes);
     }
 }
 
@@ -44,6 +40,16 @@ fn dump(name: &str, layer: Option<usize>, data: &[f32]) {
 #[derive(Default)]
 pub(crate) struct Scratch {
     input: SharedInput,
+}
+
+/// `f(row index, row)` for every `len`-long row of `data`: on the caller alone for one row
+/// (a decode step's element-wise work is too small to share), across the pool otherwise.
+fn rows_mut(pool: &ThreadPool, data: &mut [f32], len: usize, f: impl Fn(usize, &mut [f32]) + Sync) {
+    if data.len() <= len {
+        data.chunks_mut(len).enumerate().for_each(|(i, r)| f(i, r));
+    } else {
+        pool.for_each_chunk_mut(data, len, f);
+    }
 }
 
 pub(crate) fn forward(
@@ -54,6 +60,7 @@ pub(crate) fn forward(
     pos0: usize,
     want: Logits,
 ) -> Vec<f32> {
+    let pool = &model.pool;
     let plan = &model.plan;
     let w = &model.weights;
     let file = model.file.file_bytes();
@@ -64,13 +71,12 @@ pub(crate) fn forward(
     // Embedding rows.
     let mut x = vec![0f32; n * d];
     let embd = w.token_embd.data(file);
-    x.par_chunks_mut(d)
-        .zip(ids.par_iter())
-        .for_each(|(row, &id)| {
-            let rb = w.token_embd.row_bytes;
-            let src = &embd[id as usize * rb..(id as usize + 1) * rb];
-            ferrolm_quant::dequantize(w.token_embd.ty, src, row).expect("checked at load");
-        });
+    let rb = w.token_embd.row_bytes;
+    rows_mut(pool, &mut x, d, |t, row| {
+        let id = ids[t] as usize;
+        ferrolm_quant::dequantize(w.token_embd.ty, &embd[id * rb..(id + 1) * rb], row)
+            .expect("checked at load");
+    });
 
     let mut h = vec![0f32; n * d];
     for (l, (lp, lw)) in plan.layers.iter().zip(&w.layers).enumerate() {
@@ -80,47 +86,63 @@ pub(crate) fn forward(
         let kv_dim = a.n_head_kv * hd;
 
         // Attention block.
-        h.par_chunks_mut(d)
-            .zip(x.par_chunks(d))
-            .for_each(|(o, xi)| rms_norm(xi, &lw.attn_norm, plan.norm_eps, o));
-        dump("attn_norm", Some(l), &h);
+        rows_mut(pool, &mut h, d, |t, o| {
+            rms_norm(&x[t * d..(t + 1) * d], &lw.attn_norm, plan.norm_eps, o)
+        });
+        dump("attn_norm", l, &h);
         scratch.input.reset();
         let mut q = vec![0f32; n * q_dim];
         let mut k = vec![0f32; n * kv_dim];
         let mut v = vec![0f32; n * kv_dim];
-        matmul(&lw.wq, file, scratch.input.get(&h, n, d, lw.wq.ty), &mut q);
-        matmul(&lw.wk, file, scratch.input.get(&h, n, d, lw.wk.ty), &mut k);
-        matmul(&lw.wv, file, scratch.input.get(&h, n, d, lw.wv.ty), &mut v);
+        matmul(
+            pool,
+            &lw.wq,
+            file,
+            scratch.input.get(pool, &h, n, d, lw.wq.ty),
+            &mut q,
+        );
+        matmul(
+            pool,
+            &lw.wk,
+            file,
+            scratch.input.get(pool, &h, n, d, lw.wk.ty),
+            &mut k,
+        );
+        matmul(
+            pool,
+            &lw.wv,
+            file,
+            scratch.input.get(pool, &h, n, d, lw.wv.ty),
+            &mut v,
+        );
         for (buf, bias, dim) in [
             (&mut q, &lw.bq, q_dim),
             (&mut k, &lw.bk, kv_dim),
             (&mut v, &lw.bv, kv_dim),
         ] {
             if let Some(b) = bias {
-                buf.par_chunks_mut(dim)
+                buf.chunks_mut(dim)
                     .for_each(|row| row.iter_mut().zip(b).for_each(|(x, b)| *x += b));
             }
         }
-        if let (Some(qn), Some(kn)) = (&lw.q_norm, &lw.k_norm) {
-            q.par_chunks_mut(hd)
-                .for_each(|head| rms_norm_in_place(head, qn, plan.norm_eps));
-            k.par_chunks_mut(hd)
-                .for_each(|head| rms_norm_in_place(head, kn, plan.norm_eps));
-        }
         let freq_factors = w.rope_freqs.as_deref();
-        q.par_chunks_mut(q_dim)
-            .zip(k.par_chunks_mut(kv_dim))
-            .enumerate()
-            .for_each(|(t, (qt, kt))| {
-                let angles = RopeAngles::new(&a.rope, freq_factors, pos0 + t);
-                qt.chunks_mut(hd)
-                    .for_each(|head| angles.apply(a.rope.layout, head));
-                kt.chunks_mut(hd)
-                    .for_each(|head| angles.apply(a.rope.layout, head));
+        let angles: Vec<RopeAngles> = (0..n)
+            .map(|t| RopeAngles::new(&a.rope, freq_factors, pos0 + t))
+            .collect();
+        // Per token and head: the Q/K norm if the plan has one, then the rotation.
+        for (buf, norm, width) in [(&mut q, &lw.q_norm, q_dim), (&mut k, &lw.k_norm, kv_dim)] {
+            rows_mut(pool, buf, width, |t, row| {
+                for head in row.chunks_mut(hd) {
+                    if let Some(nw) = norm {
+                        rms_norm_in_place(head, nw, plan.norm_eps);
+                    }
+                    angles[t].apply(a.rope.layout, head);
+                }
             });
-        dump("Qcur", Some(l), &q);
-        dump("Kcur", Some(l), &k);
-        dump("Vcur", Some(l), &v);
+        }
+        dump("Qcur", l, &q);
+        dump("Kcur", l, &k);
+        dump("Vcur", l, &v);
         let lc = &mut cache.layers[l];
         for t in 0..n {
             lc.store(
@@ -131,55 +153,61 @@ pub(crate) fn forward(
             );
         }
         let mut attn = vec![0f32; n * q_dim];
-        attend(a, lc, cap, &q, pos0, n, &mut attn);
-        dump("kqv_out", Some(l), &attn);
+        attend(pool, a, lc, cap, &q, pos0, n, &mut attn);
+        dump("kqv_out", l, &attn);
         scratch.input.reset();
         let mut o = vec![0f32; n * d];
         matmul(
+            pool,
             &lw.wo,
             file,
-            scratch.input.get(&attn, n, q_dim, lw.wo.ty),
+            scratch.input.get(pool, &attn, n, q_dim, lw.wo.ty),
             &mut o,
         );
-        x.par_iter_mut().zip(&o).for_each(|(x, o)| *x += o);
-        dump("ffn_inp", Some(l), &x);
+        x.iter_mut().zip(&o).for_each(|(x, o)| *x += o);
+        dump("ffn_inp", l, &x);
 
         // Feed-forward block.
         let Ffn::Gated { n_ff, activation } = lp.ffn;
-        h.par_chunks_mut(d)
-            .zip(x.par_chunks(d))
-            .for_each(|(o, xi)| rms_norm(xi, &lw.ffn_norm, plan.norm_eps, o));
-        dump("ffn_norm", Some(l), &h);
+        rows_mut(pool, &mut h, d, |t, o| {
+            rms_norm(&x[t * d..(t + 1) * d], &lw.ffn_norm, plan.norm_eps, o)
+        });
+        dump("ffn_norm", l, &h);
         scratch.input.reset();
         let mut g = vec![0f32; n * n_ff];
         let mut u = vec![0f32; n * n_ff];
         matmul(
+            pool,
             &lw.gate,
             file,
-            scratch.input.get(&h, n, d, lw.gate.ty),
+            scratch.input.get(pool, &h, n, d, lw.gate.ty),
             &mut g,
         );
-        matmul(&lw.up, file, scratch.input.get(&h, n, d, lw.up.ty), &mut u);
+        matmul(
+            pool,
+            &lw.up,
+            file,
+            scratch.input.get(pool, &h, n, d, lw.up.ty),
+            &mut u,
+        );
+        let mut gated = vec![0f32; n * n_ff];
         match activation {
-            Activation::Silu => {
-                let mut gated = vec![0f32; n * n_ff];
-                gated
-                    .par_chunks_mut(n_ff)
-                    .zip(g.par_chunks(n_ff).zip(u.par_chunks(n_ff)))
-                    .for_each(|(o, (g, u))| ferrolm_quant::ggml_vec::swiglu(g, u, o));
-                g = gated;
-            }
+            Activation::Silu => rows_mut(pool, &mut gated, n_ff, |t, o| {
+                let r = t * n_ff..(t + 1) * n_ff;
+                ferrolm_quant::ggml_vec::swiglu(&g[r.clone()], &u[r], o);
+            }),
         }
         scratch.input.reset();
         matmul(
+            pool,
             &lw.down,
             file,
-            scratch.input.get(&g, n, n_ff, lw.down.ty),
+            scratch.input.get(pool, &gated, n, n_ff, lw.down.ty),
             &mut o,
         );
-        dump("ffn_out", Some(l), &o);
-        x.par_iter_mut().zip(&o).for_each(|(x, o)| *x += o);
-        dump("l_out", Some(l), &x);
+        dump("ffn_out", l, &o);
+        x.iter_mut().zip(&o).for_each(|(x, o)| *x += o);
+        dump("l_out", l, &x);
     }
 
     let rows: Vec<usize> = match want {
@@ -188,15 +216,17 @@ pub(crate) fn forward(
         Logits::All => (0..n).collect(),
     };
     let mut normed = vec![0f32; rows.len() * d];
-    for (o, &r) in normed.chunks_mut(d).zip(&rows) {
+    rows_mut(pool, &mut normed, d, |i, o| {
+        let r = rows[i];
         rms_norm(&x[r * d..(r + 1) * d], &w.output_norm, plan.norm_eps, o);
-    }
+    });
     scratch.input.reset();
     let mut logits = vec![0f32; rows.len() * plan.n_vocab];
     matmul(
+        pool,
         &w.output,
         file,
-        scratch.input.get(&normed, rows.len(), d, w.output.ty),
+        scratch.input.get(pool, &normed, rows.len(), d, w.output.ty),
         &mut logits,
     );
     logits

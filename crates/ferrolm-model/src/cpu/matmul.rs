@@ -3,7 +3,7 @@
 
 use ferrolm_gguf::TensorType;
 use ferrolm_quant::DotKernel;
-use rayon::prelude::*;
+use ferrolm_threads::ThreadPool;
 
 use crate::weights::Matrix;
 
@@ -19,16 +19,26 @@ pub struct QuantizedRows {
 
 impl QuantizedRows {
     /// Quantizes `n` rows of `cols` values from `x` to `ty`, as llama.cpp's CPU backend does.
-    pub fn quantize(&mut self, x: &[f32], n: usize, cols: usize, ty: TensorType) {
+    pub fn quantize(
+        &mut self,
+        pool: &ThreadPool,
+        x: &[f32],
+        n: usize,
+        cols: usize,
+        ty: TensorType,
+    ) {
         let stride =
             ferrolm_quant::row_bytes(ty, cols).expect("activation types take any whole row");
         self.data.resize(stride * n, 0);
-        self.data
-            .par_chunks_mut(stride)
-            .zip(x.par_chunks(cols))
-            .for_each(|(dst, src)| {
-                ferrolm_quant::quantize_activation(ty, src, dst).expect("sizes match");
-            });
+        let quantize_row = |i: usize, dst: &mut [u8]| {
+            ferrolm_quant::quantize_activation(ty, &x[i * cols..(i + 1) * cols], dst)
+                .expect("sizes match");
+        };
+        if n == 1 {
+            quantize_row(0, &mut self.data);
+        } else {
+            pool.for_each_chunk_mut(&mut self.data, stride, quantize_row);
+        }
         *self = QuantizedRows {
             ty: Some(ty),
             cols,
@@ -60,6 +70,7 @@ impl SharedInput {
     /// The input quantized for matrices of `weight_ty`, quantizing it on first use.
     pub fn get(
         &mut self,
+        pool: &ThreadPool,
         x: &[f32],
         n: usize,
         cols: usize,
@@ -75,53 +86,49 @@ impl SharedInput {
         if self.used == self.copies.len() {
             self.copies.push(QuantizedRows::default());
         }
-        self.copies[self.used].quantize(x, n, cols, ty);
+        self.copies[self.used].quantize(pool, x, n, cols, ty);
         self.used += 1;
         &self.copies[self.used - 1]
     }
 }
 
-/// Rows per task: enough work to amortize a task, small enough to balance threads.
-const ROWS_PER_TASK: usize = 16;
+/// Rows per task: enough work to amortize a task, small enough to balance threads; a multiple
+/// of 4, which llama.cpp's tinyBLAS path (F16/F32 batches) needs to be taken.
+const ROWS_PER_TASK: usize = 32;
 
 /// `out[t * w.rows + r] = dot(row r of w, input row t)` for every token `t`.
-pub fn matmul(w: &Matrix, file: &[u8], input: &QuantizedRows, out: &mut [f32]) {
+pub fn matmul(pool: &ThreadPool, w: &Matrix, file: &[u8], input: &QuantizedRows, out: &mut [f32]) {
     let kernel: DotKernel = ferrolm_quant::dot_kernel(w.ty).expect("checked at load");
     let data = w.data(file);
     let n_tok = input.n;
     assert_eq!(out.len(), n_tok * w.rows);
     if n_tok == 1 {
         let act = &input.data[..input.stride];
-        out.par_chunks_mut(ROWS_PER_TASK)
-            .enumerate()
-            .for_each(|(c, chunk)| {
-                let r0 = c * ROWS_PER_TASK;
-                let rows = &data[r0 * w.row_bytes..(r0 + chunk.len()) * w.row_bytes];
-                kernel.dot_rows(w.cols, rows, w.row_bytes, act, chunk);
-            });
+        pool.for_each_chunk_mut(out, ROWS_PER_TASK, |c, chunk| {
+            let r0 = c * ROWS_PER_TASK;
+            let rows = &data[r0 * w.row_bytes..(r0 + chunk.len()) * w.row_bytes];
+            kernel.dot_rows(w.cols, rows, w.row_bytes, act, chunk);
+        });
         return;
     }
     let n_tasks = w.rows.div_ceil(ROWS_PER_TASK);
-    let tiles: Vec<Vec<f32>> = (0..n_tasks)
-        .into_par_iter()
-        .map(|c| {
-            let r0 = c * ROWS_PER_TASK;
-            let n_rows = ROWS_PER_TASK.min(w.rows - r0);
-            let rows = &data[r0 * w.row_bytes..(r0 + n_rows) * w.row_bytes];
-            let mut tile = vec![0.0; n_rows * n_tok];
-            kernel.dot_rows_multi(
-                w.cols,
-                rows,
-                w.row_bytes,
-                n_rows,
-                &input.data,
-                input.stride,
-                n_tok,
-                &mut tile,
-            );
-            tile
-        })
-        .collect();
+    let tiles: Vec<Vec<f32>> = pool.map(n_tasks, |c| {
+        let r0 = c * ROWS_PER_TASK;
+        let n_rows = ROWS_PER_TASK.min(w.rows - r0);
+        let rows = &data[r0 * w.row_bytes..(r0 + n_rows) * w.row_bytes];
+        let mut tile = vec![0.0; n_rows * n_tok];
+        kernel.dot_rows_multi(
+            w.cols,
+            rows,
+            w.row_bytes,
+            n_rows,
+            &input.data,
+            input.stride,
+            n_tok,
+            &mut tile,
+        );
+        tile
+    });
     for (c, tile) in tiles.iter().enumerate() {
         let r0 = c * ROWS_PER_TASK;
         let n_rows = tile.len() / n_tok;
