@@ -168,13 +168,13 @@ pub fn write(spec: &SyntheticSpec, path: impl AsRef<Path>) -> Result<()> {
 pub fn build(spec: &SyntheticSpec) -> Result<GgufWriter> {
     let invalid = |m: String| ModelError::Invalid(m);
     let hd = spec.head_dim();
-    if spec.n_head == 0 || spec.n_head_kv == 0 || spec.n_head % spec.n_head_kv != 0 {
+    if spec.n_head == 0 || spec.n_head_kv == 0 || !spec.n_head.is_multiple_of(spec.n_head_kv) {
         return Err(invalid(format!(
             "{} query heads cannot share {} key/value heads",
             spec.n_head, spec.n_head_kv
         )));
     }
-    if spec.n_layer == 0 || spec.n_embd == 0 || spec.n_ff == 0 || hd == 0 || hd % 2 != 0 {
+    if spec.n_layer == 0 || spec.n_embd == 0 || spec.n_ff == 0 || hd == 0 || !hd.is_multiple_of(2) {
         return Err(invalid(format!(
             "cannot build {} layers of width {}, feed-forward {}, head size {hd}",
             spec.n_layer, spec.n_embd, spec.n_ff
