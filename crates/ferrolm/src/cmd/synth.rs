@@ -54,6 +54,10 @@ pub struct SynthArgs {
     /// Q5_1 and F16.
     #[arg(long = "type", default_value = "mixed")]
     pub ty: String,
+    /// Type of the tensors whose name contains PATTERN (`attn_v=f16`, `blk.0.ffn_down=q5_1`);
+    /// repeatable, the first match wins, before `--type`.
+    #[arg(long = "tensor-type", value_name = "PATTERN=TYPE")]
+    pub tensor_types: Vec<String>,
     /// Seed of the weights.
     #[arg(long)]
     pub seed: Option<u64>,
@@ -94,14 +98,18 @@ pub fn spec(args: &SynthArgs) -> Result<SyntheticSpec> {
     s.rope_freqs = args.rope_freqs;
     s.tied_output = args.tied;
     if !args.ty.eq_ignore_ascii_case("mixed") {
-        let ty = TensorType::ALL
-            .iter()
-            .find(|t| t.name().eq_ignore_ascii_case(&args.ty))
-            .copied()
-            .with_context(|| format!("unknown tensor type {:?}", args.ty))?;
-        s.default_type = ty;
+        s.default_type = parse_type(&args.ty)?;
         s.types.clear();
     }
+    let mut types = Vec::new();
+    for t in &args.tensor_types {
+        let (pattern, ty) = t
+            .split_once('=')
+            .with_context(|| format!("--tensor-type {t:?} is not PATTERN=TYPE"))?;
+        types.push((pattern.to_string(), parse_type(ty)?));
+    }
+    types.append(&mut s.types);
+    s.types = types;
     if let Some(seed) = args.seed {
         s.seed = seed;
     }
@@ -109,6 +117,14 @@ pub fn spec(args: &SynthArgs) -> Result<SyntheticSpec> {
         s.tokenizer = TokenizerSource::From(p.clone());
     }
     Ok(s)
+}
+
+fn parse_type(name: &str) -> Result<TensorType> {
+    TensorType::ALL
+        .iter()
+        .find(|t| t.name().eq_ignore_ascii_case(name))
+        .copied()
+        .with_context(|| format!("unknown tensor type {name:?}"))
 }
 
 /// Runs `ferrolm synth`.
