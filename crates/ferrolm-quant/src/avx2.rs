@@ -279,7 +279,16 @@ unsafe fn rows_blocks<B: Block>(
         };
         let mut acc = [zero; 4];
         let base = x.add(i * stride);
+        // Decode streams each weight once from memory: fetch the group of rows after next
+        // while this one computes (4 rows are `4 * nb * WB` contiguous bytes when the stride is
+        // the row length: `4 * WB` of them per block). Prefetching past the end is harmless.
+        let ahead = base.wrapping_add(8 * stride);
         for b in 0..nb {
+            let mut line = 0;
+            while line < 4 * B::WB {
+                _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(b * 4 * B::WB + line) as *const i8);
+                line += 64;
+            }
             let yb = y.add(b * B::AB);
             let xb = base.add(b * B::WB);
             B::step(xb, yb, &mut acc[0]);
