@@ -4,7 +4,7 @@
 use ferrolm_threads::ThreadPool;
 
 use super::attention::attend;
-use super::matmul::{matmul, SharedInput};
+use super::matmul::{matmul, matmul_group, SharedInput};
 use super::ops::{rms_norm, rms_norm_in_place, RopeAngles};
 use crate::kv_cache::KvCache;
 use crate::plan::{Activation, Ffn};
@@ -94,26 +94,18 @@ pub(crate) fn forward(
         let mut q = vec![0f32; n * q_dim];
         let mut k = vec![0f32; n * kv_dim];
         let mut v = vec![0f32; n * kv_dim];
-        matmul(
+        scratch
+            .input
+            .prepare(pool, &h, n, d, &[lw.wq.ty, lw.wk.ty, lw.wv.ty]);
+        let inp = &scratch.input;
+        matmul_group(
             pool,
-            &lw.wq,
             file,
-            scratch.input.get(pool, &h, n, d, lw.wq.ty),
-            &mut q,
-        );
-        matmul(
-            pool,
-            &lw.wk,
-            file,
-            scratch.input.get(pool, &h, n, d, lw.wk.ty),
-            &mut k,
-        );
-        matmul(
-            pool,
-            &lw.wv,
-            file,
-            scratch.input.get(pool, &h, n, d, lw.wv.ty),
-            &mut v,
+            vec![
+                (&lw.wq, inp.rows_for(lw.wq.ty), &mut q),
+                (&lw.wk, inp.rows_for(lw.wk.ty), &mut k),
+                (&lw.wv, inp.rows_for(lw.wv.ty), &mut v),
+            ],
         );
         for (buf, bias, dim) in [
             (&mut q, &lw.bq, q_dim),
@@ -176,19 +168,17 @@ pub(crate) fn forward(
         scratch.input.reset();
         let mut g = vec![0f32; n * n_ff];
         let mut u = vec![0f32; n * n_ff];
-        matmul(
+        scratch
+            .input
+            .prepare(pool, &h, n, d, &[lw.gate.ty, lw.up.ty]);
+        let inp = &scratch.input;
+        matmul_group(
             pool,
-            &lw.gate,
             file,
-            scratch.input.get(pool, &h, n, d, lw.gate.ty),
-            &mut g,
-        );
-        matmul(
-            pool,
-            &lw.up,
-            file,
-            scratch.input.get(pool, &h, n, d, lw.up.ty),
-            &mut u,
+            vec![
+                (&lw.gate, inp.rows_for(lw.gate.ty), &mut g),
+                (&lw.up, inp.rows_for(lw.up.ty), &mut u),
+            ],
         );
         let mut gated = vec![0f32; n * n_ff];
         match activation {

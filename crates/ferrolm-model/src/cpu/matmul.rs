@@ -92,6 +92,67 @@ impl SharedInput {
     }
 }
 
+impl SharedInput {
+    /// Quantizes the input once for each of `weight_types` that needs its own copy.
+    pub fn prepare(
+        &mut self,
+        pool: &ThreadPool,
+        x: &[f32],
+        n: usize,
+        cols: usize,
+        weight_types: &[TensorType],
+    ) {
+        for &ty in weight_types {
+            self.get(pool, x, n, cols, ty);
+        }
+    }
+
+    /// The copy for matrices of `weight_ty`, made by [`SharedInput::prepare`].
+    pub fn rows_for(&self, weight_ty: TensorType) -> &QuantizedRows {
+        let ty = ferrolm_quant::vec_dot_type(weight_ty).expect("bound matrices have a dot kernel");
+        self.copies[..self.used]
+            .iter()
+            .find(|c| c.ty == Some(ty))
+            .expect("prepared")
+    }
+}
+
+/// Several products that read the same input (Q, K and V; gate and up), in one parallel step
+/// when decoding one token, so that the threads meet once instead of once per matrix.
+pub fn matmul_group(
+    pool: &ThreadPool,
+    file: &[u8],
+    jobs: Vec<(&Matrix, &QuantizedRows, &mut [f32])>,
+) {
+    if jobs.iter().any(|(_, input, _)| input.n != 1) {
+        for (w, input, out) in jobs {
+            matmul(pool, w, file, input, out);
+        }
+        return;
+    }
+    let mut tasks = Vec::new();
+    let mut kernels = Vec::with_capacity(jobs.len());
+    let mut mats = Vec::with_capacity(jobs.len());
+    for (j, (w, input, out)) in jobs.into_iter().enumerate() {
+        assert_eq!(out.len(), w.rows);
+        kernels.push(ferrolm_quant::dot_kernel(w.ty).expect("checked at load"));
+        mats.push((w, &input.data[..input.stride]));
+        for (c, chunk) in out.chunks_mut(ROWS_PER_TASK).enumerate() {
+            tasks.push(std::sync::Mutex::new((j, c * ROWS_PER_TASK, chunk)));
+        }
+    }
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    pool.run(&|_, _| loop {
+        let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let Some(task) = tasks.get(i) else { break };
+        let mut task = task.lock().unwrap_or_else(|e| e.into_inner());
+        let (j, r0, ref mut chunk) = *task;
+        let (w, act) = mats[j];
+        let rows = &w.data(file)[r0 * w.row_bytes..(r0 + chunk.len()) * w.row_bytes];
+        kernels[j].dot_rows(w.cols, rows, w.row_bytes, act, chunk);
+    });
+}
+
 /// Rows per task: enough work to amortize a task, small enough to balance threads; a multiple
 /// of 4, which llama.cpp's tinyBLAS path (F16/F32 batches) needs to be taken.
 const ROWS_PER_TASK: usize = 32;
