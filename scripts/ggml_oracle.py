@@ -23,6 +23,8 @@ Files and records:
                   "silu" [n] [x f32, out f32]: ggml_vec_silu_f32
                   "soft_max" [n] [x f32, max f32 (1 value), out f32, sum f64]: ggml_vec_soft_max_f32
                   "dot_f16" [n] [x f16, y f16, f32 result]: ggml_vec_dot_f16
+  gelu.bin        "gelu_table" [] [65536 f16]: ggml_table_gelu_f16, the table ggml_cpu_init fills
+                  and ggml_vec_gelu_f32 / ggml_vec_geglu_f32 read (GGML_GELU_FP16)
 
 Run from the repository root:  python3 scripts/ggml_oracle.py
 """
@@ -315,10 +317,22 @@ def gen_vec():
     w.close()
 
 
+def gen_gelu():
+    w = Writer("gelu.bin")
+    table = (ctypes.c_uint16 * 65536).in_dll(cpu, "ggml_table_gelu_f16")
+    w.rec("gelu_table", [], [np.frombuffer(bytes(table), dtype=np.uint16).copy()])
+    w.close()
+
+
 if __name__ == "__main__":
+    import sys
+    if sys.argv[1:] == ["gelu"]:
+        gen_gelu()
+        sys.exit(0)
     gen_from_float()
     gen_vec_dot()
     gen_sgemm()
     gen_vec()
+    gen_gelu()
     total = sum(os.path.getsize(os.path.join(OUT, f)) for f in os.listdir(OUT))
     print(f"wrote {OUT}: {total} bytes")

@@ -175,6 +175,87 @@ pub fn soft_max(x: &[f32], out: &mut [f32], max: f32) -> f64 {
     soft_max_body(x, out, max)
 }
 
+/// `gelu(x)` by the tanh approximation, as ggml's scalar `ggml_gelu_f32` computes it:
+/// `0.5 x (1 + tanh(sqrt(2/pi) x (1 + 0.044715 x^2)))` in f32, with gcc's contraction of
+/// `1 + a*x*x` into a fused multiply-add; `tanh` correctly rounded (through f64).
+fn gelu_scalar(x: f32) -> f32 {
+    const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+    const GELU_COEF_A: f32 = 0.044_715;
+    let inner = (GELU_COEF_A * x).mul_add(x, 1.0);
+    let t = (f64::from(SQRT_2_OVER_PI * x * inner)).tanh() as f32;
+    0.5 * x * (1.0 + t)
+}
+
+/// ggml's `ggml_table_gelu_f16`: `gelu` of every f16, rounded to f16 (ggml_cpu_init fills it
+/// once; with GGML_GELU_FP16, which the CPU backend defines, every f32 GELU reads it).
+fn gelu_table() -> &'static [f16] {
+    static TABLE: std::sync::OnceLock<Vec<f16>> = std::sync::OnceLock::new();
+    TABLE.get_or_init(|| {
+        (0..=u16::MAX)
+            .map(|i| {
+                let g = gelu_scalar(f16::from_bits(i).to_f32());
+                if g.is_nan() {
+                    // F16C's conversion quiets a NaN and drops its payload.
+                    f16::from_bits(if g.is_sign_negative() { 0xfe00 } else { 0x7e00 })
+                } else {
+                    f16::from_f32(g)
+                }
+            })
+            .collect()
+    })
+}
+
+/// ggml's GELU table, for the oracle test (`table[bits of an f16] = gelu` as f16).
+pub fn gelu_f16_table() -> &'static [f16] {
+    gelu_table()
+}
+
+#[inline(always)]
+fn gelu_lookup(table: &[f16], x: f32) -> f32 {
+    table[f16::from_f32(x).to_bits() as usize].to_f32()
+}
+
+/// `out[i] = gelu(x[i])`, bit-identical to llama.cpp's `ggml_vec_gelu_f32` (GGML_GELU_FP16):
+/// 0 at or below -10, `x` at or above 10, otherwise the table entry of `x` rounded to f16.
+///
+/// # Panics
+/// If the slices differ in length.
+pub fn gelu(x: &[f32], out: &mut [f32]) {
+    assert_eq!(x.len(), out.len(), "gelu: lengths differ");
+    let table = gelu_table();
+    for (o, &v) in out.iter_mut().zip(x) {
+        *o = if v <= -10.0 {
+            0.0
+        } else if v >= 10.0 {
+            v
+        } else {
+            gelu_lookup(table, v)
+        };
+    }
+}
+
+/// `out[i] = gelu(gate[i]) * up[i]`, bit-identical to llama.cpp's `ggml_vec_geglu_f32(n, out,
+/// gate, up)` (GGML_GELU_FP16: the f16 table, 0 at or below -10, `gate * up` at or above 10).
+///
+/// # Panics
+/// If the three slices differ in length.
+pub fn geglu(gate: &[f32], up: &[f32], out: &mut [f32]) {
+    assert!(
+        gate.len() == out.len() && up.len() == out.len(),
+        "geglu: lengths differ"
+    );
+    let table = gelu_table();
+    for ((o, &g), &u) in out.iter_mut().zip(gate).zip(up) {
+        *o = if g <= -10.0 {
+            0.0
+        } else if g >= 10.0 {
+            g * u
+        } else {
+            gelu_lookup(table, g) * u
+        };
+    }
+}
+
 /// Dot product of two f16 vectors of any length, bit-identical to llama.cpp's
 /// `ggml_vec_dot_f16` with AVX512 (GGML_F16_STEP 64: four 16-lane f32 accumulators fed by
 /// fused multiply-adds, reduced as `(acc0 + acc2) + (acc1 + acc3)` then

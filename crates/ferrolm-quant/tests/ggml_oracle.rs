@@ -278,3 +278,35 @@ fn vec_functions_match_llama_cpp() {
     }
     fails.finish(total);
 }
+
+#[test]
+fn gelu_table_matches_llama_cpp() {
+    let recs = read("gelu.bin");
+    let want: Vec<u16> = recs[0].arrays[0]
+        .chunks(2)
+        .map(|c| u16::from_le_bytes([c[0], c[1]]))
+        .collect();
+    assert_eq!(want.len(), 65536);
+    let table = ggml_vec::gelu_f16_table();
+    let mut fails = Failures::default();
+    for (i, &w) in want.iter().enumerate() {
+        fails.check(
+            || format!("gelu table [{i:#06x}] x={}", f16::from_bits(i as u16)),
+            u32::from(table[i].to_bits()),
+            u32::from(w),
+        );
+    }
+    fails.finish(want.len());
+    // geglu: the table inside (-10, 10), the edges outside.
+    let g = [-11.0f32, -10.0, -0.5, 0.0, 0.3, 2.0, 9.99, 10.0, 12.0];
+    let u = [2.0f32; 9];
+    let mut out = [0f32; 9];
+    ggml_vec::geglu(&g, &u, &mut out);
+    assert_eq!(out[0], 0.0);
+    assert_eq!(out[1], 0.0);
+    assert_eq!(out[7], 20.0);
+    assert_eq!(out[8], 24.0);
+    let t = |x: f32| f16::from_bits(want[f16::from_f32(x).to_bits() as usize]).to_f32();
+    assert_eq!(out[2], t(-0.5) * 2.0);
+    assert_eq!(out[5], t(2.0) * 2.0);
+}
