@@ -166,30 +166,7 @@ pub(crate) fn parse_header(bytes: &[u8]) -> Result<Header> {
             name: name.clone(),
             id: type_id,
         })?;
-        let n_elements = dims
-            .iter()
-            .try_fold(1u64, |acc, &d| acc.checked_mul(d))
-            // GGML counts elements in an i64.
-            .filter(|&n| n <= i64::MAX as u64)
-            .ok_or_else(|| GgufError::DimOverflow {
-                name: name.clone(),
-                dims: dims.clone(),
-            })?;
-        let ne0 = dims.first().copied().unwrap_or(1);
-        if ne0 % ty.block_size() as u64 != 0 {
-            return Err(GgufError::NotWholeBlocks {
-                name,
-                ty,
-                ne0,
-                block: ty.block_size(),
-            });
-        }
-        let size = ty
-            .bytes_for(n_elements)
-            .ok_or_else(|| GgufError::DimOverflow {
-                name: name.clone(),
-                dims: dims.clone(),
-            })?;
+        let (n_elements, size) = tensor_extent(&name, &dims, ty)?;
         if offset % alignment != 0 {
             return Err(GgufError::MisalignedOffset {
                 name,
@@ -230,6 +207,31 @@ pub(crate) fn parse_header(bytes: &[u8]) -> Result<Header> {
         alignment,
         data_offset,
     })
+}
+
+/// The element count and byte size of a tensor of `ty` with `dims`: rows must be whole
+/// blocks, and neither number may overflow (GGML counts elements in an i64).
+pub(crate) fn tensor_extent(name: &str, dims: &[u64], ty: TensorType) -> Result<(u64, u64)> {
+    let overflow = || GgufError::DimOverflow {
+        name: name.to_string(),
+        dims: dims.to_vec(),
+    };
+    let n_elements = dims
+        .iter()
+        .try_fold(1u64, |acc, &d| acc.checked_mul(d))
+        .filter(|&n| n <= i64::MAX as u64)
+        .ok_or_else(overflow)?;
+    let ne0 = dims.first().copied().unwrap_or(1);
+    if !ne0.is_multiple_of(ty.block_size() as u64) {
+        return Err(GgufError::NotWholeBlocks {
+            name: name.to_string(),
+            ty,
+            ne0,
+            block: ty.block_size(),
+        });
+    }
+    let size = ty.bytes_for(n_elements).ok_or_else(overflow)?;
+    Ok((n_elements, size))
 }
 
 fn check_count(count: u64, min_bytes: u64, c: &Cursor<'_>, what: &str) -> Result<usize> {

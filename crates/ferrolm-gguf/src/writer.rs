@@ -5,7 +5,7 @@ use std::path::Path;
 
 use crate::error::{GgufError, Result};
 use crate::metadata::{Array, Metadata, Value};
-use crate::reader::{ALIGNMENT_KEY, DEFAULT_ALIGNMENT, MAGIC};
+use crate::reader::{tensor_extent, ALIGNMENT_KEY, DEFAULT_ALIGNMENT, MAGIC};
 use crate::TensorType;
 
 /// Collects metadata and tensors, then writes them as one GGUF file.
@@ -53,22 +53,7 @@ impl GgufWriter {
         if self.tensors.iter().any(|t| t.name == name) {
             return Err(GgufError::DuplicateTensor(name));
         }
-        let n: Option<u64> = dims.iter().try_fold(1u64, |a, &d| a.checked_mul(d));
-        let ne0 = dims.first().copied().unwrap_or(1);
-        if ne0 % ty.block_size() as u64 != 0 {
-            return Err(GgufError::NotWholeBlocks {
-                name,
-                ty,
-                ne0,
-                block: ty.block_size(),
-            });
-        }
-        let expected = n
-            .and_then(|n| ty.bytes_for(n))
-            .ok_or_else(|| GgufError::DimOverflow {
-                name: name.clone(),
-                dims: dims.to_vec(),
-            })?;
+        let (_, expected) = tensor_extent(&name, dims, ty)?;
         if expected != data.len() as u64 {
             return Err(GgufError::WrongDataSize {
                 name,
