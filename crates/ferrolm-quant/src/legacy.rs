@@ -301,13 +301,23 @@ fn q8_block(x: &[f32], qs: &mut [u8; QK], rounding: Rounding) -> (f32, i32) {
     for (q, &v) in qs.iter_mut().zip(x) {
         let r = match rounding {
             Rounding::Reference => roundf(v * id),
-            Rounding::X86 | Rounding::Arm => (v * id).round_ties_even(),
+            Rounding::X86 | Rounding::Arm => round_half_even(v * id),
         };
         let r = r as i32;
         sum += r;
         *q = r as i8 as u8;
     }
     (d, sum)
+}
+
+/// Rounds to the nearest integer, ties to even, for |x| <= 2^22 (a quantized value is at most
+/// 127.5): adding and removing 1.5 * 2^23 leaves the rounding to the FPU's default mode. The
+/// same result as `round_ties_even`, which without SSE4.1 in the target is a libm call per
+/// element (8% of a prompt's time).
+#[inline]
+fn round_half_even(x: f32) -> f32 {
+    const MAGIC: f32 = 12_582_912.0; // 1.5 * 2^23
+    (x + MAGIC) - MAGIC
 }
 
 pub(crate) fn quantize_q8_0_with(src: &[f32], dst: &mut [u8], rounding: Rounding) {
@@ -415,4 +425,21 @@ pub(crate) fn dot_q8_0_q8_0(_n: usize, row: &[u8], act: &[u8]) -> f32 {
         fma8(&mut acc, f16_to_f32(x.d) * f16_to_f32(y.d), &s);
     }
     reduce8(&acc)
+}
+
+#[cfg(test)]
+mod rounding_tests {
+    use super::round_half_even;
+
+    #[test]
+    fn the_magic_rounding_equals_round_ties_even() {
+        let mut x = -130.0f32;
+        while x <= 130.0 {
+            for v in [x, x + 0.5, x - 0.5, f32::from_bits((x + 0.5).to_bits() + 1), x + 1e-3] {
+                // Compared as the integers the quantizers keep (-0.0 and 0.0 are both 0).
+                assert_eq!(round_half_even(v) as i32, v.round_ties_even() as i32, "{v}");
+            }
+            x += 0.25;
+        }
+    }
 }
