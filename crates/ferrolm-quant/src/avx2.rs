@@ -112,7 +112,7 @@ trait Block {
 /// One row: checks lengths, then runs the block loop.
 fn dot_entry<B: Block>(n: usize, row: &[u8], act: &[u8]) -> f32 {
     let nb = n / B::QK;
-    assert!(n % B::QK == 0 && row.len() >= nb * B::WB && act.len() >= nb * B::AB);
+    assert!(n.is_multiple_of(B::QK) && row.len() >= nb * B::WB && act.len() >= nb * B::AB);
     // SAFETY: `kernel` hands these functions out only after `is_x86_feature_detected!` found
     // avx2, fma and f16c; the loop reads `nb` blocks, which the assert above keeps in bounds.
     unsafe { dot_blocks::<B>(nb, row.as_ptr(), act.as_ptr()) }
@@ -121,7 +121,7 @@ fn dot_entry<B: Block>(n: usize, row: &[u8], act: &[u8]) -> f32 {
 /// Several rows `row_stride` bytes apart: checks lengths, then four rows per pass.
 fn rows_entry<B: Block>(n: usize, rows: &[u8], row_stride: usize, act: &[u8], out: &mut [f32]) {
     let nb = n / B::QK;
-    assert!(n % B::QK == 0 && act.len() >= nb * B::AB && row_stride >= nb * B::WB);
+    assert!(n.is_multiple_of(B::QK) && act.len() >= nb * B::AB && row_stride >= nb * B::WB);
     if out.is_empty() {
         return;
     }
@@ -145,7 +145,7 @@ fn multi_entry<B: Block>(
     out: &mut [f32],
 ) {
     let nb = n / B::QK;
-    assert!(n % B::QK == 0 && row_stride >= nb * B::WB && act_stride >= nb * B::AB);
+    assert!(n.is_multiple_of(B::QK) && row_stride >= nb * B::WB && act_stride >= nb * B::AB);
     if n_rows == 0 || n_cols == 0 {
         return;
     }
@@ -211,7 +211,7 @@ unsafe fn multi_blocks<B: Block>(
 /// The kernels that accumulate blocks in pairs (IQ4_NL, MXFP4): one row.
 fn dot_pairs_entry<B: Block + OddBlock>(n: usize, row: &[u8], act: &[u8]) -> f32 {
     let nb = n / B::QK;
-    assert!(n % B::QK == 0 && row.len() >= nb * B::WB && act.len() >= nb * B::AB);
+    assert!(n.is_multiple_of(B::QK) && row.len() >= nb * B::WB && act.len() >= nb * B::AB);
     // SAFETY: as in `dot_entry`.
     let sumf = unsafe { dot_pairs::<B>(nb, row.as_ptr(), act.as_ptr()) };
     if nb % 2 == 1 {

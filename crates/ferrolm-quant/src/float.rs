@@ -121,7 +121,7 @@ pub(crate) fn float_kind(ty: crate::TensorType) -> Option<FloatKind> {
 /// Whether llama.cpp's mul_mat hands this product to llamafile_sgemm's tinyBLAS (AVX512
 /// build): at least 2 columns, `n` a multiple of KN and a row count that is a multiple of 4.
 pub(crate) fn tinyblas_applies(kind: FloatKind, n: usize, n_rows: usize, n_cols: usize) -> bool {
-    n_cols >= 2 && n % kind.kn() == 0 && n_rows % 4 == 0
+    n_cols >= 2 && n.is_multiple_of(kind.kn()) && n_rows.is_multiple_of(4)
 }
 
 /// One output element of tinyBLAS<16, __m512>: a 16-lane accumulator fed by fused

@@ -108,7 +108,7 @@ impl DotKernel {
     #[inline(always)]
     fn sizes(&self, n: usize) -> (usize, usize) {
         assert!(
-            n % self.block_size == 0,
+            n.is_multiple_of(self.block_size),
             "{}: n = {n} is not a multiple of the block size {}",
             self.ty,
             self.block_size

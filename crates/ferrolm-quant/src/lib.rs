@@ -79,7 +79,7 @@ pub enum QuantError {
 /// Bytes taken by `n` elements of `ty`; an error when `n` is not a whole number of blocks.
 pub fn row_bytes(ty: TensorType, n: usize) -> Result<usize, QuantError> {
     let block_size = ty.block_size();
-    if n % block_size != 0 {
+    if !n.is_multiple_of(block_size) {
         return Err(QuantError::PartialBlock { ty, n, block_size });
     }
     Ok(n / block_size * ty.block_bytes())
