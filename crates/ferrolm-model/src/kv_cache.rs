@@ -24,6 +24,12 @@ pub struct KvCache {
     pub(crate) cap: usize,
 }
 
+/// A zeroed buffer from the allocator's zeroed pages: pages stay untouched (and out of the
+/// resident set) until a position is written, which `vec![f16::ZERO; n]` would not allow.
+fn zeroed(n: usize) -> Vec<f16> {
+    bytemuck::allocation::zeroed_vec(n)
+}
+
 impl KvCache {
     /// An empty cache for `n_ctx` positions of the model described by `plan`.
     pub fn new(plan: &ModelPlan, n_ctx: usize) -> KvCache {
@@ -34,8 +40,8 @@ impl KvCache {
             .map(|l| {
                 let kv_dim = l.attention.n_head_kv * l.attention.head_dim;
                 LayerCache {
-                    k: vec![f16::ZERO; cap * kv_dim],
-                    v_t: vec![f16::ZERO; cap * kv_dim],
+                    k: zeroed(cap * kv_dim),
+                    v_t: zeroed(cap * kv_dim),
                     kv_dim,
                 }
             })
