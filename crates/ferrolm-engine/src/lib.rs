@@ -4,6 +4,7 @@
 
 mod generate;
 mod sampler;
+pub mod sequence;
 
 pub use generate::{generate, FinishReason, GenerateError, GenerateParams, Generation};
 pub use sampler::{argmax, Sampler, SamplerParams};

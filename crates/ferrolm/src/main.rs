@@ -28,6 +28,8 @@ enum Command {
     Chat(cmd::chat::ChatArgs),
     /// Measure prompt processing (pp) and generation (tg) speed, like llama-bench.
     Bench(cmd::bench::BenchArgs),
+    /// Serve the model over an OpenAI-compatible HTTP API.
+    Serve(cmd::serve::ServeArgs),
     /// Evaluate ids as one prompt and write every position's logits (f32 LE, n_ids x n_vocab).
     Logits {
         #[command(flatten)]
@@ -96,6 +98,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Run(args) => cmd::run::run(args),
         Command::Chat(args) => cmd::chat::run(args),
         Command::Bench(args) => cmd::bench::run(args),
+        Command::Serve(args) => cmd::serve::run(args),
         Command::Logits {
             model,
             ids,

@@ -1,0 +1,442 @@
+//! The OpenAI request bodies, their validation, and the answers' JSON.
+
+use ferrolm_engine::sequence::SequenceParams;
+use ferrolm_engine::{FinishReason, SamplerParams};
+use ferrolm_tokenizer::{ChatMessage, Tokenizer};
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use crate::error::ApiError;
+use axum::http::StatusCode;
+
+/// `stop`: one string or several.
+#[derive(Deserialize)]
+#[serde(untagged)]
+pub enum Stop {
+    One(String),
+    Many(Vec<String>),
+}
+
+/// A message's `content`: text, or parts of which we read the text ones.
+#[derive(Deserialize)]
+#[serde(untagged)]
+pub enum Content {
+    Text(String),
+    Parts(Vec<ContentPart>),
+}
+
+#[derive(Deserialize)]
+pub struct ContentPart {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub text: Option<String>,
+}
+
+#[derive(Deserialize)]
+pub struct Message {
+    pub role: String,
+    pub content: Option<Content>,
+}
+
+#[derive(Deserialize)]
+pub struct StreamOptions {
+    pub include_usage: Option<bool>,
+}
+
+/// What both endpoints share.
+#[derive(Deserialize)]
+pub struct Common {
+    pub model: String,
+    pub max_tokens: Option<i64>,
+    pub max_completion_tokens: Option<i64>,
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    pub top_k: Option<i64>,
+    pub min_p: Option<f32>,
+    pub seed: Option<i64>,
+    pub stop: Option<Stop>,
+    pub stream: Option<bool>,
+    pub stream_options: Option<StreamOptions>,
+    pub n: Option<i64>,
+    pub frequency_penalty: Option<f32>,
+    pub presence_penalty: Option<f32>,
+    pub repeat_penalty: Option<f32>,
+    pub logprobs: Option<Value>,
+}
+
+/// `POST /v1/chat/completions`.
+#[derive(Deserialize)]
+pub struct ChatRequest {
+    pub messages: Vec<Message>,
+    #[serde(flatten)]
+    pub common: Common,
+}
+
+/// A completion prompt: text, or token ids.
+#[derive(Deserialize)]
+#[serde(untagged)]
+pub enum Prompt {
+    Text(String),
+    Texts(Vec<String>),
+    Ids(Vec<u32>),
+}
+
+/// `POST /v1/completions`.
+#[derive(Deserialize)]
+pub struct CompletionRequest {
+    pub prompt: Prompt,
+    pub echo: Option<bool>,
+    pub best_of: Option<i64>,
+    #[serde(flatten)]
+    pub common: Common,
+}
+
+/// Which endpoint, for the shape of the answer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Endpoint {
+    Chat,
+    Completion,
+}
+
+/// A validated request, ready to queue.
+pub struct Prepared {
+    pub endpoint: Endpoint,
+    pub prompt: Vec<u32>,
+    pub params: SequenceParams,
+    pub stream: bool,
+    pub include_usage: bool,
+}
+
+/// Parses a body: 400 for malformed JSON and for missing or wrongly typed fields.
+pub fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
+    serde_json::from_slice(body).map_err(|e| {
+        use serde_json::error::Category;
+        match e.classify() {
+            Category::Syntax | Category::Eof | Category::Io => {
+                ApiError::invalid(format!("the body is not valid JSON: {e}"))
+                    .with_code("invalid_json")
+            }
+            Category::Data => ApiError::invalid(format!("invalid request: {e}")),
+        }
+    })
+}
+
+/// Tokenizes a prompt as `ferrolm run` does: BOS/EOS as the model asks, special-token text
+/// parsed, no second BOS when a template writes its own.
+pub fn encode_prompt(tokenizer: &Tokenizer, text: &str) -> Vec<u32> {
+    let mut ids = tokenizer.encode(text, true, true);
+    if let Some(bos) = tokenizer.bos() {
+        if tokenizer.adds_bos() && ids.len() >= 2 && ids[0] == bos && ids[1] == bos {
+            ids.remove(0);
+        }
+    }
+    ids
+}
+
+/// The messages as the chat template wants them.
+pub fn chat_messages(messages: &[Message]) -> Result<Vec<ChatMessage>, ApiError> {
+    if messages.is_empty() {
+        return Err(ApiError::param(
+            "messages",
+            "`messages` must hold at least one message",
+        ));
+    }
+    messages
+        .iter()
+        .enumerate()
+        .map(|(i, m)| {
+            let content = match &m.content {
+                None => String::new(),
+                Some(Content::Text(t)) => t.clone(),
+                Some(Content::Parts(parts)) => {
+                    let mut text = String::new();
+                    for p in parts {
+                        match (p.kind.as_str(), &p.text) {
+                            ("text", Some(t)) => text.push_str(t),
+                            (kind, _) => {
+                                return Err(ApiError::param(
+                                    "messages",
+                                    format!("messages[{i}]: content parts of type {kind:?} are not supported (text only)"),
+                                ))
+                            }
+                        }
+                    }
+                    text
+                }
+            };
+            Ok(ChatMessage::new(m.role.clone(), content))
+        })
+        .collect()
+}
+
+fn seed_from_clock() -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    t ^ COUNTER.fetch_add(0x9E37_79B9_7F4A_7C15, Ordering::Relaxed)
+}
+
+/// Checks the common fields against the served model and context; `prompt` is tokenized.
+pub fn prepare(
+    common: &Common,
+    endpoint: Endpoint,
+    prompt: Vec<u32>,
+    model_name: &str,
+    n_ctx: usize,
+) -> Result<Prepared, ApiError> {
+    if common.model != model_name {
+        return Err(ApiError {
+            param: Some("model".into()),
+            ..ApiError::new(
+                StatusCode::NOT_FOUND,
+                "invalid_request_error",
+                format!(
+                    "the model `{}` does not exist; this server serves `{model_name}`",
+                    common.model
+                ),
+            )
+        }
+        .with_code("model_not_found"));
+    }
+    if let Some(n) = common.n {
+        if n != 1 {
+            return Err(ApiError::param("n", "only `n` = 1 is supported"));
+        }
+    }
+    if common
+        .logprobs
+        .as_ref()
+        .is_some_and(|v| !v.is_null() && *v != json!(false))
+    {
+        return Err(ApiError::param("logprobs", "`logprobs` is not supported"));
+    }
+    if prompt.is_empty() {
+        return Err(ApiError::param("prompt", "the prompt is empty"));
+    }
+    if prompt.len() >= n_ctx {
+        return Err(ApiError::param(
+            "messages",
+            format!(
+                "the prompt has {} tokens but the context holds {n_ctx} (with room for at least one generated token)",
+                prompt.len()
+            ),
+        )
+        .with_code("context_length_exceeded"));
+    }
+    let (field, requested) = match (common.max_completion_tokens, common.max_tokens) {
+        (Some(m), _) => ("max_completion_tokens", Some(m)),
+        (None, m) => ("max_tokens", m),
+    };
+    let room = n_ctx - prompt.len();
+    let max_tokens = match requested {
+        None if endpoint == Endpoint::Completion => 16.min(room),
+        None => room,
+        Some(m) if m < 1 => {
+            return Err(ApiError::param(
+                field,
+                format!("`{field}` must be at least 1, got {m}"),
+            ))
+        }
+        Some(m) if m as u64 > n_ctx as u64 => {
+            return Err(ApiError::param(
+                field,
+                format!("`{field}` is {m} but the context holds {n_ctx} tokens"),
+            ))
+        }
+        Some(m) => m as usize,
+    };
+    let mut sampler = SamplerParams::default();
+    if let Some(t) = common.temperature {
+        if !(0.0..=2.0).contains(&t) {
+            return Err(ApiError::param(
+                "temperature",
+                "`temperature` must be between 0 and 2",
+            ));
+        }
+        sampler.temperature = t;
+    }
+    if let Some(p) = common.top_p {
+        if !(p > 0.0 && p <= 1.0) {
+            return Err(ApiError::param("top_p", "`top_p` must be in (0, 1]"));
+        }
+        sampler.top_p = p;
+    }
+    if let Some(k) = common.top_k {
+        if k < 0 {
+            return Err(ApiError::param("top_k", "`top_k` must be 0 (off) or more"));
+        }
+        sampler.top_k = k as usize;
+    }
+    if let Some(p) = common.min_p {
+        if !(0.0..=1.0).contains(&p) {
+            return Err(ApiError::param("min_p", "`min_p` must be in [0, 1]"));
+        }
+        sampler.min_p = p;
+    }
+    for (name, v) in [
+        ("frequency_penalty", common.frequency_penalty),
+        ("presence_penalty", common.presence_penalty),
+    ] {
+        if v.is_some_and(|v| !(-2.0..=2.0).contains(&v)) {
+            return Err(ApiError::param(
+                name,
+                format!("`{name}` must be between -2 and 2"),
+            ));
+        }
+    }
+    sampler.frequency_penalty = common.frequency_penalty.unwrap_or(0.0);
+    sampler.presence_penalty = common.presence_penalty.unwrap_or(0.0);
+    if let Some(r) = common.repeat_penalty {
+        if !(r > 0.0 && r.is_finite()) {
+            return Err(ApiError::param(
+                "repeat_penalty",
+                "`repeat_penalty` must be positive",
+            ));
+        }
+        sampler.repeat_penalty = r;
+    }
+    sampler.seed = common.seed.map_or_else(seed_from_clock, |s| s as u64);
+    let stop = match &common.stop {
+        None => Vec::new(),
+        Some(Stop::One(s)) => vec![s.clone()],
+        Some(Stop::Many(v)) => v.clone(),
+    };
+    if stop.len() > 16 {
+        return Err(ApiError::param("stop", "at most 16 stop strings"));
+    }
+    let stream = common.stream.unwrap_or(false);
+    Ok(Prepared {
+        endpoint,
+        prompt,
+        params: SequenceParams {
+            max_tokens,
+            sampler,
+            stop: stop.into_iter().filter(|s| !s.is_empty()).collect(),
+            stop_at_eog: true,
+        },
+        stream,
+        include_usage: stream
+            && common
+                .stream_options
+                .as_ref()
+                .and_then(|o| o.include_usage)
+                .unwrap_or(false),
+    })
+}
+
+pub fn finish_reason(f: FinishReason) -> &'static str {
+    match f {
+        FinishReason::Stop => "stop",
+        FinishReason::Length => "length",
+    }
+}
+
+pub fn usage(prompt: usize, completion: usize) -> Value {
+    json!({
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+    })
+}
+
+/// Identity of one answer: id, creation time, model.
+pub struct Answer {
+    pub id: String,
+    pub created: u64,
+    pub model: String,
+    pub endpoint: Endpoint,
+}
+
+impl Answer {
+    /// The whole answer, not streamed.
+    pub fn full(
+        &self,
+        text: &str,
+        finish: FinishReason,
+        prompt: usize,
+        completion: usize,
+    ) -> Value {
+        match self.endpoint {
+            Endpoint::Chat => json!({
+                "id": self.id,
+                "object": "chat.completion",
+                "created": self.created,
+                "model": self.model,
+                "system_fingerprint": null,
+                "choices": [{
+                    "index": 0,
+                    "message": {"role": "assistant", "content": text},
+                    "logprobs": null,
+                    "finish_reason": finish_reason(finish),
+                }],
+                "usage": usage(prompt, completion),
+            }),
+            Endpoint::Completion => json!({
+                "id": self.id,
+                "object": "text_completion",
+                "created": self.created,
+                "model": self.model,
+                "system_fingerprint": null,
+                "choices": [{
+                    "index": 0,
+                    "text": text,
+                    "logprobs": null,
+                    "finish_reason": finish_reason(finish),
+                }],
+                "usage": usage(prompt, completion),
+            }),
+        }
+    }
+
+    /// One streamed chunk: `text` (chat: the delta's content; `first` adds the role), and the
+    /// finish reason on the last one.
+    pub fn chunk(&self, text: Option<&str>, first: bool, finish: Option<FinishReason>) -> Value {
+        let finish = finish.map(finish_reason);
+        match self.endpoint {
+            Endpoint::Chat => {
+                let mut delta = serde_json::Map::new();
+                if first {
+                    delta.insert("role".into(), json!("assistant"));
+                }
+                if let Some(t) = text {
+                    delta.insert("content".into(), json!(t));
+                }
+                json!({
+                    "id": self.id,
+                    "object": "chat.completion.chunk",
+                    "created": self.created,
+                    "model": self.model,
+                    "system_fingerprint": null,
+                    "choices": [{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish}],
+                })
+            }
+            Endpoint::Completion => json!({
+                "id": self.id,
+                "object": "text_completion",
+                "created": self.created,
+                "model": self.model,
+                "system_fingerprint": null,
+                "choices": [{"index": 0, "text": text.unwrap_or(""), "logprobs": null, "finish_reason": finish}],
+            }),
+        }
+    }
+
+    /// The usage chunk (`stream_options.include_usage`): no choices.
+    pub fn usage_chunk(&self, prompt: usize, completion: usize) -> Value {
+        let object = match self.endpoint {
+            Endpoint::Chat => "chat.completion.chunk",
+            Endpoint::Completion => "text_completion",
+        };
+        json!({
+            "id": self.id,
+            "object": object,
+            "created": self.created,
+            "model": self.model,
+            "system_fingerprint": null,
+            "choices": [],
+            "usage": usage(prompt, completion),
+        })
+    }
+}

@@ -1,0 +1,483 @@
+//! The HTTP layer: routes, validation, queueing, and answers streamed from the scheduler's
+//! channel. It never touches the model.
+
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use axum::body::{Body, Bytes};
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::http::{header, HeaderValue, Method, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use ferrolm_tokenizer::{ChatTemplate, Tokenizer};
+use futures_util::StreamExt;
+use serde_json::json;
+use tokio::sync::mpsc;
+
+use crate::api::{self, Answer, Endpoint, Prepared};
+use crate::error::ApiError;
+use crate::metrics::Metrics;
+use crate::scheduler::{Event, Job, SchedulerHandle};
+use crate::ServerConfig;
+
+/// What every handler sees.
+#[derive(Clone)]
+pub struct AppState {
+    pub config: Arc<ServerConfig>,
+    pub tokenizer: Arc<Tokenizer>,
+    pub template: Option<Arc<ChatTemplate>>,
+    pub scheduler: SchedulerHandle,
+    pub metrics: Arc<Metrics>,
+}
+
+/// Token counts a generation reports to the request log, filled when it ends.
+#[derive(Clone, Default)]
+struct Usage(Arc<Mutex<Option<(usize, usize)>>>);
+
+impl Usage {
+    fn set(&self, prompt: usize, completion: usize) {
+        if let Ok(mut u) = self.0.lock() {
+            *u = Some((prompt, completion));
+        }
+    }
+}
+
+/// Binds, serves until a signal, then shuts down gracefully.
+pub async fn run(state: AppState) -> std::io::Result<()> {
+    let config = state.config.clone();
+    let listener = tokio::net::TcpListener::bind(config.addr).await?;
+    let addr = listener.local_addr()?;
+    eprintln!(
+        "ferrolm: serving {} on http://{addr} ({} slots of {} tokens, queue {})",
+        config.model_name, config.parallel, config.n_ctx, config.max_queue
+    );
+    let scheduler = state.scheduler.clone();
+    let app = router(state);
+    axum::serve(listener, app)
+        .with_graceful_shutdown(async move {
+            shutdown_signal().await;
+            eprintln!(
+                "ferrolm: shutting down: finishing requests in flight (at most {:.0} s)",
+                config.shutdown_grace.as_secs_f64()
+            );
+            scheduler.shut_down_after(config.shutdown_grace);
+        })
+        .await
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {},
+        _ = term => {},
+    }
+}
+
+fn router(state: AppState) -> Router {
+    let v1 = Router::new()
+        .route("/v1/chat/completions", post(chat))
+        .route("/v1/completions", post(completions))
+        .route("/v1/models", get(models))
+        .route("/v1/models/{id}", get(model))
+        .route_layer(middleware::from_fn_with_state(state.clone(), require_key));
+    Router::new()
+        .merge(v1)
+        .route("/health", get(health))
+        .route("/metrics", get(metrics))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(DefaultBodyLimit::max(state.config.max_body_bytes))
+        .layer(middleware::from_fn_with_state(state.clone(), log_request))
+        .with_state(state)
+}
+
+async fn not_found(method: Method, uri: axum::http::Uri) -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        "invalid_request_error",
+        format!("no route {method} {}", uri.path()),
+    )
+    .with_code("not_found")
+}
+
+async fn method_not_allowed(method: Method, uri: axum::http::Uri) -> ApiError {
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "invalid_request_error",
+        format!("method {method} is not allowed on {}", uri.path()),
+    )
+    .with_code("method_not_allowed")
+}
+
+/// `Authorization: Bearer KEY` on every `/v1` route when `--api-key` is set.
+async fn require_key(State(state): State<AppState>, request: Request, next: Next) -> Response {
+    if let Some(key) = &state.config.api_key {
+        let given = request
+            .headers()
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .map(str::trim);
+        let ok = given.is_some_and(|g| {
+            g.len() == key.len() && g.bytes().zip(key.bytes()).fold(0, |a, (x, y)| a | (x ^ y)) == 0
+        });
+        if !ok {
+            return ApiError::new(
+                StatusCode::UNAUTHORIZED,
+                "invalid_request_error",
+                "missing or wrong API key: send `Authorization: Bearer <key>`",
+            )
+            .with_code("invalid_api_key")
+            .into_response();
+        }
+    }
+    next.run(request).await
+}
+
+/// The path as a metrics label: known routes as they are, anything else as `other`.
+fn path_label(path: &str) -> &'static str {
+    match path {
+        "/v1/chat/completions" => "/v1/chat/completions",
+        "/v1/completions" => "/v1/completions",
+        "/v1/models" => "/v1/models",
+        "/health" => "/health",
+        "/metrics" => "/metrics",
+        p if p.starts_with("/v1/models/") => "/v1/models/{id}",
+        _ => "other",
+    }
+}
+
+/// Logs one line per request when its answer has been sent (or the client went away):
+/// method, path, status, tokens, duration.
+async fn log_request(State(state): State<AppState>, mut request: Request, next: Next) -> Response {
+    let start = Instant::now();
+    let method = request.method().clone();
+    let path = request.uri().path().to_string();
+    let usage = Usage::default();
+    request.extensions_mut().insert(usage.clone());
+    let response = next.run(request).await;
+    let status = response.status().as_u16();
+    state.metrics.request(path_label(&path), status);
+    let (parts, body) = response.into_parts();
+    let guard = LogOnDrop {
+        line: format!("{method} {path} {status}"),
+        usage,
+        start,
+    };
+    let stream = body.into_data_stream().map(move |chunk| {
+        let _ = &guard;
+        chunk
+    });
+    Response::from_parts(parts, Body::from_stream(stream))
+}
+
+struct LogOnDrop {
+    line: String,
+    usage: Usage,
+    start: Instant,
+}
+
+impl Drop for LogOnDrop {
+    fn drop(&mut self) {
+        let tokens = match self.usage.0.lock().ok().and_then(|u| *u) {
+            Some((p, c)) => format!(" prompt={p} completion={c}"),
+            None => String::new(),
+        };
+        eprintln!(
+            "ferrolm: {}{tokens} {:.3}s",
+            self.line,
+            self.start.elapsed().as_secs_f64()
+        );
+    }
+}
+
+async fn health(State(state): State<AppState>) -> Response {
+    Json(json!({
+        "status": "ok",
+        "slots": state.config.parallel,
+        "active_slots": state.metrics.active_slots.load(Relaxed),
+        "queue_depth": state.metrics.queue_depth.load(Relaxed),
+    }))
+    .into_response()
+}
+
+async fn metrics(State(state): State<AppState>) -> Response {
+    (
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+        )],
+        state.metrics.render(),
+    )
+        .into_response()
+}
+
+fn model_object(name: &str) -> serde_json::Value {
+    json!({"id": name, "object": "model", "created": 0, "owned_by": "ferrolm"})
+}
+
+async fn models(State(state): State<AppState>) -> Response {
+    Json(json!({"object": "list", "data": [model_object(&state.config.model_name)]}))
+        .into_response()
+}
+
+async fn model(
+    State(state): State<AppState>,
+    axum::extract::Path(id): axum::extract::Path<String>,
+) -> Response {
+    if id == state.config.model_name {
+        Json(model_object(&id)).into_response()
+    } else {
+        ApiError::new(
+            StatusCode::NOT_FOUND,
+            "invalid_request_error",
+            format!("the model `{id}` does not exist"),
+        )
+        .with_code("model_not_found")
+        .into_response()
+    }
+}
+
+/// The body, or the error for a body that could not be read (413 over the size limit).
+fn body_bytes(body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
+    body.map_err(|r| {
+        let status = r.status();
+        if status == StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::new(
+                status,
+                "invalid_request_error",
+                "the request body is larger than the server accepts (--max-body-bytes)",
+            )
+            .with_code("request_too_large")
+        } else {
+            ApiError::new(status, "invalid_request_error", r.body_text())
+        }
+    })
+}
+
+async fn chat(
+    State(state): State<AppState>,
+    axum::Extension(usage): axum::Extension<Usage>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let prepared = (|| {
+        let body = body_bytes(body)?;
+        let req: api::ChatRequest = api::parse(&body)?;
+        let messages = api::chat_messages(&req.messages)?;
+        let template = state.template.as_ref().ok_or_else(|| {
+            ApiError::invalid("the model has no usable chat template; use /v1/completions")
+        })?;
+        // The model name is checked first: an unknown model is 404 whatever the messages.
+        if req.common.model != state.config.model_name {
+            return api::prepare(
+                &req.common,
+                Endpoint::Chat,
+                Vec::new(),
+                &state.config.model_name,
+                state.config.n_ctx,
+            );
+        }
+        let text = template
+            .render(&messages, true, None)
+            .map_err(|e| ApiError::param("messages", format!("the chat template failed: {e}")))?;
+        let ids = api::encode_prompt(&state.tokenizer, &text);
+        api::prepare(
+            &req.common,
+            Endpoint::Chat,
+            ids,
+            &state.config.model_name,
+            state.config.n_ctx,
+        )
+    })();
+    match prepared {
+        Ok(p) => answer(state, p, usage).await,
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn completions(
+    State(state): State<AppState>,
+    axum::Extension(usage): axum::Extension<Usage>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let prepared = (|| {
+        let body = body_bytes(body)?;
+        let req: api::CompletionRequest = api::parse(&body)?;
+        if req.echo == Some(true) {
+            return Err(ApiError::param("echo", "`echo` is not supported"));
+        }
+        if req.best_of.is_some_and(|b| b != 1) {
+            return Err(ApiError::param(
+                "best_of",
+                "only `best_of` = 1 is supported",
+            ));
+        }
+        let ids = match &req.prompt {
+            api::Prompt::Text(t) => api::encode_prompt(&state.tokenizer, t),
+            api::Prompt::Texts(v) if v.len() == 1 => api::encode_prompt(&state.tokenizer, &v[0]),
+            api::Prompt::Texts(_) => {
+                return Err(ApiError::param(
+                    "prompt",
+                    "only one prompt per request is supported",
+                ))
+            }
+            api::Prompt::Ids(ids) => {
+                let n_vocab = state.tokenizer.vocab_size();
+                if let Some(id) = ids.iter().find(|&&id| id as usize >= n_vocab) {
+                    return Err(ApiError::param(
+                        "prompt",
+                        format!("token id {id} is outside the vocabulary of {n_vocab}"),
+                    ));
+                }
+                ids.clone()
+            }
+        };
+        api::prepare(
+            &req.common,
+            Endpoint::Completion,
+            ids,
+            &state.config.model_name,
+            state.config.n_ctx,
+        )
+    })();
+    match prepared {
+        Ok(p) => answer(state, p, usage).await,
+        Err(e) => e.into_response(),
+    }
+}
+
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+
+/// Queues a prepared request and answers it: one JSON object, or an SSE stream.
+async fn answer(state: AppState, p: Prepared, usage: Usage) -> Response {
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let n = NEXT_ID.fetch_add(1, Relaxed);
+    let created = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let answer = Answer {
+        id: match p.endpoint {
+            Endpoint::Chat => format!("chatcmpl-{created:x}{n:06}"),
+            Endpoint::Completion => format!("cmpl-{created:x}{n:06}"),
+        },
+        created,
+        model: state.config.model_name.clone(),
+        endpoint: p.endpoint,
+    };
+    let job = Job {
+        prompt: p.prompt,
+        params: p.params,
+        events: tx,
+        arrived: Instant::now(),
+    };
+    if let Err(e) = state.scheduler.submit(job) {
+        return e.into_response();
+    }
+    if !p.stream {
+        let mut text = String::new();
+        while let Some(event) = rx.recv().await {
+            match event {
+                Event::Text(t) => text.push_str(&t),
+                Event::Done {
+                    finish,
+                    prompt_tokens,
+                    completion_tokens,
+                } => {
+                    usage.set(prompt_tokens, completion_tokens);
+                    return Json(answer.full(&text, finish, prompt_tokens, completion_tokens))
+                        .into_response();
+                }
+                Event::Error(e) => return e.into_response(),
+            }
+        }
+        return ApiError::internal("the scheduler dropped the request").into_response();
+    }
+    // Wait for the first event, so that an error before any text is an HTTP status.
+    let first = match rx.recv().await {
+        Some(Event::Error(e)) => return e.into_response(),
+        Some(e) => e,
+        None => return ApiError::internal("the scheduler dropped the request").into_response(),
+    };
+    let include_usage = p.include_usage;
+    let mut pending = Some(first);
+    let mut role_sent = false;
+    let mut ended = false;
+    let stream = futures_util::stream::poll_fn(move |cx| {
+        if ended {
+            return std::task::Poll::Ready(None);
+        }
+        let event = match pending.take() {
+            Some(e) => Some(e),
+            None => match rx.poll_recv(cx) {
+                std::task::Poll::Ready(e) => e,
+                std::task::Poll::Pending => return std::task::Poll::Pending,
+            },
+        };
+        let mut out = String::new();
+        let mut data = |v: serde_json::Value| {
+            out.push_str("data: ");
+            out.push_str(&v.to_string());
+            out.push_str("\n\n");
+        };
+        let first = !role_sent;
+        role_sent = true;
+        match event {
+            Some(Event::Text(t)) => data(answer.chunk(Some(&t), first, None)),
+            Some(Event::Done {
+                finish,
+                prompt_tokens,
+                completion_tokens,
+            }) => {
+                usage.set(prompt_tokens, completion_tokens);
+                if first && answer.endpoint == Endpoint::Chat {
+                    data(answer.chunk(Some(""), true, None));
+                }
+                data(answer.chunk(None, false, Some(finish)));
+                if include_usage {
+                    data(answer.usage_chunk(prompt_tokens, completion_tokens));
+                }
+                out.push_str("data: [DONE]\n\n");
+                ended = true;
+            }
+            Some(Event::Error(e)) => {
+                data(e.body());
+                out.push_str("data: [DONE]\n\n");
+                ended = true;
+            }
+            None => {
+                data(ApiError::internal("the scheduler dropped the request").body());
+                ended = true;
+            }
+        }
+        std::task::Poll::Ready(Some(Ok::<_, Infallible>(Bytes::from(out))))
+    });
+    (
+        [
+            (
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("text/event-stream"),
+            ),
+            (header::CACHE_CONTROL, HeaderValue::from_static("no-cache")),
+        ],
+        Body::from_stream(stream),
+    )
+        .into_response()
+}

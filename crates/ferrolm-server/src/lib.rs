@@ -1,0 +1,75 @@
+//! `ferrolm serve`: an OpenAI-compatible HTTP server over ferrolm's engine.
+//!
+//! The HTTP layer ([`http`](crate)) only validates requests, queues them and streams answers
+//! from a channel. One scheduler thread owns the model, the slots (one KV cache per sequence)
+//! and the batching: at every step it admits waiting requests into free slots, evaluates a
+//! prefill chunk or one decode token for every active slot, and hands each request its text.
+//! A failed step sends its error to every request in it; a client that goes away frees its slot
+//! at the next step. Nothing a request does can stop the process.
+#![forbid(unsafe_code)]
+#![deny(missing_docs)]
+
+mod api;
+mod error;
+mod http;
+mod metrics;
+mod scheduler;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ferrolm_model::Model;
+use ferrolm_tokenizer::Tokenizer;
+
+/// How to serve.
+#[derive(Clone, Debug)]
+pub struct ServerConfig {
+    /// Where to listen.
+    pub addr: SocketAddr,
+    /// The name clients use for the model (`model` in requests, `/v1/models`).
+    pub model_name: String,
+    /// Sequences decoded together (KV cache slots).
+    pub parallel: usize,
+    /// Positions of each slot's context.
+    pub n_ctx: usize,
+    /// Requests that may wait for a slot; beyond that, 503.
+    pub max_queue: usize,
+    /// Prompt tokens a slot evaluates per step while others decode.
+    pub prefill_chunk: usize,
+    /// When set, every `/v1` route needs `Authorization: Bearer <key>`.
+    pub api_key: Option<String>,
+    /// Largest request body accepted (413 beyond).
+    pub max_body_bytes: usize,
+    /// How long requests in flight may run on after SIGINT/SIGTERM before they are cancelled.
+    pub shutdown_grace: Duration,
+}
+
+/// Serves until SIGINT or SIGTERM, then finishes (or, after the grace period, cancels) the
+/// requests in flight and returns. Errors are those of binding the address or starting threads.
+pub fn serve(model: Model, tokenizer: Tokenizer, config: ServerConfig) -> std::io::Result<()> {
+    let tokenizer = Arc::new(tokenizer);
+    let metrics = Arc::new(metrics::Metrics::new(config.parallel));
+    let template = ferrolm_tokenizer::ChatTemplate::for_tokenizer(&tokenizer)
+        .map_err(|e| eprintln!("ferrolm: warning: no chat template: {e}"))
+        .ok();
+    if let Some(w) = template.as_ref().and_then(|t| t.warning()) {
+        eprintln!("ferrolm: warning: {w}");
+    }
+    let (handle, join) = scheduler::start(model, tokenizer.clone(), &config, metrics.clone())?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let result = runtime.block_on(http::run(http::AppState {
+        config: Arc::new(config),
+        tokenizer,
+        template: template.map(Arc::new),
+        scheduler: handle.clone(),
+        metrics,
+    }));
+    handle.shut_down();
+    let _ = join.join();
+    runtime.shutdown_timeout(Duration::from_secs(1));
+    result
+}

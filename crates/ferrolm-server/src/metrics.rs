@@ -1,0 +1,210 @@
+//! Counters, gauges and histograms, written in Prometheus' text format at `/metrics`.
+
+use std::collections::BTreeMap;
+use std::fmt::Write;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::Mutex;
+
+/// A histogram with fixed upper bounds.
+struct Histogram {
+    bounds: &'static [f64],
+    counts: Vec<u64>,
+    sum: f64,
+    count: u64,
+}
+
+impl Histogram {
+    fn new(bounds: &'static [f64]) -> Histogram {
+        Histogram {
+            bounds,
+            counts: vec![0; bounds.len()],
+            sum: 0.0,
+            count: 0,
+        }
+    }
+
+    fn observe(&mut self, v: f64) {
+        for (b, c) in self.bounds.iter().zip(&mut self.counts) {
+            if v <= *b {
+                *c += 1;
+            }
+        }
+        self.sum += v;
+        self.count += 1;
+    }
+
+    fn write(&self, out: &mut String, name: &str, help: &str) {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+        for (b, c) in self.bounds.iter().zip(&self.counts) {
+            let _ = writeln!(out, "{name}_bucket{{le=\"{b}\"}} {c}");
+        }
+        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {}", self.count);
+        let _ = writeln!(out, "{name}_sum {}", self.sum);
+        let _ = writeln!(out, "{name}_count {}", self.count);
+    }
+}
+
+const LATENCY_S: &[f64] = &[
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+];
+const BATCH: &[f64] = &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0];
+
+struct Histograms {
+    ttft: Histogram,
+    per_token: Histogram,
+    batch: Histogram,
+    requests: BTreeMap<(String, u16), u64>,
+}
+
+/// Everything `/metrics` reports.
+pub struct Metrics {
+    slots: usize,
+    pub queue_depth: AtomicUsize,
+    pub active_slots: AtomicUsize,
+    pub prompt_tokens: AtomicU64,
+    pub generated_tokens: AtomicU64,
+    pub cancelled: AtomicU64,
+    pub failed: AtomicU64,
+    pub rejected_queue_full: AtomicU64,
+    pub steps: AtomicU64,
+    hist: Mutex<Histograms>,
+}
+
+impl Metrics {
+    pub fn new(slots: usize) -> Metrics {
+        Metrics {
+            slots,
+            queue_depth: AtomicUsize::new(0),
+            active_slots: AtomicUsize::new(0),
+            prompt_tokens: AtomicU64::new(0),
+            generated_tokens: AtomicU64::new(0),
+            cancelled: AtomicU64::new(0),
+            failed: AtomicU64::new(0),
+            rejected_queue_full: AtomicU64::new(0),
+            steps: AtomicU64::new(0),
+            hist: Mutex::new(Histograms {
+                ttft: Histogram::new(LATENCY_S),
+                per_token: Histogram::new(LATENCY_S),
+                batch: Histogram::new(BATCH),
+                requests: BTreeMap::new(),
+            }),
+        }
+    }
+
+    fn hist(&self) -> std::sync::MutexGuard<'_, Histograms> {
+        self.hist.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn request(&self, path: &str, status: u16) {
+        *self
+            .hist()
+            .requests
+            .entry((path.to_string(), status))
+            .or_default() += 1;
+    }
+
+    pub fn time_to_first_token(&self, s: f64) {
+        self.hist().ttft.observe(s);
+    }
+
+    pub fn time_per_token(&self, s: f64) {
+        self.hist().per_token.observe(s);
+    }
+
+    pub fn batch_size(&self, n: usize) {
+        self.steps.fetch_add(1, Relaxed);
+        self.hist().batch.observe(n as f64);
+    }
+
+    /// The Prometheus text.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        let mut gauge = |name: &str, kind: &str, help: &str, v: u64| {
+            let _ = writeln!(
+                out,
+                "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}"
+            );
+        };
+        gauge(
+            "ferrolm_slots",
+            "gauge",
+            "Sequences decoded together at most.",
+            self.slots as u64,
+        );
+        gauge(
+            "ferrolm_active_slots",
+            "gauge",
+            "Slots serving a request now.",
+            self.active_slots.load(Relaxed) as u64,
+        );
+        gauge(
+            "ferrolm_queue_depth",
+            "gauge",
+            "Requests waiting for a slot.",
+            self.queue_depth.load(Relaxed) as u64,
+        );
+        gauge(
+            "ferrolm_prompt_tokens_total",
+            "counter",
+            "Prompt tokens evaluated.",
+            self.prompt_tokens.load(Relaxed),
+        );
+        gauge(
+            "ferrolm_generated_tokens_total",
+            "counter",
+            "Tokens generated.",
+            self.generated_tokens.load(Relaxed),
+        );
+        gauge(
+            "ferrolm_requests_cancelled_total",
+            "counter",
+            "Requests whose client went away before the end.",
+            self.cancelled.load(Relaxed),
+        );
+        gauge(
+            "ferrolm_requests_failed_total",
+            "counter",
+            "Requests that failed in the engine.",
+            self.failed.load(Relaxed),
+        );
+        gauge(
+            "ferrolm_requests_rejected_total",
+            "counter",
+            "Requests refused because the queue was full.",
+            self.rejected_queue_full.load(Relaxed),
+        );
+        gauge(
+            "ferrolm_steps_total",
+            "counter",
+            "Scheduler steps run.",
+            self.steps.load(Relaxed),
+        );
+        let h = self.hist();
+        let _ = writeln!(
+            out,
+            "# HELP ferrolm_requests_total HTTP requests answered, by path and status.\n# TYPE ferrolm_requests_total counter"
+        );
+        for ((path, status), n) in &h.requests {
+            let _ = writeln!(
+                out,
+                "ferrolm_requests_total{{path=\"{path}\",status=\"{status}\"}} {n}"
+            );
+        }
+        h.batch.write(
+            &mut out,
+            "ferrolm_batch_size",
+            "Sequences evaluated per scheduler step.",
+        );
+        h.ttft.write(
+            &mut out,
+            "ferrolm_time_to_first_token_seconds",
+            "From request arrival to its first generated token.",
+        );
+        h.per_token.write(
+            &mut out,
+            "ferrolm_time_per_output_token_seconds",
+            "Between consecutive generated tokens of a request.",
+        );
+        out
+    }
+}

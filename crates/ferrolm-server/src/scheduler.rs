@@ -1,0 +1,353 @@
+//! The scheduler thread: it owns the model and its slots, and runs continuous batching.
+//!
+//! Every step it (1) admits waiting requests into free slots, (2) drops the requests whose
+//! client went away, (3) evaluates, for every active slot, either the next chunk of its prompt
+//! or its last sampled token, through one [`StepForward::forward`] call, and (4) samples and
+//! sends each request its new text; a request that finishes leaves its slot at once.
+//!
+//! The forward pass is [`SequentialForward`] today: the slots are evaluated one after another,
+//! each in its own session. A batched multi-sequence forward pass (one matrix-matrix product
+//! over all slots' tokens) plugs in behind the same [`StepForward`] trait.
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::mpsc::{self, RecvTimeoutError, TryRecvError};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use ferrolm_engine::sequence::{
+    Sequence, SequenceParams, SequentialForward, SlotInput, StepForward,
+};
+use ferrolm_engine::FinishReason;
+use ferrolm_model::{Model, ModelError};
+use ferrolm_tokenizer::Tokenizer;
+use tokio::sync::mpsc::UnboundedSender;
+
+use crate::error::ApiError;
+use crate::metrics::Metrics;
+use crate::ServerConfig;
+
+/// What the scheduler sends a request.
+#[derive(Debug)]
+pub enum Event {
+    /// Final text.
+    Text(String),
+    /// The end.
+    Done {
+        finish: FinishReason,
+        prompt_tokens: usize,
+        completion_tokens: usize,
+    },
+    /// The request failed; nothing follows.
+    Error(ApiError),
+}
+
+/// A request for the scheduler.
+pub struct Job {
+    pub prompt: Vec<u32>,
+    pub params: SequenceParams,
+    pub events: UnboundedSender<Event>,
+    pub arrived: Instant,
+}
+
+struct Shared {
+    /// Set at shutdown: requests in flight are cancelled at this instant.
+    deadline: Mutex<Option<Instant>>,
+    metrics: Arc<Metrics>,
+    max_queue: usize,
+}
+
+/// The HTTP layer's side of the scheduler.
+#[derive(Clone)]
+pub struct SchedulerHandle {
+    tx: mpsc::Sender<Job>,
+    shared: Arc<Shared>,
+}
+
+impl SchedulerHandle {
+    /// Queues a job, or refuses it with 503 when the queue is full or the server is stopping.
+    pub fn submit(&self, job: Job) -> Result<(), ApiError> {
+        if self.stopping() {
+            return Err(ApiError::unavailable("the server is shutting down", 5));
+        }
+        let depth = &self.shared.metrics.queue_depth;
+        if depth.fetch_add(1, Relaxed) >= self.shared.max_queue {
+            depth.fetch_sub(1, Relaxed);
+            self.shared
+                .metrics
+                .rejected_queue_full
+                .fetch_add(1, Relaxed);
+            return Err(ApiError::unavailable(
+                format!(
+                    "the server is busy: every slot is in use and {} requests are waiting; retry later",
+                    self.shared.max_queue
+                ),
+                1,
+            ));
+        }
+        self.tx.send(job).map_err(|_| {
+            depth.fetch_sub(1, Relaxed);
+            ApiError::unavailable("the scheduler has stopped", 5)
+        })
+    }
+
+    fn stopping(&self) -> bool {
+        self.shared.deadline.lock().map_or(true, |d| d.is_some())
+    }
+
+    /// Stops admitting requests; those in flight are cancelled after `grace`.
+    pub fn shut_down_after(&self, grace: Duration) {
+        if let Ok(mut d) = self.shared.deadline.lock() {
+            let at = Instant::now() + grace;
+            *d = Some(d.map_or(at, |old| old.min(at)));
+        }
+    }
+
+    /// Cancels everything now; the thread ends.
+    pub fn shut_down(&self) {
+        self.shut_down_after(Duration::ZERO);
+    }
+}
+
+/// Starts the scheduler thread with `config.parallel` slots.
+pub fn start(
+    model: Model,
+    tokenizer: Arc<Tokenizer>,
+    config: &ServerConfig,
+    metrics: Arc<Metrics>,
+) -> std::io::Result<(SchedulerHandle, JoinHandle<()>)> {
+    let (tx, rx) = mpsc::channel();
+    let shared = Arc::new(Shared {
+        deadline: Mutex::new(None),
+        metrics,
+        max_queue: config.max_queue,
+    });
+    let (parallel, n_ctx, chunk) = (config.parallel.max(1), config.n_ctx, config.prefill_chunk);
+    let inner = shared.clone();
+    let join = std::thread::Builder::new()
+        .name("ferrolm-scheduler".into())
+        .spawn(move || {
+            let mut forward = SequentialForward::new(&model, parallel, n_ctx);
+            Scheduler {
+                tokenizer: &tokenizer,
+                slots: (0..parallel).map(|_| None).collect(),
+                rx,
+                shared: inner,
+                chunk,
+                n_ctx,
+            }
+            .run(&mut forward)
+        })?;
+    Ok((SchedulerHandle { tx, shared }, join))
+}
+
+/// A request in a slot.
+struct Active<'t> {
+    seq: Sequence<'t>,
+    events: UnboundedSender<Event>,
+    arrived: Instant,
+    last_token: Option<Instant>,
+}
+
+struct Scheduler<'t> {
+    tokenizer: &'t Tokenizer,
+    slots: Vec<Option<Active<'t>>>,
+    rx: mpsc::Receiver<Job>,
+    shared: Arc<Shared>,
+    chunk: usize,
+    n_ctx: usize,
+}
+
+impl<'t> Scheduler<'t> {
+    fn metrics(&self) -> &Metrics {
+        &self.shared.metrics
+    }
+
+    fn active(&self) -> usize {
+        self.slots.iter().filter(|s| s.is_some()).count()
+    }
+
+    fn run(mut self, forward: &mut dyn StepForward) {
+        loop {
+            let deadline = self
+                .shared
+                .deadline
+                .lock()
+                .map_or(Some(Instant::now()), |d| *d);
+            if let Some(deadline) = deadline {
+                self.reject_queued();
+                if Instant::now() >= deadline {
+                    for slot in 0..self.slots.len() {
+                        self.end_with_error(
+                            slot,
+                            ApiError::unavailable("the server shut down before the end", 5),
+                        );
+                    }
+                }
+                if self.active() == 0 {
+                    return;
+                }
+            } else if !self.admit(forward) {
+                return;
+            }
+            self.metrics().active_slots.store(self.active(), Relaxed);
+            if self.active() > 0 {
+                self.step(forward);
+            }
+            self.metrics().active_slots.store(self.active(), Relaxed);
+        }
+    }
+
+    /// Fills free slots from the queue (waiting a little when nothing is active). False when
+    /// every handle has gone.
+    fn admit(&mut self, forward: &mut dyn StepForward) -> bool {
+        while let Some(slot) = self.slots.iter().position(|s| s.is_none()) {
+            let job = if self.active() == 0 {
+                match self.rx.recv_timeout(Duration::from_millis(50)) {
+                    Ok(job) => job,
+                    Err(RecvTimeoutError::Timeout) => return true,
+                    Err(RecvTimeoutError::Disconnected) => return false,
+                }
+            } else {
+                match self.rx.try_recv() {
+                    Ok(job) => job,
+                    Err(TryRecvError::Empty) => return true,
+                    Err(TryRecvError::Disconnected) => return false,
+                }
+            };
+            self.metrics().queue_depth.fetch_sub(1, Relaxed);
+            if job.events.is_closed() {
+                self.metrics().cancelled.fetch_add(1, Relaxed);
+                continue;
+            }
+            forward.clear(slot);
+            self.metrics()
+                .prompt_tokens
+                .fetch_add(job.prompt.len() as u64, Relaxed);
+            let seq = Sequence::new(self.tokenizer, job.prompt, job.params, self.n_ctx);
+            self.slots[slot] = Some(Active {
+                seq,
+                events: job.events,
+                arrived: job.arrived,
+                last_token: None,
+            });
+            if let Some(reason) = self.slots[slot].as_ref().and_then(|a| a.seq.finished()) {
+                self.finish(slot, reason);
+            }
+        }
+        true
+    }
+
+    fn reject_queued(&mut self) {
+        while let Ok(job) = self.rx.try_recv() {
+            self.metrics().queue_depth.fetch_sub(1, Relaxed);
+            let _ = job.events.send(Event::Error(ApiError::unavailable(
+                "the server is shutting down",
+                5,
+            )));
+        }
+    }
+
+    /// One step over every active slot.
+    fn step(&mut self, forward: &mut dyn StepForward) {
+        // A client that went away is a normal end: its slot is free for this very step.
+        for slot in 0..self.slots.len() {
+            if self.slots[slot]
+                .as_ref()
+                .is_some_and(|a| a.events.is_closed())
+            {
+                self.slots[slot] = None;
+                self.metrics().cancelled.fetch_add(1, Relaxed);
+            }
+        }
+        let mut inputs = Vec::new();
+        for (slot, active) in self.slots.iter().enumerate() {
+            if let Some(a) = active {
+                let (ids, logits) = a.seq.next_input(self.chunk);
+                inputs.push(SlotInput { slot, ids, logits });
+            }
+        }
+        if inputs.is_empty() {
+            return;
+        }
+        self.metrics().batch_size(inputs.len());
+        let done: Vec<(usize, usize)> = inputs.iter().map(|i| (i.slot, i.ids.len())).collect();
+        let outputs =
+            catch_unwind(AssertUnwindSafe(|| forward.forward(&inputs))).unwrap_or_else(|_| {
+                let e = Arc::new(ModelError::Invalid("the forward pass panicked".into()));
+                vec![Err(e); inputs.len()]
+            });
+        drop(inputs);
+        for ((slot, n), output) in done.into_iter().zip(outputs) {
+            let logits = match output {
+                Ok(l) => l,
+                Err(e) => {
+                    self.metrics().failed.fetch_add(1, Relaxed);
+                    let err = match &*e {
+                        ModelError::ContextFull { .. } => {
+                            ApiError::invalid(e.to_string()).with_code("context_length_exceeded")
+                        }
+                        _ => ApiError::internal(format!("the model failed: {e}")),
+                    };
+                    self.end_with_error(slot, err);
+                    continue;
+                }
+            };
+            let Some(active) = self.slots[slot].as_mut() else {
+                continue;
+            };
+            let before = active.seq.completion_tokens();
+            let step = match active.seq.advance(n, logits.as_deref()) {
+                Ok(step) => step,
+                Err(e) => {
+                    self.metrics().failed.fetch_add(1, Relaxed);
+                    self.end_with_error(slot, ApiError::internal(format!("detokenizing: {e}")));
+                    continue;
+                }
+            };
+            if step.token.is_some() {
+                let now = Instant::now();
+                match active.last_token {
+                    None => self
+                        .shared
+                        .metrics
+                        .time_to_first_token((now - active.arrived).as_secs_f64()),
+                    Some(t) => self.shared.metrics.time_per_token((now - t).as_secs_f64()),
+                }
+                active.last_token = Some(now);
+            }
+            let generated = active.seq.completion_tokens() - before;
+            self.shared
+                .metrics
+                .generated_tokens
+                .fetch_add(generated as u64, Relaxed);
+            let mut gone = false;
+            if !step.text.is_empty() {
+                gone = active.events.send(Event::Text(step.text)).is_err();
+            }
+            if gone {
+                self.slots[slot] = None;
+                self.metrics().cancelled.fetch_add(1, Relaxed);
+            } else if let Some(reason) = step.finished {
+                self.finish(slot, reason);
+            }
+        }
+    }
+
+    fn finish(&mut self, slot: usize, finish: FinishReason) {
+        if let Some(a) = self.slots[slot].take() {
+            let _ = a.events.send(Event::Done {
+                finish,
+                prompt_tokens: a.seq.prompt_tokens(),
+                completion_tokens: a.seq.completion_tokens(),
+            });
+        }
+    }
+
+    fn end_with_error(&mut self, slot: usize, error: ApiError) {
+        if let Some(a) = self.slots[slot].take() {
+            let _ = a.events.send(Event::Error(error));
+        }
+    }
+}
