@@ -8,20 +8,28 @@ use crate::plan::ModelPlan;
 /// attended length (see `cpu::attention`).
 pub(crate) const KV_PAD: usize = 256;
 
-/// Keys and values of one layer: keys position-major (`[cap][kv_dim]`), values transposed
+/// Keys and values of one layer: keys cell-major (`[cap][kv_dim]`), values transposed
 /// (`[kv_dim][cap]`) so that both attention products are dot products over contiguous f16.
+///
+/// A full-attention layer keeps position `p` in cell `p`. A sliding-window layer keeps a ring
+/// of `cap` cells, position `p` in cell `p % cap`, with `cap` the window plus one batch rounded
+/// up to [`KV_PAD`] (llama.cpp sizes its SWA cache the same way): a batch never overwrites a
+/// key that one of its own queries still sees, and memory stays bounded however long the
+/// context grows.
 pub(crate) struct LayerCache {
     pub k: Vec<f16>,
     pub v_t: Vec<f16>,
     pub kv_dim: usize,
+    /// Cells.
+    pub cap: usize,
+    /// The sliding window, for a ring.
+    pub window: Option<usize>,
 }
 
 /// The cache of every layer, for up to `n_ctx` positions.
 pub struct KvCache {
     pub(crate) layers: Vec<LayerCache>,
     n_ctx: usize,
-    /// Positions allocated: `n_ctx` rounded up to [`KV_PAD`].
-    pub(crate) cap: usize,
 }
 
 /// A zeroed buffer from the allocator's zeroed pages: pages stay untouched (and out of the
@@ -39,14 +47,21 @@ impl KvCache {
             .iter()
             .map(|l| {
                 let kv_dim = l.attention.n_head_kv * l.attention.head_dim;
+                let window = l.attention.sliding_window;
+                let cap = match window {
+                    Some(w) => cap.min((w + crate::BATCH).next_multiple_of(KV_PAD)),
+                    None => cap,
+                };
                 LayerCache {
                     k: zeroed(cap * kv_dim),
                     v_t: zeroed(cap * kv_dim),
                     kv_dim,
+                    cap,
+                    window,
                 }
             })
             .collect();
-        KvCache { layers, n_ctx, cap }
+        KvCache { layers, n_ctx }
     }
 
     /// Positions the cache holds.
@@ -65,11 +80,34 @@ impl KvCache {
 
 impl LayerCache {
     /// Stores the keys and values of position `pos` (rounded to f16 as ggml's copy does).
-    pub fn store(&mut self, pos: usize, cap: usize, k: &[f32], v: &[f32]) {
-        let kd = self.kv_dim;
-        ferrolm_quant::ggml_vec::f32_to_f16_row(k, &mut self.k[pos * kd..(pos + 1) * kd]);
+    pub fn store(&mut self, pos: usize, k: &[f32], v: &[f32]) {
+        let (kd, cap) = (self.kv_dim, self.cap);
+        let cell = pos % cap;
+        ferrolm_quant::ggml_vec::f32_to_f16_row(k, &mut self.k[cell * kd..(cell + 1) * kd]);
         for (d, &src) in v.iter().enumerate() {
-            self.v_t[d * cap + pos] = f16::from_f32(src);
+            self.v_t[d * cap + cell] = f16::from_f32(src);
         }
+    }
+
+    /// The cells attention reads when positions up to `end` (exclusive) are stored: the used
+    /// cells rounded up to [`KV_PAD`] as llama.cpp pads them, at most `cap`.
+    pub fn n_kv(&self, end: usize) -> usize {
+        end.next_multiple_of(KV_PAD).min(self.cap)
+    }
+
+    /// The position cell `cell` holds once positions up to `end` (exclusive) are stored, if any.
+    pub fn position(&self, cell: usize, end: usize) -> Option<usize> {
+        if end == 0 {
+            return None;
+        }
+        let last = end - 1;
+        let back = (last + self.cap - cell % self.cap) % self.cap;
+        last.checked_sub(back)
+    }
+
+    /// Whether a query at `query` sees the key at `key`: causal, and inside the window.
+    #[inline]
+    pub fn visible(&self, key: usize, query: usize) -> bool {
+        key <= query && self.window.is_none_or(|w| query - key < w)
     }
 }

@@ -45,6 +45,15 @@ pub struct Attention {
     pub rope: Rope,
     /// The scale of the scores (`1/sqrt(head_dim)` unless the architecture says otherwise).
     pub scale: f32,
+    /// Where `scale` applies: `true` multiplies the queries (f32, before they are rounded to
+    /// f16 for the product) and leaves the scores unscaled (Gemma); `false` scales the scores.
+    pub scale_queries: bool,
+    /// Attention logit soft-cap `c`: scores become `c * tanh(scores / c)` before the softmax
+    /// (Gemma 2).
+    pub softcap: Option<f32>,
+    /// Sliding-window attention: a query at position `p` sees keys at `p - window + 1 ..= p`
+    /// (llama.cpp's standard SWA); the cache of such a layer keeps only a ring of positions.
+    pub sliding_window: Option<usize>,
 }
 
 /// The feed-forward block of one layer.
@@ -64,6 +73,8 @@ pub enum Ffn {
 pub enum Activation {
     /// `x * sigmoid(x)`.
     Silu,
+    /// GELU, tanh approximation (through ggml's f16 table).
+    GeluTanh,
 }
 
 /// One decoder layer.
@@ -73,6 +84,14 @@ pub struct LayerPlan {
     pub attention: Attention,
     /// Feed-forward.
     pub ffn: Ffn,
+    /// An RMS norm (`post_attention_norm.weight`) on the attention output before the residual
+    /// add (Gemma 2/3).
+    pub post_attention_norm: bool,
+    /// An RMS norm (`post_ffw_norm.weight`) on the feed-forward output before the residual add
+    /// (Gemma 2/3).
+    pub post_ffn_norm: bool,
+    /// Both block outputs multiplied by this before the residual add (Granite).
+    pub residual_scale: Option<f32>,
 }
 
 /// A whole model.
@@ -92,4 +111,11 @@ pub struct ModelPlan {
     pub layers: Vec<LayerPlan>,
     /// The output matrix is the token embedding (no `output.weight`).
     pub tied_output: bool,
+    /// The embedding rows multiplied by this (Gemma: `sqrt(n_embd)`; Granite: its
+    /// `embedding_scale`).
+    pub embedding_scale: Option<f32>,
+    /// Final logit soft-cap `c`: logits become `c * tanh(logits / c)` (Gemma 2).
+    pub final_logit_softcap: Option<f32>,
+    /// Logits divided by this, as `logits * (1 / s)` (Granite's `logit_scale`).
+    pub logit_scale: Option<f32>,
 }

@@ -72,9 +72,28 @@ impl SyntheticSpec {
     /// what distinguishes the architecture: GQA everywhere, `head_dim != n_embd / n_head` for
     /// qwen3, a sliding window key for llama/mistral; matrices in a mix of Q8_0, Q4_1, Q5_0,
     /// Q5_1 and F16 (the block types whose dot products ferrolm mirrors bit for bit).
+    ///
+    /// gemma2/gemma3: 6 layers (Gemma 3's default pattern slides five of six), a 64-position
+    /// window (so that prompts cross it), 8 heads of 48 (head size independent of the width);
+    /// granite: its four scales (see [`build`]).
     pub fn small(arch: &str) -> SyntheticSpec {
         let qwen = arch.starts_with("qwen");
         let mistral_like = arch == "llama" || arch == "mistral";
+        if arch.starts_with("gemma") {
+            let mut s = SyntheticSpec::small("llama");
+            s.arch = arch.to_string();
+            s.n_layer = 6;
+            s.head_dim = 48;
+            s.norm_eps = 1e-6;
+            s.sliding_window = Some(64);
+            s.tied_output = true;
+            s.rope_base = if arch == "gemma3" {
+                1_000_000.0
+            } else {
+                10_000.0
+            };
+            return s;
+        }
         SyntheticSpec {
             arch: arch.to_string(),
             n_layer: 4,
@@ -209,6 +228,18 @@ pub fn build(spec: &SyntheticSpec) -> Result<GgufWriter> {
     if arch == "llama" || arch == "mistral" {
         w.set(key("vocab_size"), u32v(n_vocab));
     }
+    let gemma = arch == "gemma2" || arch == "gemma3";
+    if arch == "gemma2" {
+        // Caps small enough to bite on O(1) random-weight scores and logits.
+        w.set(key("attn_logit_softcapping"), Value::F32(4.0));
+        w.set(key("final_logit_softcapping"), Value::F32(3.0));
+    }
+    if arch == "granite" {
+        w.set(key("embedding_scale"), Value::F32(3.0));
+        w.set(key("residual_scale"), Value::F32(0.5));
+        w.set(key("attention.scale"), Value::F32(0.09));
+        w.set(key("logit_scale"), Value::F32(0.75));
+    }
 
     let (d, q_dim, kv_dim) = (spec.n_embd, spec.n_head * hd, spec.n_head_kv * hd);
     let matrix_type = |name: &str| {
@@ -246,15 +277,26 @@ pub fn build(spec: &SyntheticSpec) -> Result<GgufWriter> {
             add(n("attn_k.bias"), &[kv_dim], Init::Normal(0.1), false);
             add(n("attn_v.bias"), &[kv_dim], Init::Normal(0.1), false);
         }
-        if arch == "qwen3" {
+        if arch == "qwen3" || arch == "gemma3" {
             add(n("attn_q_norm.weight"), &[hd], Init::AroundOne(0.2), false);
             add(n("attn_k_norm.weight"), &[hd], Init::AroundOne(0.2), false);
         }
         add(n("attn_output.weight"), &[q_dim, d], m(q_dim), true);
+        if gemma {
+            add(
+                n("post_attention_norm.weight"),
+                &[d],
+                Init::AroundOne(0.1),
+                false,
+            );
+        }
         add(n("ffn_norm.weight"), &[d], Init::AroundOne(0.1), false);
         add(n("ffn_gate.weight"), &[d, spec.n_ff], m(d), true);
         add(n("ffn_up.weight"), &[d, spec.n_ff], m(d), true);
         add(n("ffn_down.weight"), &[spec.n_ff, d], m(spec.n_ff), true);
+        if gemma {
+            add(n("post_ffw_norm.weight"), &[d], Init::AroundOne(0.1), false);
+        }
     }
     add(
         "output_norm.weight".into(),

@@ -28,6 +28,24 @@ fn spec(name: &str) -> SyntheticSpec {
     }
 }
 
+/// Gemma 2 (soft-caps, alternate sliding layers), Gemma 3 (five of six layers sliding, Q/K
+/// norms, separate local RoPE base; the longest prompt wraps the sliding layers' ring of 768
+/// cells) and Granite (embedding, residual, attention and logit scales).
+#[test]
+fn gemma2_matches_llama_cpp() {
+    check("gemma2");
+}
+
+#[test]
+fn gemma3_matches_llama_cpp() {
+    check("gemma3");
+}
+
+#[test]
+fn granite_matches_llama_cpp() {
+    check("granite");
+}
+
 /// Logits within this of the reference's best count as a tie (MODELS.md).
 const TIE: f32 = 0.01;
 

@@ -9,6 +9,16 @@ use serde::{Deserialize, Serialize};
 
 use crate::{Tokenizer, TokenizerError};
 
+/// Gemma's turn format (`<start_of_turn>user ... <end_of_turn>`, the assistant's role named
+/// `model`, a system message folded into the first user turn), for Gemma vocabularies whose
+/// file carries no template.
+const GEMMA_TEMPLATE: &str = "{{ bos_token }}{% if messages[0]['role'] == 'system' %}\
+{% set sys = (messages[0]['content'] | trim) ~ '\n\n' %}{% set rest = messages[1:] %}\
+{% else %}{% set sys = '' %}{% set rest = messages %}{% endif %}\
+{% for m in rest %}<start_of_turn>{{ 'model' if m['role'] == 'assistant' else m['role'] }}\n\
+{{ (sys if loop.first else '') ~ (m['content'] | trim) }}<end_of_turn>\n{% endfor %}\
+{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}";
+
 /// The fallback for a model without a template: ChatML, as llama.cpp uses.
 pub const CHATML_TEMPLATE: &str = "{%- for message in messages -%}\n  {{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' -}}\n{%- endfor -%}\n{%- if add_generation_prompt -%}\n  {{- '<|im_start|>assistant\\n' -}}\n{%- endif -%}";
 
@@ -70,6 +80,13 @@ impl ChatTemplate {
         let (bos, eos) = (text(tok.bos()), text(tok.eos()));
         match tok.chat_template() {
             Some(src) => ChatTemplate::new(src, &bos, &eos),
+            // A Gemma vocabulary without a template (the packaged Gemma 3 270M file has none):
+            // Gemma's own turn format, which llama.cpp also detects by these tokens.
+            None if tok.token_id("<start_of_turn>").is_some()
+                && tok.token_id("<end_of_turn>").is_some() =>
+            {
+                ChatTemplate::new(GEMMA_TEMPLATE, &bos, &eos)
+            }
             None => {
                 let mut t = ChatTemplate::new(CHATML_TEMPLATE, &bos, &eos)?;
                 t.warning = Some(
@@ -324,6 +341,22 @@ mod tests {
         assert_eq!(
             t.render(&msgs, true, None).unwrap(),
             "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+        );
+    }
+
+    #[test]
+    fn gemma_fallback_renders() {
+        let t = ChatTemplate::new(GEMMA_TEMPLATE, "<bos>", "<eos>").unwrap();
+        let msgs = [
+            ChatMessage::new("system", "Be brief."),
+            ChatMessage::new("user", "Hi"),
+            ChatMessage::new("assistant", "Hello."),
+            ChatMessage::new("user", "Bye"),
+        ];
+        assert_eq!(
+            t.render(&msgs, true, None).unwrap(),
+            "<bos><start_of_turn>user\nBe brief.\n\nHi<end_of_turn>\n<start_of_turn>model\n\
+             Hello.<end_of_turn>\n<start_of_turn>user\nBye<end_of_turn>\n<start_of_turn>model\n"
         );
     }
 

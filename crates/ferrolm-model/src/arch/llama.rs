@@ -8,10 +8,10 @@ use crate::error::{ModelError, Result};
 use crate::plan::{Activation, Attention, Ffn, LayerPlan, ModelPlan, Rope, RopeLayout};
 
 /// What distinguishes the members of the family.
-struct Variant {
-    rope_layout: RopeLayout,
-    qkv_bias: bool,
-    qk_norm: bool,
+pub(super) struct Variant {
+    pub rope_layout: RopeLayout,
+    pub qkv_bias: bool,
+    pub qk_norm: bool,
 }
 
 fn variant(arch: &str) -> Variant {
@@ -35,8 +35,13 @@ fn variant(arch: &str) -> Variant {
 }
 
 pub(super) fn describe(file: &GgufFile, arch: &str) -> Result<ModelPlan> {
+    describe_variant(file, arch, variant(arch))
+}
+
+/// The plan of a llama-shaped decoder of `arch` (the keys every such decoder shares); other
+/// families start from it and add what they carry.
+pub(super) fn describe_variant(file: &GgufFile, arch: &str, v: Variant) -> Result<ModelPlan> {
     let k = Keys { file, arch };
-    let v = variant(arch);
     let n_embd = k.usize("embedding_length")?;
     let n_layer = k.usize("block_count")?;
     let n_ff = k.usize("feed_forward_length")?;
@@ -114,6 +119,11 @@ pub(super) fn describe(file: &GgufFile, arch: &str) -> Result<ModelPlan> {
             freq_factors: file.tensor("rope_freqs.weight").is_some(),
         },
         scale: 1.0 / (head_dim as f32).sqrt(),
+        scale_queries: false,
+        softcap: None,
+        // llama.cpp's llama, mistral, qwen2 and qwen3 read no sliding-window key (a Mistral
+        // file's `attention.sliding_window` is ignored there, so it is here).
+        sliding_window: None,
     };
     let layer = LayerPlan {
         attention,
@@ -121,6 +131,9 @@ pub(super) fn describe(file: &GgufFile, arch: &str) -> Result<ModelPlan> {
             n_ff,
             activation: Activation::Silu,
         },
+        post_attention_norm: false,
+        post_ffn_norm: false,
+        residual_scale: None,
     };
     Ok(ModelPlan {
         architecture: arch.to_string(),
@@ -130,5 +143,8 @@ pub(super) fn describe(file: &GgufFile, arch: &str) -> Result<ModelPlan> {
         norm_eps,
         layers: vec![layer; n_layer],
         tied_output: file.tensor("output.weight").is_none(),
+        embedding_scale: None,
+        final_logit_softcap: None,
+        logit_scale: None,
     })
 }

@@ -1,5 +1,7 @@
 //! Architectures: each turns a file's metadata into a [`ModelPlan`], owning its own keys.
 
+mod gemma;
+mod granite;
 mod llama;
 
 use ferrolm_gguf::GgufFile;
@@ -16,6 +18,9 @@ const ARCHITECTURES: &[(&str, Describe)] = &[
     ("mistral", llama::describe),
     ("qwen2", llama::describe),
     ("qwen3", llama::describe),
+    ("gemma2", gemma::describe),
+    ("gemma3", gemma::describe),
+    ("granite", granite::describe),
 ];
 
 /// The names of the architectures we run.

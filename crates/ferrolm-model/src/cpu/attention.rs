@@ -11,13 +11,18 @@
 //!
 //! Positions past the used length hold zeros (or stale values after a rewind) and get
 //! probability 0, so they add nothing; they only keep the summation order llama.cpp's.
+//!
+//! A sliding-window layer reads its ring of cells (`kv_cache::LayerCache`), masking the cells
+//! whose position is outside the window as llama.cpp's SWA mask does. Gemma scales the queries
+//! instead of the scores; Gemma 2 soft-caps the scores (`c * tanh(s / c)`, libm `tanhf` as
+//! ggml's `ggml_vec_tanh_f32`) before the softmax.
 
 use ferrolm_gguf::TensorType;
 use ferrolm_quant::ggml_vec;
 use ferrolm_threads::ThreadPool;
 use half::f16;
 
-use crate::kv_cache::{LayerCache, KV_PAD};
+use crate::kv_cache::LayerCache;
 use crate::plan::Attention;
 
 /// `out[t][h]` for each token `t` of the batch (at position `pos0 + t`) and query head `h`.
@@ -26,7 +31,6 @@ pub fn attend(
     pool: &ThreadPool,
     a: &Attention,
     cache: &LayerCache,
-    cap: usize,
     q: &[f32],
     pos0: usize,
     n_tok: usize,
@@ -37,7 +41,13 @@ pub fn attend(
     debug_assert_eq!(out.len(), n_tok * q_dim);
     let group = a.n_head / a.n_head_kv;
     let kv_dim = cache.kv_dim;
-    let n_kv = (pos0 + n_tok).next_multiple_of(KV_PAD).min(cap);
+    let cap = cache.cap;
+    let end = pos0 + n_tok;
+    let n_kv = cache.n_kv(end);
+    // The position of each cell read (None: never written).
+    let cell_pos: Vec<Option<usize>> = (0..n_kv).map(|j| cache.position(j, end)).collect();
+    let score_scale = if a.scale_queries { 1.0 } else { a.scale };
+    let softcap = a.softcap.map(|c| (1.0 / c, c));
     let f16_kernel = ferrolm_quant::dot_kernel(TensorType::F16).expect("F16 kernel");
     let k_bytes: &[u8] = bytemuck::cast_slice(&cache.k);
     let v_bytes: &[u8] = bytemuck::cast_slice(&cache.v_t);
@@ -73,13 +83,18 @@ pub fn attend(
         let mut p16 = vec![f16::ZERO; n_tok * n_kv];
         for t in 0..n_tok {
             let row = &mut scores[t * n_kv..(t + 1) * n_kv];
-            let last = pos0 + t;
+            let query = pos0 + t;
             let mut max = f32::NEG_INFINITY;
-            for (j, s) in row.iter_mut().enumerate() {
-                *s = if j <= last {
-                    *s * a.scale
-                } else {
-                    f32::NEG_INFINITY
+            for (s, p) in row.iter_mut().zip(&cell_pos) {
+                *s = match p {
+                    Some(p) if cache.visible(*p, query) => {
+                        let capped = match softcap {
+                            Some((inv, c)) => (*s * inv).tanh() * c,
+                            None => *s,
+                        };
+                        capped * score_scale
+                    }
+                    _ => f32::NEG_INFINITY,
                 };
                 max = max.max(*s);
             }

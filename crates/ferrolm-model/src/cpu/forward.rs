@@ -66,7 +66,6 @@ pub(crate) fn forward(
     let file = model.file.file_bytes();
     let d = plan.n_embd;
     let n = ids.len();
-    let cap = cache.cap;
 
     // Embedding rows.
     let mut x = vec![0f32; n * d];
@@ -76,6 +75,9 @@ pub(crate) fn forward(
         let id = ids[t] as usize;
         ferrolm_quant::dequantize(w.token_embd.ty, &embd[id * rb..(id + 1) * rb], row)
             .expect("checked at load");
+        if let Some(s) = plan.embedding_scale {
+            row.iter_mut().for_each(|v| *v *= s);
+        }
     });
 
     let mut h = vec![0f32; n * d];
@@ -135,17 +137,19 @@ pub(crate) fn forward(
         dump("Qcur", l, &q);
         dump("Kcur", l, &k);
         dump("Vcur", l, &v);
+        if a.scale_queries {
+            q.iter_mut().for_each(|v| *v *= a.scale);
+        }
         let lc = &mut cache.layers[l];
         for t in 0..n {
             lc.store(
                 pos0 + t,
-                cap,
                 &k[t * kv_dim..(t + 1) * kv_dim],
                 &v[t * kv_dim..(t + 1) * kv_dim],
             );
         }
         let mut attn = vec![0f32; n * q_dim];
-        attend(pool, a, lc, cap, &q, pos0, n, &mut attn);
+        attend(pool, a, lc, &q, pos0, n, &mut attn);
         dump("kqv_out", l, &attn);
         scratch.input.reset();
         let mut o = vec![0f32; n * d];
@@ -156,8 +160,19 @@ pub(crate) fn forward(
             scratch.input.get(pool, &attn, n, q_dim, lw.wo.ty),
             &mut o,
         );
+        dump("attn_out", l, &o);
+        finish_block(
+            pool,
+            &mut o,
+            lw.post_attn_norm.as_deref(),
+            lp.residual_scale,
+            plan.norm_eps,
+            d,
+        );
+        dump("attn_post_norm", l, &o);
         x.iter_mut().zip(&o).for_each(|(x, o)| *x += o);
         dump("ffn_inp", l, &x);
+        dump("sa_out", l, &x);
 
         // Feed-forward block.
         let Ffn::Gated { n_ff, activation } = lp.ffn;
@@ -180,13 +195,20 @@ pub(crate) fn forward(
                 (&lw.up, inp.rows_for(lw.up.ty), &mut u),
             ],
         );
+        dump("ffn_gate", l, &g);
+        dump("ffn_up", l, &u);
         let mut gated = vec![0f32; n * n_ff];
         match activation {
             Activation::Silu => rows_mut(pool, &mut gated, n_ff, |t, o| {
                 let r = t * n_ff..(t + 1) * n_ff;
                 ferrolm_quant::ggml_vec::swiglu(&g[r.clone()], &u[r], o);
             }),
+            Activation::GeluTanh => rows_mut(pool, &mut gated, n_ff, |t, o| {
+                let r = t * n_ff..(t + 1) * n_ff;
+                ferrolm_quant::ggml_vec::geglu(&g[r.clone()], &u[r], o);
+            }),
         }
+        dump("ffn_geglu", l, &gated);
         scratch.input.reset();
         matmul(
             pool,
@@ -196,6 +218,14 @@ pub(crate) fn forward(
             &mut o,
         );
         dump("ffn_out", l, &o);
+        finish_block(
+            pool,
+            &mut o,
+            lw.post_ffn_norm.as_deref(),
+            lp.residual_scale,
+            plan.norm_eps,
+            d,
+        );
         x.iter_mut().zip(&o).for_each(|(x, o)| *x += o);
         dump("l_out", l, &x);
     }
@@ -219,5 +249,32 @@ pub(crate) fn forward(
         scratch.input.get(pool, &normed, rows.len(), d, w.output.ty),
         &mut logits,
     );
+    if let Some(c) = plan.final_logit_softcap {
+        // ggml: scale by 1/c, tanh (libm tanhf), scale by c.
+        let inv = 1.0 / c;
+        logits.iter_mut().for_each(|v| *v = (*v * inv).tanh() * c);
+    }
+    if let Some(s) = plan.logit_scale {
+        let inv = 1.0 / s;
+        logits.iter_mut().for_each(|v| *v *= inv);
+    }
     logits
+}
+
+/// What a block's output goes through before the residual add: the post-norm (Gemma), then the
+/// residual scale (Granite).
+fn finish_block(
+    pool: &ThreadPool,
+    o: &mut [f32],
+    post_norm: Option<&[f32]>,
+    residual_scale: Option<f32>,
+    eps: f32,
+    d: usize,
+) {
+    if let Some(nw) = post_norm {
+        rows_mut(pool, o, d, |_, row| rms_norm_in_place(row, nw, eps));
+    }
+    if let Some(s) = residual_scale {
+        o.iter_mut().for_each(|v| *v *= s);
+    }
 }
