@@ -119,3 +119,84 @@ pub struct ModelPlan {
     /// Logits divided by this, as `logits * (1 / s)` (Granite's `logit_scale`).
     pub logit_scale: Option<f32>,
 }
+
+impl LayerPlan {
+    /// Whether this layer is the plain llama layer (pre-norms, SwiGLU, scores scaled after the
+    /// product, no window, no caps, no extra norms or scales); otherwise the first feature it
+    /// carries beyond that, by name. A fast path that serves only llama layers declines with
+    /// this (DESIGN.md principle 2): the plan is taken apart without `..`, so a field added
+    /// later does not compile here until someone decides.
+    pub fn beyond_llama(&self) -> Option<&'static str> {
+        let LayerPlan {
+            attention:
+                Attention {
+                    n_head: _,
+                    n_head_kv: _,
+                    head_dim: _,
+                    qkv_bias: _,
+                    qk_norm: _,
+                    rope:
+                        Rope {
+                            layout: _,
+                            n_dims: _,
+                            freq_base: _,
+                            freq_scale: _,
+                            freq_factors: _,
+                        },
+                    scale: _,
+                    scale_queries,
+                    softcap,
+                    sliding_window,
+                },
+            ffn: Ffn::Gated {
+                n_ff: _,
+                activation,
+            },
+            post_attention_norm,
+            post_ffn_norm,
+            residual_scale,
+        } = self;
+        [
+            (*scale_queries, "queries scaled before the product"),
+            (softcap.is_some(), "attention logit soft-cap"),
+            (sliding_window.is_some(), "sliding-window attention"),
+            (
+                *activation != Activation::Silu,
+                "an activation other than SiLU",
+            ),
+            (*post_attention_norm, "post-attention norm"),
+            (*post_ffn_norm, "post-feed-forward norm"),
+            (residual_scale.is_some(), "residual scale"),
+        ]
+        .into_iter()
+        .find_map(|(has, what)| has.then_some(what))
+    }
+}
+
+impl ModelPlan {
+    /// Like [`LayerPlan::beyond_llama`] for the whole model: the first feature, of any layer
+    /// or of the model (embedding scale, final soft-cap, logit scale), beyond a llama model.
+    pub fn beyond_llama(&self) -> Option<&'static str> {
+        let ModelPlan {
+            architecture: _,
+            n_embd: _,
+            n_vocab: _,
+            n_ctx_train: _,
+            norm_eps: _,
+            layers,
+            tied_output: _,
+            embedding_scale,
+            final_logit_softcap,
+            logit_scale,
+        } = self;
+        layers.iter().find_map(LayerPlan::beyond_llama).or_else(|| {
+            [
+                (embedding_scale.is_some(), "embedding scale"),
+                (final_logit_softcap.is_some(), "final logit soft-cap"),
+                (logit_scale.is_some(), "logit scale"),
+            ]
+            .into_iter()
+            .find_map(|(has, what)| has.then_some(what))
+        })
+    }
+}

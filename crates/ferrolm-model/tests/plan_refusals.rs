@@ -1,0 +1,99 @@
+//! Refusals (DESIGN.md principle 2): a layer-plan feature that a llama-only fast path does not
+//! serve makes it decline by name; an unknown architecture is an error listing the known ones.
+
+use std::sync::Arc;
+
+use ferrolm_gguf::{GgufFile, Value};
+use ferrolm_model::plan::Activation;
+use ferrolm_model::synthetic::{self, SyntheticSpec};
+use ferrolm_model::{Model, ModelError, ModelPlan};
+
+fn plan_of(arch: &str) -> ModelPlan {
+    let mut spec = SyntheticSpec::small(arch);
+    spec.n_layer = spec.n_layer.min(6);
+    let bytes = synthetic::build(&spec).unwrap().to_bytes();
+    let model = Model::from_file(Arc::new(GgufFile::from_bytes(bytes).unwrap()), 1).unwrap();
+    model.plan().clone()
+}
+
+#[test]
+fn llama_plans_are_served_and_each_added_feature_declines() {
+    for arch in ["llama", "mistral", "qwen2", "qwen3"] {
+        assert_eq!(plan_of(arch).beyond_llama(), None, "{arch}");
+    }
+    let base = plan_of("llama");
+    type Edit = fn(&mut ModelPlan);
+    let edits: [(&str, Edit); 10] = [
+        ("queries scaled before the product", |p| {
+            p.layers[1].attention.scale_queries = true
+        }),
+        ("attention logit soft-cap", |p| {
+            p.layers[0].attention.softcap = Some(50.0)
+        }),
+        ("sliding-window attention", |p| {
+            p.layers[2].attention.sliding_window = Some(64)
+        }),
+        ("an activation other than SiLU", |p| {
+            p.layers[0].ffn = ferrolm_model::plan::Ffn::Gated {
+                n_ff: 512,
+                activation: Activation::GeluTanh,
+            }
+        }),
+        ("post-attention norm", |p| {
+            p.layers[3].post_attention_norm = true
+        }),
+        ("post-feed-forward norm", |p| {
+            p.layers[0].post_ffn_norm = true
+        }),
+        ("residual scale", |p| p.layers[0].residual_scale = Some(0.5)),
+        ("embedding scale", |p| p.embedding_scale = Some(16.0)),
+        ("final logit soft-cap", |p| {
+            p.final_logit_softcap = Some(30.0)
+        }),
+        ("logit scale", |p| p.logit_scale = Some(8.0)),
+    ];
+    for (what, edit) in edits {
+        let mut p = base.clone();
+        edit(&mut p);
+        assert_eq!(p.beyond_llama(), Some(what));
+    }
+}
+
+#[test]
+fn gemma_and_granite_plans_carry_their_features() {
+    let g3 = plan_of("gemma3");
+    assert!(g3.beyond_llama().is_some());
+    let windows: Vec<_> = g3
+        .layers
+        .iter()
+        .map(|l| l.attention.sliding_window)
+        .collect();
+    assert_eq!(
+        windows,
+        [Some(64), Some(64), Some(64), Some(64), Some(64), None]
+    );
+    assert_eq!(g3.layers[0].attention.rope.freq_base, 10_000.0);
+    assert_eq!(g3.layers[5].attention.rope.freq_base, 1_000_000.0);
+    assert_eq!(g3.embedding_scale, Some(16.0));
+    let g2 = plan_of("gemma2");
+    assert_eq!(g2.layers[0].attention.softcap, Some(4.0));
+    assert_eq!(g2.final_logit_softcap, Some(3.0));
+    assert_eq!(g2.layers[1].attention.sliding_window, None);
+    let gr = plan_of("granite");
+    assert_eq!(gr.logit_scale, Some(0.75));
+    assert_eq!(gr.layers[0].residual_scale, Some(0.5));
+    assert_eq!(gr.beyond_llama(), Some("residual scale"));
+}
+
+#[test]
+fn an_unknown_architecture_is_an_error_listing_the_known_ones() {
+    let mut w = synthetic::build(&SyntheticSpec::small("llama")).unwrap();
+    w.set("general.architecture", Value::String("phi9".into()));
+    let file = Arc::new(GgufFile::from_bytes(w.to_bytes()).unwrap());
+    let err = Model::from_file(file, 1).err().expect("refused");
+    assert!(matches!(err, ModelError::UnknownArchitecture(..)));
+    let msg = err.to_string();
+    for known in ["phi9", "llama", "qwen3", "gemma2", "gemma3", "granite"] {
+        assert!(msg.contains(known), "{msg}");
+    }
+}
