@@ -62,6 +62,8 @@ pub struct Common {
     pub presence_penalty: Option<f32>,
     pub repeat_penalty: Option<f32>,
     pub logprobs: Option<Value>,
+    /// llama.cpp's extension: keep generating past end-of-generation tokens.
+    pub ignore_eos: Option<bool>,
 }
 
 /// `POST /v1/chat/completions`.
@@ -314,7 +316,7 @@ pub fn prepare(
             max_tokens,
             sampler,
             stop: stop.into_iter().filter(|s| !s.is_empty()).collect(),
-            stop_at_eog: true,
+            stop_at_eog: !common.ignore_eos.unwrap_or(false),
         },
         stream,
         include_usage: stream

@@ -669,9 +669,8 @@ fn concurrent_greedy_answers_equal_single_client_answers_and_ferrolm_run() {
     let port = server.port;
     let handles: Vec<_> = prompts
         .iter()
-        .cloned()
         .map(|p| {
-            let b = body(&p);
+            let b = body(p);
             std::thread::spawn(move || {
                 let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
                 s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
@@ -751,4 +750,42 @@ fn official_openai_python_client_works() {
         server.log()
     );
     assert!(String::from_utf8_lossy(&out.stdout).contains("openai client: ok"));
+}
+
+/// `scripts/load_test.py` at a smaller scale than the benchmark (32 concurrent streaming
+/// clients, 64 requests): every request completes with exactly its tokens, none is lost or
+/// duplicated, and memory returns to its idle level.
+#[test]
+fn load_script_32_concurrent_clients_lose_nothing() {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts/load_test.py");
+    let mut child = Command::new("python3")
+        .args([script, "--binary", env!("CARGO_BIN_EXE_ferrolm")])
+        .args([
+            "--concurrency",
+            "32",
+            "--requests",
+            "64",
+            "--max-tokens",
+            "4",
+        ])
+        .args(["--timeout", "120"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(240);
+    while child.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("the load test timed out");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let out = child.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains("load test: ok"),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
