@@ -85,3 +85,11 @@ fn check(file: &str, name: &str) {
 fn smollm2_matches_llama_cpp() {
     check("SmolLM2-135M-Instruct.Q4_1.gguf", "smollm2");
 }
+
+/// Gemma 3 270M (Q4_K_M): sliding-window layers (two prompts cross the 512-token window),
+/// GELU, post-norms, Q/K norms, query scaling. The golden data is llama.cpp's without weight
+/// repacking (scripts/gemma_golden.py, docs/PARITY.md).
+#[test]
+fn gemma3_270m_matches_llama_cpp() {
+    check("gemma-3-270m-q4_k_m.gguf", "gemma3");
+}
