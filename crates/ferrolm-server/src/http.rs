@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use axum::body::{Body, Bytes};
+use axum::body::{Body, Bytes, HttpBody};
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::http::{header, HeaderValue, Method, StatusCode};
@@ -165,23 +165,30 @@ fn path_label(path: &str) -> &'static str {
     }
 }
 
-/// Logs one line per request when its answer has been sent (or the client went away):
-/// method, path, status, tokens, duration.
+/// Logs one line per request when its answer has been sent, or when the client went away
+/// before it (status 499, as nginx writes it): method, path, status, tokens, duration.
 async fn log_request(State(state): State<AppState>, mut request: Request, next: Next) -> Response {
-    let start = Instant::now();
-    let method = request.method().clone();
-    let path = request.uri().path().to_string();
     let usage = Usage::default();
-    request.extensions_mut().insert(usage.clone());
+    let mut guard = LogOnDrop {
+        method: request.method().clone(),
+        path: request.uri().path().to_string(),
+        status: None,
+        usage: usage.clone(),
+        start: Instant::now(),
+        metrics: state.metrics.clone(),
+    };
+    request.extensions_mut().insert(usage);
+    // Dropped here (the client went away while the answer was computed), the guard logs 499.
     let response = next.run(request).await;
     let status = response.status().as_u16();
-    state.metrics.request(path_label(&path), status);
-    let (parts, body) = response.into_parts();
-    let guard = LogOnDrop {
-        line: format!("{method} {path} {status}"),
-        usage,
-        start,
-    };
+    guard.status = Some(status);
+    state.metrics.request(path_label(&guard.path), status);
+    let (mut parts, body) = response.into_parts();
+    if let Some(n) = body.size_hint().exact() {
+        parts
+            .headers
+            .insert(header::CONTENT_LENGTH, HeaderValue::from(n));
+    }
     let stream = body.into_data_stream().map(move |chunk| {
         let _ = &guard;
         chunk
@@ -190,20 +197,28 @@ async fn log_request(State(state): State<AppState>, mut request: Request, next: 
 }
 
 struct LogOnDrop {
-    line: String,
+    method: Method,
+    path: String,
+    status: Option<u16>,
     usage: Usage,
     start: Instant,
+    metrics: Arc<Metrics>,
 }
 
 impl Drop for LogOnDrop {
     fn drop(&mut self) {
+        let status = self.status.unwrap_or_else(|| {
+            self.metrics.request(path_label(&self.path), 499);
+            499
+        });
         let tokens = match self.usage.0.lock().ok().and_then(|u| *u) {
             Some((p, c)) => format!(" prompt={p} completion={c}"),
             None => String::new(),
         };
         eprintln!(
-            "ferrolm: {}{tokens} {:.3}s",
-            self.line,
+            "ferrolm: {} {} {status}{tokens} {:.3}s",
+            self.method,
+            self.path,
             self.start.elapsed().as_secs_f64()
         );
     }

@@ -351,3 +351,198 @@ impl<'t> Scheduler<'t> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ferrolm_engine::sequence::SlotOutput;
+    use ferrolm_engine::SamplerParams;
+    use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
+
+    /// The default model's tokenizer (the model is fetched by `scripts/test` before the tests).
+    fn tokenizer() -> Tokenizer {
+        let home = std::env::var_os("FERROLM_HOME")
+            .map(std::path::PathBuf::from)
+            .unwrap_or_else(|| {
+                std::path::PathBuf::from(std::env::var_os("HOME").unwrap()).join(".cache/ferrolm")
+            });
+        let path = home.join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
+        let file = ferrolm_gguf::GgufFile::open(&path)
+            .unwrap_or_else(|e| panic!("{}: {e} (run `ferrolm pull`)", path.display()));
+        Tokenizer::from_metadata(file.metadata()).unwrap()
+    }
+
+    /// A forward pass whose logits always pick token `TOKEN`, that records every step's inputs
+    /// and fails (or panics) at a chosen step.
+    struct Fake {
+        n_vocab: usize,
+        steps: Arc<Mutex<Vec<Vec<(usize, usize)>>>>,
+        fail_at: Option<usize>,
+        panic_at: Option<usize>,
+    }
+
+    const TOKEN: usize = 100;
+
+    impl StepForward for Fake {
+        fn n_slots(&self) -> usize {
+            2
+        }
+        fn n_ctx(&self) -> usize {
+            64
+        }
+        fn clear(&mut self, _slot: usize) {}
+        fn forward(&mut self, inputs: &[SlotInput<'_>]) -> Vec<SlotOutput> {
+            let mut steps = self.steps.lock().unwrap();
+            steps.push(inputs.iter().map(|i| (i.slot, i.ids.len())).collect());
+            let step = steps.len();
+            drop(steps);
+            // Slow enough for requests to arrive while others run.
+            std::thread::sleep(Duration::from_millis(2));
+            if self.panic_at == Some(step) {
+                panic!("a kernel bug");
+            }
+            if self.fail_at == Some(step) {
+                let e = Arc::new(ModelError::Invalid("injected failure".into()));
+                return vec![Err(e); inputs.len()];
+            }
+            inputs
+                .iter()
+                .map(|i| {
+                    Ok(i.logits.then(|| {
+                        let mut l = vec![0.0; self.n_vocab];
+                        l[TOKEN] = 10.0;
+                        l
+                    }))
+                })
+                .collect()
+        }
+    }
+
+    fn job(prompt_len: usize, max_tokens: usize) -> (Job, UnboundedReceiver<Event>) {
+        let (tx, rx) = unbounded_channel();
+        let job = Job {
+            prompt: vec![1; prompt_len],
+            params: SequenceParams {
+                max_tokens,
+                sampler: SamplerParams::greedy(),
+                stop: Vec::new(),
+                stop_at_eog: true,
+            },
+            events: tx,
+            arrived: Instant::now(),
+        };
+        (job, rx)
+    }
+
+    /// Waits for the end of a request: Ok(completion tokens) or Err(the error's message).
+    fn outcome(rx: &mut UnboundedReceiver<Event>) -> Result<usize, String> {
+        loop {
+            match rx.blocking_recv() {
+                Some(Event::Text(_)) => {}
+                Some(Event::Done {
+                    completion_tokens, ..
+                }) => return Ok(completion_tokens),
+                Some(Event::Error(e)) => return Err(e.message),
+                None => return Err("dropped".into()),
+            }
+        }
+    }
+
+    /// Runs a scheduler over `fake` while `body` submits requests through the handle.
+    fn with_scheduler(fake: Fake, chunk: usize, body: impl FnOnce(&SchedulerHandle)) {
+        let tok = tokenizer();
+        let (tx, rx) = mpsc::channel();
+        let shared = Arc::new(Shared {
+            deadline: Mutex::new(None),
+            metrics: Arc::new(Metrics::new(2)),
+            max_queue: 8,
+        });
+        let handle = SchedulerHandle {
+            tx,
+            shared: shared.clone(),
+        };
+        std::thread::scope(|s| {
+            let tok = &tok;
+            s.spawn(move || {
+                let mut fake = fake;
+                Scheduler {
+                    tokenizer: tok,
+                    slots: vec![None, None],
+                    rx,
+                    shared,
+                    chunk,
+                    n_ctx: 64,
+                }
+                .run(&mut fake)
+            });
+            body(&handle);
+            handle.shut_down();
+        });
+    }
+
+    fn fake(
+        fail_at: Option<usize>,
+        panic_at: Option<usize>,
+    ) -> (Fake, Arc<Mutex<Vec<Vec<(usize, usize)>>>>) {
+        let steps = Arc::new(Mutex::new(Vec::new()));
+        let n_vocab = tokenizer().vocab_size();
+        (
+            Fake {
+                n_vocab,
+                steps: steps.clone(),
+                fail_at,
+                panic_at,
+            },
+            steps,
+        )
+    }
+
+    #[test]
+    fn a_failed_step_fails_every_request_in_it_and_serving_goes_on() {
+        for (fail, panic) in [(Some(3), None), (None, Some(3))] {
+            let (fake, _) = fake(fail, panic);
+            with_scheduler(fake, 16, |h| {
+                let (a, mut ra) = job(4, 10);
+                let (b, mut rb) = job(4, 10);
+                h.submit(a).unwrap();
+                h.submit(b).unwrap();
+                // Both were admitted together; step 3 fails for both of them.
+                let (ea, eb) = (outcome(&mut ra), outcome(&mut rb));
+                assert!(ea.is_err() && eb.is_err(), "{ea:?} {eb:?}");
+                let (c, mut rc) = job(4, 10);
+                h.submit(c).unwrap();
+                assert_eq!(outcome(&mut rc), Ok(10));
+            });
+        }
+    }
+
+    #[test]
+    fn a_long_prompt_is_prefilled_in_chunks_while_another_sequence_decodes() {
+        let (fake, steps) = fake(None, None);
+        with_scheduler(fake, 4, |h| {
+            let (a, mut ra) = job(2, 12);
+            h.submit(a).unwrap();
+            // Let A start decoding before B arrives.
+            while steps.lock().unwrap().len() < 3 {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            let (b, mut rb) = job(10, 3);
+            h.submit(b).unwrap();
+            assert_eq!(outcome(&mut rb), Ok(3));
+            assert_eq!(outcome(&mut ra), Ok(12));
+        });
+        let steps = steps.lock().unwrap();
+        // B (slot 1) enters in chunks of at most 4 prompt tokens, 10 in all, then decodes one
+        // token per step; A (slot 0) decodes one token in every step it shares with B.
+        let b: Vec<usize> = steps
+            .iter()
+            .filter_map(|s| s.iter().find(|(slot, _)| *slot == 1).map(|x| x.1))
+            .collect();
+        assert_eq!(b[..3], [4, 4, 2], "{steps:?}");
+        assert!(b[3..].iter().all(|&n| n == 1), "{steps:?}");
+        for s in steps.iter().filter(|s| s.len() == 2) {
+            assert_eq!(s[0], (0, 1), "{steps:?}");
+        }
+        assert!(steps.iter().any(|s| s.len() == 2), "{steps:?}");
+    }
+}

@@ -600,8 +600,34 @@ fn full_queue_is_503_and_a_client_that_leaves_frees_its_slot() {
         server.metric("ferrolm_active_slots") == 0.0
     });
     assert!(server.metric("ferrolm_generated_tokens_total") < 400.0);
+    // A client waiting for a whole (not streamed) answer that leaves is cancelled too, and
+    // logged with status 499.
+    let long = completion_body(
+        "Once upon a time",
+        json!({"max_tokens": 400, "ignore_eos": true}),
+    );
+    let mut d = server.connect();
+    send(
+        &mut d,
+        "POST",
+        "/v1/completions",
+        &[],
+        long.to_string().as_bytes(),
+    );
+    wait_for("D in its slot", || {
+        server.metric("ferrolm_active_slots") == 1.0
+    });
+    drop(d);
+    wait_for("D cancelled", || {
+        server.metric("ferrolm_requests_cancelled_total") == 2.0
+    });
+    wait_for("an idle slot", || {
+        server.metric("ferrolm_active_slots") == 0.0
+    });
+    assert!(server.metric("ferrolm_generated_tokens_total") < 800.0);
     let log = server.log();
     assert!(log.contains("POST /v1/completions 503"), "{log}");
+    assert!(log.contains("POST /v1/completions 499"), "{log}");
 }
 
 #[test]
