@@ -73,6 +73,9 @@ enum Command {
     },
     /// Write a synthetic GGUF (random weights, a real architecture's layout) for parity tests.
     Synth(cmd::synth::SynthArgs),
+    /// Compare the CUDA backend with the CPU on one file: every position's logits (KL,
+    /// top-1) and greedy continuations (on a machine with an NVIDIA GPU).
+    CudaCheck(cmd::cuda::CheckArgs),
     /// Fetch known models into the cache ($FERROLM_HOME, default ~/.cache/ferrolm).
     Pull {
         /// Model names (`all` for every known one); default: the default model.
@@ -105,9 +108,8 @@ fn run(cli: Cli) -> Result<()> {
             output,
             ctx_size,
         } => {
-            let path = models::resolve(model.model.as_deref())?;
             let ids = cmd::logits::parse_ids(&ids)?;
-            cmd::logits::run(&path, &ids, &output, model.threads, ctx_size)
+            cmd::logits::run(&model, &ids, &output, ctx_size)
         }
         Command::Tokenize {
             model,
@@ -124,6 +126,7 @@ fn run(cli: Cli) -> Result<()> {
             cmd::inspect::run(&path, &mut stdout.lock())
         }
         Command::Synth(args) => cmd::synth::run(args),
+        Command::CudaCheck(args) => cmd::cuda::check(args),
         Command::Pull { names } => {
             let names = if names.is_empty() {
                 vec![models::DEFAULT_MODEL.to_string()]

@@ -7,7 +7,7 @@ use clap::Args;
 use ferrolm_model::{Logits, Model};
 use rand::{Rng, SeedableRng};
 
-use super::common::ModelArgs;
+use super::common::{cuda_model, ModelArgs};
 use crate::models;
 
 /// Flags of `ferrolm bench`.
@@ -41,7 +41,58 @@ pub fn run(args: BenchArgs) -> Result<()> {
     let mut rng = rand::rngs::StdRng::seed_from_u64(42);
     let reps = args.reps.max(1);
     let mut results = Vec::new();
-    if args.n_prompt > 0 {
+    let n_ctx = args.n_prompt.max(args.n_gen) + 1;
+    let mut gpu = cuda_model(&args.model, &model, n_ctx)?;
+    if let Some(gpu) = gpu.as_mut() {
+        // The prompt as decode steps (one graph launch each); generation as greedy steps whose
+        // id stays on the device, the host reading back 4 bytes a token.
+        if args.n_prompt > 0 {
+            let ids: Vec<u32> = (0..args.n_prompt)
+                .map(|_| rng.random_range(0..n_vocab))
+                .collect();
+            let mut speeds = Vec::new();
+            for _ in 0..reps {
+                gpu.reset()?;
+                let t = Instant::now();
+                gpu.eval(&ids, false)?;
+                speeds.push(args.n_prompt as f64 / t.elapsed().as_secs_f64());
+            }
+            results.push((format!("pp{}", args.n_prompt), median(speeds)));
+        }
+        if args.n_gen > 0 {
+            let mut speeds = Vec::new();
+            let before = gpu.stats();
+            for _ in 0..reps {
+                gpu.reset()?;
+                gpu.push(rng.random_range(0..n_vocab))?;
+                gpu.greedy()?;
+                let t = Instant::now();
+                for _ in 0..args.n_gen {
+                    gpu.push_greedy()?;
+                    gpu.greedy()?;
+                }
+                speeds.push(args.n_gen as f64 / t.elapsed().as_secs_f64());
+            }
+            let after = gpu.stats();
+            let steps = (after.tokens - before.tokens) as f64;
+            let tg = median(speeds.clone());
+            let plan = gpu.plan();
+            let bytes = plan.weight_bytes_per_token() + plan.kv_bytes_at(args.n_gen / 2);
+            if !args.json {
+                eprintln!(
+                    "ferrolm: CUDA tg: {:.1} MB read per token (weights {:.1} MB + KV at mid-run), {:.0} GB/s at {tg:.1} tok/s; per token {:.2} graph launches ({} kernels each), {:.2} host syncs, {:.2} uploads",
+                    bytes as f64 / 1e6,
+                    plan.weight_bytes_per_token() as f64 / 1e6,
+                    bytes as f64 * tg / 1e9,
+                    (after.graph_launches - before.graph_launches) as f64 / steps,
+                    plan.launches.len(),
+                    (after.host_syncs - before.host_syncs) as f64 / steps,
+                    (after.uploads - before.uploads) as f64 / steps,
+                );
+            }
+            results.push((format!("tg{}", args.n_gen), tg));
+        }
+    } else if args.n_prompt > 0 {
         let ids: Vec<u32> = (0..args.n_prompt)
             .map(|_| rng.random_range(0..n_vocab))
             .collect();
@@ -54,7 +105,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         }
         results.push((format!("pp{}", args.n_prompt), median(speeds)));
     }
-    if args.n_gen > 0 {
+    if gpu.is_none() && args.n_gen > 0 {
         let mut speeds = Vec::new();
         for _ in 0..reps {
             let mut s = model.session(args.n_gen + 1);
@@ -80,11 +131,15 @@ pub fn run(args: BenchArgs) -> Result<()> {
     let name = path
         .file_name()
         .map_or_else(String::new, |f| f.to_string_lossy().into_owned());
+    let backend = match &gpu {
+        Some(g) => format!("CUDA ({})", g.device_name()),
+        None => "CPU".to_string(),
+    };
     println!("| model | size | backend | threads | test | t/s |");
     println!("| --- | ---: | --- | ---: | ---: | ---: |");
     for (test, tps) in &results {
         println!(
-            "| {name} | {:.1} MiB | CPU | {} | {test} | {tps:.2} |",
+            "| {name} | {:.1} MiB | {backend} | {} | {test} | {tps:.2} |",
             size as f64 / (1 << 20) as f64,
             model.threads()
         );

@@ -4,6 +4,7 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result};
 use clap::Args;
+use ferrolm_cuda::{CudaError, CudaModel, Device};
 use ferrolm_engine::SamplerParams;
 use ferrolm_gguf::GgufFile;
 use ferrolm_model::Model;
@@ -20,6 +21,62 @@ pub struct ModelArgs {
     /// Threads (0: every core).
     #[arg(short, long, default_value_t = 0)]
     pub threads: usize,
+    /// Where to run: cpu, cuda or cuda:N (default: CUDA device 0 when one is present, the CPU
+    /// otherwise). A model the CUDA path does not serve runs on the CPU, saying why.
+    #[arg(long, value_name = "cpu|cuda|cuda:N")]
+    pub device: Option<String>,
+}
+
+impl ModelArgs {
+    /// The device asked for, or the default one; `true` when asked for explicitly.
+    pub fn device(&self) -> Result<(Device, bool)> {
+        match &self.device {
+            Some(d) => Ok((d.parse::<Device>().map_err(anyhow::Error::msg)?, true)),
+            None => Ok((ferrolm_cuda::default_device(), false)),
+        }
+    }
+}
+
+/// The model on the GPU the flags ask for, or `None` for the CPU: an explicit `--device cuda`
+/// without CUDA is an error; a model the CUDA path declines, or any failure when CUDA was only
+/// the default, says so on stderr and leaves the CPU to run it.
+pub fn cuda_model(args: &ModelArgs, model: &Model, n_ctx: usize) -> Result<Option<CudaModel>> {
+    let (device, explicit) = args.device()?;
+    let Device::Cuda(ordinal) = device else {
+        return Ok(None);
+    };
+    match CudaModel::new(model.plan(), model.file(), ordinal, n_ctx) {
+        Ok(m) => {
+            eprintln!(
+                "ferrolm: running on {} ({device}), {}",
+                m.device_name(),
+                if m.uses_graph() {
+                    "one CUDA graph launch per token"
+                } else {
+                    "kernel by kernel (FERROLM_CUDA_NO_GRAPH)"
+                }
+            );
+            Ok(Some(m))
+        }
+        Err(e @ CudaError::Declined(_)) => {
+            eprintln!("ferrolm: {e}; running on the CPU");
+            Ok(None)
+        }
+        Err(e) if explicit => Err(anyhow::anyhow!("--device {device}: {e}")),
+        Err(e) => {
+            eprintln!("ferrolm: {e}; running on the CPU");
+            Ok(None)
+        }
+    }
+}
+
+/// For commands that run on the CPU only so far: an explicit `--device cuda` is an error
+/// rather than silently ignored.
+pub fn cpu_only(args: &ModelArgs, command: &str) -> Result<()> {
+    if let (Device::Cuda(_), true) = args.device()? {
+        anyhow::bail!("`ferrolm {command}` runs on the CPU only so far; drop --device");
+    }
+    Ok(())
 }
 
 /// Sampling flags.

@@ -6,6 +6,9 @@ use std::path::Path;
 use anyhow::{Context, Result};
 use ferrolm_model::{Logits, Model};
 
+use super::common::{cuda_model, ModelArgs};
+use crate::models;
+
 /// Parses `1,2,3` into ids.
 pub fn parse_ids(s: &str) -> Result<Vec<u32>> {
     s.split(',')
@@ -19,11 +22,14 @@ pub fn parse_ids(s: &str) -> Result<Vec<u32>> {
 }
 
 /// Evaluates `ids` as one prompt and writes `n_ids x n_vocab` f32 logits to `out`.
-pub fn run(model: &Path, ids: &[u32], out: &Path, threads: usize, n_ctx: usize) -> Result<()> {
-    let model = Model::load(model, threads)?;
+pub fn run(args: &ModelArgs, ids: &[u32], out: &Path, n_ctx: usize) -> Result<()> {
+    let path = models::resolve(args.model.as_deref())?;
+    let model = Model::load(&path, args.threads)?;
     let n_ctx = if n_ctx == 0 { ids.len().max(1) } else { n_ctx };
-    let mut session = model.session(n_ctx);
-    let logits = session.eval(ids, Logits::All)?;
+    let logits = match cuda_model(args, &model, n_ctx)? {
+        Some(mut gpu) => gpu.eval(ids, true)?,
+        None => model.session(n_ctx).eval(ids, Logits::All)?,
+    };
     let mut f = std::io::BufWriter::new(
         std::fs::File::create(out).with_context(|| format!("creating {}", out.display()))?,
     );

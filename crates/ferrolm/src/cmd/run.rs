@@ -7,7 +7,7 @@ use clap::Args;
 use ferrolm_engine::{generate, GenerateParams};
 use ferrolm_tokenizer::{ChatMessage, ChatTemplate};
 
-use super::common::{context_size, load, ModelArgs, SamplingArgs};
+use super::common::{context_size, cuda_model, load, ModelArgs, SamplingArgs};
 
 /// Flags of `ferrolm run`.
 #[derive(Args, Debug)]
@@ -70,7 +70,7 @@ pub fn run(args: RunArgs) -> Result<()> {
         );
         ids.drain(..ids.len() - keep);
     }
-    let mut session = model.session(n_ctx);
+    let gpu = cuda_model(&args.model, &model, n_ctx)?;
     let params = GenerateParams {
         max_tokens: args.n_predict,
         sampler: args.sampling.params(),
@@ -78,7 +78,7 @@ pub fn run(args: RunArgs) -> Result<()> {
     };
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
-    let gen = generate(&mut session, &tokenizer, &ids, &params, |piece| {
+    let on_text = |piece: &str| {
         if !args.json {
             // A closed stdout (`| head`) ends the generation.
             return out
@@ -87,7 +87,18 @@ pub fn run(args: RunArgs) -> Result<()> {
                 .is_ok();
         }
         true
-    })?;
+    };
+    let backend = if gpu.is_some() { "CUDA" } else { "CPU" };
+    let gen = match gpu {
+        Some(mut gpu) => super::cuda::generate(&mut gpu, &tokenizer, &ids, &params, on_text)?,
+        None => generate(
+            &mut model.session(n_ctx),
+            &tokenizer,
+            &ids,
+            &params,
+            on_text,
+        )?,
+    };
     if args.json {
         let v = serde_json::json!({
             "prompt_tokens": ids,
@@ -102,14 +113,18 @@ pub fn run(args: RunArgs) -> Result<()> {
         writeln!(out)?;
     }
     eprintln!(
-        "ferrolm: prompt {} tokens in {:.3} s ({:.1} tok/s), generated {} tokens in {:.3} s ({:.1} tok/s), {} threads",
+        "ferrolm: prompt {} tokens in {:.3} s ({:.1} tok/s), generated {} tokens in {:.3} s ({:.1} tok/s), {}",
         gen.prompt_evaluated,
         gen.prompt_time.as_secs_f64(),
         gen.pp_tokens_per_s(),
         gen.tokens.len(),
         gen.gen_time.as_secs_f64(),
         gen.tg_tokens_per_s(),
-        model.threads(),
+        if backend == "CUDA" {
+            "CUDA".to_string()
+        } else {
+            format!("{} threads", model.threads())
+        },
     );
     Ok(())
 }

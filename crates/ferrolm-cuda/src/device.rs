@@ -1,0 +1,457 @@
+//! The executor: weights uploaded once, buffers allocated once, the launch plan resolved to
+//! addresses and captured into one CUDA graph that every token replays.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use cudarc::driver::{
+    sys, CudaContext, CudaFunction, CudaGraph, CudaSlice, CudaStream, DevicePtr, LaunchConfig,
+    PushKernelArg,
+};
+use ferrolm_gguf::GgufFile;
+use ferrolm_model::ModelPlan;
+
+use crate::kernels;
+use crate::schedule::{decode_plan, Arg, Buf, DecodePlan};
+use crate::CudaError;
+
+fn driver(what: &str) -> impl FnOnce(cudarc::driver::DriverError) -> CudaError + '_ {
+    move |e| CudaError::Driver(format!("{what}: {e}"))
+}
+
+/// The number of CUDA devices, or why CUDA cannot be used here (no driver library, no device).
+/// Loads nothing when the driver library is absent.
+pub fn device_count() -> Result<usize, CudaError> {
+    // SAFETY: only tries to open the library by its usual names.
+    if !unsafe { cudarc::driver::sys::is_culib_present() } {
+        return Err(CudaError::NoCuda(
+            "the CUDA driver library (libcuda.so) was not found".into(),
+        ));
+    }
+    let n = std::panic::catch_unwind(CudaContext::device_count)
+        .map_err(|_| CudaError::NoCuda("the CUDA driver could not be loaded".into()))?
+        .map_err(|e| CudaError::NoCuda(format!("the CUDA driver reports {e}")))?;
+    Ok(n.max(0) as usize)
+}
+
+/// A kernel argument with its value resolved.
+enum Value {
+    Ptr(u64),
+    I32(i32),
+    F32(f32),
+}
+
+struct Resolved {
+    func: CudaFunction,
+    cfg: LaunchConfig,
+    args: Vec<Value>,
+}
+
+/// Counters of what the device path did.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Stats {
+    /// Tokens evaluated.
+    pub tokens: u64,
+    /// Graph launches (or, without a graph, steps launched kernel by kernel).
+    pub graph_launches: u64,
+    /// Kernel launches made one by one (capture, or the no-graph mode).
+    pub kernel_launches: u64,
+    /// Host waits on the device (each device-to-host read is one).
+    pub host_syncs: u64,
+    /// Host-to-device copies (token ids, positions).
+    pub uploads: u64,
+}
+
+/// A model on one GPU, decoding one sequence a token at a time.
+pub struct CudaModel {
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    plan: DecodePlan,
+    launches: Vec<Resolved>,
+    graph: Option<CudaGraph>,
+    // Held for their addresses, which `launches` and the graph use.
+    _matrices: Vec<CudaSlice<u8>>,
+    _vectors: Vec<CudaSlice<f32>>,
+    _buffers: Vec<CudaSlice<u8>>,
+    logits: CudaSlice<f32>,
+    token: CudaSlice<u32>,
+    pos_buf: CudaSlice<u32>,
+    pos: usize,
+    name: String,
+    stats: Stats,
+}
+
+/// Bytes each symbolic buffer needs.
+fn buffer_bytes(p: &DecodePlan, b: Buf) -> usize {
+    4 * match b {
+        Buf::X | Buf::H => p.n_embd,
+        Buf::Q | Buf::Attn => p.max_q,
+        Buf::K | Buf::V => p.max_kv,
+        Buf::Gate | Buf::Up | Buf::Act => p.max_ff,
+        Buf::PartO => p.max_part,
+        Buf::PartMl => 2 * p.max_heads_splits,
+        Buf::KCache(l) | Buf::VCache(l) => p.n_ctx * p.kv_dims[l] / 2,
+        Buf::Matrix(_) | Buf::Vector(_) | Buf::Logits | Buf::Token | Buf::Pos => 0,
+    }
+}
+
+impl CudaModel {
+    /// Uploads `plan`'s weights from `file` to GPU `ordinal`, with a KV cache of `n_ctx`
+    /// positions, compiles (or loads from the cache) the kernels and captures the decode step.
+    pub fn new(
+        plan: &ModelPlan,
+        file: &GgufFile,
+        ordinal: usize,
+        n_ctx: usize,
+    ) -> Result<CudaModel, CudaError> {
+        let count = device_count()?;
+        if ordinal >= count {
+            return Err(CudaError::NoCuda(format!(
+                "CUDA device {ordinal} asked for, {count} present"
+            )));
+        }
+        let types = |name: &str| file.tensor(name).map(|t| t.ty);
+        let dp = decode_plan(plan, n_ctx, &types).map_err(CudaError::Declined)?;
+        // SAFETY: nvrtc is only used after this check found its library.
+        if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+            return Err(CudaError::NoCuda(
+                "the NVRTC library (libnvrtc.so) was not found".into(),
+            ));
+        }
+        let ctx = CudaContext::new(ordinal).map_err(driver("creating the context"))?;
+        // SAFETY: one stream orders everything this model does; no buffer is shared across
+        // streams. Event tracking recorded inside a graph capture breaks the next launch.
+        unsafe { ctx.disable_event_tracking() };
+        // Capture is not allowed on the legacy default stream: a stream of our own.
+        let stream = ctx.new_stream().map_err(driver("creating a stream"))?;
+        let name = ctx.name().unwrap_or_else(|_| "CUDA device".into());
+        let (major, minor) = ctx
+            .compute_capability()
+            .map_err(driver("reading the compute capability"))?;
+        let module = load_module(&ctx, major, minor)?;
+
+        let need = dp.weight_bytes_total() + dp.kv_bytes_total();
+        let (free, _) = ctx.mem_get_info().map_err(driver("reading free memory"))?;
+        if need as usize > free {
+            return Err(CudaError::OutOfMemory {
+                needed: need,
+                free: free as u64,
+            });
+        }
+
+        let mut matrices = Vec::with_capacity(dp.matrices.len());
+        for m in &dp.matrices {
+            let info = file
+                .tensor(&m.name)
+                .ok_or_else(|| CudaError::Model(format!("tensor {} is missing", m.name)))?;
+            let data = file.tensor_data(info);
+            if data.len() != m.rows * m.row_bytes() {
+                return Err(CudaError::Model(format!(
+                    "tensor {} holds {} bytes, {} expected",
+                    m.name,
+                    data.len(),
+                    m.rows * m.row_bytes()
+                )));
+            }
+            matrices.push(stream.clone_htod(data).map_err(driver(&m.name))?);
+        }
+        let mut vectors = Vec::with_capacity(dp.vectors.len());
+        for v in &dp.vectors {
+            let info = file
+                .tensor(&v.name)
+                .ok_or_else(|| CudaError::Model(format!("tensor {} is missing", v.name)))?;
+            let mut host = vec![0f32; v.len];
+            if info.n_elements as usize != v.len {
+                return Err(CudaError::Model(format!(
+                    "tensor {} has {} elements, {} expected",
+                    v.name, info.n_elements, v.len
+                )));
+            }
+            ferrolm_quant_dequantize(info.ty, file.tensor_data(info), &mut host)
+                .map_err(|e| CudaError::Model(format!("tensor {}: {e}", v.name)))?;
+            vectors.push(stream.clone_htod(&host).map_err(driver(&v.name))?);
+        }
+        let logits = stream
+            .alloc_zeros::<f32>(dp.n_vocab)
+            .map_err(driver("logits"))?;
+        let token = stream.alloc_zeros::<u32>(1).map_err(driver("token"))?;
+        let pos_buf = stream.alloc_zeros::<u32>(1).map_err(driver("position"))?;
+
+        // Every other buffer the launches name, allocated once (zeroed: the caches too).
+        let mut buffers = Vec::new();
+        let mut addr: HashMap<Buf, u64> = HashMap::new();
+        let ptr = |s: &CudaSlice<u8>| s.device_ptr(&stream).0;
+        for l in &dp.launches {
+            for a in &l.args {
+                if let Arg::Buf(b) = *a {
+                    if addr.contains_key(&b) {
+                        continue;
+                    }
+                    let p = match b {
+                        Buf::Matrix(i) => matrices[i].device_ptr(&stream).0,
+                        Buf::Vector(i) => vectors[i].device_ptr(&stream).0,
+                        Buf::Logits => logits.device_ptr(&stream).0,
+                        Buf::Token => token.device_ptr(&stream).0,
+                        Buf::Pos => pos_buf.device_ptr(&stream).0,
+                        _ => {
+                            let s = stream
+                                .alloc_zeros::<u8>(buffer_bytes(&dp, b).max(16))
+                                .map_err(driver("activations"))?;
+                            let p = ptr(&s);
+                            buffers.push(s);
+                            p
+                        }
+                    };
+                    addr.insert(b, p);
+                }
+            }
+        }
+        let mut funcs: HashMap<&str, CudaFunction> = HashMap::new();
+        let mut launches = Vec::with_capacity(dp.launches.len());
+        for l in &dp.launches {
+            let func = match funcs.get(l.kernel.as_str()) {
+                Some(f) => f.clone(),
+                None => {
+                    let f = module.load_function(&l.kernel).map_err(driver(&l.kernel))?;
+                    funcs.insert(&l.kernel, f.clone());
+                    f
+                }
+            };
+            let args = l
+                .args
+                .iter()
+                .map(|a| match *a {
+                    Arg::Buf(b) => Value::Ptr(addr[&b]),
+                    Arg::Null => Value::Ptr(0),
+                    Arg::I32(v) => Value::I32(v),
+                    Arg::F32(v) => Value::F32(v),
+                })
+                .collect();
+            launches.push(Resolved {
+                func,
+                cfg: LaunchConfig {
+                    grid_dim: (l.grid.0, l.grid.1, 1),
+                    block_dim: (l.block, 1, 1),
+                    shared_mem_bytes: 0,
+                },
+                args,
+            });
+        }
+        stream.synchronize().map_err(driver("uploading"))?;
+        let mut model = CudaModel {
+            ctx,
+            stream,
+            plan: dp,
+            launches,
+            graph: None,
+            _matrices: matrices,
+            _vectors: vectors,
+            _buffers: buffers,
+            logits,
+            token,
+            pos_buf,
+            pos: 0,
+            name,
+            stats: Stats::default(),
+        };
+        if std::env::var_os("FERROLM_CUDA_NO_GRAPH").is_none() {
+            model.capture()?;
+        }
+        Ok(model)
+    }
+
+    fn launch_all(&mut self) -> Result<(), CudaError> {
+        for r in &self.launches {
+            let mut b = self.stream.launch_builder(&r.func);
+            for a in &r.args {
+                match a {
+                    Value::Ptr(p) => b.arg(p),
+                    Value::I32(v) => b.arg(v),
+                    Value::F32(v) => b.arg(v),
+                };
+            }
+            // SAFETY: the arguments match the kernel's parameters as the launch plan lists
+            // them (checked on the device by the logits comparison); buffers outlive the model.
+            unsafe { b.launch(r.cfg) }.map_err(driver("launching a kernel"))?;
+            self.stats.kernel_launches += 1;
+        }
+        Ok(())
+    }
+
+    fn capture(&mut self) -> Result<(), CudaError> {
+        self.stream
+            .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+            .map_err(driver("beginning the capture"))?;
+        let launched = self.launch_all();
+        let graph = self
+            .stream
+            .end_capture(sys::CUgraphInstantiate_flags(0))
+            .map_err(driver("ending the capture"))?;
+        launched?;
+        let graph = graph.ok_or_else(|| CudaError::Driver("the capture was empty".into()))?;
+        graph.upload().map_err(driver("uploading the graph"))?;
+        self.graph = Some(graph);
+        Ok(())
+    }
+
+    /// Runs one step on the token and position already in device memory.
+    fn run_step(&mut self) -> Result<(), CudaError> {
+        if self.pos >= self.plan.n_ctx {
+            return Err(CudaError::ContextFull {
+                n_ctx: self.plan.n_ctx,
+            });
+        }
+        match &self.graph {
+            Some(g) => {
+                g.launch().map_err(driver("launching the graph"))?;
+                self.stats.graph_launches += 1;
+            }
+            None => self.launch_all()?,
+        }
+        self.pos += 1;
+        self.stats.tokens += 1;
+        Ok(())
+    }
+
+    /// The device's name.
+    pub fn device_name(&self) -> &str {
+        &self.name
+    }
+
+    /// The launch plan of one token.
+    pub fn plan(&self) -> &DecodePlan {
+        &self.plan
+    }
+
+    /// Whether the step runs as one captured graph.
+    pub fn uses_graph(&self) -> bool {
+        self.graph.is_some()
+    }
+
+    /// Counters so far.
+    pub fn stats(&self) -> Stats {
+        self.stats
+    }
+
+    /// Positions filled.
+    pub fn position(&self) -> usize {
+        self.pos
+    }
+
+    /// Positions the cache holds.
+    pub fn n_ctx(&self) -> usize {
+        self.plan.n_ctx
+    }
+
+    /// Forgets the sequence (the next token goes to position 0).
+    pub fn reset(&mut self) -> Result<(), CudaError> {
+        self.stream
+            .memcpy_htod(&[0u32], &mut self.pos_buf)
+            .map_err(driver("resetting the position"))?;
+        self.stats.uploads += 1;
+        self.pos = 0;
+        Ok(())
+    }
+
+    /// Evaluates `id` at the next position; its logits stay on the device, and the greedy
+    /// choice becomes the device's next token.
+    pub fn push(&mut self, id: u32) -> Result<(), CudaError> {
+        if id as usize >= self.plan.n_vocab {
+            return Err(CudaError::Model(format!(
+                "token {id} is outside the vocabulary of {}",
+                self.plan.n_vocab
+            )));
+        }
+        self.stream
+            .memcpy_htod(&[id], &mut self.token)
+            .map_err(driver("uploading a token"))?;
+        self.stats.uploads += 1;
+        self.run_step()
+    }
+
+    /// Evaluates the device's own greedy choice at the next position (no upload).
+    pub fn push_greedy(&mut self) -> Result<(), CudaError> {
+        self.run_step()
+    }
+
+    /// The greedy choice of the last step (one device-to-host read of 4 bytes).
+    pub fn greedy(&mut self) -> Result<u32, CudaError> {
+        let mut id = [0u32];
+        self.stream
+            .memcpy_dtoh(&self.token, &mut id)
+            .map_err(driver("reading the token"))?;
+        self.stream
+            .synchronize()
+            .map_err(driver("reading the token"))?;
+        self.stats.host_syncs += 1;
+        Ok(id[0])
+    }
+
+    /// The logits of the last step.
+    pub fn logits(&mut self) -> Result<Vec<f32>, CudaError> {
+        let mut out = vec![0f32; self.plan.n_vocab];
+        self.stream
+            .memcpy_dtoh(&self.logits, &mut out)
+            .map_err(driver("reading the logits"))?;
+        self.stream
+            .synchronize()
+            .map_err(driver("reading the logits"))?;
+        self.stats.host_syncs += 1;
+        Ok(out)
+    }
+
+    /// Evaluates `ids` after what the model holds (a decode step each) and returns every
+    /// position's logits (`all`) or the last one's.
+    pub fn eval(&mut self, ids: &[u32], all: bool) -> Result<Vec<f32>, CudaError> {
+        let mut out = Vec::new();
+        for (i, &id) in ids.iter().enumerate() {
+            self.push(id)?;
+            if all || i + 1 == ids.len() {
+                out.extend(self.logits()?);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Waits for the device.
+    pub fn synchronize(&mut self) -> Result<(), CudaError> {
+        self.ctx.synchronize().map_err(driver("synchronizing"))?;
+        self.stats.host_syncs += 1;
+        Ok(())
+    }
+}
+
+fn ferrolm_quant_dequantize(
+    ty: ferrolm_gguf::TensorType,
+    data: &[u8],
+    out: &mut [f32],
+) -> Result<(), String> {
+    ferrolm_quant::dequantize(ty, data, out).map_err(|e| e.to_string())
+}
+
+/// Compiles the kernels for `sm_<major><minor>`, or loads them from the cache.
+fn load_module(
+    ctx: &Arc<CudaContext>,
+    major: i32,
+    minor: i32,
+) -> Result<Arc<cudarc::driver::CudaModule>, CudaError> {
+    let arch = kernels::arch_name(major, minor);
+    let dir = kernels::cache_dir();
+    let ptx = match kernels::read_cached(&dir, kernels::SOURCE, &arch) {
+        Some(text) => cudarc::nvrtc::Ptx::from_src(text),
+        None => {
+            // NVRTC wants a `'static` name; there are few architectures, leaked once each.
+            let arch_static: &'static str = Box::leak(arch.clone().into_boxed_str());
+            let opts = cudarc::nvrtc::CompileOptions {
+                arch: Some(arch_static),
+                options: vec!["-std=c++17".into()],
+                ..Default::default()
+            };
+            let ptx = cudarc::nvrtc::compile_ptx_with_opts(kernels::SOURCE, opts)
+                .map_err(|e| CudaError::Compile(e.to_string()))?;
+            kernels::write_cached(&dir, kernels::SOURCE, &arch, &ptx.to_src());
+            ptx
+        }
+    };
+    ctx.load_module(ptx).map_err(driver("loading the kernels"))
+}

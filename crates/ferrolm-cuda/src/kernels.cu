@@ -1,0 +1,449 @@
+// ferrolm's decode kernels, compiled by NVRTC at first use for the device's own architecture.
+// No headers: half <-> float conversions are single PTX instructions.
+//
+// Every matrix is read in its GGUF block layout. The unit of work is a chunk of 32 consecutive
+// values of a row: one block of Q8_0/Q4_0/Q4_1, one eighth of a Q4_K/Q6_K super-block, 32
+// halfs/floats. A warp owns a row; its lanes take chunks 32 apart; the chunk is dequantized in
+// registers and multiplied with f32 activations (read as float4).
+
+typedef unsigned char u8;
+typedef signed char i8;
+typedef unsigned short u16;
+typedef unsigned int u32;
+
+#define INFINITY __int_as_float(0x7f800000)
+
+__device__ __forceinline__ float h2f(u16 h) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+}
+
+__device__ __forceinline__ u16 f2h(float f) {
+    u16 h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+    return h;
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+// ---- chunk dequantizers: w[0..32) = the values of chunk c of a row ----
+
+struct F32 {
+    static __device__ __forceinline__ void load(const u8* row, int c, float* w) {
+        const float4* p = (const float4*)(row + 128 * c);
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            float4 v = __ldg(p + i);
+            w[4 * i] = v.x; w[4 * i + 1] = v.y; w[4 * i + 2] = v.z; w[4 * i + 3] = v.w;
+        }
+    }
+};
+
+struct F16 {
+    static __device__ __forceinline__ void load(const u8* row, int c, float* w) {
+        const uint4* p = (const uint4*)(row + 64 * c);
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            uint4 v = __ldg(p + i);
+            u32 a[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                w[8 * i + 2 * j] = h2f((u16)(a[j] & 0xffff));
+                w[8 * i + 2 * j + 1] = h2f((u16)(a[j] >> 16));
+            }
+        }
+    }
+};
+
+// Q8_0: f16 scale, 32 int8 (34 bytes, 2-byte aligned).
+struct Q8_0 {
+    static __device__ __forceinline__ void load(const u8* row, int c, float* w) {
+        const u16* p = (const u16*)(row + 34 * c);
+        float d = h2f(__ldg(p));
+#pragma unroll
+        for (int i = 0; i < 16; i++) {
+            u16 q = __ldg(p + 1 + i);
+            w[2 * i] = d * (float)(i8)(q & 0xff);
+            w[2 * i + 1] = d * (float)(i8)(q >> 8);
+        }
+    }
+};
+
+// Q4_0: f16 scale, 16 bytes of nibbles (low: values 0..16, high: 16..32), offset 8.
+struct Q4_0 {
+    static __device__ __forceinline__ void load(const u8* row, int c, float* w) {
+        const u16* p = (const u16*)(row + 18 * c);
+        float d = h2f(__ldg(p));
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            u16 q = __ldg(p + 1 + i);
+            u32 b0 = q & 0xff, b1 = q >> 8;
+            w[2 * i] = d * (float)((int)(b0 & 15) - 8);
+            w[2 * i + 1] = d * (float)((int)(b1 & 15) - 8);
+            w[2 * i + 16] = d * (float)((int)(b0 >> 4) - 8);
+            w[2 * i + 17] = d * (float)((int)(b1 >> 4) - 8);
+        }
+    }
+};
+
+// Q4_1: f16 scale, f16 minimum, 16 bytes of nibbles (20 bytes, 4-byte aligned).
+struct Q4_1 {
+    static __device__ __forceinline__ void load(const u8* row, int c, float* w) {
+        const u8* b = row + 20 * c;
+        u32 dm = __ldg((const u32*)b);
+        float d = h2f((u16)(dm & 0xffff)), m = h2f((u16)(dm >> 16));
+        const u32* p = (const u32*)(b + 4);
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            u32 q = __ldg(p + i);
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                u32 byte = (q >> (8 * j)) & 0xff;
+                w[4 * i + j] = d * (float)(byte & 15) + m;
+                w[4 * i + j + 16] = d * (float)(byte >> 4) + m;
+            }
+        }
+    }
+};
+
+// Q4_K: 256 values: f16 d, f16 dmin, 12 bytes of 6-bit scales and minimums, 128 bytes of
+// nibbles; chunk j of a super-block takes bytes 32*(j/2).. of the nibbles, low nibbles for even
+// j, high for odd (144 bytes, 16-byte aligned).
+struct Q4_K {
+    static __device__ __forceinline__ void load(const u8* row, int c, float* w) {
+        const u8* b = row + 144 * (c >> 3);
+        int j = c & 7;
+        u32 dd = __ldg((const u32*)b);
+        float d = h2f((u16)(dd & 0xffff)), dmin = h2f((u16)(dd >> 16));
+        const u8* s = b + 4;
+        int sc, mn;
+        if (j < 4) {
+            sc = __ldg(s + j) & 63;
+            mn = __ldg(s + j + 4) & 63;
+        } else {
+            sc = (__ldg(s + j + 4) & 15) | ((__ldg(s + j - 4) >> 6) << 4);
+            mn = (__ldg(s + j + 4) >> 4) | ((__ldg(s + j) >> 6) << 4);
+        }
+        float ds = d * (float)sc, dm = dmin * (float)mn;
+        const uint4* q = (const uint4*)(b + 16 + 32 * (j >> 1));
+        int shift = (j & 1) * 4;
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            uint4 v = __ldg(q + i);
+            u32 a[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    u32 byte = (a[k] >> (8 * e)) & 0xff;
+                    w[16 * i + 4 * k + e] = ds * (float)((byte >> shift) & 15) - dm;
+                }
+            }
+        }
+    }
+};
+
+// Q6_K: 256 values: 128 bytes of low nibbles, 64 bytes of high 2-bit pairs, 16 int8 scales,
+// f16 d (210 bytes, 2-byte aligned). Chunk j: half n = j/4, quarter k = j%4; value l of the
+// chunk: low nibble of ql[64n + 32(k&1) + l] (shifted by 4 when k >= 2), bits 2k..2k+2 of
+// qh[32n + l], scale sc[8n + l/16 + 2k].
+struct Q6_K {
+    static __device__ __forceinline__ void load(const u8* row, int c, float* w) {
+        const u8* b = row + 210 * (c >> 3);
+        int j = c & 7, n = j >> 2, k = j & 3;
+        float d = h2f(__ldg((const u16*)(b + 208)));
+        float s0 = d * (float)(i8)__ldg(b + 192 + 8 * n + 2 * k);
+        float s1 = d * (float)(i8)__ldg(b + 192 + 8 * n + 2 * k + 1);
+        const u16* ql = (const u16*)(b + 64 * n + 32 * (k & 1));
+        const u16* qh = (const u16*)(b + 128 + 32 * n);
+        int lshift = (k >> 1) * 4, hshift = 2 * k;
+#pragma unroll
+        for (int i = 0; i < 16; i++) {
+            u16 lo = __ldg(ql + i), hi = __ldg(qh + i);
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                int l = 2 * i + e;
+                int q = (((lo >> (8 * e)) & 0xff) >> lshift & 15) |
+                        ((((hi >> (8 * e)) & 0xff) >> hshift & 3) << 4);
+                w[l] = (l < 16 ? s0 : s1) * (float)(q - 32);
+            }
+        }
+    }
+};
+
+// ---- y[r] = W[r] . x (+ bias[r]) (+ res[r]); a warp per row, 4 warps a block ----
+
+template <typename T>
+__device__ __forceinline__ void matvec(const u8* __restrict__ W, int row_bytes, int n_chunks,
+                                       int n_rows, const float* __restrict__ x,
+                                       const float* bias, const float* res, float* y) {
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int r = blockIdx.x * 4 + warp;
+    if (r >= n_rows) return;
+    const u8* row = W + (size_t)r * row_bytes;
+    float acc = 0.f;
+    for (int c = lane; c < n_chunks; c += 32) {
+        float w[32];
+        T::load(row, c, w);
+        const float4* xv = (const float4*)(x + 32 * c);
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            float4 v = xv[i];
+            acc += w[4 * i] * v.x + w[4 * i + 1] * v.y + w[4 * i + 2] * v.z + w[4 * i + 3] * v.w;
+        }
+    }
+    acc = warp_sum(acc);
+    if (lane == 0) {
+        if (bias) acc += bias[r];
+        if (res) acc += res[r];
+        y[r] = acc;
+    }
+}
+
+// x[c*32..] = dequantized row `*token` of the embedding table: a thread per chunk.
+template <typename T>
+__device__ __forceinline__ void embed(const u8* __restrict__ table, int row_bytes, int n_chunks,
+                                      const u32* token, float* x) {
+    int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= n_chunks) return;
+    const u8* row = table + (size_t)(*token) * row_bytes;
+    float w[32];
+    T::load(row, c, w);
+#pragma unroll
+    for (int i = 0; i < 32; i++) x[32 * c + i] = w[i];
+}
+
+#define FOR_TYPE(T)                                                                              \
+    extern "C" __global__ void matvec_##T(const u8* W, int row_bytes, int n_chunks, int n_rows, \
+                                          const float* x, const float* bias, const float* res,  \
+                                          float* y) {                                            \
+        matvec<T>(W, row_bytes, n_chunks, n_rows, x, bias, res, y);                              \
+    }                                                                                            \
+    extern "C" __global__ void embed_##T(const u8* table, int row_bytes, int n_chunks,          \
+                                         const u32* token, float* x) {                           \
+        embed<T>(table, row_bytes, n_chunks, token, x);                                          \
+    }
+
+FOR_TYPE(F32)
+FOR_TYPE(F16)
+FOR_TYPE(Q8_0)
+FOR_TYPE(Q4_0)
+FOR_TYPE(Q4_1)
+FOR_TYPE(Q4_K)
+FOR_TYPE(Q6_K)
+
+// ---- block-wide sum (blockDim a multiple of 32, at most 1024) ----
+__device__ float block_sum(float v) {
+    __shared__ float part[32];
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
+    v = warp_sum(v);
+    __syncthreads();
+    if (lane == 0) part[warp] = v;
+    __syncthreads();
+    float t = lane < nw ? part[lane] : 0.f;
+    return warp_sum(t);
+}
+
+// out = x / rms(x) * w over n values; one block.
+extern "C" __global__ void rms_norm(const float* x, const float* w, float* out, int n, float eps) {
+    float s = 0.f;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) s += x[i] * x[i];
+    s = block_sum(s);
+    float scale = rsqrtf(s / (float)n + eps);
+    for (int i = threadIdx.x; i < n; i += blockDim.x) out[i] = (x[i] * scale) * w[i];
+}
+
+// One block per head: blocks [0, n_head) rotate the query heads in place; blocks
+// [n_head, n_head + n_head_kv) rotate key head h and store it, and value head h, as f16 at
+// position *pos of the caches ([pos][n_head_kv * hd]). The optional per-head RMS norm (Q/K
+// norm) comes before the rotation.
+extern "C" __global__ void rope_store(float* q, const float* k, const float* v,
+                                      const float* q_norm, const float* k_norm, u16* kc, u16* vc,
+                                      const u32* pos, int n_head, int n_head_kv, int hd,
+                                      int n_dims, int neox, float freq_base, float freq_scale,
+                                      const float* freq_factors, float eps) {
+    __shared__ float head[512];
+    int b = blockIdx.x;
+    bool is_q = b < n_head;
+    int h = is_q ? b : b - n_head;
+    const float* src = is_q ? q + h * hd : k + h * hd;
+    const float* nw = is_q ? q_norm : k_norm;
+    int p = (int)*pos;
+    for (int i = threadIdx.x; i < hd; i += blockDim.x) head[i] = src[i];
+    __syncthreads();
+    if (nw) {
+        float s = 0.f;
+        for (int i = threadIdx.x; i < hd; i += blockDim.x) s += head[i] * head[i];
+        s = block_sum(s);
+        float scale = rsqrtf(s / (float)hd + eps);
+        __syncthreads();
+        for (int i = threadIdx.x; i < hd; i += blockDim.x) head[i] = (head[i] * scale) * nw[i];
+    }
+    __syncthreads();
+    int half = n_dims / 2;
+    for (int i = threadIdx.x; i < half; i += blockDim.x) {
+        float theta = (float)p * powf(freq_base, -2.0f * (float)i / (float)n_dims);
+        if (freq_factors) theta /= freq_factors[i];
+        float a = freq_scale * theta;
+        float cs = cosf(a), sn = sinf(a);
+        int i0 = neox ? i : 2 * i, i1 = neox ? i + half : 2 * i + 1;
+        float x0 = head[i0], x1 = head[i1];
+        head[i0] = x0 * cs - x1 * sn;
+        head[i1] = x0 * sn + x1 * cs;
+    }
+    __syncthreads();
+    if (is_q) {
+        for (int i = threadIdx.x; i < hd; i += blockDim.x) q[h * hd + i] = head[i];
+    } else {
+        size_t row = (size_t)p * n_head_kv * hd + (size_t)h * hd;
+        for (int i = threadIdx.x; i < hd; i += blockDim.x) {
+            kc[row + i] = f2h(head[i]);
+            vc[row + i] = f2h(v[h * hd + i]);
+        }
+    }
+}
+
+// Split-K flash decoding, first pass: block (h, s) attends query head h over its share of the
+// positions 0..=*pos (the last `window` of them when window > 0) and writes the unnormalized output with its running max and sum.
+// 4 warps; a warp takes one position at a time, its lanes hd/32 dimensions each.
+#define MAX_EPL 8
+extern "C" __global__ void attn_split(const float* q, const u16* kc, const u16* vc,
+                                      const u32* pos, float* part_o, float* part_ml, int n_head,
+                                      int n_head_kv, int hd, int n_splits, float scale,
+                                      int window) {
+    __shared__ float sm_m[4], sm_l[4];
+    __shared__ float sm_o[4][256];
+    int h = blockIdx.x, s = blockIdx.y;
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int kvh = h / (n_head / n_head_kv);
+    int len = (int)*pos + 1;
+    int lo = window > 0 ? max(0, len - window) : 0;
+    int chunk = (len - lo + n_splits - 1) / n_splits;
+    int start = lo + s * chunk, end = min(start + chunk, len);
+    int epl = hd / 32;
+    float qr[MAX_EPL], acc[MAX_EPL];
+#pragma unroll
+    for (int e = 0; e < MAX_EPL; e++) {
+        qr[e] = e < epl ? q[h * hd + lane * epl + e] : 0.f;
+        acc[e] = 0.f;
+    }
+    float m = -INFINITY, l = 0.f;
+    int stride = n_head_kv * hd;
+    for (int t = start + warp; t < end; t += 4) {
+        const u16* kr = kc + (size_t)t * stride + kvh * hd + lane * epl;
+        float d = 0.f;
+#pragma unroll
+        for (int e = 0; e < MAX_EPL; e++)
+            if (e < epl) d += qr[e] * h2f(kr[e]);
+        float sc = warp_sum(d) * scale;
+        float mn = fmaxf(m, sc);
+        float corr = __expf(m - mn), p = __expf(sc - mn);
+        l = l * corr + p;
+        const u16* vr = vc + (size_t)t * stride + kvh * hd + lane * epl;
+#pragma unroll
+        for (int e = 0; e < MAX_EPL; e++)
+            if (e < epl) acc[e] = acc[e] * corr + p * h2f(vr[e]);
+        m = mn;
+    }
+    if (lane == 0) {
+        sm_m[warp] = m;
+        sm_l[warp] = l;
+    }
+#pragma unroll
+    for (int e = 0; e < MAX_EPL; e++)
+        if (e < epl) sm_o[warp][lane * epl + e] = acc[e];
+    __syncthreads();
+    float M = fmaxf(fmaxf(sm_m[0], sm_m[1]), fmaxf(sm_m[2], sm_m[3]));
+    size_t part = (size_t)h * n_splits + s;
+    for (int i = threadIdx.x; i < hd; i += blockDim.x) {
+        float o = 0.f;
+        for (int w = 0; w < 4; w++)
+            if (sm_m[w] != -INFINITY) o += sm_o[w][i] * __expf(sm_m[w] - M);
+        part_o[part * hd + i] = o;
+    }
+    if (threadIdx.x == 0) {
+        float L = 0.f;
+        for (int w = 0; w < 4; w++)
+            if (sm_m[w] != -INFINITY) L += sm_l[w] * __expf(sm_m[w] - M);
+        part_ml[2 * part] = M;
+        part_ml[2 * part + 1] = L;
+    }
+}
+
+// Second pass: block h merges the n_splits partial results of head h into out[h*hd..].
+extern "C" __global__ void attn_combine(const float* part_o, const float* part_ml, float* out,
+                                        int n_splits, int hd) {
+    int h = blockIdx.x;
+    float M = -INFINITY;
+    for (int s = 0; s < n_splits; s++) M = fmaxf(M, part_ml[2 * (h * n_splits + s)]);
+    float L = 0.f;
+    for (int s = 0; s < n_splits; s++) {
+        float m = part_ml[2 * (h * n_splits + s)];
+        if (m != -INFINITY) L += part_ml[2 * (h * n_splits + s) + 1] * __expf(m - M);
+    }
+    for (int i = threadIdx.x; i < hd; i += blockDim.x) {
+        float o = 0.f;
+        for (int s = 0; s < n_splits; s++) {
+            float m = part_ml[2 * (h * n_splits + s)];
+            if (m != -INFINITY) o += part_o[(size_t)(h * n_splits + s) * hd + i] * __expf(m - M);
+        }
+        out[h * hd + i] = o / L;
+    }
+}
+
+// out = silu(g) * u.
+extern "C" __global__ void swiglu(const float* g, const float* u, float* out, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) {
+        float x = g[i];
+        out[i] = x / (1.f + __expf(-x)) * u[i];
+    }
+}
+
+// The greedy choice (the first index of the largest logit) into *token, then *pos += 1: the
+// next replay of the step reads both. One block of 1024 threads.
+extern "C" __global__ void argmax_advance(const float* logits, int n, u32* token, u32* pos) {
+    __shared__ float sv[32];
+    __shared__ int si[32];
+    float best = -INFINITY;
+    int bi = 0x7fffffff;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        float v = logits[i];
+        if (v > best) { best = v; bi = i; }
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        float ov = __shfl_xor_sync(0xffffffffu, best, o);
+        int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+        if (ov > best || (ov == best && oi < bi)) { best = ov; bi = oi; }
+    }
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    if (lane == 0) { sv[warp] = best; si[warp] = bi; }
+    __syncthreads();
+    if (warp == 0) {
+        int nw = blockDim.x >> 5;
+        best = lane < nw ? sv[lane] : -INFINITY;
+        bi = lane < nw ? si[lane] : 0x7fffffff;
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            float ov = __shfl_xor_sync(0xffffffffu, best, o);
+            int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+            if (ov > best || (ov == best && oi < bi)) { best = ov; bi = oi; }
+        }
+        if (lane == 0) {
+            *token = bi == 0x7fffffff ? 0u : (u32)bi;
+            *pos += 1;
+        }
+    }
+}

@@ -1,0 +1,109 @@
+//! The CUDA C source of the kernels and the on-disk cache of what NVRTC makes of it.
+//!
+//! The cache key is a hash of the source and the target architecture, so a changed kernel or a
+//! different GPU never loads stale code; the cache lives under `$FERROLM_HOME/kernels/`.
+
+use std::path::{Path, PathBuf};
+
+/// The kernels, CUDA C (no headers: NVRTC compiles it as is).
+pub const SOURCE: &str = include_str!("kernels.cu");
+
+/// FNV-1a, 64 bits: stable across Rust versions and platforms (unlike `DefaultHasher`).
+pub fn fnv1a64(bytes: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for &b in bytes {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h
+}
+
+/// The architecture NVRTC targets for compute capability `major.minor` (`sm_90`).
+pub fn arch_name(major: i32, minor: i32) -> String {
+    format!("sm_{major}{minor}")
+}
+
+/// The cache file name of `source` compiled for `arch`: `<16 hex digits of the hash>-<arch>.ptx`.
+pub fn cache_file_name(source: &str, arch: &str) -> String {
+    let mut keyed = Vec::with_capacity(source.len() + arch.len() + 1);
+    keyed.extend_from_slice(source.as_bytes());
+    keyed.push(0);
+    keyed.extend_from_slice(arch.as_bytes());
+    format!("{:016x}-{arch}.ptx", fnv1a64(&keyed))
+}
+
+/// `$FERROLM_HOME/kernels`, or `~/.cache/ferrolm/kernels`.
+pub fn cache_dir() -> PathBuf {
+    let home = std::env::var_os("FERROLM_HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            std::env::var_os("HOME")
+                .map(PathBuf::from)
+                .unwrap_or_else(|| PathBuf::from("."))
+                .join(".cache")
+                .join("ferrolm")
+        });
+    home.join("kernels")
+}
+
+/// Reads a cached compilation, if present and not empty.
+pub fn read_cached(dir: &Path, source: &str, arch: &str) -> Option<String> {
+    let text = std::fs::read_to_string(dir.join(cache_file_name(source, arch))).ok()?;
+    (!text.is_empty()).then_some(text)
+}
+
+/// Writes a compilation to the cache (atomically: a temporary file renamed into place, so that
+/// a concurrent reader never sees half a file). Failures only cost a recompilation next time.
+pub fn write_cached(dir: &Path, source: &str, arch: &str, ptx: &str) {
+    let name = cache_file_name(source, arch);
+    let tmp = dir.join(format!("{name}.{}.tmp", std::process::id()));
+    let ok = std::fs::create_dir_all(dir).is_ok()
+        && std::fs::write(&tmp, ptx).is_ok()
+        && std::fs::rename(&tmp, dir.join(&name)).is_ok();
+    if !ok {
+        let _ = std::fs::remove_file(&tmp);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fnv_matches_its_reference_values() {
+        assert_eq!(fnv1a64(b""), 0xcbf2_9ce4_8422_2325);
+        assert_eq!(fnv1a64(b"a"), 0xaf63_dc4c_8601_ec8c);
+        assert_eq!(fnv1a64(b"foobar"), 0x85944171f73967e8);
+    }
+
+    #[test]
+    fn the_key_changes_with_source_and_architecture() {
+        let a = cache_file_name("kernel", "sm_90");
+        assert_eq!(a, cache_file_name("kernel", "sm_90"));
+        assert_ne!(a, cache_file_name("kernel ", "sm_90"));
+        assert_ne!(a, cache_file_name("kernel", "sm_89"));
+        assert!(a.ends_with("-sm_90.ptx"));
+        assert_eq!(arch_name(9, 0), "sm_90");
+    }
+
+    #[test]
+    fn the_cache_round_trips_and_ignores_other_keys() {
+        let dir = std::env::temp_dir().join(format!("ferrolm-kcache-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        assert_eq!(read_cached(&dir, "src", "sm_90"), None);
+        write_cached(&dir, "src", "sm_90", ".version 8.0");
+        assert_eq!(
+            read_cached(&dir, "src", "sm_90").as_deref(),
+            Some(".version 8.0")
+        );
+        assert_eq!(read_cached(&dir, "src2", "sm_90"), None);
+        assert_eq!(read_cached(&dir, "src", "sm_80"), None);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn the_source_has_no_includes() {
+        assert!(!SOURCE.contains("#include"));
+        assert!(SOURCE.contains("extern \"C\" __global__ void argmax_advance("));
+    }
+}

@@ -1,0 +1,752 @@
+//! The launch plan of one decode step: which kernels run, in which order, on which buffers.
+//!
+//! Pure host code (no CUDA), so that CI tests it: the plan is taken apart without `..`
+//! (DESIGN.md principle 2), every field the CUDA path does not serve declines with its name,
+//! and the step is a list of [`Launch`]es over symbolic buffers that the device side resolves
+//! to addresses once and captures into one CUDA graph.
+
+use ferrolm_gguf::TensorType;
+use ferrolm_model::plan::{Activation, Attention, Ffn, LayerPlan, ModelPlan, Rope, RopeLayout};
+
+/// Why the CUDA path does not take a model: the plan field (or tensor) it does not serve.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Decline {
+    /// The plan field or tensor name.
+    pub field: String,
+    /// Its value in this model.
+    pub value: String,
+}
+
+impl std::fmt::Display for Decline {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "the CUDA path does not serve {} = {}",
+            self.field, self.value
+        )
+    }
+}
+
+fn decline(field: impl Into<String>, value: impl std::fmt::Display) -> Decline {
+    Decline {
+        field: field.into(),
+        value: value.to_string(),
+    }
+}
+
+/// The kernel-name suffix of the block types the matrix-vector kernels read.
+pub fn kernel_type(ty: TensorType) -> Option<&'static str> {
+    Some(match ty {
+        TensorType::F32 => "F32",
+        TensorType::F16 => "F16",
+        TensorType::Q8_0 => "Q8_0",
+        TensorType::Q4_0 => "Q4_0",
+        TensorType::Q4_1 => "Q4_1",
+        TensorType::Q4_K => "Q4_K",
+        TensorType::Q6_K => "Q6_K",
+        _ => return None,
+    })
+}
+
+/// A buffer of the step, resolved to a device address by the executor.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Buf {
+    /// Matrix `i` of [`DecodePlan::matrices`].
+    Matrix(usize),
+    /// Vector `i` of [`DecodePlan::vectors`] (norm weights, biases, RoPE factors), f32.
+    Vector(usize),
+    /// The residual stream, `n_embd` f32.
+    X,
+    /// A normed copy of the residual stream, `n_embd` f32.
+    H,
+    /// Queries, `max q_dim` f32.
+    Q,
+    /// Keys of this token, `max kv_dim` f32.
+    K,
+    /// Values of this token, `max kv_dim` f32.
+    V,
+    /// The attention output, `max q_dim` f32.
+    Attn,
+    /// Gate products, `max n_ff` f32.
+    Gate,
+    /// Up products, `max n_ff` f32.
+    Up,
+    /// Gated activations, `max n_ff` f32.
+    Act,
+    /// The logits, `n_vocab` f32.
+    Logits,
+    /// Split-K partial outputs, `max n_head * splits * head_dim` f32.
+    PartO,
+    /// Split-K partial max and sum, `max n_head * splits * 2` f32.
+    PartMl,
+    /// The token id the step embeds (and the greedy choice it writes), one u32.
+    Token,
+    /// The position the step writes (advanced by the step), one u32.
+    Pos,
+    /// Layer `l`'s keys, `n_ctx x kv_dim` f16.
+    KCache(usize),
+    /// Layer `l`'s values, `n_ctx x kv_dim` f16.
+    VCache(usize),
+}
+
+/// One kernel argument.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Arg {
+    /// A buffer's address.
+    Buf(Buf),
+    /// A null pointer (an absent bias or norm).
+    Null,
+    /// An `int`.
+    I32(i32),
+    /// A `float`.
+    F32(f32),
+}
+
+/// One kernel launch.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Launch {
+    /// The kernel's name in the module.
+    pub kernel: String,
+    /// Grid size (x, y).
+    pub grid: (u32, u32),
+    /// Threads per block.
+    pub block: u32,
+    /// The arguments, in order.
+    pub args: Vec<Arg>,
+}
+
+/// A weight matrix the step reads, in its file's block layout.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MatrixSpec {
+    /// Tensor name.
+    pub name: String,
+    /// Block type.
+    pub ty: TensorType,
+    /// Rows (output features).
+    pub rows: usize,
+    /// Columns (input features).
+    pub cols: usize,
+}
+
+impl MatrixSpec {
+    /// Bytes per row.
+    pub fn row_bytes(&self) -> usize {
+        self.cols / self.ty.block_size() * self.ty.block_bytes()
+    }
+}
+
+/// A small f32 vector the step reads.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct VectorSpec {
+    /// Tensor name.
+    pub name: String,
+    /// Elements.
+    pub len: usize,
+}
+
+/// A decode step the CUDA path serves: the weights it reads, the buffer sizes, the launches.
+#[derive(Clone, Debug)]
+pub struct DecodePlan {
+    /// Matrices, uploaded once.
+    pub matrices: Vec<MatrixSpec>,
+    /// Vectors, uploaded once as f32.
+    pub vectors: Vec<VectorSpec>,
+    /// The launches of one token, in order.
+    pub launches: Vec<Launch>,
+    /// Width of the residual stream.
+    pub n_embd: usize,
+    /// Vocabulary size.
+    pub n_vocab: usize,
+    /// Positions the KV cache holds.
+    pub n_ctx: usize,
+    /// Split-K factor of the attention.
+    pub splits: usize,
+    /// Largest query width over the layers.
+    pub max_q: usize,
+    /// Largest key/value width over the layers.
+    pub max_kv: usize,
+    /// Largest feed-forward width over the layers.
+    pub max_ff: usize,
+    /// Largest `n_head * head_dim` partial buffer.
+    pub max_part: usize,
+    /// Largest `n_head * splits`.
+    pub max_heads_splits: usize,
+    /// Key/value width per layer (f16 cache rows).
+    pub kv_dims: Vec<usize>,
+}
+
+/// Threads of a matrix-vector block (4 warps, a row each).
+pub const MATVEC_ROWS: usize = 4;
+
+/// The split-K factor for a context of `n_ctx` positions: about 256 positions a split at full
+/// length, at least 1 and at most 32.
+pub fn splits_for(n_ctx: usize) -> usize {
+    n_ctx.div_ceil(256).clamp(1, 32)
+}
+
+struct Builder {
+    matrices: Vec<MatrixSpec>,
+    vectors: Vec<VectorSpec>,
+    launches: Vec<Launch>,
+}
+
+impl Builder {
+    fn matrix(
+        &mut self,
+        types: &dyn Fn(&str) -> Option<TensorType>,
+        name: &str,
+        rows: usize,
+        cols: usize,
+    ) -> Result<usize, Decline> {
+        let ty = types(name).ok_or_else(|| decline(name, "missing"))?;
+        if kernel_type(ty).is_none() {
+            return Err(decline(name, ty.name()));
+        }
+        if !cols.is_multiple_of(32) || !cols.is_multiple_of(ty.block_size()) {
+            return Err(decline(format!("{name} columns"), cols));
+        }
+        self.matrices.push(MatrixSpec {
+            name: name.to_string(),
+            ty,
+            rows,
+            cols,
+        });
+        Ok(self.matrices.len() - 1)
+    }
+
+    fn vector(&mut self, name: &str, len: usize) -> usize {
+        self.vectors.push(VectorSpec {
+            name: name.to_string(),
+            len,
+        });
+        self.vectors.len() - 1
+    }
+
+    fn push(&mut self, kernel: impl Into<String>, grid: (u32, u32), block: u32, args: Vec<Arg>) {
+        self.launches.push(Launch {
+            kernel: kernel.into(),
+            grid,
+            block,
+            args,
+        });
+    }
+
+    /// `y = W x (+ bias) (+ res)`.
+    fn matvec(&mut self, m: usize, x: Buf, bias: Option<usize>, res: Option<Buf>, y: Buf) {
+        let spec = &self.matrices[m];
+        let kernel = format!("matvec_{}", kernel_type(spec.ty).expect("checked"));
+        let (rows, cols, rb) = (spec.rows, spec.cols, spec.row_bytes());
+        self.push(
+            kernel,
+            (rows.div_ceil(MATVEC_ROWS) as u32, 1),
+            (32 * MATVEC_ROWS) as u32,
+            vec![
+                Arg::Buf(Buf::Matrix(m)),
+                Arg::I32(rb as i32),
+                Arg::I32((cols / 32) as i32),
+                Arg::I32(rows as i32),
+                Arg::Buf(x),
+                bias.map_or(Arg::Null, |b| Arg::Buf(Buf::Vector(b))),
+                res.map_or(Arg::Null, Arg::Buf),
+                Arg::Buf(y),
+            ],
+        );
+    }
+
+    fn rms_norm(&mut self, x: Buf, w: usize, out: Buf, n: usize, eps: f32) {
+        self.push(
+            "rms_norm",
+            (1, 1),
+            1024,
+            vec![
+                Arg::Buf(x),
+                Arg::Buf(Buf::Vector(w)),
+                Arg::Buf(out),
+                Arg::I32(n as i32),
+                Arg::F32(eps),
+            ],
+        );
+    }
+}
+
+/// The decode step of `plan` with a cache of `n_ctx` positions, or the first field or tensor
+/// the CUDA path does not serve. `types` gives each tensor's block type (`None`: absent).
+pub fn decode_plan(
+    plan: &ModelPlan,
+    n_ctx: usize,
+    types: &dyn Fn(&str) -> Option<TensorType>,
+) -> Result<DecodePlan, Decline> {
+    // Every field, no `..`: a field added to the plan stops this from compiling until someone
+    // decides whether the CUDA path serves it.
+    let ModelPlan {
+        architecture: _,
+        n_embd,
+        n_vocab,
+        n_ctx_train: _,
+        norm_eps,
+        layers,
+        tied_output,
+        embedding_scale,
+        final_logit_softcap,
+        logit_scale,
+    } = plan;
+    if let Some(v) = embedding_scale {
+        return Err(decline("embedding_scale", v));
+    }
+    if let Some(v) = final_logit_softcap {
+        return Err(decline("final_logit_softcap", v));
+    }
+    if let Some(v) = logit_scale {
+        return Err(decline("logit_scale", v));
+    }
+    let (d, n_vocab, eps) = (*n_embd, *n_vocab, *norm_eps);
+    if !d.is_multiple_of(32) {
+        return Err(decline("n_embd", d));
+    }
+    if n_vocab == 0 || n_vocab > i32::MAX as usize {
+        return Err(decline("n_vocab", n_vocab));
+    }
+    if n_ctx == 0 || n_ctx > u32::MAX as usize / 2 {
+        return Err(decline("n_ctx", n_ctx));
+    }
+    let splits = splits_for(n_ctx);
+    let mut b = Builder {
+        matrices: Vec::new(),
+        vectors: Vec::new(),
+        launches: Vec::new(),
+    };
+    let embd = b.matrix(types, "token_embd.weight", n_vocab, d)?;
+    let embd_ty = kernel_type(b.matrices[embd].ty).expect("checked");
+    let row_bytes = b.matrices[embd].row_bytes();
+    b.push(
+        format!("embed_{embd_ty}"),
+        ((d / 32).div_ceil(128) as u32, 1),
+        128,
+        vec![
+            Arg::Buf(Buf::Matrix(embd)),
+            Arg::I32(row_bytes as i32),
+            Arg::I32((d / 32) as i32),
+            Arg::Buf(Buf::Token),
+            Arg::Buf(Buf::X),
+        ],
+    );
+    let (mut max_q, mut max_kv, mut max_ff, mut max_part, mut max_hs) = (0, 0, 0, 0, 0);
+    let mut kv_dims = Vec::new();
+    let mut rope_freqs: Option<usize> = None;
+    for (l, layer) in layers.iter().enumerate() {
+        let LayerPlan {
+            attention,
+            ffn,
+            post_attention_norm,
+            post_ffn_norm,
+            residual_scale,
+        } = layer;
+        if *post_attention_norm {
+            return Err(decline("post_attention_norm", true));
+        }
+        if *post_ffn_norm {
+            return Err(decline("post_ffn_norm", true));
+        }
+        if let Some(v) = residual_scale {
+            return Err(decline("residual_scale", v));
+        }
+        let Attention {
+            n_head,
+            n_head_kv,
+            head_dim,
+            qkv_bias,
+            qk_norm,
+            rope,
+            scale,
+            // Scaling the queries or the scores is the same product in f32.
+            scale_queries: _,
+            softcap,
+            sliding_window,
+        } = attention;
+        if let Some(v) = softcap {
+            return Err(decline("attention.softcap", v));
+        }
+        let window = sliding_window.unwrap_or(0);
+        if window > i32::MAX as usize {
+            return Err(decline("attention.sliding_window", window));
+        }
+        let Rope {
+            layout,
+            n_dims,
+            freq_base,
+            freq_scale,
+            freq_factors,
+        } = rope;
+        let (nh, nkv, hd) = (*n_head, *n_head_kv, *head_dim);
+        if hd == 0 || !hd.is_multiple_of(32) || hd > 256 {
+            return Err(decline("attention.head_dim", hd));
+        }
+        if nkv == 0 || !nh.is_multiple_of(nkv) {
+            return Err(decline("attention.n_head_kv", nkv));
+        }
+        if *n_dims > hd || !n_dims.is_multiple_of(2) {
+            return Err(decline("attention.rope.n_dims", n_dims));
+        }
+        let neox = match layout {
+            RopeLayout::Normal => 0,
+            RopeLayout::Neox => 1,
+        };
+        let n_ff = match ffn {
+            Ffn::Gated { n_ff, activation } => match activation {
+                Activation::Silu => *n_ff,
+                Activation::GeluTanh => return Err(decline("ffn.activation", "GeluTanh")),
+            },
+        };
+        let (q_dim, kv_dim) = (nh * hd, nkv * hd);
+        max_q = max_q.max(q_dim);
+        max_kv = max_kv.max(kv_dim);
+        max_ff = max_ff.max(n_ff);
+        max_part = max_part.max(nh * splits * hd);
+        max_hs = max_hs.max(nh * splits);
+        kv_dims.push(kv_dim);
+        let n = |s: &str| format!("blk.{l}.{s}");
+
+        let attn_norm = b.vector(&n("attn_norm.weight"), d);
+        b.rms_norm(Buf::X, attn_norm, Buf::H, d, eps);
+        let wq = b.matrix(types, &n("attn_q.weight"), q_dim, d)?;
+        let wk = b.matrix(types, &n("attn_k.weight"), kv_dim, d)?;
+        let wv = b.matrix(types, &n("attn_v.weight"), kv_dim, d)?;
+        let (bq, bk, bv) = if *qkv_bias {
+            (
+                Some(b.vector(&n("attn_q.bias"), q_dim)),
+                Some(b.vector(&n("attn_k.bias"), kv_dim)),
+                Some(b.vector(&n("attn_v.bias"), kv_dim)),
+            )
+        } else {
+            (None, None, None)
+        };
+        b.matvec(wq, Buf::H, bq, None, Buf::Q);
+        b.matvec(wk, Buf::H, bk, None, Buf::K);
+        b.matvec(wv, Buf::H, bv, None, Buf::V);
+        let (qn, kn) = if *qk_norm {
+            (
+                Arg::Buf(Buf::Vector(b.vector(&n("attn_q_norm.weight"), hd))),
+                Arg::Buf(Buf::Vector(b.vector(&n("attn_k_norm.weight"), hd))),
+            )
+        } else {
+            (Arg::Null, Arg::Null)
+        };
+        let ff = if *freq_factors {
+            let i = *rope_freqs.get_or_insert_with(|| b.vector("rope_freqs.weight", n_dims / 2));
+            Arg::Buf(Buf::Vector(i))
+        } else {
+            Arg::Null
+        };
+        b.push(
+            "rope_store",
+            ((nh + nkv) as u32, 1),
+            128,
+            vec![
+                Arg::Buf(Buf::Q),
+                Arg::Buf(Buf::K),
+                Arg::Buf(Buf::V),
+                qn,
+                kn,
+                Arg::Buf(Buf::KCache(l)),
+                Arg::Buf(Buf::VCache(l)),
+                Arg::Buf(Buf::Pos),
+                Arg::I32(nh as i32),
+                Arg::I32(nkv as i32),
+                Arg::I32(hd as i32),
+                Arg::I32(*n_dims as i32),
+                Arg::I32(neox),
+                Arg::F32(*freq_base),
+                Arg::F32(*freq_scale),
+                ff,
+                Arg::F32(eps),
+            ],
+        );
+        b.push(
+            "attn_split",
+            (nh as u32, splits as u32),
+            128,
+            vec![
+                Arg::Buf(Buf::Q),
+                Arg::Buf(Buf::KCache(l)),
+                Arg::Buf(Buf::VCache(l)),
+                Arg::Buf(Buf::Pos),
+                Arg::Buf(Buf::PartO),
+                Arg::Buf(Buf::PartMl),
+                Arg::I32(nh as i32),
+                Arg::I32(nkv as i32),
+                Arg::I32(hd as i32),
+                Arg::I32(splits as i32),
+                Arg::F32(*scale),
+                Arg::I32(window as i32),
+            ],
+        );
+        b.push(
+            "attn_combine",
+            (nh as u32, 1),
+            hd as u32,
+            vec![
+                Arg::Buf(Buf::PartO),
+                Arg::Buf(Buf::PartMl),
+                Arg::Buf(Buf::Attn),
+                Arg::I32(splits as i32),
+                Arg::I32(hd as i32),
+            ],
+        );
+        let wo = b.matrix(types, &n("attn_output.weight"), d, q_dim)?;
+        b.matvec(wo, Buf::Attn, None, Some(Buf::X), Buf::X);
+
+        let ffn_norm = b.vector(&n("ffn_norm.weight"), d);
+        b.rms_norm(Buf::X, ffn_norm, Buf::H, d, eps);
+        if !n_ff.is_multiple_of(32) {
+            return Err(decline("ffn.n_ff", n_ff));
+        }
+        let gate = b.matrix(types, &n("ffn_gate.weight"), n_ff, d)?;
+        let up = b.matrix(types, &n("ffn_up.weight"), n_ff, d)?;
+        b.matvec(gate, Buf::H, None, None, Buf::Gate);
+        b.matvec(up, Buf::H, None, None, Buf::Up);
+        b.push(
+            "swiglu",
+            (n_ff.div_ceil(256) as u32, 1),
+            256,
+            vec![
+                Arg::Buf(Buf::Gate),
+                Arg::Buf(Buf::Up),
+                Arg::Buf(Buf::Act),
+                Arg::I32(n_ff as i32),
+            ],
+        );
+        let down = b.matrix(types, &n("ffn_down.weight"), d, n_ff)?;
+        b.matvec(down, Buf::Act, None, Some(Buf::X), Buf::X);
+    }
+    let out_norm = b.vector("output_norm.weight", d);
+    b.rms_norm(Buf::X, out_norm, Buf::H, d, eps);
+    let output = if *tied_output {
+        embd
+    } else {
+        b.matrix(types, "output.weight", n_vocab, d)?
+    };
+    b.matvec(output, Buf::H, None, None, Buf::Logits);
+    b.push(
+        "argmax_advance",
+        (1, 1),
+        1024,
+        vec![
+            Arg::Buf(Buf::Logits),
+            Arg::I32(n_vocab as i32),
+            Arg::Buf(Buf::Token),
+            Arg::Buf(Buf::Pos),
+        ],
+    );
+    Ok(DecodePlan {
+        matrices: b.matrices,
+        vectors: b.vectors,
+        launches: b.launches,
+        n_embd: d,
+        n_vocab,
+        n_ctx,
+        splits,
+        max_q,
+        max_kv,
+        max_ff,
+        max_part,
+        max_heads_splits: max_hs,
+        kv_dims,
+    })
+}
+
+impl DecodePlan {
+    /// Weight bytes one token reads (every matrix once, the embedding one row).
+    pub fn weight_bytes_per_token(&self) -> u64 {
+        let mut seen = std::collections::HashSet::new();
+        let mut total = 0u64;
+        for l in &self.launches {
+            if let Some(Arg::Buf(Buf::Matrix(m))) = l.args.first() {
+                let spec = &self.matrices[*m];
+                if l.kernel.starts_with("embed_") {
+                    total += spec.row_bytes() as u64;
+                } else if seen.insert(*m) {
+                    total += (spec.rows * spec.row_bytes()) as u64;
+                }
+            }
+        }
+        total
+    }
+
+    /// Bytes of every matrix the device holds.
+    pub fn weight_bytes_total(&self) -> u64 {
+        self.matrices
+            .iter()
+            .map(|m| (m.rows * m.row_bytes()) as u64)
+            .sum()
+    }
+
+    /// Bytes of the whole KV cache (keys and values, f16).
+    pub fn kv_bytes_total(&self) -> u64 {
+        self.kv_dims
+            .iter()
+            .map(|&kv| 2 * 2 * (kv * self.n_ctx) as u64)
+            .sum()
+    }
+
+    /// Bytes of the KV cache read by a token at position `pos` (keys and values, f16).
+    pub fn kv_bytes_at(&self, pos: usize) -> u64 {
+        self.kv_dims
+            .iter()
+            .map(|&kv| 2 * 2 * kv as u64 * (pos as u64 + 1))
+            .sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ferrolm_model::plan::{Attention, Ffn, LayerPlan, Rope};
+
+    pub(crate) fn plan(n_layer: usize, head_dim: usize) -> ModelPlan {
+        let layer = LayerPlan {
+            attention: Attention {
+                n_head: 8,
+                n_head_kv: 2,
+                head_dim,
+                qkv_bias: false,
+                qk_norm: false,
+                rope: Rope {
+                    layout: RopeLayout::Normal,
+                    n_dims: head_dim,
+                    freq_base: 10000.0,
+                    freq_scale: 1.0,
+                    freq_factors: false,
+                },
+                scale: 1.0 / (head_dim as f32).sqrt(),
+                scale_queries: false,
+                softcap: None,
+                sliding_window: None,
+            },
+            ffn: Ffn::Gated {
+                n_ff: 512,
+                activation: Activation::Silu,
+            },
+            post_attention_norm: false,
+            post_ffn_norm: false,
+            residual_scale: None,
+        };
+        ModelPlan {
+            architecture: "llama".into(),
+            n_embd: 256,
+            n_vocab: 1000,
+            n_ctx_train: 2048,
+            norm_eps: 1e-5,
+            layers: vec![layer; n_layer],
+            tied_output: false,
+            embedding_scale: None,
+            final_logit_softcap: None,
+            logit_scale: None,
+        }
+    }
+
+    fn all(ty: TensorType) -> impl Fn(&str) -> Option<TensorType> {
+        move |_| Some(ty)
+    }
+
+    #[test]
+    fn a_token_is_three_launches_and_thirteen_per_layer() {
+        let p = decode_plan(&plan(4, 32), 512, &all(TensorType::Q4_0)).unwrap();
+        assert_eq!(p.launches.len(), 1 + 13 * 4 + 3);
+        assert_eq!(p.launches[0].kernel, "embed_Q4_0");
+        assert_eq!(p.launches.last().unwrap().kernel, "argmax_advance");
+        // 4 layers x 7 matrices + embedding + output.
+        assert_eq!(p.matrices.len(), 4 * 7 + 2);
+        assert_eq!(p.splits, 2);
+    }
+
+    #[test]
+    fn every_kernel_launched_is_in_the_source() {
+        for ty in [
+            TensorType::F32,
+            TensorType::F16,
+            TensorType::Q8_0,
+            TensorType::Q4_0,
+            TensorType::Q4_1,
+            TensorType::Q4_K,
+            TensorType::Q6_K,
+        ] {
+            let mut pl = plan(2, 64);
+            pl.n_embd = 512;
+            let p = decode_plan(&pl, 4096, &all(ty)).unwrap();
+            for l in &p.launches {
+                let needle = format!("void {}(", l.kernel);
+                let macro_form = l
+                    .kernel
+                    .split_once('_')
+                    .map(|(k, t)| (format!("void {k}_##T("), format!("FOR_TYPE({t})")));
+                let found = crate::kernels::SOURCE.contains(&needle)
+                    || macro_form.is_some_and(|(a, b)| {
+                        crate::kernels::SOURCE.contains(&a) && crate::kernels::SOURCE.contains(&b)
+                    });
+                assert!(found, "kernel {} is not in the source", l.kernel);
+                assert!(l.block <= 1024 && l.block % 32 == 0, "{}", l.kernel);
+            }
+        }
+    }
+
+    #[test]
+    fn weight_bytes_count_each_matrix_once_and_one_embedding_row() {
+        let mut pl = plan(1, 32);
+        pl.tied_output = true;
+        let p = decode_plan(&pl, 256, &all(TensorType::Q8_0)).unwrap();
+        let row = 256 / 32 * 34;
+        // q (256 rows), k, v (64 each), o (256), gate, up (512 each), down (256): all 256 wide
+        // but down (512 wide); the output is the embedding (1000 rows) plus one embedded row.
+        let expect =
+            (256 + 64 + 64 + 256 + 512 + 512) * row + 256 * (512 / 32 * 34) + 1000 * row + row;
+        assert_eq!(p.weight_bytes_per_token(), expect as u64);
+    }
+
+    #[test]
+    fn fields_the_path_does_not_serve_decline_by_name() {
+        let e = decode_plan(&plan(1, 48), 256, &all(TensorType::Q8_0)).unwrap_err();
+        assert_eq!(e.field, "attention.head_dim");
+        let q5 = |name: &str| {
+            Some(if name == "blk.0.ffn_up.weight" {
+                TensorType::Q5_1
+            } else {
+                TensorType::Q8_0
+            })
+        };
+        let e = decode_plan(&plan(1, 32), 256, &q5).unwrap_err();
+        assert_eq!(e.field, "blk.0.ffn_up.weight");
+        assert_eq!(e.value, "Q5_1");
+        assert!(e.to_string().contains("blk.0.ffn_up.weight"));
+        let mut odd = plan(1, 32);
+        odd.n_embd = 100;
+        assert_eq!(
+            decode_plan(&odd, 256, &all(TensorType::F32))
+                .unwrap_err()
+                .field,
+            "n_embd"
+        );
+        let mut gemma_like = plan(1, 32);
+        gemma_like.layers[0].post_ffn_norm = true;
+        let e = decode_plan(&gemma_like, 256, &all(TensorType::F32)).unwrap_err();
+        assert_eq!(e.field, "post_ffn_norm");
+        let mut capped = plan(1, 32);
+        capped.final_logit_softcap = Some(30.0);
+        let e = decode_plan(&capped, 256, &all(TensorType::F32)).unwrap_err();
+        assert_eq!(e.field, "final_logit_softcap");
+        let mut gelu = plan(1, 32);
+        gelu.layers[0].ffn = Ffn::Gated {
+            n_ff: 512,
+            activation: Activation::GeluTanh,
+        };
+        let e = decode_plan(&gelu, 256, &all(TensorType::F32)).unwrap_err();
+        assert_eq!(e.field, "ffn.activation");
+    }
+
+    #[test]
+    fn splits_grow_with_the_context_and_stay_bounded() {
+        assert_eq!(splits_for(1), 1);
+        assert_eq!(splits_for(256), 1);
+        assert_eq!(splits_for(257), 2);
+        assert_eq!(splits_for(1 << 20), 32);
+    }
+}

@@ -1,0 +1,249 @@
+//! Running on a GPU: generation through the CUDA backend, and `ferrolm cuda-check`, which
+//! compares the CUDA backend with its CPU twin on the same file (a GPU machine's test).
+
+use std::time::Instant;
+
+use anyhow::{bail, Result};
+use clap::Args;
+use ferrolm_cuda::CudaModel;
+use ferrolm_engine::{FinishReason, GenerateParams, Generation, Sampler};
+use ferrolm_model::{Logits, Model};
+use ferrolm_tokenizer::{StreamDecoder, Tokenizer};
+use rand::{Rng, SeedableRng};
+
+use super::common::ModelArgs;
+use crate::models;
+
+/// Whether the sampler is plain greedy, so that the device's own argmax can choose.
+fn is_greedy(p: &GenerateParams) -> bool {
+    let s = &p.sampler;
+    s.temperature <= 0.0
+        && s.repeat_penalty == 1.0
+        && s.presence_penalty == 0.0
+        && s.frequency_penalty == 0.0
+}
+
+/// [`ferrolm_engine::generate`] on the GPU: the prompt as decode steps, then each token one graph
+/// launch; greedy sampling reads back only the chosen id, other samplers the logits.
+pub fn generate(
+    m: &mut CudaModel,
+    tokenizer: &Tokenizer,
+    prompt: &[u32],
+    params: &GenerateParams,
+    mut on_text: impl FnMut(&str) -> bool,
+) -> Result<Generation> {
+    let n_ctx = m.n_ctx();
+    if m.position() + prompt.len() >= n_ctx {
+        bail!(
+            "the prompt has {} tokens but the context holds {n_ctx}",
+            m.position() + prompt.len()
+        );
+    }
+    let greedy = is_greedy(params);
+    let mut sampler = Sampler::new(params.sampler.clone());
+    let mut history = prompt.to_vec();
+    let start = Instant::now();
+    for &id in prompt {
+        m.push(id)?;
+    }
+    let mut logits = if greedy { Vec::new() } else { m.logits()? };
+    if greedy {
+        m.synchronize()?;
+    }
+    let prompt_time = start.elapsed();
+    let gen_start = Instant::now();
+    let mut decoder = StreamDecoder::new(tokenizer);
+    let mut out = Generation {
+        tokens: Vec::new(),
+        text: String::new(),
+        finish: FinishReason::Length,
+        prompt_evaluated: prompt.len(),
+        prompt_time,
+        gen_time: Default::default(),
+    };
+    while out.tokens.len() < params.max_tokens {
+        let id = if greedy {
+            m.greedy()?
+        } else {
+            sampler.sample(&logits, &history)
+        };
+        if params.stop_at_eog && tokenizer.is_eog(id) {
+            out.finish = FinishReason::Stop;
+            break;
+        }
+        out.tokens.push(id);
+        history.push(id);
+        let piece = decoder.push(id)?;
+        out.text.push_str(&piece);
+        if !piece.is_empty() && !on_text(&piece) {
+            out.finish = FinishReason::Stop;
+            break;
+        }
+        if out.tokens.len() == params.max_tokens || m.position() + 1 >= n_ctx {
+            break;
+        }
+        if greedy {
+            // The device already holds the id it chose: no upload.
+            m.push_greedy()?;
+        } else {
+            m.push(id)?;
+            logits = m.logits()?;
+        }
+    }
+    let rest = decoder.finish();
+    if !rest.is_empty() {
+        on_text(&rest);
+        out.text.push_str(&rest);
+    }
+    out.gen_time = gen_start.elapsed();
+    Ok(out)
+}
+
+/// Flags of `ferrolm cuda-check`.
+#[derive(Args, Debug)]
+pub struct CheckArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Prompt positions compared (random ids).
+    #[arg(short = 'p', long, default_value_t = 128)]
+    pub n_prompt: usize,
+    /// Greedy tokens compared after the prompt.
+    #[arg(short = 'n', long, default_value_t = 32)]
+    pub n_gen: usize,
+    /// Largest mean KL divergence (CPU || CUDA) that passes.
+    #[arg(long, default_value_t = 1e-3)]
+    pub max_kl: f64,
+    /// Smallest top-1 agreement that passes.
+    #[arg(long, default_value_t = 0.99)]
+    pub min_top1: f64,
+    /// Seed of the prompt ids.
+    #[arg(long, default_value_t = 7)]
+    pub seed: u64,
+}
+
+fn log_softmax(l: &[f32]) -> Vec<f64> {
+    let max = l.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+    let sum: f64 = l.iter().map(|&v| (v as f64 - max).exp()).sum();
+    let lse = max + sum.ln();
+    l.iter().map(|&v| v as f64 - lse).collect()
+}
+
+/// KL(p || q) of two logit rows.
+fn kl(p: &[f32], q: &[f32]) -> f64 {
+    let (lp, lq) = (log_softmax(p), log_softmax(q));
+    lp.iter()
+        .zip(&lq)
+        .map(|(a, b)| a.exp() * (a - b))
+        .sum::<f64>()
+        .max(0.0)
+}
+
+/// `ferrolm cuda-check`: every position's logits of a random prompt on the CPU and on CUDA
+/// (mean and max KL, top-1 agreement, largest logit difference), then greedy continuations.
+pub fn check(args: CheckArgs) -> Result<()> {
+    let path = models::resolve(args.model.model.as_deref())?;
+    let model = Model::load(&path, args.model.threads)?;
+    let n_ctx = args.n_prompt + args.n_gen + 1;
+    let ordinal = match args.model.device()? {
+        (ferrolm_cuda::Device::Cuda(n), _) => n,
+        (ferrolm_cuda::Device::Cpu, true) => {
+            bail!("cuda-check compares CUDA with the CPU: --device cuda[:N]")
+        }
+        (ferrolm_cuda::Device::Cpu, false) => 0,
+    };
+    let mut gpu = CudaModel::new(model.plan(), model.file(), ordinal, n_ctx)
+        .map_err(|e| anyhow::anyhow!("cuda:{ordinal}: {e}"))?;
+    eprintln!(
+        "ferrolm: comparing {} (cuda:{ordinal}, graph: {}) with the CPU ({} threads)",
+        gpu.device_name(),
+        gpu.uses_graph(),
+        model.threads()
+    );
+    let n_vocab = model.plan().n_vocab;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(args.seed);
+    let ids: Vec<u32> = (0..args.n_prompt.max(1))
+        .map(|_| rng.random_range(0..n_vocab as u32))
+        .collect();
+    let t = Instant::now();
+    let mut cpu = model.session(n_ctx);
+    let cpu_logits = cpu.eval(&ids, Logits::All)?;
+    let cpu_time = t.elapsed();
+    let t = Instant::now();
+    let gpu_logits = gpu.eval(&ids, true)?;
+    let gpu_time = t.elapsed();
+    let (mut sum_kl, mut max_kl, mut agree, mut max_diff) = (0f64, 0f64, 0usize, 0f32);
+    for (c, g) in cpu_logits.chunks(n_vocab).zip(gpu_logits.chunks(n_vocab)) {
+        let k = kl(c, g);
+        sum_kl += k;
+        max_kl = max_kl.max(k);
+        agree += usize::from(ferrolm_engine::argmax(c) == ferrolm_engine::argmax(g));
+        for (a, b) in c.iter().zip(g) {
+            max_diff = max_diff.max((a - b).abs());
+        }
+    }
+    let n = ids.len();
+    let mean_kl = sum_kl / n as f64;
+    let top1 = agree as f64 / n as f64;
+
+    // Greedy continuations from the end of the prompt.
+    let mut cpu_ids = Vec::new();
+    let mut next = ferrolm_engine::argmax(&cpu_logits[(n - 1) * n_vocab..]);
+    for _ in 0..args.n_gen {
+        cpu_ids.push(next);
+        let l = cpu.eval(&[next], Logits::Last)?;
+        next = ferrolm_engine::argmax(&l);
+    }
+    let mut gpu_ids = Vec::new();
+    let before = gpu.stats();
+    let t = Instant::now();
+    for i in 0..args.n_gen {
+        gpu_ids.push(gpu.greedy()?);
+        if i + 1 < args.n_gen {
+            gpu.push_greedy()?;
+        }
+    }
+    let gen_time = t.elapsed();
+    let after = gpu.stats();
+    let same = cpu_ids
+        .iter()
+        .zip(&gpu_ids)
+        .take_while(|(a, b)| a == b)
+        .count();
+    let steps = (after.tokens - before.tokens).max(1);
+    println!("| file | positions | mean KL | max KL | top-1 | max abs logit diff | greedy same | CPU pp tok/s | CUDA step-by-step tok/s |");
+    println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
+    println!(
+        "| {} | {n} | {mean_kl:.2e} | {max_kl:.2e} | {:.2}% | {max_diff:.4} | {same}/{} | {:.1} | {:.1} |",
+        path.file_name().map_or_else(String::new, |f| f.to_string_lossy().into_owned()),
+        100.0 * top1,
+        args.n_gen,
+        n as f64 / cpu_time.as_secs_f64(),
+        n as f64 / gpu_time.as_secs_f64(),
+    );
+    println!(
+        "greedy decode on CUDA: {} tokens in {:.3} ms; per token: {:.2} graph launches, {:.2} kernel launches from the host, {:.2} host syncs, {:.2} uploads; {} kernels in the graph",
+        steps,
+        gen_time.as_secs_f64() * 1e3,
+        (after.graph_launches - before.graph_launches) as f64 / steps as f64,
+        (after.kernel_launches - before.kernel_launches) as f64 / steps as f64,
+        (after.host_syncs - before.host_syncs) as f64 / steps as f64,
+        (after.uploads - before.uploads) as f64 / steps as f64,
+        gpu.plan().launches.len(),
+    );
+    if mean_kl > args.max_kl || top1 < args.min_top1 {
+        bail!(
+            "CUDA differs from the CPU: mean KL {mean_kl:.2e} (at most {:.0e}), top-1 {:.2}% (at least {:.0}%)",
+            args.max_kl,
+            100.0 * top1,
+            100.0 * args.min_top1
+        );
+    }
+    if same < args.n_gen {
+        eprintln!(
+            "ferrolm: greedy continuations differ from token {same} (CPU {:?}, CUDA {:?})",
+            &cpu_ids[same..],
+            &gpu_ids[same..]
+        );
+    }
+    Ok(())
+}
