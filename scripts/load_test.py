@@ -16,6 +16,7 @@ import http.client
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import threading
@@ -133,6 +134,8 @@ def main():
     ap.add_argument("--json", action="store_true", help="print the figures as one JSON line")
     args = ap.parse_args()
     parallel = args.parallel or args.concurrency
+    # Killed, still stop the server (the `finally` below).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit("terminated"))
 
     server = subprocess.Popen(
         [args.binary, "serve", "--port", "0", "--parallel", str(parallel),

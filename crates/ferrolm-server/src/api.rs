@@ -180,6 +180,22 @@ fn seed_from_clock() -> u64 {
     t ^ COUNTER.fetch_add(0x9E37_79B9_7F4A_7C15, Ordering::Relaxed)
 }
 
+/// 404 unless `model` is the served model's name.
+pub fn check_model(model: &str, served: &str) -> Result<(), ApiError> {
+    if model == served {
+        return Ok(());
+    }
+    Err(ApiError {
+        param: Some("model".into()),
+        ..ApiError::new(
+            StatusCode::NOT_FOUND,
+            "invalid_request_error",
+            format!("the model `{model}` does not exist; this server serves `{served}`"),
+        )
+    }
+    .with_code("model_not_found"))
+}
+
 /// Checks the common fields against the served model and context; `prompt` is tokenized.
 pub fn prepare(
     common: &Common,
@@ -188,20 +204,7 @@ pub fn prepare(
     model_name: &str,
     n_ctx: usize,
 ) -> Result<Prepared, ApiError> {
-    if common.model != model_name {
-        return Err(ApiError {
-            param: Some("model".into()),
-            ..ApiError::new(
-                StatusCode::NOT_FOUND,
-                "invalid_request_error",
-                format!(
-                    "the model `{}` does not exist; this server serves `{model_name}`",
-                    common.model
-                ),
-            )
-        }
-        .with_code("model_not_found"));
-    }
+    check_model(&common.model, model_name)?;
     if let Some(n) = common.n {
         if n != 1 {
             return Err(ApiError::param("n", "only `n` = 1 is supported"));

@@ -293,23 +293,18 @@ async fn chat(
     axum::Extension(usage): axum::Extension<Usage>,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    let prepared = (|| {
+    let st = state.clone();
+    // Parsing, the template and tokenization can take a while on a large body: off the
+    // async workers.
+    let prepared = tokio::task::spawn_blocking(move || {
+        let state = st;
         let body = body_bytes(body)?;
         let req: api::ChatRequest = api::parse(&body)?;
+        api::check_model(&req.common.model, &state.config.model_name)?;
         let messages = api::chat_messages(&req.messages)?;
         let template = state.template.as_ref().ok_or_else(|| {
             ApiError::invalid("the model has no usable chat template; use /v1/completions")
         })?;
-        // The model name is checked first: an unknown model is 404 whatever the messages.
-        if req.common.model != state.config.model_name {
-            return api::prepare(
-                &req.common,
-                Endpoint::Chat,
-                Vec::new(),
-                &state.config.model_name,
-                state.config.n_ctx,
-            );
-        }
         let text = template
             .render(&messages, true, None)
             .map_err(|e| ApiError::param("messages", format!("the chat template failed: {e}")))?;
@@ -321,7 +316,13 @@ async fn chat(
             &state.config.model_name,
             state.config.n_ctx,
         )
-    })();
+    })
+    .await
+    .unwrap_or_else(|e| {
+        Err(ApiError::internal(format!(
+            "preparing the request failed: {e}"
+        )))
+    });
     match prepared {
         Ok(p) => answer(state, p, usage).await,
         Err(e) => e.into_response(),
@@ -333,9 +334,14 @@ async fn completions(
     axum::Extension(usage): axum::Extension<Usage>,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    let prepared = (|| {
+    let st = state.clone();
+    // Parsing, the template and tokenization can take a while on a large body: off the
+    // async workers.
+    let prepared = tokio::task::spawn_blocking(move || {
+        let state = st;
         let body = body_bytes(body)?;
         let req: api::CompletionRequest = api::parse(&body)?;
+        api::check_model(&req.common.model, &state.config.model_name)?;
         if req.echo == Some(true) {
             return Err(ApiError::param("echo", "`echo` is not supported"));
         }
@@ -372,7 +378,13 @@ async fn completions(
             &state.config.model_name,
             state.config.n_ctx,
         )
-    })();
+    })
+    .await
+    .unwrap_or_else(|e| {
+        Err(ApiError::internal(format!(
+            "preparing the request failed: {e}"
+        )))
+    });
     match prepared {
         Ok(p) => answer(state, p, usage).await,
         Err(e) => e.into_response(),
