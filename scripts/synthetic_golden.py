@@ -30,6 +30,7 @@ FILES = {
     "gemma2": ["--arch", "gemma2"],
     "gemma3": ["--arch", "gemma3"],
     "granite": ["--arch", "granite"],
+    "phi3": ["--arch", "phi3"],  # fused attn_qkv and gate/up, 24 of 32 dimensions rotate
 }
 # Files written by the ferrolm-model example instead of the CLI (same spec: SyntheticSpec::small).
 EXAMPLE_WRITER = ["cargo", "run", "--release", "-q", "-p", "ferrolm-model", "--example", "synth", "--"]

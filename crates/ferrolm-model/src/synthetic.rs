@@ -205,7 +205,10 @@ pub fn build(spec: &SyntheticSpec) -> Result<GgufWriter> {
     let key = |s: &str| format!("{arch}.{s}");
     let u32v = |n: usize| Value::U32(n as u32);
     w.set("general.architecture", Value::String(arch.to_string()));
-    w.set("general.name", Value::String(format!("synthetic-{arch}")));
+    // (llama.cpp applies a tokenizer workaround, looking up `</s>`, to files whose name contains
+    // "phi3" or "phi-3".)
+    let name = if arch == "phi3" { "p-three" } else { arch };
+    w.set("general.name", Value::String(format!("synthetic-{name}")));
     w.set(key("context_length"), u32v(spec.n_ctx));
     w.set(key("embedding_length"), u32v(spec.n_embd));
     w.set(key("block_count"), u32v(spec.n_layer));
@@ -217,7 +220,13 @@ pub fn build(spec: &SyntheticSpec) -> Result<GgufWriter> {
         Value::F32(spec.norm_eps),
     );
     w.set(key("rope.freq_base"), Value::F32(spec.rope_base));
-    w.set(key("rope.dimension_count"), u32v(hd));
+    // Phi-3 with partial rotary: three quarters of each head rotate.
+    let n_rot = if arch == "phi3" {
+        (hd * 3 / 4) & !1
+    } else {
+        hd
+    };
+    w.set(key("rope.dimension_count"), u32v(n_rot));
     if hd * spec.n_head != spec.n_embd {
         w.set(key("attention.key_length"), u32v(hd));
         w.set(key("attention.value_length"), u32v(hd));
@@ -269,9 +278,13 @@ pub fn build(spec: &SyntheticSpec) -> Result<GgufWriter> {
     for i in 0..spec.n_layer {
         let n = |s: &str| format!("blk.{i}.{s}");
         add(n("attn_norm.weight"), &[d], Init::AroundOne(0.1), false);
-        add(n("attn_q.weight"), &[d, q_dim], m(d), true);
-        add(n("attn_k.weight"), &[d, kv_dim], m(d), true);
-        add(n("attn_v.weight"), &[d, kv_dim], m(d), true);
+        if arch == "phi3" {
+            add(n("attn_qkv.weight"), &[d, q_dim + 2 * kv_dim], m(d), true);
+        } else {
+            add(n("attn_q.weight"), &[d, q_dim], m(d), true);
+            add(n("attn_k.weight"), &[d, kv_dim], m(d), true);
+            add(n("attn_v.weight"), &[d, kv_dim], m(d), true);
+        }
         if arch == "qwen2" {
             add(n("attn_q.bias"), &[q_dim], Init::Normal(0.1), false);
             add(n("attn_k.bias"), &[kv_dim], Init::Normal(0.1), false);
@@ -291,8 +304,12 @@ pub fn build(spec: &SyntheticSpec) -> Result<GgufWriter> {
             );
         }
         add(n("ffn_norm.weight"), &[d], Init::AroundOne(0.1), false);
-        add(n("ffn_gate.weight"), &[d, spec.n_ff], m(d), true);
-        add(n("ffn_up.weight"), &[d, spec.n_ff], m(d), true);
+        if arch == "phi3" {
+            add(n("ffn_up.weight"), &[d, 2 * spec.n_ff], m(d), true);
+        } else {
+            add(n("ffn_gate.weight"), &[d, spec.n_ff], m(d), true);
+            add(n("ffn_up.weight"), &[d, spec.n_ff], m(d), true);
+        }
         add(n("ffn_down.weight"), &[spec.n_ff, d], m(spec.n_ff), true);
         if gemma {
             add(n("post_ffw_norm.weight"), &[d], Init::AroundOne(0.1), false);

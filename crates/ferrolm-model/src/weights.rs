@@ -110,6 +110,24 @@ impl Binder<'_> {
         })
     }
 
+    /// Row views `[r0, r0 + n)` of each `(r0, n)` of a fused matrix of `cols` x `rows`.
+    fn split(&self, name: &str, cols: usize, parts: &[(usize, usize)]) -> Result<Vec<Matrix>> {
+        let rows = parts.iter().map(|p| p.1).sum();
+        let whole = self.matrix(name, cols, rows)?;
+        Ok(parts
+            .iter()
+            .map(|&(r0, n)| Matrix {
+                name: format!("{name}[{r0}..{}]", r0 + n),
+                ty: whole.ty,
+                rows: n,
+                cols,
+                row_bytes: whole.row_bytes,
+                range: whole.range.start + r0 * whole.row_bytes
+                    ..whole.range.start + (r0 + n) * whole.row_bytes,
+            })
+            .collect())
+    }
+
     fn vector(&self, name: &str, len: usize) -> Result<Vec<f32>> {
         let t = self.info(name, &[len as u64])?;
         let mut v = vec![0.0; len];
@@ -160,11 +178,37 @@ pub fn bind(file: &GgufFile, plan: &ModelPlan) -> Result<Weights> {
         let q_dim = a.n_head * a.head_dim;
         let kv_dim = a.n_head_kv * a.head_dim;
         let Ffn::Gated { n_ff, .. } = l.ffn;
+        // Fused Q/K/V (`attn_qkv`, Phi-3) and gate/up (`ffn_up` of 2 * n_ff rows, gate first,
+        // without `ffn_gate`) are bound as row views: each output row is the same dot product.
+        let [wq, wk, wv]: [Matrix; 3] = if file.tensor(&n("attn_qkv.weight")).is_some() {
+            let parts = [(0, q_dim), (q_dim, kv_dim), (q_dim + kv_dim, kv_dim)];
+            let v = b.split(&n("attn_qkv.weight"), d, &parts)?;
+            v.try_into().expect("three parts")
+        } else {
+            [
+                b.matrix(&n("attn_q.weight"), d, q_dim)?,
+                b.matrix(&n("attn_k.weight"), d, kv_dim)?,
+                b.matrix(&n("attn_v.weight"), d, kv_dim)?,
+            ]
+        };
+        let fused_up = file.tensor(&n("ffn_gate.weight")).is_none()
+            && file
+                .tensor(&n("ffn_up.weight"))
+                .is_some_and(|t| t.dims.get(1) == Some(&(2 * n_ff as u64)));
+        let [gate, up]: [Matrix; 2] = if fused_up {
+            let v = b.split(&n("ffn_up.weight"), d, &[(0, n_ff), (n_ff, n_ff)])?;
+            v.try_into().expect("two parts")
+        } else {
+            [
+                b.matrix(&n("ffn_gate.weight"), d, n_ff)?,
+                b.matrix(&n("ffn_up.weight"), d, n_ff)?,
+            ]
+        };
         layers.push(LayerWeights {
             attn_norm: b.vector(&n("attn_norm.weight"), d)?,
-            wq: b.matrix(&n("attn_q.weight"), d, q_dim)?,
-            wk: b.matrix(&n("attn_k.weight"), d, kv_dim)?,
-            wv: b.matrix(&n("attn_v.weight"), d, kv_dim)?,
+            wq,
+            wk,
+            wv,
             wo: b.matrix(&n("attn_output.weight"), q_dim, d)?,
             bq: b.opt_vector(&n("attn_q.bias"), q_dim, a.qkv_bias)?,
             bk: b.opt_vector(&n("attn_k.bias"), kv_dim, a.qkv_bias)?,
@@ -178,8 +222,8 @@ pub fn bind(file: &GgufFile, plan: &ModelPlan) -> Result<Weights> {
             )?,
             ffn_norm: b.vector(&n("ffn_norm.weight"), d)?,
             post_ffn_norm: b.opt_vector(&n("post_ffw_norm.weight"), d, l.post_ffn_norm)?,
-            gate: b.matrix(&n("ffn_gate.weight"), d, n_ff)?,
-            up: b.matrix(&n("ffn_up.weight"), d, n_ff)?,
+            gate,
+            up,
             down: b.matrix(&n("ffn_down.weight"), n_ff, d)?,
         });
     }

@@ -93,7 +93,35 @@ fn an_unknown_architecture_is_an_error_listing_the_known_ones() {
     let err = Model::from_file(file, 1).err().expect("refused");
     assert!(matches!(err, ModelError::UnknownArchitecture(..)));
     let msg = err.to_string();
-    for known in ["phi9", "llama", "qwen3", "gemma2", "gemma3", "granite"] {
+    for known in [
+        "phi9", "llama", "qwen3", "gemma2", "gemma3", "granite", "phi3",
+    ] {
         assert!(msg.contains(known), "{msg}");
     }
+}
+
+#[test]
+fn phi3_longrope_is_refused_by_name() {
+    let spec = SyntheticSpec::small("phi3");
+    let plan = plan_of("phi3");
+    assert_eq!(plan.layers[0].attention.rope.n_dims, 24, "partial rotary");
+    assert!(plan.layers[0].attention.scale_queries);
+    let mut w = synthetic::build(&spec).unwrap();
+    let n = spec.head_dim() / 2;
+    w.add_tensor(
+        "rope_factors_long.weight",
+        &[n as u64],
+        ferrolm_gguf::TensorType::F32,
+        vec![0u8; n * 4],
+    )
+    .unwrap();
+    let file = Arc::new(GgufFile::from_bytes(w.to_bytes()).unwrap());
+    let err = Model::from_file(file, 1)
+        .err()
+        .expect("refused")
+        .to_string();
+    assert!(
+        err.contains("LongRoPE") && err.contains("rope_factors_long"),
+        "{err}"
+    );
 }

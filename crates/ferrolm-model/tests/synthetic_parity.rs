@@ -46,6 +46,12 @@ fn granite_matches_llama_cpp() {
     check("granite");
 }
 
+/// Phi-3: fused `attn_qkv` and gate/up tensors, partial rotary (24 of 32 dimensions).
+#[test]
+fn phi3_matches_llama_cpp() {
+    check("phi3");
+}
+
 /// Logits within this of the reference's best count as a tie (MODELS.md).
 const TIE: f32 = 0.01;
 

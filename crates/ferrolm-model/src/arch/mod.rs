@@ -3,6 +3,7 @@
 mod gemma;
 mod granite;
 mod llama;
+mod phi3;
 
 use ferrolm_gguf::GgufFile;
 
@@ -21,6 +22,7 @@ const ARCHITECTURES: &[(&str, Describe)] = &[
     ("gemma2", gemma::describe),
     ("gemma3", gemma::describe),
     ("granite", granite::describe),
+    ("phi3", phi3::describe),
 ];
 
 /// The names of the architectures we run.
