@@ -125,3 +125,21 @@ fn phi3_longrope_is_refused_by_name() {
         "{err}"
     );
 }
+
+/// The sliding-window layers' cache is a ring of `window + 512` cells rounded to 256, whatever
+/// the context: for synthetic gemma3 (five of six layers sliding, window 64), 768 cells.
+#[test]
+fn sliding_window_layers_keep_a_ring() {
+    let plan = plan_of("gemma3");
+    let kv_bytes = |cells: usize| {
+        let a = &plan.layers[0].attention;
+        cells * a.n_head_kv * a.head_dim * 2 * 2
+    };
+    for n_ctx in [1024, 32768] {
+        let cache = ferrolm_model::KvCache::new(&plan, n_ctx);
+        assert_eq!(cache.bytes(), 5 * kv_bytes(768) + kv_bytes(n_ctx), "n_ctx {n_ctx}");
+    }
+    // Shorter than the ring: every layer holds the context.
+    let cache = ferrolm_model::KvCache::new(&plan, 300);
+    assert_eq!(cache.bytes(), 6 * kv_bytes(512));
+}
