@@ -71,8 +71,33 @@ fn smollm2_uses_its_own_template() {
 }
 
 #[test]
-fn a_model_without_template_gets_chatml_with_a_warning() {
+fn gemma_without_template_gets_gemma_turns() {
     let tok = load(GEMMA3);
+    assert!(tok.chat_template().is_none());
+    let t = ChatTemplate::for_tokenizer(&tok).unwrap();
+    assert!(t.warning().is_none());
+    let out = t
+        .render(&[ChatMessage::new("user", "Hi")], true, None)
+        .unwrap();
+    assert_eq!(
+        out,
+        "<bos><start_of_turn>user\nHi<end_of_turn>\n<start_of_turn>model\n"
+    );
+}
+
+#[test]
+fn a_model_without_template_gets_chatml_with_a_warning() {
+    // SmolLM2's vocabulary with its template removed.
+    let file = ferrolm_gguf::GgufFile::open(ferrolm_home().join("models").join(SMOLLM2)).unwrap();
+    let mut meta = ferrolm_gguf::Metadata::default();
+    for (k, v) in file
+        .metadata()
+        .iter()
+        .filter(|(k, _)| *k != "tokenizer.chat_template")
+    {
+        meta.insert(k, v.clone()).unwrap();
+    }
+    let tok = ferrolm_tokenizer::Tokenizer::from_metadata(&meta).unwrap();
     assert!(tok.chat_template().is_none());
     let t = ChatTemplate::for_tokenizer(&tok).unwrap();
     assert!(t.warning().unwrap().contains("ChatML"));
