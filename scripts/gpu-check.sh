@@ -19,11 +19,12 @@ torch.cuda.synchronize(); dt = (time.perf_counter() - t) / 20
 print(f"device-to-device copy: {2 * n / dt / 1e12:.2f} TB/s (read + write)")
 PY
 fail=0
+CHECK_FLAGS=()
 check() { # name, synth flags...
   local name=$1; shift
   "$BIN" synth --arch "$@" -o "$W/$name.gguf" >/dev/null || { echo "synth $name failed"; fail=1; return; }
   echo "== $name"
-  "$BIN" cuda-check -m "$W/$name.gguf" -p "${NP:-64}" -n "${NG:-32}" || fail=1
+  "$BIN" cuda-check -m "$W/$name.gguf" -p "${NP:-64}" -n "${NG:-32}" "${CHECK_FLAGS[@]}" || fail=1
 }
 # Small shapes, every block type the kernels read.
 for t in q8_0 q4_0 q4_1 q4_k q6_k f16 f32; do
@@ -35,7 +36,8 @@ check small-ropefreqs llama --layers 2 --type q8_0 --rope-freqs --tied
 FERROLM_CUDA_NO_GRAPH=1 "$BIN" cuda-check -m "$W/small-q8_0.gguf" -p 16 -n 8 >/dev/null \
   && echo "no-graph mode agrees" || { echo "no-graph mode FAILED"; fail=1; }
 # A Llama-3.2-1B-like shape (16 layers, 2048 wide, 32/8 heads, 8192 feed-forward).
-for t in ${BIG_TYPES:-q4_0 q8_0}; do
+CHECK_FLAGS=(--profile 16)
+for t in ${BIG_TYPES:-q4_0 q8_0 q4_k}; do
   check "1b-$t" llama --layers 16 --embd 2048 --heads 32 --kv-heads 8 --ff 8192 --ctx 4096 --rope-base 500000 --type "$t"
   echo "-- bench 1b-$t"
   "$BIN" bench -m "$W/1b-$t.gguf" --device cuda -p 128 -n 128 -r 3

@@ -42,6 +42,7 @@ enum Value {
 }
 
 struct Resolved {
+    name: String,
     func: CudaFunction,
     cfg: LaunchConfig,
     args: Vec<Value>,
@@ -228,6 +229,7 @@ impl CudaModel {
                 })
                 .collect();
             launches.push(Resolved {
+                name: l.kernel.clone(),
                 func,
                 cfg: LaunchConfig {
                     grid_dim: (l.grid.0, l.grid.1, 1),
@@ -260,22 +262,65 @@ impl CudaModel {
         Ok(model)
     }
 
+    fn launch_one(&self, r: &Resolved) -> Result<(), CudaError> {
+        let mut b = self.stream.launch_builder(&r.func);
+        for a in &r.args {
+            match a {
+                Value::Ptr(p) => b.arg(p),
+                Value::I32(v) => b.arg(v),
+                Value::F32(v) => b.arg(v),
+            };
+        }
+        // SAFETY: the arguments match the kernel's parameters as the launch plan lists them
+        // (checked on the device by the logits comparison); buffers outlive the model.
+        unsafe { b.launch(r.cfg) }.map_err(driver("launching a kernel"))?;
+        Ok(())
+    }
+
     fn launch_all(&mut self) -> Result<(), CudaError> {
         for r in &self.launches {
-            let mut b = self.stream.launch_builder(&r.func);
-            for a in &r.args {
-                match a {
-                    Value::Ptr(p) => b.arg(p),
-                    Value::I32(v) => b.arg(v),
-                    Value::F32(v) => b.arg(v),
-                };
-            }
-            // SAFETY: the arguments match the kernel's parameters as the launch plan lists
-            // them (checked on the device by the logits comparison); buffers outlive the model.
-            unsafe { b.launch(r.cfg) }.map_err(driver("launching a kernel"))?;
-            self.stats.kernel_launches += 1;
+            self.launch_one(r)?;
         }
+        self.stats.kernel_launches += self.launches.len() as u64;
         Ok(())
+    }
+
+    /// Times each kernel of `steps` decode steps (launched one by one between CUDA events, so
+    /// outside the graph) and returns, per kernel name, launches per token and microseconds
+    /// per token, slowest first. The steps advance the sequence like any others.
+    pub fn profile(&mut self, steps: usize) -> Result<Vec<(String, usize, f64)>, CudaError> {
+        let mut per: HashMap<String, (usize, f64)> = HashMap::new();
+        let flags = Some(sys::CUevent_flags::CU_EVENT_DEFAULT);
+        let steps = steps.max(1);
+        for _ in 0..steps {
+            if self.pos >= self.plan.n_ctx {
+                return Err(CudaError::ContextFull {
+                    n_ctx: self.plan.n_ctx,
+                });
+            }
+            let mut events = Vec::with_capacity(self.launches.len());
+            for r in &self.launches {
+                let start = self.stream.record_event(flags).map_err(driver("event"))?;
+                self.launch_one(r)?;
+                let end = self.stream.record_event(flags).map_err(driver("event"))?;
+                events.push((start, end));
+            }
+            self.stream.synchronize().map_err(driver("profiling"))?;
+            for (r, (start, end)) in self.launches.iter().zip(&events) {
+                let ms = start.elapsed_ms(end).map_err(driver("event time"))?;
+                let e = per.entry(r.name.clone()).or_default();
+                e.0 += 1;
+                e.1 += f64::from(ms) * 1e3;
+            }
+            self.pos += 1;
+            self.stats.tokens += 1;
+        }
+        let mut out: Vec<(String, usize, f64)> = per
+            .into_iter()
+            .map(|(k, (n, us))| (k, n / steps, us / steps as f64))
+            .collect();
+        out.sort_by(|a, b| b.2.total_cmp(&a.2));
+        Ok(out)
     }
 
     fn capture(&mut self) -> Result<(), CudaError> {

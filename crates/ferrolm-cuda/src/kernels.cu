@@ -12,6 +12,8 @@ typedef unsigned short u16;
 typedef unsigned int u32;
 
 #define INFINITY __int_as_float(0x7f800000)
+// Weights are read once per token: through the read-only path.
+#define LD(p) __ldg(p)
 
 __device__ __forceinline__ float h2f(u16 h) {
     float f;
@@ -44,7 +46,7 @@ struct F32 {
         const float4* p = (const float4*)(row + 128 * c);
 #pragma unroll
         for (int i = 0; i < 8; i++) {
-            float4 v = __ldg(p + i);
+            float4 v = LD(p + i);
             w[4 * i] = v.x; w[4 * i + 1] = v.y; w[4 * i + 2] = v.z; w[4 * i + 3] = v.w;
         }
     }
@@ -55,7 +57,7 @@ struct F16 {
         const uint4* p = (const uint4*)(row + 64 * c);
 #pragma unroll
         for (int i = 0; i < 4; i++) {
-            uint4 v = __ldg(p + i);
+            uint4 v = LD(p + i);
             u32 a[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
             for (int j = 0; j < 4; j++) {
@@ -70,10 +72,10 @@ struct F16 {
 struct Q8_0 {
     static __device__ __forceinline__ void load(const u8* row, int c, float* w) {
         const u16* p = (const u16*)(row + 34 * c);
-        float d = h2f(__ldg(p));
+        float d = h2f(LD(p));
 #pragma unroll
         for (int i = 0; i < 16; i++) {
-            u16 q = __ldg(p + 1 + i);
+            u16 q = LD(p + 1 + i);
             w[2 * i] = d * (float)(i8)(q & 0xff);
             w[2 * i + 1] = d * (float)(i8)(q >> 8);
         }
@@ -84,10 +86,10 @@ struct Q8_0 {
 struct Q4_0 {
     static __device__ __forceinline__ void load(const u8* row, int c, float* w) {
         const u16* p = (const u16*)(row + 18 * c);
-        float d = h2f(__ldg(p));
+        float d = h2f(LD(p));
 #pragma unroll
         for (int i = 0; i < 8; i++) {
-            u16 q = __ldg(p + 1 + i);
+            u16 q = LD(p + 1 + i);
             u32 b0 = q & 0xff, b1 = q >> 8;
             w[2 * i] = d * (float)((int)(b0 & 15) - 8);
             w[2 * i + 1] = d * (float)((int)(b1 & 15) - 8);
@@ -101,12 +103,12 @@ struct Q4_0 {
 struct Q4_1 {
     static __device__ __forceinline__ void load(const u8* row, int c, float* w) {
         const u8* b = row + 20 * c;
-        u32 dm = __ldg((const u32*)b);
+        u32 dm = LD((const u32*)b);
         float d = h2f((u16)(dm & 0xffff)), m = h2f((u16)(dm >> 16));
         const u32* p = (const u32*)(b + 4);
 #pragma unroll
         for (int i = 0; i < 4; i++) {
-            u32 q = __ldg(p + i);
+            u32 q = LD(p + i);
 #pragma unroll
             for (int j = 0; j < 4; j++) {
                 u32 byte = (q >> (8 * j)) & 0xff;
@@ -124,23 +126,23 @@ struct Q4_K {
     static __device__ __forceinline__ void load(const u8* row, int c, float* w) {
         const u8* b = row + 144 * (c >> 3);
         int j = c & 7;
-        u32 dd = __ldg((const u32*)b);
+        u32 dd = LD((const u32*)b);
         float d = h2f((u16)(dd & 0xffff)), dmin = h2f((u16)(dd >> 16));
         const u8* s = b + 4;
         int sc, mn;
         if (j < 4) {
-            sc = __ldg(s + j) & 63;
-            mn = __ldg(s + j + 4) & 63;
+            sc = LD(s + j) & 63;
+            mn = LD(s + j + 4) & 63;
         } else {
-            sc = (__ldg(s + j + 4) & 15) | ((__ldg(s + j - 4) >> 6) << 4);
-            mn = (__ldg(s + j + 4) >> 4) | ((__ldg(s + j) >> 6) << 4);
+            sc = (LD(s + j + 4) & 15) | ((LD(s + j - 4) >> 6) << 4);
+            mn = (LD(s + j + 4) >> 4) | ((LD(s + j) >> 6) << 4);
         }
         float ds = d * (float)sc, dm = dmin * (float)mn;
         const uint4* q = (const uint4*)(b + 16 + 32 * (j >> 1));
         int shift = (j & 1) * 4;
 #pragma unroll
         for (int i = 0; i < 2; i++) {
-            uint4 v = __ldg(q + i);
+            uint4 v = LD(q + i);
             u32 a[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
             for (int k = 0; k < 4; k++) {
@@ -162,15 +164,15 @@ struct Q6_K {
     static __device__ __forceinline__ void load(const u8* row, int c, float* w) {
         const u8* b = row + 210 * (c >> 3);
         int j = c & 7, n = j >> 2, k = j & 3;
-        float d = h2f(__ldg((const u16*)(b + 208)));
-        float s0 = d * (float)(i8)__ldg(b + 192 + 8 * n + 2 * k);
-        float s1 = d * (float)(i8)__ldg(b + 192 + 8 * n + 2 * k + 1);
+        float d = h2f(LD((const u16*)(b + 208)));
+        float s0 = d * (float)(i8)LD(b + 192 + 8 * n + 2 * k);
+        float s1 = d * (float)(i8)LD(b + 192 + 8 * n + 2 * k + 1);
         const u16* ql = (const u16*)(b + 64 * n + 32 * (k & 1));
         const u16* qh = (const u16*)(b + 128 + 32 * n);
         int lshift = (k >> 1) * 4, hshift = 2 * k;
 #pragma unroll
         for (int i = 0; i < 16; i++) {
-            u16 lo = __ldg(ql + i), hi = __ldg(qh + i);
+            u16 lo = LD(ql + i), hi = LD(qh + i);
 #pragma unroll
             for (int e = 0; e < 2; e++) {
                 int l = 2 * i + e;
@@ -182,32 +184,76 @@ struct Q6_K {
     }
 };
 
-// ---- y[r] = W[r] . x (+ bias[r]) (+ res[r]); a warp per row, 4 warps a block ----
+// ---- y[r] = W[r] . x (+ bias[r]) (+ res[r]): a block per ROWS rows ----
+//
+// The block's threads (32 to 128, as many as the row has chunks) take chunks blockDim apart;
+// for each chunk a thread loads the 32 activations once and uses them for every row of the
+// block (the activations, f32, would otherwise cost the L1 more than the weights do: ncu showed
+// L1 at 96% and DRAM at 9% with one row per warp). Partial sums meet in shared memory.
+
+#define ROWS 4
+
+// After the call, tot[r] holds row r's product in every thread of the block.
+template <typename T, int R>
+__device__ __forceinline__ void rows_dot(const u8* const* rows, int n_chunks,
+                                         const float* __restrict__ x, float* tot) {
+    __shared__ float part[4][R];
+    int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, nt = blockDim.x;
+    float acc[R];
+#pragma unroll
+    for (int r = 0; r < R; r++) acc[r] = 0.f;
+    for (int c = tid; c < n_chunks; c += nt) {
+        float xr[32];
+        const float4* xv = (const float4*)(x + 32 * c);
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            float4 v = xv[i];
+            xr[4 * i] = v.x; xr[4 * i + 1] = v.y; xr[4 * i + 2] = v.z; xr[4 * i + 3] = v.w;
+        }
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            if (rows[r]) {
+                float w[32];
+                T::load(rows[r], c, w);
+                float a = 0.f;
+#pragma unroll
+                for (int i = 0; i < 32; i++) a += w[i] * xr[i];
+                acc[r] += a;
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        float v = warp_sum(acc[r]);
+        if (lane == 0) part[warp][r] = v;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        float v = 0.f;
+        for (int w = 0; w < (nt >> 5); w++) v += part[w][r];
+        tot[r] = v;
+    }
+}
 
 template <typename T>
 __device__ __forceinline__ void matvec(const u8* __restrict__ W, int row_bytes, int n_chunks,
                                        int n_rows, const float* __restrict__ x,
                                        const float* bias, const float* res, float* y) {
-    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    int r = blockIdx.x * 4 + warp;
-    if (r >= n_rows) return;
-    const u8* row = W + (size_t)r * row_bytes;
-    float acc = 0.f;
-    for (int c = lane; c < n_chunks; c += 32) {
-        float w[32];
-        T::load(row, c, w);
-        const float4* xv = (const float4*)(x + 32 * c);
+    int r0 = blockIdx.x * ROWS, tid = threadIdx.x;
+    const u8* rows[ROWS];
 #pragma unroll
-        for (int i = 0; i < 8; i++) {
-            float4 v = xv[i];
-            acc += w[4 * i] * v.x + w[4 * i + 1] * v.y + w[4 * i + 2] * v.z + w[4 * i + 3] * v.w;
+    for (int r = 0; r < ROWS; r++) rows[r] = r0 + r < n_rows ? W + (size_t)(r0 + r) * row_bytes : 0;
+    float tot[ROWS];
+    rows_dot<T, ROWS>(rows, n_chunks, x, tot);
+#pragma unroll
+    for (int r = 0; r < ROWS; r++) {
+        if (tid == r && rows[r]) {
+            float v = tot[r];
+            if (bias) v += bias[r0 + r];
+            if (res) v += res[r0 + r];
+            y[r0 + r] = v;
         }
-    }
-    acc = warp_sum(acc);
-    if (lane == 0) {
-        if (bias) acc += bias[r];
-        if (res) acc += res[r];
-        y[r] = acc;
     }
 }
 
@@ -224,7 +270,73 @@ __device__ __forceinline__ void embed(const u8* __restrict__ table, int row_byte
     for (int i = 0; i < 32; i++) x[32 * c + i] = w[i];
 }
 
+// Up to three matrices of one type and width in one launch (Q, K and V): rows [0, r0) of the
+// grid are W0's, [r0, r0 + r1) W1's, the rest W2's.
+template <typename T>
+__device__ __forceinline__ void matvec3(const u8* W0, const u8* W1, const u8* W2, int r0, int r1,
+                                        int r2, int row_bytes, int n_chunks, const float* x,
+                                        const float* b0, const float* b1, const float* b2,
+                                        float* y0, float* y1, float* y2) {
+    int g0 = blockIdx.x * ROWS, tid = threadIdx.x;
+    const u8* rows[ROWS];
+#pragma unroll
+    for (int r = 0; r < ROWS; r++) {
+        int g = g0 + r;
+        rows[r] = g < r0 ? W0 + (size_t)g * row_bytes
+                : g < r0 + r1 ? W1 + (size_t)(g - r0) * row_bytes
+                : g < r0 + r1 + r2 ? W2 + (size_t)(g - r0 - r1) * row_bytes : 0;
+    }
+    float tot[ROWS];
+    rows_dot<T, ROWS>(rows, n_chunks, x, tot);
+#pragma unroll
+    for (int r = 0; r < ROWS; r++) {
+        if (tid == r && rows[r]) {
+            int g = g0 + r;
+            float v = tot[r];
+            if (g < r0) y0[g] = v + (b0 ? b0[g] : 0.f);
+            else if (g < r0 + r1) y1[g - r0] = v + (b1 ? b1[g - r0] : 0.f);
+            else y2[g - r0 - r1] = v + (b2 ? b2[g - r0 - r1] : 0.f);
+        }
+    }
+}
+
+// out[r] = silu(G[r] . x) * (U[r] . x): the gate and up products and the gated activation in
+// one launch (a warp per row of both matrices).
+template <typename T>
+__device__ __forceinline__ void matvec_glu(const u8* G, const u8* U, int row_bytes, int n_chunks,
+                                           int n_rows, const float* x, float* out) {
+    int r0 = blockIdx.x * (ROWS / 2), tid = threadIdx.x;
+    // Rows r0, r0+1 of the gate, then the same of up.
+    const u8* rows[ROWS];
+#pragma unroll
+    for (int r = 0; r < ROWS / 2; r++) {
+        bool ok = r0 + r < n_rows;
+        rows[r] = ok ? G + (size_t)(r0 + r) * row_bytes : 0;
+        rows[ROWS / 2 + r] = ok ? U + (size_t)(r0 + r) * row_bytes : 0;
+    }
+    float tot[ROWS];
+    rows_dot<T, ROWS>(rows, n_chunks, x, tot);
+#pragma unroll
+    for (int r = 0; r < ROWS / 2; r++) {
+        if (tid == r && rows[r]) {
+            float g = tot[r], u = tot[ROWS / 2 + r];
+            out[r0 + r] = g / (1.f + __expf(-g)) * u;
+        }
+    }
+}
+
 #define FOR_TYPE(T)                                                                              \
+    extern "C" __global__ void matvec3_##T(const u8* W0, const u8* W1, const u8* W2, int r0,    \
+                                           int r1, int r2, int row_bytes, int n_chunks,          \
+                                           const float* x, const float* b0, const float* b1,     \
+                                           const float* b2, float* y0, float* y1, float* y2) {   \
+        matvec3<T>(W0, W1, W2, r0, r1, r2, row_bytes, n_chunks, x, b0, b1, b2, y0, y1, y2);     \
+    }                                                                                            \
+    extern "C" __global__ void matvec_glu_##T(const u8* G, const u8* U, int row_bytes,          \
+                                              int n_chunks, int n_rows, const float* x,          \
+                                              float* out) {                                      \
+        matvec_glu<T>(G, U, row_bytes, n_chunks, n_rows, x, out);                                \
+    }                                                                                            \
     extern "C" __global__ void matvec_##T(const u8* W, int row_bytes, int n_chunks, int n_rows, \
                                           const float* x, const float* bias, const float* res,  \
                                           float* y) {                                            \

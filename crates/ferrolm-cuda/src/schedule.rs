@@ -175,8 +175,14 @@ pub struct DecodePlan {
     pub kv_dims: Vec<usize>,
 }
 
-/// Threads of a matrix-vector block (4 warps, a row each).
+/// Rows of a matrix-vector block (`ROWS` in the kernels; the gate/up kernel: 2 of each).
 pub const MATVEC_ROWS: usize = 4;
+
+/// Threads of a matrix-vector block over rows of `n_chunks` chunks of 32: a thread a chunk, from
+/// one warp to four.
+pub fn matvec_threads(n_chunks: usize) -> u32 {
+    (n_chunks.next_multiple_of(32)).clamp(32, 128) as u32
+}
 
 /// The split-K factor for a context of `n_ctx` positions: about 256 positions a split at full
 /// length, at least 1 and at most 32.
@@ -239,7 +245,7 @@ impl Builder {
         self.push(
             kernel,
             (rows.div_ceil(MATVEC_ROWS) as u32, 1),
-            (32 * MATVEC_ROWS) as u32,
+            matvec_threads(cols / 32),
             vec![
                 Arg::Buf(Buf::Matrix(m)),
                 Arg::I32(rb as i32),
@@ -249,6 +255,65 @@ impl Builder {
                 bias.map_or(Arg::Null, |b| Arg::Buf(Buf::Vector(b))),
                 res.map_or(Arg::Null, Arg::Buf),
                 Arg::Buf(y),
+            ],
+        );
+    }
+
+    /// Products of up to three matrices with one input: one launch when they share a type and
+    /// width, one each otherwise.
+    fn matvec3(&mut self, parts: [(usize, Option<usize>, Buf); 3], x: Buf) {
+        let first = &self.matrices[parts[0].0];
+        let same = parts.iter().all(|p| {
+            let m = &self.matrices[p.0];
+            m.ty == first.ty && m.cols == first.cols
+        });
+        if !same {
+            for (m, bias, y) in parts {
+                self.matvec(m, x, bias, None, y);
+            }
+            return;
+        }
+        let kernel = format!("matvec3_{}", kernel_type(first.ty).expect("checked"));
+        let (cols, rb) = (first.cols, first.row_bytes());
+        let rows: Vec<usize> = parts.iter().map(|p| self.matrices[p.0].rows).collect();
+        let total: usize = rows.iter().sum();
+        let mut args = vec![];
+        args.extend(parts.iter().map(|p| Arg::Buf(Buf::Matrix(p.0))));
+        args.extend(rows.iter().map(|&r| Arg::I32(r as i32)));
+        args.push(Arg::I32(rb as i32));
+        args.push(Arg::I32((cols / 32) as i32));
+        args.push(Arg::Buf(x));
+        args.extend(
+            parts
+                .iter()
+                .map(|p| p.1.map_or(Arg::Null, |b| Arg::Buf(Buf::Vector(b)))),
+        );
+        args.extend(parts.iter().map(|p| Arg::Buf(p.2)));
+        self.push(
+            kernel,
+            (total.div_ceil(MATVEC_ROWS) as u32, 1),
+            matvec_threads(cols / 32),
+            args,
+        );
+    }
+
+    /// `out = silu(G x) * (U x)` in one launch (G and U of one type).
+    fn matvec_glu(&mut self, g: usize, u: usize, x: Buf, out: Buf) {
+        let spec = &self.matrices[g];
+        let kernel = format!("matvec_glu_{}", kernel_type(spec.ty).expect("checked"));
+        let (rows, cols, rb) = (spec.rows, spec.cols, spec.row_bytes());
+        self.push(
+            kernel,
+            (rows.div_ceil(MATVEC_ROWS / 2) as u32, 1),
+            matvec_threads(cols / 32),
+            vec![
+                Arg::Buf(Buf::Matrix(g)),
+                Arg::Buf(Buf::Matrix(u)),
+                Arg::I32(rb as i32),
+                Arg::I32((cols / 32) as i32),
+                Arg::I32(rows as i32),
+                Arg::Buf(x),
+                Arg::Buf(out),
             ],
         );
     }
@@ -420,9 +485,10 @@ pub fn decode_plan(
         } else {
             (None, None, None)
         };
-        b.matvec(wq, Buf::H, bq, None, Buf::Q);
-        b.matvec(wk, Buf::H, bk, None, Buf::K);
-        b.matvec(wv, Buf::H, bv, None, Buf::V);
+        b.matvec3(
+            [(wq, bq, Buf::Q), (wk, bk, Buf::K), (wv, bv, Buf::V)],
+            Buf::H,
+        );
         let (qn, kn) = if *qk_norm {
             (
                 Arg::Buf(Buf::Vector(b.vector(&n("attn_q_norm.weight"), hd))),
@@ -502,19 +568,23 @@ pub fn decode_plan(
         }
         let gate = b.matrix(types, &n("ffn_gate.weight"), n_ff, d)?;
         let up = b.matrix(types, &n("ffn_up.weight"), n_ff, d)?;
-        b.matvec(gate, Buf::H, None, None, Buf::Gate);
-        b.matvec(up, Buf::H, None, None, Buf::Up);
-        b.push(
-            "swiglu",
-            (n_ff.div_ceil(256) as u32, 1),
-            256,
-            vec![
-                Arg::Buf(Buf::Gate),
-                Arg::Buf(Buf::Up),
-                Arg::Buf(Buf::Act),
-                Arg::I32(n_ff as i32),
-            ],
-        );
+        if b.matrices[gate].ty == b.matrices[up].ty {
+            b.matvec_glu(gate, up, Buf::H, Buf::Act);
+        } else {
+            b.matvec(gate, Buf::H, None, None, Buf::Gate);
+            b.matvec(up, Buf::H, None, None, Buf::Up);
+            b.push(
+                "swiglu",
+                (n_ff.div_ceil(256) as u32, 1),
+                256,
+                vec![
+                    Arg::Buf(Buf::Gate),
+                    Arg::Buf(Buf::Up),
+                    Arg::Buf(Buf::Act),
+                    Arg::I32(n_ff as i32),
+                ],
+            );
+        }
         let down = b.matrix(types, &n("ffn_down.weight"), d, n_ff)?;
         b.matvec(down, Buf::Act, None, Some(Buf::X), Buf::X);
     }
@@ -560,12 +630,14 @@ impl DecodePlan {
         let mut seen = std::collections::HashSet::new();
         let mut total = 0u64;
         for l in &self.launches {
-            if let Some(Arg::Buf(Buf::Matrix(m))) = l.args.first() {
-                let spec = &self.matrices[*m];
-                if l.kernel.starts_with("embed_") {
-                    total += spec.row_bytes() as u64;
-                } else if seen.insert(*m) {
-                    total += (spec.rows * spec.row_bytes()) as u64;
+            for a in &l.args {
+                if let Arg::Buf(Buf::Matrix(m)) = a {
+                    let spec = &self.matrices[*m];
+                    if l.kernel.starts_with("embed_") {
+                        total += spec.row_bytes() as u64;
+                    } else if seen.insert(*m) {
+                        total += (spec.rows * spec.row_bytes()) as u64;
+                    }
                 }
             }
         }
@@ -649,14 +721,25 @@ mod tests {
     }
 
     #[test]
-    fn a_token_is_three_launches_and_thirteen_per_layer() {
+    fn a_token_is_three_launches_and_nine_per_layer() {
         let p = decode_plan(&plan(4, 32), 512, &all(TensorType::Q4_0)).unwrap();
-        assert_eq!(p.launches.len(), 1 + 13 * 4 + 3);
+        assert_eq!(p.launches.len(), 1 + 9 * 4 + 3);
         assert_eq!(p.launches[0].kernel, "embed_Q4_0");
         assert_eq!(p.launches.last().unwrap().kernel, "argmax_advance");
         // 4 layers x 7 matrices + embedding + output.
         assert_eq!(p.matrices.len(), 4 * 7 + 2);
         assert_eq!(p.splits, 2);
+        // Mixed types: Q, K, V and gate, up launch one by one, with a separate activation.
+        let mixed = |name: &str| {
+            Some(if name.contains("attn_k") || name.contains("ffn_up") {
+                TensorType::Q8_0
+            } else {
+                TensorType::Q4_0
+            })
+        };
+        let p = decode_plan(&plan(4, 32), 512, &mixed).unwrap();
+        assert_eq!(p.launches.len(), 1 + 13 * 4 + 3);
+        assert!(p.launches.iter().any(|l| l.kernel == "swiglu"));
     }
 
     #[test]
@@ -675,10 +758,13 @@ mod tests {
             let p = decode_plan(&pl, 4096, &all(ty)).unwrap();
             for l in &p.launches {
                 let needle = format!("void {}(", l.kernel);
-                let macro_form = l
-                    .kernel
-                    .split_once('_')
-                    .map(|(k, t)| (format!("void {k}_##T("), format!("FOR_TYPE({t})")));
+                let macro_form = ["F32", "F16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K"]
+                    .iter()
+                    .find_map(|t| {
+                        l.kernel
+                            .strip_suffix(&format!("_{t}"))
+                            .map(|k| (format!("void {k}_##T("), format!("FOR_TYPE({t})")))
+                    });
                 let found = crate::kernels::SOURCE.contains(&needle)
                     || macro_form.is_some_and(|(a, b)| {
                         crate::kernels::SOURCE.contains(&a) && crate::kernels::SOURCE.contains(&b)

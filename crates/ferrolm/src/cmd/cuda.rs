@@ -119,6 +119,9 @@ pub struct CheckArgs {
     /// Seed of the prompt ids.
     #[arg(long, default_value_t = 7)]
     pub seed: u64,
+    /// Also time each kernel (CUDA events, outside the graph) over this many extra steps.
+    #[arg(long, default_value_t = 0)]
+    pub profile: usize,
 }
 
 fn log_softmax(l: &[f32]) -> Vec<f64> {
@@ -230,6 +233,30 @@ pub fn check(args: CheckArgs) -> Result<()> {
         (after.uploads - before.uploads) as f64 / steps as f64,
         gpu.plan().launches.len(),
     );
+    if args.profile > 0 {
+        // Room for the profiled steps.
+        let mut gpu = CudaModel::new(model.plan(), model.file(), ordinal, args.profile + 32)
+            .map_err(|e| anyhow::anyhow!("cuda:{ordinal}: {e}"))?;
+        gpu.push(ids[0])?;
+        let t = Instant::now();
+        let n = 16.min(args.profile);
+        for _ in 0..n {
+            gpu.push_greedy()?;
+        }
+        gpu.synchronize()?;
+        let graph_us = t.elapsed().as_secs_f64() * 1e6 / n as f64;
+        gpu.reset()?;
+        let rows = gpu.profile(args.profile)?;
+        let total: f64 = rows.iter().map(|r| r.2).sum();
+        println!(
+            "kernel time per token (events, kernel by kernel): {total:.1} us; a graph replay (no reads back) takes {graph_us:.1} us"
+        );
+        println!("| kernel | launches per token | us per token | share |");
+        println!("| --- | ---: | ---: | ---: |");
+        for (name, n, us) in &rows {
+            println!("| {name} | {n} | {us:.1} | {:.1}% |", 100.0 * us / total);
+        }
+    }
     if mean_kl > args.max_kl || top1 < args.min_top1 {
         bail!(
             "CUDA differs from the CPU: mean KL {mean_kl:.2e} (at most {:.0e}), top-1 {:.2}% (at least {:.0}%)",
