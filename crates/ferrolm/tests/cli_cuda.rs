@@ -110,3 +110,21 @@ fn a_bad_device_name_is_an_error() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("cpu, cuda or cuda:N"));
 }
+
+#[test]
+fn commands_without_a_cuda_path_refuse_an_explicit_device() {
+    let m = model_file("cpu-only");
+    let m = m.to_str().unwrap();
+    for args in [
+        vec!["chat", "-m", m, "--device", "cuda"],
+        vec!["serve", "-m", m, "--device", "cuda:0", "--port", "1"],
+    ] {
+        let out = ferrolm(&args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} succeeded");
+        assert!(
+            err.contains("runs on the CPU only so far"),
+            "{args:?}: {err}"
+        );
+    }
+}

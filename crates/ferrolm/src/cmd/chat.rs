@@ -29,7 +29,7 @@ pub struct ChatArgs {
 }
 
 pub fn run(args: ChatArgs) -> Result<()> {
-    super::common::cpu_only(&args.model, "chat")?;
+    super::common::cpu_only(&args.model, "`ferrolm chat`")?;
     let (model, tokenizer) = load(&args.model)?;
     let template = ChatTemplate::for_tokenizer(&tokenizer)?;
     if let Some(w) = template.warning() {

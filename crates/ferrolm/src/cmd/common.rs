@@ -74,7 +74,7 @@ pub fn cuda_model(args: &ModelArgs, model: &Model, n_ctx: usize) -> Result<Optio
 /// rather than silently ignored.
 pub fn cpu_only(args: &ModelArgs, command: &str) -> Result<()> {
     if let (Device::Cuda(_), true) = args.device()? {
-        anyhow::bail!("`ferrolm {command}` runs on the CPU only so far; drop --device");
+        anyhow::bail!("{command} runs on the CPU only so far; drop --device");
     }
     Ok(())
 }
@@ -130,8 +130,15 @@ impl SamplingArgs {
     }
 }
 
-/// A model and its tokenizer from one file.
+/// A model and its tokenizer from one file, for a command that runs on the CPU only (an
+/// explicit `--device cuda` is an error there, not silently ignored).
 pub fn load(args: &ModelArgs) -> Result<(Model, Tokenizer)> {
+    cpu_only(args, "this command")?;
+    load_any_device(args)
+}
+
+/// [`load`] for a command that takes the model to the GPU itself ([`cuda_model`]).
+pub fn load_any_device(args: &ModelArgs) -> Result<(Model, Tokenizer)> {
     let path = models::resolve(args.model.as_deref())?;
     let file = Arc::new(GgufFile::open(&path)?);
     let tokenizer = Tokenizer::from_metadata(file.metadata())

@@ -7,7 +7,7 @@ use clap::Args;
 use ferrolm_engine::{generate, GenerateParams};
 use ferrolm_tokenizer::{ChatMessage, ChatTemplate};
 
-use super::common::{context_size, cuda_model, load, ModelArgs, SamplingArgs};
+use super::common::{context_size, cuda_model, load_any_device, ModelArgs, SamplingArgs};
 
 /// Flags of `ferrolm run`.
 #[derive(Args, Debug)]
@@ -44,7 +44,7 @@ pub fn run(args: RunArgs) -> Result<()> {
         (Some(_), Some(_)) => bail!("give the prompt either as an argument or with -p, not both"),
         (None, None) => bail!("no prompt: ferrolm run \"your prompt\""),
     };
-    let (model, tokenizer) = load(&args.model)?;
+    let (model, tokenizer) = load_any_device(&args.model)?;
     let text = if args.chat {
         let template = ChatTemplate::for_tokenizer(&tokenizer)?;
         if let Some(w) = template.warning() {
