@@ -372,11 +372,14 @@ mod tests {
         Tokenizer::from_metadata(file.metadata()).unwrap()
     }
 
+    /// Every step's inputs: (slot, ids) per slot.
+    type Steps = Arc<Mutex<Vec<Vec<(usize, usize)>>>>;
+
     /// A forward pass whose logits always pick token `TOKEN`, that records every step's inputs
     /// and fails (or panics) at a chosen step.
     struct Fake {
         n_vocab: usize,
-        steps: Arc<Mutex<Vec<Vec<(usize, usize)>>>>,
+        steps: Steps,
         fail_at: Option<usize>,
         panic_at: Option<usize>,
     }
@@ -480,10 +483,7 @@ mod tests {
         });
     }
 
-    fn fake(
-        fail_at: Option<usize>,
-        panic_at: Option<usize>,
-    ) -> (Fake, Arc<Mutex<Vec<Vec<(usize, usize)>>>>) {
+    fn fake(fail_at: Option<usize>, panic_at: Option<usize>) -> (Fake, Steps) {
         let steps = Arc::new(Mutex::new(Vec::new()));
         let n_vocab = tokenizer().vocab_size();
         (
