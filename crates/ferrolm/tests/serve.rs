@@ -551,7 +551,7 @@ fn full_queue_is_503_and_a_client_that_leaves_frees_its_slot() {
     // A: a long stream that holds the only slot.
     let slow = completion_body(
         "Once upon a time",
-        json!({"max_tokens": 400, "stream": true, "temperature": 0.8, "seed": 1, "stop": []}),
+        json!({"max_tokens": 400, "stream": true, "ignore_eos": true}),
     );
     let mut a = server.connect();
     send(
@@ -631,40 +631,51 @@ fn full_queue_is_503_and_a_client_that_leaves_frees_its_slot() {
 }
 
 #[test]
-fn sigterm_ends_streams_in_flight_and_exits_cleanly() {
-    let mut server = Server::start(&["--parallel", "1", "--shutdown-grace", "0.5"]);
-    let body = completion_body(
-        "Once upon a time",
-        json!({"max_tokens": 400, "stream": true, "stop": []}),
-    );
-    let mut a = server.connect();
-    send(
-        &mut a,
-        "POST",
-        "/v1/completions",
-        &[],
-        body.to_string().as_bytes(),
-    );
-    read_until_first_event(&mut a);
-    let killed = Command::new("kill")
-        .args(["-TERM", &server.child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(killed.success());
-    // The stream ends (cancelled after the grace period) with an error event and [DONE].
-    let mut rest = Vec::new();
-    a.read_to_end(&mut rest).unwrap();
-    let rest = String::from_utf8_lossy(&rest);
-    assert!(rest.contains("shut down"), "{rest}");
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let status = loop {
-        if let Some(s) = server.child.try_wait().unwrap() {
-            break s;
+fn sigterm_finishes_or_cancels_streams_in_flight_and_exits_cleanly() {
+    // (grace, tokens asked for, whether the stream runs to its end)
+    for (grace, max_tokens, finishes) in [("0.5", 400, false), ("30", 24, true)] {
+        let mut server = Server::start(&["--parallel", "1", "--shutdown-grace", grace]);
+        let body = completion_body(
+            "Once upon a time",
+            json!({"max_tokens": max_tokens, "stream": true, "ignore_eos": true}),
+        );
+        let mut a = server.connect();
+        send(
+            &mut a,
+            "POST",
+            "/v1/completions",
+            &[],
+            body.to_string().as_bytes(),
+        );
+        read_until_first_event(&mut a);
+        let killed = Command::new("kill")
+            .args(["-TERM", &server.child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(killed.success());
+        // Within the grace period the stream runs to its end; after it, it is cancelled with
+        // an error event. Either way it ends with [DONE].
+        let rest = String::from_utf8_lossy(&read_all(&mut a)).to_string();
+        assert!(rest.contains("data: [DONE]"), "{rest}");
+        if finishes {
+            assert!(rest.contains("\"finish_reason\":\"length\""), "{rest}");
+            assert!(!rest.contains("shut down"), "{rest}");
+        } else {
+            assert!(rest.contains("shut down"), "{rest}");
         }
-        assert!(Instant::now() < deadline, "the server did not exit");
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    assert!(status.success(), "{status:?}: {}", server.log());
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let status = loop {
+            if let Some(s) = server.child.try_wait().unwrap() {
+                break s;
+            }
+            assert!(Instant::now() < deadline, "the server did not exit");
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        assert!(status.success(), "{status:?}: {}", server.log());
+        wait_for("the shutdown line", || {
+            server.log().contains("shutting down")
+        });
+    }
 }
 
 #[test]
