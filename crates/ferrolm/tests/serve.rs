@@ -592,7 +592,7 @@ fn full_queue_is_503_and_a_client_that_leaves_frees_its_slot() {
     let v = parse_response(&raw).json();
     assert_eq!(v["usage"]["completion_tokens"], 4);
     assert!(
-        served_in < Duration::from_secs(5),
+        served_in < Duration::from_secs(10),
         "B waited {served_in:?} after A left"
     );
     assert_eq!(server.metric("ferrolm_requests_cancelled_total"), 1.0);
@@ -809,12 +809,12 @@ fn load_script_32_concurrent_clients_lose_nothing() {
             "--max-tokens",
             "4",
         ])
-        .args(["--timeout", "120"])
+        .args(["--timeout", "300"])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(240);
+    let deadline = Instant::now() + Duration::from_secs(420);
     while child.try_wait().unwrap().is_none() {
         if Instant::now() > deadline {
             let _ = child.kill();
