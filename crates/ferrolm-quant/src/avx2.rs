@@ -168,6 +168,10 @@ fn multi_entry<B: Block>(
     }
 }
 
+/// The batched tile: weight rows x activation columns (see `multi_blocks`).
+const TILE_R: usize = 2;
+const TILE_C: usize = 8;
+
 #[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn multi_blocks<B: Block>(
@@ -181,15 +185,49 @@ unsafe fn multi_blocks<B: Block>(
     out: &mut [f32],
 ) {
     const C: usize = 4;
-    for i in 0..n_rows {
+    let zero = Acc {
+        v: _mm256_setzero_ps(),
+        s: 0.0,
+        m: _mm_setzero_ps(),
+    };
+    // R rows x C columns at a time: each activation block is loaded once for the R rows, each
+    // weight block decoded once for the C columns. Every output keeps its own accumulator, fed
+    // block by block in order, so the tile shape does not change a single bit.
+    const R: usize = TILE_R;
+    const CT: usize = TILE_C;
+    let mut i0 = 0;
+    while i0 + R <= n_rows {
+        let xr: [*const u8; R] = std::array::from_fn(|r| x.add((i0 + r) * row_stride));
+        let mut c0 = 0;
+        while c0 + CT <= n_cols {
+            let mut acc = [[zero; CT]; R];
+            for b in 0..nb {
+                let w: [B::W; R] = std::array::from_fn(|r| B::decode(xr[r].add(b * B::WB)));
+                for k in 0..CT {
+                    let yk = y.add((c0 + k) * act_stride + b * B::AB);
+                    for r in 0..R {
+                        B::apply(&w[r], yk, &mut acc[r][k]);
+                    }
+                }
+            }
+            for k in 0..CT {
+                for r in 0..R {
+                    out[(c0 + k) * n_rows + i0 + r] = B::finish(&acc[r][k]);
+                }
+            }
+            c0 += CT;
+        }
+        for c in c0..n_cols {
+            for r in 0..R {
+                out[c * n_rows + i0 + r] = dot_blocks::<B>(nb, xr[r], y.add(c * act_stride));
+            }
+        }
+        i0 += R;
+    }
+    for i in i0..n_rows {
         let xr = x.add(i * row_stride);
         let mut c0 = 0;
         while c0 + C <= n_cols {
-            let zero = Acc {
-                v: _mm256_setzero_ps(),
-                s: 0.0,
-                m: _mm_setzero_ps(),
-            };
             let mut acc = [zero; C];
             for b in 0..nb {
                 let w = B::decode(xr.add(b * B::WB));
