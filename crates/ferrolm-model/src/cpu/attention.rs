@@ -10,7 +10,11 @@
 //!   `ggml_vec_dot_f16` for one token and tinyBLAS for a batch.
 //!
 //! Positions past the used length hold zeros (or stale values after a rewind) and get
-//! probability 0, so they add nothing; they only keep the summation order llama.cpp's.
+//! probability 0, so they add nothing; they only keep the summation order llama.cpp's. For the
+//! same reason a batch is split into groups of queries that skip the 64-aligned stretches of
+//! cells none of them sees (the causal future, what left the window): those stretches would add
+//! only zeros, lane by lane, so the result is bit-identical and prefill does about half the
+//! attention work.
 //!
 //! A sliding-window layer reads its ring of cells (`kv_cache::LayerCache`), masking the cells
 //! whose position is outside the window as llama.cpp's SWA mask does. Gemma scales the queries
@@ -24,6 +28,14 @@ use half::f16;
 
 use crate::kv_cache::LayerCache;
 use crate::plan::Attention;
+
+/// Queries per group of the batch (see `attend`).
+const GROUP: usize = 64;
+
+/// Cell ranges are widened to multiples of this: a multiple of ggml's 64-element f16 dot step
+/// and of the 16-lane tinyBLAS and softmax chunks, so that leaving out a stretch of masked cells
+/// removes only exact zeros from each lane's sum and changes no bit.
+const SKIP_ALIGN: usize = 64;
 
 /// `out[t][h]` for each token `t` of the batch (at position `pos0 + t`) and query head `h`.
 #[allow(clippy::too_many_arguments)] // the layer, its cache, the batch and where it sits
@@ -52,6 +64,36 @@ pub fn attend(
     let k_bytes: &[u8] = bytemuck::cast_slice(&cache.k);
     let v_bytes: &[u8] = bytemuck::cast_slice(&cache.v_t);
 
+    // Token groups, each reading only the stretch of cells its queries can see (causal, and
+    // inside the window), widened to multiples of SKIP_ALIGN; a group has at least 2 tokens
+    // unless the batch is 1 token, so that the products take the same kernel path (tinyBLAS
+    // or vec_dot) as llama.cpp's whole-batch product. Once a ring has wrapped, cells are not in
+    // position order and every group reads all of them.
+    let wrapped = end > cap;
+    let mut groups: Vec<(usize, usize)> = (0..n_tok)
+        .step_by(GROUP)
+        .map(|t0| (t0, (t0 + GROUP).min(n_tok)))
+        .collect();
+    if groups.len() >= 2 && groups[groups.len() - 1].1 - groups[groups.len() - 1].0 == 1 {
+        let (_, last) = groups.pop().expect("two groups");
+        groups.last_mut().expect("one group").1 = last;
+    }
+    let spans: Vec<(usize, usize, usize, usize)> = groups
+        .iter()
+        .map(|&(t0, t1)| {
+            if wrapped {
+                return (t0, t1, 0, n_kv);
+            }
+            let first = match cache.window {
+                Some(w) => (pos0 + t0 + 1).saturating_sub(w),
+                None => 0,
+            };
+            let lo = first / SKIP_ALIGN * SKIP_ALIGN;
+            let hi = (pos0 + t1).next_multiple_of(SKIP_ALIGN).min(n_kv);
+            (t0, t1, lo, hi)
+        })
+        .collect();
+
     // One task per head: its scores, probabilities and output for every token of the batch.
     let per_head: Vec<Vec<f32>> = pool.map(a.n_head, |h| {
         let kvh = h / group;
@@ -62,55 +104,51 @@ pub fn attend(
             ggml_vec::f32_to_f16_row(&q_head, &mut q16[t * hd..(t + 1) * hd]);
         }
         let q_bytes: &[u8] = bytemuck::cast_slice(&q16);
-        // Keys of this head: row j at j * kv_dim + kvh * hd.
-        let k_rows = &k_bytes[kvh * hd * 2..];
-        let mut scores = vec![0f32; n_tok * n_kv];
-        if n_tok == 1 {
-            f16_kernel.dot_rows(hd, k_rows, kv_dim * 2, q_bytes, &mut scores);
-        } else {
-            f16_kernel.dot_rows_multi(
-                hd,
-                k_rows,
-                kv_dim * 2,
-                n_kv,
-                q_bytes,
-                hd * 2,
-                n_tok,
-                &mut scores,
-            );
-        }
-        let mut probs = vec![0f32; n_kv];
-        let mut p16 = vec![f16::ZERO; n_tok * n_kv];
-        for t in 0..n_tok {
-            let row = &mut scores[t * n_kv..(t + 1) * n_kv];
-            let query = pos0 + t;
-            let mut max = f32::NEG_INFINITY;
-            for (s, p) in row.iter_mut().zip(&cell_pos) {
-                *s = match p {
-                    Some(p) if cache.visible(*p, query) => {
-                        let capped = match softcap {
-                            Some((inv, c)) => (*s * inv).tanh() * c,
-                            None => *s,
-                        };
-                        capped * score_scale
-                    }
-                    _ => f32::NEG_INFINITY,
-                };
-                max = max.max(*s);
-            }
-            let sum = ggml_vec::soft_max(row, &mut probs, max);
-            let inv = (1.0 / sum) as f32;
-            probs.iter_mut().for_each(|p| *p *= inv);
-            ggml_vec::f32_to_f16_row(&probs, &mut p16[t * n_kv..(t + 1) * n_kv]);
-        }
-        let p_bytes: &[u8] = bytemuck::cast_slice(&p16);
-        // Transposed values of this head: row d at (kvh * hd + d) * cap.
-        let v_rows = &v_bytes[kvh * hd * cap * 2..];
         let mut o = vec![0f32; n_tok * hd];
-        if n_tok == 1 {
-            f16_kernel.dot_rows(n_kv, v_rows, cap * 2, p_bytes, &mut o);
-        } else {
-            f16_kernel.dot_rows_multi(n_kv, v_rows, cap * 2, hd, p_bytes, n_kv * 2, n_tok, &mut o);
+        for &(t0, t1, lo, hi) in &spans {
+            let (g, len) = (t1 - t0, hi - lo);
+            let qg = &q_bytes[t0 * hd * 2..];
+            // Keys of this head: cell j at j * kv_dim + kvh * hd.
+            let k_rows = &k_bytes[(lo * kv_dim + kvh * hd) * 2..];
+            let mut scores = vec![0f32; g * len];
+            if n_tok == 1 {
+                f16_kernel.dot_rows(hd, k_rows, kv_dim * 2, qg, &mut scores);
+            } else {
+                f16_kernel.dot_rows_multi(hd, k_rows, kv_dim * 2, len, qg, hd * 2, g, &mut scores);
+            }
+            let mut probs = vec![0f32; len];
+            let mut p16 = vec![f16::ZERO; g * len];
+            for t in 0..g {
+                let row = &mut scores[t * len..(t + 1) * len];
+                let query = pos0 + t0 + t;
+                let mut max = f32::NEG_INFINITY;
+                for (s, p) in row.iter_mut().zip(&cell_pos[lo..hi]) {
+                    *s = match p {
+                        Some(p) if cache.visible(*p, query) => {
+                            let capped = match softcap {
+                                Some((inv, c)) => (*s * inv).tanh() * c,
+                                None => *s,
+                            };
+                            capped * score_scale
+                        }
+                        _ => f32::NEG_INFINITY,
+                    };
+                    max = max.max(*s);
+                }
+                let sum = ggml_vec::soft_max(row, &mut probs, max);
+                let inv = (1.0 / sum) as f32;
+                probs.iter_mut().for_each(|p| *p *= inv);
+                ggml_vec::f32_to_f16_row(&probs, &mut p16[t * len..(t + 1) * len]);
+            }
+            let p_bytes: &[u8] = bytemuck::cast_slice(&p16);
+            // Transposed values of this head: row d at (kvh * hd + d) * cap, from cell lo.
+            let v_rows = &v_bytes[(kvh * hd * cap + lo) * 2..];
+            let og = &mut o[t0 * hd..t1 * hd];
+            if n_tok == 1 {
+                f16_kernel.dot_rows(len, v_rows, cap * 2, p_bytes, og);
+            } else {
+                f16_kernel.dot_rows_multi(len, v_rows, cap * 2, hd, p_bytes, len * 2, g, og);
+            }
         }
         o
     });
