@@ -137,7 +137,11 @@ fn sliding_window_layers_keep_a_ring() {
     };
     for n_ctx in [1024, 32768] {
         let cache = ferrolm_model::KvCache::new(&plan, n_ctx);
-        assert_eq!(cache.bytes(), 5 * kv_bytes(768) + kv_bytes(n_ctx), "n_ctx {n_ctx}");
+        assert_eq!(
+            cache.bytes(),
+            5 * kv_bytes(768) + kv_bytes(n_ctx),
+            "n_ctx {n_ctx}"
+        );
     }
     // Shorter than the ring: every layer holds the context.
     let cache = ferrolm_model::KvCache::new(&plan, 300);
