@@ -105,14 +105,16 @@ impl CudaModel {
         ordinal: usize,
         n_ctx: usize,
     ) -> Result<CudaModel, CudaError> {
+        // The plan first: a model the path declines says so (and runs on the CPU) wherever it
+        // is, with or without CUDA.
+        let types = |name: &str| file.tensor(name).map(|t| t.ty);
+        let dp = decode_plan(plan, n_ctx, &types).map_err(CudaError::Declined)?;
         let count = device_count()?;
         if ordinal >= count {
             return Err(CudaError::NoCuda(format!(
                 "CUDA device {ordinal} asked for, {count} present"
             )));
         }
-        let types = |name: &str| file.tensor(name).map(|t| t.ty);
-        let dp = decode_plan(plan, n_ctx, &types).map_err(CudaError::Declined)?;
         // SAFETY: nvrtc is only used after this check found its library.
         if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
             return Err(CudaError::NoCuda(

@@ -4,14 +4,23 @@
 use std::path::PathBuf;
 use std::process::Command;
 
+use ferrolm_gguf::TensorType;
 use ferrolm_model::synthetic::{self, SyntheticSpec};
 
+/// A one-layer llama of Q8_0 matrices (a model the CUDA path serves).
 fn model_file(name: &str) -> PathBuf {
+    model_file_with(name, |_| {})
+}
+
+fn model_file_with(name: &str, edit: impl FnOnce(&mut SyntheticSpec)) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("ferrolm-cli-cuda-{}-{name}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let mut s = SyntheticSpec::small("llama");
     s.n_layer = 1;
     s.n_ctx = 64;
+    s.types = Vec::new();
+    s.default_type = TensorType::Q8_0;
+    edit(&mut s);
     let path = dir.join("m.gguf");
     synthetic::write(&s, &path).unwrap();
     path
@@ -127,4 +136,31 @@ fn commands_without_a_cuda_path_refuse_an_explicit_device() {
             "{args:?}: {err}"
         );
     }
+}
+
+#[test]
+fn a_model_the_cuda_path_declines_runs_on_the_cpu_naming_the_field() {
+    // Q5_1 matrices: no CUDA kernel reads them yet.
+    let m = model_file_with("declined", |s| s.default_type = TensorType::Q5_1);
+    let out = ferrolm(&[
+        "bench",
+        "-m",
+        m.to_str().unwrap(),
+        "--device",
+        "cuda",
+        "-p",
+        "4",
+        "-n",
+        "4",
+        "-r",
+        "1",
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(
+        err.contains("the CUDA path does not serve")
+            && err.contains(".weight = Q5_1; running on the CPU"),
+        "{err}"
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("| CPU |"));
 }
