@@ -121,6 +121,32 @@ impl Session<'_> {
     /// Evaluates `ids` after what the session holds, in batches of [`BATCH`], and returns the
     /// logits asked for (`All`: one row of `n_vocab` per id).
     pub fn eval(&mut self, ids: &[u32], want: Logits) -> Result<Vec<f32>> {
+        self.check(ids)?;
+        let mut out = Vec::new();
+        let chunks: Vec<&[u32]> = ids.chunks(BATCH).collect();
+        for (i, chunk) in chunks.iter().enumerate() {
+            let last = i + 1 == chunks.len();
+            let w = match want {
+                Logits::All => Logits::All,
+                Logits::Last if last => Logits::Last,
+                _ => Logits::None,
+            };
+            let mut seq = [cpu::forward::SeqInput {
+                cache: &mut self.cache,
+                ids: chunk,
+                pos0: self.pos,
+                want: w,
+            }];
+            let logits = cpu::forward::forward(self.model, &mut self.scratch, &mut seq);
+            out.extend_from_slice(&logits[0]);
+            self.pos += chunk.len();
+        }
+        Ok(out)
+    }
+
+    /// Whether `ids` can follow what the session holds: ids in the vocabulary, room in the
+    /// context.
+    fn check(&self, ids: &[u32]) -> Result<()> {
         let n_vocab = self.model.plan.n_vocab;
         if let Some(&id) = ids.iter().find(|&&id| id as usize >= n_vocab) {
             return Err(ModelError::TokenOutOfRange { id, n_vocab });
@@ -132,21 +158,53 @@ impl Session<'_> {
                 n_ctx: self.cache.n_ctx(),
             });
         }
-        let mut out = Vec::new();
-        let chunks: Vec<&[u32]> = ids.chunks(BATCH).collect();
-        for (i, chunk) in chunks.iter().enumerate() {
-            let last = i + 1 == chunks.len();
-            let w = match want {
-                Logits::All => Logits::All,
-                Logits::Last if last => Logits::Last,
-                _ => Logits::None,
-            };
-            let model = self.model;
-            let (cache, scratch, pos) = (&mut self.cache, &mut self.scratch, self.pos);
-            let logits = cpu::forward::forward(model, cache, scratch, chunk, pos, w);
-            out.extend_from_slice(&logits);
-            self.pos += chunk.len();
+        Ok(())
+    }
+}
+
+impl Model {
+    /// Evaluates several sessions' new tokens in one forward pass (continuous batching): every
+    /// matrix product takes all their tokens together, each session attends over its own
+    /// cache. Each item gets its own result: an item that fails its checks (an id outside the
+    /// vocabulary, a full context) gets its error and is left out of the pass. All sessions
+    /// must belong to this model.
+    pub fn eval_many(
+        &self,
+        items: &mut [(&mut Session<'_>, &[u32], Logits)],
+    ) -> Vec<Result<Vec<f32>>> {
+        let mut results: Vec<Option<Result<Vec<f32>>>> = Vec::with_capacity(items.len());
+        let mut scratch = cpu::forward::Scratch::default();
+        let mut batch = Vec::new();
+        for (session, ids, want) in items.iter_mut() {
+            assert!(
+                std::ptr::eq(session.model, self),
+                "a session of another model"
+            );
+            match session.check(ids) {
+                Err(e) => results.push(Some(Err(e))),
+                Ok(()) if ids.is_empty() => results.push(Some(Ok(Vec::new()))),
+                Ok(()) => {
+                    results.push(None);
+                    let pos0 = session.pos;
+                    session.pos += ids.len();
+                    batch.push(cpu::forward::SeqInput {
+                        cache: &mut session.cache,
+                        ids,
+                        pos0,
+                        want: *want,
+                    });
+                }
+            }
         }
-        Ok(out)
+        let outputs = if batch.is_empty() {
+            Vec::new()
+        } else {
+            cpu::forward::forward(self, &mut scratch, &mut batch)
+        };
+        let mut logits = outputs.into_iter();
+        results
+            .into_iter()
+            .map(|r| r.unwrap_or_else(|| Ok(logits.next().expect("one output per evaluated item"))))
+            .collect()
     }
 }

@@ -52,19 +52,36 @@ fn rows_mut(pool: &ThreadPool, data: &mut [f32], len: usize, f: impl Fn(usize, &
     }
 }
 
+/// One sequence's part of a batch: its cache, its new tokens, where they start, what logits it
+/// wants back.
+pub(crate) struct SeqInput<'a> {
+    pub cache: &'a mut KvCache,
+    pub ids: &'a [u32],
+    pub pos0: usize,
+    pub want: Logits,
+}
+
+/// One forward pass over the tokens of several sequences at once: every matrix product takes
+/// all their tokens together; each sequence attends over its own cache. Returns each sequence's
+/// logits. With one sequence this is the plain batched forward pass.
 pub(crate) fn forward(
     model: &Model,
-    cache: &mut KvCache,
     scratch: &mut Scratch,
-    ids: &[u32],
-    pos0: usize,
-    want: Logits,
-) -> Vec<f32> {
+    seqs: &mut [SeqInput<'_>],
+) -> Vec<Vec<f32>> {
     let pool = &model.pool;
     let plan = &model.plan;
     let w = &model.weights;
     let file = model.file.file_bytes();
     let d = plan.n_embd;
+    // Token t of the batch: its sequence and position.
+    let mut pos_of = Vec::new();
+    let mut offsets = Vec::with_capacity(seqs.len());
+    for seq in seqs.iter() {
+        offsets.push(pos_of.len());
+        pos_of.extend((0..seq.ids.len()).map(|i| seq.pos0 + i));
+    }
+    let ids: Vec<u32> = seqs.iter().flat_map(|s| s.ids.iter().copied()).collect();
     let n = ids.len();
 
     // Embedding rows.
@@ -121,7 +138,7 @@ pub(crate) fn forward(
         }
         let freq_factors = w.rope_freqs.as_deref();
         let angles: Vec<RopeAngles> = (0..n)
-            .map(|t| RopeAngles::new(&a.rope, freq_factors, pos0 + t))
+            .map(|t| RopeAngles::new(&a.rope, freq_factors, pos_of[t]))
             .collect();
         // Per token and head: the Q/K norm if the plan has one, then the rotation.
         for (buf, norm, width) in [(&mut q, &lw.q_norm, q_dim), (&mut k, &lw.k_norm, kv_dim)] {
@@ -140,16 +157,20 @@ pub(crate) fn forward(
         if a.scale_queries {
             q.iter_mut().for_each(|v| *v *= a.scale);
         }
-        let lc = &mut cache.layers[l];
-        for t in 0..n {
-            lc.store(
-                pos0 + t,
-                &k[t * kv_dim..(t + 1) * kv_dim],
-                &v[t * kv_dim..(t + 1) * kv_dim],
-            );
-        }
         let mut attn = vec![0f32; n * q_dim];
-        attend(pool, a, lc, &q, pos0, n, &mut attn);
+        for (seq, &off) in seqs.iter_mut().zip(&offsets) {
+            let ns = seq.ids.len();
+            let lc = &mut seq.cache.layers[l];
+            for t in off..off + ns {
+                lc.store(
+                    pos_of[t],
+                    &k[t * kv_dim..(t + 1) * kv_dim],
+                    &v[t * kv_dim..(t + 1) * kv_dim],
+                );
+            }
+            let span = off * q_dim..(off + ns) * q_dim;
+            attend(pool, a, lc, &q[span.clone()], seq.pos0, ns, &mut attn[span]);
+        }
         dump("kqv_out", l, &attn);
         scratch.input.reset();
         let mut o = vec![0f32; n * d];
@@ -230,11 +251,22 @@ pub(crate) fn forward(
         dump("l_out", l, &x);
     }
 
-    let rows: Vec<usize> = match want {
-        Logits::None => return Vec::new(),
-        Logits::Last => vec![n - 1],
-        Logits::All => (0..n).collect(),
-    };
+    // The rows whose logits are wanted, sequence by sequence.
+    let mut rows: Vec<usize> = Vec::new();
+    let mut per_seq = Vec::with_capacity(seqs.len());
+    for (seq, &off) in seqs.iter().zip(&offsets) {
+        let ns = seq.ids.len();
+        let wanted: Vec<usize> = match seq.want {
+            Logits::None => Vec::new(),
+            Logits::Last => vec![off + ns - 1],
+            Logits::All => (off..off + ns).collect(),
+        };
+        per_seq.push(wanted.len());
+        rows.extend(wanted);
+    }
+    if rows.is_empty() {
+        return vec![Vec::new(); seqs.len()];
+    }
     let mut normed = vec![0f32; rows.len() * d];
     rows_mut(pool, &mut normed, d, |i, o| {
         let r = rows[i];
@@ -258,7 +290,14 @@ pub(crate) fn forward(
         let inv = 1.0 / s;
         logits.iter_mut().for_each(|v| *v *= inv);
     }
-    logits
+    let mut out = Vec::with_capacity(seqs.len());
+    let mut start = 0;
+    for count in per_seq {
+        let len = count * plan.n_vocab;
+        out.push(logits[start..start + len].to_vec());
+        start += len;
+    }
+    out
 }
 
 /// What a block's output goes through before the residual add: the post-norm (Gemma), then the
