@@ -172,7 +172,8 @@ fn multi_entry<B: Block>(
 const TILE_R: usize = 2;
 const TILE_C: usize = 8;
 
-#[allow(clippy::too_many_arguments)]
+// The tile's accumulators are indexed by row and column, which the loops name.
+#[allow(clippy::too_many_arguments, clippy::needless_range_loop)]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn multi_blocks<B: Block>(
     nb: usize,
