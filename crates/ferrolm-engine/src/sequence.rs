@@ -4,9 +4,8 @@
 //! the stop strings and the incremental detokenizer. It holds no KV cache: the scheduler asks it
 //! for its next input ([`Sequence::next_input`]), evaluates the inputs of every active sequence
 //! in one step through a [`StepForward`], and hands each sequence its logits back
-//! ([`Sequence::advance`]). Keeping the KV caches behind [`StepForward`] is what lets a batched
-//! forward pass (all slots' tokens in one matrix-matrix product) replace
-//! [`SequentialForward`] without touching the sequences or the scheduler.
+//! ([`Sequence::advance`]). The KV caches live behind [`StepForward`]: [`BatchedForward`]
+//! evaluates all slots' tokens in one forward pass (one matrix-matrix product per weight).
 
 use std::sync::Arc;
 
@@ -232,10 +231,8 @@ pub type SlotOutput = Result<Option<Vec<f32>>, Arc<ModelError>>;
 /// The forward pass of a scheduler step over several sequences, each with its own KV cache
 /// ("slot").
 ///
-/// This is the boundary a batched implementation replaces: [`SequentialForward`] evaluates the
-/// slots one after another, each with its own [`Session`]; a multi-sequence forward pass in
-/// `ferrolm-model` (all slots' tokens in one matrix-matrix product per weight, attention per
-/// slot) would implement this trait with the same contract and the scheduler would not change.
+/// [`BatchedForward`] is the CPU implementation: all slots' tokens in one forward pass
+/// (`Model::eval_many`); a GPU backend implements the same contract.
 pub trait StepForward {
     /// Slots (KV caches).
     fn n_slots(&self) -> usize;
@@ -247,23 +244,27 @@ pub trait StepForward {
     fn forward(&mut self, inputs: &[SlotInput<'_>]) -> Vec<SlotOutput>;
 }
 
-/// [`StepForward`] by evaluating the slots one after another, each in its own [`Session`].
-pub struct SequentialForward<'m> {
+/// [`StepForward`] over one [`Session`] per slot, all the step's slots evaluated in one forward
+/// pass: every matrix product takes every slot's tokens together, each slot attends over its
+/// own cache (`Model::eval_many`).
+pub struct BatchedForward<'m> {
+    model: &'m Model,
     sessions: Vec<Session<'m>>,
     n_ctx: usize,
 }
 
-impl<'m> SequentialForward<'m> {
+impl<'m> BatchedForward<'m> {
     /// `n_slots` sessions of `n_ctx` positions each.
-    pub fn new(model: &'m Model, n_slots: usize, n_ctx: usize) -> SequentialForward<'m> {
-        SequentialForward {
+    pub fn new(model: &'m Model, n_slots: usize, n_ctx: usize) -> BatchedForward<'m> {
+        BatchedForward {
+            model,
             sessions: (0..n_slots).map(|_| model.session(n_ctx)).collect(),
             n_ctx,
         }
     }
 }
 
-impl StepForward for SequentialForward<'_> {
+impl StepForward for BatchedForward<'_> {
     fn n_slots(&self) -> usize {
         self.sessions.len()
     }
@@ -277,20 +278,26 @@ impl StepForward for SequentialForward<'_> {
     }
 
     fn forward(&mut self, inputs: &[SlotInput<'_>]) -> Vec<SlotOutput> {
-        inputs
-            .iter()
-            .map(|input| {
-                let want = if input.logits {
-                    Logits::Last
-                } else {
-                    Logits::None
-                };
-                let session = &mut self.sessions[input.slot];
-                session
-                    .eval(input.ids, want)
-                    .map(|l| input.logits.then_some(l))
-                    .map_err(Arc::new)
-            })
+        // The sessions in the order of the inputs (at most one input per slot).
+        let mut by_slot: Vec<Option<&mut Session<'_>>> =
+            self.sessions.iter_mut().map(Some).collect();
+        let mut items = Vec::with_capacity(inputs.len());
+        for input in inputs {
+            let session = by_slot[input.slot]
+                .take()
+                .expect("at most one input per slot");
+            let want = if input.logits {
+                Logits::Last
+            } else {
+                Logits::None
+            };
+            items.push((session, input.ids, want));
+        }
+        self.model
+            .eval_many(&mut items)
+            .into_iter()
+            .zip(inputs)
+            .map(|(r, input)| r.map(|l| input.logits.then_some(l)).map_err(Arc::new))
             .collect()
     }
 }

@@ -5,9 +5,8 @@
 //! or its last sampled token, through one [`StepForward::forward`] call, and (4) samples and
 //! sends each request its new text; a request that finishes leaves its slot at once.
 //!
-//! The forward pass is [`SequentialForward`] today: the slots are evaluated one after another,
-//! each in its own session. A batched multi-sequence forward pass (one matrix-matrix product
-//! over all slots' tokens) plugs in behind the same [`StepForward`] trait.
+//! The forward pass is [`BatchedForward`]: all the step's slots in one forward pass (one
+//! matrix-matrix product per weight over every slot's tokens, attention per slot's cache).
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::Ordering::Relaxed;
@@ -16,9 +15,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use ferrolm_engine::sequence::{
-    Sequence, SequenceParams, SequentialForward, SlotInput, StepForward,
-};
+use ferrolm_engine::sequence::{BatchedForward, Sequence, SequenceParams, SlotInput, StepForward};
 use ferrolm_engine::FinishReason;
 use ferrolm_model::{Model, ModelError};
 use ferrolm_tokenizer::Tokenizer;
@@ -128,7 +125,7 @@ pub fn start(
     let join = std::thread::Builder::new()
         .name("ferrolm-scheduler".into())
         .spawn(move || {
-            let mut forward = SequentialForward::new(&model, parallel, n_ctx);
+            let mut forward = BatchedForward::new(&model, parallel, n_ctx);
             Scheduler {
                 tokenizer: &tokenizer,
                 slots: (0..parallel).map(|_| None).collect(),
