@@ -69,6 +69,18 @@ impl KvCache {
         self.n_ctx
     }
 
+    /// Whether going back to position `pos` keeps everything the positions from `pos` on will
+    /// attend to, when positions up to `high` (exclusive) have been written since the cache was
+    /// last emptied. A sliding-window layer's ring has overwritten its oldest cells: the keys
+    /// `pos - window + 1 .. pos` must all be younger than the `cap` latest positions written.
+    pub(crate) fn can_rewind(&self, high: usize, pos: usize) -> bool {
+        pos == 0
+            || self.layers.iter().all(|l| match l.window {
+                None => true,
+                Some(w) => (pos + 1).saturating_sub(w) >= high.saturating_sub(l.cap),
+            })
+    }
+
     /// Bytes the cache takes.
     pub fn bytes(&self) -> usize {
         self.layers

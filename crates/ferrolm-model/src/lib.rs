@@ -82,6 +82,7 @@ impl Model {
             cache: KvCache::new(&self.plan, n_ctx),
             scratch: Default::default(),
             pos: 0,
+            high: 0,
         }
     }
 }
@@ -92,6 +93,9 @@ pub struct Session<'m> {
     cache: KvCache,
     scratch: cpu::forward::Scratch,
     pos: usize,
+    /// Positions written since the cache was last emptied (sliding-window rings forget the
+    /// oldest of them; see [`Session::truncate`]).
+    high: usize,
 }
 
 /// Tokens evaluated in one forward pass during prompt processing.
@@ -111,11 +115,20 @@ impl Session<'_> {
     /// Forgets everything: the next token goes to position 0.
     pub fn reset(&mut self) {
         self.pos = 0;
+        self.high = 0;
     }
 
-    /// Goes back to position `pos` (keeping what came before it).
+    /// Goes back to position `pos`, keeping what came before it; read [`Session::position`]
+    /// afterwards: a model with sliding-window layers keeps only a ring of recent positions, so
+    /// going back further than the ring allows (about 512 positions past the window) starts
+    /// over at 0, and the caller evaluates the ids from there again.
     pub fn truncate(&mut self, pos: usize) {
-        self.pos = self.pos.min(pos);
+        let pos = self.pos.min(pos);
+        if self.cache.can_rewind(self.high, pos) {
+            self.pos = pos;
+        } else {
+            self.reset();
+        }
     }
 
     /// Evaluates `ids` after what the session holds, in batches of [`BATCH`], and returns the
@@ -140,6 +153,7 @@ impl Session<'_> {
             let logits = cpu::forward::forward(self.model, &mut self.scratch, &mut seq);
             out.extend_from_slice(&logits[0]);
             self.pos += chunk.len();
+            self.high = self.high.max(self.pos);
         }
         Ok(out)
     }
@@ -187,6 +201,7 @@ impl Model {
                     results.push(None);
                     let pos0 = session.pos;
                     session.pos += ids.len();
+                    session.high = session.high.max(session.pos);
                     batch.push(cpu::forward::SeqInput {
                         cache: &mut session.cache,
                         ids,

@@ -147,3 +147,32 @@ fn sliding_window_layers_keep_a_ring() {
     let cache = ferrolm_model::KvCache::new(&plan, 300);
     assert_eq!(cache.bytes(), 6 * kv_bytes(512));
 }
+
+/// Going back within the ring is exact (the same logits as evaluating the kept prefix afresh);
+/// going back past what the ring keeps starts over at 0 instead of reading overwritten cells.
+#[test]
+fn rewinding_a_ring_is_exact_or_starts_over() {
+    let bytes = synthetic::build(&SyntheticSpec::small("gemma3"))
+        .unwrap()
+        .to_bytes();
+    let model = Model::from_file(Arc::new(GgufFile::from_bytes(bytes).unwrap()), 1).unwrap();
+    let n_vocab = model.plan().n_vocab as u64;
+    let ids: Vec<u32> = (0..1000u64)
+        .map(|i| ((i * 7919 + 13) % n_vocab) as u32)
+        .collect();
+    let last = ferrolm_model::Logits::Last;
+    let mut a = model.session(2048);
+    a.eval(&ids, ferrolm_model::Logits::None).unwrap();
+    a.truncate(900);
+    assert_eq!(a.position(), 900);
+    let la = a.eval(&ids[900..901], last).unwrap();
+    let mut b = model.session(2048);
+    b.eval(&ids[..900], ferrolm_model::Logits::None).unwrap();
+    let lb = b.eval(&ids[900..901], last).unwrap();
+    assert!(la == lb, "rewound ring differs from a fresh prefix");
+    // 1000 written, ring of 768 cells, window 64: position 100 needs keys 37..100, long gone.
+    a.eval(&ids[901..1000], ferrolm_model::Logits::None)
+        .unwrap();
+    a.truncate(100);
+    assert_eq!(a.position(), 0);
+}

@@ -67,6 +67,8 @@ pub fn run(args: ChatArgs) -> Result<()> {
         let common = cached.iter().zip(&ids).take_while(|(a, b)| a == b).count();
         let common = common.min(ids.len() - 1);
         session.truncate(common);
+        // (A sliding-window model's ring may not reach back that far: it then starts over.)
+        let common = session.position();
         cached.truncate(common);
         if ids.len() + 1 >= n_ctx {
             eprintln!("ferrolm: the conversation no longer fits the context of {n_ctx} tokens; start a new chat or use a larger --ctx-size");
