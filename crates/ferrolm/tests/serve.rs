@@ -805,9 +805,9 @@ fn load_script_32_concurrent_clients_lose_nothing() {
             "--concurrency",
             "32",
             "--requests",
-            "64",
+            "256",
             "--max-tokens",
-            "4",
+            "8",
         ])
         .args(["--timeout", "300"])
         .stdout(Stdio::piped())
