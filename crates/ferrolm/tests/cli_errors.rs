@@ -226,3 +226,25 @@ fn prompt_longer_than_the_context() {
     assert!(stderr.contains("truncated"), "no announcement: {stderr}");
     assert!(!stderr.contains("panicked"));
 }
+
+#[test]
+fn absurd_layer_count() {
+    // A file claiming four billion layers is refused before anything is sized by that count.
+    let dir = temp_dir("layers");
+    let good = synthetic::build(&good_spec()).unwrap().to_bytes();
+    let file = GgufFile::from_bytes(good).unwrap();
+    let mut w = GgufWriter::new();
+    for (k, v) in file.metadata().iter() {
+        w.set(k, v.clone());
+    }
+    w.set("llama.block_count", ferrolm_gguf::Value::U32(4_000_000_000));
+    for t in file.tensors() {
+        w.add_tensor(t.name.clone(), &t.dims, t.ty, file.tensor_data(t).to_vec())
+            .unwrap();
+    }
+    let model = write(&dir, "layers.gguf", &w.to_bytes());
+    fails_with(
+        &args(&logits(&model, "1", &dir)),
+        &["block_count", "tensors"],
+    );
+}

@@ -37,6 +37,17 @@ pub fn describe(file: &GgufFile) -> Result<ModelPlan> {
         .iter()
         .find(|(name, _)| *name == arch)
         .ok_or_else(|| ModelError::UnknownArchitecture(arch.to_string(), supported().join(", ")))?;
+    // Every layer has tensors of its own: a layer count beyond the tensor count is a hostile or
+    // broken file, refused before a plan is sized by it.
+    let key = format!("{arch}.block_count");
+    if let Some(n) = file.metadata().opt_u64(&key)? {
+        if n > file.tensors().len() as u64 {
+            return Err(ModelError::Invalid(format!(
+                "{key} is {n} but the file has only {} tensors",
+                file.tensors().len()
+            )));
+        }
+    }
     describe(file, arch)
 }
 
