@@ -461,6 +461,7 @@ pub fn decode_plan(
                 Activation::Silu => *n_ff,
                 Activation::GeluTanh => return Err(decline("ffn.activation", "GeluTanh")),
             },
+            Ffn::Moe(_) => return Err(decline("ffn", "mixture of experts")),
         };
         let (q_dim, kv_dim) = (nh * hd, nkv * hd);
         max_q = max_q.max(q_dim);

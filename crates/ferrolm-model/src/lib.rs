@@ -28,6 +28,8 @@ pub struct Model {
     weights: Weights,
     file: Arc<GgufFile>,
     pool: ferrolm_threads::ThreadPool,
+    /// Per layer, how many times each expert was selected (empty for dense layers).
+    expert_counts: Vec<Vec<std::sync::atomic::AtomicU64>>,
 }
 
 impl Model {
@@ -47,12 +49,34 @@ impl Model {
         };
         let pool = ferrolm_threads::ThreadPool::new(threads)
             .map_err(|e| ModelError::Invalid(format!("cannot start {threads} threads: {e}")))?;
+        let expert_counts = plan
+            .layers
+            .iter()
+            .map(|l| match &l.ffn {
+                plan::Ffn::Moe(m) => (0..m.n_expert).map(|_| Default::default()).collect(),
+                plan::Ffn::Gated { .. } => Vec::new(),
+            })
+            .collect();
         Ok(Model {
             plan,
             weights,
             file,
             pool,
+            expert_counts,
         })
+    }
+
+    /// Per layer, how many times each expert has been selected by the tokens this model has
+    /// run so far (one count per token and selected expert; empty for dense layers).
+    pub fn expert_counts(&self) -> Vec<Vec<u64>> {
+        self.expert_counts
+            .iter()
+            .map(|l| {
+                l.iter()
+                    .map(|c| c.load(std::sync::atomic::Ordering::Relaxed))
+                    .collect()
+            })
+            .collect()
     }
 
     /// The plan.

@@ -66,6 +66,35 @@ pub enum Ffn {
         /// The activation applied to the gate.
         activation: Activation,
     },
+    /// A mixture of experts: a router picks `n_expert_used` of `n_expert` gated FFNs per
+    /// token and sums their outputs, each weighted by its routing probability.
+    Moe(Moe),
+}
+
+/// A mixture-of-experts feed-forward block (`ffn_gate_inp`, `ffn_{gate,up,down}_exps`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Moe {
+    /// Experts in the layer.
+    pub n_expert: usize,
+    /// Experts each token runs (top-k).
+    pub n_expert_used: usize,
+    /// Hidden size of each expert.
+    pub n_ff: usize,
+    /// The activation applied to each expert's gate.
+    pub activation: Activation,
+    /// How router logits become expert probabilities.
+    pub gating: Gating,
+    /// The selected experts' weights divided by their sum (Mixtral, Qwen3-MoE).
+    pub norm_weights: bool,
+    /// The selected experts' weights multiplied by this (`expert_weights_scale`), if any.
+    pub weights_scale: Option<f32>,
+}
+
+/// How a router's logits become the probabilities experts are selected and weighted by.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Gating {
+    /// Softmax over all experts, then top-k of the probabilities (Mixtral, Qwen-MoE).
+    Softmax,
 }
 
 /// An activation function.
@@ -148,20 +177,33 @@ impl LayerPlan {
                     softcap,
                     sliding_window,
                 },
-            ffn: Ffn::Gated {
-                n_ff: _,
-                activation,
-            },
+            ffn,
             post_attention_norm,
             post_ffn_norm,
             residual_scale,
         } = self;
+        let (activation, moe) = match ffn {
+            Ffn::Gated {
+                n_ff: _,
+                activation,
+            } => (*activation, false),
+            Ffn::Moe(Moe {
+                n_expert: _,
+                n_expert_used: _,
+                n_ff: _,
+                activation,
+                gating: _,
+                norm_weights: _,
+                weights_scale: _,
+            }) => (*activation, true),
+        };
         [
+            (moe, "mixture-of-experts feed-forward"),
             (*scale_queries, "queries scaled before the product"),
             (softcap.is_some(), "attention logit soft-cap"),
             (sliding_window.is_some(), "sliding-window attention"),
             (
-                *activation != Activation::Silu,
+                activation != Activation::Silu,
                 "an activation other than SiLU",
             ),
             (*post_attention_norm, "post-attention norm"),

@@ -44,6 +44,11 @@ pub struct SyntheticSpec {
     pub head_dim: usize,
     /// Hidden size of the feed-forward network.
     pub n_ff: usize,
+    /// Experts per layer (`expert_count`; 0: dense feed-forward blocks). Each expert's hidden
+    /// size is `n_ff` (written as `expert_feed_forward_length` too, outside `llama`).
+    pub n_expert: usize,
+    /// Experts each token runs (`expert_used_count`).
+    pub n_expert_used: usize,
     /// `context_length`.
     pub n_ctx: usize,
     /// `rope.freq_base`.
@@ -100,8 +105,10 @@ impl SyntheticSpec {
             n_embd: 256,
             n_head: 8,
             n_head_kv: 2,
-            head_dim: if arch == "qwen3" { 48 } else { 0 },
-            n_ff: 512,
+            head_dim: if arch.starts_with("qwen3") { 48 } else { 0 },
+            n_ff: if arch == "qwen3moe" { 256 } else { 512 },
+            n_expert: if arch == "qwen3moe" { 8 } else { 0 },
+            n_expert_used: if arch == "qwen3moe" { 2 } else { 0 },
             n_ctx: 2048,
             rope_base: if qwen { 1_000_000.0 } else { 10_000.0 },
             norm_eps: if qwen { 1e-6 } else { 1e-5 },
@@ -213,6 +220,19 @@ pub fn build(spec: &SyntheticSpec) -> Result<GgufWriter> {
     w.set(key("embedding_length"), u32v(spec.n_embd));
     w.set(key("block_count"), u32v(spec.n_layer));
     w.set(key("feed_forward_length"), u32v(spec.n_ff));
+    if spec.n_expert > 0 {
+        if spec.n_expert_used == 0 || spec.n_expert_used > spec.n_expert {
+            return Err(invalid(format!(
+                "{} experts used of {}",
+                spec.n_expert_used, spec.n_expert
+            )));
+        }
+        w.set(key("expert_count"), u32v(spec.n_expert));
+        w.set(key("expert_used_count"), u32v(spec.n_expert_used));
+        if arch != "llama" {
+            w.set(key("expert_feed_forward_length"), u32v(spec.n_ff));
+        }
+    }
     w.set(key("attention.head_count"), u32v(spec.n_head));
     w.set(key("attention.head_count_kv"), u32v(spec.n_head_kv));
     w.set(
@@ -290,7 +310,7 @@ pub fn build(spec: &SyntheticSpec) -> Result<GgufWriter> {
             add(n("attn_k.bias"), &[kv_dim], Init::Normal(0.1), false);
             add(n("attn_v.bias"), &[kv_dim], Init::Normal(0.1), false);
         }
-        if arch == "qwen3" || arch == "gemma3" {
+        if arch == "qwen3" || arch == "qwen3moe" || arch == "gemma3" {
             add(n("attn_q_norm.weight"), &[hd], Init::AroundOne(0.2), false);
             add(n("attn_k_norm.weight"), &[hd], Init::AroundOne(0.2), false);
         }
@@ -304,13 +324,23 @@ pub fn build(spec: &SyntheticSpec) -> Result<GgufWriter> {
             );
         }
         add(n("ffn_norm.weight"), &[d], Init::AroundOne(0.1), false);
-        if arch == "phi3" {
+        let (ff, ne) = (spec.n_ff, spec.n_expert);
+        if ne > 0 {
+            // A router wider than the other matrices: clearer winners, fewer near-tied picks.
+            let router = Init::Normal(2.0 / (d as f32).sqrt());
+            add(n("ffn_gate_inp.weight"), &[d, ne], router, true);
+            add(n("ffn_gate_exps.weight"), &[d, ff, ne], m(d), true);
+            add(n("ffn_up_exps.weight"), &[d, ff, ne], m(d), true);
+            add(n("ffn_down_exps.weight"), &[ff, d, ne], m(ff), true);
+        } else if arch == "phi3" {
             add(n("ffn_up.weight"), &[d, 2 * spec.n_ff], m(d), true);
         } else {
             add(n("ffn_gate.weight"), &[d, spec.n_ff], m(d), true);
             add(n("ffn_up.weight"), &[d, spec.n_ff], m(d), true);
         }
-        add(n("ffn_down.weight"), &[spec.n_ff, d], m(spec.n_ff), true);
+        if ne == 0 {
+            add(n("ffn_down.weight"), &[spec.n_ff, d], m(spec.n_ff), true);
+        }
         if gemma {
             add(n("post_ffw_norm.weight"), &[d], Init::AroundOne(0.1), false);
         }

@@ -48,9 +48,26 @@ pub struct LayerWeights {
     pub(crate) post_attn_norm: Option<Vec<f32>>,
     pub(crate) ffn_norm: Vec<f32>,
     pub(crate) post_ffn_norm: Option<Vec<f32>>,
-    pub(crate) gate: Matrix,
-    pub(crate) up: Matrix,
-    pub(crate) down: Matrix,
+    pub(crate) ffn: FfnWeights,
+}
+
+/// The matrices of a feed-forward block.
+#[derive(Debug)]
+pub(crate) enum FfnWeights {
+    /// One gated FFN.
+    Dense {
+        gate: Matrix,
+        up: Matrix,
+        down: Matrix,
+    },
+    /// A router and, per expert, a gated FFN (each expert a contiguous matrix of the 3-D
+    /// `ffn_*_exps` tensors).
+    Moe {
+        router: Matrix,
+        gate: Vec<Matrix>,
+        up: Vec<Matrix>,
+        down: Vec<Matrix>,
+    },
 }
 
 /// All the weights of a model.
@@ -108,6 +125,36 @@ impl Binder<'_> {
             row_bytes: t.size as usize / rows.max(1),
             range: start..start + t.size as usize,
         })
+    }
+
+    /// The `n_expert` matrices of `cols` x `rows` stacked in the 3-D tensor `name`, one view
+    /// each.
+    fn experts(
+        &self,
+        name: &str,
+        cols: usize,
+        rows: usize,
+        n_expert: usize,
+    ) -> Result<Vec<Matrix>> {
+        let t = self.info(name, &[cols as u64, rows as u64, n_expert as u64])?;
+        if ferrolm_quant::dot_kernel(t.ty).is_err() {
+            return Err(ModelError::UnsupportedTensorType {
+                name: name.into(),
+                ty: t.ty,
+            });
+        }
+        let start = (self.file.data_offset() + t.offset) as usize;
+        let per_expert = t.size as usize / n_expert.max(1);
+        Ok((0..n_expert)
+            .map(|e| Matrix {
+                name: format!("{name}[{e}]"),
+                ty: t.ty,
+                rows,
+                cols,
+                row_bytes: per_expert / rows.max(1),
+                range: start + e * per_expert..start + (e + 1) * per_expert,
+            })
+            .collect())
     }
 
     /// Row views `[r0, r0 + n)` of each `(r0, n)` of a fused matrix of `cols` x `rows`.
@@ -177,7 +224,6 @@ pub fn bind(file: &GgufFile, plan: &ModelPlan) -> Result<Weights> {
         let n = |s: &str| format!("blk.{i}.{s}");
         let q_dim = a.n_head * a.head_dim;
         let kv_dim = a.n_head_kv * a.head_dim;
-        let Ffn::Gated { n_ff, .. } = l.ffn;
         // Fused Q/K/V (`attn_qkv`, Phi-3) and gate/up (`ffn_up` of 2 * n_ff rows, gate first,
         // without `ffn_gate`) are bound as row views: each output row is the same dot product.
         let [wq, wk, wv]: [Matrix; 3] = if file.tensor(&n("attn_qkv.weight")).is_some() {
@@ -191,18 +237,37 @@ pub fn bind(file: &GgufFile, plan: &ModelPlan) -> Result<Weights> {
                 b.matrix(&n("attn_v.weight"), d, kv_dim)?,
             ]
         };
-        let fused_up = file.tensor(&n("ffn_gate.weight")).is_none()
-            && file
-                .tensor(&n("ffn_up.weight"))
-                .is_some_and(|t| t.dims.get(1) == Some(&(2 * n_ff as u64)));
-        let [gate, up]: [Matrix; 2] = if fused_up {
-            let v = b.split(&n("ffn_up.weight"), d, &[(0, n_ff), (n_ff, n_ff)])?;
-            v.try_into().expect("two parts")
-        } else {
-            [
-                b.matrix(&n("ffn_gate.weight"), d, n_ff)?,
-                b.matrix(&n("ffn_up.weight"), d, n_ff)?,
-            ]
+        let ffn = match &l.ffn {
+            Ffn::Gated { n_ff, .. } => {
+                let n_ff = *n_ff;
+                let fused_up = file.tensor(&n("ffn_gate.weight")).is_none()
+                    && file
+                        .tensor(&n("ffn_up.weight"))
+                        .is_some_and(|t| t.dims.get(1) == Some(&(2 * n_ff as u64)));
+                let [gate, up]: [Matrix; 2] = if fused_up {
+                    let v = b.split(&n("ffn_up.weight"), d, &[(0, n_ff), (n_ff, n_ff)])?;
+                    v.try_into().expect("two parts")
+                } else {
+                    [
+                        b.matrix(&n("ffn_gate.weight"), d, n_ff)?,
+                        b.matrix(&n("ffn_up.weight"), d, n_ff)?,
+                    ]
+                };
+                FfnWeights::Dense {
+                    gate,
+                    up,
+                    down: b.matrix(&n("ffn_down.weight"), n_ff, d)?,
+                }
+            }
+            Ffn::Moe(m) => {
+                let router = b.matrix(&n("ffn_gate_inp.weight"), d, m.n_expert)?;
+                FfnWeights::Moe {
+                    router,
+                    gate: b.experts(&n("ffn_gate_exps.weight"), d, m.n_ff, m.n_expert)?,
+                    up: b.experts(&n("ffn_up_exps.weight"), d, m.n_ff, m.n_expert)?,
+                    down: b.experts(&n("ffn_down_exps.weight"), m.n_ff, d, m.n_expert)?,
+                }
+            }
         };
         layers.push(LayerWeights {
             attn_norm: b.vector(&n("attn_norm.weight"), d)?,
@@ -222,9 +287,7 @@ pub fn bind(file: &GgufFile, plan: &ModelPlan) -> Result<Weights> {
             )?,
             ffn_norm: b.vector(&n("ffn_norm.weight"), d)?,
             post_ffn_norm: b.opt_vector(&n("post_ffw_norm.weight"), d, l.post_ffn_norm)?,
-            gate,
-            up,
-            down: b.matrix(&n("ffn_down.weight"), n_ff, d)?,
+            ffn,
         });
     }
     Ok(Weights {

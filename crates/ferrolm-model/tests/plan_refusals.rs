@@ -176,3 +176,100 @@ fn rewinding_a_ring_is_exact_or_starts_over() {
     a.truncate(100);
     assert_eq!(a.position(), 0);
 }
+
+/// Mixtures of experts: the plan carries the router's shape and rules, a llama-only fast path
+/// declines them by name, and files whose experts do not match their metadata are refused
+/// with an error naming what is wrong.
+#[test]
+fn moe_plans_carry_their_experts_and_bad_files_are_refused() {
+    use ferrolm_model::plan::{Ffn, Gating, Moe};
+    let q = plan_of("qwen3moe");
+    let moe = Moe {
+        n_expert: 8,
+        n_expert_used: 2,
+        n_ff: 256,
+        activation: Activation::Silu,
+        gating: Gating::Softmax,
+        norm_weights: true,
+        weights_scale: None,
+    };
+    assert!(q.layers.iter().all(|l| l.ffn == Ffn::Moe(moe.clone())));
+    assert!(q.layers[0].attention.qk_norm);
+    assert_eq!(q.beyond_llama(), Some("mixture-of-experts feed-forward"));
+    let mut p = plan_of("llama");
+    p.layers[2].ffn = Ffn::Moe(moe);
+    assert_eq!(p.beyond_llama(), Some("mixture-of-experts feed-forward"));
+
+    let refused = |arch: &str, edit: &dyn Fn(&mut SyntheticSpec, &mut ferrolm_gguf::GgufWriter)| {
+        let mut spec = SyntheticSpec::small(arch);
+        spec.n_layer = 2;
+        if arch == "llama" {
+            spec.n_expert = 4;
+            spec.n_expert_used = 2;
+        }
+        let mut w = synthetic::build(&spec).unwrap();
+        edit(&mut spec, &mut w);
+        let file = Arc::new(GgufFile::from_bytes(w.to_bytes()).unwrap());
+        Model::from_file(file, 1)
+            .err()
+            .expect("refused")
+            .to_string()
+    };
+    // More experts used than there are.
+    let e = refused("qwen3moe", &|_, w| {
+        w.set("qwen3moe.expert_used_count", Value::U32(9));
+    });
+    assert!(e.contains("expert_used_count") && e.contains('9'), "{e}");
+    // An expert count the tensors do not have.
+    let e = refused("llama", &|_, w| {
+        w.set("llama.expert_count", Value::U32(6));
+    });
+    assert!(e.contains("ffn_gate_inp"), "{e}");
+    // qwen3moe without experts.
+    let e = refused("qwen3moe", &|_, w| {
+        w.set("qwen3moe.expert_count", Value::U32(0));
+    });
+    assert!(e.contains("expert_count"), "{e}");
+    // Experts where the architecture has none.
+    let e = refused("qwen3", &|_, w| {
+        w.set("qwen3.expert_count", Value::U32(4));
+    });
+    assert!(
+        e.contains("mixture-of-experts") && e.contains("qwen3"),
+        "{e}"
+    );
+    // Shared experts are not served yet.
+    let e = refused("llama", &|_, w| {
+        w.set("llama.expert_shared_feed_forward_length", Value::U32(128));
+    });
+    assert!(e.contains("shared experts"), "{e}");
+}
+
+/// Expert activation counts: each token adds one per selected expert in every MoE layer.
+#[test]
+fn expert_counts_add_up_to_tokens_times_top_k() {
+    let bytes = synthetic::build(&SyntheticSpec::small("qwen3moe"))
+        .unwrap()
+        .to_bytes();
+    let model = Model::from_file(Arc::new(GgufFile::from_bytes(bytes).unwrap()), 1).unwrap();
+    assert!(model
+        .expert_counts()
+        .iter()
+        .all(|l| l.iter().all(|&c| c == 0)));
+    let mut s = model.session(256);
+    let ids: Vec<u32> = (0..40).map(|i| (i * 37 + 5) % 900).collect();
+    s.eval(&ids, ferrolm_model::Logits::Last).unwrap();
+    s.eval(&[7], ferrolm_model::Logits::Last).unwrap();
+    let counts = model.expert_counts();
+    assert_eq!(counts.len(), 4);
+    for layer in &counts {
+        assert_eq!(layer.len(), 8);
+        assert_eq!(layer.iter().sum::<u64>(), 41 * 2);
+    }
+    // Dense models count nothing.
+    let dense = plan_of("qwen3");
+    assert!(dense
+        .layers
+        .iter()
+        .all(|l| matches!(l.ffn, ferrolm_model::plan::Ffn::Gated { .. })));
+}

@@ -1,6 +1,7 @@
 //! Parity with llama.cpp on synthetic files (MODELS.md, "Synthetic files"): qwen2 (QKV biases),
 //! qwen3 (Q/K norms, head size != width / heads), a Mistral-style llama (GQA 8/2, a sliding-window
-//! key llama.cpp's `llama` ignores) and a llama with Llama 3 frequency factors. Each file is
+//! key llama.cpp's `llama` ignores), a llama with Llama 3 frequency factors, and mixtures of
+//! experts (qwen3moe, Mixtral-style llama). Each file is
 //! rebuilt here from its spec, checked byte for byte (sha256) against the one
 //! `scripts/synthetic_golden.py` gave llama.cpp, and compared like tests/parity.rs does.
 
@@ -24,8 +25,36 @@ fn spec(name: &str) -> SyntheticSpec {
             s.seed = 7;
             s
         }
+        "llama-moe" => {
+            let mut s = SyntheticSpec::small("llama");
+            s.n_expert = 4;
+            s.n_expert_used = 2;
+            s
+        }
         arch => SyntheticSpec::small(arch),
     }
+}
+
+/// Qwen3-MoE: 8 experts, top-2 of the router's softmax, renormalized; Q/K norms.
+#[test]
+fn qwen3moe_matches_llama_cpp() {
+    check("qwen3moe");
+}
+
+/// Mixtral-style llama: 4 experts, top-2, renormalized.
+#[test]
+fn mixtral_style_llama_matches_llama_cpp() {
+    check("llama-moe");
+}
+
+/// The MoE comparison can fail: routing each token to its single best expert instead of two
+/// is far from llama.cpp's figures.
+#[test]
+fn top1_instead_of_top2_routing_is_caught() {
+    let mut w = synthetic::build(&spec("qwen3moe")).unwrap();
+    w.set("qwen3moe.expert_used_count", ferrolm_gguf::Value::U32(1));
+    let f = measure("qwen3moe", w.to_bytes());
+    assert!(f.mean_kl > 1e-3, "mean KL {:.3e}", f.mean_kl);
 }
 
 /// Gemma 2 (soft-caps, alternate sliding layers), Gemma 3 (five of six layers sliding, Q/K

@@ -147,3 +147,39 @@ fn tokenize_and_detokenize_round_trip() {
     let out = ferrolm(&["detokenize", "19556,905"]);
     assert_eq!(String::from_utf8_lossy(&out.stdout), "Hello world\n");
 }
+
+/// `ferrolm run --expert-stats` on a synthetic Qwen3-MoE file: one line per layer on stderr,
+/// and in the JSON object per layer and expert counts that add up to (prompt + generated
+/// tokens, less the last one, which is never fed back) x top-k.
+#[test]
+fn expert_stats_count_every_routed_token() {
+    let dir = std::env::temp_dir().join(format!("ferrolm-expert-stats-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let model = dir.join("qwen3moe.gguf");
+    let model = model.to_str().unwrap();
+    ferrolm(&["synth", "--arch", "qwen3moe", "--layers", "2", "-o", model]);
+    let args = [
+        "run",
+        "-m",
+        model,
+        "-n",
+        "5",
+        "--temp",
+        "0",
+        "--expert-stats",
+    ];
+    let out = ferrolm(&[&args[..], &["hello world"]].concat());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.matches("experts of layer").count(), 2, "{err}");
+    let out = ferrolm(&[&args[..], &["--json", "hello world"]].concat());
+    let v = json(&out);
+    let fed = ids(&v["prompt_tokens"]).len() + ids(&v["tokens"]).len() - 1;
+    let counts = v["expert_counts"].as_array().unwrap();
+    assert_eq!(counts.len(), 2);
+    for layer in counts {
+        let layer = ids(layer);
+        assert_eq!(layer.len(), 8);
+        assert_eq!(layer.iter().sum::<u64>(), fed as u64 * 2);
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -92,11 +92,10 @@ pub(super) fn describe(file: &GgufFile, arch: &str) -> Result<ModelPlan> {
                 a.rope.freq_scale = 1.0;
             }
         }
-        let Ffn::Gated { n_ff, .. } = layer.ffn;
-        layer.ffn = Ffn::Gated {
-            n_ff,
-            activation: Activation::GeluTanh,
-        };
+        // Dense: describe_variant refuses experts.
+        if let Ffn::Gated { activation, .. } = &mut layer.ffn {
+            *activation = Activation::GeluTanh;
+        }
         layer.post_attention_norm = true;
         layer.post_ffn_norm = true;
     }

@@ -1,11 +1,14 @@
-//! The llama family: llama (Llama 2/3, Mistral, SmolLM2, TinyLlama), mistral, qwen2 (QKV
-//! biases), qwen3 (Q/K norms). One decoder shape with a few switches.
+//! The llama family: llama (Llama 2/3, Mistral, SmolLM2, TinyLlama; Mixtral with experts),
+//! mistral, qwen2 (QKV biases), qwen3 (Q/K norms), qwen3moe (Q/K norms,
+//! experts). One decoder shape with a few switches.
 
 use ferrolm_gguf::GgufFile;
 
 use super::Keys;
 use crate::error::{ModelError, Result};
-use crate::plan::{Activation, Attention, Ffn, LayerPlan, ModelPlan, Rope, RopeLayout};
+use crate::plan::{
+    Activation, Attention, Ffn, Gating, LayerPlan, ModelPlan, Moe, Rope, RopeLayout,
+};
 
 /// What distinguishes the members of the family.
 pub(super) struct Variant {
@@ -21,7 +24,7 @@ fn variant(arch: &str) -> Variant {
             qkv_bias: true,
             qk_norm: false,
         },
-        "qwen3" => Variant {
+        "qwen3" | "qwen3moe" => Variant {
             rope_layout: RopeLayout::Neox,
             qkv_bias: false,
             qk_norm: true,
@@ -35,16 +38,93 @@ fn variant(arch: &str) -> Variant {
 }
 
 pub(super) fn describe(file: &GgufFile, arch: &str) -> Result<ModelPlan> {
-    describe_variant(file, arch, variant(arch))
+    // llama.cpp runs experts in `llama` files (Mixtral) and requires them in `qwen3moe`.
+    let experts = match arch {
+        "llama" => Experts::Allowed,
+        "qwen3moe" => Experts::Required,
+        _ => Experts::Refused,
+    };
+    describe_decoder(file, arch, variant(arch), experts)
+}
+
+/// Whether an architecture's layers may be mixtures of experts.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Experts {
+    Refused,
+    Allowed,
+    Required,
 }
 
 /// The plan of a llama-shaped decoder of `arch` (the keys every such decoder shares); other
 /// families start from it and add what they carry.
 pub(super) fn describe_variant(file: &GgufFile, arch: &str, v: Variant) -> Result<ModelPlan> {
+    describe_decoder(file, arch, v, Experts::Refused)
+}
+
+/// The feed-forward block of every layer: dense, or (with `expert_count > 0` where the
+/// architecture allows it) a softmax-routed mixture of experts, which llama.cpp's `llama` and
+/// `qwen3moe` graphs build with renormalized top-k weights and no weight scale.
+fn ffn_of(k: &Keys<'_>, experts: Experts) -> Result<Ffn> {
+    let n_expert = k.opt_usize("expert_count")?.unwrap_or(0);
+    let dense = |k: &Keys<'_>| -> Result<Ffn> {
+        Ok(Ffn::Gated {
+            n_ff: k.usize("feed_forward_length")?,
+            activation: Activation::Silu,
+        })
+    };
+    match (experts, n_expert) {
+        (Experts::Required, 0) => Err(ModelError::Invalid(format!(
+            "{}: expert_count must be above 0",
+            k.arch
+        ))),
+        (Experts::Refused, n) if n > 0 => Err(ModelError::Unsupported {
+            what: "mixture-of-experts layers (expert_count)",
+            value: format!("{n} in a {} file", k.arch),
+        }),
+        (_, 0) => dense(k),
+        (_, n_expert) => {
+            let n_expert_used = k.opt_usize("expert_used_count")?.unwrap_or(0);
+            if n_expert_used == 0 || n_expert_used > n_expert {
+                return Err(ModelError::Invalid(format!(
+                    "{}: {n_expert_used} experts used of {n_expert} (expert_used_count)",
+                    k.arch
+                )));
+            }
+            if let Some(n) = k.opt_usize("expert_shared_feed_forward_length")? {
+                if n > 0 {
+                    return Err(ModelError::Unsupported {
+                        what: "shared experts (expert_shared_feed_forward_length)",
+                        value: n.to_string(),
+                    });
+                }
+            }
+            let n_ff = match k.opt_usize("expert_feed_forward_length")? {
+                Some(n) if n > 0 && k.arch != "llama" => n,
+                _ if k.arch == "llama" => k.usize("feed_forward_length")?,
+                _ => k.usize("feed_forward_length")? / n_expert_used,
+            };
+            Ok(Ffn::Moe(Moe {
+                n_expert,
+                n_expert_used,
+                n_ff,
+                activation: Activation::Silu,
+                gating: Gating::Softmax,
+                norm_weights: true,
+                weights_scale: None,
+            }))
+        }
+    }
+}
+
+fn describe_decoder(
+    file: &GgufFile,
+    arch: &str,
+    v: Variant,
+    experts: Experts,
+) -> Result<ModelPlan> {
     let k = Keys { file, arch };
     let n_embd = k.usize("embedding_length")?;
     let n_layer = k.usize("block_count")?;
-    let n_ff = k.usize("feed_forward_length")?;
     let n_head = k.usize("attention.head_count")?;
     let n_head_kv = k.opt_usize("attention.head_count_kv")?.unwrap_or(n_head);
     if n_head == 0 || n_head_kv == 0 || n_head % n_head_kv != 0 {
@@ -97,14 +177,7 @@ pub(super) fn describe_variant(file: &GgufFile, arch: &str, v: Variant) -> Resul
         None => embd.dims.get(1).copied().unwrap_or(0) as usize,
     };
     let n_ctx_train = k.opt_usize("context_length")?.unwrap_or(4096);
-    if let Some(n) = k.opt_usize("expert_count")? {
-        if n > 0 {
-            return Err(ModelError::Unsupported {
-                what: "mixture-of-experts layers (expert_count)",
-                value: n.to_string(),
-            });
-        }
-    }
+    let ffn = ffn_of(&k, experts)?;
     let attention = Attention {
         n_head,
         n_head_kv,
@@ -127,10 +200,7 @@ pub(super) fn describe_variant(file: &GgufFile, arch: &str, v: Variant) -> Resul
     };
     let layer = LayerPlan {
         attention,
-        ffn: Ffn::Gated {
-            n_ff,
-            activation: Activation::Silu,
-        },
+        ffn,
         post_attention_norm: false,
         post_ffn_norm: false,
         residual_scale: None,

@@ -19,6 +19,7 @@ const ARCHITECTURES: &[(&str, Describe)] = &[
     ("mistral", llama::describe),
     ("qwen2", llama::describe),
     ("qwen3", llama::describe),
+    ("qwen3moe", llama::describe),
     ("gemma2", gemma::describe),
     ("gemma3", gemma::describe),
     ("granite", granite::describe),

@@ -7,7 +7,8 @@ use super::attention::attend;
 use super::matmul::{matmul, matmul_group, SharedInput};
 use super::ops::{rms_norm, rms_norm_in_place, RopeAngles};
 use crate::kv_cache::KvCache;
-use crate::plan::{Activation, Ffn};
+use crate::plan::{Activation, Ffn, Gating, Moe};
+use crate::weights::{FfnWeights, Matrix};
 use crate::Model;
 
 /// Which positions' logits a forward pass returns.
@@ -196,48 +197,67 @@ pub(crate) fn forward(
         dump("sa_out", l, &x);
 
         // Feed-forward block.
-        let Ffn::Gated { n_ff, activation } = lp.ffn;
         rows_mut(pool, &mut h, d, |t, o| {
             rms_norm(&x[t * d..(t + 1) * d], &lw.ffn_norm, plan.norm_eps, o)
         });
         dump("ffn_norm", l, &h);
-        scratch.input.reset();
-        let mut g = vec![0f32; n * n_ff];
-        let mut u = vec![0f32; n * n_ff];
-        scratch
-            .input
-            .prepare(pool, &h, n, d, &[lw.gate.ty, lw.up.ty]);
-        let inp = &scratch.input;
-        matmul_group(
-            pool,
-            file,
-            vec![
-                (&lw.gate, inp.rows_for(lw.gate.ty), &mut g),
-                (&lw.up, inp.rows_for(lw.up.ty), &mut u),
-            ],
-        );
-        dump("ffn_gate", l, &g);
-        dump("ffn_up", l, &u);
-        let mut gated = vec![0f32; n * n_ff];
-        match activation {
-            Activation::Silu => rows_mut(pool, &mut gated, n_ff, |t, o| {
-                let r = t * n_ff..(t + 1) * n_ff;
-                ferrolm_quant::ggml_vec::swiglu(&g[r.clone()], &u[r], o);
-            }),
-            Activation::GeluTanh => rows_mut(pool, &mut gated, n_ff, |t, o| {
-                let r = t * n_ff..(t + 1) * n_ff;
-                ferrolm_quant::ggml_vec::geglu(&g[r.clone()], &u[r], o);
-            }),
+        match (&lp.ffn, &lw.ffn) {
+            (
+                &Ffn::Gated { n_ff, activation },
+                FfnWeights::Dense {
+                    gate: wg,
+                    up: wu,
+                    down: wd,
+                },
+            ) => {
+                scratch.input.reset();
+                let mut g = vec![0f32; n * n_ff];
+                let mut u = vec![0f32; n * n_ff];
+                scratch.input.prepare(pool, &h, n, d, &[wg.ty, wu.ty]);
+                let inp = &scratch.input;
+                matmul_group(
+                    pool,
+                    file,
+                    vec![
+                        (wg, inp.rows_for(wg.ty), &mut g),
+                        (wu, inp.rows_for(wu.ty), &mut u),
+                    ],
+                );
+                dump("ffn_gate", l, &g);
+                dump("ffn_up", l, &u);
+                let gated = activate(pool, activation, &g, &u, n_ff);
+                dump("ffn_geglu", l, &gated);
+                scratch.input.reset();
+                matmul(
+                    pool,
+                    wd,
+                    file,
+                    scratch.input.get(pool, &gated, n, n_ff, wd.ty),
+                    &mut o,
+                );
+            }
+            (
+                Ffn::Moe(m),
+                FfnWeights::Moe {
+                    router,
+                    gate,
+                    up,
+                    down,
+                },
+            ) => {
+                let experts = MoeWeights {
+                    router,
+                    gate,
+                    up,
+                    down,
+                };
+                let counts = model.expert_counts.get(l).map(Vec::as_slice);
+                moe(
+                    pool, file, scratch, m, &experts, &h, n, d, l, counts, &mut o,
+                );
+            }
+            _ => unreachable!("weights are bound from the plan"),
         }
-        dump("ffn_geglu", l, &gated);
-        scratch.input.reset();
-        matmul(
-            pool,
-            &lw.down,
-            file,
-            scratch.input.get(pool, &gated, n, n_ff, lw.down.ty),
-            &mut o,
-        );
         dump("ffn_out", l, &o);
         finish_block(
             pool,
@@ -300,6 +320,190 @@ pub(crate) fn forward(
     out
 }
 
+/// `act(gate) * up`, row by row.
+fn activate(
+    pool: &ThreadPool,
+    activation: Activation,
+    g: &[f32],
+    u: &[f32],
+    n_ff: usize,
+) -> Vec<f32> {
+    let mut gated = vec![0f32; g.len()];
+    match activation {
+        Activation::Silu => rows_mut(pool, &mut gated, n_ff, |t, o| {
+            let r = t * n_ff..(t + 1) * n_ff;
+            ferrolm_quant::ggml_vec::swiglu(&g[r.clone()], &u[r], o);
+        }),
+        Activation::GeluTanh => rows_mut(pool, &mut gated, n_ff, |t, o| {
+            let r = t * n_ff..(t + 1) * n_ff;
+            ferrolm_quant::ggml_vec::geglu(&g[r.clone()], &u[r], o);
+        }),
+    }
+    gated
+}
+
+/// The matrices of one mixture-of-experts block.
+struct MoeWeights<'a> {
+    router: &'a Matrix,
+    gate: &'a [Matrix],
+    up: &'a [Matrix],
+    down: &'a [Matrix],
+}
+
+/// The smallest sum of selected weights a renormalization divides by (the smallest normal
+/// f16, as llama.cpp clamps it).
+const MIN_WEIGHTS_SUM: f32 = 6.103_515_6e-5; // 2^-14
+
+/// Per token: the `m.n_expert_used` experts the router picks, in llama.cpp's order (descending
+/// probability; equal probabilities by index: ggml's argsort is `std::sort`, which libstdc++
+/// finishes with an insertion sort, stable for rows of at most 16 experts), and their weights.
+pub(crate) fn route(m: &Moe, logits: &[f32], probs: &mut [f32]) -> (Vec<usize>, Vec<f32>) {
+    let (ne, k) = (m.n_expert, m.n_expert_used);
+    let n = logits.len() / ne;
+    let mut selected = Vec::with_capacity(n * k);
+    let mut weights = Vec::with_capacity(n * k);
+    let mut order: Vec<usize> = Vec::with_capacity(ne);
+    for (row, p) in logits.chunks(ne).zip(probs.chunks_mut(ne)) {
+        match m.gating {
+            Gating::Softmax => {
+                // ggml_soft_max: exp(x - max) summed in f64, times (1 / sum) rounded to f32.
+                let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                let sum = ferrolm_quant::ggml_vec::soft_max(row, p, max);
+                let inv = (1.0 / sum) as f32;
+                p.iter_mut().for_each(|v| *v *= inv);
+            }
+        }
+        order.clear();
+        order.extend(0..ne);
+        order.sort_by(|&a, &b| p[b].total_cmp(&p[a]));
+        let first = weights.len();
+        for &e in &order[..k] {
+            selected.push(e);
+            weights.push(p[e]);
+        }
+        let w = &mut weights[first..];
+        if m.norm_weights {
+            // ggml_sum_rows (f64 accumulation), clamped, then an f32 division.
+            let sum = w.iter().map(|&v| f64::from(v)).sum::<f64>() as f32;
+            let sum = sum.max(MIN_WEIGHTS_SUM);
+            w.iter_mut().for_each(|v| *v /= sum);
+        }
+        if let Some(s) = m.weights_scale {
+            if s != 0.0 && s != 1.0 {
+                w.iter_mut().for_each(|v| *v *= s);
+            }
+        }
+    }
+    (selected, weights)
+}
+
+/// A mixture-of-experts block over the `n` normed rows `h`: route, run each expert over the
+/// tokens that picked it, weight each output, and sum every token's outputs in the order of
+/// selection (as llama.cpp adds its views one after another), into `out`.
+#[allow(clippy::too_many_arguments)]
+fn moe(
+    pool: &ThreadPool,
+    file: &[u8],
+    scratch: &mut Scratch,
+    m: &Moe,
+    w: &MoeWeights<'_>,
+    h: &[f32],
+    n: usize,
+    d: usize,
+    layer: usize,
+    counts: Option<&[std::sync::atomic::AtomicU64]>,
+    out: &mut [f32],
+) {
+    let Moe {
+        n_expert: ne,
+        n_expert_used: k,
+        n_ff,
+        activation,
+        gating: _,
+        norm_weights: _,
+        weights_scale: _,
+    } = *m;
+    scratch.input.reset();
+    let mut logits = vec![0f32; n * ne];
+    matmul(
+        pool,
+        w.router,
+        file,
+        scratch.input.get(pool, h, n, d, w.router.ty),
+        &mut logits,
+    );
+    dump("ffn_moe_logits", layer, &logits);
+    let mut probs = vec![0f32; n * ne];
+    let (selected, weights) = route(m, &logits, &mut probs);
+    dump("ffn_moe_probs", layer, &probs);
+    dump("ffn_moe_weights_norm", layer, &weights);
+    if let Some(c) = counts {
+        for &e in &selected {
+            c[e].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+    // Each expert over the tokens that picked it; row t * k + slot of `expert_out` holds the
+    // weighted output of token t's slot-th expert.
+    let mut expert_out = vec![0f32; n * k * d];
+    let mut users: Vec<Vec<usize>> = vec![Vec::new(); ne];
+    for (i, &e) in selected.iter().enumerate() {
+        users[e].push(i);
+    }
+    let mut input = SharedInput::default();
+    for (e, rows) in users.iter().enumerate() {
+        if rows.is_empty() {
+            continue;
+        }
+        let mm = rows.len();
+        let mut sub = vec![0f32; mm * d];
+        for (j, &i) in rows.iter().enumerate() {
+            let t = i / k;
+            sub[j * d..(j + 1) * d].copy_from_slice(&h[t * d..(t + 1) * d]);
+        }
+        let (wg, wu, wd) = (&w.gate[e], &w.up[e], &w.down[e]);
+        input.reset();
+        input.prepare(pool, &sub, mm, d, &[wg.ty, wu.ty]);
+        let mut g = vec![0f32; mm * n_ff];
+        let mut u = vec![0f32; mm * n_ff];
+        matmul_group(
+            pool,
+            file,
+            vec![
+                (wg, input.rows_for(wg.ty), &mut g),
+                (wu, input.rows_for(wu.ty), &mut u),
+            ],
+        );
+        let gated = activate(pool, activation, &g, &u, n_ff);
+        input.reset();
+        let mut y = vec![0f32; mm * d];
+        matmul(
+            pool,
+            wd,
+            file,
+            input.get(pool, &gated, mm, n_ff, wd.ty),
+            &mut y,
+        );
+        for (j, &i) in rows.iter().enumerate() {
+            let wt = weights[i];
+            expert_out[i * d..(i + 1) * d]
+                .iter_mut()
+                .zip(&y[j * d..(j + 1) * d])
+                .for_each(|(o, y)| *o = y * wt);
+        }
+    }
+    for (t, o) in out.chunks_mut(d).enumerate() {
+        let base = t * k * d;
+        o.copy_from_slice(&expert_out[base..base + d]);
+        for slot in 1..k {
+            let r = base + slot * d;
+            o.iter_mut()
+                .zip(&expert_out[r..r + d])
+                .for_each(|(o, e)| *o += e);
+        }
+    }
+    dump("ffn_moe_out", layer, out);
+}
+
 /// What a block's output goes through before the residual add: the post-norm (Gemma), then the
 /// residual scale (Granite).
 fn finish_block(
@@ -315,5 +519,38 @@ fn finish_block(
     }
     if let Some(s) = residual_scale {
         o.iter_mut().for_each(|v| *v *= s);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn moe(k: usize, norm: bool) -> Moe {
+        Moe {
+            n_expert: 4,
+            n_expert_used: k,
+            n_ff: 32,
+            activation: Activation::Silu,
+            gating: Gating::Softmax,
+            norm_weights: norm,
+            weights_scale: None,
+        }
+    }
+
+    #[test]
+    fn routing_picks_the_best_experts_ties_by_index_and_renormalizes() {
+        let logits = [0.5, 2.0, 0.5, 2.0, 1.0, -1.0, 3.0, 1.0];
+        let mut probs = [0.0; 8];
+        let (sel, w) = route(&moe(2, false), &logits, &mut probs);
+        // Token 0: experts 1 and 3 tie; token 1: expert 2, then 0 and 3 tie (0 first).
+        assert_eq!(sel, [1, 3, 2, 0]);
+        assert!((probs[..4].iter().sum::<f32>() - 1.0).abs() < 1e-6);
+        assert_eq!(w[0], probs[1]);
+        assert_eq!(w[3], probs[4]);
+        let (sel2, w2) = route(&moe(3, true), &logits, &mut probs);
+        assert_eq!(sel2, [1, 3, 0, 2, 0, 3]);
+        assert!((w2[..3].iter().sum::<f32>() - 1.0).abs() < 1e-6);
+        assert!(w2[0] > w[0]);
     }
 }

@@ -36,6 +36,10 @@ pub struct RunArgs {
     /// Keep the end of a prompt longer than the context instead of failing.
     #[arg(long)]
     pub truncate: bool,
+    /// At the end, print how many times each expert of each mixture-of-experts layer was
+    /// selected (to stderr; in the JSON object as `expert_counts` with --json).
+    #[arg(long)]
+    pub expert_stats: bool,
 }
 
 pub fn run(args: RunArgs) -> Result<()> {
@@ -71,6 +75,9 @@ pub fn run(args: RunArgs) -> Result<()> {
         ids.drain(..ids.len() - keep);
     }
     let gpu = cuda_model(&args.model, &model, n_ctx)?;
+    if args.expert_stats && gpu.is_some() {
+        bail!("--expert-stats counts the CPU backend's routing; run it without --device cuda");
+    }
     let params = GenerateParams {
         max_tokens: args.n_predict,
         sampler: args.sampling.params(),
@@ -108,9 +115,16 @@ pub fn run(args: RunArgs) -> Result<()> {
             "pp_tokens_per_s": gen.pp_tokens_per_s(),
             "tg_tokens_per_s": gen.tg_tokens_per_s(),
         });
+        let mut v = v;
+        if args.expert_stats {
+            v["expert_counts"] = serde_json::json!(model.expert_counts());
+        }
         writeln!(out, "{v}")?;
     } else {
         writeln!(out)?;
+    }
+    if args.expert_stats {
+        eprint!("{}", expert_stats(&model.expert_counts()));
     }
     eprintln!(
         "ferrolm: prompt {} tokens in {:.3} s ({:.1} tok/s), generated {} tokens in {:.3} s ({:.1} tok/s), {}",
@@ -127,6 +141,33 @@ pub fn run(args: RunArgs) -> Result<()> {
         },
     );
     Ok(())
+}
+
+/// Per mixture-of-experts layer, one line: each expert's selections and its share of them.
+pub fn expert_stats(counts: &[Vec<u64>]) -> String {
+    use std::fmt::Write as _;
+    let mut s = String::new();
+    if counts.iter().all(Vec::is_empty) {
+        s.push_str("ferrolm: expert stats: the model has no mixture-of-experts layers\n");
+        return s;
+    }
+    for (l, layer) in counts.iter().enumerate() {
+        if layer.is_empty() {
+            continue;
+        }
+        let total: u64 = layer.iter().sum();
+        let _ = write!(s, "ferrolm: experts of layer {l:3} ({total} selections):");
+        for (e, &c) in layer.iter().enumerate() {
+            let share = if total == 0 {
+                0.0
+            } else {
+                100.0 * c as f64 / total as f64
+            };
+            let _ = write!(s, " {e}={c} ({share:.1}%)");
+        }
+        s.push('\n');
+    }
+    s
 }
 
 /// Tokenizes a prompt with BOS/EOS as the model asks, parsing special-token text; a template

@@ -11,7 +11,7 @@ use ferrolm_model::synthetic::{self, SyntheticSpec, TokenizerSource};
 /// Flags of `ferrolm synth`.
 #[derive(Args, Debug)]
 pub struct SynthArgs {
-    /// Architecture: llama, mistral, qwen2 or qwen3.
+    /// Architecture (one `ferrolm` runs: llama, mistral, qwen2, qwen3, qwen3moe, gemma2, ...).
     #[arg(long)]
     pub arch: String,
     /// Output file.
@@ -35,6 +35,13 @@ pub struct SynthArgs {
     /// Feed-forward hidden size.
     #[arg(long)]
     pub ff: Option<usize>,
+    /// Experts per layer (0: dense; `llama` with experts is Mixtral-shaped; `qwen3moe` needs
+    /// them).
+    #[arg(long)]
+    pub experts: Option<usize>,
+    /// Experts each token runs (top-k).
+    #[arg(long)]
+    pub experts_used: Option<usize>,
     /// Context length written to the file.
     #[arg(long)]
     pub ctx: Option<usize>,
@@ -89,6 +96,8 @@ pub fn spec(args: &SynthArgs) -> Result<SyntheticSpec> {
     set(args.head_dim, &mut s.head_dim);
     set(args.ff, &mut s.n_ff);
     set(args.ctx, &mut s.n_ctx);
+    set(args.experts, &mut s.n_expert);
+    set(args.experts_used, &mut s.n_expert_used);
     if let Some(b) = args.rope_base {
         s.rope_base = b;
     }
