@@ -33,6 +33,7 @@ FILES = {
     "phi3": ["--arch", "phi3"],  # fused attn_qkv and gate/up, 24 of 32 dimensions rotate
     "qwen3moe": ["--arch", "qwen3moe"],  # 8 experts, top-2, renormalized; Q/K norms
     "llama-moe": ["--arch", "llama", "--experts", "4", "--experts-used", "2"],  # Mixtral-style
+    "qwen2moe": ["--arch", "qwen2moe"],  # 8 experts, top-2, not renormalized; sigmoid-gated shared expert; QKV biases
 }
 # Files written by the ferrolm-model example instead of the CLI (same spec: SyntheticSpec::small).
 EXAMPLE_WRITER = ["cargo", "run", "--release", "-q", "-p", "ferrolm-model", "--example", "synth", "--"]

@@ -88,6 +88,18 @@ pub struct Moe {
     pub norm_weights: bool,
     /// The selected experts' weights multiplied by this (`expert_weights_scale`), if any.
     pub weights_scale: Option<f32>,
+    /// A shared expert every token runs besides its routed ones (Qwen2-MoE), if any.
+    pub shared: Option<SharedExpert>,
+}
+
+/// A gated FFN every token runs besides the routed experts (`ffn_{gate,up,down}_shexp`), its
+/// output added to theirs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SharedExpert {
+    /// Hidden size (`expert_shared_feed_forward_length`, else `feed_forward_length`).
+    pub n_ff: usize,
+    /// Whether the output is scaled per token by `sigmoid(ffn_gate_inp_shexp . x)` (Qwen2-MoE).
+    pub gated: bool,
 }
 
 /// How a router's logits become the probabilities experts are selected and weighted by.
@@ -195,6 +207,7 @@ impl LayerPlan {
                 gating: _,
                 norm_weights: _,
                 weights_scale: _,
+                shared: _,
             }) => (*activation, true),
         };
         [

@@ -49,6 +49,9 @@ pub struct SyntheticSpec {
     pub n_expert: usize,
     /// Experts each token runs (`expert_used_count`).
     pub n_expert_used: usize,
+    /// Hidden size of the sigmoid-gated shared expert (`expert_shared_feed_forward_length`;
+    /// 0: none). Written for `qwen2moe` only, whose layers require it.
+    pub n_ff_shexp: usize,
     /// `context_length`.
     pub n_ctx: usize,
     /// `rope.freq_base`.
@@ -106,9 +109,10 @@ impl SyntheticSpec {
             n_head: 8,
             n_head_kv: 2,
             head_dim: if arch.starts_with("qwen3") { 48 } else { 0 },
-            n_ff: if arch == "qwen3moe" { 256 } else { 512 },
-            n_expert: if arch == "qwen3moe" { 8 } else { 0 },
-            n_expert_used: if arch == "qwen3moe" { 2 } else { 0 },
+            n_ff: if arch.ends_with("moe") { 256 } else { 512 },
+            n_expert: if arch.ends_with("moe") { 8 } else { 0 },
+            n_expert_used: if arch.ends_with("moe") { 2 } else { 0 },
+            n_ff_shexp: if arch == "qwen2moe" { 384 } else { 0 },
             n_ctx: 2048,
             rope_base: if qwen { 1_000_000.0 } else { 10_000.0 },
             norm_eps: if qwen { 1e-6 } else { 1e-5 },
@@ -232,6 +236,12 @@ pub fn build(spec: &SyntheticSpec) -> Result<GgufWriter> {
         if arch != "llama" {
             w.set(key("expert_feed_forward_length"), u32v(spec.n_ff));
         }
+        if spec.n_ff_shexp > 0 {
+            w.set(
+                key("expert_shared_feed_forward_length"),
+                u32v(spec.n_ff_shexp),
+            );
+        }
     }
     w.set(key("attention.head_count"), u32v(spec.n_head));
     w.set(key("attention.head_count_kv"), u32v(spec.n_head_kv));
@@ -305,7 +315,7 @@ pub fn build(spec: &SyntheticSpec) -> Result<GgufWriter> {
             add(n("attn_k.weight"), &[d, kv_dim], m(d), true);
             add(n("attn_v.weight"), &[d, kv_dim], m(d), true);
         }
-        if arch == "qwen2" {
+        if arch == "qwen2" || arch == "qwen2moe" {
             add(n("attn_q.bias"), &[q_dim], Init::Normal(0.1), false);
             add(n("attn_k.bias"), &[kv_dim], Init::Normal(0.1), false);
             add(n("attn_v.bias"), &[kv_dim], Init::Normal(0.1), false);
@@ -332,6 +342,15 @@ pub fn build(spec: &SyntheticSpec) -> Result<GgufWriter> {
             add(n("ffn_gate_exps.weight"), &[d, ff, ne], m(d), true);
             add(n("ffn_up_exps.weight"), &[d, ff, ne], m(d), true);
             add(n("ffn_down_exps.weight"), &[ff, d, ne], m(ff), true);
+            let sf = spec.n_ff_shexp;
+            if sf > 0 {
+                // The shared expert's gate: one F32 row (llama.cpp keeps vectors unquantized).
+                let gate = Init::Normal(1.0 / (d as f32).sqrt());
+                add(n("ffn_gate_inp_shexp.weight"), &[d], gate, false);
+                add(n("ffn_gate_shexp.weight"), &[d, sf], m(d), true);
+                add(n("ffn_up_shexp.weight"), &[d, sf], m(d), true);
+                add(n("ffn_down_shexp.weight"), &[sf, d], m(sf), true);
+            }
         } else if arch == "phi3" {
             add(n("ffn_up.weight"), &[d, 2 * spec.n_ff], m(d), true);
         } else {

@@ -67,7 +67,17 @@ pub(crate) enum FfnWeights {
         gate: Vec<Matrix>,
         up: Vec<Matrix>,
         down: Vec<Matrix>,
+        shared: Option<Box<SharedWeights>>,
     },
+}
+
+/// A shared expert's matrices and, if gated, its gate (`ffn_gate_inp_shexp`, one row).
+#[derive(Debug)]
+pub(crate) struct SharedWeights {
+    pub(crate) gate_inp: Option<Matrix>,
+    pub(crate) gate: Matrix,
+    pub(crate) up: Matrix,
+    pub(crate) down: Matrix,
 }
 
 /// All the weights of a model.
@@ -123,6 +133,26 @@ impl Binder<'_> {
             rows,
             cols,
             row_bytes: t.size as usize / rows.max(1),
+            range: start..start + t.size as usize,
+        })
+    }
+
+    /// A one-row matrix of `cols` stored as a vector (`[cols]`, or `[cols, 1]`).
+    fn row(&self, name: &str, cols: usize) -> Result<Matrix> {
+        let t = self.info(name, &[cols as u64])?;
+        if ferrolm_quant::dot_kernel(t.ty).is_err() {
+            return Err(ModelError::UnsupportedTensorType {
+                name: name.into(),
+                ty: t.ty,
+            });
+        }
+        let start = (self.file.data_offset() + t.offset) as usize;
+        Ok(Matrix {
+            name: name.into(),
+            ty: t.ty,
+            rows: 1,
+            cols,
+            row_bytes: t.size as usize,
             range: start..start + t.size as usize,
         })
     }
@@ -266,6 +296,19 @@ pub fn bind(file: &GgufFile, plan: &ModelPlan) -> Result<Weights> {
                     gate: b.experts(&n("ffn_gate_exps.weight"), d, m.n_ff, m.n_expert)?,
                     up: b.experts(&n("ffn_up_exps.weight"), d, m.n_ff, m.n_expert)?,
                     down: b.experts(&n("ffn_down_exps.weight"), m.n_ff, d, m.n_expert)?,
+                    shared: match m.shared {
+                        Some(s) => Some(Box::new(SharedWeights {
+                            gate_inp: if s.gated {
+                                Some(b.row(&n("ffn_gate_inp_shexp.weight"), d)?)
+                            } else {
+                                None
+                            },
+                            gate: b.matrix(&n("ffn_gate_shexp.weight"), d, s.n_ff)?,
+                            up: b.matrix(&n("ffn_up_shexp.weight"), d, s.n_ff)?,
+                            down: b.matrix(&n("ffn_down_shexp.weight"), s.n_ff, d)?,
+                        })),
+                        None => None,
+                    },
                 }
             }
         };

@@ -192,6 +192,7 @@ fn moe_plans_carry_their_experts_and_bad_files_are_refused() {
         gating: Gating::Softmax,
         norm_weights: true,
         weights_scale: None,
+        shared: None,
     };
     assert!(q.layers.iter().all(|l| l.ffn == Ffn::Moe(moe.clone())));
     assert!(q.layers[0].attention.qk_norm);
@@ -272,4 +273,38 @@ fn expert_counts_add_up_to_tokens_times_top_k() {
         .layers
         .iter()
         .all(|l| matches!(l.ffn, ferrolm_model::plan::Ffn::Gated { .. })));
+}
+
+/// Qwen2-MoE: routed weights not renormalized, a sigmoid-gated shared expert of
+/// `expert_shared_feed_forward_length`; a file without `output.weight` (which llama.cpp's
+/// qwen2moe requires) is refused by name.
+#[test]
+fn qwen2moe_plans_a_gated_shared_expert_and_requires_an_output_matrix() {
+    use ferrolm_model::plan::{Ffn, SharedExpert};
+    let p = plan_of("qwen2moe");
+    for l in &p.layers {
+        let Ffn::Moe(m) = &l.ffn else {
+            panic!("dense layer in qwen2moe")
+        };
+        assert!(!m.norm_weights);
+        assert_eq!(
+            m.shared,
+            Some(SharedExpert {
+                n_ff: 384,
+                gated: true
+            })
+        );
+        assert!(l.attention.qkv_bias);
+    }
+    assert!(!p.tied_output);
+    let mut spec = SyntheticSpec::small("qwen2moe");
+    spec.n_layer = 2;
+    spec.tied_output = true;
+    let bytes = synthetic::build(&spec).unwrap().to_bytes();
+    let file = Arc::new(GgufFile::from_bytes(bytes).unwrap());
+    let e = Model::from_file(file, 1)
+        .err()
+        .expect("refused")
+        .to_string();
+    assert!(e.contains("output.weight"), "{e}");
 }

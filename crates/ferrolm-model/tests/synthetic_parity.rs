@@ -1,7 +1,7 @@
 //! Parity with llama.cpp on synthetic files (MODELS.md, "Synthetic files"): qwen2 (QKV biases),
 //! qwen3 (Q/K norms, head size != width / heads), a Mistral-style llama (GQA 8/2, a sliding-window
 //! key llama.cpp's `llama` ignores), a llama with Llama 3 frequency factors, and mixtures of
-//! experts (qwen3moe, Mixtral-style llama). Each file is
+//! experts (qwen3moe, qwen2moe with a shared expert, Mixtral-style llama). Each file is
 //! rebuilt here from its spec, checked byte for byte (sha256) against the one
 //! `scripts/synthetic_golden.py` gave llama.cpp, and compared like tests/parity.rs does.
 
@@ -39,6 +39,13 @@ fn spec(name: &str) -> SyntheticSpec {
 #[test]
 fn qwen3moe_matches_llama_cpp() {
     check("qwen3moe");
+}
+
+/// Qwen2-MoE: 8 experts, top-2 of the router's softmax, not renormalized, plus a shared expert
+/// scaled by a sigmoid gate; QKV biases; a separate output matrix.
+#[test]
+fn qwen2moe_matches_llama_cpp() {
+    check("qwen2moe");
 }
 
 /// Mixtral-style llama: 4 experts, top-2, renormalized.

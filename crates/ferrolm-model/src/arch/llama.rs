@@ -1,13 +1,13 @@
 //! The llama family: llama (Llama 2/3, Mistral, SmolLM2, TinyLlama; Mixtral with experts),
-//! mistral, qwen2 (QKV biases), qwen3 (Q/K norms), qwen3moe (Q/K norms,
-//! experts). One decoder shape with a few switches.
+//! mistral, qwen2 (QKV biases), qwen2moe (QKV biases, experts and a sigmoid-gated shared
+//! expert), qwen3 (Q/K norms), qwen3moe (Q/K norms, experts). One decoder shape with a few switches.
 
 use ferrolm_gguf::GgufFile;
 
 use super::Keys;
 use crate::error::{ModelError, Result};
 use crate::plan::{
-    Activation, Attention, Ffn, Gating, LayerPlan, ModelPlan, Moe, Rope, RopeLayout,
+    Activation, Attention, Ffn, Gating, LayerPlan, ModelPlan, Moe, Rope, RopeLayout, SharedExpert,
 };
 
 /// What distinguishes the members of the family.
@@ -19,7 +19,7 @@ pub(super) struct Variant {
 
 fn variant(arch: &str) -> Variant {
     match arch {
-        "qwen2" => Variant {
+        "qwen2" | "qwen2moe" => Variant {
             rope_layout: RopeLayout::Neox,
             qkv_bias: true,
             qk_norm: false,
@@ -41,7 +41,7 @@ pub(super) fn describe(file: &GgufFile, arch: &str) -> Result<ModelPlan> {
     // llama.cpp runs experts in `llama` files (Mixtral) and requires them in `qwen3moe`.
     let experts = match arch {
         "llama" => Experts::Allowed,
-        "qwen3moe" => Experts::Required,
+        "qwen3moe" | "qwen2moe" => Experts::Required,
         _ => Experts::Refused,
     };
     describe_decoder(file, arch, variant(arch), experts)
@@ -90,14 +90,25 @@ fn ffn_of(k: &Keys<'_>, experts: Experts) -> Result<Ffn> {
                     k.arch
                 )));
             }
-            if let Some(n) = k.opt_usize("expert_shared_feed_forward_length")? {
-                if n > 0 {
-                    return Err(ModelError::Unsupported {
-                        what: "shared experts (expert_shared_feed_forward_length)",
-                        value: n.to_string(),
-                    });
+            // qwen2moe: a shared expert gated by a sigmoid, routed weights not renormalized.
+            let qwen2moe = k.arch == "qwen2moe";
+            let shared = if qwen2moe {
+                let n_ff = match k.opt_usize("expert_shared_feed_forward_length")? {
+                    Some(n) if n > 0 => n,
+                    _ => k.usize("feed_forward_length")?,
+                };
+                Some(SharedExpert { n_ff, gated: true })
+            } else {
+                if let Some(n) = k.opt_usize("expert_shared_feed_forward_length")? {
+                    if n > 0 {
+                        return Err(ModelError::Unsupported {
+                            what: "shared experts (expert_shared_feed_forward_length)",
+                            value: format!("{n} in a {} file", k.arch),
+                        });
+                    }
                 }
-            }
+                None
+            };
             let n_ff = match k.opt_usize("expert_feed_forward_length")? {
                 Some(n) if n > 0 && k.arch != "llama" => n,
                 _ if k.arch == "llama" => k.usize("feed_forward_length")?,
@@ -109,8 +120,9 @@ fn ffn_of(k: &Keys<'_>, experts: Experts) -> Result<Ffn> {
                 n_ff,
                 activation: Activation::Silu,
                 gating: Gating::Softmax,
-                norm_weights: true,
+                norm_weights: !qwen2moe,
                 weights_scale: None,
+                shared,
             }))
         }
     }
@@ -178,6 +190,10 @@ fn describe_decoder(
     };
     let n_ctx_train = k.opt_usize("context_length")?.unwrap_or(4096);
     let ffn = ffn_of(&k, experts)?;
+    // llama.cpp's qwen2moe has no tied output: it requires `output.weight`.
+    if arch == "qwen2moe" && file.tensor("output.weight").is_none() {
+        return Err(ModelError::MissingTensor("output.weight".into()));
+    }
     let attention = Attention {
         n_head,
         n_head_kv,

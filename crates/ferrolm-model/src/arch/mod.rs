@@ -18,6 +18,7 @@ const ARCHITECTURES: &[(&str, Describe)] = &[
     ("llama", llama::describe),
     ("mistral", llama::describe),
     ("qwen2", llama::describe),
+    ("qwen2moe", llama::describe),
     ("qwen3", llama::describe),
     ("qwen3moe", llama::describe),
     ("gemma2", gemma::describe),

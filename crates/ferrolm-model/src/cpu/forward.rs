@@ -8,7 +8,7 @@ use super::matmul::{matmul, matmul_group, SharedInput};
 use super::ops::{rms_norm, rms_norm_in_place, RopeAngles};
 use crate::kv_cache::KvCache;
 use crate::plan::{Activation, Ffn, Gating, Moe};
-use crate::weights::{FfnWeights, Matrix};
+use crate::weights::{FfnWeights, Matrix, SharedWeights};
 use crate::Model;
 
 /// Which positions' logits a forward pass returns.
@@ -243,6 +243,7 @@ pub(crate) fn forward(
                     gate,
                     up,
                     down,
+                    shared,
                 },
             ) => {
                 let experts = MoeWeights {
@@ -250,6 +251,7 @@ pub(crate) fn forward(
                     gate,
                     up,
                     down,
+                    shared: shared.as_deref(),
                 };
                 let counts = model.expert_counts.get(l).map(Vec::as_slice);
                 moe(
@@ -348,6 +350,7 @@ struct MoeWeights<'a> {
     gate: &'a [Matrix],
     up: &'a [Matrix],
     down: &'a [Matrix],
+    shared: Option<&'a SharedWeights>,
 }
 
 /// The smallest sum of selected weights a renormalization divides by (the smallest normal
@@ -422,6 +425,7 @@ fn moe(
         gating: _,
         norm_weights: _,
         weights_scale: _,
+        shared: shared_plan,
     } = *m;
     scratch.input.reset();
     let mut logits = vec![0f32; n * ne];
@@ -502,6 +506,77 @@ fn moe(
         }
     }
     dump("ffn_moe_out", layer, out);
+    if let (Some(sp), Some(sw)) = (shared_plan, w.shared) {
+        shared_expert(
+            pool, file, &mut input, sp.n_ff, activation, sw, h, n, d, layer, out,
+        );
+    }
+}
+
+/// The shared expert over the `n` normed rows `h`, added to the routed experts' `out`: its
+/// gated FFN, scaled per token (if gated) by `sigmoid(gate_inp . x)`, which llama.cpp's
+/// qwen2moe graph computes as `silu(g) / g` (libm `expf`, one element per row).
+#[allow(clippy::too_many_arguments)]
+fn shared_expert(
+    pool: &ThreadPool,
+    file: &[u8],
+    input: &mut SharedInput,
+    n_ff: usize,
+    activation: Activation,
+    sw: &SharedWeights,
+    h: &[f32],
+    n: usize,
+    d: usize,
+    layer: usize,
+    out: &mut [f32],
+) {
+    let scale = sw.gate_inp.as_ref().map(|wi| {
+        input.reset();
+        let mut logit = vec![0f32; n];
+        matmul(pool, wi, file, input.get(pool, h, n, d, wi.ty), &mut logit);
+        dump("ffn_shexp_gate_inp", layer, &logit);
+        // One row of one element per token: ggml's scalar silu, never its 16-lane one.
+        let gate: Vec<f32> = logit
+            .iter()
+            .map(|&x| {
+                let mut s = [0f32];
+                ferrolm_quant::ggml_vec::silu(&[x], &mut s);
+                s[0] / x
+            })
+            .collect();
+        dump("ffn_shexp_gate", layer, &gate);
+        gate
+    });
+    let (wg, wu, wd) = (&sw.gate, &sw.up, &sw.down);
+    input.reset();
+    input.prepare(pool, h, n, d, &[wg.ty, wu.ty]);
+    let mut g = vec![0f32; n * n_ff];
+    let mut u = vec![0f32; n * n_ff];
+    matmul_group(
+        pool,
+        file,
+        vec![
+            (wg, input.rows_for(wg.ty), &mut g),
+            (wu, input.rows_for(wu.ty), &mut u),
+        ],
+    );
+    let gated = activate(pool, activation, &g, &u, n_ff);
+    input.reset();
+    let mut y = vec![0f32; n * d];
+    matmul(
+        pool,
+        wd,
+        file,
+        input.get(pool, &gated, n, n_ff, wd.ty),
+        &mut y,
+    );
+    dump("ffn_shexp", layer, &y);
+    for (t, (o, y)) in out.chunks_mut(d).zip(y.chunks(d)).enumerate() {
+        match &scale {
+            Some(s) => o.iter_mut().zip(y).for_each(|(o, y)| *o += y * s[t]),
+            None => o.iter_mut().zip(y).for_each(|(o, y)| *o += y),
+        }
+    }
 }
 
 /// What a block's output goes through before the residual add: the post-norm (Gemma), then the
@@ -535,6 +610,7 @@ mod tests {
             gating: Gating::Softmax,
             norm_weights: norm,
             weights_scale: None,
+            shared: None,
         }
     }
 
