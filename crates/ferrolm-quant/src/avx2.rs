@@ -28,6 +28,14 @@ pub(crate) fn kernel(ty: TensorType) -> Option<Simd> {
             multi: Some(multi_entry::<B> as MultiFn),
         }
     }
+    /// As `pair`, with the AVX-512 VNNI batched tile where the CPU has it.
+    fn q0<B: Q0Block>() -> Simd {
+        let mut simd = pair::<B>();
+        if has_avx512_vnni() {
+            simd.multi = Some(multi_entry_512::<B> as MultiFn);
+        }
+        simd
+    }
     fn float(dot: DotFn) -> Simd {
         Simd {
             dot,
@@ -39,11 +47,11 @@ pub(crate) fn kernel(ty: TensorType) -> Option<Simd> {
         T::F32 => float(dot_f32),
         T::F16 => float(dot_f16),
         T::BF16 => float(dot_bf16),
-        T::Q4_0 => pair::<Q4_0>(),
+        T::Q4_0 => q0::<Q4_0>(),
         T::Q4_1 => pair::<Q4_1>(),
-        T::Q5_0 => pair::<Q5_0>(),
+        T::Q5_0 => q0::<Q5_0>(),
         T::Q5_1 => pair::<Q5_1>(),
-        T::Q8_0 => pair::<Q8_0>(),
+        T::Q8_0 => q0::<Q8_0>(),
         // vec_dot pairs blocks; llamafile_sgemm (batches) does not
         T::IQ4_NL => Simd {
             dot: dot_pairs_entry::<Iq4Nl>,
@@ -242,6 +250,153 @@ unsafe fn multi_blocks<B: Block>(
             c0 += C;
         }
         for c in c0..n_cols {
+            out[c * n_rows + i] = dot_blocks::<B>(nb, xr, y.add(c * act_stride));
+        }
+    }
+}
+
+/// Whether the AVX-512 parts that `multi_blocks_512` uses are available.
+fn has_avx512_vnni() -> bool {
+    std::arch::is_x86_feature_detected!("avx512f")
+        && std::arch::is_x86_feature_detected!("avx512bw")
+        && std::arch::is_x86_feature_detected!("avx512vl")
+        && std::arch::is_x86_feature_detected!("avx512vnni")
+}
+
+/// Blocks of signed quants with one scale, met by Q8_0 activations (scale f16 at byte 0,
+/// quants at byte 2): Q4_0, Q5_0, Q8_0.
+trait Q0Block: Block<W = (__m256i, __m256i, f32)> {}
+impl Q0Block for Q4_0 {}
+impl Q0Block for Q5_0 {}
+impl Q0Block for Q8_0 {}
+
+/// `multi_entry` with the AVX-512 VNNI tile (see `multi_blocks_512`).
+#[allow(clippy::too_many_arguments)] // two strided matrices and their shapes
+fn multi_entry_512<B: Q0Block>(
+    n: usize,
+    rows: &[u8],
+    row_stride: usize,
+    n_rows: usize,
+    acts: &[u8],
+    act_stride: usize,
+    n_cols: usize,
+    out: &mut [f32],
+) {
+    let nb = n / B::QK;
+    assert!(n.is_multiple_of(B::QK) && row_stride >= nb * B::WB && act_stride >= nb * B::AB);
+    if n_rows == 0 || n_cols == 0 {
+        return;
+    }
+    assert!(rows.len() >= (n_rows - 1) * row_stride + nb * B::WB);
+    assert!(acts.len() >= (n_cols - 1) * act_stride + nb * B::AB);
+    assert!(out.len() >= n_rows * n_cols);
+    // SAFETY: `kernel` hands this function out only after `is_x86_feature_detected!` found
+    // avx2, fma, f16c and (`has_avx512_vnni`) avx512f/bw/vl/vnni; row `i < n_rows` and column
+    // `c < n_cols` stay inside their slices by the asserts above, and every output index is
+    // below `n_rows * n_cols`.
+    unsafe {
+        multi_blocks_512::<B>(
+            nb,
+            rows.as_ptr(),
+            row_stride,
+            n_rows,
+            acts.as_ptr(),
+            act_stride,
+            n_cols,
+            out,
+        )
+    }
+}
+
+/// `multi_blocks` for `Q0Block`s, two columns per 512-bit register: lanes 0..8 hold one
+/// column's accumulator and lanes 8..16 the next one's, each exactly the AVX2 `Acc::v` of that
+/// output. The integer block sums come from `vpdpbusd` (|q| times q-signed y, four bytes per
+/// i32 lane, as `maddubs` + `madd` group them; exact, no saturation either way), the scale is
+/// the same f32 product `d * dy`, and the FMA, the conversion and the final `hsum_float_8`
+/// are lane for lane the AVX2 ones, so every output keeps its bits.
+#[allow(clippy::too_many_arguments, clippy::needless_range_loop)]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn multi_blocks_512<B: Q0Block>(
+    nb: usize,
+    x: *const u8,
+    row_stride: usize,
+    n_rows: usize,
+    y: *const u8,
+    act_stride: usize,
+    n_cols: usize,
+    out: &mut [f32],
+) {
+    const R: usize = 2;
+    // column pairs per tile
+    const P: usize = 4;
+    let finish = |v: __m256| {
+        B::finish(&Acc {
+            v,
+            s: 0.0,
+            m: _mm_setzero_ps(),
+        })
+    };
+    let mut i0 = 0;
+    while i0 + R <= n_rows {
+        let xr: [*const u8; R] = std::array::from_fn(|r| x.add((i0 + r) * row_stride));
+        let mut c0 = 0;
+        while c0 + 2 * P <= n_cols {
+            let mut acc = [[_mm512_setzero_ps(); P]; R];
+            for b in 0..nb {
+                let mut aq = [_mm512_setzero_si512(); R];
+                let mut neg = [0; R];
+                let mut d = [_mm512_setzero_ps(); R];
+                for r in 0..R {
+                    let (q, a, dr) = B::decode(xr[r].add(b * B::WB));
+                    aq[r] = _mm512_broadcast_i64x4(a);
+                    neg[r] = _mm512_movepi8_mask(_mm512_broadcast_i64x4(q));
+                    d[r] = _mm512_set1_ps(dr);
+                }
+                for p in 0..P {
+                    let y0 = y.add((c0 + 2 * p) * act_stride + b * B::AB);
+                    let y1 = y0.add(act_stride);
+                    let yq = _mm512_inserti64x4::<1>(
+                        _mm512_castsi256_si512(load(y0.add(2))),
+                        load(y1.add(2)),
+                    );
+                    let dy = _mm512_mask_blend_ps(
+                        0xff00,
+                        _mm512_set1_ps(f16_at(y0)),
+                        _mm512_set1_ps(f16_at(y1)),
+                    );
+                    for r in 0..R {
+                        // y where q > 0, -y where q < 0 (where q == 0, |q| zeroes it anyway)
+                        let sy = _mm512_mask_sub_epi8(yq, neg[r], _mm512_setzero_si512(), yq);
+                        let sum = _mm512_dpbusd_epi32(_mm512_setzero_si512(), aq[r], sy);
+                        acc[r][p] = _mm512_fmadd_ps(
+                            _mm512_mul_ps(d[r], dy),
+                            _mm512_cvtepi32_ps(sum),
+                            acc[r][p],
+                        );
+                    }
+                }
+            }
+            for p in 0..P {
+                for r in 0..R {
+                    let v = acc[r][p];
+                    let lo = _mm512_castps512_ps256(v);
+                    let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)));
+                    out[(c0 + 2 * p) * n_rows + i0 + r] = finish(lo);
+                    out[(c0 + 2 * p + 1) * n_rows + i0 + r] = finish(hi);
+                }
+            }
+            c0 += 2 * P;
+        }
+        for c in c0..n_cols {
+            for r in 0..R {
+                out[c * n_rows + i0 + r] = dot_blocks::<B>(nb, xr[r], y.add(c * act_stride));
+            }
+        }
+        i0 += R;
+    }
+    for i in i0..n_rows {
+        let xr = x.add(i * row_stride);
+        for c in 0..n_cols {
             out[c * n_rows + i] = dot_blocks::<B>(nb, xr, y.add(c * act_stride));
         }
     }

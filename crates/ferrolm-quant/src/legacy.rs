@@ -435,7 +435,13 @@ mod rounding_tests {
     fn the_magic_rounding_equals_round_ties_even() {
         let mut x = -130.0f32;
         while x <= 130.0 {
-            for v in [x, x + 0.5, x - 0.5, f32::from_bits((x + 0.5).to_bits() + 1), x + 1e-3] {
+            for v in [
+                x,
+                x + 0.5,
+                x - 0.5,
+                f32::from_bits((x + 0.5).to_bits() + 1),
+                x + 1e-3,
+            ] {
                 // Compared as the integers the quantizers keep (-0.0 and 0.0 are both 0).
                 assert_eq!(round_half_even(v) as i32, v.round_ties_even() as i32, "{v}");
             }

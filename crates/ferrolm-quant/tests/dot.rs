@@ -177,6 +177,49 @@ fn dot_rows_and_multi_match_single_dots() {
     }
 }
 
+/// Batches wide enough for the whole register tiles (8 and more columns, row pairs and an odd
+/// row): every output equals the single dot of its row and column, bit for bit.
+#[test]
+fn multi_full_tiles_match_single_dots() {
+    let mut rng = Rng::new(7);
+    for &ty in WEIGHT_TYPES {
+        if matches!(
+            ty,
+            TensorType::IQ4_NL | TensorType::F32 | TensorType::F16 | TensorType::BF16
+        ) {
+            continue; // llamafile_sgemm order, checked against llama.cpp in ggml_oracle.rs
+        }
+        let k = dot_kernel(ty).unwrap();
+        let n = 3 * ty.block_size().max(64);
+        let rb = ferrolm_quant::row_bytes(ty, n).unwrap();
+        let ab = ferrolm_quant::row_bytes(k.activation_type(), n).unwrap();
+        for (n_rows, n_cols) in [(2, 8), (5, 19), (4, 16)] {
+            let stride = rb + 3;
+            let mut rows = vec![0u8; n_rows * stride];
+            for i in 0..n_rows {
+                rows[i * stride..i * stride + rb].copy_from_slice(&random_row(ty, n, &mut rng));
+            }
+            let mut acts = Vec::new();
+            for _ in 0..n_cols {
+                acts.extend(random_act(k.activation_type(), n, &mut rng).1);
+            }
+            let mut multi = vec![0f32; n_rows * n_cols];
+            k.dot_rows_multi(n, &rows, stride, n_rows, &acts, ab, n_cols, &mut multi);
+            for i in 0..n_rows {
+                let row = &rows[i * stride..i * stride + rb];
+                for c in 0..n_cols {
+                    let s = k.dot(n, row, &acts[c * ab..(c + 1) * ab]);
+                    assert_eq!(
+                        multi[c * n_rows + i].to_bits(),
+                        s.to_bits(),
+                        "{ty} {n_rows}x{n_cols} r{i} c{c}"
+                    );
+                }
+            }
+        }
+    }
+}
+
 #[test]
 #[should_panic(expected = "multiple of the block size")]
 fn dot_panics_on_partial_blocks() {
