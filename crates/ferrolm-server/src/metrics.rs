@@ -54,6 +54,8 @@ struct Histograms {
     per_token: Histogram,
     batch: Histogram,
     requests: BTreeMap<(String, u16), u64>,
+    /// Per layer, per expert: tokens routed to it (`Model::expert_counts`; empty when dense).
+    experts: Vec<Vec<u64>>,
 }
 
 /// Everything `/metrics` reports.
@@ -87,6 +89,7 @@ impl Metrics {
                 per_token: Histogram::new(LATENCY_S),
                 batch: Histogram::new(BATCH),
                 requests: BTreeMap::new(),
+                experts: Vec::new(),
             }),
         }
     }
@@ -109,6 +112,11 @@ impl Metrics {
 
     pub fn time_per_token(&self, s: f64) {
         self.hist().per_token.observe(s);
+    }
+
+    /// The model's expert activation counts so far (per layer, per expert).
+    pub fn set_expert_counts(&self, counts: Vec<Vec<u64>>) {
+        self.hist().experts = counts;
     }
 
     pub fn batch_size(&self, n: usize) {
@@ -190,6 +198,20 @@ impl Metrics {
                 "ferrolm_requests_total{{path=\"{path}\",status=\"{status}\"}} {n}"
             );
         }
+        if h.experts.iter().any(|l| !l.is_empty()) {
+            let _ = writeln!(
+                out,
+                "# HELP ferrolm_expert_selections_total Tokens routed to each expert of each mixture-of-experts layer.\n# TYPE ferrolm_expert_selections_total counter"
+            );
+            for (layer, counts) in h.experts.iter().enumerate() {
+                for (expert, n) in counts.iter().enumerate() {
+                    let _ = writeln!(
+                        out,
+                        "ferrolm_expert_selections_total{{layer=\"{layer}\",expert=\"{expert}\"}} {n}"
+                    );
+                }
+            }
+        }
         h.batch.write(
             &mut out,
             "ferrolm_batch_size",
@@ -206,5 +228,29 @@ impl Metrics {
             "Between consecutive generated tokens of a request.",
         );
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn expert_counts_are_counters_per_layer_and_expert_and_absent_when_dense() {
+        let m = Metrics::new(1);
+        assert!(!m.render().contains("ferrolm_expert_selections_total"));
+        m.set_expert_counts(vec![vec![], vec![]]);
+        assert!(!m.render().contains("ferrolm_expert_selections_total"));
+        m.set_expert_counts(vec![vec![], vec![3, 0, 5]]);
+        let text = m.render();
+        assert!(text.contains("# TYPE ferrolm_expert_selections_total counter"));
+        for line in [
+            "ferrolm_expert_selections_total{layer=\"1\",expert=\"0\"} 3",
+            "ferrolm_expert_selections_total{layer=\"1\",expert=\"1\"} 0",
+            "ferrolm_expert_selections_total{layer=\"1\",expert=\"2\"} 5",
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line} in:\n{text}");
+        }
+        assert!(!text.contains("layer=\"0\""));
     }
 }

@@ -126,8 +126,10 @@ pub fn start(
         .name("ferrolm-scheduler".into())
         .spawn(move || {
             let mut forward = BatchedForward::new(&model, parallel, n_ctx);
+            let moe = model.expert_counts().iter().any(|l| !l.is_empty());
             Scheduler {
                 tokenizer: &tokenizer,
+                experts: moe.then_some(&model),
                 slots: (0..parallel).map(|_| None).collect(),
                 rx,
                 shared: inner,
@@ -149,6 +151,8 @@ struct Active<'t> {
 
 struct Scheduler<'t> {
     tokenizer: &'t Tokenizer,
+    /// A mixture-of-experts model, whose expert counts `/metrics` reports after each step.
+    experts: Option<&'t Model>,
     slots: Vec<Option<Active<'t>>>,
     rx: mpsc::Receiver<Job>,
     shared: Arc<Shared>,
@@ -276,6 +280,9 @@ impl<'t> Scheduler<'t> {
                 vec![Err(e); inputs.len()]
             });
         drop(inputs);
+        if let Some(model) = self.experts {
+            self.metrics().set_expert_counts(model.expert_counts());
+        }
         for ((slot, n), output) in done.into_iter().zip(outputs) {
             let logits = match output {
                 Ok(l) => l,
@@ -467,6 +474,7 @@ mod tests {
                 let mut fake = fake;
                 Scheduler {
                     tokenizer: tok,
+                    experts: None,
                     slots: vec![None, None],
                     rx,
                     shared,

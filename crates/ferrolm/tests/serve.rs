@@ -830,3 +830,59 @@ fn load_script_32_concurrent_clients_lose_nothing() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// A mixture-of-experts model: `/metrics` counts, per layer and expert, the tokens routed to
+/// it (top-2 of a synthetic Qwen3-MoE: twice the tokens evaluated in each layer); a dense
+/// model has no such series.
+#[test]
+fn metrics_count_routed_experts_per_layer() {
+    let dir = std::env::temp_dir().join(format!("ferrolm-serve-experts-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let model = dir.join("qwen3moe.gguf");
+    let model = model.to_str().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_ferrolm"))
+        .args(["synth", "--arch", "qwen3moe", "--layers", "2", "-o", model])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let server = Server::start(&["-m", model]);
+    let v = server
+        .post(
+            "/v1/completions",
+            &json!({"model": "qwen3moe", "prompt": "hello world", "max_tokens": 4, "temperature": 0}),
+        )
+        .json();
+    let n_prompt = v["usage"]["prompt_tokens"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("{v}"));
+    let n_gen = v["usage"]["completion_tokens"].as_u64().unwrap();
+    let text = server.get("/metrics").text();
+    assert!(text.contains("# TYPE ferrolm_expert_selections_total counter"));
+    let sum = |layer: usize| -> u64 {
+        let prefix = format!("ferrolm_expert_selections_total{{layer=\"{layer}\",expert=\"");
+        let lines: Vec<&str> = text.lines().filter(|l| l.starts_with(&prefix)).collect();
+        assert_eq!(lines.len(), 8, "{text}");
+        lines
+            .iter()
+            .map(|l| l.rsplit(' ').next().unwrap().parse::<u64>().unwrap())
+            .sum()
+    };
+    let (s0, s1) = (sum(0), sum(1));
+    assert_eq!(s0, s1);
+    // Every prompt token, and each generated one fed back (all but, perhaps, the last).
+    assert!(
+        s0 % 2 == 0 && s0 >= 2 * n_prompt && s0 <= 2 * (n_prompt + n_gen),
+        "{s0} selections for {n_prompt} + {n_gen} tokens"
+    );
+    drop(server);
+    let _ = std::fs::remove_dir_all(&dir);
+    let dense = Server::start(&[]);
+    assert!(!dense
+        .get("/metrics")
+        .text()
+        .contains("ferrolm_expert_selections_total"));
+}
