@@ -265,10 +265,41 @@ fn has_avx512_vnni() -> bool {
 
 /// Blocks of signed quants with one scale, met by Q8_0 activations (scale f16 at byte 0,
 /// quants at byte 2): Q4_0, Q5_0, Q8_0.
-trait Q0Block: Block<W = (__m256i, __m256i, f32)> {}
-impl Q0Block for Q4_0 {}
-impl Q0Block for Q5_0 {}
-impl Q0Block for Q8_0 {}
+trait Q0Block: Block<W = (__m256i, __m256i, f32)> {
+    /// What `decode_u` adds to every quant.
+    const OFFSET: u8;
+    /// The block's quants plus `OFFSET`, as unsigned bytes, and its scale `d`.
+    ///
+    /// # Safety
+    /// As for `Block::decode`.
+    unsafe fn decode_u(x: *const u8) -> (__m256i, f32);
+}
+impl Q0Block for Q4_0 {
+    const OFFSET: u8 = 8;
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn decode_u(x: *const u8) -> (__m256i, f32) {
+        (nibbles_16(x.add(2)), f16_at(x))
+    }
+}
+impl Q0Block for Q5_0 {
+    const OFFSET: u8 = 16;
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn decode_u(x: *const u8) -> (__m256i, f32) {
+        (q5_bytes(x.add(2), x.add(6)), f16_at(x))
+    }
+}
+impl Q0Block for Q8_0 {
+    const OFFSET: u8 = 128;
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn decode_u(x: *const u8) -> (__m256i, f32) {
+        // q + 128 as u8 is q with its top bit flipped
+        let q = _mm256_xor_si256(load(x.add(2)), _mm256_set1_epi8(-128));
+        (q, f16_at(x))
+    }
+}
 
 /// `multi_entry` with the AVX-512 VNNI tile (see `multi_blocks_512`).
 #[allow(clippy::too_many_arguments)] // two strided matrices and their shapes
@@ -310,8 +341,9 @@ fn multi_entry_512<B: Q0Block>(
 
 /// `multi_blocks` for `Q0Block`s, two columns per 512-bit register: lanes 0..8 hold one
 /// column's accumulator and lanes 8..16 the next one's, each exactly the AVX2 `Acc::v` of that
-/// output. The integer block sums come from `vpdpbusd` (|q| times q-signed y, four bytes per
-/// i32 lane, as `maddubs` + `madd` group them; exact, no saturation either way), the scale is
+/// output. The integer block sums come from `vpdpbusd` ((q + OFFSET) times y, four bytes per
+/// i32 lane, as `maddubs` + `madd` group them, less OFFSET times the sum of those y; exact, no
+/// saturation or overflow either way), the scale is
 /// the same f32 product `d * dy`, and the FMA, the conversion and the final `hsum_float_8`
 /// are lane for lane the AVX2 ones, so every output keeps its bits.
 #[allow(clippy::too_many_arguments, clippy::needless_range_loop)]
@@ -326,7 +358,7 @@ unsafe fn multi_blocks_512<B: Q0Block>(
     n_cols: usize,
     out: &mut [f32],
 ) {
-    const R: usize = 2;
+    const R: usize = 4;
     // column pairs per tile
     const P: usize = 4;
     let finish = |v: __m256| {
@@ -343,15 +375,14 @@ unsafe fn multi_blocks_512<B: Q0Block>(
         while c0 + 2 * P <= n_cols {
             let mut acc = [[_mm512_setzero_ps(); P]; R];
             for b in 0..nb {
-                let mut aq = [_mm512_setzero_si512(); R];
-                let mut neg = [0; R];
+                let mut qu = [_mm512_setzero_si512(); R];
                 let mut d = [_mm512_setzero_ps(); R];
                 for r in 0..R {
-                    let (q, a, dr) = B::decode(xr[r].add(b * B::WB));
-                    aq[r] = _mm512_broadcast_i64x4(a);
-                    neg[r] = _mm512_movepi8_mask(_mm512_broadcast_i64x4(q));
+                    let (q, dr) = B::decode_u(xr[r].add(b * B::WB));
+                    qu[r] = _mm512_broadcast_i64x4(q);
                     d[r] = _mm512_set1_ps(dr);
                 }
+                let offset = _mm512_set1_epi8(B::OFFSET as i8);
                 for p in 0..P {
                     let y0 = y.add((c0 + 2 * p) * act_stride + b * B::AB);
                     let y1 = y0.add(act_stride);
@@ -364,10 +395,14 @@ unsafe fn multi_blocks_512<B: Q0Block>(
                         _mm512_set1_ps(f16_at(y0)),
                         _mm512_set1_ps(f16_at(y1)),
                     );
+                    // -OFFSET * (sum of each four y), so that adding (q + OFFSET) * y gives
+                    // the exact sum of q * y (|sums| < 2^17: no overflow anywhere)
+                    let base = _mm512_sub_epi32(
+                        _mm512_setzero_si512(),
+                        _mm512_dpbusd_epi32(_mm512_setzero_si512(), offset, yq),
+                    );
                     for r in 0..R {
-                        // y where q > 0, -y where q < 0 (where q == 0, |q| zeroes it anyway)
-                        let sy = _mm512_mask_sub_epi8(yq, neg[r], _mm512_setzero_si512(), yq);
-                        let sum = _mm512_dpbusd_epi32(_mm512_setzero_si512(), aq[r], sy);
+                        let sum = _mm512_dpbusd_epi32(base, qu[r], yq);
                         acc[r][p] = _mm512_fmadd_ps(
                             _mm512_mul_ps(d[r], dy),
                             _mm512_cvtepi32_ps(sum),
