@@ -172,6 +172,30 @@ pub fn matmul(pool: &ThreadPool, w: &Matrix, file: &[u8], input: &QuantizedRows,
         });
         return;
     }
+    if splits_by_token(w.ty) {
+        // Every output of these kernels is its own row-by-column dot, whatever the tile, so the
+        // batch can be split by tokens: each task writes whole output rows in place (no tile
+        // copies) and its activations stay in cache while the weight rows stream past.
+        let per_task = n_tok
+            .div_ceil(4 * pool.n_threads().max(1))
+            .next_multiple_of(8)
+            .clamp(8, 64);
+        pool.for_each_chunk_mut(out, per_task * w.rows, |c, chunk| {
+            let t0 = c * per_task;
+            let n = chunk.len() / w.rows;
+            kernel.dot_rows_multi(
+                w.cols,
+                data,
+                w.row_bytes,
+                w.rows,
+                &input.data[t0 * input.stride..],
+                input.stride,
+                n,
+                chunk,
+            );
+        });
+        return;
+    }
     let n_tasks = w.rows.div_ceil(ROWS_PER_TASK);
     let tiles: Vec<Vec<f32>> = pool.map(n_tasks, |c| {
         let r0 = c * ROWS_PER_TASK;
@@ -198,4 +222,24 @@ pub fn matmul(pool: &ThreadPool, w: &Matrix, file: &[u8], input: &QuantizedRows,
                 .copy_from_slice(&tile[t * n_rows..(t + 1) * n_rows]);
         }
     }
+}
+
+/// Whether batches of `ty` may be split by tokens: the quantized types, whose batched outputs
+/// equal their single dots bit for bit (tests/dot.rs in ferrolm-quant); not the float and
+/// IQ4_NL ones, whose batches follow llamafile_sgemm's tiles over the 32-row tasks.
+fn splits_by_token(ty: TensorType) -> bool {
+    use TensorType as T;
+    matches!(
+        ty,
+        T::Q4_0
+            | T::Q4_1
+            | T::Q5_0
+            | T::Q5_1
+            | T::Q8_0
+            | T::Q2_K
+            | T::Q3_K
+            | T::Q4_K
+            | T::Q5_K
+            | T::Q6_K
+    )
 }
