@@ -210,31 +210,16 @@ pub(crate) fn forward(
                     down: wd,
                 },
             ) => {
-                scratch.input.reset();
-                let mut g = vec![0f32; n * n_ff];
-                let mut u = vec![0f32; n * n_ff];
-                scratch.input.prepare(pool, &h, n, d, &[wg.ty, wu.ty]);
-                let inp = &scratch.input;
-                matmul_group(
+                let y = gated_ffn(
                     pool,
                     file,
-                    vec![
-                        (wg, inp.rows_for(wg.ty), &mut g),
-                        (wu, inp.rows_for(wu.ty), &mut u),
-                    ],
+                    &mut scratch.input,
+                    (&h, n, d),
+                    (n_ff, activation),
+                    (wg, wu, wd),
+                    Some(l),
                 );
-                dump("ffn_gate", l, &g);
-                dump("ffn_up", l, &u);
-                let gated = activate(pool, activation, &g, &u, n_ff);
-                dump("ffn_geglu", l, &gated);
-                scratch.input.reset();
-                matmul(
-                    pool,
-                    wd,
-                    file,
-                    scratch.input.get(pool, &gated, n, n_ff, wd.ty),
-                    &mut o,
-                );
+                o.copy_from_slice(&y);
             }
             (
                 Ffn::Moe(m),
@@ -320,6 +305,49 @@ pub(crate) fn forward(
         start += len;
     }
     out
+}
+
+/// A gated feed-forward over the `n` rows of `x` (each `d` wide): `down(act(gate(x)) * up(x))`,
+/// the input quantized once for gate and up. With a layer, its intermediates are dumped under
+/// llama.cpp's names.
+#[allow(clippy::type_complexity)] // (gate, up, down), (rows, count, width): named by position
+fn gated_ffn(
+    pool: &ThreadPool,
+    file: &[u8],
+    input: &mut SharedInput,
+    (x, n, d): (&[f32], usize, usize),
+    (n_ff, activation): (usize, Activation),
+    (wg, wu, wd): (&Matrix, &Matrix, &Matrix),
+    layer: Option<usize>,
+) -> Vec<f32> {
+    input.reset();
+    input.prepare(pool, x, n, d, &[wg.ty, wu.ty]);
+    let mut g = vec![0f32; n * n_ff];
+    let mut u = vec![0f32; n * n_ff];
+    matmul_group(
+        pool,
+        file,
+        vec![
+            (wg, input.rows_for(wg.ty), &mut g),
+            (wu, input.rows_for(wu.ty), &mut u),
+        ],
+    );
+    let gated = activate(pool, activation, &g, &u, n_ff);
+    if let Some(l) = layer {
+        dump("ffn_gate", l, &g);
+        dump("ffn_up", l, &u);
+        dump("ffn_geglu", l, &gated);
+    }
+    input.reset();
+    let mut y = vec![0f32; n * d];
+    matmul(
+        pool,
+        wd,
+        file,
+        input.get(pool, &gated, n, n_ff, wd.ty),
+        &mut y,
+    );
+    y
 }
 
 /// `act(gate) * up`, row by row.
@@ -464,28 +492,15 @@ fn moe(
             let t = i / k;
             sub[j * d..(j + 1) * d].copy_from_slice(&h[t * d..(t + 1) * d]);
         }
-        let (wg, wu, wd) = (&w.gate[e], &w.up[e], &w.down[e]);
-        input.reset();
-        input.prepare(pool, &sub, mm, d, &[wg.ty, wu.ty]);
-        let mut g = vec![0f32; mm * n_ff];
-        let mut u = vec![0f32; mm * n_ff];
-        matmul_group(
+        let experts = (&w.gate[e], &w.up[e], &w.down[e]);
+        let y = gated_ffn(
             pool,
             file,
-            vec![
-                (wg, input.rows_for(wg.ty), &mut g),
-                (wu, input.rows_for(wu.ty), &mut u),
-            ],
-        );
-        let gated = activate(pool, activation, &g, &u, n_ff);
-        input.reset();
-        let mut y = vec![0f32; mm * d];
-        matmul(
-            pool,
-            wd,
-            file,
-            input.get(pool, &gated, mm, n_ff, wd.ty),
-            &mut y,
+            &mut input,
+            (&sub, mm, d),
+            (n_ff, activation),
+            experts,
+            None,
         );
         for (j, &i) in rows.iter().enumerate() {
             let wt = weights[i];
@@ -547,28 +562,15 @@ fn shared_expert(
         dump("ffn_shexp_gate", layer, &gate);
         gate
     });
-    let (wg, wu, wd) = (&sw.gate, &sw.up, &sw.down);
-    input.reset();
-    input.prepare(pool, h, n, d, &[wg.ty, wu.ty]);
-    let mut g = vec![0f32; n * n_ff];
-    let mut u = vec![0f32; n * n_ff];
-    matmul_group(
+    let weights = (&sw.gate, &sw.up, &sw.down);
+    let y = gated_ffn(
         pool,
         file,
-        vec![
-            (wg, input.rows_for(wg.ty), &mut g),
-            (wu, input.rows_for(wu.ty), &mut u),
-        ],
-    );
-    let gated = activate(pool, activation, &g, &u, n_ff);
-    input.reset();
-    let mut y = vec![0f32; n * d];
-    matmul(
-        pool,
-        wd,
-        file,
-        input.get(pool, &gated, n, n_ff, wd.ty),
-        &mut y,
+        input,
+        (h, n, d),
+        (n_ff, activation),
+        weights,
+        None,
     );
     dump("ffn_shexp", layer, &y);
     for (t, (o, y)) in out.chunks_mut(d).zip(y.chunks(d)).enumerate() {
