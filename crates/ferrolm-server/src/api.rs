@@ -2,7 +2,7 @@
 
 use ferrolm_engine::sequence::SequenceParams;
 use ferrolm_engine::{FinishReason, SamplerParams};
-use ferrolm_tokenizer::{ChatMessage, Tokenizer};
+use ferrolm_tokenizer::ChatMessage;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
@@ -121,18 +121,6 @@ pub fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError>
             Category::Data => ApiError::invalid(format!("invalid request: {e}")),
         }
     })
-}
-
-/// Tokenizes a prompt as `ferrolm run` does: BOS/EOS as the model asks, special-token text
-/// parsed, no second BOS when a template writes its own.
-pub fn encode_prompt(tokenizer: &Tokenizer, text: &str) -> Vec<u32> {
-    let mut ids = tokenizer.encode(text, true, true);
-    if let Some(bos) = tokenizer.bos() {
-        if tokenizer.adds_bos() && ids.len() >= 2 && ids[0] == bos && ids[1] == bos {
-            ids.remove(0);
-        }
-    }
-    ids
 }
 
 /// The messages as the chat template wants them.

@@ -308,7 +308,7 @@ async fn chat(
         let text = template
             .render(&messages, true, None)
             .map_err(|e| ApiError::param("messages", format!("the chat template failed: {e}")))?;
-        let ids = api::encode_prompt(&state.tokenizer, &text);
+        let ids = state.tokenizer.encode_prompt(&text);
         api::prepare(
             &req.common,
             Endpoint::Chat,
@@ -352,8 +352,8 @@ async fn completions(
             ));
         }
         let ids = match &req.prompt {
-            api::Prompt::Text(t) => api::encode_prompt(&state.tokenizer, t),
-            api::Prompt::Texts(v) if v.len() == 1 => api::encode_prompt(&state.tokenizer, &v[0]),
+            api::Prompt::Text(t) => state.tokenizer.encode_prompt(t),
+            api::Prompt::Texts(v) if v.len() == 1 => state.tokenizer.encode_prompt(&v[0]),
             api::Prompt::Texts(_) => {
                 return Err(ApiError::param(
                     "prompt",

@@ -148,6 +148,18 @@ impl Tokenizer {
         load::load(meta)
     }
 
+    /// A prompt to ids as the engine evaluates it: BOS/EOS as the model asks, special-token text
+    /// parsed, and no second BOS when the text (a rendered chat template) writes its own.
+    pub fn encode_prompt(&self, text: &str) -> Vec<u32> {
+        let mut ids = self.encode(text, true, true);
+        if let Some(bos) = self.bos() {
+            if self.adds_bos() && ids.len() >= 2 && ids[0] == bos && ids[1] == bos {
+                ids.remove(0);
+            }
+        }
+        ids
+    }
+
     /// Text to ids, as `llama_tokenize`. `add_special`: add BOS/EOS as the metadata says
     /// (`add_bos_token`/`add_eos_token`, with llama.cpp's defaults when absent).
     /// `parse_special`: special-token text in the input becomes the special token.

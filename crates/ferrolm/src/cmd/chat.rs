@@ -8,7 +8,6 @@ use ferrolm_engine::{generate, GenerateParams};
 use ferrolm_tokenizer::{ChatMessage, ChatTemplate};
 
 use super::common::{context_size, load, ModelArgs, SamplingArgs};
-use super::run::encode_prompt;
 
 /// Flags of `ferrolm chat`.
 #[derive(Args, Debug)]
@@ -62,7 +61,7 @@ pub fn run(args: ChatArgs) -> Result<()> {
             break;
         }
         messages.push(ChatMessage::new("user", line));
-        let ids = encode_prompt(&tokenizer, &template.render(&messages, true, None)?);
+        let ids = tokenizer.encode_prompt(&template.render(&messages, true, None)?);
         // Reuse the cache up to the first id that differs; evaluate only the rest.
         let common = cached.iter().zip(&ids).take_while(|(a, b)| a == b).count();
         let common = common.min(ids.len() - 1);

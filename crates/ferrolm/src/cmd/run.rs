@@ -58,7 +58,7 @@ pub fn run(args: RunArgs) -> Result<()> {
     } else {
         prompt
     };
-    let mut ids = encode_prompt(&tokenizer, &text);
+    let mut ids = tokenizer.encode_prompt(&text);
     let n_ctx = context_size(&model, args.ctx_size);
     if ids.len() >= n_ctx {
         if !args.truncate {
@@ -168,16 +168,4 @@ pub fn expert_stats(counts: &[Vec<u64>]) -> String {
         s.push('\n');
     }
     s
-}
-
-/// Tokenizes a prompt with BOS/EOS as the model asks, parsing special-token text; a template
-/// that writes its own BOS text does not get a second one.
-pub fn encode_prompt(tokenizer: &ferrolm_tokenizer::Tokenizer, text: &str) -> Vec<u32> {
-    let mut ids = tokenizer.encode(text, true, true);
-    if let Some(bos) = tokenizer.bos() {
-        if tokenizer.adds_bos() && ids.len() >= 2 && ids[0] == bos && ids[1] == bos {
-            ids.remove(0);
-        }
-    }
-    ids
 }
