@@ -50,16 +50,17 @@ impl TensorInfo {
     }
 }
 
-/// The bytes behind a file: a read-only mapping, or a buffer (for tests and fuzzing).
+/// The bytes behind a file: a read-only mapping (and the open file, for reads that bypass it),
+/// or a buffer (for tests and fuzzing).
 enum Bytes {
-    Mapped(memmap2::Mmap),
+    Mapped(memmap2::Mmap, std::fs::File),
     Owned(Vec<u8>),
 }
 
 impl Bytes {
     fn as_slice(&self) -> &[u8] {
         match self {
-            Bytes::Mapped(m) => m,
+            Bytes::Mapped(m, _) => m,
             Bytes::Owned(v) => v,
         }
     }
@@ -93,7 +94,7 @@ impl GgufFile {
         let mmap = memmap::map(&file).map_err(io_err)?;
         let header = reader::parse_header(&mmap)?;
         Ok(GgufFile {
-            bytes: Bytes::Mapped(mmap),
+            bytes: Bytes::Mapped(mmap, file),
             header,
         })
     }
@@ -154,6 +155,37 @@ impl GgufFile {
     /// The whole file's bytes.
     pub fn file_bytes(&self) -> &[u8] {
         self.bytes.as_slice()
+    }
+
+    /// Fills `buf` with the file's bytes from `offset` on, reading the file (pread) rather than
+    /// the mapping, so that the pages read never become part of this process's resident set
+    /// (streamed expert weights rely on this); a file held in memory copies from its buffer.
+    pub fn read_exact_at(&self, offset: u64, buf: &mut [u8]) -> std::io::Result<()> {
+        let len = self.bytes.as_slice().len() as u64;
+        let end = offset.checked_add(buf.len() as u64);
+        if end.is_none_or(|end| end > len) {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                format!(
+                    "{} bytes at offset {offset} lie beyond the file's {len} bytes",
+                    buf.len()
+                ),
+            ));
+        }
+        match &self.bytes {
+            #[cfg(unix)]
+            Bytes::Mapped(_, file) => std::os::unix::fs::FileExt::read_exact_at(file, buf, offset),
+            #[cfg(not(unix))]
+            Bytes::Mapped(m, _) => {
+                // No positioned read here: copy through the mapping (pages become resident).
+                buf.copy_from_slice(&m[offset as usize..offset as usize + buf.len()]);
+                Ok(())
+            }
+            Bytes::Owned(v) => {
+                buf.copy_from_slice(&v[offset as usize..offset as usize + buf.len()]);
+                Ok(())
+            }
+        }
     }
 }
 

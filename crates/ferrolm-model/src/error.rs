@@ -57,6 +57,34 @@ pub enum ModelError {
         /// The vocabulary size.
         n_vocab: usize,
     },
+    /// A streamed-expert cache smaller than the experts one token runs in one layer.
+    #[error(
+        "the expert cache of {given} bytes cannot hold one token's experts: {experts_per_token} \
+         experts of {expert_bytes} bytes need {needed} bytes"
+    )]
+    ExpertCacheTooSmall {
+        /// Bytes one token's experts need.
+        needed: usize,
+        /// The cache's size.
+        given: usize,
+        /// Experts one token runs.
+        experts_per_token: usize,
+        /// Bytes of one expert (its gate, up and down matrices).
+        expert_bytes: usize,
+    },
+    /// Reading a streamed expert's weights from the file failed.
+    #[error("reading expert {expert} of layer {layer} from the file: {source}")]
+    ExpertRead {
+        /// The layer.
+        layer: usize,
+        /// The expert.
+        expert: usize,
+        /// What went wrong.
+        source: std::io::Error,
+    },
+    /// A batched pass failed (each of its sequences gets this, and stays where it was).
+    #[error("the batch failed: {0}")]
+    BatchFailed(String),
     /// A metadata value that makes no sense (zero heads, head count not dividing, ...).
     #[error("invalid hyperparameter: {0}")]
     Invalid(String),

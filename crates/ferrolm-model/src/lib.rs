@@ -6,6 +6,7 @@
 pub mod arch;
 mod cpu;
 mod error;
+mod experts;
 mod kv_cache;
 pub mod plan;
 pub mod synthetic;
@@ -18,6 +19,9 @@ use ferrolm_gguf::GgufFile;
 
 pub use cpu::forward::Logits;
 pub use error::{ModelError, Result};
+pub use experts::{
+    ExpertCacheStats, ExpertMode, LoadOptions, AUTO_CACHE_SHARE, STREAM_ABOVE_SHARE,
+};
 pub use kv_cache::KvCache;
 pub use plan::ModelPlan;
 pub use weights::{Matrix, Weights};
@@ -28,20 +32,39 @@ pub struct Model {
     weights: Weights,
     file: Arc<GgufFile>,
     pool: ferrolm_threads::ThreadPool,
+    /// Where the experts' weights come from (mapped, or streamed through a cache).
+    experts: experts::ExpertStore,
     /// Per layer, how many times each expert was selected (empty for dense layers).
     expert_counts: Vec<Vec<std::sync::atomic::AtomicU64>>,
 }
 
 impl Model {
-    /// Loads the model at `path`, running on `threads` threads (0: every core).
+    /// Loads the model at `path`, running on `threads` threads (0: every core), its experts
+    /// (if any) placed by [`ExpertMode::Auto`].
     pub fn load(path: impl AsRef<Path>, threads: usize) -> Result<Model> {
         Model::from_file(Arc::new(GgufFile::open(path)?), threads)
     }
 
-    /// Loads a model from an open file.
+    /// Loads a model from an open file, its experts (if any) placed by [`ExpertMode::Auto`].
     pub fn from_file(file: Arc<GgufFile>, threads: usize) -> Result<Model> {
+        let options = LoadOptions {
+            threads,
+            ..Default::default()
+        };
+        Model::from_file_with(file, &options)
+    }
+
+    /// Loads the model at `path` as `options` say.
+    pub fn load_with(path: impl AsRef<Path>, options: &LoadOptions) -> Result<Model> {
+        Model::from_file_with(Arc::new(GgufFile::open(path)?), options)
+    }
+
+    /// Loads a model from an open file as `options` say.
+    pub fn from_file_with(file: Arc<GgufFile>, options: &LoadOptions) -> Result<Model> {
         let plan = arch::describe(&file)?;
         let weights = weights::bind(&file, &plan)?;
+        let experts = experts::ExpertStore::new(options.experts, &file, &plan, &weights)?;
+        let threads = options.threads;
         let threads = if threads == 0 {
             std::thread::available_parallelism().map_or(1, |n| n.get())
         } else {
@@ -62,8 +85,15 @@ impl Model {
             weights,
             file,
             pool,
+            experts,
             expert_counts,
         })
+    }
+
+    /// The streamed-expert cache's counters, or `None` when the experts are resident (or the
+    /// model has none).
+    pub fn expert_cache_stats(&self) -> Option<ExpertCacheStats> {
+        self.experts.stats()
     }
 
     /// Per layer, how many times each expert has been selected by the tokens this model has
@@ -174,7 +204,7 @@ impl Session<'_> {
                 pos0: self.pos,
                 want: w,
             }];
-            let logits = cpu::forward::forward(self.model, &mut self.scratch, &mut seq);
+            let logits = cpu::forward::forward(self.model, &mut self.scratch, &mut seq)?;
             out.extend_from_slice(&logits[0]);
             self.pos += chunk.len();
             self.high = self.high.max(self.pos);
@@ -213,6 +243,8 @@ impl Model {
         let mut results: Vec<Option<Result<Vec<f32>>>> = Vec::with_capacity(items.len());
         let mut scratch = cpu::forward::Scratch::default();
         let mut batch = Vec::new();
+        // Where each evaluated session was, to go back there if the pass fails.
+        let mut before = Vec::new();
         for (session, ids, want) in items.iter_mut() {
             assert!(
                 std::ptr::eq(session.model, self),
@@ -224,6 +256,7 @@ impl Model {
                 Ok(()) => {
                     results.push(None);
                     let pos0 = session.pos;
+                    before.push((pos0, session.high));
                     session.pos += ids.len();
                     session.high = session.high.max(session.pos);
                     batch.push(cpu::forward::SeqInput {
@@ -236,9 +269,27 @@ impl Model {
             }
         }
         let outputs = if batch.is_empty() {
-            Vec::new()
+            Ok(Vec::new())
         } else {
             cpu::forward::forward(self, &mut scratch, &mut batch)
+        };
+        drop(batch);
+        let outputs = match outputs {
+            Ok(o) => o,
+            Err(e) => {
+                // Every evaluated session goes back to where it was and gets the error.
+                let message = e.to_string();
+                let mut before = before.into_iter();
+                for ((session, _, _), r) in items.iter_mut().zip(&mut results) {
+                    if r.is_none() {
+                        let (pos, high) = before.next().expect("one per evaluated item");
+                        session.pos = pos;
+                        session.high = high;
+                        *r = Some(Err(ModelError::BatchFailed(message.clone())));
+                    }
+                }
+                Vec::new()
+            }
         };
         let mut logits = outputs.into_iter();
         results

@@ -6,10 +6,13 @@ use ferrolm_threads::ThreadPool;
 use super::attention::attend;
 use super::matmul::{matmul, matmul_group, SharedInput};
 use super::ops::{rms_norm, rms_norm_in_place, RopeAngles};
+use crate::error::Result;
+use crate::experts::ExpertStore;
 use crate::kv_cache::KvCache;
 use crate::plan::{Activation, Ffn, Gating, Moe};
 use crate::weights::{FfnWeights, Matrix, SharedWeights};
 use crate::Model;
+use ferrolm_gguf::GgufFile;
 
 /// Which positions' logits a forward pass returns.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -64,12 +67,13 @@ pub(crate) struct SeqInput<'a> {
 
 /// One forward pass over the tokens of several sequences at once: every matrix product takes
 /// all their tokens together; each sequence attends over its own cache. Returns each sequence's
-/// logits. With one sequence this is the plain batched forward pass.
+/// logits. With one sequence this is the plain batched forward pass. Fails only where streamed
+/// expert weights cannot be read.
 pub(crate) fn forward(
     model: &Model,
     scratch: &mut Scratch,
     seqs: &mut [SeqInput<'_>],
-) -> Vec<Vec<f32>> {
+) -> Result<Vec<Vec<f32>>> {
     let pool = &model.pool;
     let plan = &model.plan;
     let w = &model.weights;
@@ -237,11 +241,13 @@ pub(crate) fn forward(
                     up,
                     down,
                     shared: shared.as_deref(),
+                    store: &model.experts,
+                    gguf: &model.file,
                 };
                 let counts = model.expert_counts.get(l).map(Vec::as_slice);
                 moe(
                     pool, file, scratch, m, &experts, &h, n, d, l, counts, &mut o,
-                );
+                )?;
             }
             _ => unreachable!("weights are bound from the plan"),
         }
@@ -272,7 +278,7 @@ pub(crate) fn forward(
         rows.extend(wanted);
     }
     if rows.is_empty() {
-        return vec![Vec::new(); seqs.len()];
+        return Ok(vec![Vec::new(); seqs.len()]);
     }
     let mut normed = vec![0f32; rows.len() * d];
     rows_mut(pool, &mut normed, d, |i, o| {
@@ -304,7 +310,7 @@ pub(crate) fn forward(
         out.push(logits[start..start + len].to_vec());
         start += len;
     }
-    out
+    Ok(out)
 }
 
 /// A gated feed-forward over the `n` rows of `x` (each `d` wide): `down(act(gate(x)) * up(x))`,
@@ -379,6 +385,9 @@ struct MoeWeights<'a> {
     up: &'a [Matrix],
     down: &'a [Matrix],
     shared: Option<&'a SharedWeights>,
+    /// Where the experts' bytes come from (the mapped file, or a cache of streamed experts).
+    store: &'a ExpertStore,
+    gguf: &'a GgufFile,
 }
 
 /// The smallest sum of selected weights a renormalization divides by (the smallest normal
@@ -444,7 +453,7 @@ fn moe(
     layer: usize,
     counts: Option<&[std::sync::atomic::AtomicU64]>,
     out: &mut [f32],
-) {
+) -> Result<()> {
     let Moe {
         n_expert: ne,
         n_expert_used: k,
@@ -482,34 +491,34 @@ fn moe(
         users[e].push(i);
     }
     let mut input = SharedInput::default();
-    for (e, rows) in users.iter().enumerate() {
-        if rows.is_empty() {
-            continue;
-        }
-        let mm = rows.len();
-        let mut sub = vec![0f32; mm * d];
-        for (j, &i) in rows.iter().enumerate() {
-            let t = i / k;
-            sub[j * d..(j + 1) * d].copy_from_slice(&h[t * d..(t + 1) * d]);
-        }
-        let experts = (&w.gate[e], &w.up[e], &w.down[e]);
-        let y = gated_ffn(
-            pool,
-            file,
-            &mut input,
-            (&sub, mm, d),
-            (n_ff, activation),
-            experts,
-            None,
-        );
-        for (j, &i) in rows.iter().enumerate() {
-            let wt = weights[i];
-            expert_out[i * d..(i + 1) * d]
-                .iter_mut()
-                .zip(&y[j * d..(j + 1) * d])
-                .for_each(|(o, y)| *o = y * wt);
-        }
-    }
+    let needed: Vec<usize> = (0..ne).filter(|&e| !users[e].is_empty()).collect();
+    let experts = (w.gate, w.up, w.down);
+    w.store
+        .for_each_expert(w.gguf, layer, experts, &needed, |e, x| {
+            let rows = &users[e];
+            let mm = rows.len();
+            let mut sub = vec![0f32; mm * d];
+            for (j, &i) in rows.iter().enumerate() {
+                let t = i / k;
+                sub[j * d..(j + 1) * d].copy_from_slice(&h[t * d..(t + 1) * d]);
+            }
+            let y = gated_ffn(
+                pool,
+                x.bytes(),
+                &mut input,
+                (&sub, mm, d),
+                (n_ff, activation),
+                (x.gate, x.up, x.down),
+                None,
+            );
+            for (j, &i) in rows.iter().enumerate() {
+                let wt = weights[i];
+                expert_out[i * d..(i + 1) * d]
+                    .iter_mut()
+                    .zip(&y[j * d..(j + 1) * d])
+                    .for_each(|(o, y)| *o = y * wt);
+            }
+        })?;
     for (t, o) in out.chunks_mut(d).enumerate() {
         let base = t * k * d;
         o.copy_from_slice(&expert_out[base..base + d]);
@@ -526,6 +535,7 @@ fn moe(
             pool, file, &mut input, sp.n_ff, activation, sw, h, n, d, layer, out,
         );
     }
+    Ok(())
 }
 
 /// The shared expert over the `n` normed rows `h`, added to the routed experts' `out`: its

@@ -1,0 +1,194 @@
+//! Streamed experts (read from the file into a bounded cache) give the resident experts'
+//! logits bit for bit, whatever the cache evicts; the cache's counters add up.
+
+use std::path::PathBuf;
+
+use ferrolm_model::synthetic::{self, SyntheticSpec};
+use ferrolm_model::{ExpertMode, LoadOptions, Logits, Model, ModelError};
+
+/// A Qwen3-MoE file of 16 experts (top-2) in 4 layers, written to disk so that the streamed
+/// model reads it with pread. Returns its path (removed by the caller's guard).
+struct TempFile(PathBuf);
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+fn moe_file(tag: &str) -> TempFile {
+    let mut spec = SyntheticSpec::small("qwen3moe");
+    spec.n_expert = 16;
+    let path = std::env::temp_dir().join(format!(
+        "ferrolm-expert-streaming-{tag}-{}.gguf",
+        std::process::id()
+    ));
+    synthetic::write(&spec, &path).unwrap();
+    TempFile(path)
+}
+
+fn load(path: &PathBuf, experts: ExpertMode, threads: usize) -> Model {
+    Model::load_with(path, &LoadOptions { threads, experts }).unwrap()
+}
+
+/// The smallest cache the file allows, read from the error a one-byte cache gets.
+fn minimum_cache(path: &PathBuf) -> (usize, usize) {
+    let e = Model::load_with(
+        path,
+        &LoadOptions {
+            threads: 1,
+            experts: ExpertMode::Streamed { cache_bytes: 1 },
+        },
+    )
+    .err()
+    .expect("a one-byte cache is refused");
+    let message = e.to_string();
+    match e {
+        ModelError::ExpertCacheTooSmall {
+            needed,
+            given,
+            experts_per_token,
+            expert_bytes,
+        } => {
+            assert_eq!(given, 1);
+            assert_eq!(experts_per_token, 2);
+            assert_eq!(needed, 2 * expert_bytes);
+            assert!(
+                message.contains(&needed.to_string()) && message.contains("1 bytes"),
+                "{message}"
+            );
+            (needed, expert_bytes)
+        }
+        other => panic!("expected ExpertCacheTooSmall, got {other}"),
+    }
+}
+
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
+fn prompt(seed: u32, len: usize) -> Vec<u32> {
+    (0..len as u32)
+        .map(|i| (i * 7919 + seed * 104_729) % 900)
+        .collect()
+}
+
+/// Everything a model computes on a fixed workload: a batched prefill (every position's
+/// logits), decode steps one token at a time, and three sequences in one `eval_many` pass
+/// (prompts, then one step each).
+fn workload(m: &Model) -> Vec<Vec<u32>> {
+    let mut out = Vec::new();
+    let mut s = m.session(256);
+    out.push(bits(&s.eval(&prompt(1, 40), Logits::All).unwrap()));
+    for t in [5u32, 77, 301, 12, 640] {
+        out.push(bits(&s.eval(&[t], Logits::Last).unwrap()));
+    }
+    let mut sessions: Vec<_> = (0..3).map(|_| m.session(256)).collect();
+    let prompts = [prompt(2, 9), prompt(3, 23), prompt(4, 1)];
+    let [a, b, c] = &mut sessions[..] else {
+        unreachable!()
+    };
+    let mut items = vec![
+        (a, &prompts[0][..], Logits::All),
+        (b, &prompts[1][..], Logits::Last),
+        (c, &prompts[2][..], Logits::All),
+    ];
+    for r in m.eval_many(&mut items) {
+        out.push(bits(&r.unwrap()));
+    }
+    let next = [[8u32], [9], [10]];
+    let mut items: Vec<_> = items
+        .into_iter()
+        .zip(&next)
+        .map(|((s, _, _), n)| (s, &n[..], Logits::Last))
+        .collect();
+    for r in m.eval_many(&mut items) {
+        out.push(bits(&r.unwrap()));
+    }
+    out
+}
+
+#[test]
+fn streamed_experts_match_resident_bit_for_bit_with_constant_eviction() {
+    let file = moe_file("tiny");
+    let (minimum, expert_bytes) = minimum_cache(&file.0);
+    let resident = load(&file.0, ExpertMode::Resident, 2);
+    assert!(resident.expert_cache_stats().is_none());
+    let expected = workload(&resident);
+
+    // Room for exactly one token's two experts: nearly every use reads from the file.
+    let streamed = load(
+        &file.0,
+        ExpertMode::Streamed {
+            cache_bytes: minimum,
+        },
+        2,
+    );
+    let got = workload(&streamed);
+    assert_eq!(got.len(), expected.len());
+    for (i, (g, e)) in got.iter().zip(&expected).enumerate() {
+        assert!(!g.is_empty());
+        assert!(g == e, "output {i} differs between streamed and resident");
+    }
+    assert_eq!(streamed.expert_counts(), resident.expert_counts());
+
+    let st = streamed.expert_cache_stats().expect("streamed");
+    assert_eq!(st.slots, 2);
+    assert_eq!(st.slot_bytes, expert_bytes);
+    assert!(!st.automatic);
+    // Two slots for four layers: an expert is gone by the time its layer comes again.
+    assert!(
+        st.misses as f64 > 0.5 * (st.hits + st.misses) as f64,
+        "{st:?}"
+    );
+    // Each miss reads one expert's three matrices (the slot rounds them up to 64 bytes).
+    assert!(st.bytes_read <= st.misses * expert_bytes as u64);
+    assert!(st.bytes_read > st.misses * (expert_bytes as u64 - 3 * 64));
+}
+
+#[test]
+fn a_cache_of_every_expert_reads_each_once_then_hits() {
+    let file = moe_file("big");
+    let resident = load(&file.0, ExpertMode::Resident, 1);
+    let expected = workload(&resident);
+    let streamed = load(
+        &file.0,
+        ExpertMode::Streamed {
+            cache_bytes: 1 << 30,
+        },
+        1,
+    );
+    assert_eq!(workload(&streamed), expected);
+    assert_eq!(streamed.expert_counts(), resident.expert_counts());
+    let st = streamed.expert_cache_stats().unwrap();
+    // The cache holds all 4 x 16 experts: never more slots than experts.
+    assert_eq!(st.slots, 64);
+    let distinct = streamed
+        .expert_counts()
+        .iter()
+        .flatten()
+        .filter(|&&c| c > 0)
+        .count() as u64;
+    assert_eq!(st.misses, distinct, "{st:?}");
+    assert!(st.hits > st.misses, "{st:?}");
+    assert!(st.hit_rate() > 0.5);
+    assert!(st.bytes_read <= st.expert_bytes);
+}
+
+/// A dense model has nothing to stream: any mode loads it resident.
+#[test]
+fn dense_models_ignore_the_expert_cache() {
+    let bytes = synthetic::build(&SyntheticSpec::small("qwen3"))
+        .unwrap()
+        .to_bytes();
+    let file = std::sync::Arc::new(ferrolm_gguf::GgufFile::from_bytes(bytes).unwrap());
+    let m = Model::from_file_with(
+        file,
+        &LoadOptions {
+            threads: 1,
+            experts: ExpertMode::Streamed { cache_bytes: 1 },
+        },
+    )
+    .unwrap();
+    assert!(m.expert_cache_stats().is_none());
+}
