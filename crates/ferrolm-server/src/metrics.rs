@@ -56,6 +56,8 @@ struct Histograms {
     requests: BTreeMap<(String, u16), u64>,
     /// Per layer, per expert: tokens routed to it (`Model::expert_counts`; empty when dense).
     experts: Vec<Vec<u64>>,
+    /// The streamed-expert cache's counters (`None` when the experts are resident).
+    expert_cache: Option<ferrolm_model::ExpertCacheStats>,
 }
 
 /// Everything `/metrics` reports.
@@ -90,6 +92,7 @@ impl Metrics {
                 batch: Histogram::new(BATCH),
                 requests: BTreeMap::new(),
                 experts: Vec::new(),
+                expert_cache: None,
             }),
         }
     }
@@ -117,6 +120,11 @@ impl Metrics {
     /// The model's expert activation counts so far (per layer, per expert).
     pub fn set_expert_counts(&self, counts: Vec<Vec<u64>>) {
         self.hist().experts = counts;
+    }
+
+    /// The streamed-expert cache's counters so far (`None`: experts resident).
+    pub fn set_expert_cache(&self, stats: Option<ferrolm_model::ExpertCacheStats>) {
+        self.hist().expert_cache = stats;
     }
 
     pub fn batch_size(&self, n: usize) {
@@ -212,6 +220,39 @@ impl Metrics {
                 }
             }
         }
+        if let Some(st) = &h.expert_cache {
+            for (name, kind, help, v) in [
+                (
+                    "ferrolm_expert_cache_bytes",
+                    "gauge",
+                    "Budget of the streamed-expert cache.",
+                    st.cache_bytes as u64,
+                ),
+                (
+                    "ferrolm_expert_cache_hits_total",
+                    "counter",
+                    "Expert uses served from the streamed-expert cache.",
+                    st.hits,
+                ),
+                (
+                    "ferrolm_expert_cache_misses_total",
+                    "counter",
+                    "Expert uses that read the expert from the file.",
+                    st.misses,
+                ),
+                (
+                    "ferrolm_expert_cache_read_bytes_total",
+                    "counter",
+                    "Bytes of expert weights read from the file.",
+                    st.bytes_read,
+                ),
+            ] {
+                let _ = writeln!(
+                    out,
+                    "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}"
+                );
+            }
+        }
         h.batch.write(
             &mut out,
             "ferrolm_batch_size",
@@ -252,5 +293,31 @@ mod tests {
             assert!(text.lines().any(|l| l == line), "{line} in:\n{text}");
         }
         assert!(!text.contains("layer=\"0\""));
+        assert!(!text.contains("ferrolm_expert_cache"));
+    }
+
+    #[test]
+    fn expert_cache_counters_appear_when_streamed() {
+        let m = Metrics::new(1);
+        m.set_expert_cache(Some(ferrolm_model::ExpertCacheStats {
+            cache_bytes: 1000,
+            slots: 2,
+            slot_bytes: 500,
+            expert_bytes: 8000,
+            automatic: false,
+            hits: 7,
+            misses: 11,
+            bytes_read: 5500,
+        }));
+        let text = m.render();
+        for line in [
+            "ferrolm_expert_cache_bytes 1000",
+            "ferrolm_expert_cache_hits_total 7",
+            "ferrolm_expert_cache_misses_total 11",
+            "ferrolm_expert_cache_read_bytes_total 5500",
+            "# TYPE ferrolm_expert_cache_hits_total counter",
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line} in:\n{text}");
+        }
     }
 }

@@ -282,6 +282,7 @@ impl<'t> Scheduler<'t> {
         drop(inputs);
         if let Some(model) = self.experts {
             self.metrics().set_expert_counts(model.expert_counts());
+            self.metrics().set_expert_cache(model.expert_cache_stats());
         }
         for ((slot, n), output) in done.into_iter().zip(outputs) {
             let logits = match output {

@@ -886,3 +886,69 @@ fn metrics_count_routed_experts_per_layer() {
         .text()
         .contains("ferrolm_expert_selections_total"));
 }
+
+/// Experts streamed through a 1 MB cache (`--expert-cache 1`): `/metrics` counts the same
+/// selections as with the experts mapped, for the same greedy request, and adds the cache's
+/// counters.
+#[test]
+fn metrics_count_the_same_experts_when_streamed_and_add_cache_counters() {
+    let dir = std::env::temp_dir().join(format!("ferrolm-serve-stream-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let model = dir.join("qwen3moe.gguf");
+    let model = model.to_str().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_ferrolm"))
+        .args([
+            "synth",
+            "--arch",
+            "qwen3moe",
+            "--layers",
+            "2",
+            "--experts",
+            "16",
+            "-o",
+            model,
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let body =
+        json!({"model": "qwen3moe", "prompt": "hello world", "max_tokens": 6, "temperature": 0});
+    let selections = |text: &str| -> Vec<String> {
+        text.lines()
+            .filter(|l| l.starts_with("ferrolm_expert_selections_total{"))
+            .map(String::from)
+            .collect()
+    };
+    let resident = Server::start(&["-m", model, "--expert-cache", "0"]);
+    let a = resident.post("/v1/completions", &body).json();
+    let resident_metrics = resident.get("/metrics").text();
+    drop(resident);
+    assert!(!resident_metrics.contains("ferrolm_expert_cache"));
+    let streamed = Server::start(&["-m", model, "--expert-cache", "1"]);
+    let b = streamed.post("/v1/completions", &body).json();
+    let streamed_metrics = streamed.get("/metrics").text();
+    assert!(
+        streamed.log().contains("streaming experts"),
+        "{}",
+        streamed.log()
+    );
+    assert!(a["choices"][0]["text"].is_string(), "{a}");
+    assert_eq!(a["choices"][0]["text"], b["choices"][0]["text"]);
+    let s = selections(&streamed_metrics);
+    assert_eq!(s.len(), 2 * 16, "{streamed_metrics}");
+    assert_eq!(s, selections(&resident_metrics));
+    assert_eq!(
+        streamed.metric("ferrolm_expert_cache_bytes"),
+        (1 << 20) as f64
+    );
+    let misses = streamed.metric("ferrolm_expert_cache_misses_total");
+    assert!(misses > 0.0, "{streamed_metrics}");
+    assert!(streamed.metric("ferrolm_expert_cache_read_bytes_total") > misses * 100_000.0);
+    let _ = streamed.metric("ferrolm_expert_cache_hits_total");
+    drop(streamed);
+    let _ = std::fs::remove_dir_all(&dir);
+}

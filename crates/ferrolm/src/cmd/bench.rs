@@ -4,10 +4,11 @@ use std::time::Instant;
 
 use anyhow::Result;
 use clap::Args;
-use ferrolm_model::{Logits, Model};
+use ferrolm_model::Logits;
 use rand::{Rng, SeedableRng};
 
 use super::common::{cuda_model, ModelArgs};
+use super::telemetry;
 use crate::models;
 
 /// Flags of `ferrolm bench`.
@@ -36,7 +37,7 @@ fn median(mut v: Vec<f64>) -> f64 {
 
 pub fn run(args: BenchArgs) -> Result<()> {
     let path = models::resolve(args.model.model.as_deref())?;
-    let model = Model::load(&path, args.model.threads)?;
+    let model = args.model.load_model(&path)?;
     let n_vocab = model.plan().n_vocab as u32;
     let mut rng = rand::rngs::StdRng::seed_from_u64(42);
     let reps = args.reps.max(1);
@@ -119,11 +120,19 @@ pub fn run(args: BenchArgs) -> Result<()> {
         }
         results.push((format!("tg{}", args.n_gen), median(speeds)));
     }
+    let peak_rss = telemetry::peak_rss_bytes();
+    let cache = model.expert_cache_stats();
     if args.json {
-        let obj: serde_json::Map<String, serde_json::Value> = results
+        let mut obj: serde_json::Map<String, serde_json::Value> = results
             .iter()
             .map(|(k, v)| (k.clone(), serde_json::json!(v)))
             .collect();
+        if let Some(b) = peak_rss {
+            obj.insert("peak_rss_bytes".into(), b.into());
+        }
+        if let Some(st) = &cache {
+            obj.insert("expert_cache".into(), telemetry::expert_cache_json(st));
+        }
         println!("{}", serde_json::Value::Object(obj));
         return Ok(());
     }
@@ -143,6 +152,12 @@ pub fn run(args: BenchArgs) -> Result<()> {
             size as f64 / (1 << 20) as f64,
             model.threads()
         );
+    }
+    if let Some(b) = peak_rss {
+        eprintln!("ferrolm: peak RSS {:.1} MB", b as f64 / (1u64 << 20) as f64);
+    }
+    if let Some(st) = &cache {
+        eprintln!("{}", telemetry::expert_cache_line(st));
     }
     Ok(())
 }

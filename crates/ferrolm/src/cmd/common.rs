@@ -7,7 +7,7 @@ use clap::Args;
 use ferrolm_cuda::{CudaError, CudaModel, Device};
 use ferrolm_engine::SamplerParams;
 use ferrolm_gguf::GgufFile;
-use ferrolm_model::Model;
+use ferrolm_model::{ExpertMode, LoadOptions, Model};
 use ferrolm_tokenizer::Tokenizer;
 
 use crate::models;
@@ -25,9 +25,61 @@ pub struct ModelArgs {
     /// otherwise). A model the CUDA path does not serve runs on the CPU, saying why.
     #[arg(long, value_name = "cpu|cuda|cuda:N")]
     pub device: Option<String>,
+    /// Stream a mixture-of-experts model's experts from the file through a cache of this many
+    /// MB instead of keeping them mapped (0: keep them mapped). Without it, experts are
+    /// streamed when they exceed 75% of physical memory, through a cache of half of it less
+    /// the dense weights.
+    #[arg(long, value_name = "MB")]
+    pub expert_cache: Option<u64>,
 }
 
 impl ModelArgs {
+    /// How to load the model these flags name.
+    pub fn load_options(&self) -> LoadOptions {
+        LoadOptions {
+            threads: self.threads,
+            experts: match self.expert_cache {
+                None => ExpertMode::Auto,
+                Some(0) => ExpertMode::Resident,
+                Some(mb) => ExpertMode::Streamed {
+                    cache_bytes: usize::try_from(mb.saturating_mul(1 << 20)).unwrap_or(usize::MAX),
+                },
+            },
+        }
+    }
+
+    /// Loads the model at `path` as these flags say, telling on stderr when its experts are
+    /// streamed.
+    pub fn load_model(&self, path: &std::path::Path) -> Result<Model> {
+        let file = Arc::new(GgufFile::open(path)?);
+        self.model_from(file, path)
+    }
+
+    fn model_from(&self, file: Arc<GgufFile>, path: &std::path::Path) -> Result<Model> {
+        let model = Model::from_file_with(file, &self.load_options())
+            .with_context(|| format!("loading {}", path.display()))?;
+        if let Some(st) = model.expert_cache_stats() {
+            let mb = |b: u64| b as f64 / (1u64 << 20) as f64;
+            eprintln!(
+                "ferrolm: streaming experts ({:.0} MB) from the file through a {:.0} MB cache \
+                 ({} experts of {:.2} MB){}",
+                mb(st.expert_bytes),
+                mb(st.cache_bytes as u64),
+                st.slots,
+                mb(st.slot_bytes as u64),
+                if st.automatic {
+                    format!(
+                        ": they exceed {:.0}% of physical memory (--expert-cache MB to choose)",
+                        ferrolm_model::STREAM_ABOVE_SHARE * 100.0
+                    )
+                } else {
+                    String::new()
+                }
+            );
+        }
+        Ok(model)
+    }
+
     /// The device asked for, or the default one; `true` when asked for explicitly.
     pub fn device(&self) -> Result<(Device, bool)> {
         match &self.device {
@@ -45,6 +97,15 @@ pub fn cuda_model(args: &ModelArgs, model: &Model, n_ctx: usize) -> Result<Optio
     let Device::Cuda(ordinal) = device else {
         return Ok(None);
     };
+    if model.expert_cache_stats().is_some() {
+        // The CUDA path uploads every weight from the mapping, experts included.
+        let why = "streamed experts run on the CPU only";
+        if explicit {
+            anyhow::bail!("--device {device}: {why}; drop --expert-cache or --device");
+        }
+        eprintln!("ferrolm: {why}; running on the CPU");
+        return Ok(None);
+    }
     match CudaModel::new(model.plan(), model.file(), ordinal, n_ctx) {
         Ok(m) => {
             eprintln!(
@@ -143,8 +204,7 @@ pub fn load_any_device(args: &ModelArgs) -> Result<(Model, Tokenizer)> {
     let file = Arc::new(GgufFile::open(&path)?);
     let tokenizer = Tokenizer::from_metadata(file.metadata())
         .with_context(|| format!("reading the tokenizer of {}", path.display()))?;
-    let model = Model::from_file(file, args.threads)
-        .with_context(|| format!("loading {}", path.display()))?;
+    let model = args.model_from(file, &path)?;
     Ok((model, tokenizer))
 }
 

@@ -7,7 +7,7 @@ use anyhow::{bail, Result};
 use clap::Args;
 use ferrolm_cuda::CudaModel;
 use ferrolm_engine::{FinishReason, GenerateParams, Generation, Sampler};
-use ferrolm_model::{Logits, Model};
+use ferrolm_model::Logits;
 use ferrolm_tokenizer::{StreamDecoder, Tokenizer};
 use rand::{Rng, SeedableRng};
 
@@ -145,7 +145,7 @@ fn kl(p: &[f32], q: &[f32]) -> f64 {
 /// (mean and max KL, top-1 agreement, largest logit difference), then greedy continuations.
 pub fn check(args: CheckArgs) -> Result<()> {
     let path = models::resolve(args.model.model.as_deref())?;
-    let model = Model::load(&path, args.model.threads)?;
+    let model = args.model.load_model(&path)?;
     let n_ctx = args.n_prompt + args.n_gen + 1;
     let ordinal = match args.model.device()? {
         (ferrolm_cuda::Device::Cuda(n), _) => n,

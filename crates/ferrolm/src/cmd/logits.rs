@@ -4,7 +4,7 @@ use std::io::Write;
 use std::path::Path;
 
 use anyhow::{Context, Result};
-use ferrolm_model::{Logits, Model};
+use ferrolm_model::Logits;
 
 use super::common::{cuda_model, ModelArgs};
 use crate::models;
@@ -24,7 +24,7 @@ pub fn parse_ids(s: &str) -> Result<Vec<u32>> {
 /// Evaluates `ids` as one prompt and writes `n_ids x n_vocab` f32 logits to `out`.
 pub fn run(args: &ModelArgs, ids: &[u32], out: &Path, n_ctx: usize) -> Result<()> {
     let path = models::resolve(args.model.as_deref())?;
-    let model = Model::load(&path, args.threads)?;
+    let model = args.load_model(&path)?;
     let n_ctx = if n_ctx == 0 { ids.len().max(1) } else { n_ctx };
     let logits = match cuda_model(args, &model, n_ctx)? {
         Some(mut gpu) => gpu.eval(ids, true)?,

@@ -9,4 +9,5 @@ pub mod logits;
 pub mod run;
 pub mod serve;
 pub mod synth;
+pub mod telemetry;
 pub mod tokenize;

@@ -118,6 +118,9 @@ pub fn run(args: RunArgs) -> Result<()> {
         let mut v = v;
         if args.expert_stats {
             v["expert_counts"] = serde_json::json!(model.expert_counts());
+            if let Some(st) = model.expert_cache_stats() {
+                v["expert_cache"] = super::telemetry::expert_cache_json(&st);
+            }
         }
         writeln!(out, "{v}")?;
     } else {
@@ -125,6 +128,9 @@ pub fn run(args: RunArgs) -> Result<()> {
     }
     if args.expert_stats {
         eprint!("{}", expert_stats(&model.expert_counts()));
+        if let Some(st) = model.expert_cache_stats() {
+            eprintln!("{}", super::telemetry::expert_cache_line(&st));
+        }
     }
     eprintln!(
         "ferrolm: prompt {} tokens in {:.3} s ({:.1} tok/s), generated {} tokens in {:.3} s ({:.1} tok/s), {}",

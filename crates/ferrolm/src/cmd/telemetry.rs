@@ -1,0 +1,40 @@
+//! What `run --expert-stats` and `bench` report about memory and the expert cache.
+
+use ferrolm_model::ExpertCacheStats;
+
+/// The process's peak resident set in bytes (`VmHWM` of `/proc/self/status`): mapped file
+/// pages the process touched count, pages read with pread into the page cache do not.
+pub fn peak_rss_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    kib.checked_mul(1024)
+}
+
+/// One line about a streamed-expert cache: its size, hits, misses, hit rate, bytes read.
+pub fn expert_cache_line(st: &ExpertCacheStats) -> String {
+    let mb = |b: u64| b as f64 / (1u64 << 20) as f64;
+    format!(
+        "ferrolm: expert cache ({:.1} MB, {} slots): {} hits, {} misses, hit rate {:.1}%, {:.1} MB read from the file",
+        mb(st.cache_bytes as u64),
+        st.slots,
+        st.hits,
+        st.misses,
+        100.0 * st.hit_rate(),
+        mb(st.bytes_read),
+    )
+}
+
+/// The cache's counters as a JSON object.
+pub fn expert_cache_json(st: &ExpertCacheStats) -> serde_json::Value {
+    serde_json::json!({
+        "cache_bytes": st.cache_bytes,
+        "slots": st.slots,
+        "slot_bytes": st.slot_bytes,
+        "expert_bytes": st.expert_bytes,
+        "hits": st.hits,
+        "misses": st.misses,
+        "hit_rate": st.hit_rate(),
+        "bytes_read": st.bytes_read,
+    })
+}

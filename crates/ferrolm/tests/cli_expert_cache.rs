@@ -1,0 +1,131 @@
+//! `--expert-cache`: a mixture-of-experts model with its experts streamed from the file gives
+//! the same tokens and the same per-layer expert counts as with its experts mapped, and
+//! reports its cache's counters; a cache too small for one token's experts is refused.
+
+use std::process::{Command, Output};
+
+fn ferrolm(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_ferrolm"))
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+fn ok(args: &[&str]) -> Output {
+    let out = ferrolm(args);
+    assert!(
+        out.status.success(),
+        "ferrolm {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+struct TempDir(std::path::PathBuf);
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+#[test]
+fn streamed_and_resident_runs_agree_token_for_token_and_count_for_count() {
+    let dir =
+        TempDir(std::env::temp_dir().join(format!("ferrolm-expert-cache-{}", std::process::id())));
+    std::fs::create_dir_all(&dir.0).unwrap();
+    // 16 experts a layer of about 0.15 MB (gate, up and down of 256 x 256, mixed types): a
+    // 1 MB cache holds 6 of the 48, so experts are evicted all the time.
+    let model = dir.0.join("qwen3moe.gguf");
+    let model = model.to_str().unwrap();
+    ok(&[
+        "synth",
+        "--arch",
+        "qwen3moe",
+        "--layers",
+        "3",
+        "--experts",
+        "16",
+        "-o",
+        model,
+    ]);
+    let run = |cache: &str| {
+        let out = ok(&[
+            "run",
+            "-m",
+            model,
+            "-t",
+            "2",
+            "-n",
+            "12",
+            "--temp",
+            "0",
+            "--expert-stats",
+            "--expert-cache",
+            cache,
+            "--json",
+            "the quick brown fox jumps over the lazy dog",
+        ]);
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        (v, String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    let (resident, resident_err) = run("0");
+    let (streamed, streamed_err) = run("1");
+    assert_eq!(resident["tokens"], streamed["tokens"]);
+    assert_eq!(resident["expert_counts"], streamed["expert_counts"]);
+    let counts = resident["expert_counts"].as_array().unwrap();
+    assert_eq!(counts.len(), 3);
+    assert!(resident.get("expert_cache").is_none());
+    assert!(
+        !resident_err.contains("streaming experts"),
+        "{resident_err}"
+    );
+
+    let cache = &streamed["expert_cache"];
+    let (hits, misses) = (
+        cache["hits"].as_u64().unwrap(),
+        cache["misses"].as_u64().unwrap(),
+    );
+    assert_eq!(cache["cache_bytes"].as_u64(), Some(1 << 20));
+    assert!(misses > 0 && misses > hits, "{cache}");
+    assert!(
+        cache["bytes_read"].as_u64().unwrap() >= misses * 100_000,
+        "{cache}"
+    );
+    assert!(
+        streamed_err.contains("streaming experts") && streamed_err.contains("1 MB cache"),
+        "{streamed_err}"
+    );
+
+    // Without --json: the per-layer lines, then the cache's line.
+    let out = ok(&[
+        "run",
+        "-m",
+        model,
+        "-n",
+        "2",
+        "--temp",
+        "0",
+        "--expert-stats",
+        "--expert-cache",
+        "1",
+        "hello",
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.matches("experts of layer").count(), 3, "{err}");
+    assert!(err.contains("misses, hit rate"), "{err}");
+
+    // Experts of 256 x 4096: two of them (one token's) need about 6.5 MB.
+    let wide = dir.0.join("wide.gguf");
+    let wide = wide.to_str().unwrap();
+    ok(&[
+        "synth", "--arch", "qwen3moe", "--layers", "1", "--ff", "4096", "-o", wide,
+    ]);
+    let out = ferrolm(&["run", "-m", wide, "-n", "1", "--expert-cache", "2", "hi"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("expert cache of 2097152 bytes cannot hold one token's experts"),
+        "{err}"
+    );
+}
