@@ -12,6 +12,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use ferrolm_gguf::GgufFile;
+use ferrolm_threads::ThreadPool;
 
 use crate::error::{ModelError, Result};
 use crate::plan::{Ffn, ModelPlan};
@@ -139,18 +140,15 @@ impl ExpertStore {
         let (cache_bytes, automatic) = match mode {
             ExpertMode::Resident => return Ok(ExpertStore::Resident),
             ExpertMode::Streamed { cache_bytes } => (cache_bytes, false),
-            ExpertMode::Auto => match physical_memory() {
-                Some(total) if expert_bytes as f64 > STREAM_ABOVE_SHARE * total as f64 => {
-                    let budget = (AUTO_CACHE_SHARE * total as f64) as u64;
-                    let cache = budget.saturating_sub(dense_bytes);
-                    let minimum = Streamed::minimum_bytes(weights, max_k);
-                    (
-                        usize::try_from(cache).unwrap_or(usize::MAX).max(minimum),
-                        true,
-                    )
+            ExpertMode::Auto => {
+                let minimum = Streamed::minimum_bytes(weights, max_k);
+                let chosen = physical_memory()
+                    .and_then(|total| auto_cache_bytes(expert_bytes, dense_bytes, total, minimum));
+                match chosen {
+                    Some(cache) => (cache, true),
+                    None => return Ok(ExpertStore::Resident),
                 }
-                _ => return Ok(ExpertStore::Resident),
-            },
+            }
         };
         Streamed::new(weights, max_k, cache_bytes, expert_bytes, automatic)
             .map(|s| ExpertStore::Streamed(Box::new(s)))
@@ -161,6 +159,7 @@ impl ExpertStore {
     /// `(gate, up, down)` are the layer's expert matrices as bound in the file.
     pub fn for_each_expert<'a>(
         &'a self,
+        pool: &ThreadPool,
         file: &'a GgufFile,
         layer: usize,
         (gate, up, down): (&'a [Matrix], &'a [Matrix], &'a [Matrix]),
@@ -183,7 +182,7 @@ impl ExpertStore {
                 }
                 Ok(())
             }
-            ExpertStore::Streamed(s) => s.for_each_expert(file, layer, experts, f),
+            ExpertStore::Streamed(s) => s.for_each_expert(pool, file, layer, experts, f),
         }
     }
 
@@ -213,6 +212,22 @@ fn sizes(file: &GgufFile, weights: &Weights) -> (u64, u64) {
         .sum();
     let all = file.file_bytes().len() as u64;
     (experts, all.saturating_sub(experts))
+}
+
+/// Auto mode's choice for experts of `expert_bytes` beside `dense_bytes` of other weights on a
+/// machine of `mem_total` bytes: `None` keeps them mapped; `Some(cache)` streams them.
+fn auto_cache_bytes(
+    expert_bytes: u64,
+    dense_bytes: u64,
+    mem_total: u64,
+    minimum: usize,
+) -> Option<usize> {
+    if expert_bytes as f64 <= STREAM_ABOVE_SHARE * mem_total as f64 {
+        return None;
+    }
+    let budget = (AUTO_CACHE_SHARE * mem_total as f64) as u64;
+    let cache = budget.saturating_sub(dense_bytes);
+    Some(usize::try_from(cache).unwrap_or(usize::MAX).max(minimum))
 }
 
 /// Physical memory in bytes (`MemTotal` of `/proc/meminfo`), where the system says.
@@ -278,8 +293,18 @@ struct Lru {
 struct Slot {
     holds: Option<(usize, usize)>,
     last_used: u64,
-    /// Shared with a pass that is computing with it; never overwritten while shared.
+    /// Shared with a pass that is computing with it, empty while being read: never
+    /// overwritten then.
     data: Arc<Vec<u64>>,
+}
+
+/// One expert being read into a slot's buffer (taken out of the cache meanwhile).
+struct Load {
+    expert: usize,
+    /// The slot the buffer goes back to (`None`: a buffer outside the cache).
+    slot: Option<usize>,
+    words: Vec<u64>,
+    read: Result<()>,
 }
 
 /// Experts read from the file into a bounded cache.
@@ -375,6 +400,7 @@ impl Streamed {
 
     fn for_each_expert(
         &self,
+        pool: &ThreadPool,
         file: &GgufFile,
         layer: usize,
         experts: &[usize],
@@ -383,77 +409,135 @@ impl Streamed {
         let lay = self.layers[layer]
             .as_ref()
             .expect("experts of a mixture-of-experts layer");
-        // Cached experts first, so that reading the others cannot evict one this batch still
-        // needs; each expert is read at most once per layer and batch.
-        let (cached, missing): (Vec<usize>, Vec<usize>) = {
-            let lru = self.lru.lock().unwrap_or_else(|e| e.into_inner());
-            experts
-                .iter()
-                .partition(|&&e| lru.index.contains_key(&(layer, e)))
+        let view = |data| ExpertView {
+            bytes: ExpertBytes::Slot(data),
+            gate: &lay.gate,
+            up: &lay.up,
+            down: &lay.down,
         };
-        for e in cached.into_iter().chain(missing) {
-            let data = self.acquire(file, lay, layer, e)?;
-            f(
-                e,
-                &ExpertView {
-                    bytes: ExpertBytes::Slot(data),
-                    gate: &lay.gate,
-                    up: &lay.up,
-                    down: &lay.down,
-                },
-            );
+        // Cached experts first, so that reading the others cannot evict one this batch still
+        // needs; then the others in groups as large as the free slots allow, each group read
+        // in parallel. Each expert is read at most once per layer and batch.
+        let mut missing = Vec::with_capacity(experts.len());
+        for &e in experts {
+            match self.cached(layer, e) {
+                Some(data) => f(e, &view(data)),
+                None => missing.push(e),
+            }
+        }
+        let mut rest = &missing[..];
+        while !rest.is_empty() {
+            let group = self.read_group(pool, file, lay, layer, rest)?;
+            rest = &rest[group.len()..];
+            for (e, data) in group {
+                f(e, &view(data));
+            }
         }
         Ok(())
     }
 
-    /// Expert `e` of `layer`, from the cache or read into the least recently used free slot.
-    fn acquire(
+    /// Expert `e` of `layer` if the cache holds it (a hit, and its slot becomes the most
+    /// recently used).
+    fn cached(&self, layer: usize, e: usize) -> Option<Arc<Vec<u64>>> {
+        let mut guard = self.lru.lock().unwrap_or_else(|e| e.into_inner());
+        let lru = &mut *guard;
+        let &i = lru.index.get(&(layer, e))?;
+        lru.clock += 1;
+        self.hits.fetch_add(1, Ordering::Relaxed);
+        let slot = &mut lru.slots[i];
+        slot.last_used = lru.clock;
+        Some(Arc::clone(&slot.data))
+    }
+
+    /// Reads a leading part of `experts` (not cached) into free slots, one expert per thread at
+    /// a time, and returns them in order. At least one: with every slot in use by concurrent
+    /// passes, the first expert is read into a buffer of its own, outside the cache.
+    fn read_group(
         &self,
+        pool: &ThreadPool,
         file: &GgufFile,
         lay: &LayerLayout,
         layer: usize,
-        e: usize,
-    ) -> Result<Arc<Vec<u64>>> {
+        experts: &[usize],
+    ) -> Result<Vec<(usize, Arc<Vec<u64>>)>> {
+        // Take the least recently used free slots' buffers out of the cache.
+        let mut loads: Vec<Load> = {
+            let mut guard = self.lru.lock().unwrap_or_else(|e| e.into_inner());
+            let lru = &mut *guard;
+            let mut loads = Vec::new();
+            for &e in experts {
+                let victim = if lru.slots.len() < self.max_slots {
+                    lru.slots.push(Slot {
+                        holds: None,
+                        last_used: 0,
+                        data: Arc::new(vec![0; self.slot_words]),
+                    });
+                    Some(lru.slots.len() - 1)
+                } else {
+                    // A slot computing in a pass, or being read, is shared or emptied.
+                    (0..lru.slots.len())
+                        .filter(|&i| {
+                            let d = &lru.slots[i].data;
+                            Arc::strong_count(d) == 1 && d.len() == self.slot_words
+                        })
+                        .min_by_key(|&i| lru.slots[i].last_used)
+                };
+                let Some(i) = victim else { break };
+                let slot = &mut lru.slots[i];
+                if let Some(old) = slot.holds.take() {
+                    lru.index.remove(&old);
+                }
+                let data = std::mem::replace(&mut slot.data, Arc::new(Vec::new()));
+                loads.push(Load {
+                    expert: e,
+                    slot: Some(i),
+                    words: Arc::try_unwrap(data).expect("a free slot is not shared"),
+                    read: Ok(()),
+                });
+            }
+            loads
+        };
+        if loads.is_empty() {
+            loads.push(Load {
+                expert: experts[0],
+                slot: None,
+                words: vec![0; self.slot_words],
+                read: Ok(()),
+            });
+        }
+        self.misses.fetch_add(loads.len() as u64, Ordering::Relaxed);
+        let read = |l: &mut Load| l.read = self.read(file, lay, layer, l.expert, &mut l.words);
+        if loads.len() == 1 {
+            read(&mut loads[0]);
+        } else {
+            pool.for_each_chunk_mut(&mut loads, 1, |_, l| read(&mut l[0]));
+        }
+        // Back into the cache, failed reads as free slots.
         let mut guard = self.lru.lock().unwrap_or_else(|e| e.into_inner());
         let lru = &mut *guard;
-        lru.clock += 1;
-        let now = lru.clock;
-        if let Some(&i) = lru.index.get(&(layer, e)) {
-            self.hits.fetch_add(1, Ordering::Relaxed);
-            let slot = &mut lru.slots[i];
-            slot.last_used = now;
-            return Ok(Arc::clone(&slot.data));
+        let mut group = Vec::with_capacity(loads.len());
+        let mut failed = None;
+        for l in loads {
+            let data = Arc::new(l.words);
+            if let Some(i) = l.slot {
+                lru.clock += 1;
+                let slot = &mut lru.slots[i];
+                slot.data = Arc::clone(&data);
+                slot.last_used = lru.clock;
+                if l.read.is_ok() {
+                    slot.holds = Some((layer, l.expert));
+                    lru.index.insert((layer, l.expert), i);
+                }
+            }
+            match l.read {
+                Ok(()) => group.push((l.expert, data)),
+                Err(e) => failed = failed.or(Some(e)),
+            }
         }
-        self.misses.fetch_add(1, Ordering::Relaxed);
-        let victim = if lru.slots.len() < self.max_slots {
-            lru.slots.push(Slot {
-                holds: None,
-                last_used: 0,
-                data: Arc::new(vec![0; self.slot_words]),
-            });
-            Some(lru.slots.len() - 1)
-        } else {
-            // Slots another pass is computing with are not free.
-            (0..lru.slots.len())
-                .filter(|&i| Arc::strong_count(&lru.slots[i].data) == 1)
-                .min_by_key(|&i| lru.slots[i].last_used)
-        };
-        let Some(i) = victim else {
-            // Every slot is in use by concurrent passes: a buffer of this pass's own.
-            let mut words = vec![0; self.slot_words];
-            self.read(file, lay, layer, e, &mut words)?;
-            return Ok(Arc::new(words));
-        };
-        let slot = &mut lru.slots[i];
-        if let Some(old) = slot.holds.take() {
-            lru.index.remove(&old);
+        match failed {
+            Some(e) => Err(e),
+            None => Ok(group),
         }
-        let words = Arc::get_mut(&mut slot.data).expect("a free slot is not shared");
-        self.read(file, lay, layer, e, words)?;
-        slot.holds = Some((layer, e));
-        slot.last_used = now;
-        lru.index.insert((layer, e), i);
-        Ok(Arc::clone(&slot.data))
     }
 
     /// Reads expert `e`'s three matrices from the file into `words`.
@@ -480,5 +564,34 @@ impl Streamed {
                 .fetch_add(m.range.len() as u64, Ordering::Relaxed);
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GIB: u64 = 1 << 30;
+
+    #[test]
+    fn auto_mode_streams_past_the_share_with_half_of_memory_less_the_dense_part() {
+        // 16 GiB of memory: 12 GiB of experts stay mapped, 13 GiB stream.
+        assert_eq!(auto_cache_bytes(12 * GIB, GIB, 16 * GIB, 1), None);
+        assert_eq!(
+            auto_cache_bytes(13 * GIB, GIB, 16 * GIB, 1),
+            Some((7 * GIB) as usize)
+        );
+        // Dense weights beyond half of memory: the cache falls back to its minimum.
+        assert_eq!(
+            auto_cache_bytes(40 * GIB, 9 * GIB, 16 * GIB, 12345),
+            Some(12345)
+        );
+    }
+
+    #[test]
+    fn physical_memory_is_read_where_the_system_says() {
+        if std::path::Path::new("/proc/meminfo").exists() {
+            assert!(physical_memory().is_some_and(|b| b > 1 << 20));
+        }
     }
 }

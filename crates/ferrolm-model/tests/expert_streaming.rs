@@ -192,3 +192,45 @@ fn dense_models_ignore_the_expert_cache() {
     .unwrap();
     assert!(m.expert_cache_stats().is_none());
 }
+
+/// Two threads running their own sessions on one streamed model at once, through a cache of two
+/// slots: passes contend for the slots (a pass computing with a slot keeps it from being
+/// overwritten, and reads into a buffer of its own when none is free), and each still gets the
+/// resident logits bit for bit.
+#[test]
+fn concurrent_passes_through_a_tiny_cache_match_resident() {
+    let file = moe_file("concurrent");
+    let (minimum, _) = minimum_cache(&file.0);
+    let resident = load(&file.0, ExpertMode::Resident, 1);
+    let run = |m: &Model, seed: u32| -> Vec<Vec<u32>> {
+        let mut s = m.session(128);
+        let mut out = vec![bits(&s.eval(&prompt(seed, 17), Logits::All).unwrap())];
+        for t in 0..12 {
+            out.push(bits(&s.eval(&[t * 31 + seed], Logits::Last).unwrap()));
+        }
+        out
+    };
+    let expected: Vec<_> = (1..=2).map(|seed| run(&resident, seed)).collect();
+    let streamed = load(
+        &file.0,
+        ExpertMode::Streamed {
+            cache_bytes: minimum,
+        },
+        1,
+    );
+    let got: Vec<_> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (1..=2)
+            .map(|seed| {
+                let m = &streamed;
+                scope.spawn(move || run(m, seed))
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert!(
+        got == expected,
+        "concurrent streamed passes differ from resident"
+    );
+    let st = streamed.expert_cache_stats().unwrap();
+    assert!(st.misses > 0);
+}

@@ -494,7 +494,7 @@ fn moe(
     let needed: Vec<usize> = (0..ne).filter(|&e| !users[e].is_empty()).collect();
     let experts = (w.gate, w.up, w.down);
     w.store
-        .for_each_expert(w.gguf, layer, experts, &needed, |e, x| {
+        .for_each_expert(pool, w.gguf, layer, experts, &needed, |e, x| {
             let rows = &users[e];
             let mm = rows.len();
             let mut sub = vec![0f32; mm * d];
