@@ -6,8 +6,7 @@ use std::path::PathBuf;
 use ferrolm_model::synthetic::{self, SyntheticSpec};
 use ferrolm_model::{ExpertMode, LoadOptions, Logits, Model, ModelError};
 
-/// A Qwen3-MoE file of 16 experts (top-2) in 4 layers, written to disk so that the streamed
-/// model reads it with pread. Returns its path (removed by the caller's guard).
+/// A file written to disk (so that a streamed model reads it with pread), removed when dropped.
 struct TempFile(PathBuf);
 
 impl Drop for TempFile {
@@ -16,14 +15,19 @@ impl Drop for TempFile {
     }
 }
 
+/// A Qwen3-MoE file of 16 experts (top-2) in 4 layers.
 fn moe_file(tag: &str) -> TempFile {
     let mut spec = SyntheticSpec::small("qwen3moe");
     spec.n_expert = 16;
+    write_spec(&spec, tag)
+}
+
+fn write_spec(spec: &SyntheticSpec, tag: &str) -> TempFile {
     let path = std::env::temp_dir().join(format!(
         "ferrolm-expert-streaming-{tag}-{}.gguf",
         std::process::id()
     ));
-    synthetic::write(&spec, &path).unwrap();
+    synthetic::write(spec, &path).unwrap();
     TempFile(path)
 }
 
@@ -173,6 +177,33 @@ fn a_cache_of_every_expert_reads_each_once_then_hits() {
     assert!(st.hits > st.misses, "{st:?}");
     assert!(st.hit_rate() > 0.5);
     assert!(st.bytes_read <= st.expert_bytes);
+}
+
+/// The other MoE layouts: Qwen2-MoE (its shared expert stays mapped with the dense part) and
+/// Mixtral-style llama, each streamed through the smallest cache.
+#[test]
+fn qwen2moe_and_mixtral_stream_bit_for_bit() {
+    let mut mixtral = SyntheticSpec::small("llama");
+    mixtral.n_expert = 4;
+    mixtral.n_expert_used = 2;
+    for (tag, spec) in [
+        ("qwen2moe", SyntheticSpec::small("qwen2moe")),
+        ("mixtral", mixtral),
+    ] {
+        let file = write_spec(&spec, tag);
+        let (minimum, _) = minimum_cache(&file.0);
+        let resident = load(&file.0, ExpertMode::Resident, 2);
+        let streamed = load(
+            &file.0,
+            ExpertMode::Streamed {
+                cache_bytes: minimum,
+            },
+            2,
+        );
+        assert!(workload(&streamed) == workload(&resident), "{tag}");
+        assert_eq!(streamed.expert_counts(), resident.expert_counts(), "{tag}");
+        assert!(streamed.expert_cache_stats().unwrap().misses > 0);
+    }
 }
 
 /// A dense model has nothing to stream: any mode loads it resident.
