@@ -34,6 +34,7 @@ FILES = {
     "qwen3moe": ["--arch", "qwen3moe"],  # 8 experts, top-2, renormalized; Q/K norms
     "llama-moe": ["--arch", "llama", "--experts", "4", "--experts-used", "2"],  # Mixtral-style
     "qwen2moe": ["--arch", "qwen2moe"],  # 8 experts, top-2, not renormalized; sigmoid-gated shared expert; QKV biases
+    "dots1": ["--arch", "dots1"],  # layer 0 dense; 16 experts in 4 groups (2 kept), top-4 of sigmoid + exp_probs_b, renormalized, x2.5; shared expert
 }
 # Files written by the ferrolm-model example instead of the CLI (same spec: SyntheticSpec::small).
 EXAMPLE_WRITER = ["cargo", "run", "--release", "-q", "-p", "ferrolm-model", "--example", "synth", "--"]

@@ -460,6 +460,7 @@ pub fn decode_plan(
             Ffn::Gated { n_ff, activation } => match activation {
                 Activation::Silu => *n_ff,
                 Activation::GeluTanh => return Err(decline("ffn.activation", "GeluTanh")),
+                Activation::SwigluOai => return Err(decline("ffn.activation", "SwigluOai")),
             },
             Ffn::Moe(_) => return Err(decline("ffn", "mixture of experts")),
         };

@@ -10,6 +10,7 @@ mod experts;
 mod kv_cache;
 pub mod plan;
 pub mod synthetic;
+mod synthetic_moe;
 mod weights;
 
 use std::path::Path;

@@ -84,6 +84,14 @@ pub struct Moe {
     pub activation: Activation,
     /// How router logits become expert probabilities.
     pub gating: Gating,
+    /// A per-expert bias added to the probabilities for selection only
+    /// (`exp_probs_b.bias`, DeepSeek-V3 style): the weights use the unbiased probabilities.
+    pub selection_bias: bool,
+    /// Grouped top-k: only experts of the best groups may be selected, if any.
+    pub groups: Option<ExpertGroups>,
+    /// Biases on the router (`ffn_gate_inp.bias`) and on every expert's gate, up and down
+    /// projections (`ffn_{gate,up,down}_exps.bias`, gpt-oss).
+    pub biases: bool,
     /// The selected experts' weights divided by their sum (Mixtral, Qwen3-MoE).
     pub norm_weights: bool,
     /// The selected experts' weights multiplied by this (`expert_weights_scale`), if any.
@@ -102,11 +110,39 @@ pub struct SharedExpert {
     pub gated: bool,
 }
 
-/// How a router's logits become the probabilities experts are selected and weighted by.
+/// How a router's logits become the probabilities experts are selected and weighted by
+/// (llama.cpp's `expert_gating_func`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Gating {
-    /// Softmax over all experts, then top-k of the probabilities (Mixtral, Qwen-MoE).
+    /// Softmax over all experts, then top-k of the probabilities (Mixtral, Qwen-MoE; value 1).
     Softmax,
+    /// An independent sigmoid per expert, then top-k (DeepSeek-V3, dots.llm1; value 2).
+    Sigmoid,
+    /// Top-k of the raw logits, then a softmax over the k selected only (gpt-oss; value 3).
+    SoftmaxAfterTopK,
+}
+
+impl Gating {
+    /// The gating of llama.cpp's `expert_gating_func` value, if it is one we run.
+    pub fn from_gguf(value: u64) -> Option<Gating> {
+        match value {
+            1 => Some(Gating::Softmax),
+            2 => Some(Gating::Sigmoid),
+            3 => Some(Gating::SoftmaxAfterTopK),
+            _ => None,
+        }
+    }
+}
+
+/// Grouped top-k (`expert_group_count`, `expert_group_used_count`): the experts split into
+/// `n_group` equal groups in index order; each group scores the sum of its two best selection
+/// probabilities; experts outside the `n_group_used` best groups cannot be selected.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ExpertGroups {
+    /// Groups.
+    pub n_group: usize,
+    /// Groups a token's experts may come from.
+    pub n_group_used: usize,
 }
 
 /// An activation function.
@@ -116,6 +152,9 @@ pub enum Activation {
     Silu,
     /// GELU, tanh approximation (through ggml's f16 table).
     GeluTanh,
+    /// gpt-oss's clamped SwiGLU: `g = min(g, limit)`, `u = clamp(u, -limit, limit)`,
+    /// `g * sigmoid(alpha * g) * (u + 1)`, with llama.cpp's fixed alpha 1.702 and limit 7.
+    SwigluOai,
 }
 
 /// One decoder layer.
@@ -205,6 +244,9 @@ impl LayerPlan {
                 n_ff: _,
                 activation,
                 gating: _,
+                selection_bias: _,
+                groups: _,
+                biases: _,
                 norm_weights: _,
                 weights_scale: _,
                 shared: _,

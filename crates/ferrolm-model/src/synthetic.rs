@@ -85,6 +85,9 @@ impl SyntheticSpec {
     /// window (so that prompts cross it), 8 heads of 48 (head size independent of the width);
     /// granite: its four scales (see [`build`]).
     pub fn small(arch: &str) -> SyntheticSpec {
+        if let Some(s) = crate::synthetic_moe::small(arch) {
+            return s;
+        }
         let qwen = arch.starts_with("qwen");
         let mistral_like = arch == "llama" || arch == "mistral";
         if arch.starts_with("gemma") {
@@ -179,7 +182,7 @@ impl Rng {
 }
 
 /// One tensor to write: GGML dims and how to draw it.
-enum Init {
+pub(crate) enum Init {
     Normal(f32),
     /// 1 + normal(std): norm weights.
     AroundOne(f32),
@@ -279,6 +282,7 @@ pub fn build(spec: &SyntheticSpec) -> Result<GgufWriter> {
         w.set(key("attention.scale"), Value::F32(0.09));
         w.set(key("logit_scale"), Value::F32(0.75));
     }
+    crate::synthetic_moe::keys(spec, &mut w);
 
     let (d, q_dim, kv_dim) = (spec.n_embd, spec.n_head * hd, spec.n_head_kv * hd);
     let matrix_type = |name: &str| {
@@ -306,6 +310,9 @@ pub fn build(spec: &SyntheticSpec) -> Result<GgufWriter> {
     );
     let m = |fan_in: usize| Init::Normal(0.7 / (fan_in as f32).sqrt());
     for i in 0..spec.n_layer {
+        if crate::synthetic_moe::layer(spec, i, &mut add) {
+            continue;
+        }
         let n = |s: &str| format!("blk.{i}.{s}");
         add(n("attn_norm.weight"), &[d], Init::AroundOne(0.1), false);
         if arch == "phi3" {

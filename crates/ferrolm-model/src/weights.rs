@@ -68,7 +68,22 @@ pub(crate) enum FfnWeights {
         up: Vec<Matrix>,
         down: Vec<Matrix>,
         shared: Option<Box<SharedWeights>>,
+        /// Biases of the router and of the experts, and the selection bias, where the plan
+        /// has them.
+        biases: Box<MoeBiases>,
     },
+}
+
+/// The vectors a mixture-of-experts layer may add: `ffn_gate_inp.bias` (`n_expert`),
+/// `exp_probs_b.bias` (`n_expert`), and per expert its gate, up (`n_ff` each) and down
+/// (`n_embd`) biases, expert after expert.
+#[derive(Debug, Default)]
+pub(crate) struct MoeBiases {
+    pub(crate) router: Option<Vec<f32>>,
+    pub(crate) selection: Option<Vec<f32>>,
+    pub(crate) gate: Option<Vec<f32>>,
+    pub(crate) up: Option<Vec<f32>>,
+    pub(crate) down: Option<Vec<f32>>,
 }
 
 /// A shared expert's matrices and, if gated, its gate (`ffn_gate_inp_shexp`, one row).
@@ -217,6 +232,29 @@ impl Binder<'_> {
         Ok(v)
     }
 
+    /// A small 2-D tensor of `rows` rows of `cols` read into `f32` (per-expert biases), if
+    /// `wanted`.
+    fn opt_matrix_f32(
+        &self,
+        name: &str,
+        cols: usize,
+        rows: usize,
+        wanted: bool,
+    ) -> Result<Option<Vec<f32>>> {
+        if !wanted {
+            return Ok(None);
+        }
+        let t = self.info(name, &[cols as u64, rows as u64])?;
+        let mut v = vec![0.0; cols * rows];
+        ferrolm_quant::dequantize(t.ty, self.file.tensor_data(t), &mut v).map_err(|_| {
+            ModelError::UnsupportedTensorType {
+                name: name.into(),
+                ty: t.ty,
+            }
+        })?;
+        Ok(Some(v))
+    }
+
     fn opt_vector(&self, name: &str, len: usize, wanted: bool) -> Result<Option<Vec<f32>>> {
         if wanted {
             self.vector(name, len).map(Some)
@@ -309,6 +347,32 @@ pub fn bind(file: &GgufFile, plan: &ModelPlan) -> Result<Weights> {
                         })),
                         None => None,
                     },
+                    biases: Box::new(MoeBiases {
+                        router: b.opt_vector(&n("ffn_gate_inp.bias"), m.n_expert, m.biases)?,
+                        selection: b.opt_vector(
+                            &n("exp_probs_b.bias"),
+                            m.n_expert,
+                            m.selection_bias,
+                        )?,
+                        gate: b.opt_matrix_f32(
+                            &n("ffn_gate_exps.bias"),
+                            m.n_ff,
+                            m.n_expert,
+                            m.biases,
+                        )?,
+                        up: b.opt_matrix_f32(
+                            &n("ffn_up_exps.bias"),
+                            m.n_ff,
+                            m.n_expert,
+                            m.biases,
+                        )?,
+                        down: b.opt_matrix_f32(
+                            &n("ffn_down_exps.bias"),
+                            d,
+                            m.n_expert,
+                            m.biases,
+                        )?,
+                    }),
                 }
             }
         };

@@ -64,6 +64,39 @@ fn top1_instead_of_top2_routing_is_caught() {
     assert!(f.mean_kl > 1e-3, "mean KL {:.3e}", f.mean_kl);
 }
 
+/// dots1: layer 0 dense; 16 experts in 4 groups of which the 2 best (by their top-2 sum) are
+/// kept, top-4 of sigmoid scores plus the selection bias `exp_probs_b`, weights the unbiased
+/// sigmoids renormalized and scaled by 2.5; an ungated shared expert; Q/K norms.
+#[test]
+fn dots1_matches_llama_cpp() {
+    check("dots1");
+}
+
+/// The dots1 comparison can fail: selecting without the bias (weights unchanged), or without
+/// the groups, is far from llama.cpp's figures.
+#[test]
+fn dots1_without_selection_bias_or_groups_is_caught() {
+    let spec = spec("dots1");
+    let mut w = synthetic::build(&spec).unwrap();
+    w.set("dots1.expert_group_count", ferrolm_gguf::Value::U32(1));
+    let f = measure("dots1", w.to_bytes());
+    assert!(
+        f.mean_kl > 1e-3,
+        "without groups: mean KL {:.3e}",
+        f.mean_kl
+    );
+    // The same file with every selection bias zeroed in place.
+    let mut bytes = synthetic::build(&spec).unwrap().to_bytes();
+    let file = GgufFile::from_bytes(bytes.clone()).unwrap();
+    for i in 1..spec.n_layer {
+        let t = file.tensor(&format!("blk.{i}.exp_probs_b.bias")).unwrap();
+        let start = (file.data_offset() + t.offset) as usize;
+        bytes[start..start + t.size as usize].fill(0);
+    }
+    let f = measure("dots1", bytes);
+    assert!(f.mean_kl > 1e-3, "without bias: mean KL {:.3e}", f.mean_kl);
+}
+
 /// Gemma 2 (soft-caps, alternate sliding layers), Gemma 3 (five of six layers sliding, Q/K
 /// norms, separate local RoPE base; the longest prompt wraps the sliding layers' ring of 768
 /// cells) and Granite (embedding, residual, attention and logit scales).

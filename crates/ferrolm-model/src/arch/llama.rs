@@ -53,12 +53,20 @@ enum Experts {
     Refused,
     Allowed,
     Required,
+    /// The caller describes the feed-forward blocks: every layer starts dense here.
+    Elsewhere,
 }
 
 /// The plan of a llama-shaped decoder of `arch` (the keys every such decoder shares); other
 /// families start from it and add what they carry.
 pub(super) fn describe_variant(file: &GgufFile, arch: &str, v: Variant) -> Result<ModelPlan> {
     describe_decoder(file, arch, v, Experts::Refused)
+}
+
+/// Like [`describe_variant`] for a family that describes its own mixture-of-experts layers:
+/// every layer starts as a dense block of `feed_forward_length`.
+pub(super) fn describe_attention_of(file: &GgufFile, arch: &str, v: Variant) -> Result<ModelPlan> {
+    describe_decoder(file, arch, v, Experts::Elsewhere)
 }
 
 /// The feed-forward block of every layer: dense, or (with `expert_count > 0` where the
@@ -73,6 +81,7 @@ fn ffn_of(k: &Keys<'_>, experts: Experts) -> Result<Ffn> {
         })
     };
     match (experts, n_expert) {
+        (Experts::Elsewhere, _) => dense(k),
         (Experts::Required, 0) => Err(ModelError::Invalid(format!(
             "{}: expert_count must be above 0",
             k.arch
@@ -120,6 +129,9 @@ fn ffn_of(k: &Keys<'_>, experts: Experts) -> Result<Ffn> {
                 n_ff,
                 activation: Activation::Silu,
                 gating: Gating::Softmax,
+                selection_bias: false,
+                groups: None,
+                biases: false,
                 norm_weights: !qwen2moe,
                 weights_scale: None,
                 shared,

@@ -1,8 +1,10 @@
 //! Architectures: each turns a file's metadata into a [`ModelPlan`], owning its own keys.
 
+mod dots1;
 mod gemma;
 mod granite;
 mod llama;
+mod moe_keys;
 mod phi3;
 
 use ferrolm_gguf::GgufFile;
@@ -21,6 +23,7 @@ const ARCHITECTURES: &[(&str, Describe)] = &[
     ("qwen2moe", llama::describe),
     ("qwen3", llama::describe),
     ("qwen3moe", llama::describe),
+    ("dots1", dots1::describe),
     ("gemma2", gemma::describe),
     ("gemma3", gemma::describe),
     ("granite", granite::describe),

@@ -6,11 +6,12 @@ use ferrolm_threads::ThreadPool;
 use super::attention::attend;
 use super::matmul::{matmul, matmul_group, SharedInput};
 use super::ops::{rms_norm, rms_norm_in_place, RopeAngles};
+use super::routing::route;
 use crate::error::Result;
 use crate::experts::ExpertStore;
 use crate::kv_cache::KvCache;
-use crate::plan::{Activation, Ffn, Gating, Moe};
-use crate::weights::{FfnWeights, Matrix, SharedWeights};
+use crate::plan::{Activation, Ffn, Moe};
+use crate::weights::{FfnWeights, Matrix, MoeBiases, SharedWeights};
 use crate::Model;
 use ferrolm_gguf::GgufFile;
 
@@ -221,6 +222,7 @@ pub(crate) fn forward(
                     (&h, n, d),
                     (n_ff, activation),
                     (wg, wu, wd),
+                    ExpertBias::default(),
                     Some(l),
                 );
                 o.copy_from_slice(&y);
@@ -233,6 +235,7 @@ pub(crate) fn forward(
                     up,
                     down,
                     shared,
+                    biases,
                 },
             ) => {
                 let experts = MoeWeights {
@@ -243,6 +246,7 @@ pub(crate) fn forward(
                     shared: shared.as_deref(),
                     store: &model.experts,
                     gguf: &model.file,
+                    biases,
                 };
                 let counts = model.expert_counts.get(l).map(Vec::as_slice);
                 moe(
@@ -316,7 +320,7 @@ pub(crate) fn forward(
 /// A gated feed-forward over the `n` rows of `x` (each `d` wide): `down(act(gate(x)) * up(x))`,
 /// the input quantized once for gate and up. With a layer, its intermediates are dumped under
 /// llama.cpp's names.
-#[allow(clippy::type_complexity)] // (gate, up, down), (rows, count, width): named by position
+#[allow(clippy::type_complexity, clippy::too_many_arguments)] // (gate, up, down), (rows, count, width): named by position; the biases beside them
 fn gated_ffn(
     pool: &ThreadPool,
     file: &[u8],
@@ -324,6 +328,7 @@ fn gated_ffn(
     (x, n, d): (&[f32], usize, usize),
     (n_ff, activation): (usize, Activation),
     (wg, wu, wd): (&Matrix, &Matrix, &Matrix),
+    biases: ExpertBias<'_>,
     layer: Option<usize>,
 ) -> Vec<f32> {
     input.reset();
@@ -338,6 +343,8 @@ fn gated_ffn(
             (wu, input.rows_for(wu.ty), &mut u),
         ],
     );
+    add_bias(&mut g, biases.gate);
+    add_bias(&mut u, biases.up);
     let gated = activate(pool, activation, &g, &u, n_ff);
     if let Some(l) = layer {
         dump("ffn_gate", l, &g);
@@ -353,7 +360,37 @@ fn gated_ffn(
         input.get(pool, &gated, n, n_ff, wd.ty),
         &mut y,
     );
+    add_bias(&mut y, biases.down);
     y
+}
+
+/// The biases of one expert's gate, up and down projections (gpt-oss), where it has them.
+#[derive(Clone, Copy, Default)]
+struct ExpertBias<'a> {
+    gate: Option<&'a [f32]>,
+    up: Option<&'a [f32]>,
+    down: Option<&'a [f32]>,
+}
+
+impl<'a> ExpertBias<'a> {
+    /// Expert `e`'s rows of the layer's biases (`n_ff` for gate and up, `d` for down).
+    fn of(b: &'a MoeBiases, e: usize, n_ff: usize, d: usize) -> ExpertBias<'a> {
+        let row =
+            |v: &'a Option<Vec<f32>>, len: usize| v.as_deref().map(|v| &v[e * len..(e + 1) * len]);
+        ExpertBias {
+            gate: row(&b.gate, n_ff),
+            up: row(&b.up, n_ff),
+            down: row(&b.down, d),
+        }
+    }
+}
+
+/// Adds `bias` to every row of `x` (one row per token), as ggml's add does.
+fn add_bias(x: &mut [f32], bias: Option<&[f32]>) {
+    if let Some(b) = bias {
+        x.chunks_mut(b.len())
+            .for_each(|row| row.iter_mut().zip(b).for_each(|(x, b)| *x += b));
+    }
 }
 
 /// `act(gate) * up`, row by row.
@@ -374,8 +411,27 @@ fn activate(
             let r = t * n_ff..(t + 1) * n_ff;
             ferrolm_quant::ggml_vec::geglu(&g[r.clone()], &u[r], o);
         }),
+        Activation::SwigluOai => rows_mut(pool, &mut gated, n_ff, |t, o| {
+            let r = t * n_ff..(t + 1) * n_ff;
+            swiglu_oai(&g[r.clone()], &u[r], o);
+        }),
     }
     gated
+}
+
+/// llama.cpp's alpha and limit of gpt-oss's clamped SwiGLU (fixed in its graph).
+const SWIGLU_OAI_ALPHA: f32 = 1.702;
+const SWIGLU_OAI_LIMIT: f32 = 7.0;
+
+/// gpt-oss's clamped SwiGLU, element by element as ggml's `swiglu_oai` rounds it:
+/// `x / (1 + expf(alpha * -x)) * (y + 1)` with `x = min(g, limit)`, `y = clamp(u, ±limit)`.
+fn swiglu_oai(g: &[f32], u: &[f32], out: &mut [f32]) {
+    for ((o, &g), &u) in out.iter_mut().zip(g).zip(u) {
+        let x = g.min(SWIGLU_OAI_LIMIT);
+        let y = u.clamp(-SWIGLU_OAI_LIMIT, SWIGLU_OAI_LIMIT);
+        let glu = x / (1.0 + (SWIGLU_OAI_ALPHA * -x).exp());
+        *o = glu * (y + 1.0);
+    }
 }
 
 /// The matrices of one mixture-of-experts block.
@@ -388,53 +444,7 @@ struct MoeWeights<'a> {
     /// Where the experts' bytes come from (the mapped file, or a cache of streamed experts).
     store: &'a ExpertStore,
     gguf: &'a GgufFile,
-}
-
-/// The smallest sum of selected weights a renormalization divides by (the smallest normal
-/// f16, as llama.cpp clamps it).
-const MIN_WEIGHTS_SUM: f32 = 6.103_515_6e-5; // 2^-14
-
-/// Per token: the `m.n_expert_used` experts the router picks, in llama.cpp's order (descending
-/// probability; equal probabilities by index: ggml's argsort is `std::sort`, which libstdc++
-/// finishes with an insertion sort, stable for rows of at most 16 experts), and their weights.
-pub(crate) fn route(m: &Moe, logits: &[f32], probs: &mut [f32]) -> (Vec<usize>, Vec<f32>) {
-    let (ne, k) = (m.n_expert, m.n_expert_used);
-    let n = logits.len() / ne;
-    let mut selected = Vec::with_capacity(n * k);
-    let mut weights = Vec::with_capacity(n * k);
-    let mut order: Vec<usize> = Vec::with_capacity(ne);
-    for (row, p) in logits.chunks(ne).zip(probs.chunks_mut(ne)) {
-        match m.gating {
-            Gating::Softmax => {
-                // ggml_soft_max: exp(x - max) summed in f64, times (1 / sum) rounded to f32.
-                let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-                let sum = ferrolm_quant::ggml_vec::soft_max(row, p, max);
-                let inv = (1.0 / sum) as f32;
-                p.iter_mut().for_each(|v| *v *= inv);
-            }
-        }
-        order.clear();
-        order.extend(0..ne);
-        order.sort_by(|&a, &b| p[b].total_cmp(&p[a]));
-        let first = weights.len();
-        for &e in &order[..k] {
-            selected.push(e);
-            weights.push(p[e]);
-        }
-        let w = &mut weights[first..];
-        if m.norm_weights {
-            // ggml_sum_rows (f64 accumulation), clamped, then an f32 division.
-            let sum = w.iter().map(|&v| f64::from(v)).sum::<f64>() as f32;
-            let sum = sum.max(MIN_WEIGHTS_SUM);
-            w.iter_mut().for_each(|v| *v /= sum);
-        }
-        if let Some(s) = m.weights_scale {
-            if s != 0.0 && s != 1.0 {
-                w.iter_mut().for_each(|v| *v *= s);
-            }
-        }
-    }
-    (selected, weights)
+    biases: &'a MoeBiases,
 }
 
 /// A mixture-of-experts block over the `n` normed rows `h`: route, run each expert over the
@@ -460,6 +470,9 @@ fn moe(
         n_ff,
         activation,
         gating: _,
+        selection_bias: _,
+        groups: _,
+        biases: _,
         norm_weights: _,
         weights_scale: _,
         shared: shared_plan,
@@ -474,8 +487,10 @@ fn moe(
         &mut logits,
     );
     dump("ffn_moe_logits", layer, &logits);
+    add_bias(&mut logits, w.biases.router.as_deref());
     let mut probs = vec![0f32; n * ne];
-    let (selected, weights) = route(m, &logits, &mut probs);
+    let routes = route(m, &logits, w.biases.selection.as_deref(), &mut probs);
+    let (selected, weights) = (routes.selected, routes.weights);
     dump("ffn_moe_probs", layer, &probs);
     dump("ffn_moe_weights_norm", layer, &weights);
     if let Some(c) = counts {
@@ -509,6 +524,7 @@ fn moe(
                 (&sub, mm, d),
                 (n_ff, activation),
                 (x.gate, x.up, x.down),
+                ExpertBias::of(w.biases, e, n_ff, d),
                 None,
             );
             for (j, &i) in rows.iter().enumerate() {
@@ -580,6 +596,7 @@ fn shared_expert(
         (h, n, d),
         (n_ff, activation),
         weights,
+        ExpertBias::default(),
         None,
     );
     dump("ffn_shexp", layer, &y);
@@ -606,39 +623,5 @@ fn finish_block(
     }
     if let Some(s) = residual_scale {
         o.iter_mut().for_each(|v| *v *= s);
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn moe(k: usize, norm: bool) -> Moe {
-        Moe {
-            n_expert: 4,
-            n_expert_used: k,
-            n_ff: 32,
-            activation: Activation::Silu,
-            gating: Gating::Softmax,
-            norm_weights: norm,
-            weights_scale: None,
-            shared: None,
-        }
-    }
-
-    #[test]
-    fn routing_picks_the_best_experts_ties_by_index_and_renormalizes() {
-        let logits = [0.5, 2.0, 0.5, 2.0, 1.0, -1.0, 3.0, 1.0];
-        let mut probs = [0.0; 8];
-        let (sel, w) = route(&moe(2, false), &logits, &mut probs);
-        // Token 0: experts 1 and 3 tie; token 1: expert 2, then 0 and 3 tie (0 first).
-        assert_eq!(sel, [1, 3, 2, 0]);
-        assert!((probs[..4].iter().sum::<f32>() - 1.0).abs() < 1e-6);
-        assert_eq!(w[0], probs[1]);
-        assert_eq!(w[3], probs[4]);
-        let (sel2, w2) = route(&moe(3, true), &logits, &mut probs);
-        assert_eq!(sel2, [1, 3, 0, 2, 0, 3]);
-        assert!((w2[..3].iter().sum::<f32>() - 1.0).abs() < 1e-6);
-        assert!(w2[0] > w[0]);
     }
 }

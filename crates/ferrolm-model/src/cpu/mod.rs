@@ -4,3 +4,4 @@ pub(crate) mod attention;
 pub(crate) mod forward;
 pub(crate) mod matmul;
 pub(crate) mod ops;
+pub(crate) mod routing;

@@ -11,7 +11,7 @@ use ferrolm_model::synthetic::{self, SyntheticSpec, TokenizerSource};
 /// Flags of `ferrolm synth`.
 #[derive(Args, Debug)]
 pub struct SynthArgs {
-    /// Architecture (one `ferrolm` runs: llama, mistral, qwen2, qwen2moe, qwen3, qwen3moe, gemma2, ...).
+    /// Architecture (one `ferrolm` runs: llama, mistral, qwen2, qwen2moe, qwen3, qwen3moe, dots1, gemma2, ...).
     #[arg(long)]
     pub arch: String,
     /// Output file.
