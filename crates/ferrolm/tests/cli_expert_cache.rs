@@ -129,3 +129,70 @@ fn streamed_and_resident_runs_agree_token_for_token_and_count_for_count() {
         "{err}"
     );
 }
+
+/// `ferrolm bench` with experts streamed: its own peak RSS stays within the cache, the dense
+/// weights and an overhead, well under a run with the experts mapped (which touches all of
+/// them), and it reports the cache's counters.
+#[test]
+fn bench_streamed_peak_rss_stays_within_cache_plus_dense_part() {
+    let dir =
+        TempDir(std::env::temp_dir().join(format!("ferrolm-expert-bench-{}", std::process::id())));
+    std::fs::create_dir_all(&dir.0).unwrap();
+    // 2 layers of 16 experts of 512 x 1024 in Q8_0: 51 MB of experts, 2 MB dense.
+    let model = dir.0.join("moe.gguf");
+    let model = model.to_str().unwrap();
+    ok(&[
+        "synth",
+        "--arch",
+        "qwen3moe",
+        "--layers",
+        "2",
+        "--embd",
+        "512",
+        "--ff",
+        "1024",
+        "--experts",
+        "16",
+        "--experts-used",
+        "8",
+        "--type",
+        "q8_0",
+        "-o",
+        model,
+    ]);
+    let bench = |cache: &str| -> serde_json::Value {
+        let out = ok(&[
+            "bench",
+            "-m",
+            model,
+            "-p",
+            "16",
+            "-n",
+            "4",
+            "-r",
+            "1",
+            "-t",
+            "2",
+            "--expert-cache",
+            cache,
+            "--json",
+        ]);
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let mb = |v: &serde_json::Value| v["peak_rss_bytes"].as_u64().unwrap() as f64 / 1048576.0;
+    let streamed = bench("16");
+    let resident = bench("0");
+    let cache = &streamed["expert_cache"];
+    let expert_mb = cache["expert_bytes"].as_u64().unwrap() as f64 / 1048576.0;
+    assert!(expert_mb > 45.0, "{cache}");
+    assert!(cache["misses"].as_u64().unwrap() > 0, "{cache}");
+    assert!(resident.get("expert_cache").is_none());
+    assert!(streamed["pp16"].as_f64().unwrap() > 0.0);
+    // The dense part is about 2 MB; 64 MB covers the binary, stacks, KV cache and activations.
+    let (s, r) = (mb(&streamed), mb(&resident));
+    assert!(s <= 16.0 + 2.0 + 64.0, "streamed peak RSS {s:.1} MB");
+    assert!(
+        r > s + 0.5 * expert_mb,
+        "resident {r:.1} MB, streamed {s:.1} MB"
+    );
+}
