@@ -19,7 +19,7 @@ pub use error::{GgufError, Result};
 pub use metadata::{Array, Metadata, Value, ValueType};
 pub use reader::{ALIGNMENT_KEY, DEFAULT_ALIGNMENT, MAX_DIMS};
 pub use tensor_type::TensorType;
-pub use writer::GgufWriter;
+pub use writer::{GgufHeader, GgufWriter, TensorLayout};
 
 /// Where a tensor's data is and what it holds.
 #[derive(Clone, Debug, PartialEq, Eq)]

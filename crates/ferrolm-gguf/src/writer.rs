@@ -82,36 +82,69 @@ impl GgufWriter {
     /// Writes the file to `out`.
     pub fn write_to(&self, out: &mut impl Write) -> io::Result<()> {
         let alignment = self.alignment();
+        let infos: Vec<_> = self
+            .tensors
+            .iter()
+            .map(|t| {
+                (
+                    t.name.as_str(),
+                    t.dims.as_slice(),
+                    t.ty,
+                    t.data.len() as u64,
+                )
+            })
+            .collect();
         let mut w = Counting {
             inner: out,
             written: 0,
         };
-        w.write_all(&MAGIC)?;
-        w.write_all(&3u32.to_le_bytes())?;
-        w.write_all(&(self.tensors.len() as u64).to_le_bytes())?;
-        w.write_all(&(self.metadata.len() as u64).to_le_bytes())?;
-        for (key, value) in self.metadata.iter() {
-            write_string(&mut w, key)?;
-            w.write_all(&(value.value_type() as u32).to_le_bytes())?;
-            write_value(&mut w, value)?;
-        }
-        let mut offset = 0u64;
-        for t in &self.tensors {
-            write_string(&mut w, &t.name)?;
-            w.write_all(&(t.dims.len() as u32).to_le_bytes())?;
-            for d in &t.dims {
-                w.write_all(&d.to_le_bytes())?;
-            }
-            w.write_all(&(t.ty as u32).to_le_bytes())?;
-            w.write_all(&offset.to_le_bytes())?;
-            offset = (offset + t.data.len() as u64).next_multiple_of(alignment);
-        }
-        pad(&mut w, alignment)?;
+        self.write_prefix(&infos, &mut w)?;
         for t in &self.tensors {
             w.write_all(&t.data)?;
             pad(&mut w, alignment)?;
         }
         w.flush()
+    }
+
+    /// For files too large to hold in memory: the header of a file with the metadata set
+    /// here and the tensors `tensors`, whose data the caller writes itself. Tensors added
+    /// with [`GgufWriter::add_tensor`] are an error here.
+    pub fn header(&self, tensors: &[TensorLayout]) -> Result<GgufHeader> {
+        if let Some(t) = self.tensors.first() {
+            return Err(GgufError::DuplicateTensor(t.name.clone()));
+        }
+        let alignment = self.alignment();
+        let mut names = std::collections::HashSet::new();
+        let mut sizes = Vec::with_capacity(tensors.len());
+        for t in tensors {
+            if !names.insert(t.name.as_str()) {
+                return Err(GgufError::DuplicateTensor(t.name.clone()));
+            }
+            sizes.push(tensor_extent(&t.name, &t.dims, t.ty)?.1);
+        }
+        let mut header = Vec::new();
+        let infos: Vec<_> = tensors
+            .iter()
+            .zip(&sizes)
+            .map(|(t, &size)| (t.name.as_str(), t.dims.as_slice(), t.ty, size))
+            .collect();
+        let mut counting = Counting {
+            inner: &mut header,
+            written: 0,
+        };
+        self.write_prefix(&infos, &mut counting)
+            .expect("writing to a Vec cannot fail");
+        let mut offsets = Vec::with_capacity(tensors.len());
+        let mut at = header.len() as u64;
+        for size in sizes {
+            offsets.push(at);
+            at = (at + size).next_multiple_of(alignment);
+        }
+        Ok(GgufHeader {
+            bytes: header,
+            offsets,
+            file_len: at,
+        })
     }
 
     /// Writes the file at `path`.
@@ -132,6 +165,61 @@ impl GgufWriter {
         self.write_to(&mut v).expect("writing to a Vec cannot fail");
         v
     }
+}
+
+impl GgufWriter {
+    /// Magic, counts, metadata and the tensor infos (name, dims, type, data size), padded to
+    /// the start of the data section.
+    fn write_prefix<W: Write>(
+        &self,
+        tensors: &[(&str, &[u64], TensorType, u64)],
+        w: &mut Counting<'_, W>,
+    ) -> io::Result<()> {
+        let alignment = self.alignment();
+        w.write_all(&MAGIC)?;
+        w.write_all(&3u32.to_le_bytes())?;
+        w.write_all(&(tensors.len() as u64).to_le_bytes())?;
+        w.write_all(&(self.metadata.len() as u64).to_le_bytes())?;
+        for (key, value) in self.metadata.iter() {
+            write_string(w, key)?;
+            w.write_all(&(value.value_type() as u32).to_le_bytes())?;
+            write_value(w, value)?;
+        }
+        let mut offset = 0u64;
+        for &(name, dims, ty, size) in tensors {
+            write_string(w, name)?;
+            w.write_all(&(dims.len() as u32).to_le_bytes())?;
+            for d in dims {
+                w.write_all(&d.to_le_bytes())?;
+            }
+            w.write_all(&(ty as u32).to_le_bytes())?;
+            w.write_all(&offset.to_le_bytes())?;
+            offset = (offset + size).next_multiple_of(alignment);
+        }
+        pad(w, alignment)
+    }
+}
+
+/// The start of a file whose tensor data is written separately ([`GgufWriter::header`]).
+#[derive(Clone, Debug)]
+pub struct GgufHeader {
+    /// Magic, metadata and tensor infos, padded to the data section.
+    pub bytes: Vec<u8>,
+    /// Each tensor's data offset from the start of the file (aligned; zeros pad the gaps).
+    pub offsets: Vec<u64>,
+    /// The length of the whole file.
+    pub file_len: u64,
+}
+
+/// A tensor whose data [`GgufWriter::header`]'s caller writes itself.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TensorLayout {
+    /// The tensor's name.
+    pub name: String,
+    /// Dimensions in GGML order: the row length first.
+    pub dims: Vec<u64>,
+    /// The element type.
+    pub ty: TensorType,
 }
 
 struct Counting<'a, W: Write> {

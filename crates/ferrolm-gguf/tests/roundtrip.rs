@@ -122,3 +122,47 @@ fn files_on_disk_are_mapped() {
     assert!(missing.contains("absent.gguf"), "{missing}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// A header written alone, with each tensor's data placed at its offset afterwards, is the
+/// same file [`GgufWriter::to_bytes`] writes.
+#[test]
+fn header_then_data_at_offsets_is_the_same_file() {
+    use ferrolm_gguf::TensorLayout;
+    let tensors = [
+        ("a", vec![32u64, 3], TensorType::Q8_0),
+        ("b", vec![5u64], TensorType::F32),
+        ("c", vec![64u64, 2], TensorType::Q4_0),
+    ];
+    let mut whole = GgufWriter::new();
+    let mut header_only = GgufWriter::new();
+    for w in [&mut whole, &mut header_only] {
+        w.set("general.architecture", Value::String("llama".into()));
+        w.set("x.count", Value::U32(7));
+    }
+    let mut layouts = Vec::new();
+    let mut datas = Vec::new();
+    for (i, (name, dims, ty)) in tensors.iter().enumerate() {
+        let n: u64 = dims.iter().product();
+        let bytes = ty.bytes_for(n).unwrap() as usize;
+        let data: Vec<u8> = (0..bytes).map(|j| (i * 31 + j) as u8).collect();
+        whole.add_tensor(*name, dims, *ty, data.clone()).unwrap();
+        layouts.push(TensorLayout {
+            name: name.to_string(),
+            dims: dims.clone(),
+            ty: *ty,
+        });
+        datas.push(data);
+    }
+    let expected = whole.to_bytes();
+    let h = header_only.header(&layouts).unwrap();
+    assert_eq!(h.file_len as usize, expected.len());
+    let mut file = vec![0u8; h.file_len as usize];
+    file[..h.bytes.len()].copy_from_slice(&h.bytes);
+    for (off, data) in h.offsets.iter().zip(&datas) {
+        file[*off as usize..*off as usize + data.len()].copy_from_slice(data);
+    }
+    assert_eq!(file, expected);
+    // A duplicate name is refused.
+    layouts.push(layouts[0].clone());
+    assert!(header_only.header(&layouts).is_err());
+}

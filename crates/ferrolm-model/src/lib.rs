@@ -9,6 +9,7 @@ mod error;
 mod experts;
 mod kv_cache;
 pub mod plan;
+pub mod shapes;
 pub mod synthetic;
 mod synthetic_moe;
 mod weights;

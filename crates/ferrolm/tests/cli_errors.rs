@@ -248,3 +248,29 @@ fn absurd_layer_count() {
         &["block_count", "tensors"],
     );
 }
+
+#[test]
+fn synth_shape_mistakes() {
+    let dir = temp_dir("shape");
+    let out = dir.join("x.gguf");
+    let out = out.to_str().unwrap();
+    let synth = |extra: &[&'static str]| {
+        let mut v = vec!["synth", "-o", out];
+        v.extend_from_slice(extra);
+        v
+    };
+    fails_with(
+        &synth(&["--shape", "llama-9b", "--type", "q8_0"]),
+        &["llama-9b", "smollm2-135m"],
+    );
+    fails_with(
+        &synth(&["--shape", "smollm2-135m", "--type", "q3_k"]),
+        &["q3_k", "q4_k_m"],
+    );
+    fails_with(&synth(&["--shape", "smollm2-135m"]), &["--type"]);
+    fails_with(
+        &synth(&["--shape", "smollm2-135m", "--type", "q8_0", "--layers", "2"]),
+        &["--shape", "--layers"],
+    );
+    assert!(!Path::new(out).exists());
+}

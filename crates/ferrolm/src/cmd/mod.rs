@@ -9,5 +9,6 @@ pub mod logits;
 pub mod run;
 pub mod serve;
 pub mod synth;
+pub mod synth_shape;
 pub mod telemetry;
 pub mod tokenize;

@@ -12,8 +12,19 @@ use ferrolm_model::synthetic::{self, SyntheticSpec, TokenizerSource};
 #[derive(Args, Debug)]
 pub struct SynthArgs {
     /// Architecture (one `ferrolm` runs: llama, mistral, qwen2, qwen2moe, qwen3, qwen3moe, dots1, gemma2, ...).
-    #[arg(long)]
-    pub arch: String,
+    #[arg(long, required_unless_present = "shape")]
+    pub arch: Option<String>,
+    /// A real model's shape instead (smollm2-135m, llama-3.2-1b, llama-3.1-8b, qwen2.5-0.5b),
+    /// with `--type` a file type (f16, q4_0, q4_1, q5_0, q5_1, q8_0, q4_k_m, q6_k) mixed as
+    /// llama-quantize mixes it; the default model's tokenizer unless `--tokenizer-from`.
+    #[arg(long, conflicts_with = "arch")]
+    pub shape: Option<String>,
+    /// With `--shape`: every matrix in the base type (llama-quantize's `--pure`).
+    #[arg(long, requires = "shape")]
+    pub pure: bool,
+    /// With `--shape`: threads writing the file (0: every core).
+    #[arg(long, default_value_t = 0, requires = "shape")]
+    pub threads: usize,
     /// Output file.
     #[arg(short, long)]
     pub output: PathBuf,
@@ -76,14 +87,14 @@ pub struct SynthArgs {
 /// The spec the flags describe.
 pub fn spec(args: &SynthArgs) -> Result<SyntheticSpec> {
     let known = ferrolm_model::arch::supported();
-    if !known.contains(&args.arch.as_str()) {
+    let arch = args.arch.as_deref().unwrap_or_default();
+    if !known.contains(&arch) {
         bail!(
-            "cannot synthesize architecture {:?} (supported: {})",
-            args.arch,
+            "cannot synthesize architecture {arch:?} (supported: {})",
             known.join(", ")
         );
     }
-    let mut s = SyntheticSpec::small(&args.arch);
+    let mut s = SyntheticSpec::small(arch);
     let set = |v: Option<usize>, d: &mut usize| {
         if let Some(v) = v {
             *d = v;
@@ -138,6 +149,9 @@ fn parse_type(name: &str) -> Result<TensorType> {
 
 /// Runs `ferrolm synth`.
 pub fn run(args: SynthArgs) -> Result<()> {
+    if let Some(shape) = &args.shape {
+        return super::synth_shape::run(&args, shape);
+    }
     let s = spec(&args)?;
     synthetic::write(&s, &args.output)
         .with_context(|| format!("cannot write {}", args.output.display()))?;
