@@ -36,7 +36,7 @@ fn load(path: &PathBuf, experts: ExpertMode, threads: usize) -> Model {
 }
 
 /// The smallest cache the file allows, read from the error a one-byte cache gets.
-fn minimum_cache(path: &PathBuf) -> (usize, usize) {
+fn minimum_cache(path: &PathBuf, top_k: usize) -> (usize, usize) {
     let e = Model::load_with(
         path,
         &LoadOptions {
@@ -55,8 +55,8 @@ fn minimum_cache(path: &PathBuf) -> (usize, usize) {
             expert_bytes,
         } => {
             assert_eq!(given, 1);
-            assert_eq!(experts_per_token, 2);
-            assert_eq!(needed, 2 * expert_bytes);
+            assert_eq!(experts_per_token, top_k);
+            assert_eq!(needed, top_k * expert_bytes);
             assert!(
                 message.contains(&needed.to_string()) && message.contains("1 bytes"),
                 "{message}"
@@ -115,7 +115,7 @@ fn workload(m: &Model) -> Vec<Vec<u32>> {
 #[test]
 fn streamed_experts_match_resident_bit_for_bit_with_constant_eviction() {
     let file = moe_file("tiny");
-    let (minimum, expert_bytes) = minimum_cache(&file.0);
+    let (minimum, expert_bytes) = minimum_cache(&file.0, 2);
     let resident = load(&file.0, ExpertMode::Resident, 2);
     assert!(resident.expert_cache_stats().is_none());
     let expected = workload(&resident);
@@ -179,19 +179,21 @@ fn a_cache_of_every_expert_reads_each_once_then_hits() {
     assert!(st.bytes_read <= st.expert_bytes);
 }
 
-/// The other MoE layouts: Qwen2-MoE (its shared expert stays mapped with the dense part) and
-/// Mixtral-style llama, each streamed through the smallest cache.
+/// The other MoE layouts: Qwen2-MoE (its shared expert stays mapped with the dense part),
+/// Mixtral-style llama and dots1 (a leading dense layer, sigmoid routing with a selection bias,
+/// grouped top-4), each streamed through the smallest cache.
 #[test]
-fn qwen2moe_and_mixtral_stream_bit_for_bit() {
+fn qwen2moe_mixtral_and_dots1_stream_bit_for_bit() {
     let mut mixtral = SyntheticSpec::small("llama");
     mixtral.n_expert = 4;
     mixtral.n_expert_used = 2;
     for (tag, spec) in [
         ("qwen2moe", SyntheticSpec::small("qwen2moe")),
         ("mixtral", mixtral),
+        ("dots1", SyntheticSpec::small("dots1")),
     ] {
         let file = write_spec(&spec, tag);
-        let (minimum, _) = minimum_cache(&file.0);
+        let (minimum, _) = minimum_cache(&file.0, spec.n_expert_used);
         let resident = load(&file.0, ExpertMode::Resident, 2);
         let streamed = load(
             &file.0,
@@ -231,7 +233,7 @@ fn dense_models_ignore_the_expert_cache() {
 #[test]
 fn concurrent_passes_through_a_tiny_cache_match_resident() {
     let file = moe_file("concurrent");
-    let (minimum, _) = minimum_cache(&file.0);
+    let (minimum, _) = minimum_cache(&file.0, 2);
     let resident = load(&file.0, ExpertMode::Resident, 1);
     let run = |m: &Model, seed: u32| -> Vec<Vec<u32>> {
         let mut s = m.session(128);
