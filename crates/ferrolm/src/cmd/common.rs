@@ -58,7 +58,11 @@ impl ModelArgs {
     fn model_from(&self, file: Arc<GgufFile>, path: &std::path::Path) -> Result<Model> {
         let model = Model::from_file_with(file, &self.load_options())
             .with_context(|| format!("loading {}", path.display()))?;
-        if let Some(st) = model.expert_cache_stats() {
+        let streamed = model.expert_cache_stats();
+        if streamed.is_none() && self.expert_cache.is_some_and(|mb| mb > 0) {
+            eprintln!("ferrolm: --expert-cache: the model has no experts to stream; ignored");
+        }
+        if let Some(st) = streamed {
             let mb = |b: u64| b as f64 / (1u64 << 20) as f64;
             eprintln!(
                 "ferrolm: streaming experts ({:.0} MB) from the file through a {:.0} MB cache \
