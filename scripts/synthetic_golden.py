@@ -35,6 +35,9 @@ FILES = {
     "llama-moe": ["--arch", "llama", "--experts", "4", "--experts-used", "2"],  # Mixtral-style
     "qwen2moe": ["--arch", "qwen2moe"],  # 8 experts, top-2, not renormalized; sigmoid-gated shared expert; QKV biases
     "dots1": ["--arch", "dots1"],  # layer 0 dense; 16 experts in 4 groups (2 kept), top-4 of sigmoid + exp_probs_b, renormalized, x2.5; shared expert
+    # hybrid: 3 gated delta-net layers (4 key / 8 value heads of 32, 4-tap conv) then 1 attention
+    # layer (gated output, 16 of 64 dimensions rotate); 8 experts top-2 + gated shared expert
+    "qwen3next": ["--arch", "qwen3next"],
 }
 # Files written by the ferrolm-model example instead of the CLI (same spec: SyntheticSpec::small).
 EXAMPLE_WRITER = ["cargo", "run", "--release", "-q", "-p", "ferrolm-model", "--example", "synth", "--"]

@@ -6,7 +6,9 @@
 //! to addresses once and captures into one CUDA graph.
 
 use ferrolm_gguf::TensorType;
-use ferrolm_model::plan::{Activation, Attention, Ffn, LayerPlan, ModelPlan, Rope, RopeLayout};
+use ferrolm_model::plan::{
+    Activation, Attention, Ffn, LayerPlan, Mixer, ModelPlan, Rope, RopeLayout,
+};
 
 /// Why the CUDA path does not take a model: the plan field (or tensor) it does not serve.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -401,11 +403,15 @@ pub fn decode_plan(
     for (l, layer) in layers.iter().enumerate() {
         let LayerPlan {
             attention,
+            mixer,
             ffn,
             post_attention_norm,
             post_ffn_norm,
             residual_scale,
         } = layer;
+        if let Mixer::GatedDeltaNet(_) = mixer {
+            return Err(decline("mixer", "gated delta-net"));
+        }
         if *post_attention_norm {
             return Err(decline("post_attention_norm", true));
         }
@@ -427,7 +433,11 @@ pub fn decode_plan(
             scale_queries: _,
             softcap,
             sliding_window,
+            gated_output,
         } = attention;
+        if *gated_output {
+            return Err(decline("attention.gated_output", true));
+        }
         if let Some(v) = softcap {
             return Err(decline("attention.softcap", v));
         }
@@ -674,7 +684,7 @@ impl DecodePlan {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ferrolm_model::plan::{Attention, Ffn, LayerPlan, Rope};
+    use ferrolm_model::plan::{Attention, Ffn, LayerPlan, Mixer, Rope};
 
     pub(crate) fn plan(n_layer: usize, head_dim: usize) -> ModelPlan {
         let layer = LayerPlan {
@@ -695,7 +705,9 @@ mod tests {
                 scale_queries: false,
                 softcap: None,
                 sliding_window: None,
+                gated_output: false,
             },
+            mixer: Mixer::Attention,
             ffn: Ffn::Gated {
                 n_ff: 512,
                 activation: Activation::Silu,

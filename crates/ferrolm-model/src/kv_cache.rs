@@ -2,7 +2,7 @@
 
 use half::f16;
 
-use crate::plan::ModelPlan;
+use crate::plan::{DeltaNet, Mixer, ModelPlan};
 
 /// Storage is allocated in multiples of this many positions, the padding llama.cpp gives the
 /// attended length (see `cpu::attention`).
@@ -24,6 +24,34 @@ pub(crate) struct LayerCache {
     pub cap: usize,
     /// The sliding window, for a ring.
     pub window: Option<usize>,
+    /// A gated delta-net layer's recurrent state (and no keys or values: `cap` is 0).
+    pub state: Option<RecurrentState>,
+}
+
+/// What a gated delta-net layer carries from one token to the next, in f32 as llama.cpp keeps
+/// it: the last `conv_kernel - 1` inputs of every convolution channel, and per value head a
+/// `head_dim x head_dim` state. It holds the sequence up to the session's position; a forward
+/// pass that starts at position 0 starts from zeros.
+pub(crate) struct RecurrentState {
+    /// `[conv_kernel - 1][channels]`: the oldest input first.
+    pub conv: Vec<f32>,
+    /// `[n_v_heads][head_dim (key)][head_dim (value)]`.
+    pub ssm: Vec<f32>,
+}
+
+impl RecurrentState {
+    fn new(net: &DeltaNet) -> RecurrentState {
+        RecurrentState {
+            conv: vec![0.0; (net.conv_kernel - 1) * net.conv_channels()],
+            ssm: vec![0.0; net.n_v_heads * net.head_dim * net.head_dim],
+        }
+    }
+
+    /// Back to the state before any token.
+    pub fn clear(&mut self) {
+        self.conv.fill(0.0);
+        self.ssm.fill(0.0);
+    }
 }
 
 /// The cache of every layer, for up to `n_ctx` positions.
@@ -46,6 +74,16 @@ impl KvCache {
             .layers
             .iter()
             .map(|l| {
+                if let Mixer::GatedDeltaNet(net) = &l.mixer {
+                    return LayerCache {
+                        k: Vec::new(),
+                        v_t: Vec::new(),
+                        kv_dim: 0,
+                        cap: 0,
+                        window: None,
+                        state: Some(RecurrentState::new(net)),
+                    };
+                }
                 let kv_dim = l.attention.n_head_kv * l.attention.head_dim;
                 let window = l.attention.sliding_window;
                 let cap = match window {
@@ -58,6 +96,7 @@ impl KvCache {
                     kv_dim,
                     cap,
                     window,
+                    state: None,
                 }
             })
             .collect();
@@ -73,11 +112,14 @@ impl KvCache {
     /// attend to, when positions up to `high` (exclusive) have been written since the cache was
     /// last emptied. A sliding-window layer's ring has overwritten its oldest cells: the keys
     /// `pos - window + 1 .. pos` must all be younger than the `cap` latest positions written.
+    /// A recurrent layer's state holds only the latest position: it cannot go back at all
+    /// (going back to 0 starts over, with the state cleared by the next forward pass).
     pub(crate) fn can_rewind(&self, high: usize, pos: usize) -> bool {
         pos == 0
-            || self.layers.iter().all(|l| match l.window {
-                None => true,
-                Some(w) => (pos + 1).saturating_sub(w) >= high.saturating_sub(l.cap),
+            || self.layers.iter().all(|l| match (l.window, &l.state) {
+                (_, Some(_)) => pos == high,
+                (None, None) => true,
+                (Some(w), None) => (pos + 1).saturating_sub(w) >= high.saturating_sub(l.cap),
             })
     }
 
@@ -85,7 +127,13 @@ impl KvCache {
     pub fn bytes(&self) -> usize {
         self.layers
             .iter()
-            .map(|l| (l.k.len() + l.v_t.len()) * 2)
+            .map(|l| {
+                let state = l
+                    .state
+                    .as_ref()
+                    .map_or(0, |s| (s.conv.len() + s.ssm.len()) * 4);
+                (l.k.len() + l.v_t.len()) * 2 + state
+            })
             .sum()
     }
 }

@@ -177,10 +177,12 @@ impl Session<'_> {
     /// Goes back to position `pos`, keeping what came before it; read [`Session::position`]
     /// afterwards: a model with sliding-window layers keeps only a ring of recent positions, so
     /// going back further than the ring allows (about 512 positions past the window) starts
-    /// over at 0, and the caller evaluates the ids from there again.
+    /// over at 0, and the caller evaluates the ids from there again. A model with recurrent
+    /// layers (gated delta-nets) holds their state at the current position only: going back
+    /// to any earlier position starts over at 0 (recomputing is the caller's, from its ids).
     pub fn truncate(&mut self, pos: usize) {
         let pos = self.pos.min(pos);
-        if self.cache.can_rewind(self.high, pos) {
+        if pos > 0 && self.cache.can_rewind(self.high, pos) {
             self.pos = pos;
         } else {
             self.reset();

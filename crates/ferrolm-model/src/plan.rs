@@ -54,6 +54,42 @@ pub struct Attention {
     /// Sliding-window attention: a query at position `p` sees keys at `p - window + 1 ..= p`
     /// (llama.cpp's standard SWA); the cache of such a layer keeps only a ring of positions.
     pub sliding_window: Option<usize>,
+    /// The Q projection yields, per head, the query and then as many gate values; the attention
+    /// output is multiplied by `sigmoid(gate)` before the output projection (Qwen3-Next).
+    pub gated_output: bool,
+}
+
+/// What mixes information across positions in a layer.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Mixer {
+    /// Self-attention over the KV cache, as the layer's [`Attention`] describes.
+    Attention,
+    /// A gated delta-net block (linear attention with a fixed-size recurrent state); the
+    /// layer's [`Attention`] is then unused.
+    GatedDeltaNet(DeltaNet),
+}
+
+/// A gated delta-net block (Qwen3-Next's linear-attention layers): a short causal convolution
+/// over the projected Q/K/V, then per value head a `head_dim x head_dim` state updated by the
+/// delta rule with a per-token decay and rate, read out by the query.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DeltaNet {
+    /// Query/key heads (`ssm.group_count`).
+    pub n_k_heads: usize,
+    /// Value heads (`ssm.time_step_rank`), a multiple of `n_k_heads`; value head `h` reads
+    /// key head `h / (n_v_heads / n_k_heads)`.
+    pub n_v_heads: usize,
+    /// Size of every key and value head (`ssm.state_size`).
+    pub head_dim: usize,
+    /// Taps of the causal depthwise convolution (`ssm.conv_kernel`).
+    pub conv_kernel: usize,
+}
+
+impl DeltaNet {
+    /// Channels of the convolution: queries, keys and values.
+    pub fn conv_channels(&self) -> usize {
+        (2 * self.n_k_heads + self.n_v_heads) * self.head_dim
+    }
 }
 
 /// The feed-forward block of one layer.
@@ -160,8 +196,10 @@ pub enum Activation {
 /// One decoder layer.
 #[derive(Clone, Debug, PartialEq)]
 pub struct LayerPlan {
-    /// Self-attention.
+    /// Self-attention (what [`Mixer::Attention`] runs).
     pub attention: Attention,
+    /// The token mixer: attention, or a recurrent block.
+    pub mixer: Mixer,
     /// Feed-forward.
     pub ffn: Ffn,
     /// An RMS norm (`post_attention_norm.weight`) on the attention output before the residual
@@ -227,12 +265,23 @@ impl LayerPlan {
                     scale_queries,
                     softcap,
                     sliding_window,
+                    gated_output,
                 },
+            mixer,
             ffn,
             post_attention_norm,
             post_ffn_norm,
             residual_scale,
         } = self;
+        let recurrent = match mixer {
+            Mixer::Attention => false,
+            Mixer::GatedDeltaNet(DeltaNet {
+                n_k_heads: _,
+                n_v_heads: _,
+                head_dim: _,
+                conv_kernel: _,
+            }) => true,
+        };
         let (activation, moe) = match ffn {
             Ffn::Gated {
                 n_ff: _,
@@ -253,6 +302,8 @@ impl LayerPlan {
             }) => (*activation, true),
         };
         [
+            (recurrent, "gated delta-net layer"),
+            (*gated_output, "gated attention output"),
             (moe, "mixture-of-experts feed-forward"),
             (*scale_queries, "queries scaled before the product"),
             (softcap.is_some(), "attention logit soft-cap"),

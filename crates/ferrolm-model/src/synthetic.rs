@@ -13,6 +13,8 @@ use ferrolm_gguf::{Array, GgufFile, GgufWriter, TensorType, Value};
 
 use crate::error::{ModelError, Result};
 
+mod delta_net;
+
 /// Where the tokenizer of a synthetic file comes from.
 #[derive(Clone, Debug, PartialEq)]
 pub enum TokenizerSource {
@@ -73,6 +75,23 @@ pub struct SyntheticSpec {
     pub seed: u64,
     /// The tokenizer.
     pub tokenizer: TokenizerSource,
+    /// The gated delta-net layers of a hybrid file (`qwen3next`), if any.
+    pub delta_net: Option<SyntheticDeltaNet>,
+}
+
+/// The recurrent layers of a synthetic hybrid file: their `ssm.*` keys and schedule.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SyntheticDeltaNet {
+    /// `ssm.state_size`: the size of every key and value head.
+    pub state_size: usize,
+    /// `ssm.group_count`: key heads.
+    pub group_count: usize,
+    /// `ssm.time_step_rank`: value heads.
+    pub time_step_rank: usize,
+    /// `ssm.conv_kernel`.
+    pub conv_kernel: usize,
+    /// `full_attention_interval`: every this-th layer is attention, the others recurrent.
+    pub full_attention_interval: usize,
 }
 
 impl SyntheticSpec {
@@ -87,6 +106,9 @@ impl SyntheticSpec {
     pub fn small(arch: &str) -> SyntheticSpec {
         if let Some(s) = crate::synthetic_moe::small(arch) {
             return s;
+        }
+        if arch == "qwen3next" {
+            return SyntheticSpec::small_qwen3next();
         }
         let qwen = arch.starts_with("qwen");
         let mistral_like = arch == "llama" || arch == "mistral";
@@ -126,6 +148,33 @@ impl SyntheticSpec {
             types: mixed_types(),
             seed: 42,
             tokenizer: TokenizerSource::Minimal,
+            delta_net: None,
+        }
+    }
+
+    /// A small Qwen3-Next file: 4 layers (three gated delta-net layers, then attention),
+    /// 256 wide; attention of 4 heads of 64 (2 KV heads) with a gated output and 16 of 64
+    /// dimensions rotating; delta-nets of 4 key heads and 8 value heads of 32, a 4-tap
+    /// convolution; every layer 8 experts (top-2) of 128 plus a gated shared expert of 256.
+    pub fn small_qwen3next() -> SyntheticSpec {
+        SyntheticSpec {
+            arch: "qwen3next".into(),
+            n_head: 4,
+            head_dim: 64,
+            n_ff: 128,
+            n_expert: 8,
+            n_expert_used: 2,
+            n_ff_shexp: 256,
+            rope_base: 10_000_000.0,
+            sliding_window: None,
+            delta_net: Some(SyntheticDeltaNet {
+                state_size: 32,
+                group_count: 4,
+                time_step_rank: 8,
+                conv_kernel: 4,
+                full_attention_interval: 4,
+            }),
+            ..SyntheticSpec::small("qwen3")
         }
     }
 
@@ -188,6 +237,8 @@ pub(crate) enum Init {
     AroundOne(f32),
     /// Llama 3 style frequency factors: 1 for the fast dimensions, rising to 8.
     FreqFactors,
+    /// Uniform in `[lo, hi)`.
+    Uniform(f32, f32),
 }
 
 /// Writes the file `spec` describes at `path`.
@@ -253,12 +304,15 @@ pub fn build(spec: &SyntheticSpec) -> Result<GgufWriter> {
         Value::F32(spec.norm_eps),
     );
     w.set(key("rope.freq_base"), Value::F32(spec.rope_base));
-    // Phi-3 with partial rotary: three quarters of each head rotate.
-    let n_rot = if arch == "phi3" {
-        (hd * 3 / 4) & !1
-    } else {
-        hd
+    // Phi-3 with partial rotary: three quarters of each head rotate; Qwen3-Next: a quarter.
+    let n_rot = match arch {
+        "phi3" => (hd * 3 / 4) & !1,
+        "qwen3next" => (hd / 4) & !1,
+        _ => hd,
     };
+    if let Some(net) = &spec.delta_net {
+        delta_net::keys(&mut w, arch, net);
+    }
     w.set(key("rope.dimension_count"), u32v(n_rot));
     if hd * spec.n_head != spec.n_embd {
         w.set(key("attention.key_length"), u32v(hd));
@@ -309,16 +363,31 @@ pub fn build(spec: &SyntheticSpec) -> Result<GgufWriter> {
         true,
     );
     let m = |fan_in: usize| Init::Normal(0.7 / (fan_in as f32).sqrt());
+    let recurrent = |i: usize| {
+        spec.delta_net
+            .as_ref()
+            .is_some_and(|net| delta_net::is_recurrent(net, i))
+    };
+    // A gated attention output doubles the Q projection (per head: query, then gate).
+    let q_rows = if arch == "qwen3next" {
+        2 * q_dim
+    } else {
+        q_dim
+    };
     for i in 0..spec.n_layer {
         if crate::synthetic_moe::layer(spec, i, &mut add) {
             continue;
         }
         let n = |s: &str| format!("blk.{i}.{s}");
         add(n("attn_norm.weight"), &[d], Init::AroundOne(0.1), false);
-        if arch == "phi3" {
+        if let (Some(net), true) = (&spec.delta_net, recurrent(i)) {
+            for (name, dims, init, is_matrix) in delta_net::layer_tensors(net, i, d) {
+                add(name, &dims, init, is_matrix);
+            }
+        } else if arch == "phi3" {
             add(n("attn_qkv.weight"), &[d, q_dim + 2 * kv_dim], m(d), true);
         } else {
-            add(n("attn_q.weight"), &[d, q_dim], m(d), true);
+            add(n("attn_q.weight"), &[d, q_rows], m(d), true);
             add(n("attn_k.weight"), &[d, kv_dim], m(d), true);
             add(n("attn_v.weight"), &[d, kv_dim], m(d), true);
         }
@@ -327,11 +396,14 @@ pub fn build(spec: &SyntheticSpec) -> Result<GgufWriter> {
             add(n("attn_k.bias"), &[kv_dim], Init::Normal(0.1), false);
             add(n("attn_v.bias"), &[kv_dim], Init::Normal(0.1), false);
         }
-        if arch == "qwen3" || arch == "qwen3moe" || arch == "gemma3" {
+        let q_norms = ["qwen3", "qwen3moe", "gemma3", "qwen3next"].contains(&arch);
+        if q_norms && !recurrent(i) {
             add(n("attn_q_norm.weight"), &[hd], Init::AroundOne(0.2), false);
             add(n("attn_k_norm.weight"), &[hd], Init::AroundOne(0.2), false);
         }
-        add(n("attn_output.weight"), &[q_dim, d], m(q_dim), true);
+        if !recurrent(i) {
+            add(n("attn_output.weight"), &[q_dim, d], m(q_dim), true);
+        }
         if gemma {
             add(
                 n("post_attention_norm.weight"),
@@ -340,7 +412,14 @@ pub fn build(spec: &SyntheticSpec) -> Result<GgufWriter> {
                 false,
             );
         }
-        add(n("ffn_norm.weight"), &[d], Init::AroundOne(0.1), false);
+        // Qwen3-Next names the norm before the feed-forward block post_attention_norm.
+        let ffn_norm = crate::arch::ffn_norm_tensor(arch);
+        add(
+            n(&format!("{ffn_norm}.weight")),
+            &[d],
+            Init::AroundOne(0.1),
+            false,
+        );
         let (ff, ne) = (spec.n_ff, spec.n_expert);
         if ne > 0 {
             // A router wider than the other matrices: clearer winners, fewer near-tied picks.
@@ -395,6 +474,7 @@ pub fn build(spec: &SyntheticSpec) -> Result<GgufWriter> {
         let values: Vec<f32> = match init {
             Init::Normal(std) => (0..n).map(|_| rng.normal(std)).collect(),
             Init::AroundOne(std) => (0..n).map(|_| 1.0 + rng.normal(std)).collect(),
+            Init::Uniform(lo, hi) => (0..n).map(|_| lo + (hi - lo) * rng.uniform()).collect(),
             Init::FreqFactors => (0..n)
                 .map(|j| 1.0 + 7.0 * (j as f32 / (n.max(2) - 1) as f32))
                 .collect(),

@@ -6,7 +6,7 @@ use std::ops::Range;
 use ferrolm_gguf::{GgufFile, TensorType};
 
 use crate::error::{ModelError, Result};
-use crate::plan::{Ffn, ModelPlan};
+use crate::plan::{DeltaNet, Ffn, Mixer, ModelPlan};
 
 /// A weight matrix in the file: `rows` rows of `cols` elements in the blocks of `ty`.
 #[derive(Clone, Debug)]
@@ -36,6 +36,23 @@ impl Matrix {
 #[derive(Debug)]
 pub struct LayerWeights {
     pub(crate) attn_norm: Vec<f32>,
+    pub(crate) mixer: MixerWeights,
+    pub(crate) post_attn_norm: Option<Vec<f32>>,
+    pub(crate) ffn_norm: Vec<f32>,
+    pub(crate) post_ffn_norm: Option<Vec<f32>>,
+    pub(crate) ffn: FfnWeights,
+}
+
+/// The weights of a layer's token mixer.
+#[derive(Debug)]
+pub(crate) enum MixerWeights {
+    Attention(AttentionWeights),
+    DeltaNet(DeltaNetWeights),
+}
+
+/// The projections, biases and norms of an attention block.
+#[derive(Debug)]
+pub(crate) struct AttentionWeights {
     pub(crate) wq: Matrix,
     pub(crate) wk: Matrix,
     pub(crate) wv: Matrix,
@@ -45,10 +62,25 @@ pub struct LayerWeights {
     pub(crate) bv: Option<Vec<f32>>,
     pub(crate) q_norm: Option<Vec<f32>>,
     pub(crate) k_norm: Option<Vec<f32>>,
-    pub(crate) post_attn_norm: Option<Vec<f32>>,
-    pub(crate) ffn_norm: Vec<f32>,
-    pub(crate) post_ffn_norm: Option<Vec<f32>>,
-    pub(crate) ffn: FfnWeights,
+}
+
+/// The tensors of a gated delta-net block (qwen3next's fused layout).
+#[derive(Debug)]
+pub(crate) struct DeltaNetWeights {
+    /// Per key head: its query, its key, its value heads, their gates `z` (`ssm_in`).
+    pub(crate) qkvz: Matrix,
+    /// Per key head: the rates `b` then the decays `a` of its value heads (`ssm_ba`).
+    pub(crate) ba: Matrix,
+    /// The convolution taps, `conv_kernel` per channel (`ssm_conv1d`).
+    pub(crate) conv: Vec<f32>,
+    /// Per value head: the bias added to `a` (`ssm_dt.bias`).
+    pub(crate) dt_bias: Vec<f32>,
+    /// Per value head: `-exp(A_log)` (`ssm_a`).
+    pub(crate) a: Vec<f32>,
+    /// The gated RMS norm's weight, one head wide (`ssm_norm`).
+    pub(crate) norm: Vec<f32>,
+    /// The output projection (`ssm_out`).
+    pub(crate) out: Matrix,
 }
 
 /// The matrices of a feed-forward block.
@@ -286,24 +318,13 @@ pub fn bind(file: &GgufFile, plan: &ModelPlan) -> Result<Weights> {
         }
         _ => None,
     };
+    let ffn_norm = crate::arch::ffn_norm_tensor(&plan.architecture);
     let mut layers = Vec::with_capacity(plan.layers.len());
     for (i, l) in plan.layers.iter().enumerate() {
-        let a = &l.attention;
         let n = |s: &str| format!("blk.{i}.{s}");
-        let q_dim = a.n_head * a.head_dim;
-        let kv_dim = a.n_head_kv * a.head_dim;
-        // Fused Q/K/V (`attn_qkv`, Phi-3) and gate/up (`ffn_up` of 2 * n_ff rows, gate first,
-        // without `ffn_gate`) are bound as row views: each output row is the same dot product.
-        let [wq, wk, wv]: [Matrix; 3] = if file.tensor(&n("attn_qkv.weight")).is_some() {
-            let parts = [(0, q_dim), (q_dim, kv_dim), (q_dim + kv_dim, kv_dim)];
-            let v = b.split(&n("attn_qkv.weight"), d, &parts)?;
-            v.try_into().expect("three parts")
-        } else {
-            [
-                b.matrix(&n("attn_q.weight"), d, q_dim)?,
-                b.matrix(&n("attn_k.weight"), d, kv_dim)?,
-                b.matrix(&n("attn_v.weight"), d, kv_dim)?,
-            ]
+        let mixer = match &l.mixer {
+            Mixer::Attention => MixerWeights::Attention(bind_attention(&b, l, i, d)?),
+            Mixer::GatedDeltaNet(net) => MixerWeights::DeltaNet(bind_delta_net(&b, net, i, d)?),
         };
         let ffn = match &l.ffn {
             Ffn::Gated { n_ff, .. } => {
@@ -378,21 +399,13 @@ pub fn bind(file: &GgufFile, plan: &ModelPlan) -> Result<Weights> {
         };
         layers.push(LayerWeights {
             attn_norm: b.vector(&n("attn_norm.weight"), d)?,
-            wq,
-            wk,
-            wv,
-            wo: b.matrix(&n("attn_output.weight"), q_dim, d)?,
-            bq: b.opt_vector(&n("attn_q.bias"), q_dim, a.qkv_bias)?,
-            bk: b.opt_vector(&n("attn_k.bias"), kv_dim, a.qkv_bias)?,
-            bv: b.opt_vector(&n("attn_v.bias"), kv_dim, a.qkv_bias)?,
-            q_norm: b.opt_vector(&n("attn_q_norm.weight"), a.head_dim, a.qk_norm)?,
-            k_norm: b.opt_vector(&n("attn_k_norm.weight"), a.head_dim, a.qk_norm)?,
+            mixer,
             post_attn_norm: b.opt_vector(
                 &n("post_attention_norm.weight"),
                 d,
                 l.post_attention_norm,
             )?,
-            ffn_norm: b.vector(&n("ffn_norm.weight"), d)?,
+            ffn_norm: b.vector(&n(&format!("{ffn_norm}.weight")), d)?,
             post_ffn_norm: b.opt_vector(&n("post_ffw_norm.weight"), d, l.post_ffn_norm)?,
             ffn,
         });
@@ -403,5 +416,75 @@ pub fn bind(file: &GgufFile, plan: &ModelPlan) -> Result<Weights> {
         output,
         rope_freqs,
         layers,
+    })
+}
+
+/// The attention weights of layer `i`.
+fn bind_attention(
+    b: &Binder<'_>,
+    l: &crate::plan::LayerPlan,
+    i: usize,
+    d: usize,
+) -> Result<AttentionWeights> {
+    let file = b.file;
+    let a = &l.attention;
+    let n = |s: &str| format!("blk.{i}.{s}");
+    // A gated output doubles the Q projection: per head, the query then its gate.
+    let q_dim = a.n_head * a.head_dim;
+    let q_rows = if a.gated_output { 2 * q_dim } else { q_dim };
+    let kv_dim = a.n_head_kv * a.head_dim;
+    // Fused Q/K/V (`attn_qkv`, Phi-3) and gate/up (`ffn_up` of 2 * n_ff rows, gate first,
+    // without `ffn_gate`) are bound as row views: each output row is the same dot product.
+    let [wq, wk, wv]: [Matrix; 3] = if file.tensor(&n("attn_qkv.weight")).is_some() {
+        let parts = [(0, q_rows), (q_rows, kv_dim), (q_rows + kv_dim, kv_dim)];
+        let v = b.split(&n("attn_qkv.weight"), d, &parts)?;
+        v.try_into().expect("three parts")
+    } else {
+        [
+            b.matrix(&n("attn_q.weight"), d, q_rows)?,
+            b.matrix(&n("attn_k.weight"), d, kv_dim)?,
+            b.matrix(&n("attn_v.weight"), d, kv_dim)?,
+        ]
+    };
+    Ok(AttentionWeights {
+        wq,
+        wk,
+        wv,
+        wo: b.matrix(&n("attn_output.weight"), q_dim, d)?,
+        bq: b.opt_vector(&n("attn_q.bias"), q_rows, a.qkv_bias)?,
+        bk: b.opt_vector(&n("attn_k.bias"), kv_dim, a.qkv_bias)?,
+        bv: b.opt_vector(&n("attn_v.bias"), kv_dim, a.qkv_bias)?,
+        q_norm: b.opt_vector(&n("attn_q_norm.weight"), a.head_dim, a.qk_norm)?,
+        k_norm: b.opt_vector(&n("attn_k_norm.weight"), a.head_dim, a.qk_norm)?,
+    })
+}
+
+/// The delta-net tensors of layer `i` (shapes already checked against the keys by the
+/// architecture; checked again here, as every binding is).
+fn bind_delta_net(b: &Binder<'_>, net: &DeltaNet, i: usize, d: usize) -> Result<DeltaNetWeights> {
+    let n = |s: &str| format!("blk.{i}.{s}");
+    let key_dim = net.n_k_heads * net.head_dim;
+    let value_dim = net.n_v_heads * net.head_dim;
+    let conv_name = n("ssm_conv1d.weight");
+    let conv_len = net.conv_kernel * net.conv_channels();
+    let t = b.info(
+        &conv_name,
+        &[net.conv_kernel as u64, net.conv_channels() as u64],
+    )?;
+    let mut conv = vec![0f32; conv_len];
+    ferrolm_quant::dequantize(t.ty, b.file.tensor_data(t), &mut conv).map_err(|_| {
+        ModelError::UnsupportedTensorType {
+            name: conv_name.clone(),
+            ty: t.ty,
+        }
+    })?;
+    Ok(DeltaNetWeights {
+        qkvz: b.matrix(&n("ssm_in.weight"), d, 2 * key_dim + 2 * value_dim)?,
+        ba: b.matrix(&n("ssm_ba.weight"), d, 2 * net.n_v_heads)?,
+        conv,
+        dt_bias: b.vector(&n("ssm_dt.bias"), net.n_v_heads)?,
+        a: b.vector(&n("ssm_a"), net.n_v_heads)?,
+        norm: b.vector(&n("ssm_norm.weight"), net.head_dim)?,
+        out: b.matrix(&n("ssm_out.weight"), value_dim, d)?,
     })
 }

@@ -7,7 +7,8 @@ use ferrolm_gguf::GgufFile;
 use super::Keys;
 use crate::error::{ModelError, Result};
 use crate::plan::{
-    Activation, Attention, Ffn, Gating, LayerPlan, ModelPlan, Moe, Rope, RopeLayout, SharedExpert,
+    Activation, Attention, Ffn, Gating, LayerPlan, Mixer, ModelPlan, Moe, Rope, RopeLayout,
+    SharedExpert,
 };
 
 /// What distinguishes the members of the family.
@@ -69,6 +70,11 @@ pub(super) fn describe_attention_of(file: &GgufFile, arch: &str, v: Variant) -> 
     describe_decoder(file, arch, v, Experts::Elsewhere)
 }
 
+/// Like [`describe_variant`] for a decoder whose every layer is a mixture of experts.
+pub(super) fn describe_moe_variant(file: &GgufFile, arch: &str, v: Variant) -> Result<ModelPlan> {
+    describe_decoder(file, arch, v, Experts::Required)
+}
+
 /// The feed-forward block of every layer: dense, or (with `expert_count > 0` where the
 /// architecture allows it) a softmax-routed mixture of experts, which llama.cpp's `llama` and
 /// `qwen3moe` graphs build with renormalized top-k weights and no weight scale.
@@ -99,9 +105,10 @@ fn ffn_of(k: &Keys<'_>, experts: Experts) -> Result<Ffn> {
                     k.arch
                 )));
             }
-            // qwen2moe: a shared expert gated by a sigmoid, routed weights not renormalized.
+            // qwen2moe: a shared expert gated by a sigmoid, routed weights not renormalized;
+            // qwen3next: the same shared expert, routed weights renormalized.
             let qwen2moe = k.arch == "qwen2moe";
-            let shared = if qwen2moe {
+            let shared = if qwen2moe || k.arch == "qwen3next" {
                 let n_ff = match k.opt_usize("expert_shared_feed_forward_length")? {
                     Some(n) if n > 0 => n,
                     _ => k.usize("feed_forward_length")?,
@@ -225,9 +232,11 @@ fn describe_decoder(
         // llama.cpp's llama, mistral, qwen2 and qwen3 read no sliding-window key (a Mistral
         // file's `attention.sliding_window` is ignored there, so it is here).
         sliding_window: None,
+        gated_output: false,
     };
     let layer = LayerPlan {
         attention,
+        mixer: Mixer::Attention,
         ffn,
         post_attention_norm: false,
         post_ffn_norm: false,

@@ -6,6 +6,7 @@ mod granite;
 mod llama;
 mod moe_keys;
 mod phi3;
+mod qwen3next;
 
 use ferrolm_gguf::GgufFile;
 
@@ -28,7 +29,20 @@ const ARCHITECTURES: &[(&str, Describe)] = &[
     ("gemma3", gemma::describe),
     ("granite", granite::describe),
     ("phi3", phi3::describe),
+    ("qwen3next", qwen3next::describe),
 ];
+
+/// The norm before the feed-forward block, where an architecture names it otherwise than
+/// `ffn_norm` (Qwen3-Next keeps the Hugging Face name of that norm).
+const FFN_NORM_TENSORS: &[(&str, &str)] = &[("qwen3next", "post_attention_norm")];
+
+/// The name (without `blk.N.` and `.weight`) of the norm before each feed-forward block.
+pub(crate) fn ffn_norm_tensor(arch: &str) -> &'static str {
+    FFN_NORM_TENSORS
+        .iter()
+        .find(|(a, _)| *a == arch)
+        .map_or("ffn_norm", |(_, name)| name)
+}
 
 /// The names of the architectures we run.
 pub fn supported() -> Vec<&'static str> {

@@ -4,14 +4,17 @@
 use ferrolm_threads::ThreadPool;
 
 use super::attention::attend;
+use super::delta_net::{delta_net_block, SeqState};
 use super::matmul::{matmul, matmul_group, SharedInput};
 use super::ops::{rms_norm, rms_norm_in_place, RopeAngles};
 use super::routing::route;
 use crate::error::Result;
 use crate::experts::ExpertStore;
 use crate::kv_cache::KvCache;
-use crate::plan::{Activation, Ffn, Moe};
-use crate::weights::{FfnWeights, Matrix, MoeBiases, SharedWeights};
+use crate::plan::{Activation, Attention, Ffn, Mixer, Moe};
+use crate::weights::{
+    AttentionWeights, FfnWeights, Matrix, MixerWeights, MoeBiases, SharedWeights,
+};
 use crate::Model;
 use ferrolm_gguf::GgufFile;
 
@@ -105,88 +108,47 @@ pub(crate) fn forward(
 
     let mut h = vec![0f32; n * d];
     for (l, (lp, lw)) in plan.layers.iter().zip(&w.layers).enumerate() {
-        let a = &lp.attention;
-        let hd = a.head_dim;
-        let q_dim = a.n_head * hd;
-        let kv_dim = a.n_head_kv * hd;
-
-        // Attention block.
+        // Token mixer.
         rows_mut(pool, &mut h, d, |t, o| {
             rms_norm(&x[t * d..(t + 1) * d], &lw.attn_norm, plan.norm_eps, o)
         });
         dump("attn_norm", l, &h);
-        scratch.input.reset();
-        let mut q = vec![0f32; n * q_dim];
-        let mut k = vec![0f32; n * kv_dim];
-        let mut v = vec![0f32; n * kv_dim];
-        scratch
-            .input
-            .prepare(pool, &h, n, d, &[lw.wq.ty, lw.wk.ty, lw.wv.ty]);
-        let inp = &scratch.input;
-        matmul_group(
-            pool,
-            file,
-            vec![
-                (&lw.wq, inp.rows_for(lw.wq.ty), &mut q),
-                (&lw.wk, inp.rows_for(lw.wk.ty), &mut k),
-                (&lw.wv, inp.rows_for(lw.wv.ty), &mut v),
-            ],
-        );
-        for (buf, bias, dim) in [
-            (&mut q, &lw.bq, q_dim),
-            (&mut k, &lw.bk, kv_dim),
-            (&mut v, &lw.bv, kv_dim),
-        ] {
-            if let Some(b) = bias {
-                buf.chunks_mut(dim)
-                    .for_each(|row| row.iter_mut().zip(b).for_each(|(x, b)| *x += b));
+        let mut o = match (&lp.mixer, &lw.mixer) {
+            (Mixer::Attention, MixerWeights::Attention(aw)) => {
+                let batch = Batch {
+                    seqs: &mut *seqs,
+                    offsets: &offsets,
+                    pos_of: &pos_of,
+                };
+                attention_block(model, scratch, &lp.attention, aw, &h, batch, l)
             }
-        }
-        let freq_factors = w.rope_freqs.as_deref();
-        let angles: Vec<RopeAngles> = (0..n)
-            .map(|t| RopeAngles::new(&a.rope, freq_factors, pos_of[t]))
-            .collect();
-        // Per token and head: the Q/K norm if the plan has one, then the rotation.
-        for (buf, norm, width) in [(&mut q, &lw.q_norm, q_dim), (&mut k, &lw.k_norm, kv_dim)] {
-            rows_mut(pool, buf, width, |t, row| {
-                for head in row.chunks_mut(hd) {
-                    if let Some(nw) = norm {
-                        rms_norm_in_place(head, nw, plan.norm_eps);
-                    }
-                    angles[t].apply(a.rope.layout, head);
-                }
-            });
-        }
-        dump("Qcur", l, &q);
-        dump("Kcur", l, &k);
-        dump("Vcur", l, &v);
-        if a.scale_queries {
-            q.iter_mut().for_each(|v| *v *= a.scale);
-        }
-        let mut attn = vec![0f32; n * q_dim];
-        for (seq, &off) in seqs.iter_mut().zip(&offsets) {
-            let ns = seq.ids.len();
-            let lc = &mut seq.cache.layers[l];
-            for t in off..off + ns {
-                lc.store(
-                    pos_of[t],
-                    &k[t * kv_dim..(t + 1) * kv_dim],
-                    &v[t * kv_dim..(t + 1) * kv_dim],
-                );
+            (Mixer::GatedDeltaNet(net), MixerWeights::DeltaNet(dw)) => {
+                let mut states: Vec<SeqState<'_>> = seqs
+                    .iter_mut()
+                    .zip(&offsets)
+                    .map(|(seq, &first)| SeqState {
+                        state: seq.cache.layers[l]
+                            .state
+                            .as_mut()
+                            .expect("a recurrent layer's cache holds its state"),
+                        first,
+                        len: seq.ids.len(),
+                        fresh: seq.pos0 == 0,
+                    })
+                    .collect();
+                delta_net_block(
+                    pool,
+                    file,
+                    &mut scratch.input,
+                    net,
+                    dw,
+                    plan.norm_eps,
+                    (&h, n, d),
+                    &mut states,
+                )
             }
-            let span = off * q_dim..(off + ns) * q_dim;
-            attend(pool, a, lc, &q[span.clone()], seq.pos0, ns, &mut attn[span]);
-        }
-        dump("kqv_out", l, &attn);
-        scratch.input.reset();
-        let mut o = vec![0f32; n * d];
-        matmul(
-            pool,
-            &lw.wo,
-            file,
-            scratch.input.get(pool, &attn, n, q_dim, lw.wo.ty),
-            &mut o,
-        );
+            _ => unreachable!("weights are bound from the plan"),
+        };
         dump("attn_out", l, &o);
         finish_block(
             pool,
@@ -315,6 +277,141 @@ pub(crate) fn forward(
         start += len;
     }
     Ok(out)
+}
+
+/// The sequences of a batch, as attention reads them: each one's cache and new tokens, where
+/// its tokens start in the batch, and every token's position.
+struct Batch<'b, 's> {
+    seqs: &'b mut [SeqInput<'s>],
+    offsets: &'b [usize],
+    pos_of: &'b [usize],
+}
+
+/// The attention block of layer `l` over the normed rows `h` of the batch: projections, Q/K
+/// norms, RoPE, attention over each sequence's cache, the output gate if the layer has one,
+/// the output projection.
+fn attention_block(
+    model: &Model,
+    scratch: &mut Scratch,
+    a: &Attention,
+    lw: &AttentionWeights,
+    h: &[f32],
+    batch: Batch<'_, '_>,
+    l: usize,
+) -> Vec<f32> {
+    let pool = &model.pool;
+    let plan = &model.plan;
+    let file = model.file.file_bytes();
+    let d = plan.n_embd;
+    let n = h.len() / d;
+    let Batch {
+        seqs,
+        offsets,
+        pos_of,
+    } = batch;
+    let hd = a.head_dim;
+    let q_dim = a.n_head * hd;
+    let kv_dim = a.n_head_kv * hd;
+    // With a gated output, the Q projection gives per head the query then its gate.
+    let q_rows = if a.gated_output { 2 * q_dim } else { q_dim };
+
+    scratch.input.reset();
+    let mut q = vec![0f32; n * q_rows];
+    let mut k = vec![0f32; n * kv_dim];
+    let mut v = vec![0f32; n * kv_dim];
+    scratch
+        .input
+        .prepare(pool, h, n, d, &[lw.wq.ty, lw.wk.ty, lw.wv.ty]);
+    let inp = &scratch.input;
+    matmul_group(
+        pool,
+        file,
+        vec![
+            (&lw.wq, inp.rows_for(lw.wq.ty), &mut q),
+            (&lw.wk, inp.rows_for(lw.wk.ty), &mut k),
+            (&lw.wv, inp.rows_for(lw.wv.ty), &mut v),
+        ],
+    );
+    for (buf, bias, dim) in [
+        (&mut q, &lw.bq, q_rows),
+        (&mut k, &lw.bk, kv_dim),
+        (&mut v, &lw.bv, kv_dim),
+    ] {
+        if let Some(b) = bias {
+            buf.chunks_mut(dim)
+                .for_each(|row| row.iter_mut().zip(b).for_each(|(x, b)| *x += b));
+        }
+    }
+    let gate = a.gated_output.then(|| {
+        let (queries, gates) = split_query_gate(&q, hd);
+        q = queries;
+        gates
+    });
+    let freq_factors = model.weights.rope_freqs.as_deref();
+    let angles: Vec<RopeAngles> = (0..n)
+        .map(|t| RopeAngles::new(&a.rope, freq_factors, pos_of[t]))
+        .collect();
+    // Per token and head: the Q/K norm if the plan has one, then the rotation.
+    for (buf, norm, width) in [(&mut q, &lw.q_norm, q_dim), (&mut k, &lw.k_norm, kv_dim)] {
+        rows_mut(pool, buf, width, |t, row| {
+            for head in row.chunks_mut(hd) {
+                if let Some(nw) = norm {
+                    rms_norm_in_place(head, nw, plan.norm_eps);
+                }
+                angles[t].apply(a.rope.layout, head);
+            }
+        });
+    }
+    dump("Qcur", l, &q);
+    dump("Kcur", l, &k);
+    dump("Vcur", l, &v);
+    if a.scale_queries {
+        q.iter_mut().for_each(|v| *v *= a.scale);
+    }
+    let mut attn = vec![0f32; n * q_dim];
+    for (seq, &off) in seqs.iter_mut().zip(offsets) {
+        let ns = seq.ids.len();
+        let lc = &mut seq.cache.layers[l];
+        for t in off..off + ns {
+            lc.store(
+                pos_of[t],
+                &k[t * kv_dim..(t + 1) * kv_dim],
+                &v[t * kv_dim..(t + 1) * kv_dim],
+            );
+        }
+        let span = off * q_dim..(off + ns) * q_dim;
+        attend(pool, a, lc, &q[span.clone()], seq.pos0, ns, &mut attn[span]);
+    }
+    dump("kqv_out", l, &attn);
+    if let Some(gate) = gate {
+        // ggml's sigmoid: 1 / (1 + e^-x).
+        attn.iter_mut()
+            .zip(&gate)
+            .for_each(|(x, &g)| *x *= 1.0 / (1.0 + (-g).exp()));
+        dump("attn_gated", l, &attn);
+    }
+    scratch.input.reset();
+    let mut o = vec![0f32; n * d];
+    matmul(
+        pool,
+        &lw.wo,
+        file,
+        scratch.input.get(pool, &attn, n, q_dim, lw.wo.ty),
+        &mut o,
+    );
+    o
+}
+
+/// Splits the rows of a gated Q projection (per head: `hd` query values, then `hd` gate
+/// values) into the queries and the gates, each `n_head * hd` per token.
+fn split_query_gate(q: &[f32], hd: usize) -> (Vec<f32>, Vec<f32>) {
+    let mut queries = Vec::with_capacity(q.len() / 2);
+    let mut gates = Vec::with_capacity(q.len() / 2);
+    for head in q.chunks(2 * hd) {
+        queries.extend_from_slice(&head[..hd]);
+        gates.extend_from_slice(&head[hd..]);
+    }
+    (queries, gates)
 }
 
 /// A gated feed-forward over the `n` rows of `x` (each `d` wide): `down(act(gate(x)) * up(x))`,
