@@ -66,7 +66,8 @@ pub struct ExpertCacheStats {
     pub expert_bytes: u64,
     /// Whether the streaming was chosen automatically ([`ExpertMode::Auto`]).
     pub automatic: bool,
-    /// Expert uses served from the cache.
+    /// Expert uses served from the cache. A use is one expert in one layer of one forward
+    /// pass, however many of the pass's tokens route to it.
     pub hits: u64,
     /// Expert uses that read the expert from the file.
     pub misses: u64,
