@@ -180,10 +180,11 @@ fn a_cache_of_every_expert_reads_each_once_then_hits() {
 }
 
 /// The other MoE layouts: Qwen2-MoE (its shared expert stays mapped with the dense part),
-/// Mixtral-style llama and dots1 (a leading dense layer, sigmoid routing with a selection bias,
-/// grouped top-4), each streamed through the smallest cache.
+/// Mixtral-style llama, dots1 (a leading dense layer, sigmoid routing with a selection bias,
+/// grouped top-4) and qwen3next (gated delta-net layers beside attention, a shared expert),
+/// each streamed through the smallest cache.
 #[test]
-fn qwen2moe_mixtral_and_dots1_stream_bit_for_bit() {
+fn other_moe_layouts_stream_bit_for_bit() {
     let mut mixtral = SyntheticSpec::small("llama");
     mixtral.n_expert = 4;
     mixtral.n_expert_used = 2;
@@ -191,6 +192,7 @@ fn qwen2moe_mixtral_and_dots1_stream_bit_for_bit() {
         ("qwen2moe", SyntheticSpec::small("qwen2moe")),
         ("mixtral", mixtral),
         ("dots1", SyntheticSpec::small("dots1")),
+        ("qwen3next", SyntheticSpec::small("qwen3next")),
     ] {
         let file = write_spec(&spec, tag);
         let (minimum, _) = minimum_cache(&file.0, spec.n_expert_used);
