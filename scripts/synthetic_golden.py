@@ -31,6 +31,10 @@ FILES = {
     "gemma3": ["--arch", "gemma3"],
     "granite": ["--arch", "granite"],
     "phi3": ["--arch", "phi3"],  # fused attn_qkv and gate/up, 24 of 32 dimensions rotate
+    # LongRoPE: one file (trained context 8192, original 1024), two contexts: llama.cpp rotates
+    # with the short factors at n_ctx 1024 (not above the original), the long ones at 2048.
+    "phi3-longrope-short": ["--arch", "phi3", "--ctx", "8192", "--long-rope", "1024"],
+    "phi3-longrope-long": ["--arch", "phi3", "--ctx", "8192", "--long-rope", "1024"],
     "qwen3moe": ["--arch", "qwen3moe"],  # 8 experts, top-2, renormalized; Q/K norms
     "llama-moe": ["--arch", "llama", "--experts", "4", "--experts-used", "2"],  # Mixtral-style
     "qwen2moe": ["--arch", "qwen2moe"],  # 8 experts, top-2, not renormalized; sigmoid-gated shared expert; QKV biases
@@ -39,6 +43,8 @@ FILES = {
     # layer (gated output, 16 of 64 dimensions rotate); 8 experts top-2 + gated shared expert
     "qwen3next": ["--arch", "qwen3next"],
 }
+# The context llama.cpp is created with, where not 1024 (the tests use the same, from the JSON).
+N_CTX = {"phi3-longrope-long": 2048}
 # Files written by the ferrolm-model example instead of the CLI (same spec: SyntheticSpec::small).
 EXAMPLE_WRITER = ["cargo", "run", "--release", "-q", "-p", "ferrolm-model", "--example", "synth", "--"]
 
@@ -74,7 +80,8 @@ def golden(ferrolm, name, flags, outdir, tmp):
     else:
         subprocess.run([ferrolm, "synth", *flags, "-o", path], check=True)
     sha = hashlib.sha256(open(path, "rb").read()).hexdigest()
-    llm = Llama(model_path=path, n_ctx=1024, n_batch=512, n_threads=1, n_threads_batch=1,
+    n_ctx = N_CTX.get(name, 1024)
+    llm = Llama(model_path=path, n_ctx=n_ctx, n_batch=512, n_threads=1, n_threads_batch=1,
                 logits_all=True, flash_attn=False, verbose=False)
     cases, topk = [], bytearray()
     for ids in prompts(llm):
@@ -97,7 +104,7 @@ def golden(ferrolm, name, flags, outdir, tmp):
         cases.append({"ids": ids, "greedy": cont})
         print(f"{name}: {len(ids):4d} tokens", file=sys.stderr)
     meta = {"model": f"synthetic-{name}", "synth": flags, "sha256": sha, "k": K,
-            "n_vocab": llm.n_vocab(),
+            "n_vocab": llm.n_vocab(), "n_ctx": n_ctx,
             "reference": "llama-cpp-python==0.3.36, n_threads=1, f16 KV cache, flash_attn=False",
             "cases": cases}
     with open(f"{outdir}/synthetic-{name}.json", "w") as f:

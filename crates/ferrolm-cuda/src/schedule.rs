@@ -451,7 +451,15 @@ pub fn decode_plan(
             freq_base,
             freq_scale,
             freq_factors,
+            long_rope,
+            attn_factor,
         } = rope;
+        if long_rope.is_some() {
+            return Err(decline("attention.rope.long_rope", "LongRoPE factors"));
+        }
+        if *attn_factor != 1.0 {
+            return Err(decline("attention.rope.attn_factor", attn_factor));
+        }
         let (nh, nkv, hd) = (*n_head, *n_head_kv, *head_dim);
         if hd == 0 || !hd.is_multiple_of(32) || hd > 256 {
             return Err(decline("attention.head_dim", hd));
@@ -700,6 +708,8 @@ mod tests {
                     freq_base: 10000.0,
                     freq_scale: 1.0,
                     freq_factors: false,
+                    long_rope: None,
+                    attn_factor: 1.0,
                 },
                 scale: 1.0 / (head_dim as f32).sqrt(),
                 scale_queries: false,
@@ -840,6 +850,16 @@ mod tests {
         };
         let e = decode_plan(&gelu, 256, &all(TensorType::F32)).unwrap_err();
         assert_eq!(e.field, "ffn.activation");
+        let mut long_rope = plan(1, 32);
+        long_rope.layers[0].attention.rope.long_rope = Some(ferrolm_model::plan::LongRope {
+            original_context: 4096,
+        });
+        let e = decode_plan(&long_rope, 256, &all(TensorType::F32)).unwrap_err();
+        assert_eq!(e.field, "attention.rope.long_rope");
+        let mut scaled = plan(1, 32);
+        scaled.layers[0].attention.rope.attn_factor = 1.19;
+        let e = decode_plan(&scaled, 256, &all(TensorType::F32)).unwrap_err();
+        assert_eq!(e.field, "attention.rope.attn_factor");
     }
 
     #[test]

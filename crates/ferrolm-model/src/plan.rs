@@ -26,6 +26,27 @@ pub struct Rope {
     pub freq_scale: f32,
     /// Per-frequency divisors (`rope_freqs.weight`, Llama 3 scaling), when the file has them.
     pub freq_factors: bool,
+    /// Phi-3 LongRoPE: two sets of per-frequency divisors, chosen by the context size.
+    pub long_rope: Option<LongRope>,
+    /// Multiplies every cosine and sine (`rope.scaling.attn_factor`, ggml's `attn_factor`
+    /// without YaRN), so the scores scale by its square; 1 when absent.
+    pub attn_factor: f32,
+}
+
+/// LongRoPE's choice of divisors (`rope_factors_long.weight` / `rope_factors_short.weight`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LongRope {
+    /// `rope.scaling.original_context_length` (the trained context length when absent).
+    pub original_context: usize,
+}
+
+impl LongRope {
+    /// Whether a sequence with room for `n_ctx` positions rotates with the long factors.
+    /// llama.cpp (b11312) rounds the context size up to a multiple of 256 before comparing,
+    /// and so does this, so that both pick the same set for the same context size.
+    pub fn uses_long(&self, n_ctx: usize) -> bool {
+        n_ctx.next_multiple_of(256) > self.original_context
+    }
 }
 
 /// The attention of one layer.
@@ -260,6 +281,8 @@ impl LayerPlan {
                             freq_base: _,
                             freq_scale: _,
                             freq_factors: _,
+                            long_rope,
+                            attn_factor,
                         },
                     scale: _,
                     scale_queries,
@@ -306,6 +329,8 @@ impl LayerPlan {
             (*gated_output, "gated attention output"),
             (moe, "mixture-of-experts feed-forward"),
             (*scale_queries, "queries scaled before the product"),
+            (long_rope.is_some(), "LongRoPE frequency factors"),
+            (*attn_factor != 1.0, "RoPE attention factor"),
             (softcap.is_some(), "attention logit soft-cap"),
             (sliding_window.is_some(), "sliding-window attention"),
             (

@@ -64,6 +64,9 @@ pub struct SyntheticSpec {
     pub sliding_window: Option<u32>,
     /// Writes `rope_freqs.weight` (Llama 3 frequency factors).
     pub rope_freqs: bool,
+    /// Phi-3 LongRoPE with this `rope.scaling.original_context_length`: writes
+    /// `rope_factors_long`/`short.weight` and `rope.scaling.attn_factor` (phi3 only).
+    pub long_rope: Option<usize>,
     /// Shares the embedding as output matrix (no `output.weight`).
     pub tied_output: bool,
     /// The type of every matrix without an entry in `types`.
@@ -143,6 +146,7 @@ impl SyntheticSpec {
             norm_eps: if qwen { 1e-6 } else { 1e-5 },
             sliding_window: mistral_like.then_some(64),
             rope_freqs: false,
+            long_rope: None,
             tied_output: false,
             default_type: TensorType::Q8_0,
             types: mixed_types(),
@@ -239,6 +243,10 @@ pub(crate) enum Init {
     FreqFactors,
     /// Uniform in `[lo, hi)`.
     Uniform(f32, f32),
+    /// LongRoPE's short factors: 1 rising to 1.25.
+    ShortFactors,
+    /// LongRoPE's long factors: 1 rising to 24, steeply enough to move the fast dimensions too.
+    LongFactors,
 }
 
 /// Writes the file `spec` describes at `path`.
@@ -320,6 +328,22 @@ pub fn build(spec: &SyntheticSpec) -> Result<GgufWriter> {
     }
     if let Some(sw) = spec.sliding_window {
         w.set(key("attention.sliding_window"), Value::U32(sw));
+    }
+    if let Some(orig) = spec.long_rope {
+        if arch != "phi3" || orig == 0 {
+            return Err(invalid(format!(
+                "LongRoPE over an original context of {orig} in {arch} (phi3 only)"
+            )));
+        }
+        w.set(key("rope.scaling.original_context_length"), u32v(orig));
+        // Phi-3's converter: sqrt(1 + ln(scale) / ln(original context)); log2 keeps the ratio
+        // and is exact for powers of two.
+        let scale = (spec.n_ctx as f64 / orig as f64).max(1.0);
+        let attn_factor = (1.0 + scale.log2() / (orig as f64).log2()).sqrt();
+        w.set(
+            key("rope.scaling.attn_factor"),
+            Value::F32(attn_factor as f32),
+        );
     }
     if arch == "llama" || arch == "mistral" {
         w.set(key("vocab_size"), u32v(n_vocab));
@@ -459,6 +483,20 @@ pub fn build(spec: &SyntheticSpec) -> Result<GgufWriter> {
     if !spec.tied_output {
         add("output.weight".into(), &[d, n_vocab], m(d / 8), true);
     }
+    if spec.long_rope.is_some() {
+        add(
+            "rope_factors_long.weight".into(),
+            &[n_rot / 2],
+            Init::LongFactors,
+            false,
+        );
+        add(
+            "rope_factors_short.weight".into(),
+            &[n_rot / 2],
+            Init::ShortFactors,
+            false,
+        );
+    }
     if spec.rope_freqs {
         add(
             "rope_freqs.weight".into(),
@@ -477,6 +515,15 @@ pub fn build(spec: &SyntheticSpec) -> Result<GgufWriter> {
             Init::Uniform(lo, hi) => (0..n).map(|_| lo + (hi - lo) * rng.uniform()).collect(),
             Init::FreqFactors => (0..n)
                 .map(|j| 1.0 + 7.0 * (j as f32 / (n.max(2) - 1) as f32))
+                .collect(),
+            Init::ShortFactors => (0..n)
+                .map(|j| 1.0 + 0.25 * (j as f32 / (n.max(2) - 1) as f32))
+                .collect(),
+            Init::LongFactors => (0..n)
+                .map(|j| {
+                    let t = j as f32 / (n.max(2) - 1) as f32;
+                    1.0 + 3.0 * t + 20.0 * t * t
+                })
                 .collect(),
         };
         let ty = if is_matrix {

@@ -6,7 +6,7 @@ use std::ops::Range;
 use ferrolm_gguf::{GgufFile, TensorType};
 
 use crate::error::{ModelError, Result};
-use crate::plan::{DeltaNet, Ffn, Mixer, ModelPlan};
+use crate::plan::{DeltaNet, Ffn, Mixer, ModelPlan, Rope};
 
 /// A weight matrix in the file: `rows` rows of `cols` elements in the blocks of `ty`.
 #[derive(Clone, Debug)]
@@ -134,7 +134,19 @@ pub struct Weights {
     pub(crate) output_norm: Vec<f32>,
     pub(crate) output: Matrix,
     pub(crate) rope_freqs: Option<Vec<f32>>,
+    /// LongRoPE's divisors: (long, short).
+    pub(crate) long_rope: Option<(Vec<f32>, Vec<f32>)>,
     pub(crate) layers: Vec<LayerWeights>,
+}
+
+impl Weights {
+    /// The frequency divisors of `rope` for a sequence with room for `n_ctx` positions.
+    pub(crate) fn rope_factors(&self, rope: &Rope, n_ctx: usize) -> Option<&[f32]> {
+        match (&rope.long_rope, &self.long_rope) {
+            (Some(lr), Some((long, short))) => Some(if lr.uses_long(n_ctx) { long } else { short }),
+            _ => self.rope_freqs.as_deref(),
+        }
+    }
 }
 
 struct Binder<'a> {
@@ -318,6 +330,16 @@ pub fn bind(file: &GgufFile, plan: &ModelPlan) -> Result<Weights> {
         }
         _ => None,
     };
+    let long_rope = match plan.layers.first() {
+        Some(l) if l.attention.rope.long_rope.is_some() => {
+            let n = l.attention.rope.n_dims / 2;
+            Some((
+                b.vector("rope_factors_long.weight", n)?,
+                b.vector("rope_factors_short.weight", n)?,
+            ))
+        }
+        _ => None,
+    };
     let ffn_norm = crate::arch::ffn_norm_tensor(&plan.architecture);
     let mut layers = Vec::with_capacity(plan.layers.len());
     for (i, l) in plan.layers.iter().enumerate() {
@@ -415,6 +437,7 @@ pub fn bind(file: &GgufFile, plan: &ModelPlan) -> Result<Weights> {
         output_norm: b.vector("output_norm.weight", d)?,
         output,
         rope_freqs,
+        long_rope,
         layers,
     })
 }

@@ -23,7 +23,7 @@ fn llama_plans_are_served_and_each_added_feature_declines() {
     }
     let base = plan_of("llama");
     type Edit = fn(&mut ModelPlan);
-    let edits: [(&str, Edit); 10] = [
+    let edits: [(&str, Edit); 12] = [
         ("queries scaled before the product", |p| {
             p.layers[1].attention.scale_queries = true
         }),
@@ -32,6 +32,14 @@ fn llama_plans_are_served_and_each_added_feature_declines() {
         }),
         ("sliding-window attention", |p| {
             p.layers[2].attention.sliding_window = Some(64)
+        }),
+        ("LongRoPE frequency factors", |p| {
+            p.layers[1].attention.rope.long_rope = Some(ferrolm_model::plan::LongRope {
+                original_context: 4096,
+            })
+        }),
+        ("RoPE attention factor", |p| {
+            p.layers[0].attention.rope.attn_factor = 1.19
         }),
         ("an activation other than SiLU", |p| {
             p.layers[0].ffn = ferrolm_model::plan::Ffn::Gated {
@@ -100,30 +108,46 @@ fn an_unknown_architecture_is_an_error_listing_the_known_ones() {
     }
 }
 
+/// Phi-3 LongRoPE: both sets of factors make a plan field (the context length the choice
+/// turns on, the attention factor); one set alone is refused by name.
 #[test]
-fn phi3_longrope_is_refused_by_name() {
-    let spec = SyntheticSpec::small("phi3");
+fn phi3_longrope_is_a_plan_field_and_half_of_it_is_refused() {
     let plan = plan_of("phi3");
     assert_eq!(plan.layers[0].attention.rope.n_dims, 24, "partial rotary");
     assert!(plan.layers[0].attention.scale_queries);
-    let mut w = synthetic::build(&spec).unwrap();
-    let n = spec.head_dim() / 2;
-    w.add_tensor(
-        "rope_factors_long.weight",
-        &[n as u64],
-        ferrolm_gguf::TensorType::F32,
-        vec![0u8; n * 4],
-    )
-    .unwrap();
-    let file = Arc::new(GgufFile::from_bytes(w.to_bytes()).unwrap());
-    let err = Model::from_file(file, 1)
+    assert_eq!(plan.layers[0].attention.rope.long_rope, None);
+    let mut spec = SyntheticSpec::small("phi3");
+    spec.n_ctx = 8192;
+    spec.long_rope = Some(1024);
+    let bytes = synthetic::build(&spec).unwrap().to_bytes();
+    let model =
+        Model::from_file(Arc::new(GgufFile::from_bytes(bytes.clone()).unwrap()), 1).unwrap();
+    let rope = &model.plan().layers[3].attention.rope;
+    assert_eq!(
+        rope.long_rope,
+        Some(ferrolm_model::plan::LongRope {
+            original_context: 1024
+        })
+    );
+    assert_eq!(rope.attn_factor, 1.3f32.sqrt());
+
+    // The file without its short factors.
+    let file = GgufFile::from_bytes(bytes).unwrap();
+    let mut w = ferrolm_gguf::GgufWriter::new();
+    for (k, v) in file.metadata().iter() {
+        w.set(k, v.clone());
+    }
+    for t in file.tensors() {
+        if t.name != "rope_factors_short.weight" {
+            w.add_tensor(t.name.clone(), &t.dims, t.ty, file.tensor_data(t).to_vec())
+                .unwrap();
+        }
+    }
+    let err = Model::from_file(Arc::new(GgufFile::from_bytes(w.to_bytes()).unwrap()), 1)
         .err()
         .expect("refused")
         .to_string();
-    assert!(
-        err.contains("LongRoPE") && err.contains("rope_factors_long"),
-        "{err}"
-    );
+    assert!(err.contains("rope_factors_short"), "{err}");
 }
 
 /// The sliding-window layers' cache is a ring of `window + 512` cells rounded to 256, whatever

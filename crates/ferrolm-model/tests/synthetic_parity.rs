@@ -31,6 +31,12 @@ fn spec(name: &str) -> SyntheticSpec {
             s.n_expert_used = 2;
             s
         }
+        "phi3-longrope-short" | "phi3-longrope-long" => {
+            let mut s = SyntheticSpec::small("phi3");
+            s.n_ctx = 8192;
+            s.long_rope = Some(1024);
+            s
+        }
         arch => SyntheticSpec::small(arch),
     }
 }
@@ -153,6 +159,54 @@ fn phi3_matches_llama_cpp() {
     check("phi3");
 }
 
+/// Phi-3 LongRoPE (trained context 8192, original 1024, attention factor sqrt(1.3)): one file,
+/// two contexts. Sessions of 1024 positions rotate with the short factors, of 2048 with the
+/// long ones, as llama.cpp created with those n_ctx does.
+#[test]
+fn phi3_longrope_short_factors_match_llama_cpp() {
+    check("phi3-longrope-short");
+}
+
+#[test]
+fn phi3_longrope_long_factors_match_llama_cpp() {
+    check("phi3-longrope-long");
+}
+
+/// The LongRoPE comparison can fail: the short factors where llama.cpp used the long ones are
+/// far from its figures (KL 3.7e-3 here); without the attention factor (scores 1.3x smaller on
+/// flat random-weight attention) KL is 7.5e-4, still four orders above the right file's, and
+/// greedy continuations part on most prompts, which `check` refuses.
+#[test]
+fn wrong_longrope_factors_or_attn_factor_are_caught() {
+    let bytes = synthetic::build(&spec("phi3-longrope-short"))
+        .unwrap()
+        .to_bytes();
+    // The long golden file was made at n_ctx 2048; measured at 1024, the short set is used.
+    let f = measure_at("phi3-longrope-long", bytes, Some(1024));
+    assert!(
+        f.mean_kl > 1e-3,
+        "short for long: mean KL {:.3e}",
+        f.mean_kl
+    );
+    let mut w = synthetic::build(&spec("phi3-longrope-short")).unwrap();
+    w.set(
+        "phi3.rope.scaling.attn_factor",
+        ferrolm_gguf::Value::F32(1.0),
+    );
+    let f = measure("phi3-longrope-short", w.to_bytes());
+    assert!(
+        f.mean_kl > 1e-4,
+        "no attention factor: mean KL {:.3e}",
+        f.mean_kl
+    );
+    assert!(
+        f.same_greedy * 10 < f.cases * 9,
+        "no attention factor: greedy identical on {}/{}",
+        f.same_greedy,
+        f.cases
+    );
+}
+
 /// Logits within this of the reference's best count as a tie (MODELS.md).
 const TIE: f32 = 0.01;
 
@@ -192,9 +246,16 @@ fn check(name: &str) {
     );
 }
 
-/// Compares the model in `bytes` with the golden data of `name`.
+/// Compares the model in `bytes` with the golden data of `name`, in sessions of the context
+/// size llama.cpp was created with.
 fn measure(name: &str, bytes: Vec<u8>) -> Figures {
+    measure_at(name, bytes, None)
+}
+
+/// [`measure`] in sessions of `n_ctx` positions instead.
+fn measure_at(name: &str, bytes: Vec<u8>, n_ctx: Option<usize>) -> Figures {
     let g = golden(&format!("synthetic-{name}"));
+    let n_ctx = n_ctx.unwrap_or(g.meta["n_ctx"].as_u64().unwrap_or(1024) as usize);
     let model = Model::from_file(Arc::new(GgufFile::from_bytes(bytes).unwrap()), 0).unwrap();
     let n_vocab = model.plan().n_vocab;
     assert_eq!(n_vocab as u64, g.meta["n_vocab"].as_u64().unwrap());
@@ -204,7 +265,7 @@ fn measure(name: &str, bytes: Vec<u8>) -> Figures {
     let mut worst = (0.0f64, 0usize);
     let mut same_greedy = 0;
     for (case, (ids, greedy)) in g.cases.iter().enumerate() {
-        let mut s = model.session(1024);
+        let mut s = model.session(n_ctx);
         let logits = s.eval(ids, Logits::All).unwrap();
         assert_eq!(logits.len(), ids.len() * n_vocab);
         for row in logits.chunks(n_vocab) {

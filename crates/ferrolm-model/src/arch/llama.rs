@@ -189,7 +189,8 @@ fn describe_decoder(
     let freq_base = k.opt_f32("rope.freq_base")?.unwrap_or(10000.0);
     let freq_scale = match k.opt_str("rope.scaling.type")? {
         None | Some("none") => 1.0,
-        Some("linear") => 1.0 / k.opt_f32("rope.scaling.factor")?.unwrap_or(1.0),
+        // (LongRoPE's factors are Phi-3's tensors; the type alone scales like linear.)
+        Some("linear" | "longrope") => 1.0 / k.opt_f32("rope.scaling.factor")?.unwrap_or(1.0),
         Some(other) => {
             return Err(ModelError::Unsupported {
                 what: "rope scaling type",
@@ -225,6 +226,9 @@ fn describe_decoder(
             freq_base,
             freq_scale,
             freq_factors: file.tensor("rope_freqs.weight").is_some(),
+            long_rope: None,
+            // llama.cpp multiplies its RoPE attention factor by this key for every architecture.
+            attn_factor: k.opt_f32("rope.scaling.attn_factor")?.unwrap_or(1.0),
         },
         scale: 1.0 / (head_dim as f32).sqrt(),
         scale_queries: false,

@@ -347,9 +347,16 @@ fn attention_block(
         q = queries;
         gates
     });
-    let freq_factors = model.weights.rope_freqs.as_deref();
+    // Each token's sequence's context size, by which LongRoPE picks its factors.
+    let mut ctx_of = vec![0; n];
+    for (seq, &off) in seqs.iter().zip(offsets) {
+        ctx_of[off..off + seq.ids.len()].fill(seq.cache.n_ctx());
+    }
     let angles: Vec<RopeAngles> = (0..n)
-        .map(|t| RopeAngles::new(&a.rope, freq_factors, pos_of[t]))
+        .map(|t| {
+            let factors = model.weights.rope_factors(&a.rope, ctx_of[t]);
+            RopeAngles::new(&a.rope, factors, pos_of[t])
+        })
         .collect();
     // Per token and head: the Q/K norm if the plan has one, then the rotation.
     for (buf, norm, width) in [(&mut q, &lw.q_norm, q_dim), (&mut k, &lw.k_norm, kv_dim)] {

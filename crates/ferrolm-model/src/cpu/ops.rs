@@ -30,7 +30,8 @@ pub struct RopeAngles {
 
 impl RopeAngles {
     /// Angles for position `pos`, computed as ggml does (the angle multiplied up pair by pair
-    /// in f32), so that positions far into the context round the same way.
+    /// in f32, divided by the pair's frequency factor, cosine and sine then multiplied by the
+    /// attention factor), so that positions far into the context round the same way.
     pub fn new(rope: &Rope, freq_factors: Option<&[f32]>, pos: usize) -> RopeAngles {
         let theta_scale = rope.freq_base.powf(-2.0 / rope.n_dims as f32);
         let mut theta = pos as f32;
@@ -39,7 +40,10 @@ impl RopeAngles {
                 let ff = freq_factors.map_or(1.0, |f| f[i]);
                 let angle = rope.freq_scale * (theta / ff);
                 theta *= theta_scale;
-                (angle.cos(), angle.sin())
+                (
+                    angle.cos() * rope.attn_factor,
+                    angle.sin() * rope.attn_factor,
+                )
             })
             .collect();
         RopeAngles { cos_sin }
@@ -95,6 +99,8 @@ mod tests {
             freq_base: 10000.0,
             freq_scale: 1.0,
             freq_factors: false,
+            long_rope: None,
+            attn_factor: 1.0,
         };
         let a = RopeAngles::new(&rope, None, 3);
         let mut h = [1.0, 0.0, 1.0, 0.0, 7.0];
@@ -106,5 +112,34 @@ mod tests {
         let mut n = [1.0, 1.0, 0.0, 0.0];
         a.apply(RopeLayout::Neox, &mut n);
         assert!((n[0] - 3f32.cos()).abs() < 1e-6 && (n[2] - 3f32.sin()).abs() < 1e-6);
+
+        // Frequency factors divide each pair's angle; the attention factor scales the result.
+        let scaled = Rope {
+            attn_factor: 1.5,
+            ..rope
+        };
+        let a = RopeAngles::new(&scaled, Some(&[2.0, 4.0]), 3);
+        let mut h = [1.0, 0.0, 1.0, 0.0];
+        a.apply(RopeLayout::Normal, &mut h);
+        assert!((h[0] - 1.5 * 1.5f32.cos()).abs() < 1e-6);
+        assert!((h[1] - 1.5 * 1.5f32.sin()).abs() < 1e-6);
+        assert!((h[2] - 1.5 * (theta1 / 4.0).cos()).abs() < 1e-6);
+    }
+
+    #[test]
+    fn long_rope_follows_llama_cpp_padded_context() {
+        let lr = crate::plan::LongRope {
+            original_context: 1024,
+        };
+        assert!(!lr.uses_long(1024));
+        assert!(!lr.uses_long(1000));
+        assert!(lr.uses_long(1025));
+        assert!(lr.uses_long(2048));
+        let odd = crate::plan::LongRope {
+            original_context: 1000,
+        };
+        // llama.cpp pads 1000 to 1024 > 1000.
+        assert!(odd.uses_long(1000));
+        assert!(!odd.uses_long(768));
     }
 }

@@ -65,6 +65,9 @@ pub struct SynthArgs {
     /// Write `rope_freqs.weight` (Llama 3 frequency factors).
     #[arg(long)]
     pub rope_freqs: bool,
+    /// Phi-3 LongRoPE factors, with this original context length (phi3 only).
+    #[arg(long, value_name = "ORIGINAL_CTX")]
+    pub long_rope: Option<usize>,
     /// Tie the output matrix to the embedding.
     #[arg(long)]
     pub tied: bool,
@@ -116,6 +119,7 @@ pub fn spec(args: &SynthArgs) -> Result<SyntheticSpec> {
         s.sliding_window = (w != 0).then_some(w);
     }
     s.rope_freqs = args.rope_freqs;
+    s.long_rope = args.long_rope;
     s.tied_output = args.tied;
     if !args.ty.eq_ignore_ascii_case("mixed") {
         s.default_type = parse_type(&args.ty)?;

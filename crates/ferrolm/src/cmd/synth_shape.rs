@@ -22,6 +22,7 @@ fn custom_flags_given(a: &SynthArgs) -> bool {
         || a.rope_base.is_some()
         || a.sliding_window.is_some()
         || a.rope_freqs
+        || a.long_rope.is_some()
         || a.tied
         || !a.tensor_types.is_empty()
 }
