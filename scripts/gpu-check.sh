@@ -24,7 +24,7 @@ check() { # name, synth flags...
   local name=$1; shift
   "$BIN" synth --arch "$@" -o "$W/$name.gguf" >/dev/null || { echo "synth $name failed"; fail=1; return; }
   echo "== $name"
-  "$BIN" cuda-check -m "$W/$name.gguf" -p "${NP:-64}" -n "${NG:-32}" "${CHECK_FLAGS[@]}" || fail=1
+  "$BIN" cuda-check -m "$W/$name.gguf" -p "${NP:-256}" -n "${NG:-64}" "${CHECK_FLAGS[@]}" || fail=1
 }
 # Small shapes, every block type the kernels read.
 for t in q8_0 q4_0 q4_1 q4_k q6_k f16 f32; do
@@ -40,7 +40,7 @@ CHECK_FLAGS=(--profile 16)
 for t in ${BIG_TYPES:-q4_0 q8_0 q4_k}; do
   check "1b-$t" llama --layers 16 --embd 2048 --heads 32 --kv-heads 8 --ff 8192 --ctx 4096 --rope-base 500000 --type "$t"
   echo "-- bench 1b-$t"
-  "$BIN" bench -m "$W/1b-$t.gguf" --device cuda -p 128 -n 128 -r 3
-  "$BIN" bench -m "$W/1b-$t.gguf" --device cpu -p 32 -n 16 -r 1
+  "$BIN" bench -m "$W/1b-$t.gguf" --device cuda -p 512 -n 128 -r 5
+  [ -n "${SKIP_CPU:-}" ] || "$BIN" bench -m "$W/1b-$t.gguf" --device cpu -p 32 -n 16 -r 1
 done
 exit $fail

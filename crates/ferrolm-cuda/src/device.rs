@@ -12,10 +12,11 @@ use ferrolm_gguf::GgufFile;
 use ferrolm_model::ModelPlan;
 
 use crate::kernels;
+use crate::prefill::{self, Addresses, Prefill, MAX_BATCH};
 use crate::schedule::{decode_plan, Arg, Buf, DecodePlan};
 use crate::CudaError;
 
-fn driver(what: &str) -> impl FnOnce(cudarc::driver::DriverError) -> CudaError + '_ {
+pub(crate) fn driver(what: &str) -> impl FnOnce(cudarc::driver::DriverError) -> CudaError + '_ {
     move |e| CudaError::Driver(format!("{what}: {e}"))
 }
 
@@ -35,10 +36,35 @@ pub fn device_count() -> Result<usize, CudaError> {
 }
 
 /// A kernel argument with its value resolved.
-enum Value {
+#[derive(Clone, Copy)]
+pub(crate) enum Value {
     Ptr(u64),
     I32(i32),
+    I64(i64),
     F32(f32),
+}
+
+/// Launches `func` on `stream` with `args` (which must match the kernel's parameters).
+pub(crate) fn launch(
+    stream: &CudaStream,
+    func: &CudaFunction,
+    cfg: LaunchConfig,
+    args: &[Value],
+) -> Result<(), CudaError> {
+    let mut b = stream.launch_builder(func);
+    for a in args {
+        match a {
+            Value::Ptr(p) => b.arg(p),
+            Value::I32(v) => b.arg(v),
+            Value::I64(v) => b.arg(v),
+            Value::F32(v) => b.arg(v),
+        };
+    }
+    // SAFETY: the arguments match the kernel's parameters as the launch plan (or the batched
+    // pass) lists them, checked on the device by the logits comparison of `cuda-check`; the
+    // buffers outlive the model.
+    unsafe { b.launch(cfg) }.map_err(driver("launching a kernel"))?;
+    Ok(())
 }
 
 struct Resolved {
@@ -61,6 +87,8 @@ pub struct Stats {
     pub host_syncs: u64,
     /// Host-to-device copies (token ids, positions).
     pub uploads: u64,
+    /// Prompt batches evaluated by the batched pass (GEMMs).
+    pub batches: u64,
 }
 
 /// A model on one GPU, decoding one sequence a token at a time.
@@ -70,6 +98,13 @@ pub struct CudaModel {
     plan: DecodePlan,
     launches: Vec<Resolved>,
     graph: Option<CudaGraph>,
+    /// The batched prompt pass (`None` without cuBLAS: prompts run as decode steps).
+    prefill: Option<Prefill>,
+    /// Device addresses of the matrices, vectors and caches, for the batched pass.
+    matrix_addrs: Vec<u64>,
+    vector_addrs: Vec<u64>,
+    k_cache: Vec<u64>,
+    v_cache: Vec<u64>,
     // Held for their addresses, which `launches` and the graph use.
     _matrices: Vec<CudaSlice<u8>>,
     _vectors: Vec<CudaSlice<f32>>,
@@ -91,6 +126,7 @@ fn buffer_bytes(p: &DecodePlan, b: Buf) -> usize {
         Buf::Gate | Buf::Up | Buf::Act => p.max_ff,
         Buf::PartO => p.max_part,
         Buf::PartMl => 2 * p.max_heads_splits,
+        Buf::Done => p.max_heads_splits,
         Buf::KCache(l) | Buf::VCache(l) => p.n_ctx * p.kv_dims[l] / 2,
         Buf::Matrix(_) | Buf::Vector(_) | Buf::Logits | Buf::Token | Buf::Pos => 0,
     }
@@ -133,7 +169,7 @@ impl CudaModel {
             .map_err(driver("reading the compute capability"))?;
         let module = load_module(&ctx, major, minor)?;
 
-        let need = dp.weight_bytes_total() + dp.kv_bytes_total();
+        let need = dp.weight_bytes_total() + dp.kv_bytes_total() + prefill::scratch_bytes(&dp);
         let (free, _) = ctx.mem_get_info().map_err(driver("reading free memory"))?;
         if need as usize > free {
             return Err(CudaError::OutOfMemory {
@@ -241,6 +277,19 @@ impl CudaModel {
                 args,
             });
         }
+        let prefill = if std::env::var_os("FERROLM_CUDA_NO_BATCH").is_none() {
+            Prefill::new(&stream, &module, &dp)?
+        } else {
+            None
+        };
+        let matrix_addrs = matrices.iter().map(ptr).collect();
+        let vector_addrs = vectors.iter().map(|v| v.device_ptr(&stream).0).collect();
+        let cache = |f: fn(usize) -> Buf| -> Vec<u64> {
+            (0..dp.layers.len())
+                .map(|l| addr.get(&f(l)).copied().unwrap_or(0))
+                .collect()
+        };
+        let (k_cache, v_cache) = (cache(Buf::KCache), cache(Buf::VCache));
         stream.synchronize().map_err(driver("uploading"))?;
         let mut model = CudaModel {
             ctx,
@@ -248,6 +297,11 @@ impl CudaModel {
             plan: dp,
             launches,
             graph: None,
+            prefill,
+            matrix_addrs,
+            vector_addrs,
+            k_cache,
+            v_cache,
             _matrices: matrices,
             _vectors: vectors,
             _buffers: buffers,
@@ -265,18 +319,7 @@ impl CudaModel {
     }
 
     fn launch_one(&self, r: &Resolved) -> Result<(), CudaError> {
-        let mut b = self.stream.launch_builder(&r.func);
-        for a in &r.args {
-            match a {
-                Value::Ptr(p) => b.arg(p),
-                Value::I32(v) => b.arg(v),
-                Value::F32(v) => b.arg(v),
-            };
-        }
-        // SAFETY: the arguments match the kernel's parameters as the launch plan lists them
-        // (checked on the device by the logits comparison); buffers outlive the model.
-        unsafe { b.launch(r.cfg) }.map_err(driver("launching a kernel"))?;
-        Ok(())
+        launch(&self.stream, &r.func, r.cfg, &r.args)
     }
 
     fn launch_all(&mut self) -> Result<(), CudaError> {
@@ -400,6 +443,18 @@ impl CudaModel {
         Ok(())
     }
 
+    /// Keeps the first `pos` positions (at most the current one) and forgets the rest: the
+    /// next token goes to position `pos` (a chat reusing the common start of a conversation).
+    pub fn truncate(&mut self, pos: usize) -> Result<(), CudaError> {
+        let pos = pos.min(self.pos);
+        self.stream
+            .memcpy_htod(&[pos as u32], &mut self.pos_buf)
+            .map_err(driver("setting the position"))?;
+        self.stats.uploads += 1;
+        self.pos = pos;
+        Ok(())
+    }
+
     /// Evaluates `id` at the next position; its logits stay on the device, and the greedy
     /// choice becomes the device's next token.
     pub fn push(&mut self, id: u32) -> Result<(), CudaError> {
@@ -447,15 +502,100 @@ impl CudaModel {
         Ok(out)
     }
 
-    /// Evaluates `ids` after what the model holds (a decode step each) and returns every
-    /// position's logits (`all`) or the last one's.
+    /// Evaluates `ids` as prompt batches from position 0 with every launch timed (CUDA
+    /// events): per kernel name, launches and microseconds, slowest first. The sequence is
+    /// reset before and after.
+    pub fn profile_batch(&mut self, ids: &[u32]) -> Result<Vec<(String, usize, f64)>, CudaError> {
+        let Some(p) = self.prefill.as_mut() else {
+            return Ok(Vec::new());
+        };
+        p.set_profile(true)?;
+        self.reset()?;
+        let run = self.eval(ids, false);
+        let rows = self.prefill.as_mut().expect("present").set_profile(false);
+        self.reset()?;
+        run?;
+        rows
+    }
+
+    /// Whether prompts run as batches of GEMMs (cuBLAS found), not as decode steps.
+    pub fn batched_prompts(&self) -> bool {
+        self.prefill.is_some()
+    }
+
+    /// Evaluates `ids` after what the model holds and returns every position's logits (`all`)
+    /// or the last one's; the greedy choice after the last becomes the device's next token.
+    /// Several tokens go through the batched pass (batches of up to 512) when cuBLAS is
+    /// present, one decode step each otherwise.
     pub fn eval(&mut self, ids: &[u32], all: bool) -> Result<Vec<f32>, CudaError> {
+        if self.pos + ids.len() > self.plan.n_ctx {
+            return Err(CudaError::ContextFull {
+                n_ctx: self.plan.n_ctx,
+            });
+        }
+        if let Some(&bad) = ids.iter().find(|&&id| id as usize >= self.plan.n_vocab) {
+            return Err(CudaError::Model(format!(
+                "token {bad} is outside the vocabulary of {}",
+                self.plan.n_vocab
+            )));
+        }
+        if ids.len() > 1 && self.prefill.is_some() {
+            return self.eval_batched(ids, all);
+        }
         let mut out = Vec::new();
         for (i, &id) in ids.iter().enumerate() {
             self.push(id)?;
             if all || i + 1 == ids.len() {
                 out.extend(self.logits()?);
             }
+        }
+        Ok(out)
+    }
+
+    /// Logits of the decode step (and only those) through single steps, whatever the batch
+    /// size: `cuda-check` compares both paths with the CPU.
+    pub fn eval_steps(&mut self, ids: &[u32]) -> Result<Vec<f32>, CudaError> {
+        let mut out = Vec::new();
+        for &id in ids {
+            self.push(id)?;
+            out.extend(self.logits()?);
+        }
+        Ok(out)
+    }
+
+    fn eval_batched(&mut self, ids: &[u32], all: bool) -> Result<Vec<f32>, CudaError> {
+        let mut out = Vec::new();
+        let at = Addresses {
+            matrices: &self.matrix_addrs,
+            vectors: &self.vector_addrs,
+            k_cache: &self.k_cache,
+            v_cache: &self.v_cache,
+            logits: self.logits.device_ptr(&self.stream).0,
+            token: self.token.device_ptr(&self.stream).0,
+        };
+        let prefill = self.prefill.as_mut().expect("checked by the caller");
+        for batch in ids.chunks(MAX_BATCH) {
+            out.extend(prefill.eval(&self.plan, &at, batch, self.pos, all)?);
+            self.pos += batch.len();
+            self.stats.tokens += batch.len() as u64;
+            self.stats.batches += 1;
+            self.stats.uploads += 1;
+        }
+        let pos = [self.pos as u32];
+        self.stream
+            .memcpy_htod(&pos, &mut self.pos_buf)
+            .map_err(driver("setting the position"))?;
+        self.stats.uploads += 1;
+        if all {
+            // The last row is also the step's logits (for `logits()` and sampling).
+            let n_vocab = self.plan.n_vocab;
+            let last = out.len() - n_vocab;
+            self.stream
+                .memcpy_htod(&out[last..], &mut self.logits)
+                .map_err(driver("the last logits"))?;
+            self.stats.host_syncs += (ids.len().div_ceil(MAX_BATCH)) as u64;
+        } else {
+            out = self.logits()?;
         }
         Ok(out)
     }

@@ -376,23 +376,25 @@ extern "C" __global__ void rms_norm(const float* x, const float* w, float* out, 
     for (int i = threadIdx.x; i < n; i += blockDim.x) out[i] = (x[i] * scale) * w[i];
 }
 
-// One block per head: blocks [0, n_head) rotate the query heads in place; blocks
-// [n_head, n_head + n_head_kv) rotate key head h and store it, and value head h, as f16 at
-// position *pos of the caches ([pos][n_head_kv * hd]). The optional per-head RMS norm (Q/K
-// norm) comes before the rotation.
-extern "C" __global__ void rope_store(float* q, const float* k, const float* v,
-                                      const float* q_norm, const float* k_norm, u16* kc, u16* vc,
-                                      const u32* pos, int n_head, int n_head_kv, int hd,
-                                      int n_dims, int neox, float freq_base, float freq_scale,
-                                      const float* freq_factors, float eps) {
+// Block b of a token's heads: b < n_head rotates query head b in place; otherwise it rotates
+// key head h = b - n_head and stores it, and value head h, as f16 at position p of the caches
+// ([pos][n_head_kv * hd]). Biases (optional) are added first, then the optional per-head RMS
+// norm (Q/K norm), then the rotation.
+__device__ __forceinline__ void rope_head(float* q, const float* k, const float* v,
+                                          const float* q_bias, const float* k_bias,
+                                          const float* v_bias, const float* q_norm,
+                                          const float* k_norm, u16* kc, u16* vc, int p, int b,
+                                          int n_head, int n_head_kv, int hd, int n_dims, int neox,
+                                          float freq_base, float freq_scale,
+                                          const float* freq_factors, float eps) {
     __shared__ float head[512];
-    int b = blockIdx.x;
     bool is_q = b < n_head;
     int h = is_q ? b : b - n_head;
     const float* src = is_q ? q + h * hd : k + h * hd;
+    const float* bias = is_q ? q_bias : k_bias;
     const float* nw = is_q ? q_norm : k_norm;
-    int p = (int)*pos;
-    for (int i = threadIdx.x; i < hd; i += blockDim.x) head[i] = src[i];
+    for (int i = threadIdx.x; i < hd; i += blockDim.x)
+        head[i] = src[i] + (bias ? bias[h * hd + i] : 0.f);
     __syncthreads();
     if (nw) {
         float s = 0.f;
@@ -421,39 +423,41 @@ extern "C" __global__ void rope_store(float* q, const float* k, const float* v,
         size_t row = (size_t)p * n_head_kv * hd + (size_t)h * hd;
         for (int i = threadIdx.x; i < hd; i += blockDim.x) {
             kc[row + i] = f2h(head[i]);
-            vc[row + i] = f2h(v[h * hd + i]);
+            vc[row + i] = f2h(v[h * hd + i] + (v_bias ? v_bias[h * hd + i] : 0.f));
         }
     }
 }
 
-// Split-K flash decoding, first pass: block (h, s) attends query head h over its share of the
-// positions 0..=*pos (the last `window` of them when window > 0) and writes the unnormalized output with its running max and sum.
-// 4 warps; a warp takes one position at a time, its lanes hd/32 dimensions each.
+// The decode step's token at position *pos: one block per head (queries, then keys).
+extern "C" __global__ void rope_store(float* q, const float* k, const float* v,
+                                      const float* q_norm, const float* k_norm, u16* kc, u16* vc,
+                                      const u32* pos, int n_head, int n_head_kv, int hd,
+                                      int n_dims, int neox, float freq_base, float freq_scale,
+                                      const float* freq_factors, float eps) {
+    rope_head(q, k, v, 0, 0, 0, q_norm, k_norm, kc, vc, (int)*pos, blockIdx.x, n_head, n_head_kv,
+              hd, n_dims, neox, freq_base, freq_scale, freq_factors, eps);
+}
+
+// The 4 warps of a block attend the query head qh (hd floats) over cache positions
+// [start, end); warp w's running max, sum and unnormalized output land in sm_m[w], sm_l[w],
+// sm_o[w][..] (max -INFINITY: the warp saw no position). A warp takes one position at a time,
+// its lanes hd/32 dimensions each.
 #define MAX_EPL 8
-extern "C" __global__ void attn_split(const float* q, const u16* kc, const u16* vc,
-                                      const u32* pos, float* part_o, float* part_ml, int n_head,
-                                      int n_head_kv, int hd, int n_splits, float scale,
-                                      int window) {
-    __shared__ float sm_m[4], sm_l[4];
-    __shared__ float sm_o[4][256];
-    int h = blockIdx.x, s = blockIdx.y;
+__device__ __forceinline__ void attend4(const float* qh, const u16* kc, const u16* vc,
+                                        int stride, int kv_off, int hd, int start, int end,
+                                        float scale, float* sm_m, float* sm_l,
+                                        float (*sm_o)[256]) {
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    int kvh = h / (n_head / n_head_kv);
-    int len = (int)*pos + 1;
-    int lo = window > 0 ? max(0, len - window) : 0;
-    int chunk = (len - lo + n_splits - 1) / n_splits;
-    int start = lo + s * chunk, end = min(start + chunk, len);
     int epl = hd / 32;
     float qr[MAX_EPL], acc[MAX_EPL];
 #pragma unroll
     for (int e = 0; e < MAX_EPL; e++) {
-        qr[e] = e < epl ? q[h * hd + lane * epl + e] : 0.f;
+        qr[e] = e < epl ? qh[lane * epl + e] : 0.f;
         acc[e] = 0.f;
     }
     float m = -INFINITY, l = 0.f;
-    int stride = n_head_kv * hd;
     for (int t = start + warp; t < end; t += 4) {
-        const u16* kr = kc + (size_t)t * stride + kvh * hd + lane * epl;
+        const u16* kr = kc + (size_t)t * stride + kv_off + lane * epl;
         float d = 0.f;
 #pragma unroll
         for (int e = 0; e < MAX_EPL; e++)
@@ -462,7 +466,7 @@ extern "C" __global__ void attn_split(const float* q, const u16* kc, const u16* 
         float mn = fmaxf(m, sc);
         float corr = __expf(m - mn), p = __expf(sc - mn);
         l = l * corr + p;
-        const u16* vr = vc + (size_t)t * stride + kvh * hd + lane * epl;
+        const u16* vr = vc + (size_t)t * stride + kv_off + lane * epl;
 #pragma unroll
         for (int e = 0; e < MAX_EPL; e++)
             if (e < epl) acc[e] = acc[e] * corr + p * h2f(vr[e]);
@@ -476,6 +480,26 @@ extern "C" __global__ void attn_split(const float* q, const u16* kc, const u16* 
     for (int e = 0; e < MAX_EPL; e++)
         if (e < epl) sm_o[warp][lane * epl + e] = acc[e];
     __syncthreads();
+}
+
+// Split-K flash decoding: block (h, s) attends query head h over its share of the positions
+// 0..=*pos (the last `window` of them when window > 0) and writes the unnormalized output with
+// its running max and sum; the last block of head h to finish (a counter per head, reset for
+// the next step) merges the n_splits partial results into out[h*hd..].
+extern "C" __global__ void attn_split(const float* q, const u16* kc, const u16* vc,
+                                      const u32* pos, float* part_o, float* part_ml, u32* done,
+                                      float* out, int n_head, int n_head_kv, int hd,
+                                      int n_splits, float scale, int window) {
+    __shared__ float sm_m[4], sm_l[4];
+    __shared__ float sm_o[4][256];
+    __shared__ bool last;
+    int h = blockIdx.x, s = blockIdx.y;
+    int kvh = h / (n_head / n_head_kv);
+    int len = (int)*pos + 1;
+    int lo = window > 0 ? max(0, len - window) : 0;
+    int chunk = (len - lo + n_splits - 1) / n_splits;
+    int start = lo + s * chunk, end = min(start + chunk, len);
+    attend4(q + h * hd, kc, vc, n_head_kv * hd, kvh * hd, hd, start, end, scale, sm_m, sm_l, sm_o);
     float M = fmaxf(fmaxf(sm_m[0], sm_m[1]), fmaxf(sm_m[2], sm_m[3]));
     size_t part = (size_t)h * n_splits + s;
     for (int i = threadIdx.x; i < hd; i += blockDim.x) {
@@ -491,27 +515,31 @@ extern "C" __global__ void attn_split(const float* q, const u16* kc, const u16* 
         part_ml[2 * part] = M;
         part_ml[2 * part + 1] = L;
     }
-}
-
-// Second pass: block h merges the n_splits partial results of head h into out[h*hd..].
-extern "C" __global__ void attn_combine(const float* part_o, const float* part_ml, float* out,
-                                        int n_splits, int hd) {
-    int h = blockIdx.x;
-    float M = -INFINITY;
-    for (int s = 0; s < n_splits; s++) M = fmaxf(M, part_ml[2 * (h * n_splits + s)]);
+    // Publish the partials, then count this block in.
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(done + h, 1u) == (u32)(n_splits - 1);
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    const float* ml = part_ml + 2 * (size_t)h * n_splits;
+    float MM = -INFINITY;
+    for (int j = 0; j < n_splits; j++) MM = fmaxf(MM, __ldcg(ml + 2 * j));
     float L = 0.f;
-    for (int s = 0; s < n_splits; s++) {
-        float m = part_ml[2 * (h * n_splits + s)];
-        if (m != -INFINITY) L += part_ml[2 * (h * n_splits + s) + 1] * __expf(m - M);
+    for (int j = 0; j < n_splits; j++) {
+        float m = __ldcg(ml + 2 * j);
+        if (m != -INFINITY) L += __ldcg(ml + 2 * j + 1) * __expf(m - MM);
     }
     for (int i = threadIdx.x; i < hd; i += blockDim.x) {
         float o = 0.f;
-        for (int s = 0; s < n_splits; s++) {
-            float m = part_ml[2 * (h * n_splits + s)];
-            if (m != -INFINITY) o += part_o[(size_t)(h * n_splits + s) * hd + i] * __expf(m - M);
+        for (int j = 0; j < n_splits; j++) {
+            float m = __ldcg(ml + 2 * j);
+            if (m != -INFINITY)
+                o += __ldcg(part_o + ((size_t)h * n_splits + j) * hd + i) * __expf(m - MM);
         }
         out[h * hd + i] = o / L;
     }
+    if (threadIdx.x == 0) done[h] = 0;
 }
 
 // out = silu(g) * u.
@@ -523,9 +551,8 @@ extern "C" __global__ void swiglu(const float* g, const float* u, float* out, in
     }
 }
 
-// The greedy choice (the first index of the largest logit) into *token, then *pos += 1: the
-// next replay of the step reads both. One block of 1024 threads.
-extern "C" __global__ void argmax_advance(const float* logits, int n, u32* token, u32* pos) {
+// The first index of the largest of n logits, in thread 0 of the block (1024 threads).
+__device__ __forceinline__ u32 block_argmax(const float* logits, int n) {
     __shared__ float sv[32];
     __shared__ int si[32];
     float best = -INFINITY;
@@ -553,9 +580,220 @@ extern "C" __global__ void argmax_advance(const float* logits, int n, u32* token
             int oi = __shfl_xor_sync(0xffffffffu, bi, o);
             if (ov > best || (ov == best && oi < bi)) { best = ov; bi = oi; }
         }
-        if (lane == 0) {
-            *token = bi == 0x7fffffff ? 0u : (u32)bi;
-            *pos += 1;
+    }
+    return bi == 0x7fffffff ? 0u : (u32)bi;
+}
+
+// The greedy choice into *token, then *pos += 1: the next replay of the step reads both.
+extern "C" __global__ void argmax_advance(const float* logits, int n, u32* token, u32* pos) {
+    u32 id = block_argmax(logits, n);
+    if (threadIdx.x == 0) {
+        *token = id;
+        *pos += 1;
+    }
+}
+
+// The greedy choice into *token (after a prompt batch, which sets the position itself).
+extern "C" __global__ void argmax_token(const float* logits, int n, u32* token) {
+    u32 id = block_argmax(logits, n);
+    if (threadIdx.x == 0) *token = id;
+}
+
+// ---- a prompt as one batch of n tokens: matrices dequantized to f16 for cuBLAS ----
+
+// out (f16, rows x 32 n_chunks, row-major) = W dequantized: a thread per chunk of 32.
+template <typename T>
+__device__ __forceinline__ void dequant_f16(const u8* __restrict__ W, int row_bytes,
+                                            int n_chunks, long long total, u16* out) {
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= total) return;
+    long long r = i / n_chunks;
+    int c = (int)(i - r * n_chunks);
+    float w[32];
+    T::load(W + r * row_bytes, c, w);
+    uint4* o = (uint4*)(out + i * 32);
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        u32 h[4];
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+            h[j] = (u32)f2h(w[8 * k + 2 * j]) | ((u32)f2h(w[8 * k + 2 * j + 1]) << 16);
+        uint4 v;
+        v.x = h[0]; v.y = h[1]; v.z = h[2]; v.w = h[3];
+        o[k] = v;
+    }
+}
+
+// x[t][..] = row ids[t] of the embedding table: block (chunk group, token t).
+template <typename T>
+__device__ __forceinline__ void embed_rows(const u8* __restrict__ table, int row_bytes,
+                                           int n_chunks, const u32* ids, float* x) {
+    int t = blockIdx.y;
+    embed<T>(table, row_bytes, n_chunks, ids + t, x + (size_t)t * n_chunks * 32);
+}
+
+#define FOR_TYPE_BATCH(T)                                                                        \
+    extern "C" __global__ void dequant_f16_##T(const u8* W, int row_bytes, int n_chunks,        \
+                                               long long total, u16* out) {                      \
+        dequant_f16<T>(W, row_bytes, n_chunks, total, out);                                      \
+    }                                                                                            \
+    extern "C" __global__ void embed_rows_##T(const u8* table, int row_bytes, int n_chunks,     \
+                                              const u32* ids, float* x) {                        \
+        embed_rows<T>(table, row_bytes, n_chunks, ids, x);                                       \
+    }
+
+FOR_TYPE_BATCH(F32)
+FOR_TYPE_BATCH(F16)
+FOR_TYPE_BATCH(Q8_0)
+FOR_TYPE_BATCH(Q4_0)
+FOR_TYPE_BATCH(Q4_1)
+FOR_TYPE_BATCH(Q4_K)
+FOR_TYPE_BATCH(Q6_K)
+
+// out[t] = x[t] / rms(x[t]) * w as f16, one block per row t of n values.
+extern "C" __global__ void rms_norm_rows(const float* x, const float* w, u16* out, int n,
+                                         float eps) {
+    const float* xr = x + (size_t)blockIdx.x * n;
+    u16* o = out + (size_t)blockIdx.x * n;
+    float s = 0.f;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) s += xr[i] * xr[i];
+    s = block_sum(s);
+    float scale = rsqrtf(s / (float)n + eps);
+    for (int i = threadIdx.x; i < n; i += blockDim.x) o[i] = f2h((xr[i] * scale) * w[i]);
+}
+
+// rope_store for token t = blockIdx.y of a batch at position pos0 + t (Q, K, V rows of the
+// batch; biases added here, the GEMMs leave them out).
+extern "C" __global__ void rope_rows(float* q, const float* k, const float* v, const float* q_bias,
+                                     const float* k_bias, const float* v_bias,
+                                     const float* q_norm, const float* k_norm, u16* kc, u16* vc,
+                                     int pos0, int n_head, int n_head_kv, int hd, int n_dims,
+                                     int neox, float freq_base, float freq_scale,
+                                     const float* freq_factors, float eps) {
+    int t = blockIdx.y;
+    size_t qo = (size_t)t * n_head * hd, ko = (size_t)t * n_head_kv * hd;
+    rope_head(q + qo, k + ko, v + ko, q_bias, k_bias, v_bias, q_norm, k_norm, kc, vc, pos0 + t,
+              blockIdx.x, n_head, n_head_kv, hd, n_dims, neox, freq_base, freq_scale,
+              freq_factors, eps);
+}
+
+// Causal attention of a batch, QT tokens per block: block (h, tile) attends query head h of
+// tokens QT*tile.. (at positions pos0 + t) over the cache positions they see, key and value
+// rows staged KT at a time in shared memory (as f16 pairs) and shared by the tile's queries.
+// Warp w takes queries 4w..4w+3 of the tile; lane j scores staged key j; each lane owns hd/32
+// output dimensions. Writes the normalized output as f16.
+#define QT 16
+#define KT 32
+extern "C" __global__ void attn_tile(const float* q, const u16* kc, const u16* vc, u16* out,
+                                     int pos0, int n_tok, int n_head, int n_head_kv, int hd,
+                                     float scale, int window) {
+    __shared__ u32 ks[KT * 129];
+    __shared__ u32 vs[KT * 128];
+    __shared__ u32 qs[QT * 128];
+    int h = blockIdx.x, t0 = blockIdx.y * QT;
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int kvh = h / (n_head / n_head_kv);
+    int hp = hd / 2, kstride = hp + 1, epl = hd / 32;
+    for (int i = threadIdx.x; i < QT * hp; i += blockDim.x) {
+        int r = i / hp, c = i - r * hp;
+        int t = t0 + r;
+        u32 v = 0;
+        if (t < n_tok) {
+            const float* qr = q + ((size_t)t * n_head + h) * hd;
+            v = (u32)f2h(qr[2 * c]) | ((u32)f2h(qr[2 * c + 1]) << 16);
         }
+        qs[r * hp + c] = v;
+    }
+    int last = min(t0 + QT, n_tok) - 1;
+    int hi = pos0 + last + 1;
+    int lo = window > 0 ? max(0, pos0 + t0 + 1 - window) : 0;
+    float m[4], l[4], o[4][MAX_EPL];
+#pragma unroll
+    for (int r = 0; r < 4; r++) {
+        m[r] = -INFINITY;
+        l[r] = 0.f;
+#pragma unroll
+        for (int e = 0; e < MAX_EPL; e++) o[r][e] = 0.f;
+    }
+    size_t stride = (size_t)n_head_kv * hd;
+    for (int kb = lo; kb < hi; kb += KT) {
+        __syncthreads();
+        for (int i = threadIdx.x; i < KT * hp; i += blockDim.x) {
+            int j = i / hp, c = i - j * hp;
+            u32 kv = 0, vv = 0;
+            if (kb + j < hi) {
+                size_t row = (size_t)(kb + j) * stride + (size_t)kvh * hd;
+                kv = ((const u32*)(kc + row))[c];
+                vv = ((const u32*)(vc + row))[c];
+            }
+            ks[j * kstride + c] = kv;
+            vs[j * hp + c] = vv;
+        }
+        __syncthreads();
+        // The warp's 4 queries side by side: independent chains for the latency to hide in.
+        int key = kb + lane;
+        const u32* kr = ks + lane * kstride;
+        const u32* qr = qs + warp * 4 * hp;
+        float sc[4] = {0.f, 0.f, 0.f, 0.f};
+        for (int c = 0; c < hp; c++) {
+            u32 b = kr[c];
+            float k0 = h2f((u16)(b & 0xffff)), k1 = h2f((u16)(b >> 16));
+#pragma unroll
+            for (int r = 0; r < 4; r++) {
+                u32 a = qr[r * hp + c];
+                sc[r] += h2f((u16)(a & 0xffff)) * k0 + h2f((u16)(a >> 16)) * k1;
+            }
+        }
+        float pj[4];
+#pragma unroll
+        for (int r = 0; r < 4; r++) {
+            int p = pos0 + t0 + warp * 4 + r;
+            bool ok = key < hi && key <= p && (window == 0 || key > p - window);
+            float v = ok ? sc[r] * scale : -INFINITY;
+            float mn = fmaxf(m[r], warp_max(v));
+            // A query past the batch, or one that sees no key of this tile, keeps its state.
+            if (mn == -INFINITY) {
+                pj[r] = 0.f;
+                continue;
+            }
+            pj[r] = ok ? __expf(v - mn) : 0.f;
+            float corr = __expf(m[r] - mn);
+            l[r] = l[r] * corr + warp_sum(pj[r]);
+#pragma unroll
+            for (int e = 0; e < MAX_EPL; e++) o[r][e] *= corr;
+            m[r] = mn;
+        }
+        int n_keys = min(KT, hi - kb);
+        for (int jj = 0; jj < n_keys; jj++) {
+            const u16* vr = (const u16*)(vs + jj * hp) + lane * epl;
+            float v[MAX_EPL];
+#pragma unroll
+            for (int e = 0; e < MAX_EPL; e++) v[e] = e < epl ? h2f(vr[e]) : 0.f;
+#pragma unroll
+            for (int r = 0; r < 4; r++) {
+                float pv = __shfl_sync(0xffffffffu, pj[r], jj);
+#pragma unroll
+                for (int e = 0; e < MAX_EPL; e++)
+                    if (e < epl) o[r][e] += pv * v[e];
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < 4; r++) {
+        int t = t0 + warp * 4 + r;
+        if (t >= n_tok) continue;
+        u16* orow = out + ((size_t)t * n_head + h) * hd + lane * epl;
+#pragma unroll
+        for (int e = 0; e < MAX_EPL; e++)
+            if (e < epl) orow[e] = f2h(o[r][e] / l[r]);
+    }
+}
+
+// out = silu(g) * u as f16, over n values.
+extern "C" __global__ void swiglu_f16(const float* g, const float* u, u16* out, long long n) {
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) {
+        float x = g[i];
+        out[i] = f2h(x / (1.f + __expf(-x)) * u[i]);
     }
 }

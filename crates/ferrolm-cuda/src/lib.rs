@@ -15,6 +15,7 @@
 
 mod device;
 pub mod kernels;
+mod prefill;
 pub mod schedule;
 
 pub use device::{device_count, CudaModel, Stats};

@@ -81,6 +81,9 @@ pub enum Buf {
     PartO,
     /// Split-K partial max and sum, `max n_head * splits * 2` f32.
     PartMl,
+    /// Split-K blocks finished per head (the last one merges), `max n_head` u32, zero between
+    /// steps.
+    Done,
     /// The token id the step embeds (and the greedy choice it writes), one u32.
     Token,
     /// The position the step writes (advanced by the step), one u32.
@@ -146,9 +149,59 @@ pub struct VectorSpec {
     pub len: usize,
 }
 
+/// One layer as the batched prompt pass reads it: its weights (indices into
+/// [`DecodePlan::matrices`] and [`DecodePlan::vectors`]) and its attention's shape.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LayerRefs {
+    /// `attn_norm.weight`.
+    pub attn_norm: usize,
+    /// Q, K, V projections.
+    pub qkv: [usize; 3],
+    /// Their biases, if any.
+    pub qkv_bias: Option<[usize; 3]>,
+    /// Q and K head norms, if any.
+    pub qk_norm: Option<[usize; 2]>,
+    /// The attention output projection.
+    pub wo: usize,
+    /// `ffn_norm.weight`.
+    pub ffn_norm: usize,
+    /// Gate, up and down projections.
+    pub ffn: [usize; 3],
+    /// Query heads.
+    pub n_head: usize,
+    /// Key/value heads.
+    pub n_head_kv: usize,
+    /// Dimensions per head.
+    pub head_dim: usize,
+    /// Rotated dimensions per head.
+    pub n_dims: usize,
+    /// NeoX pairing (halves) instead of adjacent pairs.
+    pub neox: bool,
+    /// RoPE base.
+    pub freq_base: f32,
+    /// RoPE linear scale.
+    pub freq_scale: f32,
+    /// `rope_freqs.weight`, if used.
+    pub freq_factors: Option<usize>,
+    /// Score scale.
+    pub scale: f32,
+    /// Sliding window (0: none).
+    pub window: usize,
+}
+
 /// A decode step the CUDA path serves: the weights it reads, the buffer sizes, the launches.
 #[derive(Clone, Debug)]
 pub struct DecodePlan {
+    /// Each layer's weights and shape, for the batched prompt pass.
+    pub layers: Vec<LayerRefs>,
+    /// `token_embd.weight`.
+    pub embd: usize,
+    /// `output_norm.weight`.
+    pub output_norm: usize,
+    /// The output matrix (the embedding when tied).
+    pub output: usize,
+    /// Epsilon of every RMS norm.
+    pub norm_eps: f32,
     /// Matrices, uploaded once.
     pub matrices: Vec<MatrixSpec>,
     /// Vectors, uploaded once as f32.
@@ -399,6 +452,7 @@ pub fn decode_plan(
     );
     let (mut max_q, mut max_kv, mut max_ff, mut max_part, mut max_hs) = (0, 0, 0, 0, 0);
     let mut kv_dims = Vec::new();
+    let mut refs = Vec::new();
     let mut rope_freqs: Option<usize> = None;
     for (l, layer) in layers.iter().enumerate() {
         let LayerPlan {
@@ -517,12 +571,9 @@ pub fn decode_plan(
         } else {
             (Arg::Null, Arg::Null)
         };
-        let ff = if *freq_factors {
-            let i = *rope_freqs.get_or_insert_with(|| b.vector("rope_freqs.weight", n_dims / 2));
-            Arg::Buf(Buf::Vector(i))
-        } else {
-            Arg::Null
-        };
+        let ff_index = freq_factors
+            .then(|| *rope_freqs.get_or_insert_with(|| b.vector("rope_freqs.weight", n_dims / 2)));
+        let ff = ff_index.map_or(Arg::Null, |i| Arg::Buf(Buf::Vector(i)));
         b.push(
             "rope_store",
             ((nh + nkv) as u32, 1),
@@ -558,24 +609,14 @@ pub fn decode_plan(
                 Arg::Buf(Buf::Pos),
                 Arg::Buf(Buf::PartO),
                 Arg::Buf(Buf::PartMl),
+                Arg::Buf(Buf::Done),
+                Arg::Buf(Buf::Attn),
                 Arg::I32(nh as i32),
                 Arg::I32(nkv as i32),
                 Arg::I32(hd as i32),
                 Arg::I32(splits as i32),
                 Arg::F32(*scale),
                 Arg::I32(window as i32),
-            ],
-        );
-        b.push(
-            "attn_combine",
-            (nh as u32, 1),
-            hd as u32,
-            vec![
-                Arg::Buf(Buf::PartO),
-                Arg::Buf(Buf::PartMl),
-                Arg::Buf(Buf::Attn),
-                Arg::I32(splits as i32),
-                Arg::I32(hd as i32),
             ],
         );
         let wo = b.matrix(types, &n("attn_output.weight"), d, q_dim)?;
@@ -607,6 +648,29 @@ pub fn decode_plan(
         }
         let down = b.matrix(types, &n("ffn_down.weight"), d, n_ff)?;
         b.matvec(down, Buf::Act, None, Some(Buf::X), Buf::X);
+        let vector_of = |a: Arg| match a {
+            Arg::Buf(Buf::Vector(i)) => Some(i),
+            _ => None,
+        };
+        refs.push(LayerRefs {
+            attn_norm,
+            qkv: [wq, wk, wv],
+            qkv_bias: bq.zip(bk).zip(bv).map(|((q, k), v)| [q, k, v]),
+            qk_norm: vector_of(qn).zip(vector_of(kn)).map(|(q, k)| [q, k]),
+            wo,
+            ffn_norm,
+            ffn: [gate, up, down],
+            n_head: nh,
+            n_head_kv: nkv,
+            head_dim: hd,
+            n_dims: *n_dims,
+            neox: neox == 1,
+            freq_base: *freq_base,
+            freq_scale: *freq_scale,
+            freq_factors: ff_index,
+            scale: *scale,
+            window,
+        });
     }
     let out_norm = b.vector("output_norm.weight", d);
     b.rms_norm(Buf::X, out_norm, Buf::H, d, eps);
@@ -628,6 +692,11 @@ pub fn decode_plan(
         ],
     );
     Ok(DecodePlan {
+        layers: refs,
+        embd,
+        output_norm: out_norm,
+        output,
+        norm_eps: eps,
         matrices: b.matrices,
         vectors: b.vectors,
         launches: b.launches,
@@ -745,9 +814,12 @@ mod tests {
     }
 
     #[test]
-    fn a_token_is_three_launches_and_nine_per_layer() {
+    fn a_token_is_three_launches_and_eight_per_layer() {
         let p = decode_plan(&plan(4, 32), 512, &all(TensorType::Q4_0)).unwrap();
-        assert_eq!(p.launches.len(), 1 + 9 * 4 + 3);
+        // Per layer: norm, Q/K/V, RoPE, attention (its split-K merge in the last block),
+        // output, norm, gate/up, down; then the norm, the output and the argmax.
+        assert_eq!(p.launches.len(), 1 + 8 * 4 + 3);
+        assert!(p.launches.iter().all(|l| l.kernel != "attn_combine"));
         assert_eq!(p.launches[0].kernel, "embed_Q4_0");
         assert_eq!(p.launches.last().unwrap().kernel, "argmax_advance");
         // 4 layers x 7 matrices + embedding + output.
@@ -762,7 +834,7 @@ mod tests {
             })
         };
         let p = decode_plan(&plan(4, 32), 512, &mixed).unwrap();
-        assert_eq!(p.launches.len(), 1 + 13 * 4 + 3);
+        assert_eq!(p.launches.len(), 1 + 12 * 4 + 3);
         assert!(p.launches.iter().any(|l| l.kernel == "swiglu"));
     }
 

@@ -58,6 +58,16 @@ pub fn run(args: BenchArgs) -> Result<()> {
                 gpu.eval(&ids, false)?;
                 speeds.push(args.n_prompt as f64 / t.elapsed().as_secs_f64());
             }
+            if !args.json {
+                eprintln!(
+                    "ferrolm: CUDA pp: {}",
+                    if gpu.batched_prompts() {
+                        "batches of GEMMs (cuBLAS, weights dequantized to f16 per matrix)"
+                    } else {
+                        "decode steps (no cuBLAS found)"
+                    }
+                );
+            }
             results.push((format!("pp{}", args.n_prompt), median(speeds)));
         }
         if args.n_gen > 0 {

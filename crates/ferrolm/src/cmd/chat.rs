@@ -4,10 +4,12 @@ use std::io::{BufRead, Write};
 
 use anyhow::Result;
 use clap::Args;
-use ferrolm_engine::{generate, GenerateParams};
-use ferrolm_tokenizer::{ChatMessage, ChatTemplate};
+use ferrolm_cuda::CudaModel;
+use ferrolm_engine::{generate, GenerateParams, Generation};
+use ferrolm_model::Session;
+use ferrolm_tokenizer::{ChatMessage, ChatTemplate, Tokenizer};
 
-use super::common::{context_size, load, ModelArgs, SamplingArgs};
+use super::common::{context_size, cuda_model, load_any_device, ModelArgs, SamplingArgs};
 
 /// Flags of `ferrolm chat`.
 #[derive(Args, Debug)]
@@ -27,15 +29,53 @@ pub struct ChatArgs {
     pub ctx_size: usize,
 }
 
+/// Where the conversation's cache lives: a CPU session or the GPU.
+enum Backend<'m> {
+    Cpu(Session<'m>),
+    Cuda(Box<CudaModel>),
+}
+
+impl Backend<'_> {
+    fn position(&self) -> usize {
+        match self {
+            Backend::Cpu(s) => s.position(),
+            Backend::Cuda(m) => m.position(),
+        }
+    }
+
+    fn truncate(&mut self, pos: usize) -> Result<()> {
+        match self {
+            Backend::Cpu(s) => s.truncate(pos),
+            Backend::Cuda(m) => m.truncate(pos)?,
+        }
+        Ok(())
+    }
+
+    fn generate(
+        &mut self,
+        tokenizer: &Tokenizer,
+        prompt: &[u32],
+        params: &GenerateParams,
+        on_text: impl FnMut(&str) -> bool,
+    ) -> Result<Generation> {
+        match self {
+            Backend::Cpu(s) => Ok(generate(s, tokenizer, prompt, params, on_text)?),
+            Backend::Cuda(m) => super::cuda::generate(m, tokenizer, prompt, params, on_text),
+        }
+    }
+}
+
 pub fn run(args: ChatArgs) -> Result<()> {
-    super::common::cpu_only(&args.model, "`ferrolm chat`")?;
-    let (model, tokenizer) = load(&args.model)?;
+    let (model, tokenizer) = load_any_device(&args.model)?;
+    let n_ctx = context_size(&model, args.ctx_size);
+    let mut session = match cuda_model(&args.model, &model, n_ctx)? {
+        Some(gpu) => Backend::Cuda(Box::new(gpu)),
+        None => Backend::Cpu(model.session(n_ctx)),
+    };
     let template = ChatTemplate::for_tokenizer(&tokenizer)?;
     if let Some(w) = template.warning() {
         eprintln!("ferrolm: warning: {w}");
     }
-    let n_ctx = context_size(&model, args.ctx_size);
-    let mut session = model.session(n_ctx);
     let mut messages: Vec<ChatMessage> = args
         .system
         .iter()
@@ -65,7 +105,7 @@ pub fn run(args: ChatArgs) -> Result<()> {
         // Reuse the cache up to the first id that differs; evaluate only the rest.
         let common = cached.iter().zip(&ids).take_while(|(a, b)| a == b).count();
         let common = common.min(ids.len() - 1);
-        session.truncate(common);
+        session.truncate(common)?;
         // (A sliding-window model's ring may not reach back that far: it then starts over.)
         let common = session.position();
         cached.truncate(common);
@@ -75,7 +115,7 @@ pub fn run(args: ChatArgs) -> Result<()> {
         }
         let stdout = std::io::stdout();
         let mut out = stdout.lock();
-        let gen = generate(&mut session, &tokenizer, &ids[common..], &params, |piece| {
+        let gen = session.generate(&tokenizer, &ids[common..], &params, |piece| {
             out.write_all(piece.as_bytes())
                 .and_then(|_| out.flush())
                 .is_ok()

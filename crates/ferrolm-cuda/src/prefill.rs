@@ -1,0 +1,507 @@
+//! A prompt as one batch: every matrix product a GEMM on the tensor cores (cuBLAS), the
+//! weights dequantized to f16 one matrix at a time into a scratch buffer, activations f16 as
+//! GEMM inputs and f32 everywhere else.
+//!
+//! Decode reads each weight once per token, so it works on the quantized blocks directly;
+//! a prompt of hundreds of tokens reads each weight once per batch, so converting a matrix to
+//! f16 (one pass over it) and handing the product to cuBLAS costs little and gains the tensor
+//! cores. The residual adds come free: the output projections accumulate into the residual
+//! stream (`beta = 1`).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use cudarc::cublas::{result as blas, sys as blas_sys, CudaBlas};
+use cudarc::driver::{
+    sys, CudaEvent, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, LaunchConfig,
+};
+use ferrolm_gguf::TensorType;
+
+use crate::device::{driver, launch, Value};
+use crate::schedule::{kernel_type, DecodePlan, MatrixSpec, MATVEC_ROWS};
+use crate::CudaError;
+
+/// Tokens in one batch: longer prompts go through in batches of this many.
+pub const MAX_BATCH: usize = 512;
+
+/// Tokens per block of the batched attention (`QT` in the kernels).
+const ATTN_TILE: usize = 16;
+
+/// The device addresses the batched pass reads and writes besides its own buffers.
+pub(crate) struct Addresses<'a> {
+    pub matrices: &'a [u64],
+    pub vectors: &'a [u64],
+    pub k_cache: &'a [u64],
+    pub v_cache: &'a [u64],
+    /// The decode step's last-token buffers: logits and the greedy token.
+    pub logits: u64,
+    pub token: u64,
+}
+
+/// The batched prompt pass of one model: cuBLAS, the kernels and the batch buffers.
+pub(crate) struct Prefill {
+    stream: Arc<CudaStream>,
+    blas: CudaBlas,
+    module: Arc<CudaModule>,
+    funcs: HashMap<String, CudaFunction>,
+    ids: CudaSlice<u32>,
+    x: CudaSlice<f32>,
+    h: CudaSlice<u16>,
+    q: CudaSlice<f32>,
+    k: CudaSlice<f32>,
+    v: CudaSlice<f32>,
+    attn: CudaSlice<u16>,
+    gate: CudaSlice<f32>,
+    up: CudaSlice<f32>,
+    act: CudaSlice<u16>,
+    w16: CudaSlice<u16>,
+    /// The last token's normed residual stream (the output product's input).
+    last: CudaSlice<f32>,
+    all_logits: Option<CudaSlice<f32>>,
+    /// Events around each launch, when profiling.
+    profile: Option<Vec<(String, CudaEvent, CudaEvent)>>,
+}
+
+/// Bytes of device memory the batch buffers take (besides the logits of every position).
+pub fn scratch_bytes(p: &DecodePlan) -> u64 {
+    let widest = p
+        .matrices
+        .iter()
+        .map(|m| m.rows * m.cols)
+        .max()
+        .unwrap_or(0);
+    let per_token = 4 * (p.n_embd + 2 * p.max_q + 2 * p.max_kv + 2 * p.max_ff)
+        + 2 * (p.n_embd.max(p.max_q).max(p.max_ff) + p.max_q + p.max_ff);
+    (MAX_BATCH * per_token + 2 * widest + 4 * p.n_embd) as u64
+}
+
+fn ptr<T>(s: &CudaSlice<T>, stream: &CudaStream) -> u64 {
+    s.device_ptr(stream).0
+}
+
+impl Prefill {
+    /// Allocates the batch buffers, or `None` when cuBLAS is not on this machine (prompts
+    /// then run as decode steps).
+    pub fn new(
+        stream: &Arc<CudaStream>,
+        module: &Arc<CudaModule>,
+        p: &DecodePlan,
+    ) -> Result<Option<Prefill>, CudaError> {
+        // SAFETY: only tries to open the library by its usual names.
+        if !unsafe { blas_sys::is_culib_present() } {
+            return Ok(None);
+        }
+        let blas = CudaBlas::new(stream.clone())
+            .map_err(|e| CudaError::Driver(format!("creating the cuBLAS handle: {e}")))?;
+        let widest = p
+            .matrices
+            .iter()
+            .map(|m| m.rows * m.cols)
+            .max()
+            .unwrap_or(0);
+        let b = MAX_BATCH;
+        let f32s = |n: usize| {
+            stream
+                .alloc_zeros::<f32>(n.max(1))
+                .map_err(driver("batch buffers"))
+        };
+        let f16s = |n: usize| {
+            stream
+                .alloc_zeros::<u16>(n.max(1))
+                .map_err(driver("batch buffers"))
+        };
+        Ok(Some(Prefill {
+            stream: stream.clone(),
+            blas,
+            module: module.clone(),
+            funcs: HashMap::new(),
+            ids: stream.alloc_zeros::<u32>(b).map_err(driver("batch ids"))?,
+            x: f32s(b * p.n_embd)?,
+            h: f16s(b * p.n_embd.max(p.max_q).max(p.max_ff))?,
+            q: f32s(b * p.max_q)?,
+            k: f32s(b * p.max_kv)?,
+            v: f32s(b * p.max_kv)?,
+            attn: f16s(b * p.max_q)?,
+            gate: f32s(b * p.max_ff)?,
+            up: f32s(b * p.max_ff)?,
+            act: f16s(b * p.max_ff)?,
+            w16: f16s(widest)?,
+            last: f32s(p.n_embd)?,
+            all_logits: None,
+            profile: None,
+        }))
+    }
+
+    fn func(&mut self, name: &str) -> Result<CudaFunction, CudaError> {
+        if let Some(f) = self.funcs.get(name) {
+            return Ok(f.clone());
+        }
+        let f = self.module.load_function(name).map_err(driver(name))?;
+        self.funcs.insert(name.to_string(), f.clone());
+        Ok(f)
+    }
+
+    fn run(
+        &mut self,
+        kernel: &str,
+        grid: (u32, u32),
+        block: u32,
+        args: &[Value],
+    ) -> Result<(), CudaError> {
+        let f = self.func(kernel)?;
+        let cfg = LaunchConfig {
+            grid_dim: (grid.0, grid.1, 1),
+            block_dim: (block, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let start = self.mark()?;
+        launch(&self.stream, &f, cfg, args)?;
+        self.record(kernel, start)
+    }
+
+    /// `w16` = matrix `m` as f16, row-major.
+    fn dequantize(&mut self, spec: &MatrixSpec, addr: u64) -> Result<(), CudaError> {
+        let chunks = spec.cols / 32;
+        let total = (spec.rows * chunks) as u64;
+        let w16 = ptr(&self.w16, &self.stream);
+        let ty = kernel_type(spec.ty).expect("the plan checked the type");
+        self.run(
+            &format!("dequant_f16_{ty}"),
+            (total.div_ceil(256) as u32, 1),
+            256,
+            &[
+                Value::Ptr(addr),
+                Value::I32(spec.row_bytes() as i32),
+                Value::I32(chunks as i32),
+                Value::I64(total as i64),
+                Value::Ptr(w16),
+            ],
+        )
+    }
+
+    /// `c[t][r] = a[t] . w[r] (+ beta * c[t][r])` for `n` rows `t` of `a` (f16, `cols` wide)
+    /// and the `rows` rows of `w` (f16); `c` is f32, `rows` wide.
+    #[allow(clippy::too_many_arguments)]
+    fn gemm(
+        &mut self,
+        w16: u64,
+        rows: usize,
+        cols: usize,
+        a: u64,
+        n: usize,
+        c: u64,
+        beta: f32,
+    ) -> Result<(), CudaError> {
+        let alpha = 1f32;
+        let start = self.mark()?;
+        // Column-major view: C (rows x n) = W^T-stored (cols x rows)^T * A (cols x n).
+        // SAFETY: the pointers are live device buffers of at least these sizes (allocated
+        // from the same plan); alpha and beta are host values read during the call.
+        unsafe {
+            blas::gemm_ex(
+                *self.blas.handle(),
+                blas_sys::cublasOperation_t::CUBLAS_OP_T,
+                blas_sys::cublasOperation_t::CUBLAS_OP_N,
+                rows as i32,
+                n as i32,
+                cols as i32,
+                (&alpha as *const f32).cast(),
+                w16 as *const std::ffi::c_void,
+                blas_sys::cudaDataType::CUDA_R_16F,
+                cols as i32,
+                a as *const std::ffi::c_void,
+                blas_sys::cudaDataType::CUDA_R_16F,
+                cols as i32,
+                (&beta as *const f32).cast(),
+                c as *mut std::ffi::c_void,
+                blas_sys::cudaDataType::CUDA_R_32F,
+                rows as i32,
+                blas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                blas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+            )
+        }
+        .map_err(|e| CudaError::Driver(format!("cuBLAS GEMM {rows}x{cols}x{n}: {e}")))?;
+        self.record("gemm (cuBLAS)", start)
+    }
+
+    /// An event before a launch, when profiling.
+    fn mark(&self) -> Result<Option<CudaEvent>, CudaError> {
+        if self.profile.is_none() {
+            return Ok(None);
+        }
+        let flags = Some(sys::CUevent_flags::CU_EVENT_DEFAULT);
+        self.stream
+            .record_event(flags)
+            .map(Some)
+            .map_err(driver("event"))
+    }
+
+    /// Files the time since `start` under `name`, when profiling.
+    fn record(&mut self, name: &str, start: Option<CudaEvent>) -> Result<(), CudaError> {
+        if let Some(start) = start {
+            let flags = Some(sys::CUevent_flags::CU_EVENT_DEFAULT);
+            let end = self.stream.record_event(flags).map_err(driver("event"))?;
+            let base = name.split("_Q").next().unwrap_or(name);
+            if let Some(p) = self.profile.as_mut() {
+                p.push((base.to_string(), start, end));
+            }
+        }
+        Ok(())
+    }
+
+    /// Starts (or stops and returns) timing each launch of the next batches with events:
+    /// microseconds per kernel name, slowest first.
+    pub fn set_profile(&mut self, on: bool) -> Result<Vec<(String, usize, f64)>, CudaError> {
+        let events = std::mem::replace(&mut self.profile, on.then(Vec::new));
+        let mut per: HashMap<String, (usize, f64)> = HashMap::new();
+        if let Some(events) = events {
+            self.stream.synchronize().map_err(driver("profiling"))?;
+            for (name, start, end) in events {
+                let ms = start.elapsed_ms(&end).map_err(driver("event time"))?;
+                let e = per.entry(name).or_default();
+                e.0 += 1;
+                e.1 += f64::from(ms) * 1e3;
+            }
+        }
+        let mut out: Vec<_> = per.into_iter().map(|(k, (n, us))| (k, n, us)).collect();
+        out.sort_by(|a, b| b.2.total_cmp(&a.2));
+        Ok(out)
+    }
+
+    /// `c = a W^T (+ beta c)` for matrix `m` of the plan: dequantize, then GEMM.
+    #[allow(clippy::too_many_arguments)]
+    fn product(
+        &mut self,
+        p: &DecodePlan,
+        at: &Addresses,
+        m: usize,
+        a: u64,
+        n: usize,
+        c: u64,
+        beta: f32,
+    ) -> Result<(), CudaError> {
+        let spec = &p.matrices[m];
+        // F16 weights are GEMM operands as they are.
+        let w16 = if spec.ty == TensorType::F16 {
+            at.matrices[m]
+        } else {
+            self.dequantize(spec, at.matrices[m])?;
+            ptr(&self.w16, &self.stream)
+        };
+        self.gemm(w16, spec.rows, spec.cols, a, n, c, beta)
+    }
+
+    /// Evaluates `ids` at positions `pos0..` (at most [`MAX_BATCH`]): the KV cache gets their
+    /// keys and values and the last token's greedy choice goes to the token buffer. With
+    /// `all`, returns every position's logits; otherwise the last token's logits go to the
+    /// decode step's logits buffer.
+    pub fn eval(
+        &mut self,
+        p: &DecodePlan,
+        at: &Addresses,
+        ids: &[u32],
+        pos0: usize,
+        all: bool,
+    ) -> Result<Vec<f32>, CudaError> {
+        let n = ids.len();
+        assert!(n > 0 && n <= MAX_BATCH, "batch of {n}");
+        let s = self.stream.clone();
+        s.memcpy_htod(ids, &mut self.ids.slice_mut(..n))
+            .map_err(driver("uploading the prompt"))?;
+        let d = p.n_embd;
+        let eps = Value::F32(p.norm_eps);
+        let (x, h, q, k, v) = (
+            ptr(&self.x, &s),
+            ptr(&self.h, &s),
+            ptr(&self.q, &s),
+            ptr(&self.k, &s),
+            ptr(&self.v, &s),
+        );
+        let (attn, gate, up, act) = (
+            ptr(&self.attn, &s),
+            ptr(&self.gate, &s),
+            ptr(&self.up, &s),
+            ptr(&self.act, &s),
+        );
+        let embd = &p.matrices[p.embd];
+        let chunks = d / 32;
+        self.run(
+            &format!("embed_rows_{}", kernel_type(embd.ty).expect("checked")),
+            (chunks.div_ceil(128) as u32, n as u32),
+            128,
+            &[
+                Value::Ptr(at.matrices[p.embd]),
+                Value::I32(embd.row_bytes() as i32),
+                Value::I32(chunks as i32),
+                Value::Ptr(ptr(&self.ids, &s)),
+                Value::Ptr(x),
+            ],
+        )?;
+        let opt = |i: Option<usize>| Value::Ptr(i.map_or(0, |i| at.vectors[i]));
+        for (l, r) in p.layers.iter().enumerate() {
+            let norm = |w: usize| {
+                [
+                    Value::Ptr(x),
+                    Value::Ptr(at.vectors[w]),
+                    Value::Ptr(h),
+                    Value::I32(d as i32),
+                    eps,
+                ]
+            };
+            self.run("rms_norm_rows", (n as u32, 1), 256, &norm(r.attn_norm))?;
+            for (m, out) in r.qkv.iter().zip([q, k, v]) {
+                self.product(p, at, *m, h, n, out, 0.0)?;
+            }
+            let bias = |j: usize| opt(r.qkv_bias.map(|b| b[j]));
+            let qk_norm = |j: usize| opt(r.qk_norm.map(|b| b[j]));
+            self.run(
+                "rope_rows",
+                ((r.n_head + r.n_head_kv) as u32, n as u32),
+                128,
+                &[
+                    Value::Ptr(q),
+                    Value::Ptr(k),
+                    Value::Ptr(v),
+                    bias(0),
+                    bias(1),
+                    bias(2),
+                    qk_norm(0),
+                    qk_norm(1),
+                    Value::Ptr(at.k_cache[l]),
+                    Value::Ptr(at.v_cache[l]),
+                    Value::I32(pos0 as i32),
+                    Value::I32(r.n_head as i32),
+                    Value::I32(r.n_head_kv as i32),
+                    Value::I32(r.head_dim as i32),
+                    Value::I32(r.n_dims as i32),
+                    Value::I32(i32::from(r.neox)),
+                    Value::F32(r.freq_base),
+                    Value::F32(r.freq_scale),
+                    opt(r.freq_factors),
+                    eps,
+                ],
+            )?;
+            self.run(
+                "attn_tile",
+                (r.n_head as u32, n.div_ceil(ATTN_TILE) as u32),
+                128,
+                &[
+                    Value::Ptr(q),
+                    Value::Ptr(at.k_cache[l]),
+                    Value::Ptr(at.v_cache[l]),
+                    Value::Ptr(attn),
+                    Value::I32(pos0 as i32),
+                    Value::I32(n as i32),
+                    Value::I32(r.n_head as i32),
+                    Value::I32(r.n_head_kv as i32),
+                    Value::I32(r.head_dim as i32),
+                    Value::F32(r.scale),
+                    Value::I32(r.window as i32),
+                ],
+            )?;
+            self.product(p, at, r.wo, attn, n, x, 1.0)?;
+            self.run("rms_norm_rows", (n as u32, 1), 256, &norm(r.ffn_norm))?;
+            let [g, u, down] = r.ffn;
+            self.product(p, at, g, h, n, gate, 0.0)?;
+            self.product(p, at, u, h, n, up, 0.0)?;
+            let n_ff = p.matrices[g].rows;
+            let total = (n * n_ff) as u64;
+            self.run(
+                "swiglu_f16",
+                (total.div_ceil(256) as u32, 1),
+                256,
+                &[
+                    Value::Ptr(gate),
+                    Value::Ptr(up),
+                    Value::Ptr(act),
+                    Value::I64(total as i64),
+                ],
+            )?;
+            self.product(p, at, down, act, n, x, 1.0)?;
+        }
+        let vocab = p.n_vocab;
+        let mut out = Vec::new();
+        if all {
+            if self.all_logits.is_none() {
+                self.all_logits = Some(
+                    s.alloc_zeros::<f32>(MAX_BATCH * vocab)
+                        .map_err(driver("logits of every position"))?,
+                );
+            }
+            let logits = ptr(self.all_logits.as_ref().expect("allocated"), &s);
+            self.run(
+                "rms_norm_rows",
+                (n as u32, 1),
+                256,
+                &[
+                    Value::Ptr(x),
+                    Value::Ptr(at.vectors[p.output_norm]),
+                    Value::Ptr(h),
+                    Value::I32(d as i32),
+                    eps,
+                ],
+            )?;
+            self.product(p, at, p.output, h, n, logits, 0.0)?;
+            out = vec![0f32; n * vocab];
+            let all_logits = self.all_logits.as_ref().expect("allocated");
+            s.memcpy_dtoh(&all_logits.slice(..n * vocab), &mut out)
+                .map_err(driver("reading the logits"))?;
+            // The greedy choice from the last row (the caller copies it to the step's logits).
+            let last_row = logits + (4 * (n - 1) * vocab) as u64;
+            self.run(
+                "argmax_token",
+                (1, 1),
+                1024,
+                &[
+                    Value::Ptr(last_row),
+                    Value::I32(vocab as i32),
+                    Value::Ptr(at.token),
+                ],
+            )?;
+            return Ok(out);
+        } else {
+            // The last token only: its norm (f32) and the output matrix-vector product.
+            let last = ptr(&self.last, &s);
+            self.run(
+                "rms_norm",
+                (1, 1),
+                1024,
+                &[
+                    Value::Ptr(x + (4 * (n - 1) * d) as u64),
+                    Value::Ptr(at.vectors[p.output_norm]),
+                    Value::Ptr(last),
+                    Value::I32(d as i32),
+                    eps,
+                ],
+            )?;
+            let spec = &p.matrices[p.output];
+            let chunks = spec.cols / 32;
+            self.run(
+                &format!("matvec_{}", kernel_type(spec.ty).expect("checked")),
+                (spec.rows.div_ceil(MATVEC_ROWS) as u32, 1),
+                crate::schedule::matvec_threads(chunks),
+                &[
+                    Value::Ptr(at.matrices[p.output]),
+                    Value::I32(spec.row_bytes() as i32),
+                    Value::I32(chunks as i32),
+                    Value::I32(spec.rows as i32),
+                    Value::Ptr(last),
+                    Value::Ptr(0),
+                    Value::Ptr(0),
+                    Value::Ptr(at.logits),
+                ],
+            )?;
+        }
+        self.run(
+            "argmax_token",
+            (1, 1),
+            1024,
+            &[
+                Value::Ptr(at.logits),
+                Value::I32(vocab as i32),
+                Value::Ptr(at.token),
+            ],
+        )?;
+        Ok(out)
+    }
+}
