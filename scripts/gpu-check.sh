@@ -1,12 +1,19 @@
 #!/usr/bin/env bash
 # One device call: synthetic models made on the spot, the CUDA backend checked against the CPU
-# on each (every position's logits: mean KL, top-1; greedy continuations), then timed.
-# Usage (on the GPU machine, with a release binary built elsewhere): scripts/gpu-check.sh [BIN]
+# on each (every position's logits of a random prompt through decode steps and as one prompt
+# batch: mean KL, top-1; greedy continuations), then timed; one summary table at the end.
+# Usage (on the GPU machine, with a release binary built elsewhere):
+#   scripts/gpu-check.sh [BIN] [TOKENIZER_GGUF]
+# TOKENIZER_GGUF: a GGUF holding the default model's tokenizer.* keys (the GPU machine cannot
+# fetch the default model); the real-shape files borrow it. Env: SECTIONS="small shapes".
 set -uo pipefail
 BIN=${1:-target/release/ferrolm}
+TOK=${2:-}
 W=${WORK:-/tmp/ferrolm-gpu}
 mkdir -p "$W"
 export FERROLM_HOME=$W/home
+SUMMARY=$W/summary.md
+: > "$SUMMARY"
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader || true
 python3 - <<'PY' 2>/dev/null || echo "(no torch: copy bandwidth not measured)"
 import torch, time
@@ -19,28 +26,62 @@ torch.cuda.synchronize(); dt = (time.perf_counter() - t) / 20
 print(f"device-to-device copy: {2 * n / dt / 1e12:.2f} TB/s (read + write)")
 PY
 fail=0
-CHECK_FLAGS=()
-check() { # name, synth flags...
-  local name=$1; shift
-  "$BIN" synth --arch "$@" -o "$W/$name.gguf" >/dev/null || { echo "synth $name failed"; fail=1; return; }
+# check NAME NP NG: cuda-check of $W/NAME.gguf; its rows go to the summary.
+check() {
+  local name=$1 np=$2 ng=$3
   echo "== $name"
-  "$BIN" cuda-check -m "$W/$name.gguf" -p "${NP:-256}" -n "${NG:-64}" "${CHECK_FLAGS[@]}" || fail=1
+  local out
+  out=$("$BIN" cuda-check -m "$W/$name.gguf" -p "$np" -n "$ng" ${PROFILE:+--profile $PROFILE} 2>&1) || fail=1
+  echo "$out"
+  echo "$out" | grep -E '^\| [^ ]+\.gguf \| (decode steps|prompt batch) ' >> "$SUMMARY.check"
+  echo "$out" | grep -q "^ferrolm: error" && echo "| $name | FAILED: $(echo "$out" | grep '^ferrolm: error' | head -1) |" >> "$SUMMARY.check"
 }
-# Small shapes, every block type the kernels read.
-for t in q8_0 q4_0 q4_1 q4_k q6_k f16 f32; do
-  check "small-$t" llama --layers 2 --type "$t"
+bench() {
+  local name=$1
+  local out
+  out=$("$BIN" bench -m "$W/$name.gguf" --device cuda -p 512 -n 128 -r "${REPS:-5}" 2>&1) || fail=1
+  echo "$out"
+  local pp tg bw
+  pp=$(echo "$out" | awk -F'|' '/ pp512 /{gsub(/ /,"",$7); print $7}')
+  tg=$(echo "$out" | awk -F'|' '/ tg128 /{gsub(/ /,"",$7); print $7}')
+  bw=$(echo "$out" | sed -n 's/.* \([0-9]*\) GB\/s at .*/\1/p')
+  echo "| $name | $pp | $tg | $bw |" >> "$SUMMARY.bench"
+}
+for section in ${SECTIONS:-small shapes}; do
+  if [ "$section" = small ]; then
+    # Small files of every block type the kernels read, and the layer features.
+    for t in q8_0 q4_0 q4_1 q5_0 q5_1 q4_k q6_k f16 f32; do
+      "$BIN" synth --arch llama --layers 2 --type "$t" -o "$W/small-$t.gguf" >/dev/null && check "small-$t" 256 64
+    done
+    "$BIN" synth --arch qwen2 --layers 2 --type q8_0 -o "$W/small-qwen2.gguf" >/dev/null && check small-qwen2 256 64
+    "$BIN" synth --arch qwen3 --layers 2 --head-dim 64 --type q4_0 -o "$W/small-qwen3.gguf" >/dev/null && check small-qwen3 256 64
+    "$BIN" synth --arch llama --layers 2 --type q8_0 --rope-freqs --tied -o "$W/small-ropefreqs.gguf" >/dev/null && check small-ropefreqs 256 64
+    FERROLM_CUDA_NO_GRAPH=1 "$BIN" cuda-check -m "$W/small-q8_0.gguf" -p 16 -n 8 >/dev/null \
+      && echo "no-graph mode agrees" || { echo "no-graph mode FAILED"; fail=1; }
+  fi
+  if [ "$section" = shapes ]; then
+    # Real models' shapes and llama-quantize's type mixes (issue 6's table).
+    for st in ${SHAPES:-smollm2-135m:q4_k_m llama-3.2-1b:q4_k_m llama-3.2-1b:q4_0 llama-3.2-1b:q8_0 qwen2.5-0.5b:q4_k_m llama-3.1-8b:q4_k_m llama-3.1-8b:f16}; do
+      shape=${st%%:*}; type=${st##*:}; name=$shape-$type
+      "$BIN" synth --shape "$shape" --type "$type" ${TOK:+--tokenizer-from "$TOK"} -o "$W/$name.gguf" || { fail=1; continue; }
+      case $shape in *8b) check "$name" 128 16 ;; *) check "$name" 256 64 ;; esac
+      bench "$name"
+      rm -f "$W/$name.gguf"
+    done
+  fi
 done
-check small-qwen2 qwen2 --layers 2 --type q8_0
-check small-qwen3 qwen3 --layers 2 --head-dim 64 --type q4_0
-check small-ropefreqs llama --layers 2 --type q8_0 --rope-freqs --tied
-FERROLM_CUDA_NO_GRAPH=1 "$BIN" cuda-check -m "$W/small-q8_0.gguf" -p 16 -n 8 >/dev/null \
-  && echo "no-graph mode agrees" || { echo "no-graph mode FAILED"; fail=1; }
-# A Llama-3.2-1B-like shape (16 layers, 2048 wide, 32/8 heads, 8192 feed-forward).
-CHECK_FLAGS=(--profile 16)
-for t in ${BIG_TYPES:-q4_0 q8_0 q4_k}; do
-  check "1b-$t" llama --layers 16 --embd 2048 --heads 32 --kv-heads 8 --ff 8192 --ctx 4096 --rope-base 500000 --type "$t"
-  echo "-- bench 1b-$t"
-  "$BIN" bench -m "$W/1b-$t.gguf" --device cuda -p 512 -n 128 -r 5
-  [ -n "${SKIP_CPU:-}" ] || "$BIN" bench -m "$W/1b-$t.gguf" --device cpu -p 32 -n 16 -r 1
-done
+{
+  echo "### exactness: CUDA against ferrolm's CPU backend on the same file"
+  echo "| file | CUDA path | positions | mean KL | max KL | top-1 (ties within 0.01) | top-1 raw | max abs logit diff | greedy same | CPU pp tok/s | CUDA tok/s |"
+  echo "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+  cat "$SUMMARY.check" 2>/dev/null
+  echo
+  echo "### speed: ferrolm bench --device cuda -p 512 -n 128 -r ${REPS:-5} (median)"
+  echo "| file | pp512 tok/s | tg128 tok/s | tg GB/s (weights + KV read per token) |"
+  echo "| --- | ---: | ---: | ---: |"
+  cat "$SUMMARY.bench" 2>/dev/null
+} > "$SUMMARY"
+rm -f "$SUMMARY.check" "$SUMMARY.bench"
+cat "$SUMMARY"
+[ -n "${OUT:-}" ] && cp "$SUMMARY" "$OUT/summary.md"
 exit $fail

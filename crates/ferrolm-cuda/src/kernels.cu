@@ -119,6 +119,50 @@ struct Q4_1 {
     }
 };
 
+// Q5_0: f16 scale, 32 high bits, 16 bytes of low nibbles (values 0..16 low, 16..32 high),
+// offset 16 (22 bytes, 2-byte aligned).
+struct Q5_0 {
+    static __device__ __forceinline__ void load(const u8* row, int c, float* w) {
+        const u16* p = (const u16*)(row + 22 * c);
+        float d = h2f(LD(p));
+        u32 qh = (u32)LD(p + 1) | ((u32)LD(p + 2) << 16);
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            u16 q = LD(p + 3 + i);
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                int j = 2 * i + e;
+                u32 b = (q >> (8 * e)) & 0xff;
+                w[j] = d * (float)((int)((b & 15) | (((qh >> j) & 1) << 4)) - 16);
+                w[j + 16] = d * (float)((int)((b >> 4) | (((qh >> (j + 16)) & 1) << 4)) - 16);
+            }
+        }
+    }
+};
+
+// Q5_1: f16 scale, f16 minimum, 32 high bits, 16 bytes of low nibbles (24 bytes, 4-byte
+// aligned).
+struct Q5_1 {
+    static __device__ __forceinline__ void load(const u8* row, int c, float* w) {
+        const u8* b = row + 24 * c;
+        u32 dm = LD((const u32*)b);
+        float d = h2f((u16)(dm & 0xffff)), m = h2f((u16)(dm >> 16));
+        u32 qh = LD((const u32*)(b + 4));
+        const u32* p = (const u32*)(b + 8);
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            u32 q = LD(p + i);
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int j = 4 * i + e;
+                u32 byte = (q >> (8 * e)) & 0xff;
+                w[j] = d * (float)((byte & 15) | (((qh >> j) & 1) << 4)) + m;
+                w[j + 16] = d * (float)((byte >> 4) | (((qh >> (j + 16)) & 1) << 4)) + m;
+            }
+        }
+    }
+};
+
 // Q4_K: 256 values: f16 d, f16 dmin, 12 bytes of 6-bit scales and minimums, 128 bytes of
 // nibbles; chunk j of a super-block takes bytes 32*(j/2).. of the nibbles, low nibbles for even
 // j, high for odd (144 bytes, 16-byte aligned).
@@ -352,6 +396,8 @@ FOR_TYPE(F16)
 FOR_TYPE(Q8_0)
 FOR_TYPE(Q4_0)
 FOR_TYPE(Q4_1)
+FOR_TYPE(Q5_0)
+FOR_TYPE(Q5_1)
 FOR_TYPE(Q4_K)
 FOR_TYPE(Q6_K)
 
@@ -647,6 +693,8 @@ FOR_TYPE_BATCH(F16)
 FOR_TYPE_BATCH(Q8_0)
 FOR_TYPE_BATCH(Q4_0)
 FOR_TYPE_BATCH(Q4_1)
+FOR_TYPE_BATCH(Q5_0)
+FOR_TYPE_BATCH(Q5_1)
 FOR_TYPE_BATCH(Q4_K)
 FOR_TYPE_BATCH(Q6_K)
 

@@ -44,6 +44,8 @@ pub fn kernel_type(ty: TensorType) -> Option<&'static str> {
         TensorType::Q8_0 => "Q8_0",
         TensorType::Q4_0 => "Q4_0",
         TensorType::Q4_1 => "Q4_1",
+        TensorType::Q5_0 => "Q5_0",
+        TensorType::Q5_1 => "Q5_1",
         TensorType::Q4_K => "Q4_K",
         TensorType::Q6_K => "Q6_K",
         _ => return None,
@@ -890,14 +892,14 @@ mod tests {
         assert_eq!(e.field, "attention.head_dim");
         let q5 = |name: &str| {
             Some(if name == "blk.0.ffn_up.weight" {
-                TensorType::Q5_1
+                TensorType::Q5_K
             } else {
                 TensorType::Q8_0
             })
         };
         let e = decode_plan(&plan(1, 32), 256, &q5).unwrap_err();
         assert_eq!(e.field, "blk.0.ffn_up.weight");
-        assert_eq!(e.value, "Q5_1");
+        assert_eq!(e.value, "Q5_K");
         assert!(e.to_string().contains("blk.0.ffn_up.weight"));
         let mut odd = plan(1, 32);
         odd.n_embd = 100;

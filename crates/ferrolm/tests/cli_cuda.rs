@@ -137,8 +137,8 @@ fn commands_without_a_cuda_path_refuse_an_explicit_device() {
 
 #[test]
 fn a_model_the_cuda_path_declines_runs_on_the_cpu_naming_the_field() {
-    // Q5_1 matrices: no CUDA kernel reads them yet.
-    let m = model_file_with("declined", |s| s.default_type = TensorType::Q5_1);
+    // BF16 matrices: no CUDA kernel reads them yet.
+    let m = model_file_with("declined", |s| s.default_type = TensorType::BF16);
     let out = ferrolm(&[
         "bench",
         "-m",
@@ -156,7 +156,7 @@ fn a_model_the_cuda_path_declines_runs_on_the_cpu_naming_the_field() {
     assert!(out.status.success(), "{err}");
     assert!(
         err.contains("the CUDA path does not serve")
-            && err.contains(".weight = Q5_1; running on the CPU"),
+            && err.contains(".weight = BF16; running on the CPU"),
         "{err}"
     );
     assert!(String::from_utf8_lossy(&out.stdout).contains("| CPU |"));
