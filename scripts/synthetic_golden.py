@@ -42,6 +42,8 @@ FILES = {
     # hybrid: 3 gated delta-net layers (4 key / 8 value heads of 32, 4-tap conv) then 1 attention
     # layer (gated output, 16 of 64 dimensions rotate); 8 experts top-2 + gated shared expert
     "qwen3next": ["--arch", "qwen3next"],
+    # the other layout (attn_qkv + attn_gate), attention every other layer
+    "qwen3next-split": ["--arch", "qwen3next", "--ssm-split", "--full-attention-interval", "2", "--seed", "7"],
 }
 # The context llama.cpp is created with, where not 1024 (the tests use the same, from the JSON).
 N_CTX = {"phi3-longrope-long": 2048}

@@ -95,6 +95,8 @@ pub struct SyntheticDeltaNet {
     pub conv_kernel: usize,
     /// `full_attention_interval`: every this-th layer is attention, the others recurrent.
     pub full_attention_interval: usize,
+    /// Writes the projections as `attn_qkv` + `attn_gate` instead of the fused `ssm_in`.
+    pub split_projections: bool,
 }
 
 impl SyntheticSpec {
@@ -177,6 +179,7 @@ impl SyntheticSpec {
                 time_step_rank: 8,
                 conv_kernel: 4,
                 full_attention_interval: 4,
+                split_projections: false,
             }),
             ..SyntheticSpec::small("qwen3")
         }

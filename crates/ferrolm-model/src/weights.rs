@@ -67,8 +67,8 @@ pub(crate) struct AttentionWeights {
 /// The tensors of a gated delta-net block (qwen3next's fused layout).
 #[derive(Debug)]
 pub(crate) struct DeltaNetWeights {
-    /// Per key head: its query, its key, its value heads, their gates `z` (`ssm_in`).
-    pub(crate) qkvz: Matrix,
+    /// The input projections, in one of llama.cpp's two layouts.
+    pub(crate) input: DeltaNetInput,
     /// Per key head: the rates `b` then the decays `a` of its value heads (`ssm_ba`).
     pub(crate) ba: Matrix,
     /// The convolution taps, `conv_kernel` per channel (`ssm_conv1d`).
@@ -81,6 +81,17 @@ pub(crate) struct DeltaNetWeights {
     pub(crate) norm: Vec<f32>,
     /// The output projection (`ssm_out`).
     pub(crate) out: Matrix,
+}
+
+/// The projections of a delta-net's queries, keys, values and output gates `z`.
+#[derive(Debug)]
+pub(crate) enum DeltaNetInput {
+    /// `ssm_in`: per key head its query, its key, its value heads, their gates (the layout of
+    /// published files).
+    Fused(Matrix),
+    /// `attn_qkv` (all queries, all keys, all values: the convolution's channel order) and
+    /// `attn_gate` (all gates).
+    Split { qkv: Matrix, gate: Matrix },
 }
 
 /// The matrices of a feed-forward block.
@@ -502,7 +513,16 @@ fn bind_delta_net(b: &Binder<'_>, net: &DeltaNet, i: usize, d: usize) -> Result<
         }
     })?;
     Ok(DeltaNetWeights {
-        qkvz: b.matrix(&n("ssm_in.weight"), d, 2 * key_dim + 2 * value_dim)?,
+        input: if b.file.tensor(&n("ssm_in.weight")).is_none()
+            && b.file.tensor(&n("attn_qkv.weight")).is_some()
+        {
+            DeltaNetInput::Split {
+                qkv: b.matrix(&n("attn_qkv.weight"), d, 2 * key_dim + value_dim)?,
+                gate: b.matrix(&n("attn_gate.weight"), d, value_dim)?,
+            }
+        } else {
+            DeltaNetInput::Fused(b.matrix(&n("ssm_in.weight"), d, 2 * key_dim + 2 * value_dim)?)
+        },
         ba: b.matrix(&n("ssm_ba.weight"), d, 2 * net.n_v_heads)?,
         conv,
         dt_bias: b.vector(&n("ssm_dt.bias"), net.n_v_heads)?,

@@ -37,6 +37,14 @@ fn spec(name: &str) -> SyntheticSpec {
             s.long_rope = Some(1024);
             s
         }
+        "qwen3next-split" => {
+            let mut s = SyntheticSpec::small("qwen3next");
+            let net = s.delta_net.as_mut().unwrap();
+            net.split_projections = true;
+            net.full_attention_interval = 2;
+            s.seed = 7;
+            s
+        }
         arch => SyntheticSpec::small(arch),
     }
 }
@@ -109,6 +117,13 @@ fn dots1_without_selection_bias_or_groups_is_caught() {
 #[test]
 fn qwen3next_matches_llama_cpp() {
     check("qwen3next");
+}
+
+/// Qwen3-Next in llama.cpp's other layout (`attn_qkv` + `attn_gate` instead of `ssm_in`),
+/// attention every other layer.
+#[test]
+fn qwen3next_split_layout_matches_llama_cpp() {
+    check("qwen3next-split");
 }
 
 /// The hybrid comparison can fail: delta-net decays twice as fast in one layer are far from

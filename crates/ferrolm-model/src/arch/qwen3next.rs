@@ -8,6 +8,8 @@
 //!   value head), `group_count` (key heads), `time_step_rank` (value heads), `inner_size` (all
 //!   value heads together), `conv_kernel`; every `ssm_*` tensor of a recurrent layer is checked
 //!   against them here, so that a file whose keys and tensors disagree is refused naming both.
+//!   Both of llama.cpp's layouts are served: the fused `ssm_in` of published files, and
+//!   `attn_qkv` + `attn_gate`.
 //! * Attention layers: Q/K norms, NeoX RoPE over `rope.dimension_count` dimensions (partial),
 //!   and a gated output (the Q projection yields a gate per head).
 //! * The norm before the feed-forward block is `post_attention_norm` (see [`super::ffn_norm_tensor`]).
@@ -112,21 +114,27 @@ fn check_tensors(file: &GgufFile, i: usize, n_embd: usize, net: &DeltaNet) -> Re
     let value_dim = net.n_v_heads * net.head_dim;
     let sizes = "ssm.state_size, ssm.group_count and ssm.time_step_rank";
     let n = |s: &str| format!("blk.{i}.{s}");
-    if file.tensor(&n("ssm_in.weight")).is_none() && file.tensor(&n("attn_qkv.weight")).is_some() {
-        return Err(ModelError::Unsupported {
-            what: "qwen3next layout",
-            value: format!(
-                "{} with attn_gate (the split projections); only the fused ssm_in is served",
-                n("attn_qkv.weight")
+    // llama.cpp's two layouts: the fused `ssm_in` (published files), or `attn_qkv` with
+    // `attn_gate`.
+    let split =
+        file.tensor(&n("ssm_in.weight")).is_none() && file.tensor(&n("attn_qkv.weight")).is_some();
+    let projections: Vec<(String, Vec<usize>, &str)> = if split {
+        vec![
+            (
+                n("attn_qkv.weight"),
+                vec![n_embd, 2 * key_dim + value_dim],
+                sizes,
             ),
-        });
-    }
-    let wanted: [(String, Vec<usize>, &str); 7] = [
-        (
+            (n("attn_gate.weight"), vec![n_embd, value_dim], sizes),
+        ]
+    } else {
+        vec![(
             n("ssm_in.weight"),
             vec![n_embd, 2 * key_dim + 2 * value_dim],
             sizes,
-        ),
+        )]
+    };
+    let others: [(String, Vec<usize>, &str); 6] = [
         (
             n("ssm_conv1d.weight"),
             vec![net.conv_kernel, net.conv_channels()],
@@ -142,6 +150,7 @@ fn check_tensors(file: &GgufFile, i: usize, n_embd: usize, net: &DeltaNet) -> Re
         (n("ssm_norm.weight"), vec![net.head_dim], "ssm.state_size"),
         (n("ssm_out.weight"), vec![value_dim, n_embd], sizes),
     ];
+    let wanted = projections.into_iter().chain(others);
     for (name, dims, keys) in wanted {
         let t = file
             .tensor(&name)

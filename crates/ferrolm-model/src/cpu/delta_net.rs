@@ -2,7 +2,7 @@
 //!
 //! Per token, from the normed input `x`:
 //! * projections: `ssm_in . x` gives, per key head, its query, its key, its value heads and their
-//!   output gates `z`; `ssm_ba . x` gives per value head a rate `b` and a decay input `a`;
+//!   output gates `z` (or `attn_qkv . x` the queries, keys and values, `attn_gate . x` the gates); `ssm_ba . x` gives per value head a rate `b` and a decay input `a`;
 //! * a causal depthwise convolution of `conv_kernel` taps over the queries, keys and values
 //!   (carrying the last `conv_kernel - 1` inputs of each channel from one batch to the next),
 //!   then SiLU;
@@ -20,7 +20,7 @@ use ferrolm_threads::ThreadPool;
 use super::matmul::{matmul, matmul_group, SharedInput};
 use crate::kv_cache::RecurrentState;
 use crate::plan::DeltaNet;
-use crate::weights::DeltaNetWeights;
+use crate::weights::{DeltaNetInput, DeltaNetWeights};
 
 /// Tokens per chunk of the chunked delta rule (llama.cpp's chunked graph uses 64 too).
 pub(crate) const CHUNK: usize = 64;
@@ -32,12 +32,6 @@ pub(crate) struct SeqState<'a> {
     pub first: usize,
     pub len: usize,
     pub fresh: bool,
-}
-
-/// `x * sigmoid(x)`, as ggml's scalar SiLU.
-#[inline]
-fn silu(x: f32) -> f32 {
-    x / (1.0 + (-x).exp())
 }
 
 #[inline]
@@ -77,41 +71,59 @@ pub(crate) fn delta_net_block(
     let ratio = hv / hk;
     let (key_dim, value_dim) = (hk * s, hv * s);
     let channels = net.conv_channels();
-    let qkvz_dim = 2 * key_dim + 2 * value_dim;
 
-    input.reset();
-    input.prepare(pool, h, n, d, &[w.qkvz.ty, w.ba.ty]);
-    let mut qkvz = vec![0f32; n * qkvz_dim];
-    let mut ba = vec![0f32; n * 2 * hv];
-    matmul_group(
-        pool,
-        file,
-        vec![
-            (&w.qkvz, input.rows_for(w.qkvz.ty), &mut qkvz),
-            (&w.ba, input.rows_for(w.ba.ty), &mut ba),
-        ],
-    );
-
-    // Regroup per token: the convolution's channels (all queries, all keys, all values) and
-    // the gates z; per value head beta and g.
+    // The convolution's channels per token (all queries, all keys, all values) and the
+    // gates z; per value head, beta and g.
     let mut mixed = vec![0f32; n * channels];
     let mut z = vec![0f32; n * value_dim];
+    let mut ba = vec![0f32; n * 2 * hv];
+    input.reset();
+    match &w.input {
+        DeltaNetInput::Split { qkv, gate } => {
+            input.prepare(pool, h, n, d, &[qkv.ty, gate.ty, w.ba.ty]);
+            matmul_group(
+                pool,
+                file,
+                vec![
+                    (qkv, input.rows_for(qkv.ty), &mut mixed),
+                    (gate, input.rows_for(gate.ty), &mut z),
+                    (&w.ba, input.rows_for(w.ba.ty), &mut ba),
+                ],
+            );
+        }
+        DeltaNetInput::Fused(qkvz_w) => {
+            let qkvz_dim = 2 * key_dim + 2 * value_dim;
+            let mut qkvz = vec![0f32; n * qkvz_dim];
+            input.prepare(pool, h, n, d, &[qkvz_w.ty, w.ba.ty]);
+            matmul_group(
+                pool,
+                file,
+                vec![
+                    (qkvz_w, input.rows_for(qkvz_w.ty), &mut qkvz),
+                    (&w.ba, input.rows_for(w.ba.ty), &mut ba),
+                ],
+            );
+            // Regroup: per key head, its query, key, value heads and their gates.
+            let group = 2 * s + 2 * ratio * s;
+            let vw = ratio * s;
+            for t in 0..n {
+                let row = &qkvz[t * qkvz_dim..(t + 1) * qkvz_dim];
+                let m = &mut mixed[t * channels..(t + 1) * channels];
+                for kh in 0..hk {
+                    let src = &row[kh * group..(kh + 1) * group];
+                    m[kh * s..(kh + 1) * s].copy_from_slice(&src[..s]);
+                    m[key_dim + kh * s..key_dim + (kh + 1) * s].copy_from_slice(&src[s..2 * s]);
+                    m[2 * key_dim + kh * vw..2 * key_dim + (kh + 1) * vw]
+                        .copy_from_slice(&src[2 * s..2 * s + vw]);
+                    z[t * value_dim + kh * vw..t * value_dim + (kh + 1) * vw]
+                        .copy_from_slice(&src[2 * s + vw..]);
+                }
+            }
+        }
+    }
     let mut beta = vec![0f32; n * hv];
     let mut g = vec![0f32; n * hv];
-    let group = 2 * s + 2 * ratio * s;
     for t in 0..n {
-        let row = &qkvz[t * qkvz_dim..(t + 1) * qkvz_dim];
-        let m = &mut mixed[t * channels..(t + 1) * channels];
-        for kh in 0..hk {
-            let src = &row[kh * group..(kh + 1) * group];
-            let vw = ratio * s;
-            m[kh * s..(kh + 1) * s].copy_from_slice(&src[..s]);
-            m[key_dim + kh * s..key_dim + (kh + 1) * s].copy_from_slice(&src[s..2 * s]);
-            m[2 * key_dim + kh * vw..2 * key_dim + (kh + 1) * vw]
-                .copy_from_slice(&src[2 * s..2 * s + vw]);
-            z[t * value_dim + kh * vw..t * value_dim + (kh + 1) * vw]
-                .copy_from_slice(&src[2 * s + vw..]);
-        }
         let bar = &ba[t * 2 * hv..(t + 1) * 2 * hv];
         for kh in 0..hk {
             for j in 0..ratio {
@@ -187,11 +199,14 @@ pub(crate) fn delta_net_block(
         }
     }
 
-    // The gated norm per value head: rms_norm(o) * weight * silu(z).
+    // The gated norm per value head: rms_norm(o) * weight * silu(z) (ggml's vector SiLU, one
+    // head-sized row at a time as its unary op runs).
+    let mut gate = vec![0f32; s];
     for (orow, zrow) in o.chunks_mut(value_dim).zip(z.chunks(value_dim)) {
         for (oh, zh) in orow.chunks_mut(s).zip(zrow.chunks(s)) {
             super::ops::rms_norm_in_place(oh, &w.norm, eps);
-            oh.iter_mut().zip(zh).for_each(|(o, &z)| *o *= silu(z));
+            ferrolm_quant::ggml_vec::silu(zh, &mut gate);
+            oh.iter_mut().zip(&gate).for_each(|(o, &g)| *o *= g);
         }
     }
     input.reset();
@@ -223,17 +238,19 @@ fn convolve(
     window.extend_from_slice(state);
     window.extend_from_slice(x);
     let mut out = vec![0f32; len * channels];
+    let mut sums = vec![0f32; channels];
     for t in 0..len {
-        let o = &mut out[t * channels..(t + 1) * channels];
-        for (c, o) in o.iter_mut().enumerate() {
+        for (c, sum) in sums.iter_mut().enumerate() {
             let w = &weights[c * taps..(c + 1) * taps];
             // Summed in f32 from the oldest tap, as ggml's ssm_conv.
-            let mut sum = 0f32;
+            let mut acc = 0f32;
             for (i, &wi) in w.iter().enumerate() {
-                sum += window[(t + i) * channels + c] * wi;
+                acc += window[(t + i) * channels + c] * wi;
             }
-            *o = silu(sum);
+            *sum = acc;
         }
+        // ggml's vector SiLU over the token's row of channels.
+        ferrolm_quant::ggml_vec::silu(&sums, &mut out[t * channels..(t + 1) * channels]);
     }
     state.copy_from_slice(&window[len * channels..]);
     out
@@ -393,6 +410,10 @@ pub(crate) fn delta_rule_chunked(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn silu(x: f32) -> f32 {
+        x / (1.0 + (-x).exp())
+    }
 
     /// A deterministic pseudo-random sequence in [-1, 1).
     fn values(n: usize, seed: u64) -> Vec<f32> {

@@ -41,13 +41,25 @@ pub(super) fn layer_tensors(net: &SyntheticDeltaNet, i: usize, d: usize) -> Vec<
     let n = |x: &str| format!("blk.{i}.{x}");
     let dims = |v: &[usize]| v.to_vec();
     let m = |fan_in: usize| Init::Normal(0.7 / (fan_in as f32).sqrt());
-    vec![
-        (
+    let mut tensors = if net.split_projections {
+        vec![
+            (
+                n("attn_qkv.weight"),
+                dims(&[d, 2 * key_dim + value_dim]),
+                m(d),
+                true,
+            ),
+            (n("attn_gate.weight"), dims(&[d, value_dim]), m(d), true),
+        ]
+    } else {
+        vec![(
             n("ssm_in.weight"),
             dims(&[d, 2 * key_dim + 2 * value_dim]),
             m(d),
             true,
-        ),
+        )]
+    };
+    tensors.extend([
         (n("ssm_ba.weight"), dims(&[d, 2 * hv]), m(d), true),
         (
             n("ssm_conv1d.weight"),
@@ -74,5 +86,6 @@ pub(super) fn layer_tensors(net: &SyntheticDeltaNet, i: usize, d: usize) -> Vec<
             m(value_dim),
             true,
         ),
-    ]
+    ]);
+    tensors
 }

@@ -85,6 +85,13 @@ pub struct SynthArgs {
     /// Borrow the tokenizer of this GGUF file (default: a 959-token byte-level BPE).
     #[arg(long)]
     pub tokenizer_from: Option<PathBuf>,
+    /// Hybrid files (qwen3next): every N-th layer is attention, the others gated delta-nets.
+    #[arg(long)]
+    pub full_attention_interval: Option<usize>,
+    /// Hybrid files (qwen3next): write the delta-nets' projections as `attn_qkv` + `attn_gate`
+    /// instead of the fused `ssm_in`.
+    #[arg(long)]
+    pub ssm_split: bool,
 }
 
 /// The spec the flags describe.
@@ -139,6 +146,15 @@ pub fn spec(args: &SynthArgs) -> Result<SyntheticSpec> {
     }
     if let Some(p) = &args.tokenizer_from {
         s.tokenizer = TokenizerSource::From(p.clone());
+    }
+    if args.full_attention_interval.is_some() || args.ssm_split {
+        let Some(net) = s.delta_net.as_mut() else {
+            bail!("--full-attention-interval and --ssm-split are for hybrid architectures (qwen3next)");
+        };
+        if let Some(n) = args.full_attention_interval {
+            net.full_attention_interval = n;
+        }
+        net.split_projections = args.ssm_split;
     }
     Ok(s)
 }
