@@ -1,7 +1,10 @@
 //! Which block type each matrix of a file gets, as `llama-quantize` chooses it for a file type
 //! (llama.cpp b11312, `src/llama-quant.cpp`): the output matrix (and a tied embedding) in
 //! Q6_K, Q4_K_M's extra bits for `attn_v` and `ffn_down` in some layers, and the fallbacks for
-//! rows whose width is not a whole number of blocks. Written from the rules, not copied.
+//! rows whose width is not a whole number of blocks. Written from the rules, not copied;
+//! `scripts/shape_mix_check.py` checks it against llama.cpp's own quantizer (same type for
+//! every tensor of smollm2-135m q4_k_m/q4_0, qwen2.5-0.5b q4_k_m/q8_0, llama-3.2-1b
+//! q4_k_m/q4_0/q4_1).
 
 use ferrolm_gguf::TensorType;
 
