@@ -490,12 +490,20 @@ pub fn decode_plan(
             softcap,
             sliding_window,
             gated_output,
+            sinks,
+            out_bias,
         } = attention;
         if *gated_output {
             return Err(decline("attention.gated_output", true));
         }
         if let Some(v) = softcap {
             return Err(decline("attention.softcap", v));
+        }
+        if *sinks {
+            return Err(decline("attention.sinks", sinks));
+        }
+        if *out_bias {
+            return Err(decline("attention.out_bias", out_bias));
         }
         let window = sliding_window.unwrap_or(0);
         if window > i32::MAX as usize {
@@ -509,7 +517,11 @@ pub fn decode_plan(
             freq_factors,
             long_rope,
             attn_factor,
+            yarn,
         } = rope;
+        if let Some(y) = yarn {
+            return Err(decline("attention.rope.yarn", format!("{y:?}")));
+        }
         if long_rope.is_some() {
             return Err(decline("attention.rope.long_rope", "LongRoPE factors"));
         }
@@ -781,12 +793,15 @@ mod tests {
                     freq_factors: false,
                     long_rope: None,
                     attn_factor: 1.0,
+                    yarn: None,
                 },
                 scale: 1.0 / (head_dim as f32).sqrt(),
                 scale_queries: false,
                 softcap: None,
                 sliding_window: None,
                 gated_output: false,
+                sinks: false,
+                out_bias: false,
             },
             mixer: Mixer::Attention,
             ffn: Ffn::Gated {

@@ -31,6 +31,28 @@ pub struct Rope {
     /// Multiplies every cosine and sine (`rope.scaling.attn_factor`, ggml's `attn_factor`
     /// without YaRN), so the scores scale by its square; 1 when absent.
     pub attn_factor: f32,
+    /// YaRN scaling (`rope.scaling.type` = `yarn`), if any: `freq_scale` is then
+    /// `1 / rope.scaling.factor`, mixed with the unscaled angle per dimension.
+    pub yarn: Option<Yarn>,
+}
+
+/// YaRN as llama.cpp's `ggml_rope_ext` applies it: per rotated pair `i`, the angle is
+/// `interp * (1 - mix) + extrap * mix` with `interp = freq_scale * extrap` and `mix` a ramp
+/// between the correction dimensions from `beta_fast` and `beta_slow` (times `ext_factor`);
+/// cosines and sines are multiplied by `attn_factor * (1 + 0.1 ln(1 / freq_scale))`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Yarn {
+    /// The context length the model was trained for before scaling
+    /// (`rope.scaling.original_context_length`, else `context_length`).
+    pub n_ctx_orig: usize,
+    /// The extrapolation mix (llama.cpp: 1 for YaRN files).
+    pub ext_factor: f32,
+    /// The magnitude factor llama.cpp derives (`yarn_attn_factor`).
+    pub attn_factor: f32,
+    /// Rotations per context where extrapolation starts (llama.cpp: 32).
+    pub beta_fast: f32,
+    /// Rotations per context where interpolation ends (llama.cpp: 1).
+    pub beta_slow: f32,
 }
 
 /// LongRoPE's choice of divisors (`rope_factors_long.weight` / `rope_factors_short.weight`).
@@ -78,6 +100,11 @@ pub struct Attention {
     /// The Q projection yields, per head, the query and then as many gate values; the attention
     /// output is multiplied by `sigmoid(gate)` before the output projection (Qwen3-Next).
     pub gated_output: bool,
+    /// A learned logit per head (`attn_sinks.weight`) that joins each softmax as one more
+    /// column with no value (gpt-oss): it takes probability from the keys.
+    pub sinks: bool,
+    /// A bias on the output projection (`attn_output.bias`, gpt-oss).
+    pub out_bias: bool,
 }
 
 /// What mixes information across positions in a layer.
@@ -283,12 +310,15 @@ impl LayerPlan {
                             freq_factors: _,
                             long_rope,
                             attn_factor,
+                            yarn,
                         },
                     scale: _,
                     scale_queries,
                     softcap,
                     sliding_window,
                     gated_output,
+                    sinks,
+                    out_bias,
                 },
             mixer,
             ffn,
@@ -333,6 +363,9 @@ impl LayerPlan {
             (*attn_factor != 1.0, "RoPE attention factor"),
             (softcap.is_some(), "attention logit soft-cap"),
             (sliding_window.is_some(), "sliding-window attention"),
+            (yarn.is_some(), "YaRN rope scaling"),
+            (*sinks, "attention sinks"),
+            (*out_bias, "attention output bias"),
             (
                 activation != Activation::Silu,
                 "an activation other than SiLU",

@@ -62,6 +62,10 @@ pub(crate) struct AttentionWeights {
     pub(crate) bv: Option<Vec<f32>>,
     pub(crate) q_norm: Option<Vec<f32>>,
     pub(crate) k_norm: Option<Vec<f32>>,
+    /// The output projection's bias (`attn_output.bias`).
+    pub(crate) bo: Option<Vec<f32>>,
+    /// One logit per query head (`attn_sinks.weight`).
+    pub(crate) sinks: Option<Vec<f32>>,
 }
 
 /// The tensors of a gated delta-net block (qwen3next's fused layout).
@@ -490,6 +494,8 @@ fn bind_attention(
         bv: b.opt_vector(&n("attn_v.bias"), kv_dim, a.qkv_bias)?,
         q_norm: b.opt_vector(&n("attn_q_norm.weight"), a.head_dim, a.qk_norm)?,
         k_norm: b.opt_vector(&n("attn_k_norm.weight"), a.head_dim, a.qk_norm)?,
+        bo: b.opt_vector(&n("attn_output.bias"), d, a.out_bias)?,
+        sinks: b.opt_vector(&n("attn_sinks.weight"), a.n_head, a.sinks)?,
     })
 }
 

@@ -78,6 +78,40 @@ fn top1_instead_of_top2_routing_is_caught() {
     assert!(f.mean_kl > 1e-3, "mean KL {:.3e}", f.mean_kl);
 }
 
+/// gpt-oss: 8 MXFP4 experts with biases on gate, up and down, routed by top-4 of the biased
+/// router logits then a softmax over the four; the clamped SwiGLU (some gate/up values pass
+/// its limit of 7); attention sinks; Q/K/V and output biases; layers 0 and 2 slide (window
+/// 64), 1 and 3 attend fully; YaRN (factor 4 over an original context of 256).
+#[test]
+fn gpt_oss_matches_llama_cpp() {
+    check("gpt-oss");
+}
+
+/// The gpt-oss comparison can fail: without YaRN (plain linear scaling by the same factor),
+/// or without the sliding window, it is far from llama.cpp's figures.
+#[test]
+fn gpt_oss_without_yarn_or_window_is_caught() {
+    let spec = spec("gpt-oss");
+    let mut w = synthetic::build(&spec).unwrap();
+    w.set(
+        "gpt-oss.rope.scaling.type",
+        ferrolm_gguf::Value::String("linear".into()),
+    );
+    let f = measure("gpt-oss", w.to_bytes());
+    assert!(f.mean_kl > 1e-3, "without YaRN: mean KL {:.3e}", f.mean_kl);
+    let mut w = synthetic::build(&spec).unwrap();
+    w.set(
+        "gpt-oss.attention.sliding_window",
+        ferrolm_gguf::Value::U32(4096),
+    );
+    let f = measure("gpt-oss", w.to_bytes());
+    assert!(
+        f.mean_kl > 1e-3,
+        "without window: mean KL {:.3e}",
+        f.mean_kl
+    );
+}
+
 /// dots1: layer 0 dense; 16 experts in 4 groups of which the 2 best (by their top-2 sum) are
 /// kept, top-4 of sigmoid scores plus the selection bias `exp_probs_b`, weights the unbiased
 /// sigmoids renormalized and scaled by 2.5; an ungated shared expert; Q/K norms.

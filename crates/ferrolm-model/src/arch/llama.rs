@@ -87,7 +87,11 @@ fn ffn_of(k: &Keys<'_>, experts: Experts) -> Result<Ffn> {
         })
     };
     match (experts, n_expert) {
-        (Experts::Elsewhere, _) => dense(k),
+        // (gpt-oss has no dense layer: its files need no feed_forward_length.)
+        (Experts::Elsewhere, _) => Ok(Ffn::Gated {
+            n_ff: k.opt_usize("feed_forward_length")?.unwrap_or(0),
+            activation: Activation::Silu,
+        }),
         (Experts::Required, 0) => Err(ModelError::Invalid(format!(
             "{}: expert_count must be above 0",
             k.arch
@@ -187,17 +191,8 @@ fn describe_decoder(
         )));
     }
     let freq_base = k.opt_f32("rope.freq_base")?.unwrap_or(10000.0);
-    let freq_scale = match k.opt_str("rope.scaling.type")? {
-        None | Some("none") => 1.0,
-        // (LongRoPE's factors are Phi-3's tensors; the type alone scales like linear.)
-        Some("linear" | "longrope") => 1.0 / k.opt_f32("rope.scaling.factor")?.unwrap_or(1.0),
-        Some(other) => {
-            return Err(ModelError::Unsupported {
-                what: "rope scaling type",
-                value: other.to_string(),
-            })
-        }
-    };
+    let n_ctx_train = k.opt_usize("context_length")?.unwrap_or(4096);
+    let (freq_scale, yarn) = super::rope_scaling::of(&k, n_ctx_train)?;
     let norm_eps = k
         .opt_f32("attention.layer_norm_rms_epsilon")?
         .unwrap_or(1e-5);
@@ -208,7 +203,6 @@ fn describe_decoder(
         Some(n) => n,
         None => embd.dims.get(1).copied().unwrap_or(0) as usize,
     };
-    let n_ctx_train = k.opt_usize("context_length")?.unwrap_or(4096);
     let ffn = ffn_of(&k, experts)?;
     // llama.cpp's qwen2moe has no tied output: it requires `output.weight`.
     if arch == "qwen2moe" && file.tensor("output.weight").is_none() {
@@ -229,6 +223,7 @@ fn describe_decoder(
             long_rope: None,
             // llama.cpp multiplies its RoPE attention factor by this key for every architecture.
             attn_factor: k.opt_f32("rope.scaling.attn_factor")?.unwrap_or(1.0),
+            yarn,
         },
         scale: 1.0 / (head_dim as f32).sqrt(),
         scale_queries: false,
@@ -237,6 +232,8 @@ fn describe_decoder(
         // file's `attention.sliding_window` is ignored there, so it is here).
         sliding_window: None,
         gated_output: false,
+        sinks: false,
+        out_bias: false,
     };
     let layer = LayerPlan {
         attention,

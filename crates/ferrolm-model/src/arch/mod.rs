@@ -2,11 +2,13 @@
 
 mod dots1;
 mod gemma;
+mod gpt_oss;
 mod granite;
 mod llama;
 mod moe_keys;
 mod phi3;
 mod qwen3next;
+mod rope_scaling;
 
 use ferrolm_gguf::GgufFile;
 
@@ -25,6 +27,7 @@ const ARCHITECTURES: &[(&str, Describe)] = &[
     ("qwen3", llama::describe),
     ("qwen3moe", llama::describe),
     ("dots1", dots1::describe),
+    ("gpt-oss", gpt_oss::describe),
     ("gemma2", gemma::describe),
     ("gemma3", gemma::describe),
     ("granite", granite::describe),
@@ -34,7 +37,10 @@ const ARCHITECTURES: &[(&str, Describe)] = &[
 
 /// The norm before the feed-forward block, where an architecture names it otherwise than
 /// `ffn_norm` (Qwen3-Next keeps the Hugging Face name of that norm).
-const FFN_NORM_TENSORS: &[(&str, &str)] = &[("qwen3next", "post_attention_norm")];
+const FFN_NORM_TENSORS: &[(&str, &str)] = &[
+    ("qwen3next", "post_attention_norm"),
+    ("gpt-oss", "post_attention_norm"),
+];
 
 /// The name (without `blk.N.` and `.weight`) of the norm before each feed-forward block.
 pub(crate) fn ffn_norm_tensor(arch: &str) -> &'static str {

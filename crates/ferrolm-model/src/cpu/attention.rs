@@ -46,6 +46,7 @@ pub fn attend(
     q: &[f32],
     pos0: usize,
     n_tok: usize,
+    sinks: Option<&[f32]>,
     out: &mut [f32],
 ) {
     let hd = a.head_dim;
@@ -135,7 +136,15 @@ pub fn attend(
                     };
                     max = max.max(*s);
                 }
-                let sum = ggml_vec::soft_max(row, &mut probs, max);
+                // A sink joins the softmax as a column of its own (ggml's soft_max with sinks).
+                let sink = sinks.map(|s| s[h]);
+                if let Some(s) = sink {
+                    max = max.max(s);
+                }
+                let mut sum = ggml_vec::soft_max(row, &mut probs, max);
+                if let Some(s) = sink {
+                    sum += f64::from((s - max).exp());
+                }
                 let inv = (1.0 / sum) as f32;
                 probs.iter_mut().for_each(|p| *p *= inv);
                 ggml_vec::f32_to_f16_row(&probs, &mut p16[t * len..(t + 1) * len]);

@@ -387,7 +387,17 @@ fn attention_block(
             );
         }
         let span = off * q_dim..(off + ns) * q_dim;
-        attend(pool, a, lc, &q[span.clone()], seq.pos0, ns, &mut attn[span]);
+        let sinks = lw.sinks.as_deref();
+        attend(
+            pool,
+            a,
+            lc,
+            &q[span.clone()],
+            seq.pos0,
+            ns,
+            sinks,
+            &mut attn[span],
+        );
     }
     dump("kqv_out", l, &attn);
     if let Some(gate) = gate {
@@ -406,6 +416,7 @@ fn attention_block(
         scratch.input.get(pool, &attn, n, q_dim, lw.wo.ty),
         &mut o,
     );
+    add_bias(&mut o, lw.bo.as_deref());
     o
 }
 

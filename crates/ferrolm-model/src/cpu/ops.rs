@@ -1,6 +1,6 @@
 //! Element-wise and row operations, with llama.cpp's arithmetic (f64 sums where ggml uses them).
 
-use crate::plan::{Rope, RopeLayout};
+use crate::plan::{Rope, RopeLayout, Yarn};
 
 /// `out = (x / rms(x)) * w`, rounding as ggml does: the mean square summed in f64, the scale in
 /// f32, then a separate multiply by the weight.
@@ -35,15 +35,24 @@ impl RopeAngles {
     pub fn new(rope: &Rope, freq_factors: Option<&[f32]>, pos: usize) -> RopeAngles {
         let theta_scale = rope.freq_base.powf(-2.0 / rope.n_dims as f32);
         let mut theta = pos as f32;
+        let yarn = rope.yarn.map(|y| YarnRamp::new(y, rope));
         let cos_sin = (0..rope.n_dims / 2)
             .map(|i| {
                 let ff = freq_factors.map_or(1.0, |f| f[i]);
-                let angle = rope.freq_scale * (theta / ff);
+                let extrap = theta / ff;
+                let interp = rope.freq_scale * extrap;
                 theta *= theta_scale;
-                (
-                    angle.cos() * rope.attn_factor,
-                    angle.sin() * rope.attn_factor,
-                )
+                match &yarn {
+                    None => (
+                        interp.cos() * rope.attn_factor,
+                        interp.sin() * rope.attn_factor,
+                    ),
+                    Some(r) => {
+                        let mix = r.ramp(i) * r.ext_factor;
+                        let angle = interp.mul_add(1.0 - mix, extrap * mix);
+                        (angle.cos() * r.mscale, angle.sin() * r.mscale)
+                    }
+                }
             })
             .collect();
         RopeAngles { cos_sin }
@@ -66,6 +75,43 @@ impl RopeAngles {
                 }
             }
         }
+    }
+}
+
+/// YaRN's per-dimension ramp and magnitude, as ggml's rope computes them.
+struct YarnRamp {
+    low: f32,
+    high: f32,
+    ext_factor: f32,
+    mscale: f32,
+}
+
+impl YarnRamp {
+    fn new(y: Yarn, rope: &Rope) -> YarnRamp {
+        // The dimension at which `beta` rotations fit in the original context.
+        let corr_dim = |beta: f32| {
+            let n_dims = rope.n_dims as f32;
+            n_dims * (y.n_ctx_orig as f32 / (beta * 2.0 * std::f32::consts::PI)).ln()
+                / (2.0 * rope.freq_base.ln())
+        };
+        let low = corr_dim(y.beta_fast).floor().max(0.0);
+        let high = corr_dim(y.beta_slow).ceil().min(rope.n_dims as f32 - 1.0);
+        let mut mscale = y.attn_factor * rope.attn_factor;
+        if y.ext_factor != 0.0 {
+            mscale *= 1.0 + 0.1 * (1.0 / rope.freq_scale).ln();
+        }
+        YarnRamp {
+            low,
+            high,
+            ext_factor: y.ext_factor,
+            mscale,
+        }
+    }
+
+    /// 1 for the fast dimensions (extrapolated), 0 for the slow ones (interpolated).
+    fn ramp(&self, pair: usize) -> f32 {
+        let y = (pair as f32 - self.low) / (self.high - self.low).max(0.001);
+        1.0 - y.clamp(0.0, 1.0)
     }
 }
 
@@ -101,6 +147,7 @@ mod tests {
             freq_factors: false,
             long_rope: None,
             attn_factor: 1.0,
+            yarn: None,
         };
         let a = RopeAngles::new(&rope, None, 3);
         let mut h = [1.0, 0.0, 1.0, 0.0, 7.0];

@@ -11,7 +11,7 @@ use ferrolm_model::synthetic::{self, SyntheticSpec, TokenizerSource};
 /// Flags of `ferrolm synth`.
 #[derive(Args, Debug)]
 pub struct SynthArgs {
-    /// Architecture (one `ferrolm` runs: llama, mistral, qwen2, qwen2moe, qwen3, qwen3moe, dots1, gemma2, ...).
+    /// Architecture (one `ferrolm` runs: llama, mistral, qwen2, qwen2moe, qwen3, qwen3moe, dots1, gpt-oss, gemma2, ...).
     #[arg(long, required_unless_present = "shape")]
     pub arch: Option<String>,
     /// A real model's shape instead (smollm2-135m, llama-3.2-1b, llama-3.1-8b, qwen2.5-0.5b),
