@@ -72,7 +72,7 @@ enum Command {
         model: Option<String>,
     },
     /// Write a synthetic GGUF (random weights, a real architecture's layout) for parity tests.
-    Synth(cmd::synth::SynthArgs),
+    Synth(Box<cmd::synth::SynthArgs>),
     /// Compare the CUDA backend with the CPU on one file: every position's logits (KL,
     /// top-1) and greedy continuations (on a machine with an NVIDIA GPU).
     CudaCheck(cmd::cuda::CheckArgs),
@@ -125,7 +125,7 @@ fn run(cli: Cli) -> Result<()> {
             let stdout = std::io::stdout();
             cmd::inspect::run(&path, &mut stdout.lock())
         }
-        Command::Synth(args) => cmd::synth::run(args),
+        Command::Synth(args) => cmd::synth::run(*args),
         Command::CudaCheck(args) => cmd::cuda::check(args),
         Command::Pull { names } => {
             let names = if names.is_empty() {

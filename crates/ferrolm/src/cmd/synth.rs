@@ -92,6 +92,16 @@ pub struct SynthArgs {
     /// instead of the fused `ssm_in`.
     #[arg(long)]
     pub ssm_split: bool,
+    /// Hybrid files (qwen3next): the size of every delta-net key and value head
+    /// (`ssm.state_size`).
+    #[arg(long)]
+    pub ssm_state: Option<usize>,
+    /// Hybrid files (qwen3next): delta-net key heads (`ssm.group_count`).
+    #[arg(long)]
+    pub ssm_k_heads: Option<usize>,
+    /// Hybrid files (qwen3next): delta-net value heads (`ssm.time_step_rank`).
+    #[arg(long)]
+    pub ssm_v_heads: Option<usize>,
 }
 
 /// The spec the flags describe.
@@ -147,13 +157,25 @@ pub fn spec(args: &SynthArgs) -> Result<SyntheticSpec> {
     if let Some(p) = &args.tokenizer_from {
         s.tokenizer = TokenizerSource::From(p.clone());
     }
-    if args.full_attention_interval.is_some() || args.ssm_split {
+    let hybrid_flags = [
+        args.full_attention_interval,
+        args.ssm_state,
+        args.ssm_k_heads,
+        args.ssm_v_heads,
+    ];
+    if hybrid_flags.iter().any(Option::is_some) || args.ssm_split {
         let Some(net) = s.delta_net.as_mut() else {
-            bail!("--full-attention-interval and --ssm-split are for hybrid architectures (qwen3next)");
+            bail!(
+                "--full-attention-interval, --ssm-split and --ssm-* are for hybrid architectures (qwen3next)"
+            );
         };
-        if let Some(n) = args.full_attention_interval {
-            net.full_attention_interval = n;
-        }
+        set(
+            args.full_attention_interval,
+            &mut net.full_attention_interval,
+        );
+        set(args.ssm_state, &mut net.state_size);
+        set(args.ssm_k_heads, &mut net.group_count);
+        set(args.ssm_v_heads, &mut net.time_step_rank);
         net.split_projections = args.ssm_split;
     }
     Ok(s)
