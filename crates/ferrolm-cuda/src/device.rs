@@ -13,7 +13,7 @@ use ferrolm_model::ModelPlan;
 
 use crate::kernels;
 use crate::prefill::{self, Addresses, Prefill, MAX_BATCH};
-use crate::schedule::{decode_plan, Arg, Buf, DecodePlan};
+use crate::schedule::{decode_plan_layers, Arg, Buf, DecodePlan};
 use crate::CudaError;
 
 pub(crate) fn driver(what: &str) -> impl FnOnce(cudarc::driver::DriverError) -> CudaError + '_ {
@@ -105,6 +105,8 @@ pub struct CudaModel {
     vector_addrs: Vec<u64>,
     k_cache: Vec<u64>,
     v_cache: Vec<u64>,
+    /// Which of `_buffers` is the residual stream ([`Buf::X`]).
+    x_index: usize,
     // Held for their addresses, which `launches` and the graph use.
     _matrices: Vec<CudaSlice<u8>>,
     _vectors: Vec<CudaSlice<f32>>,
@@ -141,10 +143,25 @@ impl CudaModel {
         ordinal: usize,
         n_ctx: usize,
     ) -> Result<CudaModel, CudaError> {
+        CudaModel::with_layers(plan, file, ordinal, n_ctx, usize::MAX)
+    }
+
+    /// [`CudaModel::new`] for the first `gpu_layers` layers only (`--gpu-layers`): the device
+    /// holds their weights and cache and the embedding, and [`CudaModel::eval_hidden`] returns
+    /// the residual stream they leave for the CPU's layers and output head. As many layers as
+    /// the model has, or more: the whole model.
+    pub fn with_layers(
+        plan: &ModelPlan,
+        file: &GgufFile,
+        ordinal: usize,
+        n_ctx: usize,
+        gpu_layers: usize,
+    ) -> Result<CudaModel, CudaError> {
         // The plan first: a model the path declines says so (and runs on the CPU) wherever it
         // is, with or without CUDA.
         let types = |name: &str| file.tensor(name).map(|t| t.ty);
-        let dp = decode_plan(plan, n_ctx, &types).map_err(CudaError::Declined)?;
+        let dp =
+            decode_plan_layers(plan, n_ctx, &types, gpu_layers).map_err(CudaError::Declined)?;
         let count = device_count()?;
         if ordinal >= count {
             return Err(CudaError::NoCuda(format!(
@@ -218,6 +235,7 @@ impl CudaModel {
 
         // Every other buffer the launches name, allocated once (zeroed: the caches too).
         let mut buffers = Vec::new();
+        let mut x_index = 0;
         let mut addr: HashMap<Buf, u64> = HashMap::new();
         let ptr = |s: &CudaSlice<u8>| s.device_ptr(&stream).0;
         for l in &dp.launches {
@@ -237,6 +255,9 @@ impl CudaModel {
                                 .alloc_zeros::<u8>(buffer_bytes(&dp, b).max(16))
                                 .map_err(driver("activations"))?;
                             let p = ptr(&s);
+                            if b == Buf::X {
+                                x_index = buffers.len();
+                            }
                             buffers.push(s);
                             p
                         }
@@ -302,6 +323,7 @@ impl CudaModel {
             vector_addrs,
             k_cache,
             v_cache,
+            x_index,
             _matrices: matrices,
             _vectors: vectors,
             _buffers: buffers,
@@ -455,29 +477,109 @@ impl CudaModel {
         Ok(())
     }
 
+    /// Layers on the device.
+    pub fn gpu_layers(&self) -> usize {
+        self.plan.layers.len()
+    }
+
+    /// Whether the device holds the whole model (with its output head), not only its first
+    /// layers.
+    pub fn is_whole(&self) -> bool {
+        self.plan.head.is_some()
+    }
+
+    fn whole(&self, what: &str) -> Result<(), CudaError> {
+        if self.is_whole() {
+            return Ok(());
+        }
+        Err(CudaError::Model(format!(
+            "{what}: the device holds only the first {} layers (use eval_hidden)",
+            self.gpu_layers()
+        )))
+    }
+
+    /// Evaluates `ids` after what the model holds through the device's layers (a model of the
+    /// first layers only) and returns the residual stream they leave, `n_embd` per token.
+    pub fn eval_hidden(&mut self, ids: &[u32]) -> Result<Vec<f32>, CudaError> {
+        if self.is_whole() {
+            return Err(CudaError::Model(
+                "eval_hidden: the device holds the whole model".into(),
+            ));
+        }
+        self.check(ids)?;
+        if ids.len() > 1 && self.prefill.is_some() {
+            return self.eval_batched(ids, false);
+        }
+        let d = self.plan.n_embd;
+        let mut out = Vec::with_capacity(ids.len() * d);
+        let mut bytes = vec![0u8; 4 * d];
+        for &id in ids {
+            self.upload_token(id)?;
+            self.run_step()?;
+            let x = self._buffers[self.x_index].slice(..4 * d);
+            self.stream
+                .memcpy_dtoh(&x, &mut bytes)
+                .map_err(driver("reading the residual stream"))?;
+            self.stream
+                .synchronize()
+                .map_err(driver("reading the residual stream"))?;
+            self.stats.host_syncs += 1;
+            out.extend(
+                bytes
+                    .chunks_exact(4)
+                    .map(|b| f32::from_ne_bytes([b[0], b[1], b[2], b[3]])),
+            );
+        }
+        Ok(out)
+    }
+
+    /// Whether `ids` can follow what the model holds: ids in the vocabulary, room in the cache.
+    fn check(&self, ids: &[u32]) -> Result<(), CudaError> {
+        if self.pos + ids.len() > self.plan.n_ctx {
+            return Err(CudaError::ContextFull {
+                n_ctx: self.plan.n_ctx,
+            });
+        }
+        if let Some(&bad) = ids.iter().find(|&&id| id as usize >= self.plan.n_vocab) {
+            return Err(CudaError::Model(format!(
+                "token {bad} is outside the vocabulary of {}",
+                self.plan.n_vocab
+            )));
+        }
+        Ok(())
+    }
+
+    fn upload_token(&mut self, id: u32) -> Result<(), CudaError> {
+        self.stream
+            .memcpy_htod(&[id], &mut self.token)
+            .map_err(driver("uploading a token"))?;
+        self.stats.uploads += 1;
+        Ok(())
+    }
+
     /// Evaluates `id` at the next position; its logits stay on the device, and the greedy
     /// choice becomes the device's next token.
     pub fn push(&mut self, id: u32) -> Result<(), CudaError> {
+        self.whole("push")?;
         if id as usize >= self.plan.n_vocab {
             return Err(CudaError::Model(format!(
                 "token {id} is outside the vocabulary of {}",
                 self.plan.n_vocab
             )));
         }
-        self.stream
-            .memcpy_htod(&[id], &mut self.token)
-            .map_err(driver("uploading a token"))?;
-        self.stats.uploads += 1;
+        self.upload_token(id)?;
         self.run_step()
     }
 
     /// Evaluates the device's own greedy choice at the next position (no upload).
     pub fn push_greedy(&mut self) -> Result<(), CudaError> {
+        self.whole("push_greedy")?;
         self.run_step()
     }
 
     /// The greedy choice of the last step (one device-to-host read of 4 bytes).
     pub fn greedy(&mut self) -> Result<u32, CudaError> {
+        self.whole("greedy")?;
         let mut id = [0u32];
         self.stream
             .memcpy_dtoh(&self.token, &mut id)
@@ -491,6 +593,7 @@ impl CudaModel {
 
     /// The logits of the last step.
     pub fn logits(&mut self) -> Result<Vec<f32>, CudaError> {
+        self.whole("logits")?;
         let mut out = vec![0f32; self.plan.n_vocab];
         self.stream
             .memcpy_dtoh(&self.logits, &mut out)
@@ -528,17 +631,8 @@ impl CudaModel {
     /// Several tokens go through the batched pass (batches of up to 512) when cuBLAS is
     /// present, one decode step each otherwise.
     pub fn eval(&mut self, ids: &[u32], all: bool) -> Result<Vec<f32>, CudaError> {
-        if self.pos + ids.len() > self.plan.n_ctx {
-            return Err(CudaError::ContextFull {
-                n_ctx: self.plan.n_ctx,
-            });
-        }
-        if let Some(&bad) = ids.iter().find(|&&id| id as usize >= self.plan.n_vocab) {
-            return Err(CudaError::Model(format!(
-                "token {bad} is outside the vocabulary of {}",
-                self.plan.n_vocab
-            )));
-        }
+        self.whole("eval")?;
+        self.check(ids)?;
         if ids.len() > 1 && self.prefill.is_some() {
             return self.eval_batched(ids, all);
         }
@@ -586,6 +680,9 @@ impl CudaModel {
             .memcpy_htod(&pos, &mut self.pos_buf)
             .map_err(driver("setting the position"))?;
         self.stats.uploads += 1;
+        if !self.is_whole() {
+            return Ok(out);
+        }
         if all {
             // The last row is also the step's logits (for `logits()` and sampling).
             let n_vocab = self.plan.n_vocab;

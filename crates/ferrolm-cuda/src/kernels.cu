@@ -639,6 +639,11 @@ extern "C" __global__ void argmax_advance(const float* logits, int n, u32* token
     }
 }
 
+// *pos += 1 (a step of the first layers only, whose output head runs on the CPU).
+extern "C" __global__ void advance_pos(u32* pos) {
+    if (threadIdx.x == 0) *pos += 1;
+}
+
 // The greedy choice into *token (after a prompt batch, which sets the position itself).
 extern "C" __global__ void argmax_token(const float* logits, int n, u32* token) {
     u32 id = block_argmax(logits, n);

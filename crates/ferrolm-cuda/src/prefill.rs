@@ -294,7 +294,8 @@ impl Prefill {
     /// Evaluates `ids` at positions `pos0..` (at most [`MAX_BATCH`]): the KV cache gets their
     /// keys and values and the last token's greedy choice goes to the token buffer. With
     /// `all`, returns every position's logits; otherwise the last token's logits go to the
-    /// decode step's logits buffer.
+    /// decode step's logits buffer. A plan of the first layers only returns the residual
+    /// stream of every token instead (`n_embd` each).
     pub fn eval(
         &mut self,
         p: &DecodePlan,
@@ -419,6 +420,13 @@ impl Prefill {
             )?;
             self.product(p, at, down, act, n, x, 1.0)?;
         }
+        let Some(head) = p.head else {
+            // The first layers only: the residual stream goes on on the CPU.
+            let mut hidden = vec![0f32; n * d];
+            s.memcpy_dtoh(&self.x.slice(..n * d), &mut hidden)
+                .map_err(driver("reading the residual stream"))?;
+            return Ok(hidden);
+        };
         let vocab = p.n_vocab;
         let mut out = Vec::new();
         if all {
@@ -435,13 +443,13 @@ impl Prefill {
                 256,
                 &[
                     Value::Ptr(x),
-                    Value::Ptr(at.vectors[p.output_norm]),
+                    Value::Ptr(at.vectors[head.out_norm]),
                     Value::Ptr(h),
                     Value::I32(d as i32),
                     eps,
                 ],
             )?;
-            self.product(p, at, p.output, h, n, logits, 0.0)?;
+            self.product(p, at, head.output, h, n, logits, 0.0)?;
             out = vec![0f32; n * vocab];
             let all_logits = self.all_logits.as_ref().expect("allocated");
             s.memcpy_dtoh(&all_logits.slice(..n * vocab), &mut out)
@@ -468,20 +476,20 @@ impl Prefill {
                 1024,
                 &[
                     Value::Ptr(x + (4 * (n - 1) * d) as u64),
-                    Value::Ptr(at.vectors[p.output_norm]),
+                    Value::Ptr(at.vectors[head.out_norm]),
                     Value::Ptr(last),
                     Value::I32(d as i32),
                     eps,
                 ],
             )?;
-            let spec = &p.matrices[p.output];
+            let spec = &p.matrices[head.output];
             let chunks = spec.cols / 32;
             self.run(
                 &format!("matvec_{}", kernel_type(spec.ty).expect("checked")),
                 (spec.rows.div_ceil(MATVEC_ROWS) as u32, 1),
                 crate::schedule::matvec_threads(chunks),
                 &[
-                    Value::Ptr(at.matrices[p.output]),
+                    Value::Ptr(at.matrices[head.output]),
                     Value::I32(spec.row_bytes() as i32),
                     Value::I32(chunks as i32),
                     Value::I32(spec.rows as i32),

@@ -191,6 +191,15 @@ pub struct LayerRefs {
     pub window: usize,
 }
 
+/// The output head of a whole model on the device.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Head {
+    /// `output_norm.weight` (a vector).
+    pub out_norm: usize,
+    /// The output matrix (the embedding when tied).
+    pub output: usize,
+}
+
 /// A decode step the CUDA path serves: the weights it reads, the buffer sizes, the launches.
 #[derive(Clone, Debug)]
 pub struct DecodePlan {
@@ -198,10 +207,9 @@ pub struct DecodePlan {
     pub layers: Vec<LayerRefs>,
     /// `token_embd.weight`.
     pub embd: usize,
-    /// `output_norm.weight`.
-    pub output_norm: usize,
-    /// The output matrix (the embedding when tied).
-    pub output: usize,
+    /// The output norm and matrix, when the step ends with the logits (`None`: the first
+    /// layers only, `--gpu-layers`).
+    pub head: Option<Head>,
     /// Epsilon of every RMS norm.
     pub norm_eps: f32,
     /// Matrices, uploaded once.
@@ -398,6 +406,19 @@ pub fn decode_plan(
     n_ctx: usize,
     types: &dyn Fn(&str) -> Option<TensorType>,
 ) -> Result<DecodePlan, Decline> {
+    decode_plan_layers(plan, n_ctx, types, plan.layers.len())
+}
+
+/// [`decode_plan`] for the first `gpu_layers` layers only (`--gpu-layers`): the step embeds the
+/// token, runs those layers and advances the position; the residual stream it leaves in
+/// [`Buf::X`] goes on through the CPU's layers and output head. All layers or more: the
+/// whole model.
+pub fn decode_plan_layers(
+    plan: &ModelPlan,
+    n_ctx: usize,
+    types: &dyn Fn(&str) -> Option<TensorType>,
+    gpu_layers: usize,
+) -> Result<DecodePlan, Decline> {
     // Every field, no `..`: a field added to the plan stops this from compiling until someone
     // decides whether the CUDA path serves it.
     let ModelPlan {
@@ -456,7 +477,7 @@ pub fn decode_plan(
     let mut kv_dims = Vec::new();
     let mut refs = Vec::new();
     let mut rope_freqs: Option<usize> = None;
-    for (l, layer) in layers.iter().enumerate() {
+    for (l, layer) in layers.iter().enumerate().take(gpu_layers) {
         let LayerPlan {
             attention,
             mixer,
@@ -686,30 +707,35 @@ pub fn decode_plan(
             window,
         });
     }
-    let out_norm = b.vector("output_norm.weight", d);
-    b.rms_norm(Buf::X, out_norm, Buf::H, d, eps);
-    let output = if *tied_output {
-        embd
+    let head = if gpu_layers >= layers.len() {
+        let out_norm = b.vector("output_norm.weight", d);
+        b.rms_norm(Buf::X, out_norm, Buf::H, d, eps);
+        let output = if *tied_output {
+            embd
+        } else {
+            b.matrix(types, "output.weight", n_vocab, d)?
+        };
+        b.matvec(output, Buf::H, None, None, Buf::Logits);
+        b.push(
+            "argmax_advance",
+            (1, 1),
+            1024,
+            vec![
+                Arg::Buf(Buf::Logits),
+                Arg::I32(n_vocab as i32),
+                Arg::Buf(Buf::Token),
+                Arg::Buf(Buf::Pos),
+            ],
+        );
+        Some(Head { out_norm, output })
     } else {
-        b.matrix(types, "output.weight", n_vocab, d)?
+        b.push("advance_pos", (1, 1), 32, vec![Arg::Buf(Buf::Pos)]);
+        None
     };
-    b.matvec(output, Buf::H, None, None, Buf::Logits);
-    b.push(
-        "argmax_advance",
-        (1, 1),
-        1024,
-        vec![
-            Arg::Buf(Buf::Logits),
-            Arg::I32(n_vocab as i32),
-            Arg::Buf(Buf::Token),
-            Arg::Buf(Buf::Pos),
-        ],
-    );
     Ok(DecodePlan {
         layers: refs,
         embd,
-        output_norm: out_norm,
-        output,
+        head,
         norm_eps: eps,
         matrices: b.matrices,
         vectors: b.vectors,
@@ -828,6 +854,20 @@ mod tests {
 
     fn all(ty: TensorType) -> impl Fn(&str) -> Option<TensorType> {
         move |_| Some(ty)
+    }
+
+    #[test]
+    fn the_first_layers_alone_end_with_the_residual_stream() {
+        let p = decode_plan_layers(&plan(4, 32), 512, &all(TensorType::Q4_0), 2).unwrap();
+        assert_eq!(p.layers.len(), 2);
+        assert!(p.head.is_none());
+        assert_eq!(p.launches.len(), 1 + 8 * 2 + 1);
+        assert_eq!(p.launches.last().unwrap().kernel, "advance_pos");
+        assert!(p.matrices.iter().all(|m| !m.name.starts_with("blk.2")));
+        // As many layers as the model has, or more: the whole model.
+        let whole = decode_plan_layers(&plan(4, 32), 512, &all(TensorType::Q4_0), 9).unwrap();
+        assert!(whole.head.is_some());
+        assert_eq!(whole.layers.len(), 4);
     }
 
     #[test]

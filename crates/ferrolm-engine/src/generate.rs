@@ -17,6 +17,9 @@ pub enum GenerateError {
     /// The tokenizer failed.
     #[error(transparent)]
     Tokenizer(#[from] TokenizerError),
+    /// A backend other than the CPU session failed (the GPU).
+    #[error("{0}")]
+    Backend(String),
     /// The prompt does not fit the context.
     #[error("the prompt has {prompt} tokens but the context holds {n_ctx} (with room for at least one generated token); use a larger --ctx-size or --truncate")]
     PromptTooLong {
@@ -76,10 +79,35 @@ impl Generation {
     }
 }
 
+/// What [`generate`] runs on: a forward pass over new ids after what it holds (a CPU
+/// [`Session`], or a model split between a GPU and the CPU).
+pub trait Forward {
+    /// Positions filled so far.
+    fn position(&self) -> usize;
+    /// Positions the context holds.
+    fn n_ctx(&self) -> usize;
+    /// Evaluates `ids` after what it holds and returns the logits asked for.
+    fn eval(&mut self, ids: &[u32], want: Logits) -> Result<Vec<f32>, GenerateError>;
+}
+
+impl Forward for Session<'_> {
+    fn position(&self) -> usize {
+        Session::position(self)
+    }
+
+    fn n_ctx(&self) -> usize {
+        Session::n_ctx(self)
+    }
+
+    fn eval(&mut self, ids: &[u32], want: Logits) -> Result<Vec<f32>, GenerateError> {
+        Ok(Session::eval(self, ids, want)?)
+    }
+}
+
 /// Evaluates `prompt` after what `session` holds, then generates. `on_text` receives each
 /// piece of text as it completes and returns `false` to stop.
 pub fn generate(
-    session: &mut Session<'_>,
+    session: &mut impl Forward,
     tokenizer: &Tokenizer,
     prompt: &[u32],
     params: &GenerateParams,

@@ -6,5 +6,5 @@ mod generate;
 mod sampler;
 pub mod sequence;
 
-pub use generate::{generate, FinishReason, GenerateError, GenerateParams, Generation};
+pub use generate::{generate, FinishReason, Forward, GenerateError, GenerateParams, Generation};
 pub use sampler::{argmax, Sampler, SamplerParams};

@@ -208,7 +208,58 @@ impl Session<'_> {
                 pos0: self.pos,
                 want: w,
             }];
-            let logits = cpu::forward::forward(self.model, &mut self.scratch, &mut seq)?;
+            let logits = cpu::forward::forward(self.model, &mut self.scratch, &mut seq, None)?;
+            out.extend_from_slice(&logits[0]);
+            self.pos += chunk.len();
+            self.high = self.high.max(self.pos);
+        }
+        Ok(out)
+    }
+
+    /// Evaluates `ids` after what the session holds from layer `first` on, their residual
+    /// stream after the earlier layers given in `hidden` (`ids.len()` rows of `n_embd`,
+    /// token-major): the layers before `first` ran elsewhere (a GPU, `--gpu-layers`), and this
+    /// session's cache of those layers stays unused. Returns the logits asked for.
+    pub fn eval_from(
+        &mut self,
+        ids: &[u32],
+        first: usize,
+        hidden: &[f32],
+        want: Logits,
+    ) -> Result<Vec<f32>> {
+        self.check(ids)?;
+        let d = self.model.plan.n_embd;
+        if first > self.model.plan.layers.len() || hidden.len() != ids.len() * d {
+            return Err(ModelError::Unsupported {
+                what: "start of a partial forward pass",
+                value: format!(
+                    "layer {first} of {}, {} hidden values for {} tokens of {d}",
+                    self.model.plan.layers.len(),
+                    hidden.len(),
+                    ids.len()
+                ),
+            });
+        }
+        let mut out = Vec::new();
+        let n_chunks = ids.len().div_ceil(BATCH);
+        for (i, (chunk, rows)) in ids.chunks(BATCH).zip(hidden.chunks(BATCH * d)).enumerate() {
+            let w = match want {
+                Logits::All => Logits::All,
+                Logits::Last if i + 1 == n_chunks => Logits::Last,
+                _ => Logits::None,
+            };
+            let mut seq = [cpu::forward::SeqInput {
+                cache: &mut self.cache,
+                ids: chunk,
+                pos0: self.pos,
+                want: w,
+            }];
+            let start = cpu::forward::Start {
+                layer: first,
+                hidden: rows,
+            };
+            let logits =
+                cpu::forward::forward(self.model, &mut self.scratch, &mut seq, Some(start))?;
             out.extend_from_slice(&logits[0]);
             self.pos += chunk.len();
             self.high = self.high.max(self.pos);
@@ -275,7 +326,7 @@ impl Model {
         let outputs = if batch.is_empty() {
             Ok(Vec::new())
         } else {
-            cpu::forward::forward(self, &mut scratch, &mut batch)
+            cpu::forward::forward(self, &mut scratch, &mut batch, None)
         };
         drop(batch);
         let outputs = match outputs {

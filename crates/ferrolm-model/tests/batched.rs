@@ -78,3 +78,49 @@ fn a_batch_of_sequences_equals_each_alone() {
         assert_eq!(s3[0].position(), 0, "a failed item evaluates nothing");
     }
 }
+
+/// A pass that starts at layer 0 from the embedding rows (what a GPU holding no layers would
+/// hand over, `--gpu-layers`) is the plain pass, bit for bit, batch and decode step alike; a
+/// hidden stream of the wrong length, or a layer past the last, is an error.
+#[test]
+fn a_pass_started_from_the_embedding_is_the_plain_pass() {
+    let m = model("llama");
+    let d = m.plan().n_embd;
+    let embd = m.file().tensor("token_embd.weight").unwrap();
+    let rows = |ids: &[u32]| -> Vec<f32> {
+        let row_bytes = embd.size as usize / m.plan().n_vocab;
+        let data = m.file().tensor_data(embd);
+        let mut out = vec![0f32; ids.len() * d];
+        for (i, &id) in ids.iter().enumerate() {
+            let id = id as usize;
+            ferrolm_quant::dequantize(
+                embd.ty,
+                &data[id * row_bytes..(id + 1) * row_bytes],
+                &mut out[i * d..(i + 1) * d],
+            )
+            .unwrap();
+        }
+        out
+    };
+    let prompt: Vec<u32> = (0..13).map(|i| (i * 31 + 5) % 200).collect();
+    let mut plain = m.session(64);
+    let mut split = m.session(64);
+    let a = plain.eval(&prompt, Logits::All).unwrap();
+    let b = split
+        .eval_from(&prompt, 0, &rows(&prompt), Logits::All)
+        .unwrap();
+    assert_eq!(a, b);
+    let a = plain.eval(&[42], Logits::Last).unwrap();
+    let b = split
+        .eval_from(&[42], 0, &rows(&[42]), Logits::Last)
+        .unwrap();
+    assert_eq!(a, b);
+    assert_eq!(split.position(), plain.position());
+    assert!(split
+        .eval_from(&[1, 2], 0, &rows(&[1]), Logits::Last)
+        .is_err());
+    let layers = m.plan().layers.len();
+    assert!(split
+        .eval_from(&[1], layers + 1, &rows(&[1]), Logits::Last)
+        .is_err());
+}

@@ -69,14 +69,23 @@ pub(crate) struct SeqInput<'a> {
     pub want: Logits,
 }
 
+/// Where a forward pass starts when the first layers ran elsewhere (`--gpu-layers`): the
+/// residual stream of every token after layer `layer - 1`, token-major.
+pub(crate) struct Start<'a> {
+    pub layer: usize,
+    pub hidden: &'a [f32],
+}
+
 /// One forward pass over the tokens of several sequences at once: every matrix product takes
 /// all their tokens together; each sequence attends over its own cache. Returns each sequence's
-/// logits. With one sequence this is the plain batched forward pass. Fails only where streamed
-/// expert weights cannot be read.
+/// logits. With one sequence this is the plain batched forward pass; with `start`, the pass
+/// begins at that layer from the given residual stream instead of the embedding. Fails only
+/// where streamed expert weights cannot be read.
 pub(crate) fn forward(
     model: &Model,
     scratch: &mut Scratch,
     seqs: &mut [SeqInput<'_>],
+    start: Option<Start<'_>>,
 ) -> Result<Vec<Vec<f32>>> {
     let pool = &model.pool;
     let plan = &model.plan;
@@ -93,21 +102,30 @@ pub(crate) fn forward(
     let ids: Vec<u32> = seqs.iter().flat_map(|s| s.ids.iter().copied()).collect();
     let n = ids.len();
 
-    // Embedding rows.
+    // Embedding rows (or the residual stream the earlier layers left).
     let mut x = vec![0f32; n * d];
-    let embd = w.token_embd.data(file);
-    let rb = w.token_embd.row_bytes;
-    rows_mut(pool, &mut x, d, |t, row| {
-        let id = ids[t] as usize;
-        ferrolm_quant::dequantize(w.token_embd.ty, &embd[id * rb..(id + 1) * rb], row)
-            .expect("checked at load");
-        if let Some(s) = plan.embedding_scale {
-            row.iter_mut().for_each(|v| *v *= s);
+    let first = match &start {
+        Some(s) => {
+            x.copy_from_slice(s.hidden);
+            s.layer
         }
-    });
+        None => {
+            let embd = w.token_embd.data(file);
+            let rb = w.token_embd.row_bytes;
+            rows_mut(pool, &mut x, d, |t, row| {
+                let id = ids[t] as usize;
+                ferrolm_quant::dequantize(w.token_embd.ty, &embd[id * rb..(id + 1) * rb], row)
+                    .expect("checked at load");
+                if let Some(s) = plan.embedding_scale {
+                    row.iter_mut().for_each(|v| *v *= s);
+                }
+            });
+            0
+        }
+    };
 
     let mut h = vec![0f32; n * d];
-    for (l, (lp, lw)) in plan.layers.iter().zip(&w.layers).enumerate() {
+    for (l, (lp, lw)) in plan.layers.iter().zip(&w.layers).enumerate().skip(first) {
         // Token mixer.
         rows_mut(pool, &mut h, d, |t, o| {
             rms_norm(&x[t * d..(t + 1) * d], &lw.attn_norm, plan.norm_eps, o)

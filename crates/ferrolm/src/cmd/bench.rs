@@ -8,8 +8,10 @@ use ferrolm_model::Logits;
 use rand::{Rng, SeedableRng};
 
 use super::common::{cuda_model, ModelArgs};
+use super::cuda::Split;
 use super::telemetry;
 use crate::models;
+use ferrolm_engine::Forward;
 
 /// Flags of `ferrolm bench`.
 #[derive(Args, Debug)]
@@ -43,7 +45,17 @@ pub fn run(args: BenchArgs) -> Result<()> {
     let reps = args.reps.max(1);
     let mut results = Vec::new();
     let n_ctx = args.n_prompt.max(args.n_gen) + 1;
-    let mut gpu = cuda_model(&args.model, &model, n_ctx)?;
+    // The first layers on the GPU only (`--gpu-layers`): the CPU's loops below, through both.
+    let (mut gpu, mut split) = match cuda_model(&args.model, &model, n_ctx)? {
+        Some(g) if !g.is_whole() => (
+            None,
+            Some(Split {
+                gpu: g,
+                cpu: model.session(n_ctx),
+            }),
+        ),
+        other => (other, None),
+    };
     if let Some(gpu) = gpu.as_mut() {
         // The prompt as decode steps (one graph launch each); generation as greedy steps whose
         // id stays on the device, the host reading back 4 bytes a token.
@@ -109,9 +121,20 @@ pub fn run(args: BenchArgs) -> Result<()> {
             .collect();
         let mut speeds = Vec::new();
         for _ in 0..reps {
-            let mut s = model.session(args.n_prompt + 1);
-            let t = Instant::now();
-            s.eval(&ids, Logits::Last)?;
+            let t = match split.as_mut() {
+                Some(sp) => {
+                    sp.truncate(0)?;
+                    let t = Instant::now();
+                    sp.eval(&ids, Logits::Last)?;
+                    t
+                }
+                None => {
+                    let mut s = model.session(args.n_prompt + 1);
+                    let t = Instant::now();
+                    s.eval(&ids, Logits::Last)?;
+                    t
+                }
+            };
             speeds.push(args.n_prompt as f64 / t.elapsed().as_secs_f64());
         }
         results.push((format!("pp{}", args.n_prompt), median(speeds)));
@@ -120,10 +143,16 @@ pub fn run(args: BenchArgs) -> Result<()> {
         let mut speeds = Vec::new();
         for _ in 0..reps {
             let mut s = model.session(args.n_gen + 1);
+            if let Some(sp) = split.as_mut() {
+                sp.truncate(0)?;
+            }
             let mut id = rng.random_range(0..n_vocab);
             let t = Instant::now();
             for _ in 0..args.n_gen {
-                let logits = s.eval(&[id], Logits::Last)?;
+                let logits = match split.as_mut() {
+                    Some(sp) => sp.eval(&[id], Logits::Last)?,
+                    None => s.eval(&[id], Logits::Last)?,
+                };
                 id = ferrolm_engine::argmax(&logits);
             }
             speeds.push(args.n_gen as f64 / t.elapsed().as_secs_f64());
@@ -150,9 +179,14 @@ pub fn run(args: BenchArgs) -> Result<()> {
     let name = path
         .file_name()
         .map_or_else(String::new, |f| f.to_string_lossy().into_owned());
-    let backend = match &gpu {
-        Some(g) => format!("CUDA ({})", g.device_name()),
-        None => "CPU".to_string(),
+    let backend = match (&gpu, &split) {
+        (Some(g), _) => format!("CUDA ({})", g.device_name()),
+        (None, Some(sp)) => format!(
+            "CUDA ({}) {} layers + CPU",
+            sp.gpu.device_name(),
+            sp.gpu.gpu_layers()
+        ),
+        (None, None) => "CPU".to_string(),
     };
     println!("| model | size | backend | threads | test | t/s |");
     println!("| --- | ---: | --- | ---: | ---: | ---: |");

@@ -5,11 +5,12 @@ use std::io::{BufRead, Write};
 use anyhow::Result;
 use clap::Args;
 use ferrolm_cuda::CudaModel;
-use ferrolm_engine::{generate, GenerateParams, Generation};
+use ferrolm_engine::{generate, Forward, GenerateParams, Generation};
 use ferrolm_model::Session;
 use ferrolm_tokenizer::{ChatMessage, ChatTemplate, Tokenizer};
 
 use super::common::{context_size, cuda_model, load_any_device, ModelArgs, SamplingArgs};
+use super::cuda::Split;
 
 /// Flags of `ferrolm chat`.
 #[derive(Args, Debug)]
@@ -33,6 +34,7 @@ pub struct ChatArgs {
 enum Backend<'m> {
     Cpu(Session<'m>),
     Cuda(Box<CudaModel>),
+    Split(Box<Split<'m>>),
 }
 
 impl Backend<'_> {
@@ -40,6 +42,7 @@ impl Backend<'_> {
         match self {
             Backend::Cpu(s) => s.position(),
             Backend::Cuda(m) => m.position(),
+            Backend::Split(s) => s.position(),
         }
     }
 
@@ -47,6 +50,7 @@ impl Backend<'_> {
         match self {
             Backend::Cpu(s) => s.truncate(pos),
             Backend::Cuda(m) => m.truncate(pos)?,
+            Backend::Split(s) => s.truncate(pos)?,
         }
         Ok(())
     }
@@ -61,6 +65,7 @@ impl Backend<'_> {
         match self {
             Backend::Cpu(s) => Ok(generate(s, tokenizer, prompt, params, on_text)?),
             Backend::Cuda(m) => super::cuda::generate(m, tokenizer, prompt, params, on_text),
+            Backend::Split(s) => Ok(generate(s.as_mut(), tokenizer, prompt, params, on_text)?),
         }
     }
 }
@@ -69,7 +74,11 @@ pub fn run(args: ChatArgs) -> Result<()> {
     let (model, tokenizer) = load_any_device(&args.model)?;
     let n_ctx = context_size(&model, args.ctx_size);
     let mut session = match cuda_model(&args.model, &model, n_ctx)? {
-        Some(gpu) => Backend::Cuda(Box::new(gpu)),
+        Some(gpu) if gpu.is_whole() => Backend::Cuda(Box::new(gpu)),
+        Some(gpu) => Backend::Split(Box::new(Split {
+            gpu,
+            cpu: model.session(n_ctx),
+        })),
         None => Backend::Cpu(model.session(n_ctx)),
     };
     let template = ChatTemplate::for_tokenizer(&tokenizer)?;

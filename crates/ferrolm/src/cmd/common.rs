@@ -31,6 +31,10 @@ pub struct ModelArgs {
     /// the dense weights.
     #[arg(long, value_name = "MB")]
     pub expert_cache: Option<u64>,
+    /// With CUDA, only the first N layers on the GPU, the rest and the output head on the CPU
+    /// (a model larger than the GPU's memory); default: every layer. 0: the CPU alone.
+    #[arg(long, value_name = "N")]
+    pub gpu_layers: Option<usize>,
 }
 
 impl ModelArgs {
@@ -110,10 +114,25 @@ pub fn cuda_model(args: &ModelArgs, model: &Model, n_ctx: usize) -> Result<Optio
         eprintln!("ferrolm: {why}; running on the CPU");
         return Ok(None);
     }
-    match CudaModel::new(model.plan(), model.file(), ordinal, n_ctx) {
+    let n_layer = model.plan().layers.len();
+    let gpu_layers = args.gpu_layers.unwrap_or(n_layer);
+    if gpu_layers == 0 {
+        eprintln!("ferrolm: --gpu-layers 0: running on the CPU");
+        return Ok(None);
+    }
+    match CudaModel::with_layers(model.plan(), model.file(), ordinal, n_ctx, gpu_layers) {
         Ok(m) => {
             eprintln!(
-                "ferrolm: running on {} ({device}), {}",
+                "ferrolm: running {} on {} ({device}), {}",
+                if m.is_whole() {
+                    "the model".to_string()
+                } else {
+                    format!(
+                        "layers 0..{} of {n_layer} ({} and the output head on the CPU)",
+                        m.gpu_layers(),
+                        n_layer - m.gpu_layers()
+                    )
+                },
                 m.device_name(),
                 if m.uses_graph() {
                     "one CUDA graph launch per token"

@@ -6,13 +6,52 @@ use std::time::Instant;
 use anyhow::{bail, Result};
 use clap::Args;
 use ferrolm_cuda::CudaModel;
-use ferrolm_engine::{FinishReason, GenerateParams, Generation, Sampler};
-use ferrolm_model::Logits;
+use ferrolm_engine::{FinishReason, Forward, GenerateError, GenerateParams, Generation, Sampler};
+use ferrolm_model::{Logits, Model, Session};
 use ferrolm_tokenizer::{StreamDecoder, Tokenizer};
 use rand::{Rng, SeedableRng};
 
 use super::common::ModelArgs;
 use crate::models;
+
+/// A model split between the GPU (its first layers, [`CudaModel::with_layers`]) and a CPU
+/// session (the other layers and the output head): each batch of ids goes through the GPU's
+/// layers, their residual stream to the host, and on through the CPU's (`--gpu-layers`).
+pub struct Split<'m> {
+    /// The first layers.
+    pub gpu: CudaModel,
+    /// The rest; its cache of the GPU's layers stays unused.
+    pub cpu: Session<'m>,
+}
+
+impl Split<'_> {
+    /// Forgets everything on both sides.
+    pub fn truncate(&mut self, pos: usize) -> Result<()> {
+        self.cpu.truncate(pos);
+        self.gpu.truncate(self.cpu.position())?;
+        Ok(())
+    }
+}
+
+impl Forward for Split<'_> {
+    fn position(&self) -> usize {
+        self.cpu.position()
+    }
+
+    fn n_ctx(&self) -> usize {
+        self.cpu.n_ctx().min(self.gpu.n_ctx())
+    }
+
+    fn eval(&mut self, ids: &[u32], want: Logits) -> Result<Vec<f32>, GenerateError> {
+        let hidden = self
+            .gpu
+            .eval_hidden(ids)
+            .map_err(|e| GenerateError::Backend(format!("CUDA: {e}")))?;
+        Ok(self
+            .cpu
+            .eval_from(ids, self.gpu.gpu_layers(), &hidden, want)?)
+    }
+}
 
 /// Whether the sampler is plain greedy, so that the device's own argmax can choose.
 fn is_greedy(p: &GenerateParams) -> bool {
@@ -136,6 +175,66 @@ fn kl(p: &[f32], q: &[f32]) -> f64 {
         .max(0.0)
 }
 
+/// `cuda-check --gpu-layers N`: the model split between the GPU (first N layers) and the CPU
+/// against the CPU alone: every position of a random prompt, then greedy continuations.
+fn check_split(args: &CheckArgs, model: &Model, gpu: CudaModel, n_ctx: usize) -> Result<()> {
+    let n_vocab = model.plan().n_vocab;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(args.seed);
+    let ids: Vec<u32> = (0..args.n_prompt.max(1))
+        .map(|_| rng.random_range(0..n_vocab as u32))
+        .collect();
+    let layers = gpu.gpu_layers();
+    let mut split = Split {
+        gpu,
+        cpu: model.session(n_ctx),
+    };
+    let mut cpu = model.session(n_ctx);
+    let t = Instant::now();
+    let cpu_logits = cpu.eval(&ids, Logits::All)?;
+    let cpu_time = t.elapsed();
+    let t = Instant::now();
+    let split_logits = split.eval(&ids, Logits::All)?;
+    let row = compare("split", &cpu_logits, &split_logits, n_vocab, t.elapsed());
+    let n = ids.len();
+    let (mut a, mut b) = (
+        ferrolm_engine::argmax(&cpu_logits[(n - 1) * n_vocab..]),
+        ferrolm_engine::argmax(&split_logits[(n - 1) * n_vocab..]),
+    );
+    let mut same = 0;
+    for _ in 0..args.n_gen {
+        if a != b {
+            break;
+        }
+        same += 1;
+        a = ferrolm_engine::argmax(&cpu.eval(&[a], Logits::Last)?);
+        b = ferrolm_engine::argmax(&split.eval(&[b], Logits::Last)?);
+    }
+    println!(
+        "| file | layers on the GPU | positions | mean KL | max KL | top-1 (ties within {TIE}) | top-1 raw | greedy same | CPU pp tok/s | split pp tok/s |"
+    );
+    println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
+    println!(
+        "| {} | {layers} of {} | {n} | {:.2e} | {:.2e} | {:.2}% | {:.2}% | {same}/{} | {:.1} | {:.1} |",
+        args.model.model.as_deref().unwrap_or("default"),
+        model.plan().layers.len(),
+        row.mean_kl,
+        row.max_kl,
+        100.0 * row.top1_tied,
+        100.0 * row.top1,
+        args.n_gen,
+        n as f64 / cpu_time.as_secs_f64(),
+        n as f64 / row.time.as_secs_f64(),
+    );
+    if row.mean_kl > args.max_kl || row.top1_tied < args.min_top1 {
+        bail!(
+            "the split model differs from the CPU: mean KL {:.2e}, top-1 {:.2}%",
+            row.mean_kl,
+            100.0 * row.top1_tied
+        );
+    }
+    Ok(())
+}
+
 /// One CUDA path's logits against the CPU's.
 struct Comparison {
     path: &'static str,
@@ -198,8 +297,13 @@ pub fn check(args: CheckArgs) -> Result<()> {
         }
         (ferrolm_cuda::Device::Cpu, false) => 0,
     };
-    let mut gpu = CudaModel::new(model.plan(), model.file(), ordinal, n_ctx)
+    let n_layer = model.plan().layers.len();
+    let gpu_layers = args.model.gpu_layers.unwrap_or(n_layer);
+    let mut gpu = CudaModel::with_layers(model.plan(), model.file(), ordinal, n_ctx, gpu_layers)
         .map_err(|e| anyhow::anyhow!("cuda:{ordinal}: {e}"))?;
+    if !gpu.is_whole() {
+        return check_split(&args, &model, gpu, n_ctx);
+    }
     eprintln!(
         "ferrolm: comparing {} (cuda:{ordinal}, graph: {}) with the CPU ({} threads)",
         gpu.device_name(),

@@ -27,7 +27,14 @@ pub fn run(args: &ModelArgs, ids: &[u32], out: &Path, n_ctx: usize) -> Result<()
     let model = args.load_model(&path)?;
     let n_ctx = if n_ctx == 0 { ids.len().max(1) } else { n_ctx };
     let logits = match cuda_model(args, &model, n_ctx)? {
-        Some(mut gpu) => gpu.eval(ids, true)?,
+        Some(mut gpu) if gpu.is_whole() => gpu.eval(ids, true)?,
+        Some(gpu) => {
+            let mut split = super::cuda::Split {
+                gpu,
+                cpu: model.session(n_ctx),
+            };
+            ferrolm_engine::Forward::eval(&mut split, ids, Logits::All)?
+        }
         None => model.session(n_ctx).eval(ids, Logits::All)?,
     };
     let mut f = std::io::BufWriter::new(

@@ -95,9 +95,22 @@ pub fn run(args: RunArgs) -> Result<()> {
         }
         true
     };
-    let backend = if gpu.is_some() { "CUDA" } else { "CPU" };
+    let backend = match &gpu {
+        Some(g) if g.is_whole() => "CUDA",
+        Some(_) => "CUDA + CPU",
+        None => "CPU",
+    };
     let gen = match gpu {
-        Some(mut gpu) => super::cuda::generate(&mut gpu, &tokenizer, &ids, &params, on_text)?,
+        Some(mut gpu) if gpu.is_whole() => {
+            super::cuda::generate(&mut gpu, &tokenizer, &ids, &params, on_text)?
+        }
+        Some(gpu) => {
+            let mut split = super::cuda::Split {
+                gpu,
+                cpu: model.session(n_ctx),
+            };
+            generate(&mut split, &tokenizer, &ids, &params, on_text)?
+        }
         None => generate(
             &mut model.session(n_ctx),
             &tokenizer,
