@@ -72,6 +72,14 @@ impl GgufWriter {
         Ok(self)
     }
 
+    /// Removes the tensor `name`, if added; whether it was there (to replace a tensor with a
+    /// broken one in tests of refusals).
+    pub fn remove_tensor(&mut self, name: &str) -> bool {
+        let before = self.tensors.len();
+        self.tensors.retain(|t| t.name != name);
+        self.tensors.len() != before
+    }
+
     fn alignment(&self) -> u64 {
         match self.metadata.get(ALIGNMENT_KEY) {
             Some(Value::U32(a)) if *a != 0 && a.is_power_of_two() => u64::from(*a),
