@@ -425,6 +425,11 @@ impl CudaModel {
         Ok(())
     }
 
+    /// The CUDA device number.
+    pub fn ordinal(&self) -> usize {
+        self.ctx.ordinal()
+    }
+
     /// The device's name.
     pub fn device_name(&self) -> &str {
         &self.name

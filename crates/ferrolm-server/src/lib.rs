@@ -15,6 +15,8 @@ mod http;
 mod metrics;
 mod scheduler;
 
+pub use scheduler::ForwardFactory;
+
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -48,6 +50,16 @@ pub struct ServerConfig {
 /// Serves until SIGINT or SIGTERM, then finishes (or, after the grace period, cancels) the
 /// requests in flight and returns. Errors are those of binding the address or starting threads.
 pub fn serve(model: Model, tokenizer: Tokenizer, config: ServerConfig) -> std::io::Result<()> {
+    serve_with(model, tokenizer, config, None)
+}
+
+/// [`serve`] through the forward pass `factory` makes (a GPU backend) instead of the CPU's.
+pub fn serve_with(
+    model: Model,
+    tokenizer: Tokenizer,
+    config: ServerConfig,
+    factory: Option<ForwardFactory>,
+) -> std::io::Result<()> {
     let tokenizer = Arc::new(tokenizer);
     let metrics = Arc::new(metrics::Metrics::new(config.parallel));
     let template = ferrolm_tokenizer::ChatTemplate::for_tokenizer(&tokenizer)
@@ -56,7 +68,8 @@ pub fn serve(model: Model, tokenizer: Tokenizer, config: ServerConfig) -> std::i
     if let Some(w) = template.as_ref().and_then(|t| t.warning()) {
         eprintln!("ferrolm: warning: {w}");
     }
-    let (handle, join) = scheduler::start(model, tokenizer.clone(), &config, metrics.clone())?;
+    let (handle, join) =
+        scheduler::start(model, tokenizer.clone(), &config, metrics.clone(), factory)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

@@ -107,12 +107,20 @@ impl SchedulerHandle {
     }
 }
 
-/// Starts the scheduler thread with `config.parallel` slots.
+/// Makes the scheduler's forward pass on its own thread (a GPU backend binds its context
+/// there) from the model, the slots asked for and their context size; it may serve fewer
+/// slots ([`StepForward::n_slots`]).
+pub type ForwardFactory =
+    Box<dyn for<'m> FnOnce(&'m Model, usize, usize) -> Box<dyn StepForward + 'm> + Send>;
+
+/// Starts the scheduler thread with `config.parallel` slots, on the CPU ([`BatchedForward`])
+/// or through the forward pass `factory` makes.
 pub fn start(
     model: Model,
     tokenizer: Arc<Tokenizer>,
     config: &ServerConfig,
     metrics: Arc<Metrics>,
+    factory: Option<ForwardFactory>,
 ) -> std::io::Result<(SchedulerHandle, JoinHandle<()>)> {
     let (tx, rx) = mpsc::channel();
     let shared = Arc::new(Shared {
@@ -125,18 +133,22 @@ pub fn start(
     let join = std::thread::Builder::new()
         .name("ferrolm-scheduler".into())
         .spawn(move || {
-            let mut forward = BatchedForward::new(&model, parallel, n_ctx);
+            let mut forward: Box<dyn StepForward + '_> = match factory {
+                Some(make) => make(&model, parallel, n_ctx),
+                None => Box::new(BatchedForward::new(&model, parallel, n_ctx)),
+            };
+            let n_slots = forward.n_slots().clamp(1, parallel);
             let moe = model.expert_counts().iter().any(|l| !l.is_empty());
             Scheduler {
                 tokenizer: &tokenizer,
                 experts: moe.then_some(&model),
-                slots: (0..parallel).map(|_| None).collect(),
+                slots: (0..n_slots).map(|_| None).collect(),
                 rx,
                 shared: inner,
                 chunk,
                 n_ctx,
             }
-            .run(&mut forward)
+            .run(forward.as_mut())
         })?;
     Ok((SchedulerHandle { tx, shared }, join))
 }

@@ -154,15 +154,6 @@ pub fn cuda_model(args: &ModelArgs, model: &Model, n_ctx: usize) -> Result<Optio
     }
 }
 
-/// For commands that run on the CPU only so far: an explicit `--device cuda` is an error
-/// rather than silently ignored.
-pub fn cpu_only(args: &ModelArgs, command: &str) -> Result<()> {
-    if let (Device::Cuda(_), true) = args.device()? {
-        anyhow::bail!("{command} runs on the CPU only so far; drop --device");
-    }
-    Ok(())
-}
-
 /// Sampling flags.
 #[derive(Args, Clone, Debug)]
 pub struct SamplingArgs {
@@ -212,13 +203,6 @@ impl SamplingArgs {
             seed,
         }
     }
-}
-
-/// A model and its tokenizer from one file, for a command that runs on the CPU only (an
-/// explicit `--device cuda` is an error there, not silently ignored).
-pub fn load(args: &ModelArgs) -> Result<(Model, Tokenizer)> {
-    cpu_only(args, "this command")?;
-    load_any_device(args)
 }
 
 /// [`load`] for a command that takes the model to the GPU itself ([`cuda_model`]).
