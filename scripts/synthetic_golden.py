@@ -45,6 +45,9 @@ FILES = {
     "qwen3next": ["--arch", "qwen3next"],
     # the other layout (attn_qkv + attn_gate), attention every other layer
     "qwen3next-split": ["--arch", "qwen3next", "--ssm-split", "--full-attention-interval", "2", "--seed", "7"],
+    # Qwen3.5 (dense): attn_qkv + attn_gate, ssm_beta + ssm_alpha, value heads tiling key heads,
+    # rope.dimension_sections [3, 3, 2, 0]
+    "qwen35": ["--arch", "qwen35"],
 }
 # The context llama.cpp is created with, where not 1024 (the tests use the same, from the JSON).
 N_CTX = {"phi3-longrope-long": 2048}

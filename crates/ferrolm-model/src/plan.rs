@@ -124,13 +124,23 @@ pub enum Mixer {
 pub struct DeltaNet {
     /// Query/key heads (`ssm.group_count`).
     pub n_k_heads: usize,
-    /// Value heads (`ssm.time_step_rank`), a multiple of `n_k_heads`; value head `h` reads
-    /// key head `h / (n_v_heads / n_k_heads)`.
+    /// Value heads (`ssm.time_step_rank`), a multiple of `n_k_heads`.
     pub n_v_heads: usize,
+    /// Which key head each value head reads.
+    pub key_heads: KeyHeads,
     /// Size of every key and value head (`ssm.state_size`).
     pub head_dim: usize,
     /// Taps of the causal depthwise convolution (`ssm.conv_kernel`).
     pub conv_kernel: usize,
+}
+
+/// How a delta-net's value heads share its fewer key heads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KeyHeads {
+    /// Value head `h` reads key head `h / (n_v_heads / n_k_heads)` (Qwen3-Next).
+    Grouped,
+    /// Value head `h` reads key head `h % n_k_heads` (Qwen3.5).
+    Tiled,
 }
 
 impl DeltaNet {
@@ -331,6 +341,7 @@ impl LayerPlan {
             Mixer::GatedDeltaNet(DeltaNet {
                 n_k_heads: _,
                 n_v_heads: _,
+                key_heads: _,
                 head_dim: _,
                 conv_kernel: _,
             }) => true,

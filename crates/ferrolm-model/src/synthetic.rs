@@ -115,6 +115,9 @@ impl SyntheticSpec {
         if arch == "qwen3next" {
             return SyntheticSpec::small_qwen3next();
         }
+        if arch == "qwen35" {
+            return SyntheticSpec::small_qwen35();
+        }
         let qwen = arch.starts_with("qwen");
         let mistral_like = arch == "llama" || arch == "mistral";
         if arch.starts_with("gemma") {
@@ -182,6 +185,21 @@ impl SyntheticSpec {
                 split_projections: false,
             }),
             ..SyntheticSpec::small("qwen3")
+        }
+    }
+
+    /// A small Qwen3.5 file: [`SyntheticSpec::small_qwen3next`]'s attention and delta-nets
+    /// (in Qwen3.5's layout: `attn_qkv` + `attn_gate`, `ssm_beta` + `ssm_alpha`, value heads
+    /// tiling the key heads; `rope.dimension_sections` [3, 3, 2, 0] over the 16 rotated
+    /// dimensions) with dense feed-forward blocks of 512.
+    pub fn small_qwen35() -> SyntheticSpec {
+        SyntheticSpec {
+            arch: "qwen35".into(),
+            n_ff: 512,
+            n_expert: 0,
+            n_expert_used: 0,
+            n_ff_shexp: 0,
+            ..SyntheticSpec::small_qwen3next()
         }
     }
 
@@ -318,7 +336,7 @@ pub fn build(spec: &SyntheticSpec) -> Result<GgufWriter> {
     // Phi-3 with partial rotary: three quarters of each head rotate; Qwen3-Next: a quarter.
     let n_rot = match arch {
         "phi3" => (hd * 3 / 4) & !1,
-        "qwen3next" => (hd / 4) & !1,
+        "qwen3next" | "qwen35" => (hd / 4) & !1,
         _ => hd,
     };
     if let Some(net) = &spec.delta_net {
@@ -396,7 +414,7 @@ pub fn build(spec: &SyntheticSpec) -> Result<GgufWriter> {
             .is_some_and(|net| delta_net::is_recurrent(net, i))
     };
     // A gated attention output doubles the Q projection (per head: query, then gate).
-    let q_rows = if arch == "qwen3next" {
+    let q_rows = if arch == "qwen3next" || arch == "qwen35" {
         2 * q_dim
     } else {
         q_dim
@@ -408,7 +426,7 @@ pub fn build(spec: &SyntheticSpec) -> Result<GgufWriter> {
         let n = |s: &str| format!("blk.{i}.{s}");
         add(n("attn_norm.weight"), &[d], Init::AroundOne(0.1), false);
         if let (Some(net), true) = (&spec.delta_net, recurrent(i)) {
-            for (name, dims, init, is_matrix) in delta_net::layer_tensors(net, i, d) {
+            for (name, dims, init, is_matrix) in delta_net::layer_tensors(arch, net, i, d) {
                 add(name, &dims, init, is_matrix);
             }
         } else if arch == "phi3" {
@@ -423,7 +441,7 @@ pub fn build(spec: &SyntheticSpec) -> Result<GgufWriter> {
             add(n("attn_k.bias"), &[kv_dim], Init::Normal(0.1), false);
             add(n("attn_v.bias"), &[kv_dim], Init::Normal(0.1), false);
         }
-        let q_norms = ["qwen3", "qwen3moe", "gemma3", "qwen3next"].contains(&arch);
+        let q_norms = ["qwen3", "qwen3moe", "gemma3", "qwen3next", "qwen35"].contains(&arch);
         if q_norms && !recurrent(i) {
             add(n("attn_q_norm.weight"), &[hd], Init::AroundOne(0.2), false);
             add(n("attn_k_norm.weight"), &[hd], Init::AroundOne(0.2), false);

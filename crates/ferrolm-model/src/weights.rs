@@ -73,8 +73,8 @@ pub(crate) struct AttentionWeights {
 pub(crate) struct DeltaNetWeights {
     /// The input projections, in one of llama.cpp's two layouts.
     pub(crate) input: DeltaNetInput,
-    /// Per key head: the rates `b` then the decays `a` of its value heads (`ssm_ba`).
-    pub(crate) ba: Matrix,
+    /// The projections of the rates `b` and decay inputs `a`.
+    pub(crate) gates: DeltaNetGates,
     /// The convolution taps, `conv_kernel` per channel (`ssm_conv1d`).
     pub(crate) conv: Vec<f32>,
     /// Per value head: the bias added to `a` (`ssm_dt.bias`).
@@ -96,6 +96,16 @@ pub(crate) enum DeltaNetInput {
     /// `attn_qkv` (all queries, all keys, all values: the convolution's channel order) and
     /// `attn_gate` (all gates).
     Split { qkv: Matrix, gate: Matrix },
+}
+
+/// The projections of a delta-net's per-value-head rates `b` and decay inputs `a`.
+#[derive(Debug)]
+pub(crate) enum DeltaNetGates {
+    /// `ssm_ba`: per key head, the rates of its value heads, then their decay inputs
+    /// (Qwen3-Next).
+    Fused(Matrix),
+    /// `ssm_beta` and `ssm_alpha`, one row per value head (Qwen3.5).
+    Split { beta: Matrix, alpha: Matrix },
 }
 
 /// The matrices of a feed-forward block.
@@ -529,7 +539,16 @@ fn bind_delta_net(b: &Binder<'_>, net: &DeltaNet, i: usize, d: usize) -> Result<
         } else {
             DeltaNetInput::Fused(b.matrix(&n("ssm_in.weight"), d, 2 * key_dim + 2 * value_dim)?)
         },
-        ba: b.matrix(&n("ssm_ba.weight"), d, 2 * net.n_v_heads)?,
+        gates: if b.file.tensor(&n("ssm_ba.weight")).is_none()
+            && b.file.tensor(&n("ssm_beta.weight")).is_some()
+        {
+            DeltaNetGates::Split {
+                beta: b.matrix(&n("ssm_beta.weight"), d, net.n_v_heads)?,
+                alpha: b.matrix(&n("ssm_alpha.weight"), d, net.n_v_heads)?,
+            }
+        } else {
+            DeltaNetGates::Fused(b.matrix(&n("ssm_ba.weight"), d, 2 * net.n_v_heads)?)
+        },
         conv,
         dt_bias: b.vector(&n("ssm_dt.bias"), net.n_v_heads)?,
         a: b.vector(&n("ssm_a"), net.n_v_heads)?,

@@ -262,3 +262,39 @@ fn batched_sequences_keep_their_own_states_and_a_reused_slot_starts_clean() {
     ]);
     assert!(close(out[0].as_ref().unwrap(), &want_a));
 }
+
+fn small_qwen35() -> Vec<u8> {
+    synthetic::build(&SyntheticSpec::small("qwen35"))
+        .unwrap()
+        .to_bytes()
+}
+
+#[test]
+fn qwen35_is_dense_with_tiled_key_heads_and_its_refusals_name_the_cause() {
+    let model = load(small_qwen35()).unwrap();
+    let plan = model.plan();
+    let Mixer::GatedDeltaNet(net) = plan.layers[0].mixer else {
+        unreachable!()
+    };
+    assert_eq!(net.key_heads, ferrolm_model::plan::KeyHeads::Tiled);
+    assert!(matches!(
+        plan.layers[3].ffn,
+        ferrolm_model::plan::Ffn::Gated { n_ff: 512, .. }
+    ));
+    // Sections that leave rotated pairs to the fourth (non-rotating for text) section.
+    let sections = Value::Array(ferrolm_gguf::Array::I32(vec![1, 1, 1, 5]));
+    let e = error_of(edited(
+        small_qwen35(),
+        &[("qwen35.rope.dimension_sections", sections)],
+        &[],
+    ));
+    assert!(e.contains("rope.dimension_sections"), "{e}");
+    for name in [
+        "blk.0.ssm_beta.weight",
+        "blk.2.ssm_alpha.weight",
+        "blk.1.attn_gate.weight",
+    ] {
+        let e = error_of(edited(small_qwen35(), &[], &[name]));
+        assert!(e.contains(name) && e.contains("missing"), "{name}: {e}");
+    }
+}

@@ -160,6 +160,14 @@ fn qwen3next_split_layout_matches_llama_cpp() {
     check("qwen3next-split");
 }
 
+/// Qwen3.5 (dense hybrid): the delta-nets in Qwen3.5's layout (separate `ssm_beta` and
+/// `ssm_alpha`, value heads tiling the key heads), interleaved multi-section RoPE, dense
+/// feed-forward blocks.
+#[test]
+fn qwen35_matches_llama_cpp() {
+    check("qwen35");
+}
+
 /// The hybrid comparison can fail: delta-net decays twice as fast in one layer are far from
 /// llama.cpp's figures.
 #[test]

@@ -33,12 +33,14 @@ const ARCHITECTURES: &[(&str, Describe)] = &[
     ("granite", granite::describe),
     ("phi3", phi3::describe),
     ("qwen3next", qwen3next::describe),
+    ("qwen35", qwen3next::describe_qwen35),
 ];
 
 /// The norm before the feed-forward block, where an architecture names it otherwise than
 /// `ffn_norm` (Qwen3-Next keeps the Hugging Face name of that norm).
 const FFN_NORM_TENSORS: &[(&str, &str)] = &[
     ("qwen3next", "post_attention_norm"),
+    ("qwen35", "post_attention_norm"),
     ("gpt-oss", "post_attention_norm"),
 ];
 

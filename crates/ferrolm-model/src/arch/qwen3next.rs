@@ -1,5 +1,8 @@
-//! qwen3next (Qwen3-Next): a hybrid of gated delta-net layers and attention layers, every
-//! layer a mixture of experts with a sigmoid-gated shared expert.
+//! qwen3next (Qwen3-Next) and qwen35 (Qwen3.5, dense): hybrids of gated delta-net layers and
+//! attention layers. Qwen3-Next's every layer is a mixture of experts with a sigmoid-gated
+//! shared expert; Qwen3.5's feed-forward blocks are dense, its delta-nets take `attn_qkv` +
+//! `attn_gate` and separate `ssm_beta`/`ssm_alpha`, its value heads tile the key heads, and
+//! its RoPE is interleaved multi-section (see [`check_rope_sections`]).
 //!
 //! * Which layers are recurrent: `attention.recurrent_layers` (one flag per layer) if the file
 //!   has it, otherwise every layer but each `full_attention_interval`-th (default 4), as
@@ -16,30 +19,89 @@
 
 use ferrolm_gguf::GgufFile;
 
-use super::llama::{describe_moe_variant, Variant};
+use super::llama::{describe_moe_variant, describe_variant, Variant};
 use super::Keys;
 use crate::error::{ModelError, Result};
-use crate::plan::{DeltaNet, Mixer, ModelPlan, RopeLayout};
+use crate::plan::{DeltaNet, KeyHeads, Mixer, ModelPlan, RopeLayout};
+
+/// Which member of the family a file is.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Family {
+    /// qwen3next: experts in every layer, fused `ssm_ba`, value heads grouped per key head.
+    Qwen3Next,
+    /// qwen35: dense feed-forward blocks, `attn_qkv` + `attn_gate`, separate `ssm_beta` and
+    /// `ssm_alpha`, value heads tiled over the key heads, interleaved multi-section RoPE.
+    Qwen35,
+}
 
 pub(super) fn describe(file: &GgufFile, arch: &str) -> Result<ModelPlan> {
+    describe_family(file, arch, Family::Qwen3Next)
+}
+
+pub(super) fn describe_qwen35(file: &GgufFile, arch: &str) -> Result<ModelPlan> {
+    describe_family(file, arch, Family::Qwen35)
+}
+
+fn describe_family(file: &GgufFile, arch: &str, family: Family) -> Result<ModelPlan> {
     let variant = Variant {
         rope_layout: RopeLayout::Neox,
         qkv_bias: false,
         qk_norm: true,
     };
-    // llama.cpp refuses qwen3next files without experts ("cannot have zero experts").
-    let mut plan = describe_moe_variant(file, arch, variant)?;
+    let mut plan = match family {
+        // llama.cpp refuses qwen3next files without experts ("cannot have zero experts")...
+        Family::Qwen3Next => describe_moe_variant(file, arch, variant)?,
+        // ... and qwen35 files with them (qwen35moe is another architecture).
+        Family::Qwen35 => describe_variant(file, arch, variant)?,
+    };
     let k = Keys { file, arch };
-    let net = delta_net(&k)?;
+    if family == Family::Qwen35 {
+        let n_rot = plan.layers.first().map_or(0, |l| l.attention.rope.n_dims);
+        check_rope_sections(&k, n_rot)?;
+    }
+    let mut net = delta_net(&k)?;
+    if family == Family::Qwen35 {
+        net.key_heads = KeyHeads::Tiled;
+    }
     let recurrent = recurrent_layers(&k, plan.layers.len())?;
     for (i, (layer, recurrent)) in plan.layers.iter_mut().zip(recurrent).enumerate() {
         layer.attention.gated_output = true;
         if recurrent {
-            check_tensors(file, i, plan.n_embd, &net)?;
+            check_tensors(file, i, plan.n_embd, &net, family)?;
             layer.mixer = Mixer::GatedDeltaNet(net);
         }
     }
     Ok(plan)
+}
+
+/// Qwen3.5 rotates with interleaved multi-section RoPE (`rope.dimension_sections`: the
+/// rotated pairs cycle through time, height and width sections, and a fourth section). For
+/// text every token's time, height and width positions are its position and the fourth is 0:
+/// pairs in the first three sections rotate exactly as NeoX RoPE does, pairs in the fourth do
+/// not rotate. Files whose sections leave any rotated pair to the fourth are refused.
+fn check_rope_sections(k: &Keys<'_>, n_rot: usize) -> Result<()> {
+    let key = k.key("rope.dimension_sections");
+    let sections = k.file.metadata().get_int_array(&key)?;
+    if sections.len() != 4 || sections.iter().any(|&x| !(0..=4096).contains(&x)) {
+        return Err(ModelError::Invalid(format!(
+            "{key} must be 4 sizes, found {sections:?}"
+        )));
+    }
+    let s: Vec<usize> = sections.iter().map(|&x| x as usize).collect();
+    let total: usize = s.iter().sum();
+    let text_position = |pair: usize| {
+        let sector = pair % total.max(1);
+        (sector.is_multiple_of(3) && sector < 3 * s[0])
+            || (sector % 3 == 1 && sector < 3 * s[1])
+            || (sector % 3 == 2 && sector < 3 * s[2])
+    };
+    if total == 0 || total > n_rot || !(0..n_rot / 2).all(text_position) {
+        return Err(ModelError::Unsupported {
+            what: "rope.dimension_sections that leave rotated pairs to the fourth section",
+            value: format!("{sections:?} over {n_rot} rotated dimensions ({key})"),
+        });
+    }
+    Ok(())
 }
 
 /// The delta-net sizes the `ssm.*` keys give, checked against each other.
@@ -79,6 +141,7 @@ fn delta_net(k: &Keys<'_>) -> Result<DeltaNet> {
     Ok(DeltaNet {
         n_k_heads,
         n_v_heads,
+        key_heads: KeyHeads::Grouped,
         head_dim,
         conv_kernel,
     })
@@ -109,16 +172,24 @@ fn recurrent_layers(k: &Keys<'_>, n_layer: usize) -> Result<Vec<bool>> {
 
 /// Checks that recurrent layer `i` has every tensor the delta-net needs, shaped as the keys
 /// say; an error names the tensor and the keys it disagrees with.
-fn check_tensors(file: &GgufFile, i: usize, n_embd: usize, net: &DeltaNet) -> Result<()> {
+fn check_tensors(
+    file: &GgufFile,
+    i: usize,
+    n_embd: usize,
+    net: &DeltaNet,
+    family: Family,
+) -> Result<()> {
     let key_dim = net.n_k_heads * net.head_dim;
     let value_dim = net.n_v_heads * net.head_dim;
     let sizes = "ssm.state_size, ssm.group_count and ssm.time_step_rank";
+    let rank = "ssm.time_step_rank";
     let n = |s: &str| format!("blk.{i}.{s}");
-    // llama.cpp's two layouts: the fused `ssm_in` (published files), or `attn_qkv` with
-    // `attn_gate`.
-    let split =
-        file.tensor(&n("ssm_in.weight")).is_none() && file.tensor(&n("attn_qkv.weight")).is_some();
-    let projections: Vec<(String, Vec<usize>, &str)> = if split {
+    // llama.cpp's two qwen3next layouts: the fused `ssm_in` (published files), or `attn_qkv`
+    // with `attn_gate` (qwen35's only one).
+    let split = family == Family::Qwen35
+        || (file.tensor(&n("ssm_in.weight")).is_none()
+            && file.tensor(&n("attn_qkv.weight")).is_some());
+    let mut wanted: Vec<(String, Vec<usize>, &str)> = if split {
         vec![
             (
                 n("attn_qkv.weight"),
@@ -134,23 +205,26 @@ fn check_tensors(file: &GgufFile, i: usize, n_embd: usize, net: &DeltaNet) -> Re
             sizes,
         )]
     };
-    let others: [(String, Vec<usize>, &str); 6] = [
+    match family {
+        Family::Qwen3Next => {
+            wanted.push((n("ssm_ba.weight"), vec![n_embd, 2 * net.n_v_heads], rank));
+        }
+        Family::Qwen35 => {
+            wanted.push((n("ssm_beta.weight"), vec![n_embd, net.n_v_heads], rank));
+            wanted.push((n("ssm_alpha.weight"), vec![n_embd, net.n_v_heads], rank));
+        }
+    }
+    wanted.extend([
         (
             n("ssm_conv1d.weight"),
             vec![net.conv_kernel, net.conv_channels()],
             "ssm.conv_kernel, ssm.state_size, ssm.group_count and ssm.time_step_rank",
         ),
-        (n("ssm_dt.bias"), vec![net.n_v_heads], "ssm.time_step_rank"),
-        (n("ssm_a"), vec![net.n_v_heads], "ssm.time_step_rank"),
-        (
-            n("ssm_ba.weight"),
-            vec![n_embd, 2 * net.n_v_heads],
-            "ssm.time_step_rank",
-        ),
+        (n("ssm_dt.bias"), vec![net.n_v_heads], rank),
+        (n("ssm_a"), vec![net.n_v_heads], rank),
         (n("ssm_norm.weight"), vec![net.head_dim], "ssm.state_size"),
         (n("ssm_out.weight"), vec![value_dim, n_embd], sizes),
-    ];
-    let wanted = projections.into_iter().chain(others);
+    ]);
     for (name, dims, keys) in wanted {
         let t = file
             .tensor(&name)

@@ -19,8 +19,8 @@ use ferrolm_threads::ThreadPool;
 
 use super::matmul::{matmul, matmul_group, SharedInput};
 use crate::kv_cache::RecurrentState;
-use crate::plan::DeltaNet;
-use crate::weights::{DeltaNetInput, DeltaNetWeights};
+use crate::plan::{DeltaNet, KeyHeads};
+use crate::weights::{DeltaNetGates, DeltaNetInput, DeltaNetWeights};
 
 /// Tokens per chunk of the chunked delta rule (llama.cpp's chunked graph uses 64 too).
 pub(crate) const CHUNK: usize = 64;
@@ -65,6 +65,7 @@ pub(crate) fn delta_net_block(
     let DeltaNet {
         n_k_heads: hk,
         n_v_heads: hv,
+        key_heads,
         head_dim: s,
         conv_kernel: taps,
     } = *net;
@@ -76,32 +77,29 @@ pub(crate) fn delta_net_block(
     // gates z; per value head, beta and g.
     let mut mixed = vec![0f32; n * channels];
     let mut z = vec![0f32; n * value_dim];
+    // Per token, the rates b then the decay inputs a of every value head (value-head order).
     let mut ba = vec![0f32; n * 2 * hv];
     input.reset();
     match &w.input {
         DeltaNetInput::Split { qkv, gate } => {
-            input.prepare(pool, h, n, d, &[qkv.ty, gate.ty, w.ba.ty]);
+            input.prepare(pool, h, n, d, &[qkv.ty, gate.ty]);
             matmul_group(
                 pool,
                 file,
                 vec![
                     (qkv, input.rows_for(qkv.ty), &mut mixed),
                     (gate, input.rows_for(gate.ty), &mut z),
-                    (&w.ba, input.rows_for(w.ba.ty), &mut ba),
                 ],
             );
         }
         DeltaNetInput::Fused(qkvz_w) => {
             let qkvz_dim = 2 * key_dim + 2 * value_dim;
             let mut qkvz = vec![0f32; n * qkvz_dim];
-            input.prepare(pool, h, n, d, &[qkvz_w.ty, w.ba.ty]);
+            input.prepare(pool, h, n, d, &[qkvz_w.ty]);
             matmul_group(
                 pool,
                 file,
-                vec![
-                    (qkvz_w, input.rows_for(qkvz_w.ty), &mut qkvz),
-                    (&w.ba, input.rows_for(w.ba.ty), &mut ba),
-                ],
+                vec![(qkvz_w, input.rows_for(qkvz_w.ty), &mut qkvz)],
             );
             // Regroup: per key head, its query, key, value heads and their gates.
             let group = 2 * s + 2 * ratio * s;
@@ -121,17 +119,51 @@ pub(crate) fn delta_net_block(
             }
         }
     }
+    match &w.gates {
+        DeltaNetGates::Fused(wba) => {
+            // ssm_ba: per key head, the rates of its value heads, then their decay inputs.
+            let mut fused = vec![0f32; n * 2 * hv];
+            matmul(
+                pool,
+                wba,
+                file,
+                input.get(pool, h, n, d, wba.ty),
+                &mut fused,
+            );
+            for (src, dst) in fused.chunks(2 * hv).zip(ba.chunks_mut(2 * hv)) {
+                for kh in 0..hk {
+                    for j in 0..ratio {
+                        let vh = kh * ratio + j;
+                        dst[vh] = src[kh * 2 * ratio + j];
+                        dst[hv + vh] = src[kh * 2 * ratio + ratio + j];
+                    }
+                }
+            }
+        }
+        DeltaNetGates::Split { beta, alpha } => {
+            input.prepare(pool, h, n, d, &[beta.ty, alpha.ty]);
+            let (mut b, mut a) = (vec![0f32; n * hv], vec![0f32; n * hv]);
+            matmul_group(
+                pool,
+                file,
+                vec![
+                    (beta, input.rows_for(beta.ty), &mut b),
+                    (alpha, input.rows_for(alpha.ty), &mut a),
+                ],
+            );
+            for t in 0..n {
+                ba[t * 2 * hv..t * 2 * hv + hv].copy_from_slice(&b[t * hv..(t + 1) * hv]);
+                ba[t * 2 * hv + hv..(t + 1) * 2 * hv].copy_from_slice(&a[t * hv..(t + 1) * hv]);
+            }
+        }
+    }
     let mut beta = vec![0f32; n * hv];
     let mut g = vec![0f32; n * hv];
     for t in 0..n {
-        let bar = &ba[t * 2 * hv..(t + 1) * 2 * hv];
-        for kh in 0..hk {
-            for j in 0..ratio {
-                let vh = kh * ratio + j;
-                beta[t * hv + vh] = sigmoid(bar[kh * 2 * ratio + j]);
-                let a = bar[kh * 2 * ratio + ratio + j] + w.dt_bias[vh];
-                g[t * hv + vh] = softplus(a) * w.a[vh];
-            }
+        let row = &ba[t * 2 * hv..(t + 1) * 2 * hv];
+        for vh in 0..hv {
+            beta[t * hv + vh] = sigmoid(row[vh]);
+            g[t * hv + vh] = softplus(row[hv + vh] + w.dt_bias[vh]) * w.a[vh];
         }
     }
 
@@ -170,7 +202,10 @@ pub(crate) fn delta_net_block(
         let v = head_major(2 * key_dim, hv, false);
         let state = &seq.state.ssm;
         let per_head: Vec<(Vec<f32>, Vec<f32>)> = pool.map(hv, |vh| {
-            let kh = vh / ratio;
+            let kh = match key_heads {
+                KeyHeads::Grouped => vh / ratio,
+                KeyHeads::Tiled => vh % hk,
+            };
             let mut st = state[vh * s * s..(vh + 1) * s * s].to_vec();
             let b: Vec<f32> = (0..len).map(|t| beta[(rows.start + t) * hv + vh]).collect();
             let gg: Vec<f32> = (0..len).map(|t| g[(rows.start + t) * hv + vh]).collect();

@@ -24,6 +24,11 @@ pub(super) fn keys(w: &mut GgufWriter, arch: &str, net: &SyntheticDeltaNet) {
         key("full_attention_interval"),
         u(net.full_attention_interval),
     );
+    if arch == "qwen35" {
+        // Interleaved multi-section RoPE over the rotated pairs (8 for a 16-dimension rotation).
+        let sections = ferrolm_gguf::Array::I32(vec![3, 3, 2, 0]);
+        w.set(key("rope.dimension_sections"), Value::Array(sections));
+    }
 }
 
 /// Whether layer `i` is recurrent under the spec's schedule.
@@ -34,14 +39,21 @@ pub(super) fn is_recurrent(net: &SyntheticDeltaNet, i: usize) -> bool {
 /// The tensors of recurrent layer `i` of a model `d` wide. Scales keep the state in a useful
 /// range: decays `exp(softplus(a + dt) * ssm_a)` mostly between 0.8 and 1 (memory of tens
 /// of tokens), rates `sigmoid(b)` around one half.
-pub(super) fn layer_tensors(net: &SyntheticDeltaNet, i: usize, d: usize) -> Vec<Tensor> {
+pub(super) fn layer_tensors(
+    arch: &str,
+    net: &SyntheticDeltaNet,
+    i: usize,
+    d: usize,
+) -> Vec<Tensor> {
+    let qwen35 = arch == "qwen35";
     let s = net.state_size;
     let (key_dim, value_dim) = (net.group_count * s, net.time_step_rank * s);
     let hv = net.time_step_rank;
     let n = |x: &str| format!("blk.{i}.{x}");
     let dims = |v: &[usize]| v.to_vec();
     let m = |fan_in: usize| Init::Normal(0.7 / (fan_in as f32).sqrt());
-    let mut tensors = if net.split_projections {
+    // Qwen3.5 has only the split layout.
+    let mut tensors = if net.split_projections || qwen35 {
         vec![
             (
                 n("attn_qkv.weight"),
@@ -59,8 +71,13 @@ pub(super) fn layer_tensors(net: &SyntheticDeltaNet, i: usize, d: usize) -> Vec<
             true,
         )]
     };
+    if qwen35 {
+        tensors.push((n("ssm_beta.weight"), dims(&[d, hv]), m(d), true));
+        tensors.push((n("ssm_alpha.weight"), dims(&[d, hv]), m(d), true));
+    } else {
+        tensors.push((n("ssm_ba.weight"), dims(&[d, 2 * hv]), m(d), true));
+    }
     tensors.extend([
-        (n("ssm_ba.weight"), dims(&[d, 2 * hv]), m(d), true),
         (
             n("ssm_conv1d.weight"),
             dims(&[net.conv_kernel, 2 * key_dim + value_dim]),
