@@ -38,6 +38,7 @@ FILES = {
     "qwen3moe": ["--arch", "qwen3moe"],  # 8 experts, top-2, renormalized; Q/K norms
     "llama-moe": ["--arch", "llama", "--experts", "4", "--experts-used", "2"],  # Mixtral-style
     "qwen2moe": ["--arch", "qwen2moe"],  # 8 experts, top-2, not renormalized; sigmoid-gated shared expert; QKV biases
+    "qwen3-yarn": ["--arch", "qwen3", "--yarn", "4:256"],  # YaRN x4 over an original context of 256
     "gpt-oss": ["--arch", "gpt-oss"],  # 8 MXFP4 experts with biases, top-4 then softmax, clamped SwiGLU; sinks; even layers slide (64); YaRN x4 over 256
     "dots1": ["--arch", "dots1"],  # layer 0 dense; 16 experts in 4 groups (2 kept), top-4 of sigmoid + exp_probs_b, renormalized, x2.5; shared expert
     # hybrid: 3 gated delta-net layers (4 key / 8 value heads of 32, 4-tap conv) then 1 attention

@@ -67,6 +67,9 @@ pub struct SyntheticSpec {
     /// Phi-3 LongRoPE with this `rope.scaling.original_context_length`: writes
     /// `rope_factors_long`/`short.weight` and `rope.scaling.attn_factor` (phi3 only).
     pub long_rope: Option<usize>,
+    /// YaRN scaling `(rope.scaling.factor, rope.scaling.original_context_length)`: writes
+    /// `rope.scaling.type` = `yarn` and both keys.
+    pub yarn: Option<(f32, usize)>,
     /// Shares the embedding as output matrix (no `output.weight`).
     pub tied_output: bool,
     /// The type of every matrix without an entry in `types`.
@@ -152,6 +155,7 @@ impl SyntheticSpec {
             sliding_window: mistral_like.then_some(64),
             rope_freqs: false,
             long_rope: None,
+            yarn: None,
             tied_output: false,
             default_type: TensorType::Q8_0,
             types: mixed_types(),
@@ -349,6 +353,11 @@ pub fn build(spec: &SyntheticSpec) -> Result<GgufWriter> {
     }
     if let Some(sw) = spec.sliding_window {
         w.set(key("attention.sliding_window"), Value::U32(sw));
+    }
+    if let Some((factor, orig)) = spec.yarn {
+        w.set(key("rope.scaling.type"), Value::String("yarn".into()));
+        w.set(key("rope.scaling.factor"), Value::F32(factor));
+        w.set(key("rope.scaling.original_context_length"), u32v(orig));
     }
     if let Some(orig) = spec.long_rope {
         if arch != "phi3" || orig == 0 {

@@ -25,6 +25,11 @@ fn spec(name: &str) -> SyntheticSpec {
             s.seed = 7;
             s
         }
+        "qwen3-yarn" => {
+            let mut s = SyntheticSpec::small("qwen3");
+            s.yarn = Some((4.0, 256));
+            s
+        }
         "llama-moe" => {
             let mut s = SyntheticSpec::small("llama");
             s.n_expert = 4;
@@ -75,6 +80,26 @@ fn top1_instead_of_top2_routing_is_caught() {
     let mut w = synthetic::build(&spec("qwen3moe")).unwrap();
     w.set("qwen3moe.expert_used_count", ferrolm_gguf::Value::U32(1));
     let f = measure("qwen3moe", w.to_bytes());
+    assert!(f.mean_kl > 1e-3, "mean KL {:.3e}", f.mean_kl);
+}
+
+/// YaRN RoPE (factor 4 over an original context of 256: the ramp between extrapolated and
+/// interpolated pairs falls inside the 48-wide heads) on qwen3.
+#[test]
+fn qwen3_with_yarn_matches_llama_cpp() {
+    check("qwen3-yarn");
+}
+
+/// The YaRN comparison can fail: the same file read as linear scaling by the same factor is
+/// far from llama.cpp's figures.
+#[test]
+fn yarn_read_as_linear_scaling_is_caught() {
+    let mut w = synthetic::build(&spec("qwen3-yarn")).unwrap();
+    w.set(
+        "qwen3.rope.scaling.type",
+        ferrolm_gguf::Value::String("linear".into()),
+    );
+    let f = measure("qwen3-yarn", w.to_bytes());
     assert!(f.mean_kl > 1e-3, "mean KL {:.3e}", f.mean_kl);
 }
 

@@ -68,6 +68,9 @@ pub struct SynthArgs {
     /// Phi-3 LongRoPE factors, with this original context length (phi3 only).
     #[arg(long, value_name = "ORIGINAL_CTX")]
     pub long_rope: Option<usize>,
+    /// YaRN RoPE scaling: `FACTOR:ORIGINAL_CTX` (`rope.scaling.type` yarn).
+    #[arg(long, value_name = "FACTOR:ORIGINAL_CTX")]
+    pub yarn: Option<String>,
     /// Tie the output matrix to the embedding.
     #[arg(long)]
     pub tied: bool,
@@ -137,6 +140,12 @@ pub fn spec(args: &SynthArgs) -> Result<SyntheticSpec> {
     }
     s.rope_freqs = args.rope_freqs;
     s.long_rope = args.long_rope;
+    if let Some(y) = &args.yarn {
+        let parsed = y
+            .split_once(':')
+            .and_then(|(f, n)| Some((f.parse::<f32>().ok()?, n.parse::<usize>().ok()?)));
+        s.yarn = Some(parsed.with_context(|| format!("--yarn {y:?} is not FACTOR:ORIGINAL_CTX"))?);
+    }
     s.tied_output = args.tied;
     if !args.ty.eq_ignore_ascii_case("mixed") {
         s.default_type = parse_type(&args.ty)?;
