@@ -13,7 +13,7 @@ use ferrolm_model::ModelPlan;
 
 use crate::kernels;
 use crate::prefill::{self, Addresses, Prefill, MAX_BATCH};
-use crate::schedule::{decode_plan_layers, Arg, Buf, DecodePlan};
+use crate::schedule::{decode_plan_layers, Arg, Buf, DecodePlan, SAMPLE_DRAWS, SAMPLE_MAX_K};
 use crate::CudaError;
 
 pub(crate) fn driver(what: &str) -> impl FnOnce(cudarc::driver::DriverError) -> CudaError + '_ {
@@ -91,6 +91,19 @@ pub struct Stats {
     pub batches: u64,
 }
 
+/// How the device draws tokens (the CPU sampler's settings it serves).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct DeviceSampling {
+    /// Keep the k most likely tokens (1 to [`SAMPLE_MAX_K`]).
+    pub top_k: usize,
+    /// Keep the most likely tokens whose probabilities add up to p (1: all).
+    pub top_p: f32,
+    /// Drop tokens less likely than min_p times the most likely one (0: none).
+    pub min_p: f32,
+    /// Temperature (positive).
+    pub temperature: f32,
+}
+
 /// A model on one GPU, decoding one sequence a token at a time.
 pub struct CudaModel {
     ctx: Arc<CudaContext>,
@@ -105,8 +118,10 @@ pub struct CudaModel {
     vector_addrs: Vec<u64>,
     k_cache: Vec<u64>,
     v_cache: Vec<u64>,
-    /// Which of `_buffers` is the residual stream ([`Buf::X`]).
-    x_index: usize,
+    /// Which of `_buffers` holds each symbolic buffer.
+    buf_index: HashMap<Buf, usize>,
+    /// The device sampler's settings and the draws handed to it so far, when sampling.
+    sampling: Option<(DeviceSampling, usize)>,
     // Held for their addresses, which `launches` and the graph use.
     _matrices: Vec<CudaSlice<u8>>,
     _vectors: Vec<CudaSlice<f32>>,
@@ -129,6 +144,9 @@ fn buffer_bytes(p: &DecodePlan, b: Buf) -> usize {
         Buf::PartO => p.max_part,
         Buf::PartMl => 2 * p.max_heads_splits,
         Buf::Done => p.max_heads_splits,
+        Buf::SampleCfg => 8,
+        Buf::Draws => SAMPLE_DRAWS,
+        Buf::DrawIdx => 1,
         Buf::KCache(l) | Buf::VCache(l) => p.n_ctx * p.kv_dims[l] / 2,
         Buf::Matrix(_) | Buf::Vector(_) | Buf::Logits | Buf::Token | Buf::Pos => 0,
     }
@@ -235,7 +253,7 @@ impl CudaModel {
 
         // Every other buffer the launches name, allocated once (zeroed: the caches too).
         let mut buffers = Vec::new();
-        let mut x_index = 0;
+        let mut buf_index: HashMap<Buf, usize> = HashMap::new();
         let mut addr: HashMap<Buf, u64> = HashMap::new();
         let ptr = |s: &CudaSlice<u8>| s.device_ptr(&stream).0;
         for l in &dp.launches {
@@ -255,9 +273,7 @@ impl CudaModel {
                                 .alloc_zeros::<u8>(buffer_bytes(&dp, b).max(16))
                                 .map_err(driver("activations"))?;
                             let p = ptr(&s);
-                            if b == Buf::X {
-                                x_index = buffers.len();
-                            }
+                            buf_index.insert(b, buffers.len());
                             buffers.push(s);
                             p
                         }
@@ -323,7 +339,8 @@ impl CudaModel {
             vector_addrs,
             k_cache,
             v_cache,
-            x_index,
+            buf_index,
+            sampling: None,
             _matrices: matrices,
             _vectors: vectors,
             _buffers: buffers,
@@ -482,6 +499,79 @@ impl CudaModel {
         Ok(())
     }
 
+    /// Chooses each next token on the device: greedy (`None`, the default) or drawn as
+    /// `sampling` says, the draws taken from `draws` in order (the host sampler's generator,
+    /// so that the device picks what the CPU sampler would from the same logits). Errors when
+    /// the settings need the host (`top_k` 0 or above [`SAMPLE_MAX_K`], temperature 0).
+    pub fn set_sampling(
+        &mut self,
+        sampling: Option<DeviceSampling>,
+        draws: &mut dyn FnMut() -> f32,
+    ) -> Result<(), CudaError> {
+        let (k, top_p, min_p, temp) = match &sampling {
+            None => (0, 1.0, 0.0, 1.0),
+            Some(s) => {
+                if s.top_k == 0 || s.top_k > SAMPLE_MAX_K || s.temperature <= 0.0 {
+                    return Err(CudaError::Model(format!(
+                        "device sampling needs 1 <= top_k <= {SAMPLE_MAX_K} and a positive temperature"
+                    )));
+                }
+                (s.top_k as i32, s.top_p, s.min_p, s.temperature)
+            }
+        };
+        let mut cfg = Vec::with_capacity(20);
+        cfg.extend_from_slice(&k.to_ne_bytes());
+        cfg.extend_from_slice(&top_p.to_ne_bytes());
+        cfg.extend_from_slice(&min_p.to_ne_bytes());
+        cfg.extend_from_slice(&temp.to_ne_bytes());
+        cfg.extend_from_slice(&(SAMPLE_DRAWS as i32).to_ne_bytes());
+        self.write_buf(Buf::SampleCfg, &cfg)?;
+        self.sampling = sampling.map(|s| (s, 0));
+        if self.sampling.is_some() {
+            self.refill_draws(draws)?;
+        }
+        Ok(())
+    }
+
+    /// Hands the device the next [`SAMPLE_DRAWS`] draws and restarts its count.
+    fn refill_draws(&mut self, draws: &mut dyn FnMut() -> f32) -> Result<(), CudaError> {
+        let bytes: Vec<u8> = (0..SAMPLE_DRAWS)
+            .flat_map(|_| draws().to_ne_bytes())
+            .collect();
+        self.write_buf(Buf::Draws, &bytes)?;
+        self.write_buf(Buf::DrawIdx, &0u32.to_ne_bytes())?;
+        if let Some((_, used)) = self.sampling.as_mut() {
+            *used = 0;
+        }
+        Ok(())
+    }
+
+    /// Before a step that may draw: new draws when the device has used them all.
+    pub fn ensure_draws(&mut self, draws: &mut dyn FnMut() -> f32) -> Result<(), CudaError> {
+        match self.sampling {
+            Some((_, used)) if used >= SAMPLE_DRAWS => self.refill_draws(draws),
+            Some((_, ref mut used)) => {
+                *used += 1;
+                Ok(())
+            }
+            None => Ok(()),
+        }
+    }
+
+    fn write_buf(&mut self, b: Buf, bytes: &[u8]) -> Result<(), CudaError> {
+        let Some(&i) = self.buf_index.get(&b) else {
+            return Err(CudaError::Model(format!(
+                "the step has no {b:?} buffer (only the first layers are on the device)"
+            )));
+        };
+        let mut dst = self._buffers[i].slice_mut(..bytes.len());
+        self.stream
+            .memcpy_htod(bytes, &mut dst)
+            .map_err(driver("writing the sampler's state"))?;
+        self.stats.uploads += 1;
+        Ok(())
+    }
+
     /// Layers on the device.
     pub fn gpu_layers(&self) -> usize {
         self.plan.layers.len()
@@ -521,7 +611,7 @@ impl CudaModel {
         for &id in ids {
             self.upload_token(id)?;
             self.run_step()?;
-            let x = self._buffers[self.x_index].slice(..4 * d);
+            let x = self._buffers[self.buf_index[&Buf::X]].slice(..4 * d);
             self.stream
                 .memcpy_dtoh(&x, &mut bytes)
                 .map_err(driver("reading the residual stream"))?;
@@ -671,6 +761,11 @@ impl CudaModel {
             v_cache: &self.v_cache,
             logits: self.logits.device_ptr(&self.stream).0,
             token: self.token.device_ptr(&self.stream).0,
+            sampling: [Buf::SampleCfg, Buf::Draws, Buf::DrawIdx].map(|b| {
+                self.buf_index
+                    .get(&b)
+                    .map_or(0, |&i| self._buffers[i].device_ptr(&self.stream).0)
+            }),
         };
         let prefill = self.prefill.as_mut().expect("checked by the caller");
         for batch in ids.chunks(MAX_BATCH) {

@@ -630,12 +630,160 @@ __device__ __forceinline__ u32 block_argmax(const float* logits, int n) {
     return bi == 0x7fffffff ? 0u : (u32)bi;
 }
 
-// The greedy choice into *token, then *pos += 1: the next replay of the step reads both.
-extern "C" __global__ void argmax_advance(const float* logits, int n, u32* token, u32* pos) {
-    u32 id = block_argmax(logits, n);
+// ---- choosing the next token on the device ----
+//
+// cfg (device memory, so that a captured step needs no re-capture when it changes): k = 0 is
+// greedy; otherwise the CPU sampler's chain (ferrolm-engine's Sampler): the k most likely
+// (ties: the lower id), sorted; top-p and min-p on their probabilities at temperature 1; the
+// draw draws[*draw_idx] (the host's generator, in the order the CPU sampler would draw) over
+// their probabilities at the temperature. The first k is found by a radix select on the
+// logits' bits, the tail (at most SAMPLE_MAX_K candidates) by one thread in the CPU's order.
+struct SampleCfg {
+    int k;
+    float top_p;
+    float min_p;
+    float temperature;
+    int n_draws;
+};
+
+#define SAMPLE_MAX_K 256
+#define SAMPLE_CAND 1024
+
+// Larger float -> larger key.
+__device__ __forceinline__ u32 order_key(float f) {
+    u32 b = __float_as_uint(f);
+    return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+}
+
+__device__ u32 sample_tail(const float* logits, int n, const SampleCfg* cfg, const float* draws,
+                           u32* draw_idx) {
+    __shared__ u32 hist[256];
+    __shared__ u32 s_prefix, s_need;
+    __shared__ float cand_l[SAMPLE_CAND];
+    __shared__ int cand_i[SAMPLE_CAND];
+    __shared__ u32 n_cand;
+    __shared__ u32 chosen;
+    int tid = threadIdx.x, nt = blockDim.x;
+    int k = min(cfg->k, min(n, SAMPLE_MAX_K));
+    if (tid == 0) {
+        s_prefix = 0;
+        s_need = (u32)k;
+        n_cand = 0;
+    }
+    u32 mask = 0;
+    // Radix select: the key of the k-th largest logit, 8 bits at a time.
+    for (int shift = 24; shift >= 0; shift -= 8) {
+        for (int i = tid; i < 256; i += nt) hist[i] = 0;
+        __syncthreads();
+        u32 prefix = s_prefix;
+        for (int i = tid; i < n; i += nt) {
+            u32 key = order_key(logits[i]);
+            if ((key & mask) == prefix) atomicAdd(&hist[(key >> shift) & 255], 1u);
+        }
+        __syncthreads();
+        if (tid == 0) {
+            u32 need = s_need, above = 0;
+            int bin = 255;
+            for (; bin > 0; bin--) {
+                if (above + hist[bin] >= need) break;
+                above += hist[bin];
+            }
+            s_need = need - above;
+            s_prefix = prefix | ((u32)bin << shift);
+        }
+        mask |= 255u << shift;
+        __syncthreads();
+    }
+    u32 kth = s_prefix;
+    // Candidates: every logit above the k-th, and those equal to it (the lowest ids kept by
+    // the sort below).
+    for (int i = tid; i < n; i += nt) {
+        u32 key = order_key(logits[i]);
+        if (key >= kth) {
+            u32 slot = atomicAdd(&n_cand, 1u);
+            if (slot < SAMPLE_CAND) {
+                cand_l[slot] = logits[i];
+                cand_i[slot] = i;
+            }
+        }
+    }
+    __syncthreads();
+    int m = (int)min(n_cand, (u32)SAMPLE_CAND);
+    for (int i = m + tid; i < SAMPLE_CAND; i += nt) {
+        cand_l[i] = -INFINITY;
+        cand_i[i] = 0x7fffffff;
+    }
+    __syncthreads();
+    // Bitonic sort, largest logit first, then the lower id.
+    for (int size = 2; size <= SAMPLE_CAND; size <<= 1) {
+        for (int stride = size >> 1; stride > 0; stride >>= 1) {
+            for (int i = tid; i < SAMPLE_CAND; i += nt) {
+                int j = i ^ stride;
+                if (j > i) {
+                    bool desc = (i & size) == 0;
+                    float li = cand_l[i], lj = cand_l[j];
+                    int ii = cand_i[i], ij = cand_i[j];
+                    bool i_first = li > lj || (li == lj && ii < ij);
+                    if (desc != i_first) {
+                        cand_l[i] = lj; cand_l[j] = li;
+                        cand_i[i] = ij; cand_i[j] = ii;
+                    }
+                }
+            }
+            __syncthreads();
+        }
+    }
+    if (tid == 0) {
+        int c = min(k, m);
+        // Probabilities at temperature 1 (the CPU's order of operations).
+        float mx = cand_l[0], sum = 0.f;
+        for (int i = 0; i < c; i++) sum += expf(cand_l[i] - mx);
+        int keep = c;
+        if (cfg->top_p < 1.f) {
+            float cum = 0.f;
+            for (int i = 0; i < c; i++) {
+                cum += expf(cand_l[i] - mx) / sum;
+                if (cum >= cfg->top_p) {
+                    keep = i + 1;
+                    break;
+                }
+            }
+        }
+        if (cfg->min_p > 0.f) {
+            float floor = cfg->min_p * (1.f / sum);
+            int n_ok = 0;
+            while (n_ok < c && expf(cand_l[n_ok] - mx) / sum >= floor) n_ok++;
+            keep = min(keep, max(n_ok, 1));
+        }
+        keep = max(keep, 1);
+        float t = cfg->temperature, sum_t = 0.f;
+        for (int i = 0; i < keep; i++) sum_t += expf((cand_l[i] - mx) / t);
+        float r = draws[*draw_idx % (u32)max(cfg->n_draws, 1)];
+        *draw_idx += 1;
+        float cum = 0.f;
+        int pick = keep - 1;
+        for (int i = 0; i < keep; i++) {
+            cum += expf((cand_l[i] - mx) / t) / sum_t;
+            if (r < cum) {
+                pick = i;
+                break;
+            }
+        }
+        chosen = (u32)cand_i[pick];
+    }
+    __syncthreads();
+    return chosen;
+}
+
+// The next token (greedy, or drawn as cfg says) into *token; with advance, *pos += 1: the next
+// replay of the step reads both. One block of 1024 threads.
+extern "C" __global__ void choose_token(const float* logits, int n, u32* token, u32* pos,
+                                        int advance, const SampleCfg* cfg, const float* draws,
+                                        u32* draw_idx) {
+    u32 id = cfg->k > 0 ? sample_tail(logits, n, cfg, draws, draw_idx) : block_argmax(logits, n);
     if (threadIdx.x == 0) {
         *token = id;
-        *pos += 1;
+        if (advance) *pos += 1;
     }
 }
 
@@ -644,11 +792,6 @@ extern "C" __global__ void advance_pos(u32* pos) {
     if (threadIdx.x == 0) *pos += 1;
 }
 
-// The greedy choice into *token (after a prompt batch, which sets the position itself).
-extern "C" __global__ void argmax_token(const float* logits, int n, u32* token) {
-    u32 id = block_argmax(logits, n);
-    if (threadIdx.x == 0) *token = id;
-}
 
 // ---- a prompt as one batch of n tokens: matrices dequantized to f16 for cuBLAS ----
 

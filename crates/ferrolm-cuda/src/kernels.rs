@@ -104,6 +104,6 @@ mod tests {
     #[test]
     fn the_source_has_no_includes() {
         assert!(!SOURCE.contains("#include"));
-        assert!(SOURCE.contains("extern \"C\" __global__ void argmax_advance("));
+        assert!(SOURCE.contains("extern \"C\" __global__ void choose_token("));
     }
 }

@@ -18,7 +18,7 @@ pub mod kernels;
 mod prefill;
 pub mod schedule;
 
-pub use device::{device_count, CudaModel, Stats};
+pub use device::{device_count, CudaModel, DeviceSampling, Stats};
 pub use schedule::Decline;
 
 /// Why the CUDA path cannot run (or stopped).

@@ -33,9 +33,11 @@ pub(crate) struct Addresses<'a> {
     pub vectors: &'a [u64],
     pub k_cache: &'a [u64],
     pub v_cache: &'a [u64],
-    /// The decode step's last-token buffers: logits and the greedy token.
+    /// The decode step's last-token buffers: logits and the chosen token.
     pub logits: u64,
     pub token: u64,
+    /// The step's sampler: its settings, draws and draw count (0: none, greedy).
+    pub sampling: [u64; 3],
 }
 
 /// The batched prompt pass of one model: cuBLAS, the kernels and the batch buffers.
@@ -157,6 +159,26 @@ impl Prefill {
         let start = self.mark()?;
         launch(&self.stream, &f, cfg, args)?;
         self.record(kernel, start)
+    }
+
+    /// The next token from the `vocab` logits at `logits`, as the decode step chooses it.
+    fn choose(&mut self, at: &Addresses, logits: u64, vocab: usize) -> Result<(), CudaError> {
+        let [cfg, draws, idx] = at.sampling;
+        self.run(
+            "choose_token",
+            (1, 1),
+            1024,
+            &[
+                Value::Ptr(logits),
+                Value::I32(vocab as i32),
+                Value::Ptr(at.token),
+                Value::Ptr(0),
+                Value::I32(0),
+                Value::Ptr(cfg),
+                Value::Ptr(draws),
+                Value::Ptr(idx),
+            ],
+        )
     }
 
     /// `w16` = matrix `m` as f16, row-major.
@@ -454,18 +476,9 @@ impl Prefill {
             let all_logits = self.all_logits.as_ref().expect("allocated");
             s.memcpy_dtoh(&all_logits.slice(..n * vocab), &mut out)
                 .map_err(driver("reading the logits"))?;
-            // The greedy choice from the last row (the caller copies it to the step's logits).
+            // The choice from the last row (the caller copies it to the step's logits).
             let last_row = logits + (4 * (n - 1) * vocab) as u64;
-            self.run(
-                "argmax_token",
-                (1, 1),
-                1024,
-                &[
-                    Value::Ptr(last_row),
-                    Value::I32(vocab as i32),
-                    Value::Ptr(at.token),
-                ],
-            )?;
+            self.choose(at, last_row, vocab)?;
             return Ok(out);
         } else {
             // The last token only: its norm (f32) and the output matrix-vector product.
@@ -500,16 +513,7 @@ impl Prefill {
                 ],
             )?;
         }
-        self.run(
-            "argmax_token",
-            (1, 1),
-            1024,
-            &[
-                Value::Ptr(at.logits),
-                Value::I32(vocab as i32),
-                Value::Ptr(at.token),
-            ],
-        )?;
+        self.choose(at, at.logits, vocab)?;
         Ok(out)
     }
 }

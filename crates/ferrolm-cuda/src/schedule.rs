@@ -86,6 +86,13 @@ pub enum Buf {
     /// Split-K blocks finished per head (the last one merges), `max n_head` u32, zero between
     /// steps.
     Done,
+    /// How the step chooses its token: `k, top_p, min_p, temperature, n_draws` (i32, f32 x 3,
+    /// i32); `k = 0` (as allocated) is greedy.
+    SampleCfg,
+    /// Uniform draws in [0, 1) for sampling, [`SAMPLE_DRAWS`] f32, in the host sampler's order.
+    Draws,
+    /// Draws used so far, one u32.
+    DrawIdx,
     /// The token id the step embeds (and the greedy choice it writes), one u32.
     Token,
     /// The position the step writes (advanced by the step), one u32.
@@ -239,6 +246,13 @@ pub struct DecodePlan {
     /// Key/value width per layer (f16 cache rows).
     pub kv_dims: Vec<usize>,
 }
+
+/// Draws the device holds at a time.
+pub const SAMPLE_DRAWS: usize = 4096;
+
+/// The most candidates the device sampler keeps (`top_k` at most this; more falls back to the
+/// host's sampler).
+pub const SAMPLE_MAX_K: usize = 256;
 
 /// Rows of a matrix-vector block (`ROWS` in the kernels; the gate/up kernel: 2 of each).
 pub const MATVEC_ROWS: usize = 4;
@@ -717,7 +731,7 @@ pub fn decode_plan_layers(
         };
         b.matvec(output, Buf::H, None, None, Buf::Logits);
         b.push(
-            "argmax_advance",
+            "choose_token",
             (1, 1),
             1024,
             vec![
@@ -725,6 +739,10 @@ pub fn decode_plan_layers(
                 Arg::I32(n_vocab as i32),
                 Arg::Buf(Buf::Token),
                 Arg::Buf(Buf::Pos),
+                Arg::I32(1),
+                Arg::Buf(Buf::SampleCfg),
+                Arg::Buf(Buf::Draws),
+                Arg::Buf(Buf::DrawIdx),
             ],
         );
         Some(Head { out_norm, output })
@@ -878,7 +896,7 @@ mod tests {
         assert_eq!(p.launches.len(), 1 + 8 * 4 + 3);
         assert!(p.launches.iter().all(|l| l.kernel != "attn_combine"));
         assert_eq!(p.launches[0].kernel, "embed_Q4_0");
-        assert_eq!(p.launches.last().unwrap().kernel, "argmax_advance");
+        assert_eq!(p.launches.last().unwrap().kernel, "choose_token");
         // 4 layers x 7 matrices + embedding + output.
         assert_eq!(p.matrices.len(), 4 * 7 + 2);
         assert_eq!(p.splits, 2);
@@ -903,6 +921,8 @@ mod tests {
             TensorType::Q8_0,
             TensorType::Q4_0,
             TensorType::Q4_1,
+            TensorType::Q5_0,
+            TensorType::Q5_1,
             TensorType::Q4_K,
             TensorType::Q6_K,
         ] {
@@ -911,13 +931,15 @@ mod tests {
             let p = decode_plan(&pl, 4096, &all(ty)).unwrap();
             for l in &p.launches {
                 let needle = format!("void {}(", l.kernel);
-                let macro_form = ["F32", "F16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K"]
-                    .iter()
-                    .find_map(|t| {
-                        l.kernel
-                            .strip_suffix(&format!("_{t}"))
-                            .map(|k| (format!("void {k}_##T("), format!("FOR_TYPE({t})")))
-                    });
+                let macro_form = [
+                    "F32", "F16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q6_K",
+                ]
+                .iter()
+                .find_map(|t| {
+                    l.kernel
+                        .strip_suffix(&format!("_{t}"))
+                        .map(|k| (format!("void {k}_##T("), format!("FOR_TYPE({t})")))
+                });
                 let found = crate::kernels::SOURCE.contains(&needle)
                     || macro_form.is_some_and(|(a, b)| {
                         crate::kernels::SOURCE.contains(&a) && crate::kernels::SOURCE.contains(&b)

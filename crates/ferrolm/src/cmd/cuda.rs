@@ -5,7 +5,8 @@ use std::time::Instant;
 
 use anyhow::{bail, Result};
 use clap::Args;
-use ferrolm_cuda::CudaModel;
+use ferrolm_cuda::schedule::SAMPLE_MAX_K;
+use ferrolm_cuda::{CudaModel, DeviceSampling};
 use ferrolm_engine::{FinishReason, Forward, GenerateError, GenerateParams, Generation, Sampler};
 use ferrolm_model::{Logits, Model, Session};
 use ferrolm_tokenizer::{StreamDecoder, Tokenizer};
@@ -56,10 +57,26 @@ impl Forward for Split<'_> {
 /// Whether the sampler is plain greedy, so that the device's own argmax can choose.
 fn is_greedy(p: &GenerateParams) -> bool {
     let s = &p.sampler;
-    s.temperature <= 0.0
-        && s.repeat_penalty == 1.0
-        && s.presence_penalty == 0.0
-        && s.frequency_penalty == 0.0
+    s.temperature <= 0.0 && no_penalties(p)
+}
+
+fn no_penalties(p: &GenerateParams) -> bool {
+    let s = &p.sampler;
+    s.repeat_penalty == 1.0 && s.presence_penalty == 0.0 && s.frequency_penalty == 0.0
+}
+
+/// The device sampler's settings when it can serve the sampler (no penalties, which need the
+/// history; a top-k of at most [`SAMPLE_MAX_K`]); `None`: the host samples.
+pub fn device_sampling(p: &GenerateParams) -> Option<DeviceSampling> {
+    let s = &p.sampler;
+    (s.temperature > 0.0 && no_penalties(p) && (1..=SAMPLE_MAX_K).contains(&s.top_k)).then_some(
+        DeviceSampling {
+            top_k: s.top_k,
+            top_p: s.top_p,
+            min_p: s.min_p,
+            temperature: s.temperature,
+        },
+    )
 }
 
 /// [`ferrolm_engine::generate`] on the GPU: the prompt in batches, then each token one graph
@@ -78,11 +95,18 @@ pub fn generate(
             m.position() + prompt.len()
         );
     }
-    let greedy = is_greedy(params);
+    // The device chooses (greedy, or drawing with the host sampler's own draws) unless the
+    // sampler needs the host (penalties, a top-k of 0 or above SAMPLE_MAX_K).
+    let on_device = device_sampling(params);
+    let greedy = is_greedy(params) || on_device.is_some();
     let mut sampler = Sampler::new(params.sampler.clone());
+    let mut rng = rand::rngs::StdRng::seed_from_u64(params.sampler.seed);
+    let mut draw = || rng.random::<f32>();
+    m.set_sampling(on_device, &mut draw)?;
     let mut history = prompt.to_vec();
     let start = Instant::now();
-    // The prompt as one batch (GEMMs) when it can; the device keeps the greedy choice.
+    // The prompt as one batch (GEMMs) when it can; the device keeps its choice.
+    m.ensure_draws(&mut draw)?;
     let mut logits = m.eval(prompt, false)?;
     let prompt_time = start.elapsed();
     let gen_start = Instant::now();
@@ -118,6 +142,7 @@ pub fn generate(
         }
         if greedy {
             // The device already holds the id it chose: no upload.
+            m.ensure_draws(&mut draw)?;
             m.push_greedy()?;
         } else {
             m.push(id)?;
@@ -130,6 +155,7 @@ pub fn generate(
         out.text.push_str(&rest);
     }
     out.gen_time = gen_start.elapsed();
+    m.set_sampling(None, &mut draw)?;
     Ok(out)
 }
 
@@ -230,6 +256,52 @@ fn check_split(args: &CheckArgs, model: &Model, gpu: CudaModel, n_ctx: usize) ->
             "the split model differs from the CPU: mean KL {:.2e}, top-1 {:.2}%",
             row.mean_kl,
             100.0 * row.top1_tied
+        );
+    }
+    Ok(())
+}
+
+/// The device's sampler against the host's on the same logits (the device's own): llama.cpp's
+/// default chain (temperature 0.8, top-k 40, top-p 0.95, min-p 0.05), both drawing from the
+/// same seeded generator; each step goes on with the device's token.
+fn sampling_check(gpu: &mut CudaModel, ids: &[u32]) -> Result<()> {
+    let params = GenerateParams {
+        max_tokens: 0,
+        sampler: ferrolm_engine::SamplerParams {
+            seed: 11,
+            ..Default::default()
+        },
+        stop_at_eog: false,
+    };
+    let Some(on_device) = device_sampling(&params) else {
+        return Ok(());
+    };
+    let steps = 64.min(gpu.n_ctx() / 2);
+    let prompt = &ids[..ids.len().min(gpu.n_ctx() - steps - 1)];
+    gpu.reset()?;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(params.sampler.seed);
+    let mut draw = || rng.random::<f32>();
+    gpu.set_sampling(Some(on_device), &mut draw)?;
+    let mut host = Sampler::new(params.sampler.clone());
+    gpu.ensure_draws(&mut draw)?;
+    let mut logits = gpu.eval(prompt, false)?;
+    let mut agree = 0;
+    for _ in 0..steps {
+        let want = host.sample(&logits, &[]);
+        let got = gpu.greedy()?;
+        agree += usize::from(want == got);
+        gpu.ensure_draws(&mut draw)?;
+        gpu.push_greedy()?;
+        logits = gpu.logits()?;
+    }
+    gpu.set_sampling(None, &mut draw)?;
+    println!(
+        "device sampling (top-k 40, top-p 0.95, min-p 0.05, temperature 0.8): {agree}/{steps} tokens as the host sampler picks from the same logits and draws"
+    );
+    if agree < steps {
+        bail!(
+            "the device sampler disagreed with the host's at {} of {steps} steps",
+            steps - agree
         );
     }
     Ok(())
@@ -399,6 +471,7 @@ pub fn check(args: CheckArgs) -> Result<()> {
         (after.uploads - before.uploads) as f64 / steps as f64,
         gpu.plan().launches.len(),
     );
+    sampling_check(&mut gpu, &ids)?;
     if args.profile > 0 {
         // Room for the profiled steps.
         let n_ctx = (args.profile + 32).max(ids.len() + 1);
