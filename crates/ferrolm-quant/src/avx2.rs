@@ -36,6 +36,14 @@ pub(crate) fn kernel(ty: TensorType) -> Option<Simd> {
         }
         simd
     }
+    /// As `pair`, with the AVX-512 VNNI K-quant tile where the CPU has it.
+    fn k<B: KBlock>() -> Simd {
+        let mut simd = pair::<B>();
+        if has_avx512_vnni() {
+            simd.multi = Some(multi_entry_k512::<B> as MultiFn);
+        }
+        simd
+    }
     fn float(dot: DotFn) -> Simd {
         Simd {
             dot,
@@ -61,9 +69,9 @@ pub(crate) fn kernel(ty: TensorType) -> Option<Simd> {
         T::MXFP4 => float(dot_pairs_entry::<Mxfp4>),
         T::Q2_K => pair::<Q2K>(),
         T::Q3_K => pair::<Q3K>(),
-        T::Q4_K => pair::<Q4K>(),
+        T::Q4_K => k::<Q4K>(),
         T::Q5_K => pair::<Q5K>(),
-        T::Q6_K => pair::<Q6K>(),
+        T::Q6_K => k::<Q6K>(),
         _ => return None,
     })
 }
@@ -418,6 +426,293 @@ unsafe fn multi_blocks_512<B: Q0Block>(
                     let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)));
                     out[(c0 + 2 * p) * n_rows + i0 + r] = finish(lo);
                     out[(c0 + 2 * p + 1) * n_rows + i0 + r] = finish(hi);
+                }
+            }
+            c0 += 2 * P;
+        }
+        for c in c0..n_cols {
+            for r in 0..R {
+                out[c * n_rows + i0 + r] = dot_blocks::<B>(nb, xr[r], y.add(c * act_stride));
+            }
+        }
+        i0 += R;
+    }
+    for i in i0..n_rows {
+        let xr = x.add(i * row_stride);
+        for c in 0..n_cols {
+            out[c * n_rows + i] = dot_blocks::<B>(nb, xr, y.add(c * act_stride));
+        }
+    }
+}
+
+/// What `multi_blocks_k512` needs of two Q8_K activation blocks (columns) side by side:
+/// lanes 0..8 (bytes 0..32) belong to the first column, lanes 8..16 to the second.
+#[derive(Clone, Copy)]
+struct KPair {
+    /// Each column's sixteen bsums.
+    bsums: __m512i,
+    /// Each column's `hadd(bsums)` (eight i16 sums of two bsums).
+    q8s: __m256i,
+    /// Each column's d, eight times.
+    yd: __m512,
+    /// Each column's -d, four times.
+    nyd: __m256,
+}
+
+/// K-quant blocks (met by Q8_K activations) that `multi_blocks_k512` runs: the block's
+/// integer sum is, lane for lane, `start` plus the sum over groups `j` of
+/// `madd(maddubs(q_j, y_j), s_j)`, as in their AVX2 `apply`.
+trait KBlock: Block {
+    /// Group `j`'s 32 unsigned quants.
+    fn q(w: &Self::W, j: usize) -> __m256i;
+    /// Group `j`'s 16-bit scales, as `madd` applies them.
+    fn s(w: &Self::W, j: usize) -> __m256i;
+    /// What `start` needs of the weight block, computed once per block.
+    ///
+    /// # Safety
+    /// AVX2 is available.
+    unsafe fn pre(w: &Self::W) -> __m256i;
+    /// The integer sum's starting value against `pair`, from `pre`.
+    ///
+    /// # Safety
+    /// AVX-512 F/BW/VL/VNNI (and AVX2, FMA, F16C) are available.
+    unsafe fn start(pre: __m256i, pair: &KPair) -> __m512i;
+    /// Adds the block's finished integer `sum` to the pair's accumulators: `v` as `Acc::v`
+    /// (one column per half), `m` as Q4_K's `Acc::m` (one column per 128-bit half).
+    ///
+    /// # Safety
+    /// As for `start`.
+    unsafe fn add(w: &Self::W, pair: &KPair, sum: __m512i, v: &mut __m512, m: &mut __m256);
+}
+
+impl KBlock for Q4K {
+    #[inline(always)]
+    fn q(w: &K4, j: usize) -> __m256i {
+        w.q[j]
+    }
+    #[inline(always)]
+    fn s(w: &K4, j: usize) -> __m256i {
+        w.scv[j]
+    }
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn pre(w: &K4) -> __m256i {
+        _mm256_set_m128i(w.mins, w.mins)
+    }
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    unsafe fn start(_: __m256i, _: &KPair) -> __m512i {
+        _mm512_setzero_si512()
+    }
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    unsafe fn add(w: &K4, pair: &KPair, sum: __m512i, v: &mut __m512, m: &mut __m256) {
+        // as `k4_apply`: the minimums with dmin = -y.d * x.dmin into `m`, then y.d * x.d
+        let prod = _mm256_madd_epi16(Self::pre(w), pair.q8s);
+        let dmin = _mm256_mul_ps(pair.nyd, _mm256_set1_ps(w.dmin));
+        *m = _mm256_fmadd_ps(dmin, _mm256_cvtepi32_ps(prod), *m);
+        let d = _mm512_mul_ps(pair.yd, _mm512_set1_ps(w.d));
+        *v = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(sum), *v);
+    }
+}
+
+impl KBlock for Q6K {
+    #[inline(always)]
+    fn q(w: &K6, j: usize) -> __m256i {
+        w.u[j]
+    }
+    #[inline(always)]
+    fn s(w: &K6, j: usize) -> __m256i {
+        w.scv[j]
+    }
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn pre(w: &K6) -> __m256i {
+        // -32 * scale, in -4096..=4096: fits i16
+        _mm256_sub_epi16(_mm256_setzero_si256(), _mm256_slli_epi16(w.sc16, 5))
+    }
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    unsafe fn start(pre: __m256i, pair: &KPair) -> __m512i {
+        // the quants are u - 32: -32 * madd(scales, bsums), lane for lane
+        _mm512_madd_epi16(_mm512_broadcast_i64x4(pre), pair.bsums)
+    }
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    unsafe fn add(w: &K6, pair: &KPair, sum: __m512i, v: &mut __m512, _: &mut __m256) {
+        let d = _mm512_mul_ps(_mm512_set1_ps(w.d), pair.yd);
+        *v = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(sum), *v);
+    }
+}
+
+/// Two 256-bit vectors as one 512-bit vector (`a` in the low half).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn join(a: __m256i, b: __m256i) -> __m512i {
+    _mm512_inserti64x4::<1>(_mm512_castsi256_si512(a), b)
+}
+
+/// The `KPair` of the Q8_K blocks (columns) at `y0` and `y1`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn k_pair(y0: *const u8, y1: *const u8) -> KPair {
+    let (b0, b1) = (bsums(y0), bsums(y1));
+    let q8s0 = _mm_hadd_epi16(
+        _mm256_castsi256_si128(b0),
+        _mm256_extracti128_si256::<1>(b0),
+    );
+    let q8s1 = _mm_hadd_epi16(
+        _mm256_castsi256_si128(b1),
+        _mm256_extracti128_si256::<1>(b1),
+    );
+    let (d0, d1) = (y_d(y0), y_d(y1));
+    KPair {
+        bsums: join(b0, b1),
+        q8s: _mm256_set_m128i(q8s1, q8s0),
+        yd: _mm512_mask_blend_ps(0xff00, _mm512_set1_ps(d0), _mm512_set1_ps(d1)),
+        nyd: _mm256_blend_ps::<0xf0>(_mm256_set1_ps(-d0), _mm256_set1_ps(-d1)),
+    }
+}
+
+/// `multi_entry` with the AVX-512 VNNI K-quant tile (see `multi_blocks_k512`).
+#[allow(clippy::too_many_arguments)] // two strided matrices and their shapes
+fn multi_entry_k512<B: KBlock>(
+    n: usize,
+    rows: &[u8],
+    row_stride: usize,
+    n_rows: usize,
+    acts: &[u8],
+    act_stride: usize,
+    n_cols: usize,
+    out: &mut [f32],
+) {
+    let nb = n / B::QK;
+    assert!(n.is_multiple_of(B::QK) && row_stride >= nb * B::WB && act_stride >= nb * B::AB);
+    if n_rows == 0 || n_cols == 0 {
+        return;
+    }
+    assert!(rows.len() >= (n_rows - 1) * row_stride + nb * B::WB);
+    assert!(acts.len() >= (n_cols - 1) * act_stride + nb * B::AB);
+    assert!(out.len() >= n_rows * n_cols);
+    // SAFETY: as in `multi_entry_512`.
+    unsafe {
+        multi_blocks_k512::<B>(
+            nb,
+            rows.as_ptr(),
+            row_stride,
+            n_rows,
+            acts.as_ptr(),
+            act_stride,
+            n_cols,
+            out,
+        )
+    }
+}
+
+/// `multi_blocks` for Q4_K and Q6_K: 4 weight rows x 8 columns, two columns per 512-bit
+/// register (lanes 0..8 and 8..16, each exactly the AVX2 `Acc::v` of its output; Q4_K's
+/// `Acc::m` as the two 128-bit halves of a 256-bit register). A block's integer sum adds the
+/// same `madd(maddubs(q, y), scales)` lanes as the AVX2 `apply` (exact i32 sums, so their
+/// order does not matter), and the scale products, conversions and FMAs are the AVX2 ones in
+/// the same order, so every output keeps its bits.
+#[allow(clippy::too_many_arguments, clippy::needless_range_loop)]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn multi_blocks_k512<B: KBlock>(
+    nb: usize,
+    x: *const u8,
+    row_stride: usize,
+    n_rows: usize,
+    y: *const u8,
+    act_stride: usize,
+    n_cols: usize,
+    out: &mut [f32],
+) {
+    // weight rows per tile (the literal arrays below have R entries)
+    const R: usize = 4;
+    // column pairs per tile
+    const P: usize = 4;
+    let mut i0 = 0;
+    while i0 + R <= n_rows {
+        let xr: [*const u8; R] = std::array::from_fn(|r| x.add((i0 + r) * row_stride));
+        let mut c0 = 0;
+        while c0 + 2 * P <= n_cols {
+            let yc: [*const u8; P] = std::array::from_fn(|p| y.add((c0 + 2 * p) * act_stride));
+            let mut v = [[_mm512_setzero_ps(); P]; R];
+            let mut m = [[_mm256_setzero_ps(); P]; R];
+            for b in 0..nb {
+                // (no closures here: they would not inherit the target features)
+                let (xo, yo) = (b * B::WB, b * B::AB);
+                let w: [B::W; R] = [
+                    B::decode(xr[0].add(xo)),
+                    B::decode(xr[1].add(xo)),
+                    B::decode(xr[2].add(xo)),
+                    B::decode(xr[3].add(xo)),
+                ];
+                let pairs: [KPair; P] = [
+                    k_pair(yc[0].add(yo), yc[0].add(yo + act_stride)),
+                    k_pair(yc[1].add(yo), yc[1].add(yo + act_stride)),
+                    k_pair(yc[2].add(yo), yc[2].add(yo + act_stride)),
+                    k_pair(yc[3].add(yo), yc[3].add(yo + act_stride)),
+                ];
+                let mut sum = [[_mm512_setzero_si512(); P]; R];
+                for r in 0..R {
+                    let pre = B::pre(&w[r]);
+                    for p in 0..P {
+                        sum[r][p] = B::start(pre, &pairs[p]);
+                    }
+                }
+                for j in 0..8 {
+                    let yj: [__m512i; P] = [
+                        join(
+                            load(yc[0].add(yo + Y_QS + 32 * j)),
+                            load(yc[0].add(yo + act_stride + Y_QS + 32 * j)),
+                        ),
+                        join(
+                            load(yc[1].add(yo + Y_QS + 32 * j)),
+                            load(yc[1].add(yo + act_stride + Y_QS + 32 * j)),
+                        ),
+                        join(
+                            load(yc[2].add(yo + Y_QS + 32 * j)),
+                            load(yc[2].add(yo + act_stride + Y_QS + 32 * j)),
+                        ),
+                        join(
+                            load(yc[3].add(yo + Y_QS + 32 * j)),
+                            load(yc[3].add(yo + act_stride + Y_QS + 32 * j)),
+                        ),
+                    ];
+                    for r in 0..R {
+                        let q = _mm512_broadcast_i64x4(B::q(&w[r], j));
+                        let s = _mm512_broadcast_i64x4(B::s(&w[r], j));
+                        for p in 0..P {
+                            let t = _mm512_maddubs_epi16(q, yj[p]);
+                            sum[r][p] = _mm512_dpwssd_epi32(sum[r][p], t, s);
+                        }
+                    }
+                }
+                for r in 0..R {
+                    for p in 0..P {
+                        B::add(&w[r], &pairs[p], sum[r][p], &mut v[r][p], &mut m[r][p]);
+                    }
+                }
+            }
+            for p in 0..P {
+                for r in 0..R {
+                    let (vv, mm) = (v[r][p], m[r][p]);
+                    let halves = [
+                        (_mm512_castps512_ps256(vv), _mm256_castps256_ps128(mm)),
+                        (
+                            _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(vv))),
+                            _mm256_extractf128_ps::<1>(mm),
+                        ),
+                    ];
+                    for (h, (hv, hm)) in halves.into_iter().enumerate() {
+                        let acc = Acc {
+                            v: hv,
+                            s: 0.0,
+                            m: hm,
+                        };
+                        out[(c0 + 2 * p + h) * n_rows + i0 + r] = B::finish(&acc);
+                    }
                 }
             }
             c0 += 2 * P;
