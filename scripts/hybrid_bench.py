@@ -39,16 +39,25 @@ def main():
     ap.add_argument("-r", type=int, default=3)
     ap.add_argument("-n", type=int, default=64, help="decode steps timed at each depth")
     ap.add_argument("--depths", type=int, nargs="+", default=[32, 4096])
+    ap.add_argument("--skip-pp", action="store_true", help="only the decode-at-depth table")
+    ap.add_argument("--full-attention-interval", type=int, default=4,
+                    help="every N-th layer attention (12: only the last, which isolates the "
+                         "delta-nets' decode cost; llama.cpp b11312 aborts on a file without "
+                         "attention layers)")
     a = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "qwen3next-bench.gguf")
-        subprocess.run([a.ferrolm, "synth", *SYNTH, "-o", path], check=True)
+        subprocess.run([a.ferrolm, "synth", *SYNTH, "--full-attention-interval",
+                        str(a.full_attention_interval), "-o", path], check=True)
         here = os.path.dirname(os.path.abspath(__file__))
-        subprocess.run([sys.executable, os.path.join(here, "bench_vs_llamacpp.py"), path,
-                        "--threads", "1", "-r", str(a.r), "--ferrolm", a.ferrolm], check=True)
+        if not a.skip_pp:
+            subprocess.run([sys.executable, os.path.join(here, "bench_vs_llamacpp.py"), path,
+                            "--threads", "1", "-r", str(a.r), "--ferrolm", a.ferrolm], check=True)
         from llama_cpp import Llama
+        # logits_all: llama-cpp-python keeps a row of scores per position only then (the
+        # prompt's logits are not timed, only the decode steps after it).
         llm = Llama(model_path=path, n_ctx=max(a.depths) + a.n + 16, n_batch=512, n_threads=1,
-                    n_threads_batch=1, verbose=False)
+                    n_threads_batch=1, logits_all=True, verbose=False)
         rows = []
         for depth in a.depths:
             f, l = [], []
