@@ -89,6 +89,27 @@ fn routing_variants_are_planned_as_llama_cpp_builds_them() {
         assert_eq!((y.n_ctx_orig, a.rope.freq_scale), (256, 0.25));
     }
     assert_eq!(oss.beyond_llama(), Some("mixture-of-experts feed-forward"));
+
+    // Grouped top-k applies to any architecture's file with groups, as in llama.cpp.
+    let mut w = synthetic::build(&spec("qwen3moe")).unwrap();
+    w.set("qwen3moe.expert_group_count", Value::U32(4));
+    w.set("qwen3moe.expert_group_used_count", Value::U32(2));
+    let q = load(&w).unwrap();
+    let Ffn::Moe(m) = &q.plan().layers[0].ffn else {
+        panic!("qwen3moe layer 0 is dense")
+    };
+    assert_eq!(
+        m.groups,
+        Some(ExpertGroups {
+            n_group: 4,
+            n_group_used: 2
+        })
+    );
+    assert_eq!(plan_of("qwen3moe").layers[0].ffn, {
+        let mut plain = m.clone();
+        plain.groups = None;
+        Ffn::Moe(plain)
+    });
 }
 
 #[test]

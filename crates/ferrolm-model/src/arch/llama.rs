@@ -141,7 +141,8 @@ fn ffn_of(k: &Keys<'_>, experts: Experts) -> Result<Ffn> {
                 activation: Activation::Silu,
                 gating: Gating::Softmax,
                 selection_bias: false,
-                groups: None,
+                // llama.cpp applies grouped top-k to any file with more than one group.
+                groups: super::moe_keys::groups(k, n_expert, n_expert_used)?,
                 biases: false,
                 norm_weights: !qwen2moe,
                 weights_scale: None,
