@@ -181,7 +181,8 @@ fn a_cache_of_every_expert_reads_each_once_then_hits() {
 
 /// The other MoE layouts: Qwen2-MoE (its shared expert stays mapped with the dense part),
 /// Mixtral-style llama, dots1 (a leading dense layer, sigmoid routing with a selection bias,
-/// grouped top-4) and qwen3next (gated delta-net layers beside attention, a shared expert),
+/// grouped top-4), gpt-oss (MXFP4 experts with biases kept resident, top-k then softmax) and
+/// qwen3next (gated delta-net layers beside attention, a shared expert),
 /// each streamed through the smallest cache.
 #[test]
 fn other_moe_layouts_stream_bit_for_bit() {
@@ -192,6 +193,7 @@ fn other_moe_layouts_stream_bit_for_bit() {
         ("qwen2moe", SyntheticSpec::small("qwen2moe")),
         ("mixtral", mixtral),
         ("dots1", SyntheticSpec::small("dots1")),
+        ("gpt-oss", SyntheticSpec::small("gpt-oss")),
         ("qwen3next", SyntheticSpec::small("qwen3next")),
     ] {
         let file = write_spec(&spec, tag);
