@@ -3,7 +3,7 @@
 # on each (every position's logits of a random prompt through decode steps and as one prompt
 # batch: mean KL, top-1; greedy continuations), then timed; one summary table at the end.
 # Usage (on the GPU machine, with a release binary built elsewhere):
-#   scripts/gpu-check.sh [BIN] [TOKENIZER_GGUF]
+#   [QUANT_DIR=DIR] scripts/gpu-check.sh [BIN] [TOKENIZER_GGUF]
 # TOKENIZER_GGUF: a GGUF holding the default model's tokenizer.* keys (the GPU machine cannot
 # fetch the default model); the real-shape files borrow it. Env: SECTIONS="small shapes".
 set -uo pipefail
@@ -56,6 +56,11 @@ for section in ${SECTIONS:-small shapes}; do
     "$BIN" synth --arch qwen2 --layers 2 --type q8_0 -o "$W/small-qwen2.gguf" >/dev/null && check small-qwen2 256 64
     "$BIN" synth --arch qwen3 --layers 2 --head-dim 64 --type q4_0 -o "$W/small-qwen3.gguf" >/dev/null && check small-qwen3 256 64
     "$BIN" synth --arch llama --layers 2 --type q8_0 --rope-freqs --tied -o "$W/small-ropefreqs.gguf" >/dev/null && check small-ropefreqs 256 64
+    # Files of other block types made elsewhere (llama-quantize --pure of an F16 synthetic file,
+    # or `ferrolm synth --type bf16|mxfp4`): QUANT_DIR/small-*.gguf.
+    for f in ${QUANT_DIR:+$QUANT_DIR/small-*.gguf}; do
+      name=$(basename "$f" .gguf); cp "$f" "$W/$name.gguf" && check "$name" 256 64
+    done
     FERROLM_CUDA_NO_GRAPH=1 "$BIN" cuda-check -m "$W/small-q8_0.gguf" -p 16 -n 8 >/dev/null \
       && echo "no-graph mode agrees" || { echo "no-graph mode FAILED"; fail=1; }
   fi

@@ -8,6 +8,7 @@
 
 typedef unsigned char u8;
 typedef signed char i8;
+typedef signed char int8_t_;
 typedef unsigned short u16;
 typedef unsigned int u32;
 
@@ -159,6 +160,139 @@ struct Q5_1 {
                 w[j] = d * (float)((byte & 15) | (((qh >> j) & 1) << 4)) + m;
                 w[j + 16] = d * (float)((byte >> 4) | (((qh >> (j + 16)) & 1) << 4)) + m;
             }
+        }
+    }
+};
+
+// BF16: the high half of an f32.
+struct BF16 {
+    static __device__ __forceinline__ void load(const u8* row, int c, float* w) {
+        const uint4* p = (const uint4*)(row + 64 * c);
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            uint4 v = LD(p + i);
+            u32 a[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                w[8 * i + 2 * j] = __uint_as_float(a[j] << 16);
+                w[8 * i + 2 * j + 1] = __uint_as_float(a[j] & 0xffff0000u);
+            }
+        }
+    }
+};
+
+// IQ4_NL: f16 scale, 16 bytes of nibbles indexing a fixed codebook (18 bytes).
+struct IQ4_NL {
+    static __device__ __forceinline__ void load(const u8* row, int c, float* w) {
+        const int8_t_ kv[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                                1,    13,   25,  38,  53,  69,  89,  113};
+        const u16* p = (const u16*)(row + 18 * c);
+        float d = h2f(LD(p));
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            u16 q = LD(p + 1 + i);
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                u32 b = (q >> (8 * e)) & 0xff;
+                w[2 * i + e] = d * (float)kv[b & 15];
+                w[2 * i + e + 16] = d * (float)kv[b >> 4];
+            }
+        }
+    }
+};
+
+// MXFP4: an e8m0 scale byte, 16 bytes of e2m1 nibbles (17 bytes, unaligned). The values are
+// doubled integers and the scale halved, as the CPU does.
+struct MXFP4 {
+    static __device__ __forceinline__ void load(const u8* row, int c, float* w) {
+        const int8_t_ kv[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+        const u8* b = row + 17 * c;
+        u32 e = LD(b);
+        float d = __uint_as_float(e < 2 ? (0x00200000u << e) : ((e - 1) << 23));
+#pragma unroll
+        for (int i = 0; i < 16; i++) {
+            u32 q = LD(b + 1 + i);
+            w[i] = d * (float)kv[q & 15];
+            w[i + 16] = d * (float)kv[q >> 4];
+        }
+    }
+};
+
+// Q2_K: 256 values: 16 scale bytes (low nibble scale, high nibble minimum), 64 bytes of 2-bit
+// quants, f16 d, f16 dmin (84 bytes). Chunk j: quant l is bits 2(j%4).. of qs[32(j/4) + l];
+// sub-blocks of 16 take scale byte 2j + l/16.
+struct Q2_K {
+    static __device__ __forceinline__ void load(const u8* row, int c, float* w) {
+        const u8* b = row + 84 * (c >> 3);
+        int j = c & 7;
+        u32 dd = (u32)LD((const u16*)(b + 80)) | ((u32)LD((const u16*)(b + 82)) << 16);
+        float d = h2f((u16)(dd & 0xffff)), dmin = h2f((u16)(dd >> 16));
+        int shift = 2 * (j & 3);
+        const u8* q = b + 16 + 32 * (j >> 2);
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            u32 sc = LD(b + 2 * j + h);
+            float dl = d * (float)(sc & 15), ml = dmin * (float)(sc >> 4);
+#pragma unroll
+            for (int l = 0; l < 16; l++) w[16 * h + l] = dl * (float)((LD(q + 16 * h + l) >> shift) & 3) - ml;
+        }
+    }
+};
+
+// Q3_K: 256 values: 32 bytes of high-bit masks, 64 bytes of 2-bit quants, 12 bytes of 6-bit
+// scales, f16 d (110 bytes). Chunk j: quant l is bits 2(j%4).. of qs[32(j/4) + l], less 4
+// when bit 4(j/4) + j%4 of hmask[l] is clear; sub-block g = 2j + l/16 has the signed scale
+// (low 4 bits of s[g%8] >> 4(g/8), high 2 bits of s[8 + g%4] >> 2(g/4)) - 32.
+struct Q3_K {
+    static __device__ __forceinline__ void load(const u8* row, int c, float* w) {
+        const u8* b = row + 110 * (c >> 3);
+        int j = c & 7;
+        float d = h2f(LD((const u16*)(b + 108)));
+        int shift = 2 * (j & 3);
+        u32 m = 1u << (4 * (j >> 2) + (j & 3));
+        const u8* q = b + 32 + 32 * (j >> 2);
+        const u8* s = b + 96;
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            int g = 2 * j + h;
+            int sc = (int)(((LD(s + (g & 7)) >> (4 * (g >> 3))) & 15) |
+                           (((LD(s + 8 + (g & 3)) >> (2 * (g >> 2))) & 3) << 4)) - 32;
+            float dl = d * (float)sc;
+#pragma unroll
+            for (int l = 0; l < 16; l++) {
+                int low = (LD(q + 16 * h + l) >> shift) & 3;
+                int sub = (LD(b + 16 * h + l) & m) ? 0 : 4;
+                w[16 * h + l] = dl * (float)(low - sub);
+            }
+        }
+    }
+};
+
+// Q5_K: Q4_K's layout with 32 bytes of fifth bits after the scales (176 bytes): chunk j's
+// quant l is its nibble of qs[32(j/2) + l] with bit j of qh[l] as the fifth.
+struct Q5_K {
+    static __device__ __forceinline__ void load(const u8* row, int c, float* w) {
+        const u8* b = row + 176 * (c >> 3);
+        int j = c & 7;
+        u32 dd = LD((const u32*)b);
+        float d = h2f((u16)(dd & 0xffff)), dmin = h2f((u16)(dd >> 16));
+        const u8* s = b + 4;
+        int sc, mn;
+        if (j < 4) {
+            sc = LD(s + j) & 63;
+            mn = LD(s + j + 4) & 63;
+        } else {
+            sc = (LD(s + j + 4) & 15) | ((LD(s + j - 4) >> 6) << 4);
+            mn = (LD(s + j + 4) >> 4) | ((LD(s + j) >> 6) << 4);
+        }
+        float ds = d * (float)sc, dm = dmin * (float)mn;
+        const u8* qh = b + 16;
+        const u8* q = b + 48 + 32 * (j >> 1);
+        int shift = (j & 1) * 4;
+#pragma unroll
+        for (int l = 0; l < 32; l++) {
+            int v = ((LD(q + l) >> shift) & 15) | (((LD(qh + l) >> j) & 1) << 4);
+            w[l] = ds * (float)v - dm;
         }
     }
 };
@@ -400,6 +534,12 @@ FOR_TYPE(Q5_0)
 FOR_TYPE(Q5_1)
 FOR_TYPE(Q4_K)
 FOR_TYPE(Q6_K)
+FOR_TYPE(BF16)
+FOR_TYPE(IQ4_NL)
+FOR_TYPE(MXFP4)
+FOR_TYPE(Q2_K)
+FOR_TYPE(Q3_K)
+FOR_TYPE(Q5_K)
 
 // ---- block-wide sum (blockDim a multiple of 32, at most 1024) ----
 __device__ float block_sum(float v) {
@@ -845,6 +985,12 @@ FOR_TYPE_BATCH(Q5_0)
 FOR_TYPE_BATCH(Q5_1)
 FOR_TYPE_BATCH(Q4_K)
 FOR_TYPE_BATCH(Q6_K)
+FOR_TYPE_BATCH(BF16)
+FOR_TYPE_BATCH(IQ4_NL)
+FOR_TYPE_BATCH(MXFP4)
+FOR_TYPE_BATCH(Q2_K)
+FOR_TYPE_BATCH(Q3_K)
+FOR_TYPE_BATCH(Q5_K)
 
 // out[t] = x[t] / rms(x[t]) * w as f16, one block per row t of n values.
 extern "C" __global__ void rms_norm_rows(const float* x, const float* w, u16* out, int n,

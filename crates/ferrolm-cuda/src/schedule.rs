@@ -48,6 +48,12 @@ pub fn kernel_type(ty: TensorType) -> Option<&'static str> {
         TensorType::Q5_1 => "Q5_1",
         TensorType::Q4_K => "Q4_K",
         TensorType::Q6_K => "Q6_K",
+        TensorType::BF16 => "BF16",
+        TensorType::IQ4_NL => "IQ4_NL",
+        TensorType::MXFP4 => "MXFP4",
+        TensorType::Q2_K => "Q2_K",
+        TensorType::Q3_K => "Q3_K",
+        TensorType::Q5_K => "Q5_K",
         _ => return None,
     })
 }
@@ -925,6 +931,12 @@ mod tests {
             TensorType::Q5_1,
             TensorType::Q4_K,
             TensorType::Q6_K,
+            TensorType::BF16,
+            TensorType::IQ4_NL,
+            TensorType::MXFP4,
+            TensorType::Q2_K,
+            TensorType::Q3_K,
+            TensorType::Q5_K,
         ] {
             let mut pl = plan(2, 64);
             pl.n_embd = 512;
@@ -932,7 +944,8 @@ mod tests {
             for l in &p.launches {
                 let needle = format!("void {}(", l.kernel);
                 let macro_form = [
-                    "F32", "F16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q6_K",
+                    "F32", "F16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q6_K", "BF16",
+                    "IQ4_NL", "MXFP4", "Q2_K", "Q3_K", "Q5_K",
                 ]
                 .iter()
                 .find_map(|t| {
@@ -969,14 +982,14 @@ mod tests {
         assert_eq!(e.field, "attention.head_dim");
         let q5 = |name: &str| {
             Some(if name == "blk.0.ffn_up.weight" {
-                TensorType::Q5_K
+                TensorType::IQ4_XS
             } else {
                 TensorType::Q8_0
             })
         };
         let e = decode_plan(&plan(1, 32), 256, &q5).unwrap_err();
         assert_eq!(e.field, "blk.0.ffn_up.weight");
-        assert_eq!(e.value, "Q5_K");
+        assert_eq!(e.value, "IQ4_XS");
         assert!(e.to_string().contains("blk.0.ffn_up.weight"));
         let mut odd = plan(1, 32);
         odd.n_embd = 100;
