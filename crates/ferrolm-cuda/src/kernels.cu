@@ -164,6 +164,17 @@ struct Q5_1 {
     }
 };
 
+// Scale and minimum of sub-block j of Q4_K/Q5_K's 12 bytes of packed 6-bit fields at s.
+__device__ __forceinline__ void scale_min_k4(const u8* s, int j, int* sc, int* mn) {
+    if (j < 4) {
+        *sc = LD(s + j) & 63;
+        *mn = LD(s + j + 4) & 63;
+    } else {
+        *sc = (LD(s + j + 4) & 15) | ((LD(s + j - 4) >> 6) << 4);
+        *mn = (LD(s + j + 4) >> 4) | ((LD(s + j) >> 6) << 4);
+    }
+}
+
 // BF16: the high half of an f32.
 struct BF16 {
     static __device__ __forceinline__ void load(const u8* row, int c, float* w) {
@@ -276,15 +287,8 @@ struct Q5_K {
         int j = c & 7;
         u32 dd = LD((const u32*)b);
         float d = h2f((u16)(dd & 0xffff)), dmin = h2f((u16)(dd >> 16));
-        const u8* s = b + 4;
         int sc, mn;
-        if (j < 4) {
-            sc = LD(s + j) & 63;
-            mn = LD(s + j + 4) & 63;
-        } else {
-            sc = (LD(s + j + 4) & 15) | ((LD(s + j - 4) >> 6) << 4);
-            mn = (LD(s + j + 4) >> 4) | ((LD(s + j) >> 6) << 4);
-        }
+        scale_min_k4(b + 4, j, &sc, &mn);
         float ds = d * (float)sc, dm = dmin * (float)mn;
         const u8* qh = b + 16;
         const u8* q = b + 48 + 32 * (j >> 1);
@@ -306,15 +310,8 @@ struct Q4_K {
         int j = c & 7;
         u32 dd = LD((const u32*)b);
         float d = h2f((u16)(dd & 0xffff)), dmin = h2f((u16)(dd >> 16));
-        const u8* s = b + 4;
         int sc, mn;
-        if (j < 4) {
-            sc = LD(s + j) & 63;
-            mn = LD(s + j + 4) & 63;
-        } else {
-            sc = (LD(s + j + 4) & 15) | ((LD(s + j - 4) >> 6) << 4);
-            mn = (LD(s + j + 4) >> 4) | ((LD(s + j) >> 6) << 4);
-        }
+        scale_min_k4(b + 4, j, &sc, &mn);
         float ds = d * (float)sc, dm = dmin * (float)mn;
         const uint4* q = (const uint4*)(b + 16 + 32 * (j >> 1));
         int shift = (j & 1) * 4;

@@ -66,15 +66,19 @@ pub(crate) struct Prefill {
 
 /// Bytes of device memory the batch buffers take (besides the logits of every position).
 pub fn scratch_bytes(p: &DecodePlan) -> u64 {
-    let widest = p
-        .matrices
-        .iter()
-        .map(|m| m.rows * m.cols)
-        .max()
-        .unwrap_or(0);
+    let widest = widest_matrix(p);
     let per_token = 4 * (p.n_embd + 2 * p.max_q + 2 * p.max_kv + 2 * p.max_ff)
         + 2 * (p.n_embd.max(p.max_q).max(p.max_ff) + p.max_q + p.max_ff);
     (MAX_BATCH * per_token + 2 * widest + 4 * p.n_embd) as u64
+}
+
+/// Elements of the largest matrix (the f16 scratch holds one at a time).
+fn widest_matrix(p: &DecodePlan) -> usize {
+    p.matrices
+        .iter()
+        .map(|m| m.rows * m.cols)
+        .max()
+        .unwrap_or(0)
 }
 
 fn ptr<T>(s: &CudaSlice<T>, stream: &CudaStream) -> u64 {
@@ -95,12 +99,7 @@ impl Prefill {
         }
         let blas = CudaBlas::new(stream.clone())
             .map_err(|e| CudaError::Driver(format!("creating the cuBLAS handle: {e}")))?;
-        let widest = p
-            .matrices
-            .iter()
-            .map(|m| m.rows * m.cols)
-            .max()
-            .unwrap_or(0);
+        let widest = widest_matrix(p);
         let b = MAX_BATCH;
         let f32s = |n: usize| {
             stream

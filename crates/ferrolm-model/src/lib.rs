@@ -193,27 +193,7 @@ impl Session<'_> {
     /// logits asked for (`All`: one row of `n_vocab` per id).
     pub fn eval(&mut self, ids: &[u32], want: Logits) -> Result<Vec<f32>> {
         self.check(ids)?;
-        let mut out = Vec::new();
-        let chunks: Vec<&[u32]> = ids.chunks(BATCH).collect();
-        for (i, chunk) in chunks.iter().enumerate() {
-            let last = i + 1 == chunks.len();
-            let w = match want {
-                Logits::All => Logits::All,
-                Logits::Last if last => Logits::Last,
-                _ => Logits::None,
-            };
-            let mut seq = [cpu::forward::SeqInput {
-                cache: &mut self.cache,
-                ids: chunk,
-                pos0: self.pos,
-                want: w,
-            }];
-            let logits = cpu::forward::forward(self.model, &mut self.scratch, &mut seq, None)?;
-            out.extend_from_slice(&logits[0]);
-            self.pos += chunk.len();
-            self.high = self.high.max(self.pos);
-        }
-        Ok(out)
+        self.eval_batches(ids, want, None)
     }
 
     /// Evaluates `ids` after what the session holds from layer `first` on, their residual
@@ -240,9 +220,20 @@ impl Session<'_> {
                 ),
             });
         }
+        self.eval_batches(ids, want, Some((first, hidden)))
+    }
+
+    /// The forward passes of [`Session::eval`] and [`Session::eval_from`], [`BATCH`] ids each.
+    fn eval_batches(
+        &mut self,
+        ids: &[u32],
+        want: Logits,
+        start: Option<(usize, &[f32])>,
+    ) -> Result<Vec<f32>> {
+        let d = self.model.plan.n_embd;
         let mut out = Vec::new();
         let n_chunks = ids.len().div_ceil(BATCH);
-        for (i, (chunk, rows)) in ids.chunks(BATCH).zip(hidden.chunks(BATCH * d)).enumerate() {
+        for (i, chunk) in ids.chunks(BATCH).enumerate() {
             let w = match want {
                 Logits::All => Logits::All,
                 Logits::Last if i + 1 == n_chunks => Logits::Last,
@@ -254,12 +245,11 @@ impl Session<'_> {
                 pos0: self.pos,
                 want: w,
             }];
-            let start = cpu::forward::Start {
-                layer: first,
-                hidden: rows,
-            };
-            let logits =
-                cpu::forward::forward(self.model, &mut self.scratch, &mut seq, Some(start))?;
+            let start = start.map(|(layer, hidden)| cpu::forward::Start {
+                layer,
+                hidden: &hidden[i * BATCH * d..(i * BATCH + chunk.len()) * d],
+            });
+            let logits = cpu::forward::forward(self.model, &mut self.scratch, &mut seq, start)?;
             out.extend_from_slice(&logits[0]);
             self.pos += chunk.len();
             self.high = self.high.max(self.pos);
