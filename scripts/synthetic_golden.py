@@ -49,6 +49,7 @@ FILES = {
     # Qwen3.5 (dense): attn_qkv + attn_gate, ssm_beta + ssm_alpha, value heads tiling key heads,
     # rope.dimension_sections [3, 3, 2, 0]
     "qwen35": ["--arch", "qwen35"],
+    "qwen35moe": ["--arch", "qwen35moe"],  # qwen35's layout with qwen3next's experts and gated shared expert
 }
 # The context llama.cpp is created with, where not 1024 (the tests use the same, from the JSON).
 N_CTX = {"phi3-longrope-long": 2048}

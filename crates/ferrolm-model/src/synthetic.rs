@@ -121,6 +121,13 @@ impl SyntheticSpec {
         if arch == "qwen35" {
             return SyntheticSpec::small_qwen35();
         }
+        if arch == "qwen35moe" {
+            // Qwen3-Next's experts in Qwen3.5's layout.
+            return SyntheticSpec {
+                arch: arch.into(),
+                ..SyntheticSpec::small_qwen3next()
+            };
+        }
         let qwen = arch.starts_with("qwen");
         let mistral_like = arch == "llama" || arch == "mistral";
         if arch.starts_with("gemma") {
@@ -340,7 +347,7 @@ pub fn build(spec: &SyntheticSpec) -> Result<GgufWriter> {
     // Phi-3 with partial rotary: three quarters of each head rotate; Qwen3-Next: a quarter.
     let n_rot = match arch {
         "phi3" => (hd * 3 / 4) & !1,
-        "qwen3next" | "qwen35" => (hd / 4) & !1,
+        "qwen3next" | "qwen35" | "qwen35moe" => (hd / 4) & !1,
         _ => hd,
     };
     if let Some(net) = &spec.delta_net {
@@ -423,7 +430,7 @@ pub fn build(spec: &SyntheticSpec) -> Result<GgufWriter> {
             .is_some_and(|net| delta_net::is_recurrent(net, i))
     };
     // A gated attention output doubles the Q projection (per head: query, then gate).
-    let q_rows = if arch == "qwen3next" || arch == "qwen35" {
+    let q_rows = if ["qwen3next", "qwen35", "qwen35moe"].contains(&arch) {
         2 * q_dim
     } else {
         q_dim
@@ -450,7 +457,15 @@ pub fn build(spec: &SyntheticSpec) -> Result<GgufWriter> {
             add(n("attn_k.bias"), &[kv_dim], Init::Normal(0.1), false);
             add(n("attn_v.bias"), &[kv_dim], Init::Normal(0.1), false);
         }
-        let q_norms = ["qwen3", "qwen3moe", "gemma3", "qwen3next", "qwen35"].contains(&arch);
+        let q_norms = [
+            "qwen3",
+            "qwen3moe",
+            "gemma3",
+            "qwen3next",
+            "qwen35",
+            "qwen35moe",
+        ]
+        .contains(&arch);
         if q_norms && !recurrent(i) {
             add(n("attn_q_norm.weight"), &[hd], Init::AroundOne(0.2), false);
             add(n("attn_k_norm.weight"), &[hd], Init::AroundOne(0.2), false);

@@ -193,6 +193,12 @@ fn qwen35_matches_llama_cpp() {
     check("qwen35");
 }
 
+/// Qwen3.5-MoE: Qwen3.5's delta-nets and RoPE, 8 experts top-2 plus a gated shared expert.
+#[test]
+fn qwen35moe_matches_llama_cpp() {
+    check("qwen35moe");
+}
+
 /// The hybrid comparison can fail: delta-net decays twice as fast in one layer are far from
 /// llama.cpp's figures.
 #[test]

@@ -110,9 +110,9 @@ fn ffn_of(k: &Keys<'_>, experts: Experts) -> Result<Ffn> {
                 )));
             }
             // qwen2moe: a shared expert gated by a sigmoid, routed weights not renormalized;
-            // qwen3next: the same shared expert, routed weights renormalized.
+            // qwen3next and qwen35moe: the same shared expert, routed weights renormalized.
             let qwen2moe = k.arch == "qwen2moe";
-            let shared = if qwen2moe || k.arch == "qwen3next" {
+            let shared = if qwen2moe || k.arch == "qwen3next" || k.arch == "qwen35moe" {
                 let n_ff = match k.opt_usize("expert_shared_feed_forward_length")? {
                     Some(n) if n > 0 => n,
                     _ => k.usize("feed_forward_length")?,

@@ -34,6 +34,7 @@ const ARCHITECTURES: &[(&str, Describe)] = &[
     ("phi3", phi3::describe),
     ("qwen3next", qwen3next::describe),
     ("qwen35", qwen3next::describe_qwen35),
+    ("qwen35moe", qwen3next::describe_qwen35moe),
 ];
 
 /// The norm before the feed-forward block, where an architecture names it otherwise than
@@ -41,6 +42,7 @@ const ARCHITECTURES: &[(&str, Describe)] = &[
 const FFN_NORM_TENSORS: &[(&str, &str)] = &[
     ("qwen3next", "post_attention_norm"),
     ("qwen35", "post_attention_norm"),
+    ("qwen35moe", "post_attention_norm"),
     ("gpt-oss", "post_attention_norm"),
 ];
 

@@ -32,6 +32,15 @@ enum Family {
     /// qwen35: dense feed-forward blocks, `attn_qkv` + `attn_gate`, separate `ssm_beta` and
     /// `ssm_alpha`, value heads tiled over the key heads, interleaved multi-section RoPE.
     Qwen35,
+    /// qwen35moe: qwen35 with qwen3next's experts and gated shared expert.
+    Qwen35Moe,
+}
+
+impl Family {
+    /// Whether the delta-nets and RoPE are Qwen3.5's.
+    fn qwen35(self) -> bool {
+        matches!(self, Family::Qwen35 | Family::Qwen35Moe)
+    }
 }
 
 pub(super) fn describe(file: &GgufFile, arch: &str) -> Result<ModelPlan> {
@@ -42,6 +51,10 @@ pub(super) fn describe_qwen35(file: &GgufFile, arch: &str) -> Result<ModelPlan> 
     describe_family(file, arch, Family::Qwen35)
 }
 
+pub(super) fn describe_qwen35moe(file: &GgufFile, arch: &str) -> Result<ModelPlan> {
+    describe_family(file, arch, Family::Qwen35Moe)
+}
+
 fn describe_family(file: &GgufFile, arch: &str, family: Family) -> Result<ModelPlan> {
     let variant = Variant {
         rope_layout: RopeLayout::Neox,
@@ -50,17 +63,17 @@ fn describe_family(file: &GgufFile, arch: &str, family: Family) -> Result<ModelP
     };
     let mut plan = match family {
         // llama.cpp refuses qwen3next files without experts ("cannot have zero experts")...
-        Family::Qwen3Next => describe_moe_variant(file, arch, variant)?,
+        Family::Qwen3Next | Family::Qwen35Moe => describe_moe_variant(file, arch, variant)?,
         // ... and qwen35 files with them (qwen35moe is another architecture).
         Family::Qwen35 => describe_variant(file, arch, variant)?,
     };
     let k = Keys { file, arch };
-    if family == Family::Qwen35 {
+    if family.qwen35() {
         let n_rot = plan.layers.first().map_or(0, |l| l.attention.rope.n_dims);
         check_rope_sections(&k, n_rot)?;
     }
     let mut net = delta_net(&k)?;
-    if family == Family::Qwen35 {
+    if family.qwen35() {
         net.key_heads = KeyHeads::Tiled;
     }
     let recurrent = recurrent_layers(&k, plan.layers.len())?;
@@ -186,7 +199,7 @@ fn check_tensors(
     let n = |s: &str| format!("blk.{i}.{s}");
     // llama.cpp's two qwen3next layouts: the fused `ssm_in` (published files), or `attn_qkv`
     // with `attn_gate` (qwen35's only one).
-    let split = family == Family::Qwen35
+    let split = family.qwen35()
         || (file.tensor(&n("ssm_in.weight")).is_none()
             && file.tensor(&n("attn_qkv.weight")).is_some());
     let mut wanted: Vec<(String, Vec<usize>, &str)> = if split {
@@ -209,7 +222,7 @@ fn check_tensors(
         Family::Qwen3Next => {
             wanted.push((n("ssm_ba.weight"), vec![n_embd, 2 * net.n_v_heads], rank));
         }
-        Family::Qwen35 => {
+        Family::Qwen35 | Family::Qwen35Moe => {
             wanted.push((n("ssm_beta.weight"), vec![n_embd, net.n_v_heads], rank));
             wanted.push((n("ssm_alpha.weight"), vec![n_embd, net.n_v_heads], rank));
         }

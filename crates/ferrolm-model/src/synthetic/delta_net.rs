@@ -24,7 +24,7 @@ pub(super) fn keys(w: &mut GgufWriter, arch: &str, net: &SyntheticDeltaNet) {
         key("full_attention_interval"),
         u(net.full_attention_interval),
     );
-    if arch == "qwen35" {
+    if arch.starts_with("qwen35") {
         // Interleaved multi-section RoPE over the rotated pairs (8 for a 16-dimension rotation).
         let sections = ferrolm_gguf::Array::I32(vec![3, 3, 2, 0]);
         w.set(key("rope.dimension_sections"), Value::Array(sections));
@@ -45,7 +45,7 @@ pub(super) fn layer_tensors(
     i: usize,
     d: usize,
 ) -> Vec<Tensor> {
-    let qwen35 = arch == "qwen35";
+    let qwen35 = arch.starts_with("qwen35");
     let s = net.state_size;
     let (key_dim, value_dim) = (net.group_count * s, net.time_step_rank * s);
     let hv = net.time_step_rank;
