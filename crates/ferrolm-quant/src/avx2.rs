@@ -552,6 +552,13 @@ unsafe fn join(a: __m256i, b: __m256i) -> __m512i {
     _mm512_inserti64x4::<1>(_mm512_castsi256_si512(a), b)
 }
 
+/// 32 bytes at `y0` and 32 at `y1`, as one 512-bit vector.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn y_pair(y0: *const u8, y1: *const u8) -> __m512i {
+    join(load(y0), load(y1))
+}
+
 /// The `KPair` of the Q8_K blocks (columns) at `y0` and `y1`.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
@@ -661,31 +668,40 @@ unsafe fn multi_blocks_k512<B: KBlock>(
                         sum[r][p] = B::start(pre, &pairs[p]);
                     }
                 }
-                for j in 0..8 {
-                    let yj: [__m512i; P] = [
-                        join(
-                            load(yc[0].add(yo + Y_QS + 32 * j)),
-                            load(yc[0].add(yo + act_stride + Y_QS + 32 * j)),
-                        ),
-                        join(
-                            load(yc[1].add(yo + Y_QS + 32 * j)),
-                            load(yc[1].add(yo + act_stride + Y_QS + 32 * j)),
-                        ),
-                        join(
-                            load(yc[2].add(yo + Y_QS + 32 * j)),
-                            load(yc[2].add(yo + act_stride + Y_QS + 32 * j)),
-                        ),
-                        join(
-                            load(yc[3].add(yo + Y_QS + 32 * j)),
-                            load(yc[3].add(yo + act_stride + Y_QS + 32 * j)),
-                        ),
+                // Two groups at a time: `vpdpbusd` gives each group's four-byte sums (|sum| <=
+                // 4 * 63 * 128 < 2^15), the two groups' sums go into the two i16 halves of
+                // each lane, and `vpdpwssd` with the two groups' scales in the same halves
+                // adds sum_j * s_j + sum_j1 * s_j1: the `madd(maddubs(q, y), s)` lanes of
+                // both groups, exactly.
+                let zero = _mm512_setzero_si512();
+                for j in (0..8).step_by(2) {
+                    let ypair = |j: usize, p: usize| {
+                        let y0 = yc[p].add(yo + Y_QS + 32 * j);
+                        y_pair(y0, y0.add(act_stride))
+                    };
+                    let y0: [__m512i; P] = [ypair(j, 0), ypair(j, 1), ypair(j, 2), ypair(j, 3)];
+                    let y1: [__m512i; P] = [
+                        ypair(j + 1, 0),
+                        ypair(j + 1, 1),
+                        ypair(j + 1, 2),
+                        ypair(j + 1, 3),
                     ];
                     for r in 0..R {
-                        let q = _mm512_broadcast_i64x4(B::q(&w[r], j));
-                        let s = _mm512_broadcast_i64x4(B::s(&w[r], j));
+                        let q0 = _mm512_broadcast_i64x4(B::q(&w[r], j));
+                        let q1 = _mm512_broadcast_i64x4(B::q(&w[r], j + 1));
+                        let s = _mm512_broadcast_i64x4(_mm256_blend_epi16::<0xaa>(
+                            B::s(&w[r], j),
+                            _mm256_slli_epi32::<16>(B::s(&w[r], j + 1)),
+                        ));
                         for p in 0..P {
-                            let t = _mm512_maddubs_epi16(q, yj[p]);
-                            sum[r][p] = _mm512_dpwssd_epi32(sum[r][p], t, s);
+                            let d0 = _mm512_dpbusd_epi32(zero, q0, y0[p]);
+                            let d1 = _mm512_dpbusd_epi32(zero, q1, y1[p]);
+                            let both = _mm512_mask_blend_epi16(
+                                0xaaaa_aaaa,
+                                d0,
+                                _mm512_slli_epi32::<16>(d1),
+                            );
+                            sum[r][p] = _mm512_dpwssd_epi32(sum[r][p], both, s);
                         }
                     }
                 }
