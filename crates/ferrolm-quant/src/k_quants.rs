@@ -559,18 +559,26 @@ pub(crate) fn quantize_q6_k(src: &[f32], dst: &mut [u8]) {
 pub(crate) fn quantize_q8_k(src: &[f32], dst: &mut [u8]) {
     let blocks: &mut [BlockQ8K] = bytemuck::cast_slice_mut(dst);
     for (x, y) in src.chunks_exact(QK_K).zip(blocks) {
-        let mut max = 0.0f32;
-        let mut amax = 0.0f32;
-        for &v in x {
-            if v.abs() > amax {
-                amax = v.abs();
-                max = v;
+        // llama.cpp keeps the first value of the largest magnitude (NaNs never win); the
+        // largest magnitude in eight independent lanes (which vectorizes), then its first
+        // position, give the same value
+        let mut lanes = [0.0f32; 8];
+        for chunk in x.chunks_exact(8) {
+            for (m, &v) in lanes.iter_mut().zip(chunk) {
+                if v.abs() > *m {
+                    *m = v.abs();
+                }
             }
         }
+        let amax = lanes.iter().fold(0.0f32, |a, &m| if m > a { m } else { a });
         if amax == 0.0 {
             *y = BlockQ8K::zeroed();
             continue;
         }
+        let max = x[x
+            .iter()
+            .position(|v| v.abs() == amax)
+            .expect("amax is one of x")];
         let iscale = -127.0f32 / max;
         for (q, &v) in y.qs.iter_mut().zip(x) {
             *q = nearest_int(iscale * v).min(127) as i8 as u8;

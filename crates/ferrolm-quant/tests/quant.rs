@@ -215,3 +215,49 @@ fn vec_dot_types_match_llama_cpp() {
         assert_eq!(vec_dot_type(w), Ok(a), "{w}");
     }
 }
+
+/// Q8_K keeps the first value of the largest magnitude as its signed maximum, as llama.cpp's
+/// loop does (`if (ax > amax)`), also where a later value of the opposite sign ties it, where
+/// the tie is in the same eight-lane column, and where NaNs or only zeros are around.
+#[test]
+fn q8_k_signed_maximum_is_the_first_of_ties() {
+    let mut rng = Rng::new(5);
+    /// Per block: the tied values (position, value) and a NaN's position.
+    type Case<'a> = (&'a [(usize, f32)], Option<usize>);
+    let cases: [Case; 6] = [
+        (&[(3, 9.0), (11, -9.0)], None),   // same lane (3 and 11 = 3 + 8)
+        (&[(12, -9.0), (200, 9.0)], None), // other lanes
+        (&[(255, -9.0)], None),            // the last element
+        (&[(0, 9.0), (1, -9.0)], Some(7)), // with a NaN before the maximum's lane
+        (&[(70, -9.0), (71, 9.0)], Some(69)),
+        (&[], None), // all zeros
+    ];
+    let mut x = Vec::new();
+    for (ties, nan) in cases {
+        let mut b: Vec<f32> = if ties.is_empty() {
+            vec![0.0; 256]
+        } else {
+            rng.normals(256, 2.0)
+        };
+        for &(i, v) in ties {
+            b[i] = v;
+        }
+        if let Some(i) = nan {
+            b[i] = f32::NAN;
+        }
+        x.extend(b);
+    }
+    let mut q = vec![0u8; row_bytes(TensorType::Q8_K, x.len()).unwrap()];
+    quantize(TensorType::Q8_K, &x, &mut q).unwrap();
+    for (b, (ties, _)) in cases.iter().enumerate() {
+        let block = &q[292 * b..292 * (b + 1)];
+        let d = f32::from_le_bytes(block[0..4].try_into().unwrap());
+        match ties.first() {
+            Some(&(i, v)) => {
+                assert_eq!(d.to_bits(), (1.0 / (-127.0 / v)).to_bits(), "block {b}: d");
+                assert_eq!(block[4 + i] as i8, -127, "block {b}: the first maximum");
+            }
+            None => assert!(block.iter().all(|&v| v == 0), "block {b}: zeros"),
+        }
+    }
+}
