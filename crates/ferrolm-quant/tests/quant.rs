@@ -309,3 +309,46 @@ fn geglu_matches_its_scalar_definition() {
         assert_eq!(out[i].to_bits(), want.to_bits(), "g={} u={}", g[i], u[i]);
     }
 }
+
+/// `f32_to_f16_row` (F16C eight at a time where the CPU has it) equals `half`'s conversion
+/// value by value: random values, ties, overflow, subnormals, infinities, NaN, and a length
+/// that leaves a remainder.
+#[test]
+fn f32_to_f16_row_matches_half() {
+    use ferrolm_quant::ggml_vec;
+    let mut rng = Rng::new(8);
+    let edges = [
+        65504.0f32,
+        65520.0,
+        1e6,
+        -1e6,
+        6e-8,
+        3e-8,
+        1e-10,
+        -0.0,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        1.0 + 1.0 / 2048.0,
+        1.0 + 3.0 / 2048.0,
+    ];
+    let n = 517;
+    let x: Vec<f32> = (0..n)
+        .map(|i| {
+            if i % 5 == 0 {
+                edges[(i / 5) % edges.len()]
+            } else {
+                rng.normal() * 100.0
+            }
+        })
+        .collect();
+    let mut h = vec![half::f16::ZERO; n];
+    ggml_vec::f32_to_f16_row(&x, &mut h);
+    for i in 0..n {
+        assert_eq!(
+            h[i].to_bits(),
+            half::f16::from_f32(x[i]).to_bits(),
+            "x={}",
+            x[i]
+        );
+    }
+}
