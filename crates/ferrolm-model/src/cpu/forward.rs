@@ -580,6 +580,9 @@ struct MoeWeights<'a> {
     biases: &'a MoeBiases,
 }
 
+/// Tokens per expert up to which a block's experts run side by side (one per thread).
+const SIDE_BY_SIDE_TOKENS: usize = 4;
+
 /// A mixture-of-experts block over the `n` normed rows `h`: route, run each expert over the
 /// tokens that picked it, weight each output, and sum every token's outputs in the order of
 /// selection (as llama.cpp adds its views one after another), into `out`.
@@ -640,34 +643,66 @@ fn moe(
     }
     let mut input = SharedInput::default();
     let needed: Vec<usize> = (0..ne).filter(|&e| !users[e].is_empty()).collect();
-    let experts = (w.gate, w.up, w.down);
-    w.store
-        .for_each_expert(pool, w.gguf, layer, experts, &needed, |e, x| {
-            let rows = &users[e];
-            let mm = rows.len();
-            let mut sub = vec![0f32; mm * d];
-            for (j, &i) in rows.iter().enumerate() {
-                let t = i / k;
-                sub[j * d..(j + 1) * d].copy_from_slice(&h[t * d..(t + 1) * d]);
-            }
-            let y = gated_ffn(
-                pool,
-                x.bytes(),
-                &mut input,
-                (&sub, mm, d),
+    let gather = |e: usize| -> Vec<f32> {
+        let rows = &users[e];
+        let mut sub = vec![0f32; rows.len() * d];
+        for (j, &i) in rows.iter().enumerate() {
+            let t = i / k;
+            sub[j * d..(j + 1) * d].copy_from_slice(&h[t * d..(t + 1) * d]);
+        }
+        sub
+    };
+    let scatter = |expert_out: &mut [f32], e: usize, y: &[f32]| {
+        for (j, &i) in users[e].iter().enumerate() {
+            let wt = weights[i];
+            expert_out[i * d..(i + 1) * d]
+                .iter_mut()
+                .zip(&y[j * d..(j + 1) * d])
+                .for_each(|(o, y)| *o = y * wt);
+        }
+    };
+    // Few tokens per expert (decode) with the experts mapped: the experts side by side, one
+    // per thread, each product on its thread alone, rather than each small product split
+    // across the pool (whose dispatches then cost more than the work). Each expert's output
+    // is the same dot products either way, so the bits are the same.
+    let few = needed
+        .iter()
+        .all(|&e| users[e].len() <= SIDE_BY_SIDE_TOKENS);
+    if pool.n_threads() > 1 && few && matches!(w.store, ExpertStore::Resident) {
+        let ys = pool.map(needed.len(), |j| {
+            let e = needed[j];
+            let alone = ThreadPool::new(1).expect("a pool of one thread spawns none");
+            gated_ffn(
+                &alone,
+                file,
+                &mut SharedInput::default(),
+                (&gather(e), users[e].len(), d),
                 (n_ff, activation),
-                (x.gate, x.up, x.down),
+                (&w.gate[e], &w.up[e], &w.down[e]),
                 ExpertBias::of(w.biases, e, n_ff, d),
                 None,
-            );
-            for (j, &i) in rows.iter().enumerate() {
-                let wt = weights[i];
-                expert_out[i * d..(i + 1) * d]
-                    .iter_mut()
-                    .zip(&y[j * d..(j + 1) * d])
-                    .for_each(|(o, y)| *o = y * wt);
-            }
-        })?;
+            )
+        });
+        for (&e, y) in needed.iter().zip(&ys) {
+            scatter(&mut expert_out, e, y);
+        }
+    } else {
+        let experts = (w.gate, w.up, w.down);
+        w.store
+            .for_each_expert(pool, w.gguf, layer, experts, &needed, |e, x| {
+                let y = gated_ffn(
+                    pool,
+                    x.bytes(),
+                    &mut input,
+                    (&gather(e), users[e].len(), d),
+                    (n_ff, activation),
+                    (x.gate, x.up, x.down),
+                    ExpertBias::of(w.biases, e, n_ff, d),
+                    None,
+                );
+                scatter(&mut expert_out, e, &y);
+            })?;
+    }
     for (t, o) in out.chunks_mut(d).enumerate() {
         let base = t * k * d;
         o.copy_from_slice(&expert_out[base..base + d]);
