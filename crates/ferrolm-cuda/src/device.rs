@@ -120,8 +120,8 @@ pub struct CudaModel {
     v_cache: Vec<u64>,
     /// Which of `_buffers` holds each symbolic buffer.
     buf_index: HashMap<Buf, usize>,
-    /// The device sampler's settings and the draws handed to it so far, when sampling.
-    sampling: Option<(DeviceSampling, usize)>,
+    /// Draws the device has used of those it holds, when it samples.
+    draws_used: Option<usize>,
     // Held for their addresses, which `launches` and the graph use.
     _matrices: Vec<CudaSlice<u8>>,
     _vectors: Vec<CudaSlice<f32>>,
@@ -340,7 +340,7 @@ impl CudaModel {
             k_cache,
             v_cache,
             buf_index,
-            sampling: None,
+            draws_used: None,
             _matrices: matrices,
             _vectors: vectors,
             _buffers: buffers,
@@ -526,8 +526,8 @@ impl CudaModel {
         cfg.extend_from_slice(&temp.to_ne_bytes());
         cfg.extend_from_slice(&(SAMPLE_DRAWS as i32).to_ne_bytes());
         self.write_buf(Buf::SampleCfg, &cfg)?;
-        self.sampling = sampling.map(|s| (s, 0));
-        if self.sampling.is_some() {
+        self.draws_used = None;
+        if sampling.is_some() {
             self.refill_draws(draws)?;
         }
         Ok(())
@@ -540,22 +540,21 @@ impl CudaModel {
             .collect();
         self.write_buf(Buf::Draws, &bytes)?;
         self.write_buf(Buf::DrawIdx, &0u32.to_ne_bytes())?;
-        if let Some((_, used)) = self.sampling.as_mut() {
-            *used = 0;
-        }
+        self.draws_used = Some(0);
         Ok(())
     }
 
     /// Before a step that may draw: new draws when the device has used them all.
     pub fn ensure_draws(&mut self, draws: &mut dyn FnMut() -> f32) -> Result<(), CudaError> {
-        match self.sampling {
-            Some((_, used)) if used >= SAMPLE_DRAWS => self.refill_draws(draws),
-            Some((_, ref mut used)) => {
-                *used += 1;
-                Ok(())
-            }
-            None => Ok(()),
+        let Some(used) = self.draws_used else {
+            return Ok(());
+        };
+        if used >= SAMPLE_DRAWS {
+            self.refill_draws(draws)?;
         }
+        // The step about to run takes one.
+        self.draws_used = self.draws_used.map(|u| u + 1);
+        Ok(())
     }
 
     fn write_buf(&mut self, b: Buf, bytes: &[u8]) -> Result<(), CudaError> {

@@ -522,22 +522,6 @@ __device__ __forceinline__ void matvec_glu(const u8* G, const u8* U, int row_byt
         embed<T>(table, row_bytes, n_chunks, token, x);                                          \
     }
 
-FOR_TYPE(F32)
-FOR_TYPE(F16)
-FOR_TYPE(Q8_0)
-FOR_TYPE(Q4_0)
-FOR_TYPE(Q4_1)
-FOR_TYPE(Q5_0)
-FOR_TYPE(Q5_1)
-FOR_TYPE(Q4_K)
-FOR_TYPE(Q6_K)
-FOR_TYPE(BF16)
-FOR_TYPE(IQ4_NL)
-FOR_TYPE(MXFP4)
-FOR_TYPE(Q2_K)
-FOR_TYPE(Q3_K)
-FOR_TYPE(Q5_K)
-
 // ---- block-wide sum (blockDim a multiple of 32, at most 1024) ----
 __device__ float block_sum(float v) {
     __shared__ float part[32];
@@ -973,21 +957,27 @@ __device__ __forceinline__ void embed_rows(const u8* __restrict__ table, int row
         embed_rows<T>(table, row_bytes, n_chunks, ids, x);                                       \
     }
 
-FOR_TYPE_BATCH(F32)
-FOR_TYPE_BATCH(F16)
-FOR_TYPE_BATCH(Q8_0)
-FOR_TYPE_BATCH(Q4_0)
-FOR_TYPE_BATCH(Q4_1)
-FOR_TYPE_BATCH(Q5_0)
-FOR_TYPE_BATCH(Q5_1)
-FOR_TYPE_BATCH(Q4_K)
-FOR_TYPE_BATCH(Q6_K)
-FOR_TYPE_BATCH(BF16)
-FOR_TYPE_BATCH(IQ4_NL)
-FOR_TYPE_BATCH(MXFP4)
-FOR_TYPE_BATCH(Q2_K)
-FOR_TYPE_BATCH(Q3_K)
-FOR_TYPE_BATCH(Q5_K)
+// Every block type the kernels read, once: each instantiates the decode kernels (FOR_TYPE)
+// and the prompt-batch kernels (FOR_TYPE_BATCH); `schedule::kernel_type` names the same list.
+#define ALL_TYPES(X) \
+    X(F32) \
+    X(F16) \
+    X(Q8_0) \
+    X(Q4_0) \
+    X(Q4_1) \
+    X(Q5_0) \
+    X(Q5_1) \
+    X(Q4_K) \
+    X(Q6_K) \
+    X(BF16) \
+    X(IQ4_NL) \
+    X(MXFP4) \
+    X(Q2_K) \
+    X(Q3_K) \
+    X(Q5_K)
+
+ALL_TYPES(FOR_TYPE)
+ALL_TYPES(FOR_TYPE_BATCH)
 
 // out[t] = x[t] / rms(x[t]) * w as f16, one block per row t of n values.
 extern "C" __global__ void rms_norm_rows(const float* x, const float* w, u16* out, int n,

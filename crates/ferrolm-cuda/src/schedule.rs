@@ -951,7 +951,7 @@ mod tests {
                 .find_map(|t| {
                     l.kernel
                         .strip_suffix(&format!("_{t}"))
-                        .map(|k| (format!("void {k}_##T("), format!("FOR_TYPE({t})")))
+                        .map(|k| (format!("void {k}_##T("), format!("    X({t})")))
                 });
                 let found = crate::kernels::SOURCE.contains(&needle)
                     || macro_form.is_some_and(|(a, b)| {

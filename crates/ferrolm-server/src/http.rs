@@ -293,11 +293,7 @@ async fn chat(
     axum::Extension(usage): axum::Extension<Usage>,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    let st = state.clone();
-    // Parsing, the template and tokenization can take a while on a large body: off the
-    // async workers.
-    let prepared = tokio::task::spawn_blocking(move || {
-        let state = st;
+    prepare_then_answer(state, usage, move |state| {
         let body = body_bytes(body)?;
         let req: api::ChatRequest = api::parse(&body)?;
         api::check_model(&req.common.model, &state.config.model_name)?;
@@ -318,15 +314,6 @@ async fn chat(
         )
     })
     .await
-    .unwrap_or_else(|e| {
-        Err(ApiError::internal(format!(
-            "preparing the request failed: {e}"
-        )))
-    });
-    match prepared {
-        Ok(p) => answer(state, p, usage).await,
-        Err(e) => e.into_response(),
-    }
 }
 
 async fn completions(
@@ -334,11 +321,7 @@ async fn completions(
     axum::Extension(usage): axum::Extension<Usage>,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    let st = state.clone();
-    // Parsing, the template and tokenization can take a while on a large body: off the
-    // async workers.
-    let prepared = tokio::task::spawn_blocking(move || {
-        let state = st;
+    prepare_then_answer(state, usage, move |state| {
         let body = body_bytes(body)?;
         let req: api::CompletionRequest = api::parse(&body)?;
         api::check_model(&req.common.model, &state.config.model_name)?;
@@ -380,20 +363,32 @@ async fn completions(
         )
     })
     .await
-    .unwrap_or_else(|e| {
-        Err(ApiError::internal(format!(
-            "preparing the request failed: {e}"
-        )))
-    });
+}
+
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+
+/// Queues a prepared request and answers it: one JSON object, or an SSE stream.
+/// Runs `prepare` (parsing, the template, tokenization: slow on a large body) off the async
+/// workers, then answers the request it prepared, or with its error.
+async fn prepare_then_answer(
+    state: AppState,
+    usage: Usage,
+    prepare: impl FnOnce(&AppState) -> Result<Prepared, ApiError> + Send + 'static,
+) -> Response {
+    let st = state.clone();
+    let prepared = tokio::task::spawn_blocking(move || prepare(&st))
+        .await
+        .unwrap_or_else(|e| {
+            Err(ApiError::internal(format!(
+                "preparing the request failed: {e}"
+            )))
+        });
     match prepared {
         Ok(p) => answer(state, p, usage).await,
         Err(e) => e.into_response(),
     }
 }
 
-static NEXT_ID: AtomicU64 = AtomicU64::new(1);
-
-/// Queues a prepared request and answers it: one JSON object, or an SSE stream.
 async fn answer(state: AppState, p: Prepared, usage: Usage) -> Response {
     let (tx, mut rx) = mpsc::unbounded_channel();
     let n = NEXT_ID.fetch_add(1, Relaxed);
