@@ -423,6 +423,49 @@ pub fn f32_to_f16_row(src: &[f32], dst: &mut [f16]) {
     }
 }
 
+/// RoPE's rotation of one head by precomputed `(cos, sin)` pairs, pair `i` being elements
+/// `(2i, 2i + 1)` (`neox == false`) or `(i, i + half)` (`neox == true`, `half = cos_sin.len()`);
+/// elements past the pairs pass through. Rounded as llama.cpp's gcc build computes `x0*c - x1*s`
+/// and `x0*s + x1*c`: the first product of each contracted into a fused multiply-add. With FMA
+/// detected the fused multiply-adds are instructions rather than calls to libm's `fmaf` (same
+/// bits either way).
+///
+/// # Panics
+/// If `head` is shorter than the pairs need.
+pub fn rope_rotate(head: &mut [f32], cos_sin: &[(f32, f32)], neox: bool) {
+    assert!(
+        head.len() >= 2 * cos_sin.len(),
+        "rope_rotate: head too short"
+    );
+    #[cfg(target_arch = "x86_64")]
+    if use_simd() {
+        // SAFETY: fma was detected just above; the length is checked above.
+        #[allow(unsafe_code)]
+        unsafe {
+            x86::rope_rotate(head, cos_sin, neox)
+        };
+        return;
+    }
+    rope_rotate_body(head, cos_sin, neox);
+}
+
+#[inline(always)]
+fn rope_rotate_body(head: &mut [f32], cos_sin: &[(f32, f32)], neox: bool) {
+    let rotate =
+        |x0: f32, x1: f32, c: f32, s: f32| (x0.mul_add(c, -(x1 * s)), x0.mul_add(s, x1 * c));
+    if neox {
+        let half = cos_sin.len();
+        let (lo, hi) = head.split_at_mut(half);
+        for ((a, b), &(c, s)) in lo.iter_mut().zip(hi.iter_mut()).zip(cos_sin) {
+            (*a, *b) = rotate(*a, *b, c, s);
+        }
+    } else {
+        for (pair, &(c, s)) in head.chunks_exact_mut(2).zip(cos_sin) {
+            (pair[0], pair[1]) = rotate(pair[0], pair[1], c, s);
+        }
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 #[allow(unsafe_code)]
 pub(crate) mod x86 {
@@ -435,6 +478,12 @@ pub(crate) mod x86 {
     #[target_feature(enable = "avx2,fma")]
     pub(super) unsafe fn swiglu(gate: &[f32], up: &[f32], out: &mut [f32]) {
         super::swiglu_body(gate, up, out)
+    }
+
+    /// `rope_rotate_body` with FMA enabled: `mul_add` becomes `vfmadd`, not a libm call.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn rope_rotate(head: &mut [f32], cos_sin: &[(f32, f32)], neox: bool) {
+        super::rope_rotate_body(head, cos_sin, neox)
     }
 
     /// `geglu` eight at a time: the same f16 rounding of the gate (F16C, as `half` does on

@@ -352,3 +352,42 @@ fn f32_to_f16_row_matches_half() {
         );
     }
 }
+
+/// `rope_rotate` (FMA instructions where the CPU has them) against the same rotation written
+/// with `f32::mul_add`, bit for bit, in both layouts, with elements past the pairs untouched.
+#[test]
+fn rope_rotate_matches_its_scalar_definition() {
+    use ferrolm_quant::ggml_vec;
+    let mut rng = Rng::new(5);
+    let hd = 70;
+    let pairs = 29; // partial rotation: the last 12 elements pass through
+    let cos_sin: Vec<(f32, f32)> = (0..pairs)
+        .map(|i| {
+            let a = rng.normal() * 40.0 + i as f32;
+            (a.cos(), a.sin())
+        })
+        .collect();
+    let head: Vec<f32> = (0..hd).map(|_| rng.normal() * 5.0).collect();
+    let rotate =
+        |x0: f32, x1: f32, c: f32, s: f32| (x0.mul_add(c, -(x1 * s)), x0.mul_add(s, x1 * c));
+    for neox in [false, true] {
+        let mut got = head.clone();
+        ggml_vec::rope_rotate(&mut got, &cos_sin, neox);
+        let mut want = head.clone();
+        for (i, &(c, s)) in cos_sin.iter().enumerate() {
+            let (a, b) = if neox {
+                (i, i + pairs)
+            } else {
+                (2 * i, 2 * i + 1)
+            };
+            (want[a], want[b]) = rotate(head[a], head[b], c, s);
+        }
+        for i in 0..hd {
+            assert_eq!(
+                got[i].to_bits(),
+                want[i].to_bits(),
+                "neox {neox}, element {i}"
+            );
+        }
+    }
+}

@@ -6,7 +6,7 @@ use ferrolm_threads::ThreadPool;
 use super::attention::attend;
 use super::delta_net::{delta_net_block, SeqState};
 use super::matmul::{matmul, matmul_group, SharedInput};
-use super::ops::{rms_norm, rms_norm_in_place, RopeAngles};
+use super::ops::{rms_norm_rows, rms_norm_rows_in_place, RopeAngles};
 use super::routing::route;
 use crate::error::Result;
 use crate::experts::ExpertStore;
@@ -58,6 +58,17 @@ fn rows_mut(pool: &ThreadPool, data: &mut [f32], len: usize, f: impl Fn(usize, &
     } else {
         pool.for_each_chunk_mut(data, len, f);
     }
+}
+
+/// Rows per task of the row norms, whose sums run side by side (`ops::rms_norm_rows`).
+const NORM_ROWS: usize = 4;
+
+/// Every `d`-wide row of `x` RMS-normed by `w` into the rows of `out`.
+fn norm_rows(pool: &ThreadPool, x: &[f32], w: &[f32], eps: f32, out: &mut [f32], d: usize) {
+    let len = NORM_ROWS * d;
+    rows_mut(pool, out, len, |c, o| {
+        rms_norm_rows(&x[c * len..c * len + o.len()], w, eps, o, d)
+    });
 }
 
 /// One sequence's part of a batch: its cache, its new tokens, where they start, what logits it
@@ -127,9 +138,7 @@ pub(crate) fn forward(
     let mut h = vec![0f32; n * d];
     for (l, (lp, lw)) in plan.layers.iter().zip(&w.layers).enumerate().skip(first) {
         // Token mixer.
-        rows_mut(pool, &mut h, d, |t, o| {
-            rms_norm(&x[t * d..(t + 1) * d], &lw.attn_norm, plan.norm_eps, o)
-        });
+        norm_rows(pool, &x, &lw.attn_norm, plan.norm_eps, &mut h, d);
         dump("attn_norm", l, &h);
         let mut o = match (&lp.mixer, &lw.mixer) {
             (Mixer::Attention, MixerWeights::Attention(aw)) => {
@@ -182,9 +191,7 @@ pub(crate) fn forward(
         dump("sa_out", l, &x);
 
         // Feed-forward block.
-        rows_mut(pool, &mut h, d, |t, o| {
-            rms_norm(&x[t * d..(t + 1) * d], &lw.ffn_norm, plan.norm_eps, o)
-        });
+        norm_rows(pool, &x, &lw.ffn_norm, plan.norm_eps, &mut h, d);
         dump("ffn_norm", l, &h);
         match (&lp.ffn, &lw.ffn) {
             (
@@ -264,10 +271,13 @@ pub(crate) fn forward(
     if rows.is_empty() {
         return Ok(vec![Vec::new(); seqs.len()]);
     }
-    let mut normed = vec![0f32; rows.len() * d];
-    rows_mut(pool, &mut normed, d, |i, o| {
-        let r = rows[i];
-        rms_norm(&x[r * d..(r + 1) * d], &w.output_norm, plan.norm_eps, o);
+    let mut normed = Vec::with_capacity(rows.len() * d);
+    for &r in &rows {
+        normed.extend_from_slice(&x[r * d..(r + 1) * d]);
+    }
+    let chunk = NORM_ROWS * d;
+    rows_mut(pool, &mut normed, chunk, |_, o| {
+        rms_norm_rows_in_place(o, &w.output_norm, plan.norm_eps, d)
     });
     scratch.input.reset();
     let mut logits = vec![0f32; rows.len() * plan.n_vocab];
@@ -378,12 +388,14 @@ fn attention_block(
         .collect();
     // Per token and head: the Q/K norm if the plan has one, then the rotation.
     for (buf, norm, width) in [(&mut q, &lw.q_norm, q_dim), (&mut k, &lw.k_norm, kv_dim)] {
-        rows_mut(pool, buf, width, |t, row| {
-            for head in row.chunks_mut(hd) {
-                if let Some(nw) = norm {
-                    rms_norm_in_place(head, nw, plan.norm_eps);
+        rows_mut(pool, buf, NORM_ROWS * width, |c, rows| {
+            if let Some(nw) = norm {
+                rms_norm_rows_in_place(rows, nw, plan.norm_eps, hd);
+            }
+            for (i, row) in rows.chunks_mut(width).enumerate() {
+                for head in row.chunks_mut(hd) {
+                    angles[c * NORM_ROWS + i].apply(a.rope.layout, head);
                 }
-                angles[t].apply(a.rope.layout, head);
             }
         });
     }
@@ -787,7 +799,9 @@ fn finish_block(
     d: usize,
 ) {
     if let Some(nw) = post_norm {
-        rows_mut(pool, o, d, |_, row| rms_norm_in_place(row, nw, eps));
+        rows_mut(pool, o, NORM_ROWS * d, |_, rows| {
+            rms_norm_rows_in_place(rows, nw, eps, d)
+        });
     }
     if let Some(s) = residual_scale {
         o.iter_mut().for_each(|v| *v *= s);

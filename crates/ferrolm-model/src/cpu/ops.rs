@@ -2,25 +2,66 @@
 
 use crate::plan::{Rope, RopeLayout, Yarn};
 
-/// `out = (x / rms(x)) * w`, rounding as ggml does: the mean square summed in f64, the scale in
-/// f32, then a separate multiply by the weight.
-pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
-    let sum: f64 = x.iter().map(|&v| f64::from(v * v)).sum();
-    let mean = (sum / x.len() as f64) as f32;
-    let scale = 1.0 / (mean + eps).sqrt();
-    for ((o, &v), &g) in out.iter_mut().zip(x).zip(w) {
-        *o = (v * scale) * g;
+/// Rows whose sums of squares are taken side by side: each row's f64 sum is one sequential
+/// chain (ggml's order, so its rounding), and several independent chains hide the latency of
+/// each add.
+const SIDE_BY_SIDE: usize = 4;
+
+/// `1 / sqrt(mean square + eps)` of each `d`-wide row of `x`, the sums as ggml's: in f64,
+/// element by element in order.
+fn inverse_rms<const R: usize>(x: &[f32], d: usize, eps: f32) -> [f32; R] {
+    let rows: [&[f32]; R] = std::array::from_fn(|r| &x[r * d..(r + 1) * d]);
+    let mut sums = [0f64; R];
+    #[allow(clippy::needless_range_loop)] // element i of every row in one step
+    for i in 0..d {
+        for r in 0..R {
+            let v = rows[r][i];
+            sums[r] += f64::from(v * v);
+        }
+    }
+    sums.map(|sum| 1.0 / ((sum / d as f64) as f32 + eps).sqrt())
+}
+
+/// The scales of the `d`-wide rows of `x`, [`SIDE_BY_SIDE`] rows at a time.
+fn row_scales(x: &[f32], d: usize, eps: f32) -> Vec<f32> {
+    let n = x.len() / d;
+    let mut scales = Vec::with_capacity(n);
+    let whole = n / SIDE_BY_SIDE * SIDE_BY_SIDE;
+    for rows in x[..whole * d].chunks_exact(SIDE_BY_SIDE * d) {
+        scales.extend(inverse_rms::<SIDE_BY_SIDE>(rows, d, eps));
+    }
+    for row in x[whole * d..].chunks_exact(d) {
+        scales.extend(inverse_rms::<1>(row, d, eps));
+    }
+    scales
+}
+
+/// `out = (x / rms(x)) * w` for every `d`-wide row of `x` into the rows of `out`, rounding as
+/// ggml does: the mean square summed in f64, the scale in f32, then a separate multiply by the
+/// weight.
+pub fn rms_norm_rows(x: &[f32], w: &[f32], eps: f32, out: &mut [f32], d: usize) {
+    let scales = row_scales(x, d, eps);
+    for ((o, x), scale) in out.chunks_exact_mut(d).zip(x.chunks_exact(d)).zip(scales) {
+        for ((o, &v), &g) in o.iter_mut().zip(x).zip(w) {
+            *o = (v * scale) * g;
+        }
     }
 }
 
-/// [`rms_norm`] in place.
-pub fn rms_norm_in_place(x: &mut [f32], w: &[f32], eps: f32) {
-    let sum: f64 = x.iter().map(|&v| f64::from(v * v)).sum();
-    let mean = (sum / x.len() as f64) as f32;
-    let scale = 1.0 / (mean + eps).sqrt();
-    for (v, &g) in x.iter_mut().zip(w) {
-        *v = (*v * scale) * g;
+/// [`rms_norm_rows`] in place.
+pub fn rms_norm_rows_in_place(x: &mut [f32], w: &[f32], eps: f32, d: usize) {
+    let scales = row_scales(x, d, eps);
+    for (row, scale) in x.chunks_exact_mut(d).zip(scales) {
+        for (v, &g) in row.iter_mut().zip(w) {
+            *v = (*v * scale) * g;
+        }
     }
+}
+
+/// [`rms_norm_rows`] of one row, in place.
+pub fn rms_norm_in_place(x: &mut [f32], w: &[f32], eps: f32) {
+    let d = x.len();
+    rms_norm_rows_in_place(x, w, eps, d);
 }
 
 /// The cosines and sines of one position, for the pairs RoPE rotates.
@@ -60,21 +101,8 @@ impl RopeAngles {
 
     /// Rotates one head in place.
     pub fn apply(&self, layout: RopeLayout, head: &mut [f32]) {
-        match layout {
-            RopeLayout::Normal => {
-                for (i, &(c, s)) in self.cos_sin.iter().enumerate() {
-                    let (x0, x1) = (head[2 * i], head[2 * i + 1]);
-                    (head[2 * i], head[2 * i + 1]) = rotate(x0, x1, c, s);
-                }
-            }
-            RopeLayout::Neox => {
-                let half = self.cos_sin.len();
-                for (i, &(c, s)) in self.cos_sin.iter().enumerate() {
-                    let (x0, x1) = (head[i], head[i + half]);
-                    (head[i], head[i + half]) = rotate(x0, x1, c, s);
-                }
-            }
-        }
+        let neox = matches!(layout, RopeLayout::Neox);
+        ferrolm_quant::ggml_vec::rope_rotate(head, &self.cos_sin, neox);
     }
 }
 
@@ -115,14 +143,6 @@ impl YarnRamp {
     }
 }
 
-/// One rotation, rounded as llama.cpp's build computes `x0*c - x1*s` and `x0*s + x1*c`: gcc
-/// contracts the first product of each into a fused multiply-add (checked bit for bit against
-/// llama.cpp's Qcur/Kcur tensors).
-#[inline]
-fn rotate(x0: f32, x1: f32, c: f32, s: f32) -> (f32, f32) {
-    (x0.mul_add(c, -(x1 * s)), x0.mul_add(s, x1 * c))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -131,10 +151,38 @@ mod tests {
     fn rms_norm_makes_unit_rms() {
         let x = [3.0f32, -4.0, 0.0, 5.0];
         let mut out = [0.0; 4];
-        rms_norm(&x, &[1.0; 4], 0.0, &mut out);
+        rms_norm_rows(&x, &[1.0; 4], 0.0, &mut out, 4);
         let ms: f32 = out.iter().map(|v| v * v).sum::<f32>() / 4.0;
         assert!((ms - 1.0).abs() < 1e-6);
         assert!((out[1] / out[0] + 4.0 / 3.0).abs() < 1e-6);
+    }
+
+    #[test]
+    fn rows_side_by_side_norm_as_one_row_at_a_time() {
+        // 7 rows: one group of SIDE_BY_SIDE and a tail of 3, against the plain sequential sum.
+        let d = 37;
+        let x: Vec<f32> = (0..7 * d)
+            .map(|i| ((i * 7919) % 1000) as f32 / 77.0 - 6.0)
+            .collect();
+        let w: Vec<f32> = (0..d).map(|i| 0.5 + i as f32 / 50.0).collect();
+        let eps = 1e-6;
+        let mut out = vec![0.0; x.len()];
+        rms_norm_rows(&x, &w, eps, &mut out, d);
+        let mut in_place = x.clone();
+        rms_norm_rows_in_place(&mut in_place, &w, eps, d);
+        for (t, row) in x.chunks(d).enumerate() {
+            let sum: f64 = row.iter().map(|&v| f64::from(v * v)).sum();
+            let scale = 1.0 / ((sum / d as f64) as f32 + eps).sqrt();
+            for i in 0..d {
+                let want = (row[i] * scale) * w[i];
+                assert_eq!(out[t * d + i].to_bits(), want.to_bits(), "row {t}, {i}");
+                assert_eq!(
+                    in_place[t * d + i].to_bits(),
+                    want.to_bits(),
+                    "row {t}, {i}"
+                );
+            }
+        }
     }
 
     #[test]
