@@ -472,6 +472,8 @@ trait KBlock: Block {
     /// # Safety
     /// AVX2 is available.
     unsafe fn pre(w: &Self::W) -> __m256i;
+    /// The block's `d` and `dmin` (0 where the format has none).
+    fn d_dmin(w: &Self::W) -> (f32, f32);
     /// The integer sum's starting value against `pair`, from `pre`.
     ///
     /// # Safety
@@ -482,7 +484,52 @@ trait KBlock: Block {
     ///
     /// # Safety
     /// As for `start`.
-    unsafe fn add(w: &Self::W, pair: &KPair, sum: __m512i, v: &mut __m512, m: &mut __m256);
+    unsafe fn add(w: &KUnpacked, pair: &KPair, sum: __m512i, v: &mut __m512, m: &mut __m256);
+    /// The block at `x` as the tile reads it.
+    ///
+    /// # Safety
+    /// As for `Block::decode`.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn unpack(x: *const u8) -> KUnpacked {
+        let w = Self::decode(x);
+        let (d, dmin) = Self::d_dmin(&w);
+        KUnpacked {
+            q: std::array::from_fn(|j| Self::q(&w, j)),
+            // (from_fn's closure would not inherit the target features: spelled out)
+            s: [
+                scale_pair(Self::s(&w, 0), Self::s(&w, 1)),
+                scale_pair(Self::s(&w, 2), Self::s(&w, 3)),
+                scale_pair(Self::s(&w, 4), Self::s(&w, 5)),
+                scale_pair(Self::s(&w, 6), Self::s(&w, 7)),
+            ],
+            pre: Self::pre(&w),
+            d,
+            dmin,
+        }
+    }
+}
+
+/// A K-quant block unpacked once per call of `multi_blocks_k512` and read by every column
+/// tile: the groups' quants, the groups' scales two by two as `vpdpwssd` reads them, `pre`
+/// and the block's scales.
+#[derive(Clone, Copy)]
+struct KUnpacked {
+    q: [__m256i; 8],
+    /// Groups `2i` and `2i + 1`: each 16-bit lane pair holds (scale of group 2i, scale of
+    /// group 2i + 1) for the bytes of that lane.
+    s: [__m256i; 4],
+    pre: __m256i,
+    d: f32,
+    dmin: f32,
+}
+
+/// The scale lanes of two groups, `a` in the low and `b` in the high 16 bits of each 32-bit
+/// lane (`a` and `b` hold each lane's scale in both halves, as `madd` applies them).
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn scale_pair(a: __m256i, b: __m256i) -> __m256i {
+    _mm256_blend_epi16::<0xaa>(a, _mm256_slli_epi32::<16>(b))
 }
 
 impl KBlock for Q4K {
@@ -504,11 +551,14 @@ impl KBlock for Q4K {
     unsafe fn start(_: __m256i, _: &KPair) -> __m512i {
         _mm512_setzero_si512()
     }
+    fn d_dmin(w: &K4) -> (f32, f32) {
+        (w.d, w.dmin)
+    }
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-    unsafe fn add(w: &K4, pair: &KPair, sum: __m512i, v: &mut __m512, m: &mut __m256) {
+    unsafe fn add(w: &KUnpacked, pair: &KPair, sum: __m512i, v: &mut __m512, m: &mut __m256) {
         // as `k4_apply`: the minimums with dmin = -y.d * x.dmin into `m`, then y.d * x.d
-        let prod = _mm256_madd_epi16(Self::pre(w), pair.q8s);
+        let prod = _mm256_madd_epi16(w.pre, pair.q8s);
         let dmin = _mm256_mul_ps(pair.nyd, _mm256_set1_ps(w.dmin));
         *m = _mm256_fmadd_ps(dmin, _mm256_cvtepi32_ps(prod), *m);
         let d = _mm512_mul_ps(pair.yd, _mm512_set1_ps(w.d));
@@ -537,9 +587,12 @@ impl KBlock for Q6K {
         // the quants are u - 32: -32 * madd(scales, bsums), lane for lane
         _mm512_madd_epi16(_mm512_broadcast_i64x4(pre), pair.bsums)
     }
+    fn d_dmin(w: &K6) -> (f32, f32) {
+        (w.d, 0.0)
+    }
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-    unsafe fn add(w: &K6, pair: &KPair, sum: __m512i, v: &mut __m512, _: &mut __m256) {
+    unsafe fn add(w: &KUnpacked, pair: &KPair, sum: __m512i, v: &mut __m512, _: &mut __m256) {
         let d = _mm512_mul_ps(_mm512_set1_ps(w.d), pair.yd);
         *v = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(sum), *v);
     }
@@ -621,7 +674,9 @@ fn multi_entry_k512<B: KBlock>(
 /// `Acc::m` as the two 128-bit halves of a 256-bit register). A block's integer sum adds the
 /// same `madd(maddubs(q, y), scales)` lanes as the AVX2 `apply` (exact i32 sums, so their
 /// order does not matter), and the scale products, conversions and FMAs are the AVX2 ones in
-/// the same order, so every output keeps its bits.
+/// the same order, so every output keeps its bits. Each group of 4 rows is unpacked once
+/// (`KUnpacked`: quants as bytes, scale pairs, `pre`, d and dmin) and read by every column
+/// tile of the call, rather than decoded again for each 8 columns.
 #[allow(clippy::too_many_arguments, clippy::needless_range_loop)]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 unsafe fn multi_blocks_k512<B: KBlock>(
@@ -638,9 +693,20 @@ unsafe fn multi_blocks_k512<B: KBlock>(
     const R: usize = 4;
     // column pairs per tile
     const P: usize = 4;
+    // The 4 rows' blocks, unpacked once for all the column tiles: block b of row r at
+    // b * R + r.
+    let mut unpacked = Vec::with_capacity(nb * R);
     let mut i0 = 0;
     while i0 + R <= n_rows {
         let xr: [*const u8; R] = std::array::from_fn(|r| x.add((i0 + r) * row_stride));
+        if n_cols >= 2 * P {
+            unpacked.clear();
+            for b in 0..nb {
+                for r in 0..R {
+                    unpacked.push(B::unpack(xr[r].add(b * B::WB)));
+                }
+            }
+        }
         let mut c0 = 0;
         while c0 + 2 * P <= n_cols {
             let yc: [*const u8; P] = std::array::from_fn(|p| y.add((c0 + 2 * p) * act_stride));
@@ -648,13 +714,8 @@ unsafe fn multi_blocks_k512<B: KBlock>(
             let mut m = [[_mm256_setzero_ps(); P]; R];
             for b in 0..nb {
                 // (no closures here: they would not inherit the target features)
-                let (xo, yo) = (b * B::WB, b * B::AB);
-                let w: [B::W; R] = [
-                    B::decode(xr[0].add(xo)),
-                    B::decode(xr[1].add(xo)),
-                    B::decode(xr[2].add(xo)),
-                    B::decode(xr[3].add(xo)),
-                ];
+                let yo = b * B::AB;
+                let w = &unpacked[b * R..(b + 1) * R];
                 let pairs: [KPair; P] = [
                     k_pair(yc[0].add(yo), yc[0].add(yo + act_stride)),
                     k_pair(yc[1].add(yo), yc[1].add(yo + act_stride)),
@@ -663,9 +724,8 @@ unsafe fn multi_blocks_k512<B: KBlock>(
                 ];
                 let mut sum = [[_mm512_setzero_si512(); P]; R];
                 for r in 0..R {
-                    let pre = B::pre(&w[r]);
                     for p in 0..P {
-                        sum[r][p] = B::start(pre, &pairs[p]);
+                        sum[r][p] = B::start(w[r].pre, &pairs[p]);
                     }
                 }
                 // Two groups at a time: `vpdpbusd` gives each group's four-byte sums (|sum| <=
@@ -687,12 +747,9 @@ unsafe fn multi_blocks_k512<B: KBlock>(
                         ypair(j + 1, 3),
                     ];
                     for r in 0..R {
-                        let q0 = _mm512_broadcast_i64x4(B::q(&w[r], j));
-                        let q1 = _mm512_broadcast_i64x4(B::q(&w[r], j + 1));
-                        let s = _mm512_broadcast_i64x4(_mm256_blend_epi16::<0xaa>(
-                            B::s(&w[r], j),
-                            _mm256_slli_epi32::<16>(B::s(&w[r], j + 1)),
-                        ));
+                        let q0 = _mm512_broadcast_i64x4(w[r].q[j]);
+                        let q1 = _mm512_broadcast_i64x4(w[r].q[j + 1]);
+                        let s = _mm512_broadcast_i64x4(w[r].s[j / 2]);
                         for p in 0..P {
                             let d0 = _mm512_dpbusd_epi32(zero, q0, y0[p]);
                             let d1 = _mm512_dpbusd_epi32(zero, q1, y1[p]);
