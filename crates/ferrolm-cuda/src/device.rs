@@ -13,7 +13,9 @@ use ferrolm_model::ModelPlan;
 
 use crate::kernels;
 use crate::prefill::{self, Addresses, Prefill, MAX_BATCH};
-use crate::schedule::{decode_plan_layers, Arg, Buf, DecodePlan, SAMPLE_DRAWS, SAMPLE_MAX_K};
+use crate::schedule::{
+    decode_plan_layers, Activations, Arg, Buf, DecodePlan, SAMPLE_DRAWS, SAMPLE_MAX_K,
+};
 use crate::CudaError;
 
 pub(crate) fn driver(what: &str) -> impl FnOnce(cudarc::driver::DriverError) -> CudaError + '_ {
@@ -134,6 +136,15 @@ pub struct CudaModel {
     stats: Stats,
 }
 
+/// Quantized activations unless `FERROLM_CUDA_F32_ACT` is set (to compare).
+fn activations_from_env() -> Activations {
+    if std::env::var_os("FERROLM_CUDA_F32_ACT").is_some() {
+        Activations::F32
+    } else {
+        Activations::Quantized
+    }
+}
+
 /// Bytes each symbolic buffer needs.
 fn buffer_bytes(p: &DecodePlan, b: Buf) -> usize {
     4 * match b {
@@ -147,6 +158,11 @@ fn buffer_bytes(p: &DecodePlan, b: Buf) -> usize {
         Buf::SampleCfg => 8,
         Buf::Draws => SAMPLE_DRAWS,
         Buf::DrawIdx => 1,
+        // int8 values, then two floats per 32 values, in whole 16-byte words
+        Buf::Xq => {
+            let w = p.n_embd.max(p.max_q).max(p.max_ff);
+            (w + w / 4).div_ceil(16) * 4
+        }
         Buf::KCache(l) | Buf::VCache(l) => p.n_ctx * p.kv_dims[l] / 2,
         Buf::Matrix(_) | Buf::Vector(_) | Buf::Logits | Buf::Token | Buf::Pos => 0,
     }
@@ -178,8 +194,8 @@ impl CudaModel {
         // The plan first: a model the path declines says so (and runs on the CPU) wherever it
         // is, with or without CUDA.
         let types = |name: &str| file.tensor(name).map(|t| t.ty);
-        let dp =
-            decode_plan_layers(plan, n_ctx, &types, gpu_layers).map_err(CudaError::Declined)?;
+        let dp = decode_plan_layers(plan, n_ctx, &types, gpu_layers, activations_from_env())
+            .map_err(CudaError::Declined)?;
         let count = device_count()?;
         if ordinal >= count {
             return Err(CudaError::NoCuda(format!(

@@ -40,6 +40,154 @@ __device__ __forceinline__ float warp_max(float v) {
     return v;
 }
 
+// ---- activations quantized as the CPU quantizes them ----
+//
+// The CPU dots each weight row with the activations rounded to its row type's partner format
+// (llama.cpp's `vec_dot_type`): Q8_0 (or Q8_1) per 32 values, Q8_K per 256, f16, bf16 or f32.
+// The decode products do the same, with integer dot products, so that both backends round the
+// same numbers the same way.
+#define ACT_F32 0
+#define ACT_F16 1
+#define ACT_BF16 2
+#define ACT_Q8_0 3
+#define ACT_Q8_1 4
+#define ACT_Q8_K 5
+
+// One chunk of 32 activations, quantized: q (four int8 to a word), the scale d, Q8_1's stored
+// d * sum(q) (as f16), and the sums of q over each half (Q8_K's bsums).
+struct Act {
+    int q[8];
+    float d;
+    float s;
+    int sum[2];
+};
+
+// Four bytes from a 2-byte-aligned address.
+__device__ __forceinline__ u32 ld_u16x2(const u8* p) {
+    const u16* h = (const u16*)p;
+    return (u32)LD(h) | ((u32)LD(h + 1) << 16);
+}
+
+// Bits 0..4 of b moved to bit 4 of bytes 0..4 (Q5's fifth bits).
+__device__ __forceinline__ u32 bit4_of_bytes(u32 b) {
+    return ((b & 1u) << 4) | ((b & 2u) << 11) | ((b & 4u) << 18) | ((b & 8u) << 25);
+}
+
+// Each byte of idx (0..15) replaced by entry idx of the 16-byte table t.
+__device__ __forceinline__ u32 lookup16(const u32* t, u32 idx) {
+    u32 sel = (idx & 0x7u) | ((idx >> 4) & 0x70u) | ((idx >> 8) & 0x700u) | ((idx >> 12) & 0x7000u);
+    u32 lo = __byte_perm(t[0], t[1], sel), hi = __byte_perm(t[2], t[3], sel);
+    u32 upper = ((idx >> 3) & 0x01010101u) * 0xffu;
+    return (lo & ~upper) | (hi & upper);
+}
+
+__device__ __forceinline__ float round_bf16(float x) {
+    u32 u = __float_as_uint(x);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return __uint_as_float((u | 0x00400000u) & 0xffff0000u);
+    return __uint_as_float((u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u);
+}
+
+__device__ __forceinline__ void act_sums(Act& a) {
+    a.sum[0] = 0;
+    a.sum[1] = 0;
+#pragma unroll
+    for (int k = 0; k < 8; k++) a.sum[k >> 2] = __dp4a(a.q[k], 0x01010101, a.sum[k >> 2]);
+}
+
+// Quantized activations in device memory ("XQ", for n values): the n int8 values, then n / 32
+// float scales, then n / 32 floats of Q8_1's d * sum(q) (0 for the other formats; Q8_K's scale
+// is repeated for each of its 8 chunks).
+__device__ __forceinline__ void load_act(const u8* xq, int n_chunks, int c, Act& a) {
+    const uint4* p = (const uint4*)(xq + 32 * (size_t)c);
+    uint4 v0 = p[0], v1 = p[1];
+    a.q[0] = v0.x; a.q[1] = v0.y; a.q[2] = v0.z; a.q[3] = v0.w;
+    a.q[4] = v1.x; a.q[5] = v1.y; a.q[6] = v1.z; a.q[7] = v1.w;
+    const float* ds = (const float*)(xq + 32 * (size_t)n_chunks);
+    a.d = ds[c];
+    a.s = ds[n_chunks + c];
+    act_sums(a);
+}
+
+// One warp quantizes group g (values 256g..256g+256 of n) into xq as the CPU would for `mode`;
+// lane l holds values 8l..8l+8 of the group in v (zeros past n). Q8_0 / Q8_1 as x86-64
+// llama.cpp rounds them (scale amax / 127 stored as f16, values x * (127 / amax) rounded half
+// to even; Q8_1's d * sum as f16); Q8_K: the first value of the largest magnitude sets the
+// scale -127 / max, values rounded half to even and capped at 127.
+__device__ void quantize_group(const float* v, u8* xq, int n, int g, int mode) {
+    int lane = threadIdx.x & 31, n_chunks = n / 32;
+    int chunk = 8 * g + (lane >> 2);
+    int q[8];
+    float d, s = 0.f;
+    if (mode == ACT_Q8_K) {
+        float amax = 0.f, max = 0.f;
+        int first = 0x7fffffff;
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            if (fabsf(v[i]) > amax) {
+                amax = fabsf(v[i]);
+                max = v[i];
+                first = 8 * lane + i;
+            }
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            float am2 = __shfl_xor_sync(0xffffffffu, amax, o);
+            float mx2 = __shfl_xor_sync(0xffffffffu, max, o);
+            int f2 = __shfl_xor_sync(0xffffffffu, first, o);
+            if (am2 > amax || (am2 == amax && f2 < first)) {
+                amax = am2;
+                max = mx2;
+                first = f2;
+            }
+        }
+        float iscale = amax != 0.f ? -127.f / max : 0.f;
+#pragma unroll
+        for (int i = 0; i < 8; i++) q[i] = min(127, __float2int_rn(iscale * v[i]));
+        d = amax != 0.f ? 1.f / iscale : 0.f;
+    } else {
+        float amax = 0.f;
+#pragma unroll
+        for (int i = 0; i < 8; i++) amax = fmaxf(amax, fabsf(v[i]));
+        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
+        float dd = amax / 127.f;
+        float id = amax != 0.f ? 127.f / amax : 0.f;
+        int sum = 0;
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            q[i] = __float2int_rn(v[i] * id);
+            sum += q[i];
+        }
+        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+        sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+        d = h2f(f2h(dd));
+        if (mode == ACT_Q8_1) s = h2f(f2h((float)sum * dd));
+    }
+    if (chunk >= n_chunks) return;
+    uint2 packed;
+    packed.x = (q[0] & 0xff) | ((q[1] & 0xff) << 8) | ((q[2] & 0xff) << 16) | ((u32)q[3] << 24);
+    packed.y = (q[4] & 0xff) | ((q[5] & 0xff) << 8) | ((q[6] & 0xff) << 16) | ((u32)q[7] << 24);
+    *(uint2*)(xq + 256 * (size_t)g + 8 * lane) = packed;
+    if ((lane & 3) == 0) {
+        float* ds = (float*)(xq + n);
+        ds[chunk] = d;
+        ds[n_chunks + chunk] = s;
+    }
+}
+
+// xq = x (n values) quantized for `mode`: a warp per group of 256.
+extern "C" __global__ void quantize_act(const float* x, u8* xq, int n, int mode) {
+    int g = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    if (256 * g >= n) return;
+    float v[8];
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        int j = 256 * g + 8 * lane + i;
+        v[i] = j < n ? x[j] : 0.f;
+    }
+    quantize_group(v, xq, n, g, mode);
+}
+
 // ---- chunk dequantizers: w[0..32) = the values of chunk c of a row ----
 
 struct F32 {
@@ -51,6 +199,7 @@ struct F32 {
             w[4 * i] = v.x; w[4 * i + 1] = v.y; w[4 * i + 2] = v.z; w[4 * i + 3] = v.w;
         }
     }
+    static constexpr int ACT = ACT_F32;
 };
 
 struct F16 {
@@ -67,6 +216,8 @@ struct F16 {
             }
         }
     }
+    // The CPU rounds activations to f16 for F16 rows.
+    static constexpr int ACT = ACT_F16;
 };
 
 // Q8_0: f16 scale, 32 int8 (34 bytes, 2-byte aligned).
@@ -80,6 +231,15 @@ struct Q8_0 {
             w[2 * i] = d * (float)(i8)(q & 0xff);
             w[2 * i + 1] = d * (float)(i8)(q >> 8);
         }
+    }
+    static constexpr int ACT = ACT_Q8_0;
+    static __device__ __forceinline__ float dot(const u8* row, int c, const Act& a) {
+        const u8* b = row + 34 * c;
+        float d = h2f(LD((const u16*)b));
+        int s = 0;
+#pragma unroll
+        for (int k = 0; k < 8; k++) s = __dp4a((int)ld_u16x2(b + 2 + 4 * k), a.q[k], s);
+        return d * a.d * (float)s;
     }
 };
 
@@ -97,6 +257,19 @@ struct Q4_0 {
             w[2 * i + 16] = d * (float)((int)(b0 >> 4) - 8);
             w[2 * i + 17] = d * (float)((int)(b1 >> 4) - 8);
         }
+    }
+    static constexpr int ACT = ACT_Q8_0;
+    static __device__ __forceinline__ float dot(const u8* row, int c, const Act& a) {
+        const u8* b = row + 18 * c;
+        float d = h2f(LD((const u16*)b));
+        int s = 0;
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            u32 q = ld_u16x2(b + 2 + 4 * k);
+            s = __dp4a((int)(q & 0x0f0f0f0fu), a.q[k], s);
+            s = __dp4a((int)((q >> 4) & 0x0f0f0f0fu), a.q[k + 4], s);
+        }
+        return d * a.d * (float)(s - 8 * (a.sum[0] + a.sum[1]));
     }
 };
 
@@ -118,6 +291,20 @@ struct Q4_1 {
             }
         }
     }
+    static constexpr int ACT = ACT_Q8_1;
+    static __device__ __forceinline__ float dot(const u8* row, int c, const Act& a) {
+        const u8* b = row + 20 * c;
+        u32 dm = LD((const u32*)b);
+        float d = h2f((u16)(dm & 0xffff)), m = h2f((u16)(dm >> 16));
+        int s = 0;
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            u32 q = LD((const u32*)(b + 4) + k);
+            s = __dp4a((int)(q & 0x0f0f0f0fu), a.q[k], s);
+            s = __dp4a((int)((q >> 4) & 0x0f0f0f0fu), a.q[k + 4], s);
+        }
+        return d * a.d * (float)s + m * a.s;
+    }
 };
 
 // Q5_0: f16 scale, 32 high bits, 16 bytes of low nibbles (values 0..16 low, 16..32 high),
@@ -138,6 +325,21 @@ struct Q5_0 {
                 w[j + 16] = d * (float)((int)((b >> 4) | (((qh >> (j + 16)) & 1) << 4)) - 16);
             }
         }
+    }
+    static constexpr int ACT = ACT_Q8_0;
+    static __device__ __forceinline__ float dot(const u8* row, int c, const Act& a) {
+        const u8* b = row + 22 * c;
+        float d = h2f(LD((const u16*)b));
+        u32 qh = ld_u16x2(b + 2);
+        int s = 0;
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            u32 q = ld_u16x2(b + 6 + 4 * k);
+            s = __dp4a((int)((q & 0x0f0f0f0fu) | bit4_of_bytes(qh >> (4 * k))), a.q[k], s);
+            s = __dp4a((int)(((q >> 4) & 0x0f0f0f0fu) | bit4_of_bytes(qh >> (16 + 4 * k))),
+                       a.q[k + 4], s);
+        }
+        return d * a.d * (float)(s - 16 * (a.sum[0] + a.sum[1]));
     }
 };
 
@@ -161,6 +363,22 @@ struct Q5_1 {
                 w[j + 16] = d * (float)((byte >> 4) | (((qh >> (j + 16)) & 1) << 4)) + m;
             }
         }
+    }
+    static constexpr int ACT = ACT_Q8_1;
+    static __device__ __forceinline__ float dot(const u8* row, int c, const Act& a) {
+        const u8* b = row + 24 * c;
+        u32 dm = LD((const u32*)b);
+        float d = h2f((u16)(dm & 0xffff)), m = h2f((u16)(dm >> 16));
+        u32 qh = LD((const u32*)(b + 4));
+        int s = 0;
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            u32 q = LD((const u32*)(b + 8) + k);
+            s = __dp4a((int)((q & 0x0f0f0f0fu) | bit4_of_bytes(qh >> (4 * k))), a.q[k], s);
+            s = __dp4a((int)(((q >> 4) & 0x0f0f0f0fu) | bit4_of_bytes(qh >> (16 + 4 * k))),
+                       a.q[k + 4], s);
+        }
+        return d * a.d * (float)s + m * a.s;
     }
 };
 
@@ -190,6 +408,8 @@ struct BF16 {
             }
         }
     }
+    // The CPU rounds activations to bf16 for BF16 rows.
+    static constexpr int ACT = ACT_BF16;
 };
 
 // IQ4_NL: f16 scale, 16 bytes of nibbles indexing a fixed codebook (18 bytes).
@@ -210,6 +430,21 @@ struct IQ4_NL {
             }
         }
     }
+    static constexpr int ACT = ACT_Q8_0;
+    static __device__ __forceinline__ float dot(const u8* row, int c, const Act& a) {
+        // The codebook's 16 int8 values, four to a word.
+        const u32 t[4] = {0xbfad9881u, 0xf6eaddcfu, 0x26190d01u, 0x71594535u};
+        const u8* b = row + 18 * c;
+        float d = h2f(LD((const u16*)b));
+        int s = 0;
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            u32 q = ld_u16x2(b + 2 + 4 * k);
+            s = __dp4a((int)lookup16(t, q & 0x0f0f0f0fu), a.q[k], s);
+            s = __dp4a((int)lookup16(t, (q >> 4) & 0x0f0f0f0fu), a.q[k + 4], s);
+        }
+        return d * a.d * (float)s;
+    }
 };
 
 // MXFP4: an e8m0 scale byte, 16 bytes of e2m1 nibbles (17 bytes, unaligned). The values are
@@ -226,6 +461,23 @@ struct MXFP4 {
             w[i] = d * (float)kv[q & 15];
             w[i + 16] = d * (float)kv[q >> 4];
         }
+    }
+    static constexpr int ACT = ACT_Q8_0;
+    static __device__ __forceinline__ float dot(const u8* row, int c, const Act& a) {
+        // The doubled e2m1 values, four to a word.
+        const u32 t[4] = {0x03020100u, 0x0c080604u, 0xfdfeff00u, 0xf4f8fafcu};
+        const u8* b = row + 17 * c;
+        u32 e = LD(b);
+        float d = __uint_as_float(e < 2 ? (0x00200000u << e) : ((e - 1) << 23));
+        int s = 0;
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            u32 q = (u32)LD(b + 1 + 4 * k) | ((u32)LD(b + 2 + 4 * k) << 8) |
+                    ((u32)LD(b + 3 + 4 * k) << 16) | ((u32)LD(b + 4 + 4 * k) << 24);
+            s = __dp4a((int)lookup16(t, q & 0x0f0f0f0fu), a.q[k], s);
+            s = __dp4a((int)lookup16(t, (q >> 4) & 0x0f0f0f0fu), a.q[k + 4], s);
+        }
+        return d * a.d * (float)s;
     }
 };
 
@@ -247,6 +499,22 @@ struct Q2_K {
 #pragma unroll
             for (int l = 0; l < 16; l++) w[16 * h + l] = dl * (float)((LD(q + 16 * h + l) >> shift) & 3) - ml;
         }
+    }
+    static constexpr int ACT = ACT_Q8_K;
+    static __device__ __forceinline__ float dot(const u8* row, int c, const Act& a) {
+        const u8* b = row + 84 * (c >> 3);
+        int j = c & 7, shift = 2 * (j & 3);
+        u32 dd = LD((const u32*)(b + 80));
+        float d = h2f((u16)(dd & 0xffff)), dmin = h2f((u16)(dd >> 16));
+        const u32* q = (const u32*)(b + 16 + 32 * (j >> 2));
+        int s[2] = {0, 0};
+#pragma unroll
+        for (int k = 0; k < 8; k++)
+            s[k >> 2] = __dp4a((int)((LD(q + k) >> shift) & 0x03030303u), a.q[k], s[k >> 2]);
+        u32 sc0 = LD(b + 2 * j), sc1 = LD(b + 2 * j + 1);
+        int sum = (int)(sc0 & 15) * s[0] + (int)(sc1 & 15) * s[1];
+        int mins = (int)(sc0 >> 4) * a.sum[0] + (int)(sc1 >> 4) * a.sum[1];
+        return a.d * (d * (float)sum - dmin * (float)mins);
     }
 };
 
@@ -277,6 +545,30 @@ struct Q3_K {
             }
         }
     }
+    static constexpr int ACT = ACT_Q8_K;
+    static __device__ __forceinline__ float dot(const u8* row, int c, const Act& a) {
+        const u8* b = row + 110 * (c >> 3);
+        int j = c & 7, shift = 2 * (j & 3), bit = 4 * (j >> 2) + (j & 3);
+        float d = h2f(LD((const u16*)(b + 108)));
+        const u8* q = b + 32 + 32 * (j >> 2);
+        const u8* s = b + 96;
+        int sum = 0;
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            int part = 0;
+#pragma unroll
+            for (int k = 4 * h; k < 4 * h + 4; k++) {
+                u32 low = (ld_u16x2(q + 4 * k) >> shift) & 0x03030303u;
+                u32 high = ((ld_u16x2(b + 4 * k) >> bit) & 0x01010101u) << 2;
+                part = __dp4a((int)(low | high), a.q[k], part);
+            }
+            int g = 2 * j + h;
+            int sc = (int)(((LD(s + (g & 7)) >> (4 * (g >> 3))) & 15) |
+                           (((LD(s + 8 + (g & 3)) >> (2 * (g >> 2))) & 3) << 4)) - 32;
+            sum += sc * (part - 4 * a.sum[h]);
+        }
+        return a.d * d * (float)sum;
+    }
 };
 
 // Q5_K: Q4_K's layout with 32 bytes of fifth bits after the scales (176 bytes): chunk j's
@@ -298,6 +590,29 @@ struct Q5_K {
             int v = ((LD(q + l) >> shift) & 15) | (((LD(qh + l) >> j) & 1) << 4);
             w[l] = ds * (float)v - dm;
         }
+    }
+    static constexpr int ACT = ACT_Q8_K;
+    static __device__ __forceinline__ float dot(const u8* row, int c, const Act& a) {
+        const u8* b = row + 176 * (c >> 3);
+        int j = c & 7, shift = (j & 1) * 4;
+        u32 dd = LD((const u32*)b);
+        float d = h2f((u16)(dd & 0xffff)), dmin = h2f((u16)(dd >> 16));
+        int sc, mn;
+        scale_min_k4(b + 4, j, &sc, &mn);
+        const uint4* qh = (const uint4*)(b + 16);
+        const uint4* q = (const uint4*)(b + 48 + 32 * (j >> 1));
+        int s = 0;
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            uint4 v = LD(q + i), h = LD(qh + i);
+            u32 lo[4] = {v.x, v.y, v.z, v.w}, hi[4] = {h.x, h.y, h.z, h.w};
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                u32 w = ((lo[k] >> shift) & 0x0f0f0f0fu) | (((hi[k] >> j) & 0x01010101u) << 4);
+                s = __dp4a((int)w, a.q[4 * i + k], s);
+            }
+        }
+        return a.d * (d * (float)(sc * s) - dmin * (float)(mn * (a.sum[0] + a.sum[1])));
     }
 };
 
@@ -329,6 +644,26 @@ struct Q4_K {
             }
         }
     }
+    static constexpr int ACT = ACT_Q8_K;
+    static __device__ __forceinline__ float dot(const u8* row, int c, const Act& a) {
+        const u8* b = row + 144 * (c >> 3);
+        int j = c & 7, shift = (j & 1) * 4;
+        u32 dd = LD((const u32*)b);
+        float d = h2f((u16)(dd & 0xffff)), dmin = h2f((u16)(dd >> 16));
+        int sc, mn;
+        scale_min_k4(b + 4, j, &sc, &mn);
+        const uint4* q = (const uint4*)(b + 16 + 32 * (j >> 1));
+        int s = 0;
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            uint4 v = LD(q + i);
+            u32 w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+            for (int k = 0; k < 4; k++)
+                s = __dp4a((int)((w[k] >> shift) & 0x0f0f0f0fu), a.q[4 * i + k], s);
+        }
+        return a.d * (d * (float)(sc * s) - dmin * (float)(mn * (a.sum[0] + a.sum[1])));
+    }
 };
 
 // Q6_K: 256 values: 128 bytes of low nibbles, 64 bytes of high 2-bit pairs, 16 int8 scales,
@@ -357,6 +692,29 @@ struct Q6_K {
             }
         }
     }
+    static constexpr int ACT = ACT_Q8_K;
+    static __device__ __forceinline__ float dot(const u8* row, int c, const Act& a) {
+        const u8* b = row + 210 * (c >> 3);
+        int j = c & 7, n = j >> 2, k = j & 3;
+        float d = h2f(LD((const u16*)(b + 208)));
+        const u8* ql = b + 64 * n + 32 * (k & 1);
+        const u8* qh = b + 128 + 32 * n;
+        int lshift = (k >> 1) * 4, hshift = 2 * k;
+        int sum = 0;
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            int part = 0;
+#pragma unroll
+            for (int i = 4 * h; i < 4 * h + 4; i++) {
+                u32 w = ((ld_u16x2(ql + 4 * i) >> lshift) & 0x0f0f0f0fu) |
+                        (((ld_u16x2(qh + 4 * i) >> hshift) & 0x03030303u) << 4);
+                part = __dp4a((int)w, a.q[i], part);
+            }
+            int sc = (int)(i8)LD(b + 192 + 8 * n + 2 * k + h);
+            sum += sc * (part - 32 * a.sum[h]);
+        }
+        return a.d * d * (float)sum;
+    }
 };
 
 // ---- y[r] = W[r] . x (+ bias[r]) (+ res[r]): a block per ROWS rows ----
@@ -368,32 +726,47 @@ struct Q6_K {
 
 #define ROWS 4
 
-// After the call, tot[r] holds row r's product in every thread of the block.
-template <typename T, int R>
+// After the call, tot[r] holds row r's product in every thread of the block. With Q, x is the
+// activations quantized as the CPU quantizes them for the row type (XQ), multiplied with
+// integer dot products; otherwise f32 (rounded as the CPU rounds them for F16 / BF16 rows).
+template <typename T, int R, bool Q>
 __device__ __forceinline__ void rows_dot(const u8* const* rows, int n_chunks,
-                                         const float* __restrict__ x, float* tot) {
+                                         const void* __restrict__ x, float* tot) {
     __shared__ float part[4][R];
     int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, nt = blockDim.x;
     float acc[R];
 #pragma unroll
     for (int r = 0; r < R; r++) acc[r] = 0.f;
     for (int c = tid; c < n_chunks; c += nt) {
-        float xr[32];
-        const float4* xv = (const float4*)(x + 32 * c);
+        if constexpr (Q) {
+            Act a;
+            load_act((const u8*)x, n_chunks, c, a);
 #pragma unroll
-        for (int i = 0; i < 8; i++) {
-            float4 v = xv[i];
-            xr[4 * i] = v.x; xr[4 * i + 1] = v.y; xr[4 * i + 2] = v.z; xr[4 * i + 3] = v.w;
-        }
+            for (int r = 0; r < R; r++)
+                if (rows[r]) acc[r] += T::dot(rows[r], c, a);
+        } else {
+            float xr[32];
+            const float4* xv = (const float4*)((const float*)x + 32 * c);
 #pragma unroll
-        for (int r = 0; r < R; r++) {
-            if (rows[r]) {
-                float w[32];
-                T::load(rows[r], c, w);
-                float a = 0.f;
+            for (int i = 0; i < 8; i++) {
+                float4 v = xv[i];
+                xr[4 * i] = v.x; xr[4 * i + 1] = v.y; xr[4 * i + 2] = v.z; xr[4 * i + 3] = v.w;
+            }
 #pragma unroll
-                for (int i = 0; i < 32; i++) a += w[i] * xr[i];
-                acc[r] += a;
+            for (int i = 0; i < 32; i++) {
+                if (T::ACT == ACT_F16) xr[i] = h2f(f2h(xr[i]));
+                if (T::ACT == ACT_BF16) xr[i] = round_bf16(xr[i]);
+            }
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+                if (rows[r]) {
+                    float w[32];
+                    T::load(rows[r], c, w);
+                    float a = 0.f;
+#pragma unroll
+                    for (int i = 0; i < 32; i++) a += w[i] * xr[i];
+                    acc[r] += a;
+                }
             }
         }
     }
@@ -411,16 +784,16 @@ __device__ __forceinline__ void rows_dot(const u8* const* rows, int n_chunks,
     }
 }
 
-template <typename T>
+template <typename T, bool Q>
 __device__ __forceinline__ void matvec(const u8* __restrict__ W, int row_bytes, int n_chunks,
-                                       int n_rows, const float* __restrict__ x,
+                                       int n_rows, const void* __restrict__ x,
                                        const float* bias, const float* res, float* y) {
     int r0 = blockIdx.x * ROWS, tid = threadIdx.x;
     const u8* rows[ROWS];
 #pragma unroll
     for (int r = 0; r < ROWS; r++) rows[r] = r0 + r < n_rows ? W + (size_t)(r0 + r) * row_bytes : 0;
     float tot[ROWS];
-    rows_dot<T, ROWS>(rows, n_chunks, x, tot);
+    rows_dot<T, ROWS, Q>(rows, n_chunks, x, tot);
 #pragma unroll
     for (int r = 0; r < ROWS; r++) {
         if (tid == r && rows[r]) {
@@ -447,9 +820,9 @@ __device__ __forceinline__ void embed(const u8* __restrict__ table, int row_byte
 
 // Up to three matrices of one type and width in one launch (Q, K and V): rows [0, r0) of the
 // grid are W0's, [r0, r0 + r1) W1's, the rest W2's.
-template <typename T>
+template <typename T, bool Q>
 __device__ __forceinline__ void matvec3(const u8* W0, const u8* W1, const u8* W2, int r0, int r1,
-                                        int r2, int row_bytes, int n_chunks, const float* x,
+                                        int r2, int row_bytes, int n_chunks, const void* x,
                                         const float* b0, const float* b1, const float* b2,
                                         float* y0, float* y1, float* y2) {
     int g0 = blockIdx.x * ROWS, tid = threadIdx.x;
@@ -462,7 +835,7 @@ __device__ __forceinline__ void matvec3(const u8* W0, const u8* W1, const u8* W2
                 : g < r0 + r1 + r2 ? W2 + (size_t)(g - r0 - r1) * row_bytes : 0;
     }
     float tot[ROWS];
-    rows_dot<T, ROWS>(rows, n_chunks, x, tot);
+    rows_dot<T, ROWS, Q>(rows, n_chunks, x, tot);
 #pragma unroll
     for (int r = 0; r < ROWS; r++) {
         if (tid == r && rows[r]) {
@@ -477,9 +850,9 @@ __device__ __forceinline__ void matvec3(const u8* W0, const u8* W1, const u8* W2
 
 // out[r] = silu(G[r] . x) * (U[r] . x): the gate and up products and the gated activation in
 // one launch (a warp per row of both matrices).
-template <typename T>
+template <typename T, bool Q>
 __device__ __forceinline__ void matvec_glu(const u8* G, const u8* U, int row_bytes, int n_chunks,
-                                           int n_rows, const float* x, float* out) {
+                                           int n_rows, const void* x, float* out) {
     int r0 = blockIdx.x * (ROWS / 2), tid = threadIdx.x;
     // Rows r0, r0+1 of the gate, then the same of up.
     const u8* rows[ROWS];
@@ -490,37 +863,44 @@ __device__ __forceinline__ void matvec_glu(const u8* G, const u8* U, int row_byt
         rows[ROWS / 2 + r] = ok ? U + (size_t)(r0 + r) * row_bytes : 0;
     }
     float tot[ROWS];
-    rows_dot<T, ROWS>(rows, n_chunks, x, tot);
+    rows_dot<T, ROWS, Q>(rows, n_chunks, x, tot);
 #pragma unroll
     for (int r = 0; r < ROWS / 2; r++) {
         if (tid == r && rows[r]) {
             float g = tot[r], u = tot[ROWS / 2 + r];
-            out[r0 + r] = g / (1.f + __expf(-g)) * u;
+            out[r0 + r] = g / (1.f + expf(-g)) * u;
         }
     }
 }
 
+// The decode products of rows of type T: NAME_T with f32 activations (x: floats), NAME_Q with
+// the activations quantized in device memory (x: XQ; block types with integer dot products).
+#define FOR_PRODUCTS(T, Q, S)                                                                    \
+    extern "C" __global__ void matvec3##S(const u8* W0, const u8* W1, const u8* W2, int r0,     \
+                                          int r1, int r2, int row_bytes, int n_chunks,           \
+                                          const void* x, const float* b0, const float* b1,       \
+                                          const float* b2, float* y0, float* y1, float* y2) {    \
+        matvec3<T, Q>(W0, W1, W2, r0, r1, r2, row_bytes, n_chunks, x, b0, b1, b2, y0, y1, y2);  \
+    }                                                                                            \
+    extern "C" __global__ void matvec_glu##S(const u8* G, const u8* U, int row_bytes,           \
+                                             int n_chunks, int n_rows, const void* x,            \
+                                             float* out) {                                       \
+        matvec_glu<T, Q>(G, U, row_bytes, n_chunks, n_rows, x, out);                             \
+    }                                                                                            \
+    extern "C" __global__ void matvec##S(const u8* W, int row_bytes, int n_chunks, int n_rows,  \
+                                         const void* x, const float* bias, const float* res,     \
+                                         float* y) {                                             \
+        matvec<T, Q>(W, row_bytes, n_chunks, n_rows, x, bias, res, y);                           \
+    }
+
 #define FOR_TYPE(T)                                                                              \
-    extern "C" __global__ void matvec3_##T(const u8* W0, const u8* W1, const u8* W2, int r0,    \
-                                           int r1, int r2, int row_bytes, int n_chunks,          \
-                                           const float* x, const float* b0, const float* b1,     \
-                                           const float* b2, float* y0, float* y1, float* y2) {   \
-        matvec3<T>(W0, W1, W2, r0, r1, r2, row_bytes, n_chunks, x, b0, b1, b2, y0, y1, y2);     \
-    }                                                                                            \
-    extern "C" __global__ void matvec_glu_##T(const u8* G, const u8* U, int row_bytes,          \
-                                              int n_chunks, int n_rows, const float* x,          \
-                                              float* out) {                                      \
-        matvec_glu<T>(G, U, row_bytes, n_chunks, n_rows, x, out);                                \
-    }                                                                                            \
-    extern "C" __global__ void matvec_##T(const u8* W, int row_bytes, int n_chunks, int n_rows, \
-                                          const float* x, const float* bias, const float* res,  \
-                                          float* y) {                                            \
-        matvec<T>(W, row_bytes, n_chunks, n_rows, x, bias, res, y);                              \
-    }                                                                                            \
+    FOR_PRODUCTS(T, false, _##T)                                                                 \
     extern "C" __global__ void embed_##T(const u8* table, int row_bytes, int n_chunks,          \
                                          const u32* token, float* x) {                           \
         embed<T>(table, row_bytes, n_chunks, token, x);                                          \
     }
+
+#define FOR_QTYPE(T) FOR_PRODUCTS(T, true, q_##T)
 
 // ---- block-wide sum (blockDim a multiple of 32, at most 1024) ----
 __device__ float block_sum(float v) {
@@ -534,13 +914,48 @@ __device__ float block_sum(float v) {
     return warp_sum(t);
 }
 
+// The scale of an RMS norm of n values whose squares sum (in each thread) to s, as the CPU
+// computes it: the squares summed in f64, the mean rounded to f32, 1 / sqrt(mean + eps). Equal
+// inputs then give equal outputs, which the 8-bit rounding of the products' inputs needs.
+__device__ float rms_scale(double s, int n, float eps) {
+    __shared__ double part[32];
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    __syncthreads();
+    if (lane == 0) part[warp] = s;
+    __syncthreads();
+    double t = lane < nw ? part[lane] : 0.0;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) t += __shfl_xor_sync(0xffffffffu, t, o);
+    float mean = (float)(t / (double)n);
+    return 1.f / sqrtf(mean + eps);
+}
+
 // out = x / rms(x) * w over n values; one block.
 extern "C" __global__ void rms_norm(const float* x, const float* w, float* out, int n, float eps) {
-    float s = 0.f;
-    for (int i = threadIdx.x; i < n; i += blockDim.x) s += x[i] * x[i];
-    s = block_sum(s);
-    float scale = rsqrtf(s / (float)n + eps);
+    double s = 0.0;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) s += (double)(x[i] * x[i]);
+    float scale = rms_scale(s, n, eps);
     for (int i = threadIdx.x; i < n; i += blockDim.x) out[i] = (x[i] * scale) * w[i];
+}
+
+// xq = x / rms(x) * w over n values, quantized for `mode`; one block (a warp per group of 256).
+extern "C" __global__ void rms_norm_q(const float* x, const float* w, u8* xq, int n, float eps,
+                                      int mode) {
+    double s = 0.0;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) s += (double)(x[i] * x[i]);
+    float scale = rms_scale(s, n, eps);
+    int lane = threadIdx.x & 31, nw = blockDim.x >> 5;
+    for (int g = threadIdx.x >> 5; 256 * g < n; g += nw) {
+        float v[8];
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            int j = 256 * g + 8 * lane + i;
+            v[i] = j < n ? (x[j] * scale) * w[j] : 0.f;
+        }
+        quantize_group(v, xq, n, g, mode);
+    }
 }
 
 // Block b of a token's heads: b < n_head rotates query head b in place; otherwise it rotates
@@ -552,7 +967,7 @@ __device__ __forceinline__ void rope_head(float* q, const float* k, const float*
                                           const float* v_bias, const float* q_norm,
                                           const float* k_norm, u16* kc, u16* vc, int p, int b,
                                           int n_head, int n_head_kv, int hd, int n_dims, int neox,
-                                          float freq_base, float freq_scale,
+                                          float theta_scale, float freq_scale,
                                           const float* freq_factors, float eps) {
     __shared__ float head[512];
     bool is_q = b < n_head;
@@ -564,24 +979,25 @@ __device__ __forceinline__ void rope_head(float* q, const float* k, const float*
         head[i] = src[i] + (bias ? bias[h * hd + i] : 0.f);
     __syncthreads();
     if (nw) {
-        float s = 0.f;
-        for (int i = threadIdx.x; i < hd; i += blockDim.x) s += head[i] * head[i];
-        s = block_sum(s);
-        float scale = rsqrtf(s / (float)hd + eps);
+        double s = 0.0;
+        for (int i = threadIdx.x; i < hd; i += blockDim.x) s += (double)(head[i] * head[i]);
+        float scale = rms_scale(s, hd, eps);
         __syncthreads();
         for (int i = threadIdx.x; i < hd; i += blockDim.x) head[i] = (head[i] * scale) * nw[i];
     }
     __syncthreads();
     int half = n_dims / 2;
     for (int i = threadIdx.x; i < half; i += blockDim.x) {
-        float theta = (float)p * powf(freq_base, -2.0f * (float)i / (float)n_dims);
+        // The CPU's angle: the position times theta_scale once per pair before this one.
+        float theta = (float)p;
+        for (int j = 0; j < i; j++) theta *= theta_scale;
         if (freq_factors) theta /= freq_factors[i];
         float a = freq_scale * theta;
         float cs = cosf(a), sn = sinf(a);
         int i0 = neox ? i : 2 * i, i1 = neox ? i + half : 2 * i + 1;
         float x0 = head[i0], x1 = head[i1];
-        head[i0] = x0 * cs - x1 * sn;
-        head[i1] = x0 * sn + x1 * cs;
+        head[i0] = fmaf(x0, cs, -(x1 * sn));
+        head[i1] = fmaf(x0, sn, x1 * cs);
     }
     __syncthreads();
     if (is_q) {
@@ -599,10 +1015,10 @@ __device__ __forceinline__ void rope_head(float* q, const float* k, const float*
 extern "C" __global__ void rope_store(float* q, const float* k, const float* v,
                                       const float* q_norm, const float* k_norm, u16* kc, u16* vc,
                                       const u32* pos, int n_head, int n_head_kv, int hd,
-                                      int n_dims, int neox, float freq_base, float freq_scale,
+                                      int n_dims, int neox, float theta_scale, float freq_scale,
                                       const float* freq_factors, float eps) {
     rope_head(q, k, v, 0, 0, 0, q_norm, k_norm, kc, vc, (int)*pos, blockIdx.x, n_head, n_head_kv,
-              hd, n_dims, neox, freq_base, freq_scale, freq_factors, eps);
+              hd, n_dims, neox, theta_scale, freq_scale, freq_factors, eps);
 }
 
 // The 4 warps of a block attend the query head qh (hd floats) over cache positions
@@ -619,7 +1035,7 @@ __device__ __forceinline__ void attend4(const float* qh, const u16* kc, const u1
     float qr[MAX_EPL], acc[MAX_EPL];
 #pragma unroll
     for (int e = 0; e < MAX_EPL; e++) {
-        qr[e] = e < epl ? qh[lane * epl + e] : 0.f;
+        qr[e] = e < epl ? h2f(f2h(qh[lane * epl + e])) : 0.f;
         acc[e] = 0.f;
     }
     float m = -INFINITY, l = 0.f;
@@ -631,7 +1047,7 @@ __device__ __forceinline__ void attend4(const float* qh, const u16* kc, const u1
             if (e < epl) d += qr[e] * h2f(kr[e]);
         float sc = warp_sum(d) * scale;
         float mn = fmaxf(m, sc);
-        float corr = __expf(m - mn), p = __expf(sc - mn);
+        float corr = expf(m - mn), p = expf(sc - mn);
         l = l * corr + p;
         const u16* vr = vc + (size_t)t * stride + kv_off + lane * epl;
 #pragma unroll
@@ -672,13 +1088,13 @@ extern "C" __global__ void attn_split(const float* q, const u16* kc, const u16* 
     for (int i = threadIdx.x; i < hd; i += blockDim.x) {
         float o = 0.f;
         for (int w = 0; w < 4; w++)
-            if (sm_m[w] != -INFINITY) o += sm_o[w][i] * __expf(sm_m[w] - M);
+            if (sm_m[w] != -INFINITY) o += sm_o[w][i] * expf(sm_m[w] - M);
         part_o[part * hd + i] = o;
     }
     if (threadIdx.x == 0) {
         float L = 0.f;
         for (int w = 0; w < 4; w++)
-            if (sm_m[w] != -INFINITY) L += sm_l[w] * __expf(sm_m[w] - M);
+            if (sm_m[w] != -INFINITY) L += sm_l[w] * expf(sm_m[w] - M);
         part_ml[2 * part] = M;
         part_ml[2 * part + 1] = L;
     }
@@ -695,14 +1111,14 @@ extern "C" __global__ void attn_split(const float* q, const u16* kc, const u16* 
     float L = 0.f;
     for (int j = 0; j < n_splits; j++) {
         float m = __ldcg(ml + 2 * j);
-        if (m != -INFINITY) L += __ldcg(ml + 2 * j + 1) * __expf(m - MM);
+        if (m != -INFINITY) L += __ldcg(ml + 2 * j + 1) * expf(m - MM);
     }
     for (int i = threadIdx.x; i < hd; i += blockDim.x) {
         float o = 0.f;
         for (int j = 0; j < n_splits; j++) {
             float m = __ldcg(ml + 2 * j);
             if (m != -INFINITY)
-                o += __ldcg(part_o + ((size_t)h * n_splits + j) * hd + i) * __expf(m - MM);
+                o += __ldcg(part_o + ((size_t)h * n_splits + j) * hd + i) * expf(m - MM);
         }
         out[h * hd + i] = o / L;
     }
@@ -714,7 +1130,7 @@ extern "C" __global__ void swiglu(const float* g, const float* u, float* out, in
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) {
         float x = g[i];
-        out[i] = x / (1.f + __expf(-x)) * u[i];
+        out[i] = x / (1.f + expf(-x)) * u[i];
     }
 }
 
@@ -979,6 +1395,24 @@ __device__ __forceinline__ void embed_rows(const u8* __restrict__ table, int row
 ALL_TYPES(FOR_TYPE)
 ALL_TYPES(FOR_TYPE_BATCH)
 
+// The block types whose rows multiply quantized activations (`schedule::activation_format`
+// names the same list).
+#define QUANTIZED_TYPES(X) \
+    X(Q8_0) \
+    X(Q4_0) \
+    X(Q4_1) \
+    X(Q5_0) \
+    X(Q5_1) \
+    X(Q4_K) \
+    X(Q6_K) \
+    X(IQ4_NL) \
+    X(MXFP4) \
+    X(Q2_K) \
+    X(Q3_K) \
+    X(Q5_K)
+
+QUANTIZED_TYPES(FOR_QTYPE)
+
 // out[t] = x[t] / rms(x[t]) * w as f16, one block per row t of n values.
 extern "C" __global__ void rms_norm_rows(const float* x, const float* w, u16* out, int n,
                                          float eps) {
@@ -997,12 +1431,12 @@ extern "C" __global__ void rope_rows(float* q, const float* k, const float* v, c
                                      const float* k_bias, const float* v_bias,
                                      const float* q_norm, const float* k_norm, u16* kc, u16* vc,
                                      int pos0, int n_head, int n_head_kv, int hd, int n_dims,
-                                     int neox, float freq_base, float freq_scale,
+                                     int neox, float theta_scale, float freq_scale,
                                      const float* freq_factors, float eps) {
     int t = blockIdx.y;
     size_t qo = (size_t)t * n_head * hd, ko = (size_t)t * n_head_kv * hd;
     rope_head(q + qo, k + ko, v + ko, q_bias, k_bias, v_bias, q_norm, k_norm, kc, vc, pos0 + t,
-              blockIdx.x, n_head, n_head_kv, hd, n_dims, neox, freq_base, freq_scale,
+              blockIdx.x, n_head, n_head_kv, hd, n_dims, neox, theta_scale, freq_scale,
               freq_factors, eps);
 }
 

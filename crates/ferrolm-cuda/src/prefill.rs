@@ -397,7 +397,7 @@ impl Prefill {
                     Value::I32(r.head_dim as i32),
                     Value::I32(r.n_dims as i32),
                     Value::I32(i32::from(r.neox)),
-                    Value::F32(r.freq_base),
+                    Value::F32(crate::schedule::theta_scale(r.freq_base, r.n_dims)),
                     Value::F32(r.freq_scale),
                     opt(r.freq_factors),
                     eps,

@@ -92,6 +92,10 @@ pub enum Buf {
     /// Split-K blocks finished per head (the last one merges), `max n_head` u32, zero between
     /// steps.
     Done,
+    /// The activations of the next product quantized as the CPU quantizes them for its row
+    /// type (the kernels' XQ layout: `w` int8, then `w / 32` f32 scales, then `w / 32` f32
+    /// sums, for the widest input `w`).
+    Xq,
     /// How the step chooses its token: `k, top_p, min_p, temperature, n_draws` (i32, f32 x 3,
     /// i32); `k = 0` (as allocated) is greedy.
     SampleCfg,
@@ -269,16 +273,51 @@ pub fn matvec_threads(n_chunks: usize) -> u32 {
     (n_chunks.next_multiple_of(32)).clamp(32, 128) as u32
 }
 
+/// A product kernel's name: `NAME_TYPE` for f32 inputs, `NAMEq_TYPE` for quantized ones.
+fn product_kernel(name: &str, ty: TensorType, x: Buf) -> String {
+    let q = if x == Buf::Xq { "q" } else { "" };
+    format!("{name}{q}_{}", kernel_type(ty).expect("checked"))
+}
+
+/// The ratio of one RoPE pair's frequency to the previous one's, `freq_base^(-2 / n_dims)`,
+/// computed on the host as the CPU computes it (the kernels multiply it up pair by pair).
+pub fn theta_scale(freq_base: f32, n_dims: usize) -> f32 {
+    freq_base.powf(-2.0 / n_dims as f32)
+}
+
 /// The split-K factor for a context of `n_ctx` positions: about 256 positions a split at full
 /// length, at least 1 and at most 32.
 pub fn splits_for(n_ctx: usize) -> usize {
     n_ctx.div_ceil(256).clamp(1, 32)
 }
 
+/// What the decode products multiply the weights with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Activations {
+    /// Quantized as the CPU quantizes them (Q8_0, Q8_1 or Q8_K for the row type), with
+    /// integer dot products, wherever every matrix reading an input shares one format.
+    Quantized,
+    /// f32 everywhere (to compare).
+    F32,
+}
+
+/// The kernels' code (`ACT_*`) for the format the CPU quantizes activations to before
+/// multiplying them with rows of `ty` (llama.cpp's `vec_dot_type`), or `None` for rows
+/// multiplied with floats. The block types of `QUANTIZED_TYPES` in the kernels.
+pub fn activation_format(ty: TensorType) -> Option<i32> {
+    match ferrolm_quant::vec_dot_type(ty).ok()? {
+        TensorType::Q8_0 => Some(3),
+        TensorType::Q8_1 => Some(4),
+        TensorType::Q8_K => Some(5),
+        _ => None,
+    }
+}
+
 struct Builder {
     matrices: Vec<MatrixSpec>,
     vectors: Vec<VectorSpec>,
     launches: Vec<Launch>,
+    activations: Activations,
 }
 
 impl Builder {
@@ -325,7 +364,7 @@ impl Builder {
     /// `y = W x (+ bias) (+ res)`.
     fn matvec(&mut self, m: usize, x: Buf, bias: Option<usize>, res: Option<Buf>, y: Buf) {
         let spec = &self.matrices[m];
-        let kernel = format!("matvec_{}", kernel_type(spec.ty).expect("checked"));
+        let kernel = product_kernel("matvec", spec.ty, x);
         let (rows, cols, rb) = (spec.rows, spec.cols, spec.row_bytes());
         self.push(
             kernel,
@@ -358,7 +397,7 @@ impl Builder {
             }
             return;
         }
-        let kernel = format!("matvec3_{}", kernel_type(first.ty).expect("checked"));
+        let kernel = product_kernel("matvec3", first.ty, x);
         let (cols, rb) = (first.cols, first.row_bytes());
         let rows: Vec<usize> = parts.iter().map(|p| self.matrices[p.0].rows).collect();
         let total: usize = rows.iter().sum();
@@ -385,7 +424,7 @@ impl Builder {
     /// `out = silu(G x) * (U x)` in one launch (G and U of one type).
     fn matvec_glu(&mut self, g: usize, u: usize, x: Buf, out: Buf) {
         let spec = &self.matrices[g];
-        let kernel = format!("matvec_glu_{}", kernel_type(spec.ty).expect("checked"));
+        let kernel = product_kernel("matvec_glu", spec.ty, x);
         let (rows, cols, rb) = (spec.rows, spec.cols, spec.row_bytes());
         self.push(
             kernel,
@@ -401,6 +440,62 @@ impl Builder {
                 Arg::Buf(out),
             ],
         );
+    }
+
+    /// The format every matrix of `mats` reads its input in, when they share one and the
+    /// activations are quantized.
+    fn shared_format(&self, mats: &[usize]) -> Option<i32> {
+        if self.activations == Activations::F32 {
+            return None;
+        }
+        let first = activation_format(self.matrices[mats[0]].ty)?;
+        mats.iter()
+            .all(|&m| activation_format(self.matrices[m].ty) == Some(first))
+            .then_some(first)
+    }
+
+    /// The RMS norm of `x` (weights `w`) as the input of the products of `mats`: quantized
+    /// into [`Buf::Xq`] in the same launch when they share a format, else f32 in [`Buf::H`].
+    fn norm_for(&mut self, x: Buf, w: usize, n: usize, eps: f32, mats: &[usize]) -> Buf {
+        let Some(format) = self.shared_format(mats) else {
+            self.rms_norm(x, w, Buf::H, n, eps);
+            return Buf::H;
+        };
+        self.push(
+            "rms_norm_q",
+            (1, 1),
+            1024,
+            vec![
+                Arg::Buf(x),
+                Arg::Buf(Buf::Vector(w)),
+                Arg::Buf(Buf::Xq),
+                Arg::I32(n as i32),
+                Arg::F32(eps),
+                Arg::I32(format),
+            ],
+        );
+        Buf::Xq
+    }
+
+    /// `x` (n values) as the input of the products of `mats`: quantized into [`Buf::Xq`] when
+    /// they share a format, else `x` itself.
+    fn input_for(&mut self, x: Buf, n: usize, mats: &[usize]) -> Buf {
+        let Some(format) = self.shared_format(mats) else {
+            return x;
+        };
+        // A warp per 256 values, four to a block.
+        self.push(
+            "quantize_act",
+            (n.div_ceil(256 * 4) as u32, 1),
+            128,
+            vec![
+                Arg::Buf(x),
+                Arg::Buf(Buf::Xq),
+                Arg::I32(n as i32),
+                Arg::I32(format),
+            ],
+        );
+        Buf::Xq
     }
 
     fn rms_norm(&mut self, x: Buf, w: usize, out: Buf, n: usize, eps: f32) {
@@ -426,7 +521,13 @@ pub fn decode_plan(
     n_ctx: usize,
     types: &dyn Fn(&str) -> Option<TensorType>,
 ) -> Result<DecodePlan, Decline> {
-    decode_plan_layers(plan, n_ctx, types, plan.layers.len())
+    decode_plan_layers(
+        plan,
+        n_ctx,
+        types,
+        plan.layers.len(),
+        Activations::Quantized,
+    )
 }
 
 /// [`decode_plan`] for the first `gpu_layers` layers only (`--gpu-layers`): the step embeds the
@@ -438,6 +539,7 @@ pub fn decode_plan_layers(
     n_ctx: usize,
     types: &dyn Fn(&str) -> Option<TensorType>,
     gpu_layers: usize,
+    activations: Activations,
 ) -> Result<DecodePlan, Decline> {
     // Every field, no `..`: a field added to the plan stops this from compiling until someone
     // decides whether the CUDA path serves it.
@@ -477,6 +579,7 @@ pub fn decode_plan_layers(
         matrices: Vec::new(),
         vectors: Vec::new(),
         launches: Vec::new(),
+        activations,
     };
     let embd = b.matrix(types, "token_embd.weight", n_vocab, d)?;
     let embd_ty = kernel_type(b.matrices[embd].ty).expect("checked");
@@ -601,10 +704,10 @@ pub fn decode_plan_layers(
         let n = |s: &str| format!("blk.{l}.{s}");
 
         let attn_norm = b.vector(&n("attn_norm.weight"), d);
-        b.rms_norm(Buf::X, attn_norm, Buf::H, d, eps);
         let wq = b.matrix(types, &n("attn_q.weight"), q_dim, d)?;
         let wk = b.matrix(types, &n("attn_k.weight"), kv_dim, d)?;
         let wv = b.matrix(types, &n("attn_v.weight"), kv_dim, d)?;
+        let h = b.norm_for(Buf::X, attn_norm, d, eps, &[wq, wk, wv]);
         let (bq, bk, bv) = if *qkv_bias {
             (
                 Some(b.vector(&n("attn_q.bias"), q_dim)),
@@ -614,10 +717,7 @@ pub fn decode_plan_layers(
         } else {
             (None, None, None)
         };
-        b.matvec3(
-            [(wq, bq, Buf::Q), (wk, bk, Buf::K), (wv, bv, Buf::V)],
-            Buf::H,
-        );
+        b.matvec3([(wq, bq, Buf::Q), (wk, bk, Buf::K), (wv, bv, Buf::V)], h);
         let (qn, kn) = if *qk_norm {
             (
                 Arg::Buf(Buf::Vector(b.vector(&n("attn_q_norm.weight"), hd))),
@@ -647,7 +747,7 @@ pub fn decode_plan_layers(
                 Arg::I32(hd as i32),
                 Arg::I32(*n_dims as i32),
                 Arg::I32(neox),
-                Arg::F32(*freq_base),
+                Arg::F32(theta_scale(*freq_base, *n_dims)),
                 Arg::F32(*freq_scale),
                 ff,
                 Arg::F32(eps),
@@ -675,20 +775,21 @@ pub fn decode_plan_layers(
             ],
         );
         let wo = b.matrix(types, &n("attn_output.weight"), d, q_dim)?;
-        b.matvec(wo, Buf::Attn, None, Some(Buf::X), Buf::X);
+        let attn = b.input_for(Buf::Attn, q_dim, &[wo]);
+        b.matvec(wo, attn, None, Some(Buf::X), Buf::X);
 
         let ffn_norm = b.vector(&n("ffn_norm.weight"), d);
-        b.rms_norm(Buf::X, ffn_norm, Buf::H, d, eps);
         if !n_ff.is_multiple_of(32) {
             return Err(decline("ffn.n_ff", n_ff));
         }
         let gate = b.matrix(types, &n("ffn_gate.weight"), n_ff, d)?;
         let up = b.matrix(types, &n("ffn_up.weight"), n_ff, d)?;
+        let h = b.norm_for(Buf::X, ffn_norm, d, eps, &[gate, up]);
         if b.matrices[gate].ty == b.matrices[up].ty {
-            b.matvec_glu(gate, up, Buf::H, Buf::Act);
+            b.matvec_glu(gate, up, h, Buf::Act);
         } else {
-            b.matvec(gate, Buf::H, None, None, Buf::Gate);
-            b.matvec(up, Buf::H, None, None, Buf::Up);
+            b.matvec(gate, h, None, None, Buf::Gate);
+            b.matvec(up, h, None, None, Buf::Up);
             b.push(
                 "swiglu",
                 (n_ff.div_ceil(256) as u32, 1),
@@ -702,7 +803,8 @@ pub fn decode_plan_layers(
             );
         }
         let down = b.matrix(types, &n("ffn_down.weight"), d, n_ff)?;
-        b.matvec(down, Buf::Act, None, Some(Buf::X), Buf::X);
+        let act = b.input_for(Buf::Act, n_ff, &[down]);
+        b.matvec(down, act, None, Some(Buf::X), Buf::X);
         let vector_of = |a: Arg| match a {
             Arg::Buf(Buf::Vector(i)) => Some(i),
             _ => None,
@@ -729,13 +831,13 @@ pub fn decode_plan_layers(
     }
     let head = if gpu_layers >= layers.len() {
         let out_norm = b.vector("output_norm.weight", d);
-        b.rms_norm(Buf::X, out_norm, Buf::H, d, eps);
         let output = if *tied_output {
             embd
         } else {
             b.matrix(types, "output.weight", n_vocab, d)?
         };
-        b.matvec(output, Buf::H, None, None, Buf::Logits);
+        let h = b.norm_for(Buf::X, out_norm, d, eps, &[output]);
+        b.matvec(output, h, None, None, Buf::Logits);
         b.push(
             "choose_token",
             (1, 1),
@@ -882,24 +984,69 @@ mod tests {
 
     #[test]
     fn the_first_layers_alone_end_with_the_residual_stream() {
-        let p = decode_plan_layers(&plan(4, 32), 512, &all(TensorType::Q4_0), 2).unwrap();
+        let p = decode_plan_layers(
+            &plan(4, 32),
+            512,
+            &all(TensorType::Q4_0),
+            2,
+            Activations::Quantized,
+        )
+        .unwrap();
         assert_eq!(p.layers.len(), 2);
         assert!(p.head.is_none());
-        assert_eq!(p.launches.len(), 1 + 8 * 2 + 1);
+        assert_eq!(p.launches.len(), 1 + 10 * 2 + 1);
         assert_eq!(p.launches.last().unwrap().kernel, "advance_pos");
         assert!(p.matrices.iter().all(|m| !m.name.starts_with("blk.2")));
         // As many layers as the model has, or more: the whole model.
-        let whole = decode_plan_layers(&plan(4, 32), 512, &all(TensorType::Q4_0), 9).unwrap();
+        let whole = decode_plan_layers(
+            &plan(4, 32),
+            512,
+            &all(TensorType::Q4_0),
+            9,
+            Activations::Quantized,
+        )
+        .unwrap();
         assert!(whole.head.is_some());
         assert_eq!(whole.layers.len(), 4);
     }
 
     #[test]
-    fn a_token_is_three_launches_and_eight_per_layer() {
+    fn a_token_is_three_launches_and_ten_per_layer() {
         let p = decode_plan(&plan(4, 32), 512, &all(TensorType::Q4_0)).unwrap();
-        // Per layer: norm, Q/K/V, RoPE, attention (its split-K merge in the last block),
-        // output, norm, gate/up, down; then the norm, the output and the argmax.
-        assert_eq!(p.launches.len(), 1 + 8 * 4 + 3);
+        // Per layer: norm (quantizing), Q/K/V, RoPE, attention (its split-K merge in the last
+        // block), its output quantized, the output product, norm, gate/up, the activation
+        // quantized, down; then the norm, the output and the argmax.
+        assert_eq!(p.launches.len(), 1 + 10 * 4 + 3);
+        let kernels: Vec<&str> = p.launches[1..11]
+            .iter()
+            .map(|l| l.kernel.as_str())
+            .collect();
+        assert_eq!(
+            kernels,
+            [
+                "rms_norm_q",
+                "matvec3q_Q4_0",
+                "rope_store",
+                "attn_split",
+                "quantize_act",
+                "matvecq_Q4_0",
+                "rms_norm_q",
+                "matvec_gluq_Q4_0",
+                "quantize_act",
+                "matvecq_Q4_0"
+            ]
+        );
+        // With f32 activations: no quantizing launches.
+        let f = decode_plan_layers(
+            &plan(4, 32),
+            512,
+            &all(TensorType::Q4_0),
+            4,
+            Activations::F32,
+        )
+        .unwrap();
+        assert_eq!(f.launches.len(), 1 + 8 * 4 + 3);
+        assert!(f.launches.iter().all(|l| !l.kernel.contains("q_")));
         assert!(p.launches.iter().all(|l| l.kernel != "attn_combine"));
         assert_eq!(p.launches[0].kernel, "embed_Q4_0");
         assert_eq!(p.launches.last().unwrap().kernel, "choose_token");
@@ -915,9 +1062,27 @@ mod tests {
             })
         };
         let p = decode_plan(&plan(4, 32), 512, &mixed).unwrap();
-        assert_eq!(p.launches.len(), 1 + 12 * 4 + 3);
+        assert_eq!(p.launches.len(), 1 + 14 * 4 + 3);
         assert!(p.launches.iter().any(|l| l.kernel == "swiglu"));
+        // Q4_0 and Q4_K rows read their inputs in different formats (Q8_0, Q8_K): an input
+        // shared by both stays f32.
+        let formats = |name: &str| {
+            Some(if name.contains("attn_k") {
+                TensorType::Q4_K
+            } else {
+                TensorType::Q4_0
+            })
+        };
+        let p = decode_plan(&plan(4, 32), 512, &formats).unwrap();
+        assert_eq!(p.launches[1].kernel, "rms_norm");
+        assert_eq!(p.launches[2].kernel, "matvec_Q4_0");
+        assert_eq!(p.launches[3].kernel, "matvec_Q4_K");
     }
+
+    const TYPES: [&str; 15] = [
+        "F32", "F16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q6_K", "BF16", "IQ4_NL",
+        "MXFP4", "Q2_K", "Q3_K", "Q5_K",
+    ];
 
     #[test]
     fn every_kernel_launched_is_in_the_source() {
@@ -943,19 +1108,29 @@ mod tests {
             let p = decode_plan(&pl, 4096, &all(ty)).unwrap();
             for l in &p.launches {
                 let needle = format!("void {}(", l.kernel);
-                let macro_form = [
-                    "F32", "F16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q6_K", "BF16",
-                    "IQ4_NL", "MXFP4", "Q2_K", "Q3_K", "Q5_K",
-                ]
-                .iter()
-                .find_map(|t| {
-                    l.kernel
-                        .strip_suffix(&format!("_{t}"))
-                        .map(|k| (format!("void {k}_##T("), format!("    X({t})")))
-                });
-                let found = crate::kernels::SOURCE.contains(&needle)
-                    || macro_form.is_some_and(|(a, b)| {
-                        crate::kernels::SOURCE.contains(&a) && crate::kernels::SOURCE.contains(&b)
+                // NAME_T from a macro over a type list: `void NAME_##T(` or, for the products,
+                // `void NAME##S(` with S = `_##T` (ALL_TYPES) or `q_##T` (QUANTIZED_TYPES).
+                let src = crate::kernels::SOURCE;
+                let list = |name: &str| {
+                    let start = src.find(&format!("#define {name}(X)")).expect("type list");
+                    &src[start..start + src[start..].find("\n\n").expect("list end")]
+                };
+                let found = src.contains(&needle)
+                    || TYPES.iter().any(|t| {
+                        let Some(base) = l.kernel.strip_suffix(&format!("_{t}")) else {
+                            return false;
+                        };
+                        let entry = format!("X({t})");
+                        match base.strip_suffix('q') {
+                            Some(product) if src.contains(&format!("void {product}##S(")) => {
+                                list("QUANTIZED_TYPES").contains(&entry)
+                            }
+                            _ => {
+                                (src.contains(&format!("void {base}_##T("))
+                                    || src.contains(&format!("void {base}##S(")))
+                                    && list("ALL_TYPES").contains(&entry)
+                            }
+                        }
                     });
                 assert!(found, "kernel {} is not in the source", l.kernel);
                 assert!(l.block <= 1024 && l.block % 32 == 0, "{}", l.kernel);
