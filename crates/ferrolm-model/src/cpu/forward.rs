@@ -4,6 +4,7 @@
 use ferrolm_threads::ThreadPool;
 
 use super::attention::attend;
+use super::buffers::Buffers;
 use super::delta_net::{delta_net_block, SeqState};
 use super::matmul::{matmul, matmul_group, SharedInput};
 use super::ops::{rms_norm_rows, rms_norm_rows_in_place, RopeAngles};
@@ -48,6 +49,7 @@ fn dump(name: &str, layer: usize, data: &[f32]) {
 #[derive(Default)]
 pub(crate) struct Scratch {
     input: SharedInput,
+    floats: Buffers,
 }
 
 /// `f(row index, row)` for every `len`-long row of `data`: on the caller alone for one row
@@ -205,14 +207,15 @@ pub(crate) fn forward(
                 let y = gated_ffn(
                     pool,
                     file,
-                    &mut scratch.input,
+                    (&mut scratch.input, &mut scratch.floats),
                     (&h, n, d),
                     (n_ff, activation),
                     (wg, wu, wd),
                     ExpertBias::default(),
                     Some(l),
                 );
-                o.copy_from_slice(&y);
+                // y is the block's output: it takes o's place, o goes back to the buffers
+                scratch.floats.give(std::mem::replace(&mut o, y));
             }
             (
                 Ffn::Moe(m),
@@ -252,6 +255,7 @@ pub(crate) fn forward(
             d,
         );
         x.iter_mut().zip(&o).for_each(|(x, o)| *x += o);
+        scratch.floats.give(o);
         dump("l_out", l, &x);
     }
 
@@ -344,9 +348,9 @@ fn attention_block(
     let q_rows = if a.gated_output { 2 * q_dim } else { q_dim };
 
     scratch.input.reset();
-    let mut q = vec![0f32; n * q_rows];
-    let mut k = vec![0f32; n * kv_dim];
-    let mut v = vec![0f32; n * kv_dim];
+    let mut q = scratch.floats.take(n * q_rows);
+    let mut k = scratch.floats.take(n * kv_dim);
+    let mut v = scratch.floats.take(n * kv_dim);
     scratch
         .input
         .prepare(pool, h, n, d, &[lw.wq.ty, lw.wk.ty, lw.wv.ty]);
@@ -405,7 +409,7 @@ fn attention_block(
     if a.scale_queries {
         q.iter_mut().for_each(|v| *v *= a.scale);
     }
-    let mut attn = vec![0f32; n * q_dim];
+    let mut attn = scratch.floats.take(n * q_dim);
     for (seq, &off) in seqs.iter_mut().zip(offsets) {
         let ns = seq.ids.len();
         let lc = &mut seq.cache.layers[l];
@@ -438,7 +442,7 @@ fn attention_block(
         dump("attn_gated", l, &attn);
     }
     scratch.input.reset();
-    let mut o = vec![0f32; n * d];
+    let mut o = scratch.floats.take(n * d);
     matmul(
         pool,
         &lw.wo,
@@ -447,6 +451,9 @@ fn attention_block(
         &mut o,
     );
     add_bias(&mut o, lw.bo.as_deref());
+    for used in [q, k, v, attn] {
+        scratch.floats.give(used);
+    }
     o
 }
 
@@ -463,13 +470,13 @@ fn split_query_gate(q: &[f32], hd: usize) -> (Vec<f32>, Vec<f32>) {
 }
 
 /// A gated feed-forward over the `n` rows of `x` (each `d` wide): `down(act(gate(x)) * up(x))`,
-/// the input quantized once for gate and up. With a layer, its intermediates are dumped under
-/// llama.cpp's names.
+/// the input quantized once for gate and up, the intermediates in reused buffers. With a
+/// layer, its intermediates are dumped under llama.cpp's names.
 #[allow(clippy::type_complexity, clippy::too_many_arguments)] // (gate, up, down), (rows, count, width): named by position; the biases beside them
 fn gated_ffn(
     pool: &ThreadPool,
     file: &[u8],
-    input: &mut SharedInput,
+    (input, floats): (&mut SharedInput, &mut Buffers),
     (x, n, d): (&[f32], usize, usize),
     (n_ff, activation): (usize, Activation),
     (wg, wu, wd): (&Matrix, &Matrix, &Matrix),
@@ -478,8 +485,8 @@ fn gated_ffn(
 ) -> Vec<f32> {
     input.reset();
     input.prepare(pool, x, n, d, &[wg.ty, wu.ty]);
-    let mut g = vec![0f32; n * n_ff];
-    let mut u = vec![0f32; n * n_ff];
+    let mut g = floats.take(n * n_ff);
+    let mut u = floats.take(n * n_ff);
     matmul_group(
         pool,
         file,
@@ -490,14 +497,15 @@ fn gated_ffn(
     );
     add_bias(&mut g, biases.gate);
     add_bias(&mut u, biases.up);
-    let gated = activate(pool, activation, &g, &u, n_ff);
+    let mut gated = floats.take(g.len());
+    activate(pool, activation, &g, &u, n_ff, &mut gated);
     if let Some(l) = layer {
         dump("ffn_gate", l, &g);
         dump("ffn_up", l, &u);
         dump("ffn_geglu", l, &gated);
     }
     input.reset();
-    let mut y = vec![0f32; n * d];
+    let mut y = floats.take(n * d);
     matmul(
         pool,
         wd,
@@ -506,6 +514,9 @@ fn gated_ffn(
         &mut y,
     );
     add_bias(&mut y, biases.down);
+    for used in [g, u, gated] {
+        floats.give(used);
+    }
     y
 }
 
@@ -538,30 +549,29 @@ fn add_bias(x: &mut [f32], bias: Option<&[f32]>) {
     }
 }
 
-/// `act(gate) * up`, row by row.
+/// `gated = act(gate) * up`, row by row.
 fn activate(
     pool: &ThreadPool,
     activation: Activation,
     g: &[f32],
     u: &[f32],
     n_ff: usize,
-) -> Vec<f32> {
-    let mut gated = vec![0f32; g.len()];
+    gated: &mut [f32],
+) {
     match activation {
-        Activation::Silu => rows_mut(pool, &mut gated, n_ff, |t, o| {
+        Activation::Silu => rows_mut(pool, gated, n_ff, |t, o| {
             let r = t * n_ff..(t + 1) * n_ff;
             ferrolm_quant::ggml_vec::swiglu(&g[r.clone()], &u[r], o);
         }),
-        Activation::GeluTanh => rows_mut(pool, &mut gated, n_ff, |t, o| {
+        Activation::GeluTanh => rows_mut(pool, gated, n_ff, |t, o| {
             let r = t * n_ff..(t + 1) * n_ff;
             ferrolm_quant::ggml_vec::geglu(&g[r.clone()], &u[r], o);
         }),
-        Activation::SwigluOai => rows_mut(pool, &mut gated, n_ff, |t, o| {
+        Activation::SwigluOai => rows_mut(pool, gated, n_ff, |t, o| {
             let r = t * n_ff..(t + 1) * n_ff;
             swiglu_oai(&g[r.clone()], &u[r], o);
         }),
     }
-    gated
 }
 
 /// llama.cpp's alpha and limit of gpt-oss's clamped SwiGLU (fixed in its graph).
@@ -687,7 +697,7 @@ fn moe(
             gated_ffn(
                 &alone,
                 file,
-                &mut SharedInput::default(),
+                (&mut SharedInput::default(), &mut Buffers::default()),
                 (&gather(e), users[e].len(), d),
                 (n_ff, activation),
                 (&w.gate[e], &w.up[e], &w.down[e]),
@@ -705,7 +715,7 @@ fn moe(
                 let y = gated_ffn(
                     pool,
                     x.bytes(),
-                    &mut input,
+                    (&mut input, &mut scratch.floats),
                     (&gather(e), users[e].len(), d),
                     (n_ff, activation),
                     (x.gate, x.up, x.down),
@@ -713,6 +723,7 @@ fn moe(
                     None,
                 );
                 scatter(&mut expert_out, e, &y);
+                scratch.floats.give(y);
             })?;
     }
     for (t, o) in out.chunks_mut(d).enumerate() {
@@ -772,7 +783,7 @@ fn shared_expert(
     let y = gated_ffn(
         pool,
         file,
-        input,
+        (input, &mut Buffers::default()),
         (h, n, d),
         (n_ff, activation),
         weights,
