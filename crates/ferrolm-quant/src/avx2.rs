@@ -353,7 +353,9 @@ fn multi_entry_512<B: Q0Block>(
 /// i32 lane, as `maddubs` + `madd` group them, less OFFSET times the sum of those y; exact, no
 /// saturation or overflow either way), the scale is
 /// the same f32 product `d * dy`, and the FMA, the conversion and the final `hsum_float_8`
-/// are lane for lane the AVX2 ones, so every output keeps its bits.
+/// are lane for lane the AVX2 ones, so every output keeps its bits. What depends on the
+/// columns alone (each pair's quants side by side, scales, offset corrections) is prepared
+/// once per call, and each group of 4 rows is decoded once for all the column tiles.
 #[allow(clippy::too_many_arguments, clippy::needless_range_loop)]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 unsafe fn multi_blocks_512<B: Q0Block>(
@@ -376,9 +378,48 @@ unsafe fn multi_blocks_512<B: Q0Block>(
             m: _mm_setzero_ps(),
         })
     };
+    // What each pair of columns of the full tiles brings to each block, the same for every
+    // row: pair k's block b at k * nb + b.
+    let full_pairs = n_cols / (2 * P) * P;
+    let offset = _mm512_set1_epi8(B::OFFSET as i8);
+    let mut pair_blocks: Vec<Q0Pair> = Vec::with_capacity(full_pairs * nb);
+    for k in 0..full_pairs {
+        for b in 0..nb {
+            let y0 = y.add(2 * k * act_stride + b * B::AB);
+            let y1 = y0.add(act_stride);
+            let yq =
+                _mm512_inserti64x4::<1>(_mm512_castsi256_si512(load(y0.add(2))), load(y1.add(2)));
+            let dy = _mm512_mask_blend_ps(
+                0xff00,
+                _mm512_set1_ps(f16_at(y0)),
+                _mm512_set1_ps(f16_at(y1)),
+            );
+            // -OFFSET * (sum of each four y), so that adding (q + OFFSET) * y gives
+            // the exact sum of q * y (|sums| < 2^17: no overflow anywhere)
+            let base = _mm512_sub_epi32(
+                _mm512_setzero_si512(),
+                _mm512_dpbusd_epi32(_mm512_setzero_si512(), offset, yq),
+            );
+            pair_blocks.push(Q0Pair { yq, dy, base });
+        }
+    }
+    // The 4 rows' blocks decoded once for all the column tiles: block b of row r at b * R + r.
+    let mut quants: Vec<__m256i> = Vec::with_capacity(nb * R);
+    let mut scales: Vec<f32> = Vec::with_capacity(nb * R);
     let mut i0 = 0;
     while i0 + R <= n_rows {
         let xr: [*const u8; R] = std::array::from_fn(|r| x.add((i0 + r) * row_stride));
+        if full_pairs > 0 {
+            quants.clear();
+            scales.clear();
+            for b in 0..nb {
+                for r in 0..R {
+                    let (q, d) = B::decode_u(xr[r].add(b * B::WB));
+                    quants.push(q);
+                    scales.push(d);
+                }
+            }
+        }
         let mut c0 = 0;
         while c0 + 2 * P <= n_cols {
             let mut acc = [[_mm512_setzero_ps(); P]; R];
@@ -386,29 +427,11 @@ unsafe fn multi_blocks_512<B: Q0Block>(
                 let mut qu = [_mm512_setzero_si512(); R];
                 let mut d = [_mm512_setzero_ps(); R];
                 for r in 0..R {
-                    let (q, dr) = B::decode_u(xr[r].add(b * B::WB));
-                    qu[r] = _mm512_broadcast_i64x4(q);
-                    d[r] = _mm512_set1_ps(dr);
+                    qu[r] = _mm512_broadcast_i64x4(quants[b * R + r]);
+                    d[r] = _mm512_set1_ps(scales[b * R + r]);
                 }
-                let offset = _mm512_set1_epi8(B::OFFSET as i8);
                 for p in 0..P {
-                    let y0 = y.add((c0 + 2 * p) * act_stride + b * B::AB);
-                    let y1 = y0.add(act_stride);
-                    let yq = _mm512_inserti64x4::<1>(
-                        _mm512_castsi256_si512(load(y0.add(2))),
-                        load(y1.add(2)),
-                    );
-                    let dy = _mm512_mask_blend_ps(
-                        0xff00,
-                        _mm512_set1_ps(f16_at(y0)),
-                        _mm512_set1_ps(f16_at(y1)),
-                    );
-                    // -OFFSET * (sum of each four y), so that adding (q + OFFSET) * y gives
-                    // the exact sum of q * y (|sums| < 2^17: no overflow anywhere)
-                    let base = _mm512_sub_epi32(
-                        _mm512_setzero_si512(),
-                        _mm512_dpbusd_epi32(_mm512_setzero_si512(), offset, yq),
-                    );
+                    let Q0Pair { yq, dy, base } = pair_blocks[(c0 / 2 + p) * nb + b];
                     for r in 0..R {
                         let sum = _mm512_dpbusd_epi32(base, qu[r], yq);
                         acc[r][p] = _mm512_fmadd_ps(
@@ -443,6 +466,18 @@ unsafe fn multi_blocks_512<B: Q0Block>(
             out[c * n_rows + i] = dot_blocks::<B>(nb, xr, y.add(c * act_stride));
         }
     }
+}
+
+/// Two Q8_0 activation blocks (columns) side by side, as `multi_blocks_512` reads them:
+/// lanes 0..8 (bytes 0..32) are the first column's, lanes 8..16 the second's.
+#[derive(Clone, Copy)]
+struct Q0Pair {
+    /// The two blocks' quants.
+    yq: __m512i,
+    /// Each block's scale, eight times.
+    dy: __m512,
+    /// -OFFSET times each four quants' sum: the start of the block's integer sums.
+    base: __m512i,
 }
 
 /// What `multi_blocks_k512` needs of two Q8_K activation blocks (columns) side by side:

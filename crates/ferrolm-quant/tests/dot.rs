@@ -178,7 +178,8 @@ fn dot_rows_and_multi_match_single_dots() {
 }
 
 /// Batches wide enough for the whole register tiles (8 and more columns, row pairs and an odd
-/// row): every output equals the single dot of its row and column, bit for bit.
+/// row, several groups of rows and of columns): every output equals the single dot of its row
+/// and column, bit for bit.
 #[test]
 fn multi_full_tiles_match_single_dots() {
     let mut rng = Rng::new(7);
@@ -193,7 +194,7 @@ fn multi_full_tiles_match_single_dots() {
         let n = 3 * ty.block_size().max(64);
         let rb = ferrolm_quant::row_bytes(ty, n).unwrap();
         let ab = ferrolm_quant::row_bytes(k.activation_type(), n).unwrap();
-        for (n_rows, n_cols) in [(2, 8), (5, 19), (4, 16)] {
+        for (n_rows, n_cols) in [(2, 8), (5, 19), (4, 16), (9, 24)] {
             let stride = rb + 3;
             let mut rows = vec![0u8; n_rows * stride];
             for i in 0..n_rows {
