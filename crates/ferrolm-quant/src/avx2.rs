@@ -480,6 +480,14 @@ struct Q0Pair {
     base: __m512i,
 }
 
+/// Two Q8_K activation blocks (columns) side by side, as `multi_blocks_k512` reads them:
+/// their `KPair`, and each group's 32 quants of both (lanes 0..8 the first column's).
+#[derive(Clone, Copy)]
+struct KPairBlock {
+    pair: KPair,
+    quants: [__m512i; 8],
+}
+
 /// What `multi_blocks_k512` needs of two Q8_K activation blocks (columns) side by side:
 /// lanes 0..8 (bytes 0..32) belong to the first column, lanes 8..16 to the second.
 #[derive(Clone, Copy)]
@@ -731,10 +739,28 @@ unsafe fn multi_blocks_k512<B: KBlock>(
     // The 4 rows' blocks, unpacked once for all the column tiles: block b of row r at
     // b * R + r.
     let mut unpacked = Vec::with_capacity(nb * R);
+    // What each pair of columns of the full tiles brings to each block, the same for every
+    // row: pair k's block b at k * nb + b.
+    let full_pairs = n_cols / (2 * P) * P;
+    let mut pair_blocks: Vec<KPairBlock> = Vec::with_capacity(full_pairs * nb);
+    for k in 0..full_pairs {
+        for b in 0..nb {
+            let y0 = y.add(2 * k * act_stride + b * B::AB);
+            let y1 = y0.add(act_stride);
+            let mut quants = [_mm512_setzero_si512(); 8];
+            for (j, q) in quants.iter_mut().enumerate() {
+                *q = y_pair(y0.add(Y_QS + 32 * j), y1.add(Y_QS + 32 * j));
+            }
+            pair_blocks.push(KPairBlock {
+                pair: k_pair(y0, y1),
+                quants,
+            });
+        }
+    }
     let mut i0 = 0;
     while i0 + R <= n_rows {
         let xr: [*const u8; R] = std::array::from_fn(|r| x.add((i0 + r) * row_stride));
-        if n_cols >= 2 * P {
+        if full_pairs > 0 {
             unpacked.clear();
             for b in 0..nb {
                 for r in 0..R {
@@ -744,19 +770,13 @@ unsafe fn multi_blocks_k512<B: KBlock>(
         }
         let mut c0 = 0;
         while c0 + 2 * P <= n_cols {
-            let yc: [*const u8; P] = std::array::from_fn(|p| y.add((c0 + 2 * p) * act_stride));
             let mut v = [[_mm512_setzero_ps(); P]; R];
             let mut m = [[_mm256_setzero_ps(); P]; R];
             for b in 0..nb {
-                // (no closures here: they would not inherit the target features)
-                let yo = b * B::AB;
                 let w = &unpacked[b * R..(b + 1) * R];
-                let pairs: [KPair; P] = [
-                    k_pair(yc[0].add(yo), yc[0].add(yo + act_stride)),
-                    k_pair(yc[1].add(yo), yc[1].add(yo + act_stride)),
-                    k_pair(yc[2].add(yo), yc[2].add(yo + act_stride)),
-                    k_pair(yc[3].add(yo), yc[3].add(yo + act_stride)),
-                ];
+                let pb: [&KPairBlock; P] =
+                    std::array::from_fn(|p| &pair_blocks[(c0 / 2 + p) * nb + b]);
+                let pairs: [KPair; P] = std::array::from_fn(|p| pb[p].pair);
                 let mut sum = [[_mm512_setzero_si512(); P]; R];
                 for r in 0..R {
                     for p in 0..P {
@@ -770,17 +790,8 @@ unsafe fn multi_blocks_k512<B: KBlock>(
                 // both groups, exactly.
                 let zero = _mm512_setzero_si512();
                 for j in (0..8).step_by(2) {
-                    let ypair = |j: usize, p: usize| {
-                        let y0 = yc[p].add(yo + Y_QS + 32 * j);
-                        y_pair(y0, y0.add(act_stride))
-                    };
-                    let y0: [__m512i; P] = [ypair(j, 0), ypair(j, 1), ypair(j, 2), ypair(j, 3)];
-                    let y1: [__m512i; P] = [
-                        ypair(j + 1, 0),
-                        ypair(j + 1, 1),
-                        ypair(j + 1, 2),
-                        ypair(j + 1, 3),
-                    ];
+                    let y0: [__m512i; P] = std::array::from_fn(|p| pb[p].quants[j]);
+                    let y1: [__m512i; P] = std::array::from_fn(|p| pb[p].quants[j + 1]);
                     for r in 0..R {
                         let q0 = _mm512_broadcast_i64x4(w[r].q[j]);
                         let q1 = _mm512_broadcast_i64x4(w[r].q[j + 1]);
