@@ -1140,9 +1140,30 @@ __device__ __forceinline__ u32 block_argmax(const float* logits, int n) {
     __shared__ int si[32];
     float best = -INFINITY;
     int bi = 0x7fffffff;
-    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+    // Four values a load and four loads in flight: one pass over a large vocabulary is bound
+    // by how many loads wait at once, not by the compares.
+    // (a row of a prompt's logits may start off the 16-byte grid: then one value a load)
+    int n4 = ((size_t)logits & 15) == 0 ? n / 4 : 0, step = blockDim.x;
+    const float4* l4 = (const float4*)logits;
+    for (int i0 = threadIdx.x; i0 < n4; i0 += 4 * step) {
+        float4 v[4];
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            int i = i0 + u * step;
+            v[u] = i < n4 ? l4[i] : make_float4(-INFINITY, -INFINITY, -INFINITY, -INFINITY);
+        }
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            int i = 4 * (i0 + u * step);
+            float e[4] = {v[u].x, v[u].y, v[u].z, v[u].w};
+#pragma unroll
+            for (int k = 0; k < 4; k++)
+                if (e[k] > best || (e[k] == best && i + k < bi)) { best = e[k]; bi = i + k; }
+        }
+    }
+    for (int i = 4 * n4 + threadIdx.x; i < n; i += step) {
         float v = logits[i];
-        if (v > best) { best = v; bi = i; }
+        if (v > best || (v == best && i < bi)) { best = v; bi = i; }
     }
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) {
