@@ -75,7 +75,7 @@ pub(crate) fn dot_bf16(n: usize, row: &[u8], act: &[u8]) -> f32 {
 // when the batch has >= 2 columns, k % KN == 0 and the row count % 4 == 0)
 
 /// Which element type a float batch kernel reads.
-#[derive(Clone, Copy, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum FloatKind {
     F32,
     F16,
@@ -264,6 +264,110 @@ unsafe fn tinyblas_fma(
     }
 }
 
+/// [`tinyblas_fma`] for F32/F16 with AVX-512F: each output's 16-lane accumulator is one
+/// 512-bit register, 4 rows x 4 columns at a time (each row and column load feeds four
+/// products); the same fused multiply-adds per lane in the same order, and the same final
+/// sum of the two 8-lane halves, so every output keeps its bits.
+#[cfg(target_arch = "x86_64")]
+#[allow(unsafe_code, clippy::too_many_arguments, clippy::needless_range_loop)]
+#[target_feature(enable = "avx2,fma,f16c,avx512f")]
+unsafe fn tinyblas_512(
+    kind: FloatKind,
+    n: usize,
+    rows: &[u8],
+    row_stride: usize,
+    n_rows: usize,
+    acts: &[u8],
+    act_stride: usize,
+    n_cols: usize,
+    out: &mut [f32],
+) {
+    use std::arch::x86_64::*;
+    // rows and columns per tile
+    const T: usize = 4;
+    let rb = n * kind.elem();
+    // f16 -> f32 with F16C (exact); n is a multiple of 16
+    let widen = |src: &[u8], dst: &mut [f32]| {
+        if kind == FloatKind::F16 {
+            for (k, d) in dst.chunks_exact_mut(8).enumerate() {
+                let h = _mm_loadu_si128(src.as_ptr().add(16 * k) as *const __m128i);
+                _mm256_storeu_ps(d.as_mut_ptr(), _mm256_cvtph_ps(h));
+            }
+        } else {
+            kind.widen(src, dst);
+        }
+    };
+    let mut cols = vec![0f32; n * n_cols];
+    for (c, col) in cols.chunks_exact_mut(n).enumerate() {
+        widen(&acts[c * act_stride..c * act_stride + rb], col);
+    }
+    let mut tile_rows = vec![0f32; T * n];
+    let mut i = 0;
+    while i < n_rows {
+        let h = (n_rows - i).min(T);
+        for (r, row) in tile_rows.chunks_exact_mut(n).take(h).enumerate() {
+            let at = (i + r) * row_stride;
+            widen(&rows[at..at + rb], row);
+        }
+        // a short last tile repeats its last row or column and keeps only the real outputs
+        let ap: [*const f32; T] = std::array::from_fn(|r| tile_rows[r.min(h - 1) * n..].as_ptr());
+        let mut c = 0;
+        while c < n_cols {
+            let g = (n_cols - c).min(T);
+            let bp: [*const f32; T] =
+                std::array::from_fn(|j| cols[(c + j.min(g - 1)) * n..].as_ptr());
+            let sums = tile_4x4(ap, bp, n);
+            for r in 0..h {
+                for j in 0..g {
+                    out[(c + j) * n_rows + i + r] = sums[r][j];
+                }
+            }
+            c += g;
+        }
+        i += h;
+    }
+}
+
+/// The 4 x 4 dots of `tinyblas_512`: rows at `a`, columns at `b`, `n` floats each (a
+/// multiple of 16): one 16-lane accumulator each, finished as `tinyblas_fma` finishes its two
+/// 8-lane halves.
+#[cfg(target_arch = "x86_64")]
+#[allow(unsafe_code)]
+#[target_feature(enable = "avx2,fma,avx512f")]
+unsafe fn tile_4x4(a: [*const f32; 4], b: [*const f32; 4], n: usize) -> [[f32; 4]; 4] {
+    use std::arch::x86_64::*;
+    let mut acc = [[_mm512_setzero_ps(); 4]; 4];
+    let mut k = 0;
+    while k < n {
+        let bv = [
+            _mm512_loadu_ps(b[0].add(k)),
+            _mm512_loadu_ps(b[1].add(k)),
+            _mm512_loadu_ps(b[2].add(k)),
+            _mm512_loadu_ps(b[3].add(k)),
+        ];
+        for (row, acc) in a.iter().zip(acc.iter_mut()) {
+            let av = _mm512_loadu_ps(row.add(k));
+            for (acc, bv) in acc.iter_mut().zip(bv) {
+                *acc = _mm512_fmadd_ps(av, bv, *acc);
+            }
+        }
+        k += 16;
+    }
+    let mut sums = [[0f32; 4]; 4];
+    for (sums, acc) in sums.iter_mut().zip(acc) {
+        for (sum, v) in sums.iter_mut().zip(acc) {
+            let lo = _mm512_castps512_ps256(v);
+            let up = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)));
+            let h = _mm256_add_ps(up, lo);
+            let s = _mm_add_ps(_mm256_extractf128_ps::<1>(h), _mm256_castps256_ps128(h));
+            let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+            let s = _mm_add_ss(s, _mm_movehdup_ps(s));
+            *sum = _mm_cvtss_f32(s);
+        }
+    }
+    sums
+}
+
 /// The per-element arithmetic of llamafile_sgemm's tinyBLAS (lengths checked by the caller;
 /// only when [`tinyblas_applies`]).
 #[allow(clippy::too_many_arguments)]
@@ -278,6 +382,23 @@ pub(crate) fn tinyblas(
     n_cols: usize,
     out: &mut [f32],
 ) {
+    #[cfg(target_arch = "x86_64")]
+    if crate::kernel::simd_enabled()
+        && kind != FloatKind::Bf16
+        && std::arch::is_x86_feature_detected!("avx512f")
+        && std::arch::is_x86_feature_detected!("avx2")
+        && std::arch::is_x86_feature_detected!("fma")
+        && std::arch::is_x86_feature_detected!("f16c")
+    {
+        // SAFETY: avx512f, avx2, fma and f16c were detected just above.
+        #[allow(unsafe_code)]
+        unsafe {
+            tinyblas_512(
+                kind, n, rows, row_stride, n_rows, acts, act_stride, n_cols, out,
+            )
+        };
+        return;
+    }
     #[cfg(target_arch = "x86_64")]
     if crate::kernel::simd_enabled()
         && std::arch::is_x86_feature_detected!("avx2")
@@ -296,4 +417,64 @@ pub(crate) fn tinyblas(
     tinyblas_body(
         kind, n, rows, row_stride, n_rows, acts, act_stride, n_cols, out,
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The batched float products this CPU runs (AVX-512 or AVX2 tiles) against the scalar
+    /// definition of tinyBLAS's arithmetic, bit for bit: F32 and F16, several lengths, row
+    /// counts of whole and repeated tiles, column counts with and without a remainder, strides
+    /// longer than a row.
+    #[test]
+    fn tinyblas_tiles_match_the_scalar_definition() {
+        let mut state = 0x2545_f491_4f6c_dd1du64;
+        let mut next = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            ((state >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 8.0
+        };
+        for kind in [FloatKind::F32, FloatKind::F16] {
+            let bytes = |v: f32| -> Vec<u8> {
+                if kind == FloatKind::F32 {
+                    v.to_le_bytes().to_vec()
+                } else {
+                    half::f16::from_f32(v).to_le_bytes().to_vec()
+                }
+            };
+            for (n, n_rows, n_cols) in [(16, 4, 2), (48, 8, 5), (256, 12, 9), (64, 4, 64)] {
+                assert!(tinyblas_applies(kind, n, n_rows, n_cols));
+                let (row_stride, act_stride) = ((n + 3) * kind.elem(), (n + 1) * kind.elem());
+                let matrix = |count: usize, stride: usize, next: &mut dyn FnMut() -> f32| {
+                    let mut m = vec![0u8; count * stride];
+                    for r in 0..count {
+                        for k in 0..n {
+                            let at = r * stride + k * kind.elem();
+                            m[at..at + kind.elem()].copy_from_slice(&bytes(next()));
+                        }
+                    }
+                    m
+                };
+                let rows = matrix(n_rows, row_stride, &mut next);
+                let acts = matrix(n_cols, act_stride, &mut next);
+                let mut got = vec![0f32; n_rows * n_cols];
+                let mut want = vec![0f32; n_rows * n_cols];
+                tinyblas(
+                    kind, n, &rows, row_stride, n_rows, &acts, act_stride, n_cols, &mut got,
+                );
+                tinyblas_body(
+                    kind, n, &rows, row_stride, n_rows, &acts, act_stride, n_cols, &mut want,
+                );
+                for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                    assert_eq!(
+                        g.to_bits(),
+                        w.to_bits(),
+                        "{kind:?} {n}x{n_rows}x{n_cols} at {i}"
+                    );
+                }
+            }
+        }
+    }
 }
