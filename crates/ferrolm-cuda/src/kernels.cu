@@ -393,6 +393,23 @@ __device__ __forceinline__ void scale_min_k4(const u8* s, int j, int* sc, int* m
     }
 }
 
+// Scale and minimum of sub-block j of a Q4_K/Q5_K super-block from its first 16 bytes, read as
+// one word h (d, dmin, then the 12 bytes of 6-bit fields in h.y, h.z, h.w): no byte loads.
+__device__ __forceinline__ void scale_min_k4_words(uint4 h, int j, int* sc, int* mn) {
+    // byte k of the 12 (k < 12)
+    auto byte = [&](int k) -> int {
+        u32 w = k < 4 ? h.y : (k < 8 ? h.z : h.w);
+        return (int)((w >> (8 * (k & 3))) & 0xff);
+    };
+    if (j < 4) {
+        *sc = byte(j) & 63;
+        *mn = byte(j + 4) & 63;
+    } else {
+        *sc = (byte(j + 4) & 15) | ((byte(j - 4) >> 6) << 4);
+        *mn = (byte(j + 4) >> 4) | ((byte(j) >> 6) << 4);
+    }
+}
+
 // BF16: the high half of an f32.
 struct BF16 {
     static __device__ __forceinline__ void load(const u8* row, int c, float* w) {
@@ -511,7 +528,7 @@ struct Q2_K {
 #pragma unroll
         for (int k = 0; k < 8; k++)
             s[k >> 2] = __dp4a((int)((LD(q + k) >> shift) & 0x03030303u), a.q[k], s[k >> 2]);
-        u32 sc0 = LD(b + 2 * j), sc1 = LD(b + 2 * j + 1);
+        u32 sc01 = LD((const u16*)(b + 2 * j)), sc0 = sc01 & 0xff, sc1 = sc01 >> 8;
         int sum = (int)(sc0 & 15) * s[0] + (int)(sc1 & 15) * s[1];
         int mins = (int)(sc0 >> 4) * a.sum[0] + (int)(sc1 >> 4) * a.sum[1];
         return a.d * (d * (float)sum - dmin * (float)mins);
@@ -595,10 +612,10 @@ struct Q5_K {
     static __device__ __forceinline__ float dot(const u8* row, int c, const Act& a) {
         const u8* b = row + 176 * (c >> 3);
         int j = c & 7, shift = (j & 1) * 4;
-        u32 dd = LD((const u32*)b);
-        float d = h2f((u16)(dd & 0xffff)), dmin = h2f((u16)(dd >> 16));
+        uint4 head = LD((const uint4*)b);
+        float d = h2f((u16)(head.x & 0xffff)), dmin = h2f((u16)(head.x >> 16));
         int sc, mn;
-        scale_min_k4(b + 4, j, &sc, &mn);
+        scale_min_k4_words(head, j, &sc, &mn);
         const uint4* qh = (const uint4*)(b + 16);
         const uint4* q = (const uint4*)(b + 48 + 32 * (j >> 1));
         int s = 0;
@@ -648,10 +665,10 @@ struct Q4_K {
     static __device__ __forceinline__ float dot(const u8* row, int c, const Act& a) {
         const u8* b = row + 144 * (c >> 3);
         int j = c & 7, shift = (j & 1) * 4;
-        u32 dd = LD((const u32*)b);
-        float d = h2f((u16)(dd & 0xffff)), dmin = h2f((u16)(dd >> 16));
+        uint4 head = LD((const uint4*)b);
+        float d = h2f((u16)(head.x & 0xffff)), dmin = h2f((u16)(head.x >> 16));
         int sc, mn;
-        scale_min_k4(b + 4, j, &sc, &mn);
+        scale_min_k4_words(head, j, &sc, &mn);
         const uint4* q = (const uint4*)(b + 16 + 32 * (j >> 1));
         int s = 0;
 #pragma unroll
@@ -700,6 +717,8 @@ struct Q6_K {
         const u8* ql = b + 64 * n + 32 * (k & 1);
         const u8* qh = b + 128 + 32 * n;
         int lshift = (k >> 1) * 4, hshift = 2 * k;
+        // the chunk's two int8 scales, side by side
+        u32 scales = LD((const u16*)(b + 192 + 8 * n + 2 * k));
         int sum = 0;
 #pragma unroll
         for (int h = 0; h < 2; h++) {
@@ -710,7 +729,7 @@ struct Q6_K {
                         (((ld_u16x2(qh + 4 * i) >> hshift) & 0x03030303u) << 4);
                 part = __dp4a((int)w, a.q[i], part);
             }
-            int sc = (int)(i8)LD(b + 192 + 8 * n + 2 * k + h);
+            int sc = (int)(i8)((scales >> (8 * h)) & 0xff);
             sum += sc * (part - 32 * a.sum[h]);
         }
         return a.d * d * (float)sum;
