@@ -1,7 +1,7 @@
 //! Batched products (`dot_rows_multi`) in the shapes of a small model's prompt: Gemma 3
-//! 270M's Q5_0 (640 -> 2048), Q4_K (1024 -> 640) and Q6_K (2048 -> 640) matrices against
-//! 64 tokens, one thread. Prints the best of several timings as GMAC/s, for A/B runs of the
-//! batched tiles.
+//! 270M's Q5_0 (640 -> 2048), Q4_K (1024 -> 640) and Q6_K (2048 -> 640) matrices, and an F16
+//! attention score product (512 keys of a 256-wide head), against 64 tokens, one thread.
+//! Prints the best of several timings as GMAC/s, for A/B runs of the batched tiles.
 //!
 //! `cargo run --release -p ferrolm-quant --example tile_bench`
 
@@ -20,6 +20,8 @@ fn main() {
         (TensorType::Q5_0, 640, 2048),
         (TensorType::Q4_K, 1024, 640),
         (TensorType::Q6_K, 2048, 640),
+        // attention's scores: 512 cached keys of one 256-wide head against 64 queries
+        (TensorType::F16, 256, 512),
     ] {
         let k = dot_kernel(ty).unwrap();
         let rb = row_bytes(ty, n).unwrap();
