@@ -2,40 +2,34 @@
 //! megabytes each; allocated afresh, each costs page faults (the allocator hands large freed
 //! blocks back to the system) and a zero fill that the products then overwrite.
 
-/// Free buffers, reused by [`Buffers::take`].
+/// Free buffers, reused by [`Buffers::take`], the most recently given last.
 #[derive(Default)]
 pub(crate) struct Buffers {
     free: Vec<Vec<f32>>,
 }
 
-/// Free buffers kept at most (a layer uses about ten).
+/// Free buffers kept at most (a layer gives back about ten); past that, the least recently
+/// given goes, so that the buffers of a long prompt do not outlive it by more than a layer or
+/// two of shorter steps.
 const KEEP: usize = 16;
 
 impl Buffers {
     /// A buffer of `len` values that are left over from earlier use: only for outputs that
-    /// are written whole before they are read. Takes the shortest free buffer that is long
-    /// enough (so that buffers keep their lengths and need no fill), else the longest.
+    /// are written whole before they are read. A free buffer of exactly that length if there
+    /// is one (a layer asks for the same lengths as the one before, so after the first layer
+    /// every request is met without allocating or filling), else a new one.
     pub fn take(&mut self, len: usize) -> Vec<f32> {
-        let fits = (0..self.free.len())
-            .filter(|&i| self.free[i].len() >= len)
-            .min_by_key(|&i| self.free[i].len());
-        let longest = (0..self.free.len()).max_by_key(|&i| self.free[i].len());
-        let mut v = match fits.or(longest) {
-            Some(i) => self.free.swap_remove(i),
-            None => Vec::new(),
-        };
-        if v.len() > len {
-            v.truncate(len);
-        } else {
-            v.resize(len, 0.0);
+        match self.free.iter().rposition(|v| v.len() == len) {
+            Some(i) => self.free.remove(i),
+            None => vec![0.0; len],
         }
-        v
     }
 
     /// Gives `v` back for a later [`Buffers::take`].
     pub fn give(&mut self, v: Vec<f32>) {
-        if self.free.len() < KEEP {
-            self.free.push(v);
+        self.free.push(v);
+        if self.free.len() > KEEP {
+            self.free.remove(0);
         }
     }
 }
@@ -45,22 +39,27 @@ mod tests {
     use super::*;
 
     #[test]
-    fn buffers_come_back_with_the_length_asked_for() {
+    fn buffers_of_the_same_length_come_back_as_they_were() {
         let mut b = Buffers::default();
-        let big = b.take(100);
-        assert_eq!(big, vec![0.0; 100]);
-        let mut small = b.take(10);
-        small.fill(7.0);
-        let small_ptr = small.as_ptr();
-        b.give(big);
-        b.give(small);
-        // The shortest that fits: the 10-long one, its old values left as they were.
-        let again = b.take(8);
-        assert_eq!((again.len(), again.as_ptr()), (8, small_ptr));
+        let fresh = b.take(100);
+        assert_eq!(fresh, vec![0.0; 100]);
+        let mut used = b.take(10);
+        used.fill(7.0);
+        let used_at = used.as_ptr();
+        b.give(fresh);
+        b.give(used);
+        // The same length: the same buffer, its old values left as they were.
+        let again = b.take(10);
+        assert_eq!(again.as_ptr(), used_at);
         assert!(again.iter().all(|&v| v == 7.0));
-        // Nothing long enough: the longest, grown.
-        let grown = b.take(150);
-        assert_eq!(grown.len(), 150);
-        assert!(b.take(0).is_empty());
+        // Another length: a new, zeroed buffer; the 100-long one stays free.
+        assert_eq!(b.take(8), vec![0.0; 8]);
+        assert_eq!(b.free.len(), 1);
+        // Past KEEP, the least recently given goes.
+        for len in 1..=KEEP {
+            b.give(vec![0.0; len]);
+        }
+        assert_eq!(b.free.len(), KEEP);
+        assert!(b.free.iter().all(|v| v.len() != 100));
     }
 }

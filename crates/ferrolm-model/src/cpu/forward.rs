@@ -12,7 +12,7 @@ use super::routing::route;
 use crate::error::Result;
 use crate::experts::ExpertStore;
 use crate::kv_cache::KvCache;
-use crate::plan::{Activation, Attention, Ffn, Mixer, Moe};
+use crate::plan::{Activation, Attention, Ffn, Mixer, Moe, Rope};
 use crate::weights::{
     AttentionWeights, FfnWeights, Matrix, MixerWeights, MoeBiases, SharedWeights,
 };
@@ -50,6 +50,8 @@ fn dump(name: &str, layer: usize, data: &[f32]) {
 pub(crate) struct Scratch {
     input: SharedInput,
     floats: Buffers,
+    /// This pass's RoPE angles of every token, per distinct RoPE of its layers.
+    angles: Vec<(Rope, Vec<RopeAngles>)>,
 }
 
 /// `f(row index, row)` for every `len`-long row of `data`: on the caller alone for one row
@@ -137,6 +139,7 @@ pub(crate) fn forward(
         }
     };
 
+    scratch.angles.clear();
     let mut h = vec![0f32; n * d];
     for (l, (lp, lw)) in plan.layers.iter().zip(&w.layers).enumerate().skip(first) {
         // Token mixer.
@@ -379,17 +382,25 @@ fn attention_block(
         q = queries;
         gates
     });
-    // Each token's sequence's context size, by which LongRoPE picks its factors.
-    let mut ctx_of = vec![0; n];
-    for (seq, &off) in seqs.iter().zip(offsets) {
-        ctx_of[off..off + seq.ids.len()].fill(seq.cache.n_ctx());
-    }
-    let angles: Vec<RopeAngles> = (0..n)
-        .map(|t| {
-            let factors = model.weights.rope_factors(&a.rope, ctx_of[t]);
-            RopeAngles::new(&a.rope, factors, pos_of[t])
-        })
-        .collect();
+    // The angles depend on the RoPE, the positions and the context sizes alone: computed once
+    // per pass for each distinct RoPE (Gemma 3: its local and its global layers).
+    let known = scratch.angles.iter().position(|(rope, _)| *rope == a.rope);
+    let at = known.unwrap_or_else(|| {
+        // Each token's sequence's context size, by which LongRoPE picks its factors.
+        let mut ctx_of = vec![0; n];
+        for (seq, &off) in seqs.iter().zip(offsets) {
+            ctx_of[off..off + seq.ids.len()].fill(seq.cache.n_ctx());
+        }
+        let angles = (0..n)
+            .map(|t| {
+                let factors = model.weights.rope_factors(&a.rope, ctx_of[t]);
+                RopeAngles::new(&a.rope, factors, pos_of[t])
+            })
+            .collect();
+        scratch.angles.push((a.rope.clone(), angles));
+        scratch.angles.len() - 1
+    });
+    let angles = &scratch.angles[at].1;
     // Per token and head: the Q/K norm if the plan has one, then the rotation.
     for (buf, norm, width) in [(&mut q, &lw.q_norm, q_dim), (&mut k, &lw.k_norm, kv_dim)] {
         rows_mut(pool, buf, NORM_ROWS * width, |c, rows| {
