@@ -410,6 +410,23 @@ __device__ __forceinline__ void scale_min_k4_words(uint4 h, int j, int* sc, int*
     }
 }
 
+// What a Q4_K / Q5_K product needs of chunk j's super-block b besides its quants: d, dmin and
+// the chunk's scale and minimum, from the first 16 bytes read as one word.
+struct KHead {
+    float d, dmin;
+    int sc, mn;
+    __device__ __forceinline__ KHead(const u8* b, int j) {
+        uint4 head = LD((const uint4*)b);
+        d = h2f((u16)(head.x & 0xffff));
+        dmin = h2f((u16)(head.x >> 16));
+        scale_min_k4_words(head, j, &sc, &mn);
+    }
+    // The chunk's product from the integer sum s of its quants times the activations'.
+    __device__ __forceinline__ float product(const Act& a, int s) const {
+        return a.d * (d * (float)(sc * s) - dmin * (float)(mn * (a.sum[0] + a.sum[1])));
+    }
+};
+
 // BF16: the high half of an f32.
 struct BF16 {
     static __device__ __forceinline__ void load(const u8* row, int c, float* w) {
@@ -612,10 +629,7 @@ struct Q5_K {
     static __device__ __forceinline__ float dot(const u8* row, int c, const Act& a) {
         const u8* b = row + 176 * (c >> 3);
         int j = c & 7, shift = (j & 1) * 4;
-        uint4 head = LD((const uint4*)b);
-        float d = h2f((u16)(head.x & 0xffff)), dmin = h2f((u16)(head.x >> 16));
-        int sc, mn;
-        scale_min_k4_words(head, j, &sc, &mn);
+        KHead head(b, j);
         const uint4* qh = (const uint4*)(b + 16);
         const uint4* q = (const uint4*)(b + 48 + 32 * (j >> 1));
         int s = 0;
@@ -629,7 +643,7 @@ struct Q5_K {
                 s = __dp4a((int)w, a.q[4 * i + k], s);
             }
         }
-        return a.d * (d * (float)(sc * s) - dmin * (float)(mn * (a.sum[0] + a.sum[1])));
+        return head.product(a, s);
     }
 };
 
@@ -665,10 +679,7 @@ struct Q4_K {
     static __device__ __forceinline__ float dot(const u8* row, int c, const Act& a) {
         const u8* b = row + 144 * (c >> 3);
         int j = c & 7, shift = (j & 1) * 4;
-        uint4 head = LD((const uint4*)b);
-        float d = h2f((u16)(head.x & 0xffff)), dmin = h2f((u16)(head.x >> 16));
-        int sc, mn;
-        scale_min_k4_words(head, j, &sc, &mn);
+        KHead head(b, j);
         const uint4* q = (const uint4*)(b + 16 + 32 * (j >> 1));
         int s = 0;
 #pragma unroll
@@ -679,7 +690,7 @@ struct Q4_K {
             for (int k = 0; k < 4; k++)
                 s = __dp4a((int)((w[k] >> shift) & 0x0f0f0f0fu), a.q[4 * i + k], s);
         }
-        return a.d * (d * (float)(sc * s) - dmin * (float)(mn * (a.sum[0] + a.sum[1])));
+        return head.product(a, s);
     }
 };
 
