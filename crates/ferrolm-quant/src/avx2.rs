@@ -76,6 +76,24 @@ pub(crate) fn kernel(ty: TensorType) -> Option<Simd> {
     })
 }
 
+/// llama.cpp's x86 activation quantizers (Q8_0 with `127 / amax` and round half to even;
+/// Q8_K) compiled for AVX2, so that their element loops vectorize 8 wide: the same scalar
+/// code and arithmetic, so the same bytes. `ty` must be Q8_0 or Q8_K, `dst` exactly the
+/// blocks of `src`.
+///
+/// # Safety
+/// AVX2, FMA and F16C are available.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn quantize_activation(ty: TensorType, src: &[f32], dst: &mut [u8]) {
+    match ty {
+        TensorType::Q8_0 => {
+            crate::legacy::quantize_q8_0_with(src, dst, crate::legacy::Rounding::X86)
+        }
+        TensorType::Q8_K => crate::k_quants::quantize_q8_k(src, dst),
+        _ => unreachable!("only the Q8 activation types"),
+    }
+}
+
 /// A running sum: a vector part (summed horizontally at the end) and a scalar part.
 #[derive(Clone, Copy)]
 struct Acc {

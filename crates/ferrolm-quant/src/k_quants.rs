@@ -556,6 +556,7 @@ pub(crate) fn quantize_q6_k(src: &[f32], dst: &mut [u8]) {
     }
 }
 
+#[inline(always)] // into `avx2::quantize_activation`, to be compiled for AVX2 there
 pub(crate) fn quantize_q8_k(src: &[f32], dst: &mut [u8]) {
     let blocks: &mut [BlockQ8K] = bytemuck::cast_slice_mut(dst);
     for (x, y) in src.chunks_exact(QK_K).zip(blocks) {

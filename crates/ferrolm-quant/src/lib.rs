@@ -186,6 +186,21 @@ pub fn quantize_activation(ty: TensorType, src: &[f32], dst: &mut [u8]) -> Resul
     } else {
         Rounding::Reference
     };
+    #[cfg(target_arch = "x86_64")]
+    if matches!(ty, TensorType::Q8_0 | TensorType::Q8_K) && kernel::simd_enabled() {
+        check_buffer(ty, src.len(), dst.len())?;
+        if std::arch::is_x86_feature_detected!("avx2")
+            && std::arch::is_x86_feature_detected!("fma")
+            && std::arch::is_x86_feature_detected!("f16c")
+        {
+            // SAFETY: avx2, fma and f16c were detected just above; the sizes were checked.
+            #[allow(unsafe_code)]
+            unsafe {
+                avx2::quantize_activation(ty, src, dst)
+            };
+            return Ok(());
+        }
+    }
     match ty {
         TensorType::Q8_0 => {
             check_buffer(ty, src.len(), dst.len())?;

@@ -391,3 +391,36 @@ fn rope_rotate_matches_its_scalar_definition() {
         }
     }
 }
+
+/// Q8_0 activations (compiled for AVX2 where the CPU has it) against llama.cpp's x86 recipe
+/// written out plainly: the largest magnitude in one pass (NaNs never win), `id = 127 / amax`,
+/// round half to even, `d = amax / 127` as f16; random blocks and blocks with ties, NaNs,
+/// signed zeros and zeros only.
+#[test]
+fn q8_0_activations_follow_the_x86_recipe() {
+    let mut rng = Rng::new(17);
+    let mut x: Vec<f32> = (0..32 * 40).map(|_| rng.normal() * 3.0).collect();
+    x[32..64].fill(0.0);
+    x[64..96].iter_mut().for_each(|v| *v = -0.0);
+    x[96] = f32::NAN;
+    x[100] = -7.0;
+    x[101] = 7.0; // a tie of magnitudes
+    x[128] = 127.0;
+    x[129] = 62.5; // a tie of rounding
+    x[130] = -62.5;
+    let mut got = vec![0u8; 34 * 40];
+    quantize_activation(TensorType::Q8_0, &x, &mut got).unwrap();
+    for (b, block) in x.chunks(32).enumerate() {
+        let amax = block
+            .iter()
+            .fold(0.0f32, |a, &v| if v.abs() > a { v.abs() } else { a });
+        let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
+        let d = half::f16::from_f32(amax / 127.0);
+        let out = &got[34 * b..34 * (b + 1)];
+        assert_eq!(out[..2], d.to_le_bytes(), "block {b}: d");
+        for (i, &v) in block.iter().enumerate() {
+            let want = (v * id).round_ties_even() as i32 as i8;
+            assert_eq!(out[2 + i] as i8, want, "block {b}, element {i}");
+        }
+    }
+}
