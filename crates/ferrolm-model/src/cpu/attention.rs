@@ -161,10 +161,18 @@ pub fn attend(
         }
         o
     });
-    for (h, o) in per_head.iter().enumerate() {
-        for t in 0..n_tok {
-            out[t * q_dim + h * hd..t * q_dim + (h + 1) * hd]
-                .copy_from_slice(&o[t * hd..(t + 1) * hd]);
+    // Back to token-major rows, a stretch of tokens per task (one token: on the caller).
+    let gather = |t0: usize, rows: &mut [f32]| {
+        for (i, row) in rows.chunks_exact_mut(q_dim).enumerate() {
+            let t = t0 + i;
+            for (h, o) in per_head.iter().enumerate() {
+                row[h * hd..(h + 1) * hd].copy_from_slice(&o[t * hd..(t + 1) * hd]);
+            }
         }
+    };
+    if n_tok == 1 {
+        gather(0, out);
+    } else {
+        pool.for_each_chunk_mut(out, GROUP * q_dim, |c, rows| gather(c * GROUP, rows));
     }
 }

@@ -118,7 +118,7 @@ pub(crate) fn forward(
     let n = ids.len();
 
     // Embedding rows (or the residual stream the earlier layers left).
-    let mut x = vec![0f32; n * d];
+    let mut x = scratch.floats.take(n * d);
     let first = match &start {
         Some(s) => {
             x.copy_from_slice(s.hidden);
@@ -140,7 +140,7 @@ pub(crate) fn forward(
     };
 
     scratch.angles.clear();
-    let mut h = vec![0f32; n * d];
+    let mut h = scratch.floats.take(n * d);
     for (l, (lp, lw)) in plan.layers.iter().zip(&w.layers).enumerate().skip(first) {
         // Token mixer.
         norm_rows(pool, &x, &lw.attn_norm, plan.norm_eps, &mut h, d);
@@ -261,6 +261,7 @@ pub(crate) fn forward(
         scratch.floats.give(o);
         dump("l_out", l, &x);
     }
+    scratch.floats.give(h);
 
     // The rows whose logits are wanted, sequence by sequence.
     let mut rows: Vec<usize> = Vec::new();
@@ -275,12 +276,13 @@ pub(crate) fn forward(
         per_seq.push(wanted.len());
         rows.extend(wanted);
     }
-    if rows.is_empty() {
-        return Ok(vec![Vec::new(); seqs.len()]);
-    }
     let mut normed = Vec::with_capacity(rows.len() * d);
     for &r in &rows {
         normed.extend_from_slice(&x[r * d..(r + 1) * d]);
+    }
+    scratch.floats.give(x);
+    if rows.is_empty() {
+        return Ok(vec![Vec::new(); seqs.len()]);
     }
     let chunk = NORM_ROWS * d;
     rows_mut(pool, &mut normed, chunk, |_, o| {
