@@ -27,6 +27,8 @@ FILES = {
     "qwen3": ["--arch", "qwen3"],
     "llama": ["--arch", "llama"],  # Mistral-style: 8 heads / 2 kv heads, sliding_window key
     "llama-ropefreqs": ["--arch", "llama", "--rope-freqs", "--rope-base", "500000", "--seed", "7"],
+    # Q/K/V and attention-output biases in a llama file (llama.cpp applies them when present)
+    "llama-biases": ["--arch", "llama", "--attention-biases", "--seed", "11"],
     "gemma2": ["--arch", "gemma2"],
     "gemma3": ["--arch", "gemma3"],
     "granite": ["--arch", "granite"],

@@ -72,6 +72,9 @@ pub struct SyntheticSpec {
     pub yarn: Option<(f32, usize)>,
     /// Shares the embedding as output matrix (no `output.weight`).
     pub tied_output: bool,
+    /// Writes Q/K/V and attention-output biases (which llama.cpp uses on the llama family
+    /// whenever a file has them; qwen2's Q/K/V biases are written regardless).
+    pub attention_biases: bool,
     /// The type of every matrix without an entry in `types`.
     pub default_type: TensorType,
     /// Per-tensor types: the first entry whose key is a substring of the tensor's name wins
@@ -164,6 +167,7 @@ impl SyntheticSpec {
             long_rope: None,
             yarn: None,
             tied_output: false,
+            attention_biases: false,
             default_type: TensorType::Q8_0,
             types: mixed_types(),
             seed: 42,
@@ -452,10 +456,13 @@ pub fn build(spec: &SyntheticSpec) -> Result<GgufWriter> {
             add(n("attn_k.weight"), &[d, kv_dim], m(d), true);
             add(n("attn_v.weight"), &[d, kv_dim], m(d), true);
         }
-        if arch == "qwen2" || arch == "qwen2moe" {
+        if arch == "qwen2" || arch == "qwen2moe" || spec.attention_biases {
             add(n("attn_q.bias"), &[q_dim], Init::Normal(0.1), false);
             add(n("attn_k.bias"), &[kv_dim], Init::Normal(0.1), false);
             add(n("attn_v.bias"), &[kv_dim], Init::Normal(0.1), false);
+        }
+        if spec.attention_biases {
+            add(n("attn_output.bias"), &[d], Init::Normal(0.1), false);
         }
         let q_norms = [
             "qwen3",

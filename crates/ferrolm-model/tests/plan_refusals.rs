@@ -335,3 +335,41 @@ fn qwen2moe_plans_a_gated_shared_expert_and_requires_an_output_matrix() {
         .to_string();
     assert!(e.contains("output.weight"), "{e}");
 }
+
+/// llama-family files may carry Q/K/V and attention-output biases (llama.cpp applies them):
+/// they are read into the plan; a layer lacking one, or a feed-forward bias (which the plan has
+/// no place for), is an error naming the tensor rather than a silently different model.
+#[test]
+fn llama_attention_biases_are_read_and_partial_or_ffn_biases_refused() {
+    let mut spec = SyntheticSpec::small("llama");
+    spec.n_layer = 2;
+    spec.attention_biases = true;
+    let load = |w: &ferrolm_gguf::GgufWriter| {
+        Model::from_file(Arc::new(GgufFile::from_bytes(w.to_bytes()).unwrap()), 1)
+    };
+    let w = synthetic::build(&spec).unwrap();
+    let model = load(&w).unwrap();
+    assert!(model
+        .plan()
+        .layers
+        .iter()
+        .all(|l| l.attention.qkv_bias && l.attention.out_bias));
+    assert!(model.plan().beyond_llama().is_some());
+
+    let mut partial = synthetic::build(&spec).unwrap();
+    assert!(partial.remove_tensor("blk.1.attn_k.bias"));
+    let e = load(&partial).err().expect("refused").to_string();
+    assert!(e.contains("blk.1.attn_k.bias"), "{e}");
+
+    let mut ffn = synthetic::build(&spec).unwrap();
+    let n_ff = spec.n_ff as u64;
+    ffn.add_tensor(
+        "blk.1.ffn_up.bias",
+        &[n_ff],
+        ferrolm_gguf::TensorType::F32,
+        vec![0; 4 * spec.n_ff],
+    )
+    .unwrap();
+    let e = load(&ffn).err().expect("refused").to_string();
+    assert!(e.contains("blk.1.ffn_up.bias") && e.contains("bias"), "{e}");
+}

@@ -25,6 +25,12 @@ fn spec(name: &str) -> SyntheticSpec {
             s.seed = 7;
             s
         }
+        "llama-biases" => {
+            let mut s = SyntheticSpec::small("llama");
+            s.attention_biases = true;
+            s.seed = 11;
+            s
+        }
         "qwen3-yarn" => {
             let mut s = SyntheticSpec::small("qwen3");
             s.yarn = Some((4.0, 256));
@@ -52,6 +58,27 @@ fn spec(name: &str) -> SyntheticSpec {
         }
         arch => SyntheticSpec::small(arch),
     }
+}
+
+/// A llama file with Q/K/V and attention-output biases, which llama.cpp applies when present.
+#[test]
+fn llama_with_attention_biases_matches_llama_cpp() {
+    check("llama-biases");
+}
+
+/// The comparison sees the biases: the same file with them removed is far from llama.cpp's
+/// figures.
+#[test]
+fn llama_biases_left_out_are_caught() {
+    let spec = spec("llama-biases");
+    let mut w = synthetic::build(&spec).unwrap();
+    for i in 0..spec.n_layer {
+        for t in ["attn_q", "attn_k", "attn_v", "attn_output"] {
+            assert!(w.remove_tensor(&format!("blk.{i}.{t}.bias")));
+        }
+    }
+    let f = measure("llama-biases", w.to_bytes());
+    assert!(f.mean_kl > 1e-3, "mean KL {:.3e}", f.mean_kl);
 }
 
 /// Qwen3-MoE: 8 experts, top-2 of the router's softmax, renormalized; Q/K norms.

@@ -45,7 +45,35 @@ pub(super) fn describe(file: &GgufFile, arch: &str) -> Result<ModelPlan> {
         "qwen3moe" | "qwen2moe" => Experts::Required,
         _ => Experts::Refused,
     };
-    describe_decoder(file, arch, variant(arch), experts)
+    let mut plan = describe_decoder(file, arch, variant(arch), experts)?;
+    optional_biases(file, &mut plan)?;
+    Ok(plan)
+}
+
+/// llama.cpp loads Q/K/V and attention-output biases on these architectures whenever a file
+/// carries them (and applies them), so they are used here too: a file whose first layer has
+/// them must have them in every layer. Feed-forward biases, which llama.cpp's `llama` also
+/// loads, have no place in the plan: refused by name rather than ignored.
+fn optional_biases(file: &GgufFile, plan: &mut ModelPlan) -> Result<()> {
+    let has = |name: String| file.tensor(&name).is_some();
+    let qkv = ["attn_q", "attn_k", "attn_v"]
+        .iter()
+        .any(|t| has(format!("blk.0.{t}.bias")));
+    let out = has("blk.0.attn_output.bias".to_string());
+    for (i, layer) in plan.layers.iter_mut().enumerate() {
+        layer.attention.qkv_bias |= qkv;
+        layer.attention.out_bias |= out;
+        for t in ["ffn_gate", "ffn_up", "ffn_down"] {
+            let name = format!("blk.{i}.{t}.bias");
+            if has(name.clone()) {
+                return Err(ModelError::Unsupported {
+                    what: "feed-forward bias",
+                    value: name,
+                });
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Whether an architecture's layers may be mixtures of experts.

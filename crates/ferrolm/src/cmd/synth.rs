@@ -74,6 +74,10 @@ pub struct SynthArgs {
     /// Tie the output matrix to the embedding.
     #[arg(long)]
     pub tied: bool,
+    /// Write Q/K/V and attention-output biases (llama.cpp applies them on the llama family
+    /// whenever a file has them).
+    #[arg(long)]
+    pub attention_biases: bool,
     /// Type of every matrix (`q8_0`, `f16`, ...), or `mixed` for a mix of Q8_0, Q4_1, Q5_0,
     /// Q5_1 and F16.
     #[arg(long = "type", default_value = "mixed")]
@@ -147,6 +151,7 @@ pub fn spec(args: &SynthArgs) -> Result<SyntheticSpec> {
         s.yarn = Some(parsed.with_context(|| format!("--yarn {y:?} is not FACTOR:ORIGINAL_CTX"))?);
     }
     s.tied_output = args.tied;
+    s.attention_biases = args.attention_biases;
     if !args.ty.eq_ignore_ascii_case("mixed") {
         s.default_type = parse_type(&args.ty)?;
         s.types.clear();
