@@ -45,7 +45,19 @@ bench() {
   pp=$(echo "$out" | awk -F'|' '/ pp512 /{gsub(/ /,"",$7); print $7}')
   tg=$(echo "$out" | awk -F'|' '/ tg128 /{gsub(/ /,"",$7); print $7}')
   bw=$(echo "$out" | sed -n 's/.* \([0-9]*\) GB\/s at .*/\1/p')
-  echo "| $name | $pp | $tg | $bw |" >> "$SUMMARY.bench"
+  # llama.cpp's figures from issue 6 (b11312, CUDA, flash attention, an H200), where known
+  local ref rpp rtg
+  ref=$(case $name in
+    smollm2-135m-q4_k_m) echo "51800 860" ;;
+    llama-3.2-1b-q4_k_m) echo "36400 870" ;;
+    llama-3.2-1b-q4_0) echo "38400 958" ;;
+    llama-3.2-1b-q8_0) echo "45400 812" ;;
+    llama-3.1-8b-q4_k_m) echo "9700 268" ;;
+    llama-3.1-8b-f16) echo "24000 209" ;;
+  esac)
+  rpp=${ref% *}; rtg=${ref#* }
+  ratio() { [ -n "$2" ] && [ -n "$1" ] && awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2fx", a / b }'; }
+  echo "| $name | $pp | ${rpp} | $(ratio "$pp" "$rpp") | $tg | ${rtg} | $(ratio "$tg" "$rtg") | $bw |" >> "$SUMMARY.bench"
 }
 for section in ${SECTIONS:-small shapes}; do
   if [ "$section" = small ]; then
@@ -82,8 +94,8 @@ done
   cat "$SUMMARY.check" 2>/dev/null
   echo
   echo "### speed: ferrolm bench --device cuda -p 512 -n 128 -r ${REPS:-5} (median)"
-  echo "| file | pp512 tok/s | tg128 tok/s | tg GB/s (weights + KV read per token) |"
-  echo "| --- | ---: | ---: | ---: |"
+  echo "| file | pp512 tok/s | llama.cpp | ratio | tg128 tok/s | llama.cpp | ratio | tg GB/s (weights + KV read per token) |"
+  echo "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
   cat "$SUMMARY.bench" 2>/dev/null
 } > "$SUMMARY"
 rm -f "$SUMMARY.check" "$SUMMARY.bench"
