@@ -123,6 +123,38 @@ impl KvCache {
             })
     }
 
+    /// [`KvCache::can_rewind`] for the layers with keys and values alone: whether going back
+    /// to `pos` would be exact once the recurrent layers' states are put back as they were at
+    /// `pos` ([`KvCache::restore_states`]).
+    pub(crate) fn can_rewind_keys(&self, high: usize, pos: usize) -> bool {
+        pos == 0
+            || self.layers.iter().all(|l| match (l.window, &l.state) {
+                (_, Some(_)) | (None, None) => true,
+                (Some(w), None) => (pos + 1).saturating_sub(w) >= high.saturating_sub(l.cap),
+            })
+    }
+
+    /// A copy of every recurrent layer's state, in layer order; `None` when the model has no
+    /// recurrent layers.
+    pub(crate) fn states(&self) -> Option<Vec<(Vec<f32>, Vec<f32>)>> {
+        let states: Vec<_> = self
+            .layers
+            .iter()
+            .filter_map(|l| l.state.as_ref().map(|s| (s.conv.clone(), s.ssm.clone())))
+            .collect();
+        (!states.is_empty()).then_some(states)
+    }
+
+    /// Puts back states taken by [`KvCache::states`] of this cache.
+    pub(crate) fn restore_states(&mut self, states: &[(Vec<f32>, Vec<f32>)]) {
+        let mut saved = states.iter();
+        for state in self.layers.iter_mut().filter_map(|l| l.state.as_mut()) {
+            let (conv, ssm) = saved.next().expect("states of this cache");
+            state.conv.copy_from_slice(conv);
+            state.ssm.copy_from_slice(ssm);
+        }
+    }
+
     /// Bytes the cache takes.
     pub fn bytes(&self) -> usize {
         self.layers

@@ -139,6 +139,7 @@ impl Model {
             scratch: Default::default(),
             pos: 0,
             high: 0,
+            checkpoint: None,
         }
     }
 }
@@ -152,6 +153,10 @@ pub struct Session<'m> {
     /// Positions written since the cache was last emptied (sliding-window rings forget the
     /// oldest of them; see [`Session::truncate`]).
     high: usize,
+    /// A model with recurrent layers: their states as they were at the end of the last prompt
+    /// (the position, the states), so that going back to a position at or after it (a chat's
+    /// next turn, which re-renders the last reply) resumes there instead of starting over.
+    checkpoint: Option<(usize, Vec<(Vec<f32>, Vec<f32>)>)>,
 }
 
 /// Tokens evaluated in one forward pass during prompt processing.
@@ -172,28 +177,50 @@ impl Session<'_> {
     pub fn reset(&mut self) {
         self.pos = 0;
         self.high = 0;
+        self.checkpoint = None;
     }
 
     /// Goes back to position `pos`, keeping what came before it; read [`Session::position`]
     /// afterwards: a model with sliding-window layers keeps only a ring of recent positions, so
     /// going back further than the ring allows (about 512 positions past the window) starts
     /// over at 0, and the caller evaluates the ids from there again. A model with recurrent
-    /// layers (gated delta-nets) holds their state at the current position only: going back
-    /// to any earlier position starts over at 0 (recomputing is the caller's, from its ids).
+    /// layers (gated delta-nets) holds their state at the current position, and as it was at
+    /// the end of the last prompt evaluated: going back to an earlier position resumes from
+    /// that checkpoint when it lies at or before `pos`, and starts over at 0 otherwise
+    /// (recomputing is the caller's, from its ids).
     pub fn truncate(&mut self, pos: usize) {
         let pos = self.pos.min(pos);
         if pos > 0 && self.cache.can_rewind(self.high, pos) {
             self.pos = pos;
-        } else {
-            self.reset();
+            return;
         }
+        if let Some((at, states)) = &self.checkpoint {
+            if *at <= pos && *at > 0 && self.cache.can_rewind_keys(self.high, *at) {
+                self.cache.restore_states(states);
+                self.pos = *at;
+                return;
+            }
+        }
+        self.reset();
     }
 
     /// Evaluates `ids` after what the session holds, in batches of [`BATCH`], and returns the
     /// logits asked for (`All`: one row of `n_vocab` per id).
     pub fn eval(&mut self, ids: &[u32], want: Logits) -> Result<Vec<f32>> {
         self.check(ids)?;
-        self.eval_batches(ids, want, None)
+        let logits = self.eval_batches(ids, want, None)?;
+        self.checkpoint_prompt(ids.len());
+        Ok(logits)
+    }
+
+    /// After a prompt (more than one id) on a model with recurrent layers: its states become
+    /// the checkpoint [`Session::truncate`] can go back to.
+    fn checkpoint_prompt(&mut self, n_ids: usize) {
+        if n_ids > 1 {
+            if let Some(states) = self.cache.states() {
+                self.checkpoint = Some((self.pos, states));
+            }
+        }
     }
 
     /// Evaluates `ids` after what the session holds from layer `first` on, their residual

@@ -298,3 +298,36 @@ fn qwen35_is_dense_with_tiled_key_heads_and_its_refusals_name_the_cause() {
         assert!(e.contains(name) && e.contains("missing"), "{name}: {e}");
     }
 }
+
+/// A chat's next turn goes back into the last reply: the session resumes from the states it
+/// kept at the end of the prompt (not from 0), and what follows is computed as the first time.
+#[test]
+fn going_back_into_a_reply_resumes_from_the_end_of_the_prompt() {
+    let model = load(small()).unwrap();
+    let prompt = ids(60, 3);
+    let reply = [7u32, 11, 13, 17];
+    let mut s = model.session(512);
+    s.eval(&prompt, Logits::Last).unwrap();
+    let first: Vec<Vec<f32>> = reply
+        .iter()
+        .map(|&id| s.eval(&[id], Logits::Last).unwrap())
+        .collect();
+    assert_eq!(s.position(), 64);
+    // Back to position 62, inside the reply: the checkpoint at 60 is the nearest exact state.
+    s.truncate(62);
+    assert_eq!(s.position(), 60);
+    for (&id, want) in reply.iter().zip(&first) {
+        assert_eq!(&s.eval(&[id], Logits::Last).unwrap(), want);
+    }
+    // Back before the prompt's end: no exact state there, the session starts over.
+    s.truncate(30);
+    assert_eq!(s.position(), 0);
+    // A new prompt moves the checkpoint; an earlier one is gone with the reset.
+    let other = ids(20, 4);
+    s.eval(&other, Logits::Last).unwrap();
+    s.eval(&[5], Logits::Last).unwrap();
+    s.truncate(20);
+    assert_eq!(s.position(), 20);
+    s.truncate(10);
+    assert_eq!(s.position(), 0);
+}
