@@ -54,6 +54,9 @@ impl RecurrentState {
     }
 }
 
+/// Copies of the recurrent layers' states (conv, ssm), in layer order.
+pub(crate) type SavedStates = Vec<(Vec<f32>, Vec<f32>)>;
+
 /// The cache of every layer, for up to `n_ctx` positions.
 pub struct KvCache {
     pub(crate) layers: Vec<LayerCache>,
@@ -136,7 +139,7 @@ impl KvCache {
 
     /// A copy of every recurrent layer's state, in layer order; `None` when the model has no
     /// recurrent layers.
-    pub(crate) fn states(&self) -> Option<Vec<(Vec<f32>, Vec<f32>)>> {
+    pub(crate) fn states(&self) -> Option<SavedStates> {
         let states: Vec<_> = self
             .layers
             .iter()
@@ -146,7 +149,7 @@ impl KvCache {
     }
 
     /// Puts back states taken by [`KvCache::states`] of this cache.
-    pub(crate) fn restore_states(&mut self, states: &[(Vec<f32>, Vec<f32>)]) {
+    pub(crate) fn restore_states(&mut self, states: &SavedStates) {
         let mut saved = states.iter();
         for state in self.layers.iter_mut().filter_map(|l| l.state.as_mut()) {
             let (conv, ssm) = saved.next().expect("states of this cache");

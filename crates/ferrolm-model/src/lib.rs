@@ -156,7 +156,7 @@ pub struct Session<'m> {
     /// A model with recurrent layers: their states as they were at the end of the last prompt
     /// (the position, the states), so that going back to a position at or after it (a chat's
     /// next turn, which re-renders the last reply) resumes there instead of starting over.
-    checkpoint: Option<(usize, Vec<(Vec<f32>, Vec<f32>)>)>,
+    checkpoint: Option<(usize, kv_cache::SavedStates)>,
 }
 
 /// Tokens evaluated in one forward pass during prompt processing.
