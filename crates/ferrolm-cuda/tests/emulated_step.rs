@@ -1,0 +1,497 @@
+//! The decode step's launch list run on the CPU: each launch's arguments read by position as its
+//! kernel reads them, each kernel's work done by plain host code (the products with the CPU's
+//! own quantization and dot kernels), and the logits of every position compared with the CPU
+//! model's. CI has no GPU; this checks what the host side decides — which kernels, in which
+//! order, on which buffers, with which sizes and scalars — so that a wiring mistake (a buffer
+//! swapped, an argument out of place, a norm left out) fails here and not only on the device.
+//! What it cannot check is the kernels' own arithmetic (`cuda-check` on a GPU does that).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use ferrolm_cuda::schedule::{decode_plan_layers, Activations, Arg, Buf, DecodePlan, Launch};
+use ferrolm_gguf::{GgufFile, TensorType};
+use ferrolm_model::synthetic::{self, SyntheticSpec};
+use ferrolm_model::{Logits, Model};
+
+/// Host copies of the step's buffers.
+struct Emulator<'f> {
+    file: &'f GgufFile,
+    plan: &'f DecodePlan,
+    f32s: HashMap<Buf, Vec<f32>>,
+    u32s: HashMap<Buf, Vec<u32>>,
+    /// The quantized activations as the CPU lays them out: their format and blocks.
+    xq: Option<(TensorType, Vec<u8>)>,
+}
+
+fn f16_round(x: &[f32]) -> Vec<f32> {
+    let mut h = vec![0u8; 2 * x.len()];
+    ferrolm_quant::quantize(TensorType::F16, x, &mut h).unwrap();
+    let mut out = vec![0f32; x.len()];
+    ferrolm_quant::dequantize(TensorType::F16, &h, &mut out).unwrap();
+    out
+}
+
+/// The kernels' activation format code as the CPU's type.
+fn format_type(code: i32) -> TensorType {
+    match code {
+        3 => TensorType::Q8_0,
+        4 => TensorType::Q8_1,
+        5 => TensorType::Q8_K,
+        c => panic!("activation format {c}"),
+    }
+}
+
+impl<'f> Emulator<'f> {
+    fn new(file: &'f GgufFile, plan: &'f DecodePlan) -> Emulator<'f> {
+        let mut e = Emulator {
+            file,
+            plan,
+            f32s: HashMap::new(),
+            u32s: HashMap::new(),
+            xq: None,
+        };
+        for (l, &kv) in plan.kv_dims.iter().enumerate() {
+            e.f32s.insert(Buf::KCache(l), vec![0.0; plan.n_ctx * kv]);
+            e.f32s.insert(Buf::VCache(l), vec![0.0; plan.n_ctx * kv]);
+        }
+        e.u32s.insert(Buf::Pos, vec![0]);
+        e.u32s.insert(Buf::Token, vec![0]);
+        e
+    }
+
+    fn buf(a: &Arg) -> Option<Buf> {
+        match a {
+            Arg::Buf(b) => Some(*b),
+            Arg::Null => None,
+            other => panic!("a buffer argument, found {other:?}"),
+        }
+    }
+
+    fn i(a: &Arg) -> usize {
+        match a {
+            Arg::I32(v) => usize::try_from(*v).expect("a size"),
+            other => panic!("an int argument, found {other:?}"),
+        }
+    }
+
+    fn f(a: &Arg) -> f32 {
+        match a {
+            Arg::F32(v) => *v,
+            other => panic!("a float argument, found {other:?}"),
+        }
+    }
+
+    /// A vector (weights from the file) or an f32 buffer.
+    fn read(&self, b: Buf) -> Vec<f32> {
+        match b {
+            Buf::Vector(i) => {
+                let info = self.file.tensor(&self.plan.vectors[i].name).unwrap();
+                let mut out = vec![0f32; self.plan.vectors[i].len];
+                ferrolm_quant::dequantize(info.ty, self.file.tensor_data(info), &mut out).unwrap();
+                out
+            }
+            b => self
+                .f32s
+                .get(&b)
+                .unwrap_or_else(|| panic!("{b:?} read before written"))
+                .clone(),
+        }
+    }
+
+    fn write(&mut self, b: Buf, at: usize, values: &[f32]) {
+        let v = self.f32s.entry(b).or_default();
+        if v.len() < at + values.len() {
+            v.resize(at + values.len(), 0.0);
+        }
+        v[at..at + values.len()].copy_from_slice(values);
+    }
+
+    /// Row `r` of matrix `m`, and its type.
+    fn row(&self, m: Buf, r: usize) -> (TensorType, &'f [u8]) {
+        let Buf::Matrix(i) = m else {
+            panic!("a matrix argument, found {m:?}")
+        };
+        let spec = &self.plan.matrices[i];
+        assert!(
+            r < spec.rows,
+            "row {r} of {} ({} rows)",
+            spec.name,
+            spec.rows
+        );
+        let info = self.file.tensor(&spec.name).unwrap();
+        let rb = spec.row_bytes();
+        (info.ty, &self.file.tensor_data(info)[r * rb..(r + 1) * rb])
+    }
+
+    /// Rows `rows` of `m` dotted with input `x` (f32, or the quantized activations), as the
+    /// CPU multiplies them: the activations in the row type's partner format.
+    fn products(&self, m: Buf, rows: usize, cols: usize, x: Buf) -> Vec<f32> {
+        let (ty, _) = self.row(m, 0);
+        let kernel = ferrolm_quant::dot_kernel(ty).unwrap();
+        let act_ty = kernel.activation_type();
+        let act = if x == Buf::Xq {
+            let (fmt, bytes) = self.xq.as_ref().expect("Xq read before written");
+            assert_eq!(*fmt, act_ty, "activations quantized for another row type");
+            bytes.clone()
+        } else {
+            let xs = self.read(x);
+            let mut a = vec![0u8; ferrolm_quant::row_bytes(act_ty, cols).unwrap()];
+            ferrolm_quant::quantize_activation(act_ty, &xs[..cols], &mut a).unwrap();
+            a
+        };
+        (0..rows)
+            .map(|r| kernel.dot(cols, self.row(m, r).1, &act))
+            .collect()
+    }
+
+    fn quantize_into_xq(&mut self, values: &[f32], code: i32) {
+        let ty = format_type(code);
+        let mut q = vec![0u8; ferrolm_quant::row_bytes(ty, values.len()).unwrap()];
+        ferrolm_quant::quantize_activation(ty, values, &mut q).unwrap();
+        self.xq = Some((ty, q));
+    }
+
+    fn rms_norm(&self, x: Buf, w: Buf, n: usize, eps: f32) -> Vec<f32> {
+        let (x, w) = (self.read(x), self.read(w));
+        let sum: f64 = x[..n].iter().map(|&v| f64::from(v * v)).sum();
+        let scale = 1.0 / ((sum / n as f64) as f32 + eps).sqrt();
+        (0..n).map(|i| (x[i] * scale) * w[i]).collect()
+    }
+
+    /// Runs one launch.
+    fn run(&mut self, l: &Launch) {
+        let a = &l.args;
+        let name = l.kernel.as_str();
+        let product = |n: &str| name.starts_with(n) && name[n.len()..].starts_with(['_', 'q']);
+        if name.starts_with("embed_") {
+            let d = 32 * Self::i(&a[2]);
+            let token = self.u32s[&Buf::Token][0] as usize;
+            let (ty, row) = self.row(Self::buf(&a[0]).unwrap(), token);
+            let mut x = vec![0f32; d];
+            ferrolm_quant::dequantize(ty, row, &mut x).unwrap();
+            self.write(Self::buf(&a[4]).unwrap(), 0, &x);
+        } else if name == "rms_norm" || name == "rms_norm_q" {
+            let n = Self::i(&a[3]);
+            let y = self.rms_norm(
+                Self::buf(&a[0]).unwrap(),
+                Self::buf(&a[1]).unwrap(),
+                n,
+                Self::f(&a[4]),
+            );
+            if name == "rms_norm_q" {
+                assert_eq!(Self::buf(&a[2]), Some(Buf::Xq));
+                let code = match a[5] {
+                    Arg::I32(c) => c,
+                    ref o => panic!("{o:?}"),
+                };
+                self.quantize_into_xq(&y, code);
+            } else {
+                self.write(Self::buf(&a[2]).unwrap(), 0, &y);
+            }
+        } else if name == "quantize_act" {
+            let n = Self::i(&a[2]);
+            let x = self.read(Self::buf(&a[0]).unwrap());
+            assert_eq!(Self::buf(&a[1]), Some(Buf::Xq));
+            let code = match a[3] {
+                Arg::I32(c) => c,
+                ref o => panic!("{o:?}"),
+            };
+            self.quantize_into_xq(&x[..n], code);
+        } else if product("matvec3") {
+            let rows = [Self::i(&a[3]), Self::i(&a[4]), Self::i(&a[5])];
+            let cols = 32 * Self::i(&a[7]);
+            let x = Self::buf(&a[8]).unwrap();
+            for p in 0..3 {
+                let mut y = self.products(Self::buf(&a[p]).unwrap(), rows[p], cols, x);
+                if let Some(b) = Self::buf(&a[9 + p]) {
+                    y.iter_mut().zip(self.read(b)).for_each(|(y, b)| *y += b);
+                }
+                self.write(Self::buf(&a[12 + p]).unwrap(), 0, &y);
+            }
+        } else if product("matvec_glu") {
+            let (rows, cols) = (Self::i(&a[4]), 32 * Self::i(&a[3]));
+            let x = Self::buf(&a[5]).unwrap();
+            let g = self.products(Self::buf(&a[0]).unwrap(), rows, cols, x);
+            let u = self.products(Self::buf(&a[1]).unwrap(), rows, cols, x);
+            let out: Vec<f32> = g
+                .iter()
+                .zip(&u)
+                .map(|(&g, &u)| g / (1.0 + (-g).exp()) * u)
+                .collect();
+            self.write(Self::buf(&a[6]).unwrap(), 0, &out);
+        } else if product("matvec") {
+            let (cols, rows) = (32 * Self::i(&a[2]), Self::i(&a[3]));
+            let mut y = self.products(
+                Self::buf(&a[0]).unwrap(),
+                rows,
+                cols,
+                Self::buf(&a[4]).unwrap(),
+            );
+            for add in [&a[5], &a[6]] {
+                if let Some(b) = Self::buf(add) {
+                    y.iter_mut().zip(self.read(b)).for_each(|(y, b)| *y += b);
+                }
+            }
+            self.write(Self::buf(&a[7]).unwrap(), 0, &y);
+        } else if name == "swiglu" {
+            let n = Self::i(&a[3]);
+            let (g, u) = (
+                self.read(Self::buf(&a[0]).unwrap()),
+                self.read(Self::buf(&a[1]).unwrap()),
+            );
+            let out: Vec<f32> = (0..n)
+                .map(|i| g[i] / (1.0 + (-g[i]).exp()) * u[i])
+                .collect();
+            self.write(Self::buf(&a[2]).unwrap(), 0, &out);
+        } else if name == "rope_store" {
+            self.rope_store(a);
+        } else if name == "attn_split" {
+            self.attention(a);
+        } else if name == "choose_token" {
+            let n = Self::i(&a[1]);
+            let logits = self.read(Self::buf(&a[0]).unwrap());
+            let best = (0..n).fold(0, |b, i| if logits[i] > logits[b] { i } else { b });
+            self.u32s.get_mut(&Buf::Token).unwrap()[0] = best as u32;
+            if Self::i(&a[4]) == 1 {
+                self.u32s.get_mut(&Buf::Pos).unwrap()[0] += 1;
+            }
+        } else if name == "advance_pos" {
+            self.u32s.get_mut(&Buf::Pos).unwrap()[0] += 1;
+        } else {
+            panic!("no emulation of {name}");
+        }
+    }
+
+    /// rope_store(q, k, v, q_norm, k_norm, kc, vc, pos, n_head, n_head_kv, hd, n_dims, neox,
+    /// theta_scale, freq_scale, freq_factors, eps).
+    fn rope_store(&mut self, a: &[Arg]) {
+        let (nh, nkv, hd, n_dims) = (
+            Self::i(&a[8]),
+            Self::i(&a[9]),
+            Self::i(&a[10]),
+            Self::i(&a[11]),
+        );
+        let neox = Self::i(&a[12]) == 1;
+        let (theta_scale, freq_scale, eps) = (Self::f(&a[13]), Self::f(&a[14]), Self::f(&a[16]));
+        let ff = Self::buf(&a[15]).map(|b| self.read(b));
+        let p = self.u32s[&Buf::Pos][0] as usize;
+        let norms = [
+            Self::buf(&a[3]).map(|b| self.read(b)),
+            Self::buf(&a[4]).map(|b| self.read(b)),
+        ];
+        let (qb, kb, vb) = (
+            Self::buf(&a[0]).unwrap(),
+            Self::buf(&a[1]).unwrap(),
+            Self::buf(&a[2]).unwrap(),
+        );
+        let (kc, vc) = (Self::buf(&a[5]).unwrap(), Self::buf(&a[6]).unwrap());
+        let rotate = |head: &mut [f32], norm: &Option<Vec<f32>>| {
+            if let Some(w) = norm {
+                let sum: f64 = head.iter().map(|&v| f64::from(v * v)).sum();
+                let scale = 1.0 / ((sum / hd as f64) as f32 + eps).sqrt();
+                head.iter_mut()
+                    .zip(w)
+                    .for_each(|(h, w)| *h = (*h * scale) * w);
+            }
+            let half = n_dims / 2;
+            let mut theta = p as f32;
+            for i in 0..half {
+                let t = ff.as_ref().map_or(theta, |f| theta / f[i]);
+                let (s, c) = (freq_scale * t).sin_cos();
+                let (i0, i1) = if neox {
+                    (i, i + half)
+                } else {
+                    (2 * i, 2 * i + 1)
+                };
+                let (x0, x1) = (head[i0], head[i1]);
+                head[i0] = x0.mul_add(c, -(x1 * s));
+                head[i1] = x0.mul_add(s, x1 * c);
+                theta *= theta_scale;
+            }
+        };
+        let mut q = self.read(qb);
+        for h in 0..nh {
+            rotate(&mut q[h * hd..(h + 1) * hd], &norms[0]);
+        }
+        self.write(qb, 0, &q[..nh * hd]);
+        let mut k = self.read(kb)[..nkv * hd].to_vec();
+        for h in 0..nkv {
+            rotate(&mut k[h * hd..(h + 1) * hd], &norms[1]);
+        }
+        let v = self.read(vb)[..nkv * hd].to_vec();
+        self.write(kc, p * nkv * hd, &f16_round(&k));
+        self.write(vc, p * nkv * hd, &f16_round(&v));
+    }
+
+    /// attn_split(q, kc, vc, pos, part_o, part_ml, done, out, n_head, n_head_kv, hd, n_splits,
+    /// scale, window): plain softmax attention over the visible positions.
+    fn attention(&mut self, a: &[Arg]) {
+        let (nh, nkv, hd) = (Self::i(&a[8]), Self::i(&a[9]), Self::i(&a[10]));
+        let (scale, window) = (Self::f(&a[12]), Self::i(&a[13]));
+        let q = f16_round(&self.read(Self::buf(&a[0]).unwrap())[..nh * hd]);
+        let (kc, vc) = (
+            self.read(Self::buf(&a[1]).unwrap()),
+            self.read(Self::buf(&a[2]).unwrap()),
+        );
+        let len = self.u32s[&Buf::Pos][0] as usize + 1;
+        let lo = if window > 0 {
+            len.saturating_sub(window)
+        } else {
+            0
+        };
+        let mut out = vec![0f32; nh * hd];
+        for h in 0..nh {
+            let kvh = h / (nh / nkv);
+            let at = |t: usize, i: usize| t * nkv * hd + kvh * hd + i;
+            let scores: Vec<f32> = (lo..len)
+                .map(|t| (0..hd).map(|i| q[h * hd + i] * kc[at(t, i)]).sum::<f32>() * scale)
+                .collect();
+            let max = scores.iter().fold(f32::NEG_INFINITY, |m, &s| m.max(s));
+            let e: Vec<f32> = scores.iter().map(|&s| (s - max).exp()).collect();
+            let sum: f32 = e.iter().sum();
+            for (j, t) in (lo..len).enumerate() {
+                for i in 0..hd {
+                    out[h * hd + i] += e[j] / sum * vc[at(t, i)];
+                }
+            }
+        }
+        self.write(Self::buf(&a[7]).unwrap(), 0, &out);
+    }
+}
+
+/// The step's logits for `ids` fed one at a time, and the CPU model's for the same prompt.
+fn emulate(spec: &SyntheticSpec, activations: Activations, ids: &[u32]) -> (Vec<f32>, Vec<f32>) {
+    let file = Arc::new(GgufFile::from_bytes(synthetic::build(spec).unwrap().to_bytes()).unwrap());
+    let model = Model::from_file(file.clone(), 1).unwrap();
+    let types = |name: &str| file.tensor(name).map(|t| t.ty);
+    let n_layer = model.plan().layers.len();
+    let plan =
+        decode_plan_layers(model.plan(), ids.len() + 1, &types, n_layer, activations).unwrap();
+    let mut e = Emulator::new(&file, &plan);
+    let mut logits = Vec::new();
+    for (p, &id) in ids.iter().enumerate() {
+        e.u32s.get_mut(&Buf::Token).unwrap()[0] = id;
+        e.u32s.get_mut(&Buf::Pos).unwrap()[0] = p as u32;
+        for l in &plan.launches {
+            e.run(l);
+        }
+        logits.extend_from_slice(&e.f32s[&Buf::Logits][..plan.n_vocab]);
+        assert_eq!(
+            e.u32s[&Buf::Pos][0] as usize,
+            p + 1,
+            "the step advances the position"
+        );
+    }
+    let cpu = model.session(ids.len() + 1).eval(ids, Logits::All).unwrap();
+    (logits, cpu)
+}
+
+fn mean_kl(a: &[f32], b: &[f32], n_vocab: usize) -> f64 {
+    let log_softmax = |r: &[f32]| {
+        let max = r.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v)) as f64;
+        let lse = r.iter().map(|&v| (v as f64 - max).exp()).sum::<f64>().ln() + max;
+        r.iter().map(|&v| v as f64 - lse).collect::<Vec<f64>>()
+    };
+    let rows = a.len() / n_vocab;
+    (0..rows)
+        .map(|i| {
+            let (p, q) = (
+                log_softmax(&a[i * n_vocab..][..n_vocab]),
+                log_softmax(&b[i * n_vocab..][..n_vocab]),
+            );
+            p.iter()
+                .zip(&q)
+                .map(|(p, q)| p.exp() * (p - q))
+                .sum::<f64>()
+        })
+        .sum::<f64>()
+        / rows as f64
+}
+
+/// Mean absolute difference of the logits over their mean magnitude.
+fn relative_difference(a: &[f32], b: &[f32]) -> f64 {
+    let diff: f64 = a.iter().zip(b).map(|(x, y)| f64::from((x - y).abs())).sum();
+    let size: f64 = a.iter().map(|x| f64::from(x.abs())).sum();
+    diff / size
+}
+
+fn ids(n: usize) -> Vec<u32> {
+    (0..n as u32)
+        .map(|i| i.wrapping_mul(2654435761).wrapping_add(i) % 900)
+        .collect()
+}
+
+/// The plan's launches, run by the emulator, reproduce the CPU model: with quantized
+/// activations (rows of several types, Q/K/V biases, Q/K norms, frequency factors, a tied
+/// output) and with f32 ones.
+#[test]
+fn the_decode_step_computes_what_the_cpu_computes() {
+    let mut cases = Vec::new();
+    for arch in ["llama", "qwen2", "qwen3"] {
+        let mut s = SyntheticSpec::small(arch);
+        s.n_layer = 2;
+        // (the CUDA path serves heads of a multiple of 32 dimensions)
+        s.head_dim = 64;
+        cases.push(s);
+    }
+    let mut freqs = SyntheticSpec::small("llama");
+    freqs.n_layer = 2;
+    freqs.rope_freqs = true;
+    freqs.tied_output = true;
+    freqs.default_type = TensorType::Q4_K;
+    cases.push(freqs);
+    for spec in &cases {
+        for act in [Activations::Quantized, Activations::F32] {
+            let (gpu, cpu) = emulate(spec, act, &ids(24));
+            let n_vocab = cpu.len() / 24;
+            let kl = mean_kl(&cpu, &gpu, n_vocab);
+            let rel = relative_difference(&cpu, &gpu);
+            eprintln!(
+                "{} {act:?}: mean KL {kl:.3e}, logits {rel:.2e} apart",
+                spec.arch
+            );
+            assert!(kl < 1e-3, "{} {act:?}: mean KL {kl:.3e}", spec.arch);
+            // (a file whose logits are large has a KL near 0 whatever happens)
+            assert!(rel < 2e-2, "{} {act:?}: logits {rel:.3e} apart", spec.arch);
+        }
+    }
+}
+
+/// The comparison can fail: a launch list with one argument out of place (the attention's
+/// output written where the next product does not read it) is far from the CPU.
+#[test]
+fn a_misplaced_argument_is_caught() {
+    let mut spec = SyntheticSpec::small("llama");
+    spec.n_layer = 2;
+    let file = Arc::new(GgufFile::from_bytes(synthetic::build(&spec).unwrap().to_bytes()).unwrap());
+    let model = Model::from_file(file.clone(), 1).unwrap();
+    let types = |name: &str| file.tensor(name).map(|t| t.ty);
+    let n = 12;
+    let mut plan = decode_plan_layers(model.plan(), n + 1, &types, 2, Activations::F32).unwrap();
+    let attn = plan
+        .launches
+        .iter()
+        .position(|l| l.kernel == "attn_split")
+        .unwrap();
+    plan.launches[attn].args[7] = Arg::Buf(Buf::Gate);
+    // the output product reads what the attention of the step before left in Attn
+    let mut e = Emulator::new(&file, &plan);
+    e.f32s.insert(Buf::Attn, vec![0.0; plan.max_q]);
+    let mut logits = Vec::new();
+    for (p, &id) in ids(n).iter().enumerate() {
+        e.u32s.get_mut(&Buf::Token).unwrap()[0] = id;
+        e.u32s.get_mut(&Buf::Pos).unwrap()[0] = p as u32;
+        for l in &plan.launches {
+            e.run(l);
+        }
+        logits.extend_from_slice(&e.f32s[&Buf::Logits][..plan.n_vocab]);
+    }
+    let cpu = model.session(n + 1).eval(&ids(n), Logits::All).unwrap();
+    let kl = mean_kl(&cpu, &logits, plan.n_vocab);
+    let rel = relative_difference(&cpu, &logits);
+    assert!(
+        kl > 1e-2 && rel > 2e-2,
+        "mean KL {kl:.3e}, logits {rel:.3e} apart"
+    );
+}
