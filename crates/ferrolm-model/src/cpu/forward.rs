@@ -75,6 +75,14 @@ fn norm_rows(pool: &ThreadPool, x: &[f32], w: &[f32], eps: f32, out: &mut [f32],
     });
 }
 
+/// `x += y`, `d`-wide rows a few at a time across the pool (the residual adds).
+fn add_rows(pool: &ThreadPool, x: &mut [f32], y: &[f32], d: usize) {
+    let len = NORM_ROWS * d;
+    rows_mut(pool, x, len, |c, xs| {
+        xs.iter_mut().zip(&y[c * len..]).for_each(|(x, y)| *x += y)
+    });
+}
+
 /// One sequence's part of a batch: its cache, its new tokens, where they start, what logits it
 /// wants back.
 pub(crate) struct SeqInput<'a> {
@@ -191,7 +199,7 @@ pub(crate) fn forward(
             d,
         );
         dump("attn_post_norm", l, &o);
-        x.iter_mut().zip(&o).for_each(|(x, o)| *x += o);
+        add_rows(pool, &mut x, &o, d);
         dump("ffn_inp", l, &x);
         dump("sa_out", l, &x);
 
@@ -257,7 +265,7 @@ pub(crate) fn forward(
             plan.norm_eps,
             d,
         );
-        x.iter_mut().zip(&o).for_each(|(x, o)| *x += o);
+        add_rows(pool, &mut x, &o, d);
         scratch.floats.give(o);
         dump("l_out", l, &x);
     }
@@ -420,7 +428,9 @@ fn attention_block(
     dump("Kcur", l, &k);
     dump("Vcur", l, &v);
     if a.scale_queries {
-        q.iter_mut().for_each(|v| *v *= a.scale);
+        rows_mut(pool, &mut q, NORM_ROWS * q_dim, |_, rows| {
+            rows.iter_mut().for_each(|v| *v *= a.scale)
+        });
     }
     let mut attn = scratch.floats.take(n * q_dim);
     for (seq, &off) in seqs.iter_mut().zip(offsets) {
