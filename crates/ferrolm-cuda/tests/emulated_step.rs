@@ -360,8 +360,13 @@ impl<'f> Emulator<'f> {
     }
 }
 
-/// The step's logits for `ids` fed one at a time, and the CPU model's for the same prompt.
-fn emulate(spec: &SyntheticSpec, activations: Activations, ids: &[u32]) -> (Vec<f32>, Vec<f32>) {
+/// The step's logits for `ids` fed one at a time, the CPU model's for the same prompt, and the
+/// step's kernels.
+fn emulate(
+    spec: &SyntheticSpec,
+    activations: Activations,
+    ids: &[u32],
+) -> (Vec<f32>, Vec<f32>, Vec<String>) {
     let file = Arc::new(GgufFile::from_bytes(synthetic::build(spec).unwrap().to_bytes()).unwrap());
     let model = Model::from_file(file.clone(), 1).unwrap();
     let types = |name: &str| file.tensor(name).map(|t| t.ty);
@@ -384,7 +389,8 @@ fn emulate(spec: &SyntheticSpec, activations: Activations, ids: &[u32]) -> (Vec<
         );
     }
     let cpu = model.session(ids.len() + 1).eval(ids, Logits::All).unwrap();
-    (logits, cpu)
+    let kernels = plan.launches.iter().map(|l| l.kernel.clone()).collect();
+    (logits, cpu, kernels)
 }
 
 fn mean_kl(a: &[f32], b: &[f32], n_vocab: usize) -> f64 {
@@ -441,9 +447,25 @@ fn the_decode_step_computes_what_the_cpu_computes() {
     freqs.tied_output = true;
     freqs.default_type = TensorType::Q4_K;
     cases.push(freqs);
+    // Q, K, V and gate, up of different types: separate products and activation; K and up in
+    // a format the others do not share (Q8_K against Q8_0): their inputs stay f32.
+    let mut mixed = SyntheticSpec::small("llama");
+    mixed.n_layer = 2;
+    mixed.default_type = TensorType::Q4_0;
+    mixed.types = vec![
+        ("attn_k".into(), TensorType::Q4_K),
+        ("ffn_up".into(), TensorType::Q8_0),
+    ];
+    cases.push(mixed);
     for spec in &cases {
         for act in [Activations::Quantized, Activations::F32] {
-            let (gpu, cpu) = emulate(spec, act, &ids(24));
+            let (gpu, cpu, kernels) = emulate(spec, act, &ids(24));
+            if spec.types.iter().any(|(t, _)| t == "attn_k") && act == Activations::Quantized {
+                // the mixed file: K's input f32 (Q8_K against Q8_0), the activation separate
+                for k in ["matvec_Q4_K", "matvecq_Q4_0", "swiglu", "quantize_act"] {
+                    assert!(kernels.iter().any(|n| n == k), "no {k} in {kernels:?}");
+                }
+            }
             let n_vocab = cpu.len() / 24;
             let kl = mean_kl(&cpu, &gpu, n_vocab);
             let rel = relative_difference(&cpu, &gpu);
