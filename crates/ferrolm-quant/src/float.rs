@@ -149,7 +149,7 @@ fn tinyblas_elem(kind: FloatKind, a: &[f32], b: &[f32]) -> f32 {
 
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-fn tinyblas_body(
+pub(crate) fn tinyblas_body(
     kind: FloatKind,
     n: usize,
     rows: &[u8],

@@ -238,7 +238,13 @@ impl DotKernel {
         }
         if let Some(kind) = float::float_kind(self.ty) {
             if float::tinyblas_applies(kind, n, n_rows, n_cols) {
-                return float::tinyblas(
+                // The scalar kernel keeps to the scalar definition (the reference the tests
+                // compare the SIMD tiles with).
+                let batch = match self.isa {
+                    Isa::Scalar => float::tinyblas_body,
+                    _ => float::tinyblas,
+                };
+                return batch(
                     kind,
                     n,
                     &rows[..need_r],
