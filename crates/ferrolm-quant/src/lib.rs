@@ -30,6 +30,7 @@ mod iq;
 mod k_quants;
 mod kernel;
 mod legacy;
+pub mod vecops;
 
 #[cfg(target_arch = "x86_64")]
 #[allow(unsafe_code)] // intrinsics; each entry point checks lengths in safe code first

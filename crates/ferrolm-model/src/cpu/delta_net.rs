@@ -15,6 +15,7 @@
 //! A prompt runs the delta rule chunk by chunk ([`delta_rule_chunked`]); one token, the
 //! recurrence ([`delta_rule_step`]). Both give the same state to float rounding (tested).
 
+use ferrolm_quant::vecops::axpy_many;
 use ferrolm_threads::ThreadPool;
 
 use super::matmul::{matmul, matmul_group, SharedInput};
@@ -315,22 +316,14 @@ pub(crate) struct Heads<'a> {
 /// `y += a * x`.
 #[inline]
 fn axpy(y: &mut [f32], a: f32, x: &[f32]) {
-    y.iter_mut().zip(x).for_each(|(y, &x)| *y += a * x);
-}
-
-#[inline]
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    a.iter().zip(b).map(|(a, b)| a * b).sum()
+    axpy_many(y, &[a], x);
 }
 
 /// `out[j] = sum_i x[i] * m[i][j]` for a row-major `m` of `x.len()` rows of `out.len()`.
 #[inline]
 fn vec_mat(x: &[f32], m: &[f32], out: &mut [f32]) {
     out.fill(0.0);
-    let w = out.len();
-    for (i, &xi) in x.iter().enumerate() {
-        axpy(out, xi, &m[i * w..(i + 1) * w]);
-    }
+    axpy_many(out, x, m);
 }
 
 /// Token `t` of `heads` through the recurrence: decays `state` (`s x s`, key-major), applies
@@ -404,14 +397,27 @@ pub(crate) fn delta_rule_chunked(
                 *u = beta[t] * (v - decay * sk);
             }
         }
-        for t in 1..l {
-            let kt = &k[t * s..(t + 1) * s];
-            let (done, rest) = u.split_at_mut(t * s);
-            let ut = &mut rest[..s];
-            for r in 0..t {
-                let a = beta[t] * (cum[t] - cum[r]).exp() * dot(kt, &k[r * s..(r + 1) * s]);
-                axpy(ut, -a, &done[r * s..(r + 1) * s]);
+        // Every k_t . k_r and q_t . k_r of the chunk at once, each still summed over the s
+        // dimensions in order from -0.0 as `dot` sums (the same bits), but l of them side by
+        // side in the vector lanes: a row of products is `axpy_many` over the rows of K^T.
+        let mut k_t = vec![0f32; s * l];
+        for r in 0..l {
+            for i in 0..s {
+                k_t[i * l + r] = k[r * s + i];
             }
+        }
+        let (mut kk, mut qk) = (vec![-0.0f32; l * l], vec![-0.0f32; l * l]);
+        for t in 0..l {
+            axpy_many(&mut kk[t * l..(t + 1) * l], &k[t * s..(t + 1) * s], &k_t);
+            axpy_many(&mut qk[t * l..(t + 1) * l], &q[t * s..(t + 1) * s], &k_t);
+        }
+        let mut coeffs = vec![0f32; l];
+        for t in 1..l {
+            let (done, rest) = u.split_at_mut(t * s);
+            for (r, c) in coeffs[..t].iter_mut().enumerate() {
+                *c = -(beta[t] * (cum[t] - cum[r]).exp() * kk[t * l + r]);
+            }
+            axpy_many(&mut rest[..s], &coeffs[..t], done);
         }
         // Outputs: the state before the chunk, decayed, plus the chunk's own updates.
         let mut sq = vec![0f32; s];
@@ -421,10 +427,10 @@ pub(crate) fn delta_rule_chunked(
             let decay = cum[t].exp();
             let o = &mut out[(c0 + t) * s..(c0 + t + 1) * s];
             o.iter_mut().zip(&sq).for_each(|(o, &x)| *o = decay * x);
-            for r in 0..=t {
-                let a = (cum[t] - cum[r]).exp() * dot(qt, &k[r * s..(r + 1) * s]);
-                axpy(o, a, &u[r * s..(r + 1) * s]);
+            for (r, c) in coeffs[..=t].iter_mut().enumerate() {
+                *c = (cum[t] - cum[r]).exp() * qk[t * l + r];
             }
+            axpy_many(o, &coeffs[..=t], &u);
             o.iter_mut().for_each(|x| *x *= scale);
         }
         // The state after the chunk.
@@ -434,9 +440,10 @@ pub(crate) fn delta_rule_chunked(
         for i in 0..s {
             let srow = &mut state[i * s..(i + 1) * s];
             srow.iter_mut().for_each(|x| *x *= total);
-            for r in 0..l {
-                axpy(srow, weights[r] * k[r * s + i], &u[r * s..(r + 1) * s]);
+            for (r, c) in coeffs[..l].iter_mut().enumerate() {
+                *c = weights[r] * k[r * s + i];
             }
+            axpy_many(srow, &coeffs[..l], &u);
         }
         c0 += l;
     }
