@@ -517,3 +517,59 @@ fn a_misplaced_argument_is_caught() {
         "mean KL {kl:.3e}, logits {rel:.3e} apart"
     );
 }
+
+/// `--gpu-layers`: the first layers' step ends with the residual stream (and the position
+/// advanced); the CPU's remaining layers and output head, continued from it, give the CPU
+/// model's logits.
+#[test]
+fn the_first_layers_hand_the_cpu_their_residual_stream() {
+    let mut spec = SyntheticSpec::small("llama");
+    spec.n_layer = 4;
+    let file = Arc::new(GgufFile::from_bytes(synthetic::build(&spec).unwrap().to_bytes()).unwrap());
+    let model = Model::from_file(file.clone(), 1).unwrap();
+    let types = |name: &str| file.tensor(name).map(|t| t.ty);
+    let ids = ids(16);
+    let first = 2;
+    let plan = decode_plan_layers(
+        model.plan(),
+        ids.len() + 1,
+        &types,
+        first,
+        Activations::Quantized,
+    )
+    .unwrap();
+    assert!(plan.head.is_none());
+    let mut e = Emulator::new(&file, &plan);
+    let mut hidden = Vec::new();
+    for (p, &id) in ids.iter().enumerate() {
+        e.u32s.get_mut(&Buf::Token).unwrap()[0] = id;
+        e.u32s.get_mut(&Buf::Pos).unwrap()[0] = p as u32;
+        for l in &plan.launches {
+            e.run(l);
+        }
+        assert_eq!(e.u32s[&Buf::Pos][0] as usize, p + 1);
+        hidden.extend_from_slice(&e.f32s[&Buf::X][..plan.n_embd]);
+    }
+    let split = model
+        .session(ids.len() + 1)
+        .eval_from(&ids, first, &hidden, Logits::All)
+        .unwrap();
+    let cpu = model
+        .session(ids.len() + 1)
+        .eval(&ids, Logits::All)
+        .unwrap();
+    let (kl, rel) = (
+        mean_kl(&cpu, &split, plan.n_vocab),
+        relative_difference(&cpu, &split),
+    );
+    assert!(
+        kl < 1e-3 && rel < 2e-2,
+        "mean KL {kl:.3e}, logits {rel:.3e} apart"
+    );
+    // Handing over after the wrong number of layers is caught.
+    let wrong = model
+        .session(ids.len() + 1)
+        .eval_from(&ids, first + 1, &hidden, Logits::All)
+        .unwrap();
+    assert!(relative_difference(&cpu, &wrong) > 2e-2);
+}
