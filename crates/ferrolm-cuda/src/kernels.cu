@@ -81,6 +81,31 @@ __device__ __forceinline__ u32 lookup16(const u32* t, u32 idx) {
     return (lo & ~upper) | (hi & upper);
 }
 
+// The integer dot of a chunk's 16 bytes of nibbles (word k: the low nibbles are values 4k..4k+4,
+// the high ones 16+4k..) with its activations: Q4's as they are, Q5's with the fifth bits of qh
+// (bit j for value j) at bit 4.
+__device__ __forceinline__ int nibble_dot(const u32* q, u32 qh, const Act& a) {
+    int s = 0;
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        s = __dp4a((int)((q[k] & 0x0f0f0f0fu) | bit4_of_bytes(qh >> (4 * k))), a.q[k], s);
+        s = __dp4a((int)(((q[k] >> 4) & 0x0f0f0f0fu) | bit4_of_bytes(qh >> (16 + 4 * k))),
+                   a.q[k + 4], s);
+    }
+    return s;
+}
+
+// The same with each nibble an index into the 16 int8 values of t (IQ4_NL, MXFP4).
+__device__ __forceinline__ int codebook_dot(const u32* q, const u32* t, const Act& a) {
+    int s = 0;
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        s = __dp4a((int)lookup16(t, q[k] & 0x0f0f0f0fu), a.q[k], s);
+        s = __dp4a((int)lookup16(t, (q[k] >> 4) & 0x0f0f0f0fu), a.q[k + 4], s);
+    }
+    return s;
+}
+
 __device__ __forceinline__ float round_bf16(float x) {
     u32 u = __float_as_uint(x);
     if ((u & 0x7fffffffu) > 0x7f800000u) return __uint_as_float((u | 0x00400000u) & 0xffff0000u);
@@ -262,14 +287,10 @@ struct Q4_0 {
     static __device__ __forceinline__ float dot(const u8* row, int c, const Act& a) {
         const u8* b = row + 18 * c;
         float d = h2f(LD((const u16*)b));
-        int s = 0;
+        u32 q[4];
 #pragma unroll
-        for (int k = 0; k < 4; k++) {
-            u32 q = ld_u16x2(b + 2 + 4 * k);
-            s = __dp4a((int)(q & 0x0f0f0f0fu), a.q[k], s);
-            s = __dp4a((int)((q >> 4) & 0x0f0f0f0fu), a.q[k + 4], s);
-        }
-        return d * a.d * (float)(s - 8 * (a.sum[0] + a.sum[1]));
+        for (int k = 0; k < 4; k++) q[k] = ld_u16x2(b + 2 + 4 * k);
+        return d * a.d * (float)(nibble_dot(q, 0, a) - 8 * (a.sum[0] + a.sum[1]));
     }
 };
 
@@ -296,14 +317,10 @@ struct Q4_1 {
         const u8* b = row + 20 * c;
         u32 dm = LD((const u32*)b);
         float d = h2f((u16)(dm & 0xffff)), m = h2f((u16)(dm >> 16));
-        int s = 0;
+        u32 q[4];
 #pragma unroll
-        for (int k = 0; k < 4; k++) {
-            u32 q = LD((const u32*)(b + 4) + k);
-            s = __dp4a((int)(q & 0x0f0f0f0fu), a.q[k], s);
-            s = __dp4a((int)((q >> 4) & 0x0f0f0f0fu), a.q[k + 4], s);
-        }
-        return d * a.d * (float)s + m * a.s;
+        for (int k = 0; k < 4; k++) q[k] = LD((const u32*)(b + 4) + k);
+        return d * a.d * (float)nibble_dot(q, 0, a) + m * a.s;
     }
 };
 
@@ -330,16 +347,10 @@ struct Q5_0 {
     static __device__ __forceinline__ float dot(const u8* row, int c, const Act& a) {
         const u8* b = row + 22 * c;
         float d = h2f(LD((const u16*)b));
-        u32 qh = ld_u16x2(b + 2);
-        int s = 0;
+        u32 qh = ld_u16x2(b + 2), q[4];
 #pragma unroll
-        for (int k = 0; k < 4; k++) {
-            u32 q = ld_u16x2(b + 6 + 4 * k);
-            s = __dp4a((int)((q & 0x0f0f0f0fu) | bit4_of_bytes(qh >> (4 * k))), a.q[k], s);
-            s = __dp4a((int)(((q >> 4) & 0x0f0f0f0fu) | bit4_of_bytes(qh >> (16 + 4 * k))),
-                       a.q[k + 4], s);
-        }
-        return d * a.d * (float)(s - 16 * (a.sum[0] + a.sum[1]));
+        for (int k = 0; k < 4; k++) q[k] = ld_u16x2(b + 6 + 4 * k);
+        return d * a.d * (float)(nibble_dot(q, qh, a) - 16 * (a.sum[0] + a.sum[1]));
     }
 };
 
@@ -369,16 +380,10 @@ struct Q5_1 {
         const u8* b = row + 24 * c;
         u32 dm = LD((const u32*)b);
         float d = h2f((u16)(dm & 0xffff)), m = h2f((u16)(dm >> 16));
-        u32 qh = LD((const u32*)(b + 4));
-        int s = 0;
+        u32 qh = LD((const u32*)(b + 4)), q[4];
 #pragma unroll
-        for (int k = 0; k < 4; k++) {
-            u32 q = LD((const u32*)(b + 8) + k);
-            s = __dp4a((int)((q & 0x0f0f0f0fu) | bit4_of_bytes(qh >> (4 * k))), a.q[k], s);
-            s = __dp4a((int)(((q >> 4) & 0x0f0f0f0fu) | bit4_of_bytes(qh >> (16 + 4 * k))),
-                       a.q[k + 4], s);
-        }
-        return d * a.d * (float)s + m * a.s;
+        for (int k = 0; k < 4; k++) q[k] = LD((const u32*)(b + 8) + k);
+        return d * a.d * (float)nibble_dot(q, qh, a) + m * a.s;
     }
 };
 
@@ -470,14 +475,10 @@ struct IQ4_NL {
         const u32 t[4] = {0xbfad9881u, 0xf6eaddcfu, 0x26190d01u, 0x71594535u};
         const u8* b = row + 18 * c;
         float d = h2f(LD((const u16*)b));
-        int s = 0;
+        u32 q[4];
 #pragma unroll
-        for (int k = 0; k < 4; k++) {
-            u32 q = ld_u16x2(b + 2 + 4 * k);
-            s = __dp4a((int)lookup16(t, q & 0x0f0f0f0fu), a.q[k], s);
-            s = __dp4a((int)lookup16(t, (q >> 4) & 0x0f0f0f0fu), a.q[k + 4], s);
-        }
-        return d * a.d * (float)s;
+        for (int k = 0; k < 4; k++) q[k] = ld_u16x2(b + 2 + 4 * k);
+        return d * a.d * (float)codebook_dot(q, t, a);
     }
 };
 
@@ -503,15 +504,12 @@ struct MXFP4 {
         const u8* b = row + 17 * c;
         u32 e = LD(b);
         float d = __uint_as_float(e < 2 ? (0x00200000u << e) : ((e - 1) << 23));
-        int s = 0;
+        u32 q[4];
 #pragma unroll
-        for (int k = 0; k < 4; k++) {
-            u32 q = (u32)LD(b + 1 + 4 * k) | ((u32)LD(b + 2 + 4 * k) << 8) |
-                    ((u32)LD(b + 3 + 4 * k) << 16) | ((u32)LD(b + 4 + 4 * k) << 24);
-            s = __dp4a((int)lookup16(t, q & 0x0f0f0f0fu), a.q[k], s);
-            s = __dp4a((int)lookup16(t, (q >> 4) & 0x0f0f0f0fu), a.q[k + 4], s);
-        }
-        return d * a.d * (float)s;
+        for (int k = 0; k < 4; k++)
+            q[k] = (u32)LD(b + 1 + 4 * k) | ((u32)LD(b + 2 + 4 * k) << 8) |
+                   ((u32)LD(b + 3 + 4 * k) << 16) | ((u32)LD(b + 4 + 4 * k) << 24);
+        return d * a.d * (float)codebook_dot(q, t, a);
     }
 };
 

@@ -460,24 +460,10 @@ impl Builder {
     /// The RMS norm of `x` (weights `w`) as the input of the products of `mats`: quantized
     /// into [`Buf::Xq`] in the same launch when they share a format, else f32 in [`Buf::H`].
     fn norm_for(&mut self, x: Buf, w: usize, n: usize, eps: f32, mats: &[usize]) -> Buf {
-        let Some(format) = self.shared_format(mats) else {
-            self.rms_norm(x, w, Buf::H, n, eps);
-            return Buf::H;
-        };
-        self.push(
-            "rms_norm_q",
-            (1, 1),
-            1024,
-            vec![
-                Arg::Buf(x),
-                Arg::Buf(Buf::Vector(w)),
-                Arg::Buf(Buf::Xq),
-                Arg::I32(n as i32),
-                Arg::F32(eps),
-                Arg::I32(format),
-            ],
-        );
-        Buf::Xq
+        let format = self.shared_format(mats);
+        let out = if format.is_some() { Buf::Xq } else { Buf::H };
+        self.rms_norm(x, w, out, n, eps, format);
+        out
     }
 
     /// `x` (n values) as the input of the products of `mats`: quantized into [`Buf::Xq`] when
@@ -501,19 +487,23 @@ impl Builder {
         Buf::Xq
     }
 
-    fn rms_norm(&mut self, x: Buf, w: usize, out: Buf, n: usize, eps: f32) {
-        self.push(
-            "rms_norm",
-            (1, 1),
-            1024,
-            vec![
-                Arg::Buf(x),
-                Arg::Buf(Buf::Vector(w)),
-                Arg::Buf(out),
-                Arg::I32(n as i32),
-                Arg::F32(eps),
-            ],
-        );
+    /// `out = x / rms(x) * w` over `n` values, in f32, or quantized for `format`
+    /// (`rms_norm_q`, the kernels' `ACT_*`).
+    fn rms_norm(&mut self, x: Buf, w: usize, out: Buf, n: usize, eps: f32, format: Option<i32>) {
+        let mut args = vec![
+            Arg::Buf(x),
+            Arg::Buf(Buf::Vector(w)),
+            Arg::Buf(out),
+            Arg::I32(n as i32),
+            Arg::F32(eps),
+        ];
+        args.extend(format.map(Arg::I32));
+        let kernel = if format.is_some() {
+            "rms_norm_q"
+        } else {
+            "rms_norm"
+        };
+        self.push(kernel, (1, 1), 1024, args);
     }
 }
 

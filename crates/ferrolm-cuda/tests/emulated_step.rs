@@ -159,6 +159,16 @@ impl<'f> Emulator<'f> {
         (0..n).map(|i| (x[i] * scale) * w[i]).collect()
     }
 
+    /// One decode step: token `id` at position `p` through every launch of the plan.
+    fn step(&mut self, id: u32, p: usize) {
+        self.u32s.get_mut(&Buf::Token).unwrap()[0] = id;
+        self.u32s.get_mut(&Buf::Pos).unwrap()[0] = p as u32;
+        let plan = self.plan;
+        for l in &plan.launches {
+            self.run(l);
+        }
+    }
+
     /// Runs one launch.
     fn run(&mut self, l: &Launch) {
         let a = &l.args;
@@ -376,11 +386,7 @@ fn emulate(
     let mut e = Emulator::new(&file, &plan);
     let mut logits = Vec::new();
     for (p, &id) in ids.iter().enumerate() {
-        e.u32s.get_mut(&Buf::Token).unwrap()[0] = id;
-        e.u32s.get_mut(&Buf::Pos).unwrap()[0] = p as u32;
-        for l in &plan.launches {
-            e.run(l);
-        }
+        e.step(id, p);
         logits.extend_from_slice(&e.f32s[&Buf::Logits][..plan.n_vocab]);
         assert_eq!(
             e.u32s[&Buf::Pos][0] as usize,
@@ -502,11 +508,7 @@ fn a_misplaced_argument_is_caught() {
     e.f32s.insert(Buf::Attn, vec![0.0; plan.max_q]);
     let mut logits = Vec::new();
     for (p, &id) in ids(n).iter().enumerate() {
-        e.u32s.get_mut(&Buf::Token).unwrap()[0] = id;
-        e.u32s.get_mut(&Buf::Pos).unwrap()[0] = p as u32;
-        for l in &plan.launches {
-            e.run(l);
-        }
+        e.step(id, p);
         logits.extend_from_slice(&e.f32s[&Buf::Logits][..plan.n_vocab]);
     }
     let cpu = model.session(n + 1).eval(&ids(n), Logits::All).unwrap();
@@ -542,11 +544,7 @@ fn the_first_layers_hand_the_cpu_their_residual_stream() {
     let mut e = Emulator::new(&file, &plan);
     let mut hidden = Vec::new();
     for (p, &id) in ids.iter().enumerate() {
-        e.u32s.get_mut(&Buf::Token).unwrap()[0] = id;
-        e.u32s.get_mut(&Buf::Pos).unwrap()[0] = p as u32;
-        for l in &plan.launches {
-            e.run(l);
-        }
+        e.step(id, p);
         assert_eq!(e.u32s[&Buf::Pos][0] as usize, p + 1);
         hidden.extend_from_slice(&e.f32s[&Buf::X][..plan.n_embd]);
     }

@@ -118,12 +118,8 @@ impl KvCache {
     /// A recurrent layer's state holds only the latest position: it cannot go back at all
     /// (going back to 0 starts over, with the state cleared by the next forward pass).
     pub(crate) fn can_rewind(&self, high: usize, pos: usize) -> bool {
-        pos == 0
-            || self.layers.iter().all(|l| match (l.window, &l.state) {
-                (_, Some(_)) => pos == high,
-                (None, None) => true,
-                (Some(w), None) => (pos + 1).saturating_sub(w) >= high.saturating_sub(l.cap),
-            })
+        self.can_rewind_keys(high, pos)
+            && (pos == 0 || pos == high || self.layers.iter().all(|l| l.state.is_none()))
     }
 
     /// [`KvCache::can_rewind`] for the layers with keys and values alone: whether going back

@@ -165,6 +165,31 @@ fn rows_entry<B: Block>(n: usize, rows: &[u8], row_stride: usize, act: &[u8], ou
     unsafe { rows_blocks::<B>(nb, rows.as_ptr(), row_stride, act.as_ptr(), out) }
 }
 
+/// Blocks per row of a batched product, after checking that `n_rows` strided rows,
+/// `n_cols` strided columns and the outputs lie inside their slices (what the tiles'
+/// pointer arithmetic relies on); `None` when there is nothing to do.
+#[allow(clippy::too_many_arguments)] // two strided matrices and their shapes
+fn tile_blocks<B: Block>(
+    n: usize,
+    rows: &[u8],
+    row_stride: usize,
+    n_rows: usize,
+    acts: &[u8],
+    act_stride: usize,
+    n_cols: usize,
+    out: &[f32],
+) -> Option<usize> {
+    let nb = n / B::QK;
+    assert!(n.is_multiple_of(B::QK) && row_stride >= nb * B::WB && act_stride >= nb * B::AB);
+    if n_rows == 0 || n_cols == 0 {
+        return None;
+    }
+    assert!(rows.len() >= (n_rows - 1) * row_stride + nb * B::WB);
+    assert!(acts.len() >= (n_cols - 1) * act_stride + nb * B::AB);
+    assert!(out.len() >= n_rows * n_cols);
+    Some(nb)
+}
+
 /// Several activation columns: `out[c * n_rows + i] = dot(row i, column c)`. Each weight
 /// block is unpacked once for four columns.
 #[allow(clippy::too_many_arguments)] // two strided matrices and their shapes
@@ -178,16 +203,12 @@ fn multi_entry<B: Block>(
     n_cols: usize,
     out: &mut [f32],
 ) {
-    let nb = n / B::QK;
-    assert!(n.is_multiple_of(B::QK) && row_stride >= nb * B::WB && act_stride >= nb * B::AB);
-    if n_rows == 0 || n_cols == 0 {
+    let Some(nb) = tile_blocks::<B>(n, rows, row_stride, n_rows, acts, act_stride, n_cols, out)
+    else {
         return;
-    }
-    assert!(rows.len() >= (n_rows - 1) * row_stride + nb * B::WB);
-    assert!(acts.len() >= (n_cols - 1) * act_stride + nb * B::AB);
-    assert!(out.len() >= n_rows * n_cols);
+    };
     // SAFETY: as in `dot_entry`; row `i < n_rows` and column `c < n_cols` stay inside their
-    // slices by the asserts above, and every output index is below `n_rows * n_cols`.
+    // slices by `tile_blocks`' asserts, and every output index is below `n_rows * n_cols`.
     unsafe {
         multi_blocks::<B>(
             nb,
@@ -339,18 +360,14 @@ fn multi_entry_512<B: Q0Block>(
     n_cols: usize,
     out: &mut [f32],
 ) {
-    let nb = n / B::QK;
-    assert!(n.is_multiple_of(B::QK) && row_stride >= nb * B::WB && act_stride >= nb * B::AB);
-    if n_rows == 0 || n_cols == 0 {
+    let Some(nb) = tile_blocks::<B>(n, rows, row_stride, n_rows, acts, act_stride, n_cols, out)
+    else {
         return;
-    }
-    assert!(rows.len() >= (n_rows - 1) * row_stride + nb * B::WB);
-    assert!(acts.len() >= (n_cols - 1) * act_stride + nb * B::AB);
-    assert!(out.len() >= n_rows * n_cols);
+    };
     // SAFETY: `kernel` hands this function out only after `is_x86_feature_detected!` found
     // avx2, fma, f16c and (`has_avx512_vnni`) avx512f/bw/vl/vnni; row `i < n_rows` and column
-    // `c < n_cols` stay inside their slices by the asserts above, and every output index is
-    // below `n_rows * n_cols`.
+    // `c < n_cols` stay inside their slices by `tile_blocks`' asserts, and every output index
+    // is below `n_rows * n_cols`.
     unsafe {
         multi_blocks_512::<B>(
             nb,
@@ -707,14 +724,10 @@ fn multi_entry_k512<B: KBlock>(
     n_cols: usize,
     out: &mut [f32],
 ) {
-    let nb = n / B::QK;
-    assert!(n.is_multiple_of(B::QK) && row_stride >= nb * B::WB && act_stride >= nb * B::AB);
-    if n_rows == 0 || n_cols == 0 {
+    let Some(nb) = tile_blocks::<B>(n, rows, row_stride, n_rows, acts, act_stride, n_cols, out)
+    else {
         return;
-    }
-    assert!(rows.len() >= (n_rows - 1) * row_stride + nb * B::WB);
-    assert!(acts.len() >= (n_cols - 1) * act_stride + nb * B::AB);
-    assert!(out.len() >= n_rows * n_cols);
+    };
     // SAFETY: as in `multi_entry_512`.
     unsafe {
         multi_blocks_k512::<B>(

@@ -174,6 +174,42 @@ pub(crate) fn tinyblas_body(
     }
 }
 
+/// One row of `kind` widened to f32, F16 with F16C (exact, as `_mm512_cvtph_ps`);
+/// `dst.len()` is a multiple of 8.
+#[cfg(target_arch = "x86_64")]
+#[allow(unsafe_code)]
+#[target_feature(enable = "avx2,f16c")]
+unsafe fn widen_f16c(kind: FloatKind, src: &[u8], dst: &mut [f32]) {
+    use std::arch::x86_64::*;
+    if kind == FloatKind::F16 {
+        for (k, d) in dst.chunks_exact_mut(8).enumerate() {
+            let h = _mm_loadu_si128(src.as_ptr().add(16 * k) as *const __m128i);
+            _mm256_storeu_ps(d.as_mut_ptr(), _mm256_cvtph_ps(h));
+        }
+    } else {
+        kind.widen(src, dst);
+    }
+}
+
+/// The `n_cols` activation columns of a batch widened once, `n` values each.
+#[cfg(target_arch = "x86_64")]
+#[allow(unsafe_code)]
+#[target_feature(enable = "avx2,f16c")]
+unsafe fn widen_columns(
+    kind: FloatKind,
+    n: usize,
+    acts: &[u8],
+    act_stride: usize,
+    n_cols: usize,
+) -> Vec<f32> {
+    let rb = n * kind.elem();
+    let mut cols = vec![0f32; n * n_cols];
+    for (c, col) in cols.chunks_exact_mut(n).enumerate() {
+        widen_f16c(kind, &acts[c * act_stride..c * act_stride + rb], col);
+    }
+    cols
+}
+
 /// [`tinyblas_body`] with AVX2+FMA: the 16-lane accumulator as two 8-lane halves, four
 /// columns at a time for independent dependency chains.
 #[cfg(target_arch = "x86_64")]
@@ -223,21 +259,8 @@ unsafe fn tinyblas_fma(
         }
         return;
     }
-    // f16 -> f32 with F16C (exact, like `_mm512_cvtph_ps`); n is a multiple of 16
-    let widen = |src: &[u8], dst: &mut [f32]| {
-        if kind == FloatKind::F16 {
-            for (k, d) in dst.chunks_exact_mut(8).enumerate() {
-                let h = _mm_loadu_si128(src.as_ptr().add(16 * k) as *const __m128i);
-                _mm256_storeu_ps(d.as_mut_ptr(), _mm256_cvtph_ps(h));
-            }
-        } else {
-            kind.widen(src, dst);
-        }
-    };
-    let mut cols = vec![0f32; n * n_cols];
-    for (c, col) in cols.chunks_exact_mut(n).enumerate() {
-        widen(&acts[c * act_stride..c * act_stride + rb], col);
-    }
+    let widen = |src: &[u8], dst: &mut [f32]| widen_f16c(kind, src, dst);
+    let cols = widen_columns(kind, n, acts, act_stride, n_cols);
     let mut row = vec![0f32; n];
     for i in 0..n_rows {
         widen(&rows[i * row_stride..i * row_stride + rb], &mut row);
@@ -282,25 +305,11 @@ unsafe fn tinyblas_512(
     n_cols: usize,
     out: &mut [f32],
 ) {
-    use std::arch::x86_64::*;
     // rows and columns per tile
     const T: usize = 4;
     let rb = n * kind.elem();
-    // f16 -> f32 with F16C (exact); n is a multiple of 16
-    let widen = |src: &[u8], dst: &mut [f32]| {
-        if kind == FloatKind::F16 {
-            for (k, d) in dst.chunks_exact_mut(8).enumerate() {
-                let h = _mm_loadu_si128(src.as_ptr().add(16 * k) as *const __m128i);
-                _mm256_storeu_ps(d.as_mut_ptr(), _mm256_cvtph_ps(h));
-            }
-        } else {
-            kind.widen(src, dst);
-        }
-    };
-    let mut cols = vec![0f32; n * n_cols];
-    for (c, col) in cols.chunks_exact_mut(n).enumerate() {
-        widen(&acts[c * act_stride..c * act_stride + rb], col);
-    }
+    let widen = |src: &[u8], dst: &mut [f32]| widen_f16c(kind, src, dst);
+    let cols = widen_columns(kind, n, acts, act_stride, n_cols);
     let mut tile_rows = vec![0f32; T * n];
     let mut i = 0;
     while i < n_rows {

@@ -23,6 +23,15 @@ fn ok(args: &[&str]) -> Output {
 
 struct TempDir(std::path::PathBuf);
 
+impl TempDir {
+    /// A fresh directory `ferrolm-{tag}-{pid}` under the system's temporary directory.
+    fn new(tag: &str) -> TempDir {
+        let dir = std::env::temp_dir().join(format!("ferrolm-{tag}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        TempDir(dir)
+    }
+}
+
 impl Drop for TempDir {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
@@ -31,9 +40,7 @@ impl Drop for TempDir {
 
 #[test]
 fn streamed_and_resident_runs_agree_token_for_token_and_count_for_count() {
-    let dir =
-        TempDir(std::env::temp_dir().join(format!("ferrolm-expert-cache-{}", std::process::id())));
-    std::fs::create_dir_all(&dir.0).unwrap();
+    let dir = TempDir::new("expert-cache");
     // 16 experts a layer of about 0.15 MB (gate, up and down of 256 x 256, mixed types): a
     // 1 MB cache holds 6 of the 48, so experts are evicted all the time.
     let model = dir.0.join("qwen3moe.gguf");
@@ -135,9 +142,7 @@ fn streamed_and_resident_runs_agree_token_for_token_and_count_for_count() {
 /// them), and it reports the cache's counters.
 #[test]
 fn bench_streamed_peak_rss_stays_within_cache_plus_dense_part() {
-    let dir =
-        TempDir(std::env::temp_dir().join(format!("ferrolm-expert-bench-{}", std::process::id())));
-    std::fs::create_dir_all(&dir.0).unwrap();
+    let dir = TempDir::new("expert-bench");
     // 2 layers of 16 experts of 512 x 1024 in Q8_0: 51 MB of experts, 2 MB dense.
     let model = dir.0.join("moe.gguf");
     let model = model.to_str().unwrap();
