@@ -783,8 +783,10 @@ impl CudaModel {
             }),
         };
         let prefill = self.prefill.as_mut().expect("checked by the caller");
-        for batch in ids.chunks(MAX_BATCH) {
-            out.extend(prefill.eval(&self.plan, &at, batch, self.pos, all)?);
+        let n_batches = ids.len().div_ceil(MAX_BATCH);
+        for (i, batch) in ids.chunks(MAX_BATCH).enumerate() {
+            let last = i + 1 == n_batches;
+            out.extend(prefill.eval(&self.plan, &at, batch, self.pos, all, last)?);
             self.pos += batch.len();
             self.stats.tokens += batch.len() as u64;
             self.stats.batches += 1;

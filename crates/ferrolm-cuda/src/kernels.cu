@@ -1601,6 +1601,185 @@ extern "C" __global__ void attn_tile(const float* q, const u16* kc, const u16* v
     }
 }
 
+// ---- the prompt's attention on the tensor cores ----
+//
+// Flash attention with mma.sync m16n8k16 (f16 operands, f32 accumulation): block (h, y) takes
+// query head h for 64 tokens of the batch (16 a warp), key tiles of FK positions staged in
+// shared memory as f16 (the cache's own values), the query rounded to f16 as the CPU rounds
+// it. S = Q K^T, the scaled and masked scores' running max and sum per row, the
+// probabilities (unnormalized, rounded to f16) times V accumulated in f32, divided by the sum
+// at the end. Fragment layouts: PTX ISA, "Matrix Fragments for mma.m16n8k16" (g = lane / 4,
+// c = lane % 4; A: rows g, g+8, columns 2c, 2c+1 and 8 more; B: rows 2c, 2c+1 and 8 more,
+// column g; C: rows g, g+8, columns 2c, 2c+1).
+#define FQ 64
+#define FK 32
+#define FPAD 8
+
+__device__ __forceinline__ void mma16816(float* d, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0,
+                                         u32 b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ u32 pack_h2(float lo, float hi) {
+    return (u32)f2h(lo) | ((u32)f2h(hi) << 16);
+}
+
+template <int HD>
+__device__ __forceinline__ void attn_mma(const float* q, const u16* kc, const u16* vc, u16* out,
+                                         int pos0, int n_tok, int n_head, int n_head_kv,
+                                         float scale, int window) {
+    constexpr int ST = HD + FPAD;  // shared row stride in halfs (rows 16-byte aligned, no
+                                   // bank conflicts between the 8 rows a fragment reads)
+    __shared__ __align__(16) u16 qs[FQ * ST];
+    __shared__ __align__(16) u16 ks[FK * ST];
+    __shared__ __align__(16) u16 vs[FK * ST];
+    int h = blockIdx.x;
+    int t0 = (gridDim.y - 1 - blockIdx.y) * FQ;  // the blocks with the most keys first
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
+    int kvh = h / (n_head / n_head_kv);
+    for (int i = threadIdx.x; i < FQ * HD / 2; i += blockDim.x) {
+        int r = i / (HD / 2), j = i - r * (HD / 2);
+        int t = t0 + r;
+        u32 v = 0;
+        if (t < n_tok) {
+            const float* qr = q + ((size_t)t * n_head + h) * HD;
+            v = pack_h2(qr[2 * j], qr[2 * j + 1]);
+        }
+        *(u32*)(qs + r * ST + 2 * j) = v;
+    }
+    int last = min(t0 + FQ, n_tok) - 1;
+    int hi = pos0 + last + 1;
+    int lo = window > 0 ? max(0, pos0 + t0 + 1 - window) : 0;
+    float o[HD / 8][4];
+#pragma unroll
+    for (int n = 0; n < HD / 8; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
+    int p0 = pos0 + t0 + warp * 16 + g, p1 = p0 + 8;  // the positions of this lane's rows
+    size_t stride = (size_t)n_head_kv * HD;
+    const u16* qw = qs + warp * 16 * ST;
+    for (int kb = lo; kb < hi; kb += FK) {
+        __syncthreads();
+        constexpr int VECS = HD / 8;  // 16-byte loads a row
+        for (int i = threadIdx.x; i < FK * VECS; i += blockDim.x) {
+            int j = i / VECS, v = i - j * VECS;
+            uint4 kv = make_uint4(0, 0, 0, 0), vv = kv;
+            if (kb + j < hi) {
+                size_t row = (size_t)(kb + j) * stride + (size_t)kvh * HD;
+                kv = ((const uint4*)(kc + row))[v];
+                vv = ((const uint4*)(vc + row))[v];
+            }
+            *(uint4*)(ks + j * ST + 8 * v) = kv;
+            *(uint4*)(vs + j * ST + 8 * v) = vv;
+        }
+        __syncthreads();
+        float s[FK / 8][4];
+#pragma unroll
+        for (int n = 0; n < FK / 8; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+#pragma unroll
+        for (int kk = 0; kk < HD / 16; kk++) {
+            const u16* qa = qw + 16 * kk + 2 * c;
+            u32 a0 = *(const u32*)(qa + g * ST), a1 = *(const u32*)(qa + (g + 8) * ST);
+            u32 a2 = *(const u32*)(qa + g * ST + 8), a3 = *(const u32*)(qa + (g + 8) * ST + 8);
+#pragma unroll
+            for (int n = 0; n < FK / 8; n++) {
+                const u16* kr = ks + (n * 8 + g) * ST + 16 * kk + 2 * c;
+                mma16816(s[n], a0, a1, a2, a3, *(const u32*)kr, *(const u32*)(kr + 8));
+            }
+        }
+        // Scale and mask; the running max and sum of rows g and g + 8 (the quad's 4 lanes
+        // hold a row's columns).
+        float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+        for (int n = 0; n < FK / 8; n++) {
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                int key = kb + n * 8 + 2 * c + e;
+                bool in = key < hi;
+                bool ok0 = in && key <= p0 && (window == 0 || key > p0 - window);
+                bool ok1 = in && key <= p1 && (window == 0 || key > p1 - window);
+                s[n][e] = ok0 ? s[n][e] * scale : -INFINITY;
+                s[n][2 + e] = ok1 ? s[n][2 + e] * scale : -INFINITY;
+                mx0 = fmaxf(mx0, s[n][e]);
+                mx1 = fmaxf(mx1, s[n][2 + e]);
+            }
+        }
+#pragma unroll
+        for (int o_ = 1; o_ <= 2; o_ <<= 1) {
+            mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, o_));
+            mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, o_));
+        }
+        float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
+        float c0 = mn0 == -INFINITY ? 1.f : __expf(m0 - mn0);
+        float c1 = mn1 == -INFINITY ? 1.f : __expf(m1 - mn1);
+        float sum0 = 0.f, sum1 = 0.f;
+#pragma unroll
+        for (int n = 0; n < FK / 8; n++) {
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                s[n][e] = s[n][e] == -INFINITY ? 0.f : __expf(s[n][e] - mn0);
+                s[n][2 + e] = s[n][2 + e] == -INFINITY ? 0.f : __expf(s[n][2 + e] - mn1);
+                sum0 += s[n][e];
+                sum1 += s[n][2 + e];
+            }
+        }
+#pragma unroll
+        for (int o_ = 1; o_ <= 2; o_ <<= 1) {
+            sum0 += __shfl_xor_sync(0xffffffffu, sum0, o_);
+            sum1 += __shfl_xor_sync(0xffffffffu, sum1, o_);
+        }
+        l0 = l0 * c0 + sum0;
+        l1 = l1 * c1 + sum1;
+        m0 = mn0;
+        m1 = mn1;
+#pragma unroll
+        for (int n = 0; n < HD / 8; n++) {
+            o[n][0] *= c0;
+            o[n][1] *= c0;
+            o[n][2] *= c1;
+            o[n][3] *= c1;
+        }
+        // O += P V: the score tiles 2kk and 2kk + 1 are the A fragment of keys 16kk..16kk+16.
+#pragma unroll
+        for (int kk = 0; kk < FK / 16; kk++) {
+            u32 a0 = pack_h2(s[2 * kk][0], s[2 * kk][1]);
+            u32 a1 = pack_h2(s[2 * kk][2], s[2 * kk][3]);
+            u32 a2 = pack_h2(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+            u32 a3 = pack_h2(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+            const u16* vr = vs + (16 * kk + 2 * c) * ST + g;
+#pragma unroll
+            for (int n = 0; n < HD / 8; n++) {
+                const u16* vn = vr + 8 * n;
+                u32 b0 = (u32)vn[0] | ((u32)vn[ST] << 16);
+                u32 b1 = (u32)vn[8 * ST] | ((u32)vn[9 * ST] << 16);
+                mma16816(o[n], a0, a1, a2, a3, b0, b1);
+            }
+        }
+    }
+    int r0 = t0 + warp * 16 + g, r1 = r0 + 8;
+    float i0 = 1.f / l0, i1 = 1.f / l1;
+#pragma unroll
+    for (int n = 0; n < HD / 8; n++) {
+        int d = 8 * n + 2 * c;
+        if (r0 < n_tok)
+            *(u32*)(out + ((size_t)r0 * n_head + h) * HD + d) = pack_h2(o[n][0] * i0, o[n][1] * i0);
+        if (r1 < n_tok)
+            *(u32*)(out + ((size_t)r1 * n_head + h) * HD + d) = pack_h2(o[n][2] * i1, o[n][3] * i1);
+    }
+}
+
+#define ATTN_MMA(HD)                                                                             \
+    extern "C" __global__ void __launch_bounds__(128)                                            \
+        attn_mma_##HD(const float* q, const u16* kc, const u16* vc, u16* out, int pos0,          \
+                      int n_tok, int n_head, int n_head_kv, float scale, int window) {           \
+        attn_mma<HD>(q, kc, vc, out, pos0, n_tok, n_head, n_head_kv, scale, window);             \
+    }
+ATTN_MMA(64)
+ATTN_MMA(128)
+
 // out = silu(g) * u as f16, over n values.
 extern "C" __global__ void swiglu_f16(const float* g, const float* u, u16* out, long long n) {
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;

@@ -27,6 +27,23 @@ pub const MAX_BATCH: usize = 512;
 /// Tokens per block of the batched attention (`QT` in the kernels).
 const ATTN_TILE: usize = 16;
 
+/// Tokens per block of the tensor-core attention (`FQ` in the kernels).
+const MMA_QUERIES: usize = 64;
+
+/// The tensor-core attention kernel for heads of `head_dim` (`attn_mma_64`, `attn_mma_128`),
+/// or `None`: the f32 tiles (`attn_tile`) then, as with `FERROLM_CUDA_ATTN_TILE` set (to
+/// compare).
+fn mma_attention(head_dim: usize) -> Option<&'static str> {
+    if std::env::var_os("FERROLM_CUDA_ATTN_TILE").is_some() {
+        return None;
+    }
+    match head_dim {
+        64 => Some("attn_mma_64"),
+        128 => Some("attn_mma_128"),
+        _ => None,
+    }
+}
+
 /// The device addresses the batched pass reads and writes besides its own buffers.
 pub(crate) struct Addresses<'a> {
     pub matrices: &'a [u64],
@@ -316,7 +333,10 @@ impl Prefill {
     /// keys and values and the last token's greedy choice goes to the token buffer. With
     /// `all`, returns every position's logits; otherwise the last token's logits go to the
     /// decode step's logits buffer. A plan of the first layers only returns the residual
-    /// stream of every token instead (`n_embd` each).
+    /// stream of every token instead (`n_embd` each). Only the `last` batch of a prompt
+    /// chooses a token (a sampler draws once per prompt, as the host's does) and, without
+    /// `all`, computes logits.
+    #[allow(clippy::too_many_arguments)]
     pub fn eval(
         &mut self,
         p: &DecodePlan,
@@ -324,6 +344,7 @@ impl Prefill {
         ids: &[u32],
         pos0: usize,
         all: bool,
+        last: bool,
     ) -> Result<Vec<f32>, CudaError> {
         let n = ids.len();
         assert!(n > 0 && n <= MAX_BATCH, "batch of {n}");
@@ -403,24 +424,52 @@ impl Prefill {
                     eps,
                 ],
             )?;
-            self.run(
-                "attn_tile",
-                (r.n_head as u32, n.div_ceil(ATTN_TILE) as u32),
-                128,
-                &[
-                    Value::Ptr(q),
-                    Value::Ptr(at.k_cache[l]),
-                    Value::Ptr(at.v_cache[l]),
-                    Value::Ptr(attn),
-                    Value::I32(pos0 as i32),
-                    Value::I32(n as i32),
-                    Value::I32(r.n_head as i32),
-                    Value::I32(r.n_head_kv as i32),
-                    Value::I32(r.head_dim as i32),
-                    Value::F32(r.scale),
-                    Value::I32(r.window as i32),
-                ],
-            )?;
+            let (q_ptr, k_ptr, v_ptr) = (
+                Value::Ptr(q),
+                Value::Ptr(at.k_cache[l]),
+                Value::Ptr(at.v_cache[l]),
+            );
+            let (pos, n_tok) = (Value::I32(pos0 as i32), Value::I32(n as i32));
+            let heads = [Value::I32(r.n_head as i32), Value::I32(r.n_head_kv as i32)];
+            let (scale, window) = (Value::F32(r.scale), Value::I32(r.window as i32));
+            if let Some(kernel) = mma_attention(r.head_dim) {
+                self.run(
+                    kernel,
+                    (r.n_head as u32, n.div_ceil(MMA_QUERIES) as u32),
+                    128,
+                    &[
+                        q_ptr,
+                        k_ptr,
+                        v_ptr,
+                        Value::Ptr(attn),
+                        pos,
+                        n_tok,
+                        heads[0],
+                        heads[1],
+                        scale,
+                        window,
+                    ],
+                )?;
+            } else {
+                self.run(
+                    "attn_tile",
+                    (r.n_head as u32, n.div_ceil(ATTN_TILE) as u32),
+                    128,
+                    &[
+                        q_ptr,
+                        k_ptr,
+                        v_ptr,
+                        Value::Ptr(attn),
+                        pos,
+                        n_tok,
+                        heads[0],
+                        heads[1],
+                        Value::I32(r.head_dim as i32),
+                        scale,
+                        window,
+                    ],
+                )?;
+            }
             self.product(p, at, r.wo, attn, n, x, 1.0)?;
             self.run("rms_norm_rows", (n as u32, 1), 256, &norm(r.ffn_norm))?;
             let [g, u, down] = r.ffn;
@@ -476,12 +525,16 @@ impl Prefill {
             s.memcpy_dtoh(&all_logits.slice(..n * vocab), &mut out)
                 .map_err(driver("reading the logits"))?;
             // The choice from the last row (the caller copies it to the step's logits).
-            let last_row = logits + (4 * (n - 1) * vocab) as u64;
-            self.choose(at, last_row, vocab)?;
+            if last {
+                let last_row = logits + (4 * (n - 1) * vocab) as u64;
+                self.choose(at, last_row, vocab)?;
+            }
+            return Ok(out);
+        } else if !last {
             return Ok(out);
         } else {
             // The last token only: its norm (f32) and the output matrix-vector product.
-            let last = ptr(&self.last, &s);
+            let normed = ptr(&self.last, &s);
             self.run(
                 "rms_norm",
                 (1, 1),
@@ -489,7 +542,7 @@ impl Prefill {
                 &[
                     Value::Ptr(x + (4 * (n - 1) * d) as u64),
                     Value::Ptr(at.vectors[head.out_norm]),
-                    Value::Ptr(last),
+                    Value::Ptr(normed),
                     Value::I32(d as i32),
                     eps,
                 ],
@@ -505,7 +558,7 @@ impl Prefill {
                     Value::I32(spec.row_bytes() as i32),
                     Value::I32(chunks as i32),
                     Value::I32(spec.rows as i32),
-                    Value::Ptr(last),
+                    Value::Ptr(normed),
                     Value::Ptr(0),
                     Value::Ptr(0),
                     Value::Ptr(at.logits),
@@ -514,5 +567,26 @@ impl Prefill {
         }
         self.choose(at, at.logits, vocab)?;
         Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_tensor_core_attention_kernels_are_in_the_source() {
+        let src = crate::kernels::SOURCE;
+        assert!(src.contains("void __launch_bounds__(128)                                            \\\n        attn_mma_##HD("));
+        for hd in [64, 128] {
+            let name = mma_attention(hd).expect("served");
+            let width = name.strip_prefix("attn_mma_").expect("name");
+            assert_eq!(width, hd.to_string());
+            assert!(src.contains(&format!("\nATTN_MMA({hd})\n")), "{name}");
+        }
+        // Other widths take the f32 tiles.
+        assert_eq!(mma_attention(80), None);
+        assert_eq!(mma_attention(256), None);
+        assert!(src.contains(&format!("#define FQ {MMA_QUERIES}\n")));
     }
 }
