@@ -213,6 +213,28 @@ extern "C" __global__ void quantize_act(const float* x, u8* xq, int n, int mode)
     quantize_group(v, xq, n, g, mode);
 }
 
+// Unit u (values 256u..256u+256 of n) of `vals` is written by `count` blocks; each calls this
+// after its writes (all threads). The block that completes the unit quantizes it into xq for
+// `mode` (warp 0), as quantize_act would, and re-arms the unit's counter for the next step:
+// the next product's input is ready without a launch of its own.
+__device__ __forceinline__ void quantize_unit_when_done(const float* vals, u8* xq, int n,
+                                                        int mode, u32* units, int u,
+                                                        u32 count) {
+    __shared__ bool completes;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) completes = atomicAdd(units + u, 1u) == count - 1;
+    __syncthreads();
+    if (!completes || threadIdx.x >= 32) return;
+    __threadfence();
+    float v[8];
+    int j = 256 * u + 8 * threadIdx.x;
+#pragma unroll
+    for (int i = 0; i < 8; i++) v[i] = j + i < n ? __ldcg(vals + j + i) : 0.f;
+    quantize_group(v, xq, n, u, mode);
+    if (threadIdx.x == 0) units[u] = 0;
+}
+
 // ---- chunk dequantizers: w[0..32) = the values of chunk c of a row ----
 
 struct F32 {
@@ -876,11 +898,85 @@ __device__ __forceinline__ void matvec3(const u8* W0, const u8* W1, const u8* W2
     }
 }
 
+// The angle of rotation pair i at position p, as the CPU computes it: the position times
+// theta_scale once per pair before this one, divided by the pair's frequency factor, times
+// freq_scale.
+__device__ __forceinline__ float rope_angle(int p, int i, float theta_scale, float freq_scale,
+                                            const float* freq_factors) {
+    float theta = (float)p;
+    for (int j = 0; j < i; j++) theta *= theta_scale;
+    if (freq_factors) theta /= freq_factors[i];
+    return freq_scale * theta;
+}
+
+// matvec3 for the query, key and value rows of a token with the rotation and the cache store
+// in its epilogue (no rope_store launch): rows [0, r0) are queries, rotated and written to y0
+// (f32); [r0, r0 + r1) keys, rotated and stored as f16 at position *pos of kc; the rest
+// values, stored as f16 in vc (rows of kv_dim). A rotation pair is two adjacent rows (RoPE's
+// normal layout; r0, r1 and the head width even), so a block's 4 rows hold two whole pairs:
+// thread 0 takes rows 0-1, thread 2 rows 2-3. Dimensions past n_dims of a head stay as they
+// are. Same arithmetic as rope_head.
+template <typename T, bool Q>
+__device__ __forceinline__ void matvec3_rope(int bx, const u8* W0, const u8* W1, const u8* W2,
+                                             int r0, int r1, int r2, int row_bytes,
+                                             int n_chunks, const void* x, const float* b0,
+                                             const float* b1, const float* b2, float* y0,
+                                             u16* kc, u16* vc, const u32* pos, int kv_dim,
+                                             int hd, int n_dims, float theta_scale,
+                                             float freq_scale, const float* freq_factors) {
+    int g0 = bx * ROWS, tid = threadIdx.x;
+    const u8* rows[ROWS];
+#pragma unroll
+    for (int r = 0; r < ROWS; r++) {
+        int g = g0 + r;
+        rows[r] = g < r0 ? W0 + (size_t)g * row_bytes
+                : g < r0 + r1 ? W1 + (size_t)(g - r0) * row_bytes
+                : g < r0 + r1 + r2 ? W2 + (size_t)(g - r0 - r1) * row_bytes : 0;
+    }
+    float tot[ROWS];
+    rows_dot<T, ROWS, Q>(rows, n_chunks, x, tot);
+    if ((tid != 0 && tid != 2) || !rows[tid]) return;
+    int g = g0 + tid;
+    float x0 = tid == 0 ? tot[0] : tot[2], x1 = tid == 0 ? tot[1] : tot[3];
+    int p = (int)*pos;
+    if (g >= r0 + r1) {
+        int e = g - r0 - r1;
+        if (b2) { x0 += b2[e]; x1 += b2[e + 1]; }
+        size_t at = (size_t)p * kv_dim + e;
+        vc[at] = f2h(x0);
+        vc[at + 1] = f2h(x1);
+        return;
+    }
+    bool is_q = g < r0;
+    int e = is_q ? g : g - r0;
+    const float* b = is_q ? b0 : b1;
+    if (b) { x0 += b[e]; x1 += b[e + 1]; }
+    int d = e % hd;
+    if (d < n_dims) {
+        float a = rope_angle(p, d / 2, theta_scale, freq_scale, freq_factors);
+        float cs = cosf(a), sn = sinf(a);
+        float y0_ = fmaf(x0, cs, -(x1 * sn)), y1_ = fmaf(x0, sn, x1 * cs);
+        x0 = y0_;
+        x1 = y1_;
+    }
+    if (is_q) {
+        y0[e] = x0;
+        y0[e + 1] = x1;
+    } else {
+        size_t at = (size_t)p * kv_dim + e;
+        kc[at] = f2h(x0);
+        kc[at + 1] = f2h(x1);
+    }
+}
+
 // out[r] = silu(G[r] . x) * (U[r] . x): the gate and up products and the gated activation in
 // one launch (a warp per row of both matrices).
+// With mode >= 0, the activations are also quantized for the next product into xq, unit by
+// unit of 256 rows (128 blocks each), by the block that completes the unit.
 template <typename T, bool Q>
 __device__ __forceinline__ void matvec_glu(const u8* G, const u8* U, int row_bytes, int n_chunks,
-                                           int n_rows, const void* x, float* out) {
+                                           int n_rows, const void* x, float* out, u8* xq,
+                                           int mode, u32* units) {
     int r0 = blockIdx.x * (ROWS / 2), tid = threadIdx.x;
     // Rows r0, r0+1 of the gate, then the same of up.
     const u8* rows[ROWS];
@@ -899,6 +995,11 @@ __device__ __forceinline__ void matvec_glu(const u8* G, const u8* U, int row_byt
             out[r0 + r] = g / (1.f + expf(-g)) * u;
         }
     }
+    if (mode >= 0) {
+        int u = r0 / 256;
+        u32 count = (min(256, n_rows - 256 * u) + ROWS / 2 - 1) / (ROWS / 2);
+        quantize_unit_when_done(out, xq, n_rows, mode, units, u, count);
+    }
 }
 
 // The decode products of rows of type T: NAME_T with f32 activations (x: floats), NAME_Q with
@@ -910,10 +1011,19 @@ __device__ __forceinline__ void matvec_glu(const u8* G, const u8* U, int row_byt
                                           const float* b2, float* y0, float* y1, float* y2) {    \
         matvec3<T, Q>(W0, W1, W2, r0, r1, r2, row_bytes, n_chunks, x, b0, b1, b2, y0, y1, y2);  \
     }                                                                                            \
+    extern "C" __global__ void matvec3r##S(                                                      \
+        const u8* W0, const u8* W1, const u8* W2, int r0, int r1, int r2, int row_bytes,         \
+        int n_chunks, const void* x, const float* b0, const float* b1, const float* b2,          \
+        float* y0, u16* kc, u16* vc, const u32* pos, int kv_dim, int hd, int n_dims,             \
+        float theta_scale, float freq_scale, const float* freq_factors) {                        \
+        matvec3_rope<T, Q>(blockIdx.x, W0, W1, W2, r0, r1, r2, row_bytes, n_chunks, x, b0, b1,  \
+                           b2, y0, kc, vc, pos, kv_dim, hd, n_dims, theta_scale, freq_scale,     \
+                           freq_factors);                                                        \
+    }                                                                                            \
     extern "C" __global__ void matvec_glu##S(const u8* G, const u8* U, int row_bytes,           \
                                              int n_chunks, int n_rows, const void* x,            \
-                                             float* out) {                                       \
-        matvec_glu<T, Q>(G, U, row_bytes, n_chunks, n_rows, x, out);                             \
+                                             float* out, u8* xq, int mode, u32* units) {         \
+        matvec_glu<T, Q>(G, U, row_bytes, n_chunks, n_rows, x, out, xq, mode, units);            \
     }                                                                                            \
     extern "C" __global__ void matvec##S(const u8* W, int row_bytes, int n_chunks, int n_rows,  \
                                          const void* x, const float* bias, const float* res,     \
@@ -968,20 +1078,45 @@ extern "C" __global__ void rms_norm(const float* x, const float* w, float* out, 
     for (int i = threadIdx.x; i < n; i += blockDim.x) out[i] = (x[i] * scale) * w[i];
 }
 
-// xq = x / rms(x) * w over n values, quantized for `mode`; one block (a warp per group of 256).
+// Eight consecutive values p[0..8) (32-byte aligned), zeros where ok is false.
+__device__ __forceinline__ void load8(const float* p, bool ok, float* v) {
+    float4 a = ok ? *(const float4*)p : make_float4(0.f, 0.f, 0.f, 0.f);
+    float4 b = ok ? *(const float4*)(p + 4) : make_float4(0.f, 0.f, 0.f, 0.f);
+    v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w;
+    v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
+}
+
+// xq = x / rms(x) * w over n values (a multiple of 32), quantized for `mode`; one block, a
+// warp per group of 256 (the host launches ceil(n / 256) warps, at most 32; more groups go
+// round again). A lane's 8 values of x and w are loaded together before the sum, so the
+// weights' latency hides behind it and the values are not read twice.
 extern "C" __global__ void rms_norm_q(const float* x, const float* w, u8* xq, int n, float eps,
                                       int mode) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    int j0 = 256 * warp + 8 * lane;
+    float xv[8], wv[8];
+    load8(x + j0, j0 < n, xv);
+    load8(w + j0, j0 < n, wv);
     double s = 0.0;
-    for (int i = threadIdx.x; i < n; i += blockDim.x) s += (double)(x[i] * x[i]);
+#pragma unroll
+    for (int i = 0; i < 8; i++) s += (double)(xv[i] * xv[i]);
+    for (int g = warp + nw; 256 * g < n; g += nw) {
+        float v[8];
+        int j = 256 * g + 8 * lane;
+        load8(x + j, j < n, v);
+#pragma unroll
+        for (int i = 0; i < 8; i++) s += (double)(v[i] * v[i]);
+    }
     float scale = rms_scale(s, n, eps);
-    int lane = threadIdx.x & 31, nw = blockDim.x >> 5;
-    for (int g = threadIdx.x >> 5; 256 * g < n; g += nw) {
+    for (int g = warp; 256 * g < n; g += nw) {
+        int j = 256 * g + 8 * lane;
+        if (g != warp) {
+            load8(x + j, j < n, xv);
+            load8(w + j, j < n, wv);
+        }
         float v[8];
 #pragma unroll
-        for (int i = 0; i < 8; i++) {
-            int j = 256 * g + 8 * lane + i;
-            v[i] = j < n ? (x[j] * scale) * w[j] : 0.f;
-        }
+        for (int i = 0; i < 8; i++) v[i] = (xv[i] * scale) * wv[i];
         quantize_group(v, xq, n, g, mode);
     }
 }
@@ -1016,11 +1151,7 @@ __device__ __forceinline__ void rope_head(float* q, const float* k, const float*
     __syncthreads();
     int half = n_dims / 2;
     for (int i = threadIdx.x; i < half; i += blockDim.x) {
-        // The CPU's angle: the position times theta_scale once per pair before this one.
-        float theta = (float)p;
-        for (int j = 0; j < i; j++) theta *= theta_scale;
-        if (freq_factors) theta /= freq_factors[i];
-        float a = freq_scale * theta;
+        float a = rope_angle(p, i, theta_scale, freq_scale, freq_factors);
         float cs = cosf(a), sn = sinf(a);
         int i0 = neox ? i : 2 * i, i1 = neox ? i + half : 2 * i + 1;
         float x0 = head[i0], x1 = head[i1];
@@ -1100,7 +1231,8 @@ __device__ __forceinline__ void attend4(const float* qh, const u16* kc, const u1
 extern "C" __global__ void attn_split(const float* q, const u16* kc, const u16* vc,
                                       const u32* pos, float* part_o, float* part_ml, u32* done,
                                       float* out, int n_head, int n_head_kv, int hd,
-                                      int n_splits, float scale, int window) {
+                                      int n_splits, float scale, int window, u8* xq, int mode,
+                                      u32* units) {
     __shared__ float sm_m[4], sm_l[4];
     __shared__ float sm_o[4][256];
     __shared__ bool last;
@@ -1151,6 +1283,12 @@ extern "C" __global__ void attn_split(const float* q, const u16* kc, const u16* 
         out[h * hd + i] = o / L;
     }
     if (threadIdx.x == 0) done[h] = 0;
+    // With mode >= 0, the output is also quantized for the next product into xq, a unit of
+    // 256 values (256 / hd heads) by the merge that completes it.
+    if (mode >= 0) {
+        int per = 256 / hd, u = h / per;
+        quantize_unit_when_done(out, xq, n_head * hd, mode, units, u, min(per, n_head - u * per));
+    }
 }
 
 // out = silu(g) * u.

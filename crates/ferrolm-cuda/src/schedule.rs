@@ -96,6 +96,12 @@ pub enum Buf {
     /// type (the kernels' XQ layout: `w` int8, then `w / 32` f32 scales, then `w / 32` f32
     /// sums, for the widest input `w`).
     Xq,
+    /// A second [`Buf::Xq`]: the gated activation quantized for the down product by the
+    /// gate/up launch itself, while its own input in `Xq` is still being read.
+    Xq2,
+    /// Blocks finished per unit of 256 values of a product's output, for the block that
+    /// completes a unit to quantize it (`quantize_unit_when_done`), zero between launches.
+    Units,
     /// How the step chooses its token: `k, top_p, min_p, temperature, n_draws` (i32, f32 x 3,
     /// i32); `k = 0` (as allocated) is greedy.
     SampleCfg,
@@ -275,7 +281,11 @@ pub fn matvec_threads(n_chunks: usize) -> u32 {
 
 /// A product kernel's name: `NAME_TYPE` for f32 inputs, `NAMEq_TYPE` for quantized ones.
 fn product_kernel(name: &str, ty: TensorType, x: Buf) -> String {
-    let q = if x == Buf::Xq { "q" } else { "" };
+    let q = if matches!(x, Buf::Xq | Buf::Xq2) {
+        "q"
+    } else {
+        ""
+    };
     format!("{name}{q}_{}", kernel_type(ty).expect("checked"))
 }
 
@@ -424,8 +434,9 @@ impl Builder {
         );
     }
 
-    /// `out = silu(G x) * (U x)` in one launch (G and U of one type).
-    fn matvec_glu(&mut self, g: usize, u: usize, x: Buf, out: Buf) {
+    /// `out = silu(G x) * (U x)` in one launch (G and U of one type), also quantized into
+    /// [`Buf::Xq2`] for the format `quantize` names (then the input of the down product).
+    fn matvec_glu(&mut self, g: usize, u: usize, x: Buf, out: Buf, quantize: Option<i32>) {
         let spec = &self.matrices[g];
         let kernel = product_kernel("matvec_glu", spec.ty, x);
         let (rows, cols, rb) = (spec.rows, spec.cols, spec.row_bytes());
@@ -441,8 +452,72 @@ impl Builder {
                 Arg::I32(rows as i32),
                 Arg::Buf(x),
                 Arg::Buf(out),
+                quantize.map_or(Arg::Null, |_| Arg::Buf(Buf::Xq2)),
+                Arg::I32(quantize.unwrap_or(-1)),
+                quantize.map_or(Arg::Null, |_| Arg::Buf(Buf::Units)),
             ],
         );
+    }
+
+    /// The Q, K and V products with the rotation and the cache store of layer `l` in their
+    /// epilogue (`matvec3r`, RoPE's normal layout, no Q/K norms): one launch per run of
+    /// consecutive matrices of one type and width. `rope`: kv_dim, head_dim, n_dims,
+    /// theta_scale, freq_scale, frequency factors.
+    fn qkv_rope(&mut self, parts: [(usize, Option<usize>); 3], x: Buf, l: usize, rope: [Arg; 6]) {
+        let mut start = 0;
+        while start < 3 {
+            let first = &self.matrices[parts[start].0];
+            let (ty, cols, rb) = (first.ty, first.cols, first.row_bytes());
+            let mut end = start + 1;
+            while end < 3 && {
+                let m = &self.matrices[parts[end].0];
+                m.ty == ty && m.cols == cols
+            } {
+                end += 1;
+            }
+            let run = |i: usize| (start..end).contains(&i);
+            let mut args: Vec<Arg> = (0..3)
+                .map(|i| {
+                    if run(i) {
+                        Arg::Buf(Buf::Matrix(parts[i].0))
+                    } else {
+                        Arg::Null
+                    }
+                })
+                .collect();
+            let rows: Vec<usize> = (0..3)
+                .map(|i| {
+                    if run(i) {
+                        self.matrices[parts[i].0].rows
+                    } else {
+                        0
+                    }
+                })
+                .collect();
+            args.extend(rows.iter().map(|&r| Arg::I32(r as i32)));
+            args.push(Arg::I32(rb as i32));
+            args.push(Arg::I32((cols / 32) as i32));
+            args.push(Arg::Buf(x));
+            args.extend((0..3).map(|i| match parts[i].1 {
+                Some(v) if run(i) => Arg::Buf(Buf::Vector(v)),
+                _ => Arg::Null,
+            }));
+            args.extend([
+                Arg::Buf(Buf::Q),
+                Arg::Buf(Buf::KCache(l)),
+                Arg::Buf(Buf::VCache(l)),
+                Arg::Buf(Buf::Pos),
+            ]);
+            args.extend(rope);
+            let total: usize = rows.iter().sum();
+            self.push(
+                product_kernel("matvec3r", ty, x),
+                (total.div_ceil(MATVEC_ROWS) as u32, 1),
+                matvec_threads(cols / 32),
+                args,
+            );
+            start = end;
+        }
     }
 
     /// The format every matrix of `mats` reads its input in, when they share one and the
@@ -498,12 +573,13 @@ impl Builder {
             Arg::F32(eps),
         ];
         args.extend(format.map(Arg::I32));
-        let kernel = if format.is_some() {
-            "rms_norm_q"
+        if format.is_some() {
+            // A warp per group of 256 values.
+            let warps = n.div_ceil(256).clamp(1, 32) as u32;
+            self.push("rms_norm_q", (1, 1), 32 * warps, args);
         } else {
-            "rms_norm"
-        };
-        self.push(kernel, (1, 1), 1024, args);
+            self.push("rms_norm", (1, 1), 1024, args);
+        }
     }
 }
 
@@ -710,7 +786,10 @@ pub fn decode_plan_layers(
         } else {
             (None, None, None)
         };
-        b.matvec3([(wq, bq, Buf::Q), (wk, bk, Buf::K), (wv, bv, Buf::V)], h);
+        let ff_index = freq_factors
+            .then(|| *rope_freqs.get_or_insert_with(|| b.vector("rope_freqs.weight", n_dims / 2)));
+        let ff = ff_index.map_or(Arg::Null, |i| Arg::Buf(Buf::Vector(i)));
+        let theta = Arg::F32(theta_scale(*freq_base, *n_dims));
         let (qn, kn) = if *qk_norm {
             (
                 Arg::Buf(Buf::Vector(b.vector(&n("attn_q_norm.weight"), hd))),
@@ -719,33 +798,50 @@ pub fn decode_plan_layers(
         } else {
             (Arg::Null, Arg::Null)
         };
-        let ff_index = freq_factors
-            .then(|| *rope_freqs.get_or_insert_with(|| b.vector("rope_freqs.weight", n_dims / 2)));
-        let ff = ff_index.map_or(Arg::Null, |i| Arg::Buf(Buf::Vector(i)));
-        b.push(
-            "rope_store",
-            ((nh + nkv) as u32, 1),
-            128,
-            vec![
-                Arg::Buf(Buf::Q),
-                Arg::Buf(Buf::K),
-                Arg::Buf(Buf::V),
-                qn,
-                kn,
-                Arg::Buf(Buf::KCache(l)),
-                Arg::Buf(Buf::VCache(l)),
-                Arg::Buf(Buf::Pos),
-                Arg::I32(nh as i32),
-                Arg::I32(nkv as i32),
+        if !*qk_norm && neox == 0 {
+            // Adjacent rows are rotation pairs: the products rotate and store themselves.
+            let rope = [
+                Arg::I32(kv_dim as i32),
                 Arg::I32(hd as i32),
                 Arg::I32(*n_dims as i32),
-                Arg::I32(neox),
-                Arg::F32(theta_scale(*freq_base, *n_dims)),
+                theta,
                 Arg::F32(*freq_scale),
                 ff,
-                Arg::F32(eps),
-            ],
-        );
+            ];
+            b.qkv_rope([(wq, bq), (wk, bk), (wv, bv)], h, l, rope);
+        } else {
+            b.matvec3([(wq, bq, Buf::Q), (wk, bk, Buf::K), (wv, bv, Buf::V)], h);
+            b.push(
+                "rope_store",
+                ((nh + nkv) as u32, 1),
+                128,
+                vec![
+                    Arg::Buf(Buf::Q),
+                    Arg::Buf(Buf::K),
+                    Arg::Buf(Buf::V),
+                    qn,
+                    kn,
+                    Arg::Buf(Buf::KCache(l)),
+                    Arg::Buf(Buf::VCache(l)),
+                    Arg::Buf(Buf::Pos),
+                    Arg::I32(nh as i32),
+                    Arg::I32(nkv as i32),
+                    Arg::I32(hd as i32),
+                    Arg::I32(*n_dims as i32),
+                    Arg::I32(neox),
+                    theta,
+                    Arg::F32(*freq_scale),
+                    ff,
+                    Arg::F32(eps),
+                ],
+            );
+        }
+        // The output product's input: quantized by the attention's merges themselves when its
+        // format's groups of 256 hold whole heads.
+        let wo = b.matrix(types, &n("attn_output.weight"), d, q_dim)?;
+        let attn_q = b
+            .shared_format(&[wo])
+            .filter(|_| 256 % hd == 0 && q_dim.is_multiple_of(32));
         b.push(
             "attn_split",
             (nh as u32, splits as u32),
@@ -765,10 +861,16 @@ pub fn decode_plan_layers(
                 Arg::I32(splits as i32),
                 Arg::F32(*scale),
                 Arg::I32(window as i32),
+                attn_q.map_or(Arg::Null, |_| Arg::Buf(Buf::Xq)),
+                Arg::I32(attn_q.unwrap_or(-1)),
+                attn_q.map_or(Arg::Null, |_| Arg::Buf(Buf::Units)),
             ],
         );
-        let wo = b.matrix(types, &n("attn_output.weight"), d, q_dim)?;
-        let attn = b.input_for(Buf::Attn, q_dim, &[wo]);
+        let attn = if attn_q.is_some() {
+            Buf::Xq
+        } else {
+            b.input_for(Buf::Attn, q_dim, &[wo])
+        };
         b.matvec(wo, attn, None, Some(Buf::X), Buf::X);
 
         let ffn_norm = b.vector(&n("ffn_norm.weight"), d);
@@ -777,9 +879,14 @@ pub fn decode_plan_layers(
         }
         let gate = b.matrix(types, &n("ffn_gate.weight"), n_ff, d)?;
         let up = b.matrix(types, &n("ffn_up.weight"), n_ff, d)?;
+        let down = b.matrix(types, &n("ffn_down.weight"), d, n_ff)?;
         let h = b.norm_for(Buf::X, ffn_norm, d, eps, &[gate, up]);
+        let mut act = None;
         if b.matrices[gate].ty == b.matrices[up].ty {
-            b.matvec_glu(gate, up, h, Buf::Act);
+            // The down product's input quantized by the gate/up launch itself.
+            let format = b.shared_format(&[down]);
+            b.matvec_glu(gate, up, h, Buf::Act, format);
+            act = format.map(|_| Buf::Xq2);
         } else {
             b.matvec(gate, h, None, None, Buf::Gate);
             b.matvec(up, h, None, None, Buf::Up);
@@ -795,8 +902,10 @@ pub fn decode_plan_layers(
                 ],
             );
         }
-        let down = b.matrix(types, &n("ffn_down.weight"), d, n_ff)?;
-        let act = b.input_for(Buf::Act, n_ff, &[down]);
+        let act = match act {
+            Some(xq) => xq,
+            None => b.input_for(Buf::Act, n_ff, &[down]),
+        };
         b.matvec(down, act, None, Some(Buf::X), Buf::X);
         let vector_of = |a: Arg| match a {
             Arg::Buf(Buf::Vector(i)) => Some(i),
@@ -987,7 +1096,7 @@ mod tests {
         .unwrap();
         assert_eq!(p.layers.len(), 2);
         assert!(p.head.is_none());
-        assert_eq!(p.launches.len(), 1 + 10 * 2 + 1);
+        assert_eq!(p.launches.len(), 1 + 7 * 2 + 1);
         assert_eq!(p.launches.last().unwrap().kernel, "advance_pos");
         assert!(p.matrices.iter().all(|m| !m.name.starts_with("blk.2")));
         // As many layers as the model has, or more: the whole model.
@@ -1004,31 +1113,49 @@ mod tests {
     }
 
     #[test]
-    fn a_token_is_three_launches_and_ten_per_layer() {
+    fn a_token_is_three_launches_and_seven_per_layer() {
         let p = decode_plan(&plan(4, 32), 512, &all(TensorType::Q4_0)).unwrap();
-        // Per layer: norm (quantizing), Q/K/V, RoPE, attention (its split-K merge in the last
-        // block), its output quantized, the output product, norm, gate/up, the activation
-        // quantized, down; then the norm, the output and the argmax.
-        assert_eq!(p.launches.len(), 1 + 10 * 4 + 3);
-        let kernels: Vec<&str> = p.launches[1..11]
-            .iter()
-            .map(|l| l.kernel.as_str())
-            .collect();
+        // Per layer: norm (quantizing), Q/K/V (rotating and storing keys and values),
+        // attention (its split-K merge in the last block, quantizing its output), the output
+        // product, norm, gate/up (quantizing the activation), down; then the norm, the output
+        // and the argmax.
+        assert_eq!(p.launches.len(), 1 + 7 * 4 + 3);
+        let kernels: Vec<&str> = p.launches[1..8].iter().map(|l| l.kernel.as_str()).collect();
         assert_eq!(
             kernels,
             [
                 "rms_norm_q",
-                "matvec3q_Q4_0",
-                "rope_store",
+                "matvec3rq_Q4_0",
                 "attn_split",
-                "quantize_act",
                 "matvecq_Q4_0",
                 "rms_norm_q",
                 "matvec_gluq_Q4_0",
-                "quantize_act",
                 "matvecq_Q4_0"
             ]
         );
+        // The attention quantizes into Xq (Q8_0 for Q4_0 rows) for the output product; the
+        // gate/up launch into Xq2, which the down product reads.
+        let a = &p.launches[3].args;
+        assert_eq!(
+            a[a.len() - 3..],
+            [Arg::Buf(Buf::Xq), Arg::I32(3), Arg::Buf(Buf::Units)]
+        );
+        assert_eq!(p.launches[4].args[4], Arg::Buf(Buf::Xq));
+        let g = &p.launches[6].args;
+        assert_eq!(
+            g[g.len() - 3..],
+            [Arg::Buf(Buf::Xq2), Arg::I32(3), Arg::Buf(Buf::Units)]
+        );
+        assert_eq!(p.launches[7].args[4], Arg::Buf(Buf::Xq2));
+        // NEOX rotation pairs are not adjacent rows: the products, then rope_store.
+        let mut neox = plan(4, 32);
+        for layer in &mut neox.layers {
+            layer.attention.rope.layout = RopeLayout::Neox;
+        }
+        let p = decode_plan(&neox, 512, &all(TensorType::Q4_0)).unwrap();
+        assert_eq!(p.launches.len(), 1 + 8 * 4 + 3);
+        assert_eq!(p.launches[2].kernel, "matvec3q_Q4_0");
+        assert_eq!(p.launches[3].kernel, "rope_store");
         // With f32 activations: no quantizing launches.
         let f = decode_plan_layers(
             &plan(4, 32),
@@ -1038,7 +1165,7 @@ mod tests {
             Activations::F32,
         )
         .unwrap();
-        assert_eq!(f.launches.len(), 1 + 8 * 4 + 3);
+        assert_eq!(f.launches.len(), 1 + 7 * 4 + 3);
         assert!(f.launches.iter().all(|l| !l.kernel.contains("q_")));
         assert!(p.launches.iter().all(|l| l.kernel != "attn_combine"));
         assert_eq!(p.launches[0].kernel, "embed_Q4_0");
@@ -1046,7 +1173,8 @@ mod tests {
         // 4 layers x 7 matrices + embedding + output.
         assert_eq!(p.matrices.len(), 4 * 7 + 2);
         assert_eq!(p.splits, 8);
-        // Mixed types: Q, K, V and gate, up launch one by one, with a separate activation.
+        // Mixed types: Q, K, V and gate, up launch one by one, with a separate activation and
+        // its quantization.
         let mixed = |name: &str| {
             Some(if name.contains("attn_k") || name.contains("ffn_up") {
                 TensorType::Q8_0
@@ -1055,7 +1183,8 @@ mod tests {
             })
         };
         let p = decode_plan(&plan(4, 32), 512, &mixed).unwrap();
-        assert_eq!(p.launches.len(), 1 + 14 * 4 + 3);
+        assert_eq!(p.launches.len(), 1 + 12 * 4 + 3);
+        assert!(p.launches.iter().any(|l| l.kernel == "quantize_act"));
         assert!(p.launches.iter().any(|l| l.kernel == "swiglu"));
         // Q4_0 and Q4_K rows read their inputs in different formats (Q8_0, Q8_K): an input
         // shared by both stays f32.
@@ -1068,8 +1197,9 @@ mod tests {
         };
         let p = decode_plan(&plan(4, 32), 512, &formats).unwrap();
         assert_eq!(p.launches[1].kernel, "rms_norm");
-        assert_eq!(p.launches[2].kernel, "matvec_Q4_0");
-        assert_eq!(p.launches[3].kernel, "matvec_Q4_K");
+        assert_eq!(p.launches[2].kernel, "matvec3r_Q4_0");
+        assert_eq!(p.launches[3].kernel, "matvec3r_Q4_K");
+        assert_eq!(p.launches[4].kernel, "matvec3r_Q4_0");
     }
 
     const TYPES: [&str; 15] = [

@@ -20,8 +20,8 @@ struct Emulator<'f> {
     plan: &'f DecodePlan,
     f32s: HashMap<Buf, Vec<f32>>,
     u32s: HashMap<Buf, Vec<u32>>,
-    /// The quantized activations as the CPU lays them out: their format and blocks.
-    xq: Option<(TensorType, Vec<u8>)>,
+    /// The quantized activations (Xq, Xq2) as the CPU lays them out: format and blocks.
+    xq: HashMap<Buf, (TensorType, Vec<u8>)>,
 }
 
 fn f16_round(x: &[f32]) -> Vec<f32> {
@@ -49,7 +49,7 @@ impl<'f> Emulator<'f> {
             plan,
             f32s: HashMap::new(),
             u32s: HashMap::new(),
-            xq: None,
+            xq: HashMap::new(),
         };
         for (l, &kv) in plan.kv_dims.iter().enumerate() {
             e.f32s.insert(Buf::KCache(l), vec![0.0; plan.n_ctx * kv]);
@@ -130,8 +130,8 @@ impl<'f> Emulator<'f> {
         let (ty, _) = self.row(m, 0);
         let kernel = ferrolm_quant::dot_kernel(ty).unwrap();
         let act_ty = kernel.activation_type();
-        let act = if x == Buf::Xq {
-            let (fmt, bytes) = self.xq.as_ref().expect("Xq read before written");
+        let act = if matches!(x, Buf::Xq | Buf::Xq2) {
+            let (fmt, bytes) = self.xq.get(&x).expect("Xq read before written");
             assert_eq!(*fmt, act_ty, "activations quantized for another row type");
             bytes.clone()
         } else {
@@ -145,11 +145,22 @@ impl<'f> Emulator<'f> {
             .collect()
     }
 
-    fn quantize_into_xq(&mut self, values: &[f32], code: i32) {
+    fn quantize_into(&mut self, xq: Buf, values: &[f32], code: i32) {
+        assert!(matches!(xq, Buf::Xq | Buf::Xq2), "quantized into {xq:?}");
         let ty = format_type(code);
         let mut q = vec![0u8; ferrolm_quant::row_bytes(ty, values.len()).unwrap()];
         ferrolm_quant::quantize_activation(ty, values, &mut q).unwrap();
-        self.xq = Some((ty, q));
+        self.xq.insert(xq, (ty, q));
+    }
+
+    /// A fused quantization's arguments (xq, mode, units): the buffer and format, if any.
+    fn fused_quantization(a: &[Arg]) -> Option<(Buf, i32)> {
+        let xq = Self::buf(&a[0])?;
+        let Arg::I32(mode) = a[1] else {
+            panic!("a format, found {:?}", a[1])
+        };
+        assert_eq!(Self::buf(&a[2]), Some(Buf::Units));
+        Some((xq, mode))
     }
 
     fn rms_norm(&self, x: Buf, w: Buf, n: usize, eps: f32) -> Vec<f32> {
@@ -190,24 +201,24 @@ impl<'f> Emulator<'f> {
                 Self::f(&a[4]),
             );
             if name == "rms_norm_q" {
-                assert_eq!(Self::buf(&a[2]), Some(Buf::Xq));
                 let code = match a[5] {
                     Arg::I32(c) => c,
                     ref o => panic!("{o:?}"),
                 };
-                self.quantize_into_xq(&y, code);
+                self.quantize_into(Self::buf(&a[2]).unwrap(), &y, code);
             } else {
                 self.write(Self::buf(&a[2]).unwrap(), 0, &y);
             }
         } else if name == "quantize_act" {
             let n = Self::i(&a[2]);
             let x = self.read(Self::buf(&a[0]).unwrap());
-            assert_eq!(Self::buf(&a[1]), Some(Buf::Xq));
             let code = match a[3] {
                 Arg::I32(c) => c,
                 ref o => panic!("{o:?}"),
             };
-            self.quantize_into_xq(&x[..n], code);
+            self.quantize_into(Self::buf(&a[1]).unwrap(), &x[..n], code);
+        } else if product("matvec3r") {
+            self.qkv_rope(a);
         } else if product("matvec3") {
             let rows = [Self::i(&a[3]), Self::i(&a[4]), Self::i(&a[5])];
             let cols = 32 * Self::i(&a[7]);
@@ -230,6 +241,9 @@ impl<'f> Emulator<'f> {
                 .map(|(&g, &u)| g / (1.0 + (-g).exp()) * u)
                 .collect();
             self.write(Self::buf(&a[6]).unwrap(), 0, &out);
+            if let Some((xq, mode)) = Self::fused_quantization(&a[7..]) {
+                self.quantize_into(xq, &out, mode);
+            }
         } else if product("matvec") {
             let (cols, rows) = (32 * Self::i(&a[2]), Self::i(&a[3]));
             let mut y = self.products(
@@ -296,6 +310,14 @@ impl<'f> Emulator<'f> {
             Self::buf(&a[2]).unwrap(),
         );
         let (kc, vc) = (Self::buf(&a[5]).unwrap(), Self::buf(&a[6]).unwrap());
+        let rope = Rope {
+            p,
+            n_dims,
+            neox,
+            theta_scale,
+            freq_scale,
+            ff,
+        };
         let rotate = |head: &mut [f32], norm: &Option<Vec<f32>>| {
             if let Some(w) = norm {
                 let sum: f64 = head.iter().map(|&v| f64::from(v * v)).sum();
@@ -304,21 +326,7 @@ impl<'f> Emulator<'f> {
                     .zip(w)
                     .for_each(|(h, w)| *h = (*h * scale) * w);
             }
-            let half = n_dims / 2;
-            let mut theta = p as f32;
-            for i in 0..half {
-                let t = ff.as_ref().map_or(theta, |f| theta / f[i]);
-                let (s, c) = (freq_scale * t).sin_cos();
-                let (i0, i1) = if neox {
-                    (i, i + half)
-                } else {
-                    (2 * i, 2 * i + 1)
-                };
-                let (x0, x1) = (head[i0], head[i1]);
-                head[i0] = x0.mul_add(c, -(x1 * s));
-                head[i1] = x0.mul_add(s, x1 * c);
-                theta *= theta_scale;
-            }
+            rope.rotate(head);
         };
         let mut q = self.read(qb);
         for h in 0..nh {
@@ -334,8 +342,46 @@ impl<'f> Emulator<'f> {
         self.write(vc, p * nkv * hd, &f16_round(&v));
     }
 
+    /// matvec3r(W0, W1, W2, r0, r1, r2, row_bytes, n_chunks, x, b0, b1, b2, y0, kc, vc, pos,
+    /// kv_dim, hd, n_dims, theta_scale, freq_scale, freq_factors): the products of the
+    /// matrices given, with their biases; queries rotated into y0, keys rotated and values
+    /// stored (f16) at the position in the caches.
+    fn qkv_rope(&mut self, a: &[Arg]) {
+        let cols = 32 * Self::i(&a[7]);
+        let x = Self::buf(&a[8]).unwrap();
+        let (kv_dim, hd) = (Self::i(&a[16]), Self::i(&a[17]));
+        let p = self.u32s[&Buf::Pos][0] as usize;
+        let rope = Rope {
+            p,
+            n_dims: Self::i(&a[18]),
+            neox: false,
+            theta_scale: Self::f(&a[19]),
+            freq_scale: Self::f(&a[20]),
+            ff: Self::buf(&a[21]).map(|b| self.read(b)),
+        };
+        for part in 0..3 {
+            let Some(m) = Self::buf(&a[part]) else {
+                assert_eq!(Self::i(&a[3 + part]), 0, "rows of an absent matrix");
+                continue;
+            };
+            let mut y = self.products(m, Self::i(&a[3 + part]), cols, x);
+            if let Some(b) = Self::buf(&a[9 + part]) {
+                y.iter_mut().zip(self.read(b)).for_each(|(y, b)| *y += b);
+            }
+            if part < 2 {
+                y.chunks_mut(hd).for_each(|head| rope.rotate(head));
+            }
+            match part {
+                0 => self.write(Self::buf(&a[12]).unwrap(), 0, &y),
+                1 => self.write(Self::buf(&a[13]).unwrap(), p * kv_dim, &f16_round(&y)),
+                _ => self.write(Self::buf(&a[14]).unwrap(), p * kv_dim, &f16_round(&y)),
+            }
+        }
+    }
+
     /// attn_split(q, kc, vc, pos, part_o, part_ml, done, out, n_head, n_head_kv, hd, n_splits,
-    /// scale, window): plain softmax attention over the visible positions.
+    /// scale, window, xq, mode, units): plain softmax attention over the visible positions,
+    /// the output also quantized when xq is given.
     fn attention(&mut self, a: &[Arg]) {
         let (nh, nkv, hd) = (Self::i(&a[8]), Self::i(&a[9]), Self::i(&a[10]));
         let (scale, window) = (Self::f(&a[12]), Self::i(&a[13]));
@@ -367,6 +413,40 @@ impl<'f> Emulator<'f> {
             }
         }
         self.write(Self::buf(&a[7]).unwrap(), 0, &out);
+        if let Some((xq, mode)) = Self::fused_quantization(&a[14..]) {
+            self.quantize_into(xq, &out, mode);
+        }
+    }
+}
+
+/// A RoPE rotation as the kernels compute it: pair i's angle is the position times
+/// theta_scale i times (multiplied up pair by pair), over the frequency factor.
+struct Rope {
+    p: usize,
+    n_dims: usize,
+    neox: bool,
+    theta_scale: f32,
+    freq_scale: f32,
+    ff: Option<Vec<f32>>,
+}
+
+impl Rope {
+    fn rotate(&self, head: &mut [f32]) {
+        let half = self.n_dims / 2;
+        let mut theta = self.p as f32;
+        for i in 0..half {
+            let t = self.ff.as_ref().map_or(theta, |f| theta / f[i]);
+            let (s, c) = (self.freq_scale * t).sin_cos();
+            let (i0, i1) = if self.neox {
+                (i, i + half)
+            } else {
+                (2 * i, 2 * i + 1)
+            };
+            let (x0, x1) = (head[i0], head[i1]);
+            head[i0] = x0.mul_add(c, -(x1 * s));
+            head[i1] = x0.mul_add(s, x1 * c);
+            theta *= self.theta_scale;
+        }
     }
 }
 
@@ -468,7 +548,7 @@ fn the_decode_step_computes_what_the_cpu_computes() {
             let (gpu, cpu, kernels) = emulate(spec, act, &ids(24));
             if spec.types.iter().any(|(t, _)| t == "attn_k") && act == Activations::Quantized {
                 // the mixed file: K's input f32 (Q8_K against Q8_0), the activation separate
-                for k in ["matvec_Q4_K", "matvecq_Q4_0", "swiglu", "quantize_act"] {
+                for k in ["matvec3r_Q4_K", "matvecq_Q4_0", "swiglu", "quantize_act"] {
                     assert!(kernels.iter().any(|n| n == k), "no {k} in {kernels:?}");
                 }
             }
