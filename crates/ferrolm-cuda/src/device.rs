@@ -244,7 +244,11 @@ impl CudaModel {
                     m.rows * m.row_bytes()
                 )));
             }
-            matrices.push(stream.clone_htod(data).map_err(driver(&m.name))?);
+            // Regrouped for aligned loads where the kernels read a regrouped layout.
+            let packed = crate::repack::repacked_type(m.ty, m.cols)
+                .and_then(|_| crate::repack::repack(m.ty, m.cols, data));
+            let bytes = packed.as_deref().unwrap_or(data);
+            matrices.push(stream.clone_htod(bytes).map_err(driver(&m.name))?);
         }
         let mut vectors = Vec::with_capacity(dp.vectors.len());
         for v in &dp.vectors {

@@ -238,7 +238,7 @@ __device__ __forceinline__ void quantize_unit_when_done(const float* vals, u8* x
 // ---- chunk dequantizers: w[0..32) = the values of chunk c of a row ----
 
 struct F32 {
-    static __device__ __forceinline__ void load(const u8* row, int c, float* w) {
+    static __device__ __forceinline__ void load(const u8* row, int c, int nc, float* w) {
         const float4* p = (const float4*)(row + 128 * c);
 #pragma unroll
         for (int i = 0; i < 8; i++) {
@@ -250,7 +250,7 @@ struct F32 {
 };
 
 struct F16 {
-    static __device__ __forceinline__ void load(const u8* row, int c, float* w) {
+    static __device__ __forceinline__ void load(const u8* row, int c, int nc, float* w) {
         const uint4* p = (const uint4*)(row + 64 * c);
 #pragma unroll
         for (int i = 0; i < 4; i++) {
@@ -269,7 +269,7 @@ struct F16 {
 
 // Q8_0: f16 scale, 32 int8 (34 bytes, 2-byte aligned).
 struct Q8_0 {
-    static __device__ __forceinline__ void load(const u8* row, int c, float* w) {
+    static __device__ __forceinline__ void load(const u8* row, int c, int nc, float* w) {
         const u16* p = (const u16*)(row + 34 * c);
         float d = h2f(LD(p));
 #pragma unroll
@@ -280,7 +280,7 @@ struct Q8_0 {
         }
     }
     static constexpr int ACT = ACT_Q8_0;
-    static __device__ __forceinline__ float dot(const u8* row, int c, const Act& a) {
+    static __device__ __forceinline__ float dot(const u8* row, int c, int nc, const Act& a) {
         const u8* b = row + 34 * c;
         float d = h2f(LD((const u16*)b));
         int s = 0;
@@ -292,7 +292,7 @@ struct Q8_0 {
 
 // Q4_0: f16 scale, 16 bytes of nibbles (low: values 0..16, high: 16..32), offset 8.
 struct Q4_0 {
-    static __device__ __forceinline__ void load(const u8* row, int c, float* w) {
+    static __device__ __forceinline__ void load(const u8* row, int c, int nc, float* w) {
         const u16* p = (const u16*)(row + 18 * c);
         float d = h2f(LD(p));
 #pragma unroll
@@ -306,7 +306,7 @@ struct Q4_0 {
         }
     }
     static constexpr int ACT = ACT_Q8_0;
-    static __device__ __forceinline__ float dot(const u8* row, int c, const Act& a) {
+    static __device__ __forceinline__ float dot(const u8* row, int c, int nc, const Act& a) {
         const u8* b = row + 18 * c;
         float d = h2f(LD((const u16*)b));
         u32 q[4];
@@ -318,7 +318,7 @@ struct Q4_0 {
 
 // Q4_1: f16 scale, f16 minimum, 16 bytes of nibbles (20 bytes, 4-byte aligned).
 struct Q4_1 {
-    static __device__ __forceinline__ void load(const u8* row, int c, float* w) {
+    static __device__ __forceinline__ void load(const u8* row, int c, int nc, float* w) {
         const u8* b = row + 20 * c;
         u32 dm = LD((const u32*)b);
         float d = h2f((u16)(dm & 0xffff)), m = h2f((u16)(dm >> 16));
@@ -335,7 +335,7 @@ struct Q4_1 {
         }
     }
     static constexpr int ACT = ACT_Q8_1;
-    static __device__ __forceinline__ float dot(const u8* row, int c, const Act& a) {
+    static __device__ __forceinline__ float dot(const u8* row, int c, int nc, const Act& a) {
         const u8* b = row + 20 * c;
         u32 dm = LD((const u32*)b);
         float d = h2f((u16)(dm & 0xffff)), m = h2f((u16)(dm >> 16));
@@ -349,7 +349,7 @@ struct Q4_1 {
 // Q5_0: f16 scale, 32 high bits, 16 bytes of low nibbles (values 0..16 low, 16..32 high),
 // offset 16 (22 bytes, 2-byte aligned).
 struct Q5_0 {
-    static __device__ __forceinline__ void load(const u8* row, int c, float* w) {
+    static __device__ __forceinline__ void load(const u8* row, int c, int nc, float* w) {
         const u16* p = (const u16*)(row + 22 * c);
         float d = h2f(LD(p));
         u32 qh = (u32)LD(p + 1) | ((u32)LD(p + 2) << 16);
@@ -366,7 +366,7 @@ struct Q5_0 {
         }
     }
     static constexpr int ACT = ACT_Q8_0;
-    static __device__ __forceinline__ float dot(const u8* row, int c, const Act& a) {
+    static __device__ __forceinline__ float dot(const u8* row, int c, int nc, const Act& a) {
         const u8* b = row + 22 * c;
         float d = h2f(LD((const u16*)b));
         u32 qh = ld_u16x2(b + 2), q[4];
@@ -379,7 +379,7 @@ struct Q5_0 {
 // Q5_1: f16 scale, f16 minimum, 32 high bits, 16 bytes of low nibbles (24 bytes, 4-byte
 // aligned).
 struct Q5_1 {
-    static __device__ __forceinline__ void load(const u8* row, int c, float* w) {
+    static __device__ __forceinline__ void load(const u8* row, int c, int nc, float* w) {
         const u8* b = row + 24 * c;
         u32 dm = LD((const u32*)b);
         float d = h2f((u16)(dm & 0xffff)), m = h2f((u16)(dm >> 16));
@@ -398,7 +398,7 @@ struct Q5_1 {
         }
     }
     static constexpr int ACT = ACT_Q8_1;
-    static __device__ __forceinline__ float dot(const u8* row, int c, const Act& a) {
+    static __device__ __forceinline__ float dot(const u8* row, int c, int nc, const Act& a) {
         const u8* b = row + 24 * c;
         u32 dm = LD((const u32*)b);
         float d = h2f((u16)(dm & 0xffff)), m = h2f((u16)(dm >> 16));
@@ -456,7 +456,7 @@ struct KHead {
 
 // BF16: the high half of an f32.
 struct BF16 {
-    static __device__ __forceinline__ void load(const u8* row, int c, float* w) {
+    static __device__ __forceinline__ void load(const u8* row, int c, int nc, float* w) {
         const uint4* p = (const uint4*)(row + 64 * c);
 #pragma unroll
         for (int i = 0; i < 4; i++) {
@@ -475,7 +475,7 @@ struct BF16 {
 
 // IQ4_NL: f16 scale, 16 bytes of nibbles indexing a fixed codebook (18 bytes).
 struct IQ4_NL {
-    static __device__ __forceinline__ void load(const u8* row, int c, float* w) {
+    static __device__ __forceinline__ void load(const u8* row, int c, int nc, float* w) {
         const int8_t_ kv[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
                                 1,    13,   25,  38,  53,  69,  89,  113};
         const u16* p = (const u16*)(row + 18 * c);
@@ -492,7 +492,7 @@ struct IQ4_NL {
         }
     }
     static constexpr int ACT = ACT_Q8_0;
-    static __device__ __forceinline__ float dot(const u8* row, int c, const Act& a) {
+    static __device__ __forceinline__ float dot(const u8* row, int c, int nc, const Act& a) {
         // The codebook's 16 int8 values, four to a word.
         const u32 t[4] = {0xbfad9881u, 0xf6eaddcfu, 0x26190d01u, 0x71594535u};
         const u8* b = row + 18 * c;
@@ -507,7 +507,7 @@ struct IQ4_NL {
 // MXFP4: an e8m0 scale byte, 16 bytes of e2m1 nibbles (17 bytes, unaligned). The values are
 // doubled integers and the scale halved, as the CPU does.
 struct MXFP4 {
-    static __device__ __forceinline__ void load(const u8* row, int c, float* w) {
+    static __device__ __forceinline__ void load(const u8* row, int c, int nc, float* w) {
         const int8_t_ kv[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
         const u8* b = row + 17 * c;
         u32 e = LD(b);
@@ -520,7 +520,7 @@ struct MXFP4 {
         }
     }
     static constexpr int ACT = ACT_Q8_0;
-    static __device__ __forceinline__ float dot(const u8* row, int c, const Act& a) {
+    static __device__ __forceinline__ float dot(const u8* row, int c, int nc, const Act& a) {
         // The doubled e2m1 values, four to a word.
         const u32 t[4] = {0x03020100u, 0x0c080604u, 0xfdfeff00u, 0xf4f8fafcu};
         const u8* b = row + 17 * c;
@@ -539,7 +539,7 @@ struct MXFP4 {
 // quants, f16 d, f16 dmin (84 bytes). Chunk j: quant l is bits 2(j%4).. of qs[32(j/4) + l];
 // sub-blocks of 16 take scale byte 2j + l/16.
 struct Q2_K {
-    static __device__ __forceinline__ void load(const u8* row, int c, float* w) {
+    static __device__ __forceinline__ void load(const u8* row, int c, int nc, float* w) {
         const u8* b = row + 84 * (c >> 3);
         int j = c & 7;
         u32 dd = (u32)LD((const u16*)(b + 80)) | ((u32)LD((const u16*)(b + 82)) << 16);
@@ -555,7 +555,7 @@ struct Q2_K {
         }
     }
     static constexpr int ACT = ACT_Q8_K;
-    static __device__ __forceinline__ float dot(const u8* row, int c, const Act& a) {
+    static __device__ __forceinline__ float dot(const u8* row, int c, int nc, const Act& a) {
         const u8* b = row + 84 * (c >> 3);
         int j = c & 7, shift = 2 * (j & 3);
         u32 dd = LD((const u32*)(b + 80));
@@ -577,7 +577,7 @@ struct Q2_K {
 // when bit 4(j/4) + j%4 of hmask[l] is clear; sub-block g = 2j + l/16 has the signed scale
 // (low 4 bits of s[g%8] >> 4(g/8), high 2 bits of s[8 + g%4] >> 2(g/4)) - 32.
 struct Q3_K {
-    static __device__ __forceinline__ void load(const u8* row, int c, float* w) {
+    static __device__ __forceinline__ void load(const u8* row, int c, int nc, float* w) {
         const u8* b = row + 110 * (c >> 3);
         int j = c & 7;
         float d = h2f(LD((const u16*)(b + 108)));
@@ -600,7 +600,7 @@ struct Q3_K {
         }
     }
     static constexpr int ACT = ACT_Q8_K;
-    static __device__ __forceinline__ float dot(const u8* row, int c, const Act& a) {
+    static __device__ __forceinline__ float dot(const u8* row, int c, int nc, const Act& a) {
         const u8* b = row + 110 * (c >> 3);
         int j = c & 7, shift = 2 * (j & 3), bit = 4 * (j >> 2) + (j & 3);
         float d = h2f(LD((const u16*)(b + 108)));
@@ -628,7 +628,7 @@ struct Q3_K {
 // Q5_K: Q4_K's layout with 32 bytes of fifth bits after the scales (176 bytes): chunk j's
 // quant l is its nibble of qs[32(j/2) + l] with bit j of qh[l] as the fifth.
 struct Q5_K {
-    static __device__ __forceinline__ void load(const u8* row, int c, float* w) {
+    static __device__ __forceinline__ void load(const u8* row, int c, int nc, float* w) {
         const u8* b = row + 176 * (c >> 3);
         int j = c & 7;
         u32 dd = LD((const u32*)b);
@@ -646,7 +646,7 @@ struct Q5_K {
         }
     }
     static constexpr int ACT = ACT_Q8_K;
-    static __device__ __forceinline__ float dot(const u8* row, int c, const Act& a) {
+    static __device__ __forceinline__ float dot(const u8* row, int c, int nc, const Act& a) {
         const u8* b = row + 176 * (c >> 3);
         int j = c & 7, shift = (j & 1) * 4;
         KHead head(b, j);
@@ -671,7 +671,7 @@ struct Q5_K {
 // nibbles; chunk j of a super-block takes bytes 32*(j/2).. of the nibbles, low nibbles for even
 // j, high for odd (144 bytes, 16-byte aligned).
 struct Q4_K {
-    static __device__ __forceinline__ void load(const u8* row, int c, float* w) {
+    static __device__ __forceinline__ void load(const u8* row, int c, int nc, float* w) {
         const u8* b = row + 144 * (c >> 3);
         int j = c & 7;
         u32 dd = LD((const u32*)b);
@@ -696,7 +696,7 @@ struct Q4_K {
         }
     }
     static constexpr int ACT = ACT_Q8_K;
-    static __device__ __forceinline__ float dot(const u8* row, int c, const Act& a) {
+    static __device__ __forceinline__ float dot(const u8* row, int c, int nc, const Act& a) {
         const u8* b = row + 144 * (c >> 3);
         int j = c & 7, shift = (j & 1) * 4;
         KHead head(b, j);
@@ -719,7 +719,7 @@ struct Q4_K {
 // chunk: low nibble of ql[64n + 32(k&1) + l] (shifted by 4 when k >= 2), bits 2k..2k+2 of
 // qh[32n + l], scale sc[8n + l/16 + 2k].
 struct Q6_K {
-    static __device__ __forceinline__ void load(const u8* row, int c, float* w) {
+    static __device__ __forceinline__ void load(const u8* row, int c, int nc, float* w) {
         const u8* b = row + 210 * (c >> 3);
         int j = c & 7, n = j >> 2, k = j & 3;
         float d = h2f(LD((const u16*)(b + 208)));
@@ -741,7 +741,7 @@ struct Q6_K {
         }
     }
     static constexpr int ACT = ACT_Q8_K;
-    static __device__ __forceinline__ float dot(const u8* row, int c, const Act& a) {
+    static __device__ __forceinline__ float dot(const u8* row, int c, int nc, const Act& a) {
         const u8* b = row + 210 * (c >> 3);
         int j = c & 7, n = j >> 2, k = j & 3;
         float d = h2f(LD((const u16*)(b + 208)));
@@ -758,6 +758,88 @@ struct Q6_K {
             for (int i = 4 * h; i < 4 * h + 4; i++) {
                 u32 w = ((ld_u16x2(ql + 4 * i) >> lshift) & 0x0f0f0f0fu) |
                         (((ld_u16x2(qh + 4 * i) >> hshift) & 0x03030303u) << 4);
+                part = __dp4a((int)w, a.q[i], part);
+            }
+            int sc = (int)(i8)((scales >> (8 * h)) & 0xff);
+            sum += sc * (part - 32 * a.sum[h]);
+        }
+        return a.d * d * (float)sum;
+    }
+};
+
+// ---- repacked rows (ferrolm_cuda::repack): a row's blocks with each field gathered into its
+// own array, the same bytes in another order, so that the quants load 16 bytes at a time
+// (GGUF's 34- and 210-byte blocks are only 2-byte aligned). nc: the row's chunks. ----
+
+// Q8_0R: [32 quant bytes of each block][f16 scale of each block].
+struct Q8_0R {
+    static __device__ __forceinline__ void load(const u8* row, int c, int nc, float* w) {
+        const uint4* p = (const uint4*)(row + 32 * c);
+        uint4 v0 = LD(p), v1 = LD(p + 1);
+        float d = h2f(LD((const u16*)(row + 32 * nc) + c));
+        u32 q[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
+#pragma unroll
+        for (int i = 0; i < 32; i++) w[i] = d * (float)(i8)((q[i >> 2] >> (8 * (i & 3))) & 0xff);
+    }
+    static constexpr int ACT = ACT_Q8_0;
+    static __device__ __forceinline__ float dot(const u8* row, int c, int nc, const Act& a) {
+        const uint4* p = (const uint4*)(row + 32 * c);
+        uint4 v0 = LD(p), v1 = LD(p + 1);
+        float d = h2f(LD((const u16*)(row + 32 * nc) + c));
+        u32 q[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
+        int s = 0;
+#pragma unroll
+        for (int k = 0; k < 8; k++) s = __dp4a((int)q[k], a.q[k], s);
+        return d * a.d * (float)s;
+    }
+};
+
+// Q6_KR: [128 ql bytes of each super-block][64 qh bytes of each][16 scales of each][f16 d of
+// each].
+struct Q6_KR {
+    // The chunk's 32 ql and 32 qh bytes as words, its two scales, d; shifts as Q6_K's.
+    static __device__ __forceinline__ void fields(const u8* row, int c, int nc, u32* ql, u32* qh,
+                                                  u32& scales, float& d, int& lshift,
+                                                  int& hshift) {
+        int nsb = nc >> 3, sb = c >> 3, j = c & 7, n = j >> 2, k = j & 3;
+        const uint4* l = (const uint4*)(row + 128 * sb + 64 * n + 32 * (k & 1));
+        const uint4* h = (const uint4*)(row + 128 * nsb + 64 * sb + 32 * n);
+        uint4 l0 = LD(l), l1 = LD(l + 1), h0 = LD(h), h1 = LD(h + 1);
+        ql[0] = l0.x; ql[1] = l0.y; ql[2] = l0.z; ql[3] = l0.w;
+        ql[4] = l1.x; ql[5] = l1.y; ql[6] = l1.z; ql[7] = l1.w;
+        qh[0] = h0.x; qh[1] = h0.y; qh[2] = h0.z; qh[3] = h0.w;
+        qh[4] = h1.x; qh[5] = h1.y; qh[6] = h1.z; qh[7] = h1.w;
+        scales = LD((const u16*)(row + 192 * nsb + 16 * sb + 8 * n + 2 * k));
+        d = h2f(LD((const u16*)(row + 208 * nsb) + sb));
+        lshift = (k >> 1) * 4;
+        hshift = 2 * k;
+    }
+    static __device__ __forceinline__ void load(const u8* row, int c, int nc, float* w) {
+        u32 ql[8], qh[8], scales;
+        float d;
+        int lshift, hshift;
+        fields(row, c, nc, ql, qh, scales, d, lshift, hshift);
+        float s0 = d * (float)(i8)(scales & 0xff), s1 = d * (float)(i8)(scales >> 8);
+#pragma unroll
+        for (int l = 0; l < 32; l++) {
+            int lo = (ql[l >> 2] >> (8 * (l & 3))) & 0xff, hi = (qh[l >> 2] >> (8 * (l & 3))) & 0xff;
+            int q = (lo >> lshift & 15) | ((hi >> hshift & 3) << 4);
+            w[l] = (l < 16 ? s0 : s1) * (float)(q - 32);
+        }
+    }
+    static constexpr int ACT = ACT_Q8_K;
+    static __device__ __forceinline__ float dot(const u8* row, int c, int nc, const Act& a) {
+        u32 ql[8], qh[8], scales;
+        float d;
+        int lshift, hshift;
+        fields(row, c, nc, ql, qh, scales, d, lshift, hshift);
+        int sum = 0;
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            int part = 0;
+#pragma unroll
+            for (int i = 4 * h; i < 4 * h + 4; i++) {
+                u32 w = ((ql[i] >> lshift) & 0x0f0f0f0fu) | (((qh[i] >> hshift) & 0x03030303u) << 4);
                 part = __dp4a((int)w, a.q[i], part);
             }
             int sc = (int)(i8)((scales >> (8 * h)) & 0xff);
@@ -793,7 +875,7 @@ __device__ __forceinline__ void rows_dot(const u8* const* rows, int n_chunks,
             load_act((const u8*)x, n_chunks, c, a);
 #pragma unroll
             for (int r = 0; r < R; r++)
-                if (rows[r]) acc[r] += T::dot(rows[r], c, a);
+                if (rows[r]) acc[r] += T::dot(rows[r], c, n_chunks, a);
         } else {
             float xr[32];
             const float4* xv = (const float4*)((const float*)x + 32 * c);
@@ -811,7 +893,7 @@ __device__ __forceinline__ void rows_dot(const u8* const* rows, int n_chunks,
             for (int r = 0; r < R; r++) {
                 if (rows[r]) {
                     float w[32];
-                    T::load(rows[r], c, w);
+                    T::load(rows[r], c, n_chunks, w);
                     float a = 0.f;
 #pragma unroll
                     for (int i = 0; i < 32; i++) a += w[i] * xr[i];
@@ -863,7 +945,7 @@ __device__ __forceinline__ void embed(const u8* __restrict__ table, int row_byte
     if (c >= n_chunks) return;
     const u8* row = table + (size_t)(*token) * row_bytes;
     float w[32];
-    T::load(row, c, w);
+    T::load(row, c, n_chunks, w);
 #pragma unroll
     for (int i = 0; i < 32; i++) x[32 * c + i] = w[i];
 }
@@ -1528,7 +1610,7 @@ __device__ __forceinline__ void dequant_f16(const u8* __restrict__ W, int row_by
     long long r = i / n_chunks;
     int c = (int)(i - r * n_chunks);
     float w[32];
-    T::load(W + r * row_bytes, c, w);
+    T::load(W + r * row_bytes, c, n_chunks, w);
     uint4* o = (uint4*)(out + i * 32);
 #pragma unroll
     for (int k = 0; k < 4; k++) {
@@ -1577,7 +1659,9 @@ __device__ __forceinline__ void embed_rows(const u8* __restrict__ table, int row
     X(MXFP4) \
     X(Q2_K) \
     X(Q3_K) \
-    X(Q5_K)
+    X(Q5_K) \
+    X(Q8_0R) \
+    X(Q6_KR)
 
 ALL_TYPES(FOR_TYPE)
 ALL_TYPES(FOR_TYPE_BATCH)
@@ -1596,7 +1680,9 @@ ALL_TYPES(FOR_TYPE_BATCH)
     X(MXFP4) \
     X(Q2_K) \
     X(Q3_K) \
-    X(Q5_K)
+    X(Q5_K) \
+    X(Q8_0R) \
+    X(Q6_KR)
 
 QUANTIZED_TYPES(FOR_QTYPE)
 

@@ -16,6 +16,7 @@
 mod device;
 pub mod kernels;
 mod prefill;
+pub mod repack;
 pub mod schedule;
 
 pub use device::{device_count, CudaModel, DeviceSampling, Stats};

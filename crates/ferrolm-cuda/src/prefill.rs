@@ -18,7 +18,7 @@ use cudarc::driver::{
 use ferrolm_gguf::TensorType;
 
 use crate::device::{driver, launch, Value};
-use crate::schedule::{kernel_type, DecodePlan, MatrixSpec, MATVEC_ROWS};
+use crate::schedule::{DecodePlan, MatrixSpec, MATVEC_ROWS};
 use crate::CudaError;
 
 /// Tokens in one batch: longer prompts go through in batches of this many.
@@ -202,7 +202,7 @@ impl Prefill {
         let chunks = spec.cols / 32;
         let total = (spec.rows * chunks) as u64;
         let w16 = ptr(&self.w16, &self.stream);
-        let ty = kernel_type(spec.ty).expect("the plan checked the type");
+        let ty = spec.kernel_type();
         self.run(
             &format!("dequant_f16_{ty}"),
             (total.div_ceil(256) as u32, 1),
@@ -369,7 +369,7 @@ impl Prefill {
         let embd = &p.matrices[p.embd];
         let chunks = d / 32;
         self.run(
-            &format!("embed_rows_{}", kernel_type(embd.ty).expect("checked")),
+            &format!("embed_rows_{}", embd.kernel_type()),
             (chunks.div_ceil(128) as u32, n as u32),
             128,
             &[
@@ -550,7 +550,7 @@ impl Prefill {
             let spec = &p.matrices[head.output];
             let chunks = spec.cols / 32;
             self.run(
-                &format!("matvec_{}", kernel_type(spec.ty).expect("checked")),
+                &format!("matvec_{}", spec.kernel_type()),
                 (spec.rows.div_ceil(MATVEC_ROWS) as u32, 1),
                 crate::schedule::matvec_threads(chunks),
                 &[

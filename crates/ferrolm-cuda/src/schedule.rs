@@ -163,6 +163,14 @@ impl MatrixSpec {
     pub fn row_bytes(&self) -> usize {
         self.cols / self.ty.block_size() * self.ty.block_bytes()
     }
+
+    /// The kernels' name for its rows: the block type's, or its regrouped layout's when the
+    /// matrix is uploaded regrouped ([`crate::repack`]).
+    pub fn kernel_type(&self) -> &'static str {
+        crate::repack::repacked_type(self.ty, self.cols)
+            .or_else(|| kernel_type(self.ty))
+            .expect("the plan checked the type")
+    }
 }
 
 /// A small f32 vector the step reads.
@@ -280,13 +288,13 @@ pub fn matvec_threads(n_chunks: usize) -> u32 {
 }
 
 /// A product kernel's name: `NAME_TYPE` for f32 inputs, `NAMEq_TYPE` for quantized ones.
-fn product_kernel(name: &str, ty: TensorType, x: Buf) -> String {
+fn product_kernel(name: &str, spec: &MatrixSpec, x: Buf) -> String {
     let q = if matches!(x, Buf::Xq | Buf::Xq2) {
         "q"
     } else {
         ""
     };
-    format!("{name}{q}_{}", kernel_type(ty).expect("checked"))
+    format!("{name}{q}_{}", spec.kernel_type())
 }
 
 /// The ratio of one RoPE pair's frequency to the previous one's, `freq_base^(-2 / n_dims)`,
@@ -377,7 +385,7 @@ impl Builder {
     /// `y = W x (+ bias) (+ res)`.
     fn matvec(&mut self, m: usize, x: Buf, bias: Option<usize>, res: Option<Buf>, y: Buf) {
         let spec = &self.matrices[m];
-        let kernel = product_kernel("matvec", spec.ty, x);
+        let kernel = product_kernel("matvec", spec, x);
         let (rows, cols, rb) = (spec.rows, spec.cols, spec.row_bytes());
         self.push(
             kernel,
@@ -410,7 +418,7 @@ impl Builder {
             }
             return;
         }
-        let kernel = product_kernel("matvec3", first.ty, x);
+        let kernel = product_kernel("matvec3", first, x);
         let (cols, rb) = (first.cols, first.row_bytes());
         let rows: Vec<usize> = parts.iter().map(|p| self.matrices[p.0].rows).collect();
         let total: usize = rows.iter().sum();
@@ -438,7 +446,7 @@ impl Builder {
     /// [`Buf::Xq2`] for the format `quantize` names (then the input of the down product).
     fn matvec_glu(&mut self, g: usize, u: usize, x: Buf, out: Buf, quantize: Option<i32>) {
         let spec = &self.matrices[g];
-        let kernel = product_kernel("matvec_glu", spec.ty, x);
+        let kernel = product_kernel("matvec_glu", spec, x);
         let (rows, cols, rb) = (spec.rows, spec.cols, spec.row_bytes());
         self.push(
             kernel,
@@ -468,6 +476,7 @@ impl Builder {
         while start < 3 {
             let first = &self.matrices[parts[start].0];
             let (ty, cols, rb) = (first.ty, first.cols, first.row_bytes());
+            let kernel = product_kernel("matvec3r", first, x);
             let mut end = start + 1;
             while end < 3 && {
                 let m = &self.matrices[parts[end].0];
@@ -511,7 +520,7 @@ impl Builder {
             args.extend(rope);
             let total: usize = rows.iter().sum();
             self.push(
-                product_kernel("matvec3r", ty, x),
+                kernel,
                 (total.div_ceil(MATVEC_ROWS) as u32, 1),
                 matvec_threads(cols / 32),
                 args,
@@ -651,7 +660,7 @@ pub fn decode_plan_layers(
         activations,
     };
     let embd = b.matrix(types, "token_embd.weight", n_vocab, d)?;
-    let embd_ty = kernel_type(b.matrices[embd].ty).expect("checked");
+    let embd_ty = b.matrices[embd].kernel_type();
     let row_bytes = b.matrices[embd].row_bytes();
     b.push(
         format!("embed_{embd_ty}"),
@@ -1202,9 +1211,9 @@ mod tests {
         assert_eq!(p.launches[4].kernel, "matvec3r_Q4_0");
     }
 
-    const TYPES: [&str; 15] = [
+    const TYPES: [&str; 17] = [
         "F32", "F16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q6_K", "BF16", "IQ4_NL",
-        "MXFP4", "Q2_K", "Q3_K", "Q5_K",
+        "MXFP4", "Q2_K", "Q3_K", "Q5_K", "Q8_0R", "Q6_KR",
     ];
 
     #[test]
