@@ -851,7 +851,8 @@ struct Q6_KR {
 
 // ---- y[r] = W[r] . x (+ bias[r]) (+ res[r]): a block per ROWS rows ----
 //
-// The block's threads (32 to 128, as many as the row has chunks) take chunks blockDim apart;
+// The block's threads (32 to 128, as many as the row has chunks; 256 for rows of 256 chunks
+// or more) take chunks blockDim apart;
 // for each chunk a thread loads the 32 activations once and uses them for every row of the
 // block (the activations, f32, would otherwise cost the L1 more than the weights do: ncu showed
 // L1 at 96% and DRAM at 9% with one row per warp). Partial sums meet in shared memory.
@@ -864,7 +865,7 @@ struct Q6_KR {
 template <typename T, int R, bool Q>
 __device__ __forceinline__ void rows_dot(const u8* const* rows, int n_chunks,
                                          const void* __restrict__ x, float* tot) {
-    __shared__ float part[4][R];
+    __shared__ float part[8][R];
     int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, nt = blockDim.x;
     float acc[R];
 #pragma unroll

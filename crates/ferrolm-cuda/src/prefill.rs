@@ -552,7 +552,7 @@ impl Prefill {
             self.run(
                 &format!("matvec_{}", spec.kernel_type()),
                 (spec.rows.div_ceil(MATVEC_ROWS) as u32, 1),
-                crate::schedule::matvec_threads(chunks),
+                crate::schedule::matvec_threads(chunks, spec.rows),
                 &[
                     Value::Ptr(at.matrices[head.output]),
                     Value::I32(spec.row_bytes() as i32),

@@ -281,9 +281,15 @@ pub const SAMPLE_MAX_K: usize = 256;
 /// Rows of a matrix-vector block (`ROWS` in the kernels; the gate/up kernel: 2 of each).
 pub const MATVEC_ROWS: usize = 4;
 
-/// Threads of a matrix-vector block over rows of `n_chunks` chunks of 32: a thread a chunk, from
-/// one warp to four.
-pub fn matvec_threads(n_chunks: usize) -> u32 {
+/// Threads of a matrix-vector block over `rows` rows of `n_chunks` chunks of 32: a thread a
+/// chunk, from one warp to four; eight warps for few (at most 2048), wide (256 chunks or more)
+/// rows, a down product's: with four, a 1B-shaped file's left an H200 at 21% occupancy (ncu),
+/// and eight decoded 1B Q8_0 1093 -> 1127 and Q4_K_M 981 -> 1029 tok/s, while the 8B's 4096
+/// rows of 448 chunks went 317 -> 310. `FERROLM_CUDA_MATVEC_128`: at most four warps.
+pub fn matvec_threads(n_chunks: usize, rows: usize) -> u32 {
+    if n_chunks >= 256 && rows <= 2048 && std::env::var_os("FERROLM_CUDA_MATVEC_128").is_none() {
+        return 256;
+    }
     (n_chunks.next_multiple_of(32)).clamp(32, 128) as u32
 }
 
@@ -390,7 +396,7 @@ impl Builder {
         self.push(
             kernel,
             (rows.div_ceil(MATVEC_ROWS) as u32, 1),
-            matvec_threads(cols / 32),
+            matvec_threads(cols / 32, rows),
             vec![
                 Arg::Buf(Buf::Matrix(m)),
                 Arg::I32(rb as i32),
@@ -437,7 +443,7 @@ impl Builder {
         self.push(
             kernel,
             (total.div_ceil(MATVEC_ROWS) as u32, 1),
-            matvec_threads(cols / 32),
+            matvec_threads(cols / 32, total),
             args,
         );
     }
@@ -451,7 +457,7 @@ impl Builder {
         self.push(
             kernel,
             (rows.div_ceil(MATVEC_ROWS / 2) as u32, 1),
-            matvec_threads(cols / 32),
+            matvec_threads(cols / 32, 2 * rows),
             vec![
                 Arg::Buf(Buf::Matrix(g)),
                 Arg::Buf(Buf::Matrix(u)),
@@ -522,7 +528,7 @@ impl Builder {
             self.push(
                 kernel,
                 (total.div_ceil(MATVEC_ROWS) as u32, 1),
-                matvec_threads(cols / 32),
+                matvec_threads(cols / 32, total),
                 args,
             );
             start = end;
