@@ -718,6 +718,27 @@ struct Q4_K {
 // f16 d (210 bytes, 2-byte aligned). Chunk j: half n = j/4, quarter k = j%4; value l of the
 // chunk: low nibble of ql[64n + 32(k&1) + l] (shifted by 4 when k >= 2), bits 2k..2k+2 of
 // qh[32n + l], scale sc[8n + l/16 + 2k].
+// Q6_K's integer sum for one chunk: word i of its 32 ql bytes is ql(i), of its 32 qh bytes
+// qh(i) (the chunk's nibbles at lshift, its 2-bit highs at hshift), its two int8 scales (one
+// per 16 values) side by side in `scales`.
+template <typename L, typename H>
+__device__ __forceinline__ int six_bit_dot(L ql, H qh, u32 scales, int lshift, int hshift,
+                                           const Act& a) {
+    int sum = 0;
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        int part = 0;
+#pragma unroll
+        for (int i = 4 * h; i < 4 * h + 4; i++) {
+            u32 w = ((ql(i) >> lshift) & 0x0f0f0f0fu) | (((qh(i) >> hshift) & 0x03030303u) << 4);
+            part = __dp4a((int)w, a.q[i], part);
+        }
+        int sc = (int)(i8)((scales >> (8 * h)) & 0xff);
+        sum += sc * (part - 32 * a.sum[h]);
+    }
+    return sum;
+}
+
 struct Q6_K {
     static __device__ __forceinline__ void load(const u8* row, int c, int nc, float* w) {
         const u8* b = row + 210 * (c >> 3);
@@ -747,22 +768,11 @@ struct Q6_K {
         float d = h2f(LD((const u16*)(b + 208)));
         const u8* ql = b + 64 * n + 32 * (k & 1);
         const u8* qh = b + 128 + 32 * n;
-        int lshift = (k >> 1) * 4, hshift = 2 * k;
         // the chunk's two int8 scales, side by side
         u32 scales = LD((const u16*)(b + 192 + 8 * n + 2 * k));
-        int sum = 0;
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            int part = 0;
-#pragma unroll
-            for (int i = 4 * h; i < 4 * h + 4; i++) {
-                u32 w = ((ld_u16x2(ql + 4 * i) >> lshift) & 0x0f0f0f0fu) |
-                        (((ld_u16x2(qh + 4 * i) >> hshift) & 0x03030303u) << 4);
-                part = __dp4a((int)w, a.q[i], part);
-            }
-            int sc = (int)(i8)((scales >> (8 * h)) & 0xff);
-            sum += sc * (part - 32 * a.sum[h]);
-        }
+        int sum = six_bit_dot([&](int i) { return ld_u16x2(ql + 4 * i); },
+                              [&](int i) { return ld_u16x2(qh + 4 * i); }, scales,
+                              (k >> 1) * 4, 2 * k, a);
         return a.d * d * (float)sum;
     }
 };
@@ -833,18 +843,8 @@ struct Q6_KR {
         float d;
         int lshift, hshift;
         fields(row, c, nc, ql, qh, scales, d, lshift, hshift);
-        int sum = 0;
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            int part = 0;
-#pragma unroll
-            for (int i = 4 * h; i < 4 * h + 4; i++) {
-                u32 w = ((ql[i] >> lshift) & 0x0f0f0f0fu) | (((qh[i] >> hshift) & 0x03030303u) << 4);
-                part = __dp4a((int)w, a.q[i], part);
-            }
-            int sc = (int)(i8)((scales >> (8 * h)) & 0xff);
-            sum += sc * (part - 32 * a.sum[h]);
-        }
+        int sum = six_bit_dot([&](int i) { return ql[i]; }, [&](int i) { return qh[i]; }, scales,
+                              lshift, hshift, a);
         return a.d * d * (float)sum;
     }
 };
@@ -952,14 +952,11 @@ __device__ __forceinline__ void embed(const u8* __restrict__ table, int row_byte
 }
 
 // Up to three matrices of one type and width in one launch (Q, K and V): rows [0, r0) of the
-// grid are W0's, [r0, r0 + r1) W1's, the rest W2's.
-template <typename T, bool Q>
-__device__ __forceinline__ void matvec3(const u8* W0, const u8* W1, const u8* W2, int r0, int r1,
-                                        int r2, int row_bytes, int n_chunks, const void* x,
-                                        const float* b0, const float* b1, const float* b2,
-                                        float* y0, float* y1, float* y2) {
-    int g0 = blockIdx.x * ROWS, tid = threadIdx.x;
-    const u8* rows[ROWS];
+// grid are W0's, [r0, r0 + r1) W1's, the rest W2's. rows[r] = row g0 + r of the grid (0 past
+// the end).
+__device__ __forceinline__ void segment_rows(int g0, const u8* W0, const u8* W1, const u8* W2,
+                                             int r0, int r1, int r2, int row_bytes,
+                                             const u8** rows) {
 #pragma unroll
     for (int r = 0; r < ROWS; r++) {
         int g = g0 + r;
@@ -967,6 +964,16 @@ __device__ __forceinline__ void matvec3(const u8* W0, const u8* W1, const u8* W2
                 : g < r0 + r1 ? W1 + (size_t)(g - r0) * row_bytes
                 : g < r0 + r1 + r2 ? W2 + (size_t)(g - r0 - r1) * row_bytes : 0;
     }
+}
+
+template <typename T, bool Q>
+__device__ __forceinline__ void matvec3(const u8* W0, const u8* W1, const u8* W2, int r0, int r1,
+                                        int r2, int row_bytes, int n_chunks, const void* x,
+                                        const float* b0, const float* b1, const float* b2,
+                                        float* y0, float* y1, float* y2) {
+    int g0 = blockIdx.x * ROWS, tid = threadIdx.x;
+    const u8* rows[ROWS];
+    segment_rows(g0, W0, W1, W2, r0, r1, r2, row_bytes, rows);
     float tot[ROWS];
     rows_dot<T, ROWS, Q>(rows, n_chunks, x, tot);
 #pragma unroll
@@ -1009,13 +1016,7 @@ __device__ __forceinline__ void matvec3_rope(int bx, const u8* W0, const u8* W1,
                                              float freq_scale, const float* freq_factors) {
     int g0 = bx * ROWS, tid = threadIdx.x;
     const u8* rows[ROWS];
-#pragma unroll
-    for (int r = 0; r < ROWS; r++) {
-        int g = g0 + r;
-        rows[r] = g < r0 ? W0 + (size_t)g * row_bytes
-                : g < r0 + r1 ? W1 + (size_t)(g - r0) * row_bytes
-                : g < r0 + r1 + r2 ? W2 + (size_t)(g - r0 - r1) * row_bytes : 0;
-    }
+    segment_rows(g0, W0, W1, W2, r0, r1, r2, row_bytes, rows);
     float tot[ROWS];
     rows_dot<T, ROWS, Q>(rows, n_chunks, x, tot);
     if ((tid != 0 && tid != 2) || !rows[tid]) return;

@@ -424,52 +424,32 @@ impl Prefill {
                     eps,
                 ],
             )?;
-            let (q_ptr, k_ptr, v_ptr) = (
+            // attn_mma_HD(q, kc, vc, out, pos0, n, n_head, n_head_kv, scale, window);
+            // attn_tile takes the head width before the scale.
+            let mut args = vec![
                 Value::Ptr(q),
                 Value::Ptr(at.k_cache[l]),
                 Value::Ptr(at.v_cache[l]),
-            );
-            let (pos, n_tok) = (Value::I32(pos0 as i32), Value::I32(n as i32));
-            let heads = [Value::I32(r.n_head as i32), Value::I32(r.n_head_kv as i32)];
-            let (scale, window) = (Value::F32(r.scale), Value::I32(r.window as i32));
-            if let Some(kernel) = mma_attention(r.head_dim) {
-                self.run(
-                    kernel,
-                    (r.n_head as u32, n.div_ceil(MMA_QUERIES) as u32),
-                    128,
-                    &[
-                        q_ptr,
-                        k_ptr,
-                        v_ptr,
-                        Value::Ptr(attn),
-                        pos,
-                        n_tok,
-                        heads[0],
-                        heads[1],
-                        scale,
-                        window,
-                    ],
-                )?;
-            } else {
-                self.run(
-                    "attn_tile",
-                    (r.n_head as u32, n.div_ceil(ATTN_TILE) as u32),
-                    128,
-                    &[
-                        q_ptr,
-                        k_ptr,
-                        v_ptr,
-                        Value::Ptr(attn),
-                        pos,
-                        n_tok,
-                        heads[0],
-                        heads[1],
-                        Value::I32(r.head_dim as i32),
-                        scale,
-                        window,
-                    ],
-                )?;
-            }
+                Value::Ptr(attn),
+                Value::I32(pos0 as i32),
+                Value::I32(n as i32),
+                Value::I32(r.n_head as i32),
+                Value::I32(r.n_head_kv as i32),
+            ];
+            let (kernel, tile) = match mma_attention(r.head_dim) {
+                Some(kernel) => (kernel, MMA_QUERIES),
+                None => {
+                    args.push(Value::I32(r.head_dim as i32));
+                    ("attn_tile", ATTN_TILE)
+                }
+            };
+            args.extend([Value::F32(r.scale), Value::I32(r.window as i32)]);
+            self.run(
+                kernel,
+                (r.n_head as u32, n.div_ceil(tile) as u32),
+                128,
+                &args,
+            )?;
             self.product(p, at, r.wo, attn, n, x, 1.0)?;
             self.run("rms_norm_rows", (n as u32, 1), 256, &norm(r.ffn_norm))?;
             let [g, u, down] = r.ffn;
