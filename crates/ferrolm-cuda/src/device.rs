@@ -244,9 +244,11 @@ impl CudaModel {
                     m.rows * m.row_bytes()
                 )));
             }
-            // Regrouped for aligned loads where the kernels read a regrouped layout.
-            let packed = crate::repack::repacked_type(m.ty, m.cols)
-                .and_then(|_| crate::repack::repack(m.ty, m.cols, data));
+            // Regrouped for aligned loads where the plan's kernels read a regrouped layout.
+            let packed = m
+                .repacked()
+                .then(|| crate::repack::repack(m.ty, m.cols, data))
+                .flatten();
             let bytes = packed.as_deref().unwrap_or(data);
             matrices.push(stream.clone_htod(bytes).map_err(driver(&m.name))?);
         }

@@ -999,6 +999,14 @@ __device__ __forceinline__ float rope_angle(int p, int i, float theta_scale, flo
     return freq_scale * theta;
 }
 
+// (x0, x1) rotated by angle a, with the CPU's fused multiply-adds.
+__device__ __forceinline__ void rotate_pair(float& x0, float& x1, float a) {
+    float cs = cosf(a), sn = sinf(a);
+    float r0 = fmaf(x0, cs, -(x1 * sn)), r1 = fmaf(x0, sn, x1 * cs);
+    x0 = r0;
+    x1 = r1;
+}
+
 // matvec3 for the query, key and value rows of a token with the rotation and the cache store
 // in its epilogue (no rope_store launch): rows [0, r0) are queries, rotated and written to y0
 // (f32); [r0, r0 + r1) keys, rotated and stored as f16 at position *pos of kc; the rest
@@ -1036,13 +1044,8 @@ __device__ __forceinline__ void matvec3_rope(int bx, const u8* W0, const u8* W1,
     const float* b = is_q ? b0 : b1;
     if (b) { x0 += b[e]; x1 += b[e + 1]; }
     int d = e % hd;
-    if (d < n_dims) {
-        float a = rope_angle(p, d / 2, theta_scale, freq_scale, freq_factors);
-        float cs = cosf(a), sn = sinf(a);
-        float y0_ = fmaf(x0, cs, -(x1 * sn)), y1_ = fmaf(x0, sn, x1 * cs);
-        x0 = y0_;
-        x1 = y1_;
-    }
+    if (d < n_dims)
+        rotate_pair(x0, x1, rope_angle(p, d / 2, theta_scale, freq_scale, freq_factors));
     if (is_q) {
         y0[e] = x0;
         y0[e + 1] = x1;
@@ -1236,11 +1239,11 @@ __device__ __forceinline__ void rope_head(float* q, const float* k, const float*
     int half = n_dims / 2;
     for (int i = threadIdx.x; i < half; i += blockDim.x) {
         float a = rope_angle(p, i, theta_scale, freq_scale, freq_factors);
-        float cs = cosf(a), sn = sinf(a);
         int i0 = neox ? i : 2 * i, i1 = neox ? i + half : 2 * i + 1;
         float x0 = head[i0], x1 = head[i1];
-        head[i0] = fmaf(x0, cs, -(x1 * sn));
-        head[i1] = fmaf(x0, sn, x1 * cs);
+        rotate_pair(x0, x1, a);
+        head[i0] = x0;
+        head[i1] = x1;
     }
     __syncthreads();
     if (is_q) {

@@ -31,12 +31,8 @@ const ATTN_TILE: usize = 16;
 const MMA_QUERIES: usize = 64;
 
 /// The tensor-core attention kernel for heads of `head_dim` (`attn_mma_64`, `attn_mma_128`),
-/// or `None`: the f32 tiles (`attn_tile`) then, as with `FERROLM_CUDA_ATTN_TILE` set (to
-/// compare).
+/// or `None`: the f32 tiles (`attn_tile`) then.
 fn mma_attention(head_dim: usize) -> Option<&'static str> {
-    if std::env::var_os("FERROLM_CUDA_ATTN_TILE").is_some() {
-        return None;
-    }
     match head_dim {
         64 => Some("attn_mma_64"),
         128 => Some("attn_mma_128"),
@@ -79,6 +75,9 @@ pub(crate) struct Prefill {
     all_logits: Option<CudaSlice<f32>>,
     /// Events around each launch, when profiling.
     profile: Option<Vec<(String, CudaEvent, CudaEvent)>>,
+    /// Attention on the tensor cores where the head width allows (not with
+    /// `FERROLM_CUDA_ATTN_TILE` set, to compare).
+    tensor_cores: bool,
 }
 
 /// Bytes of device memory the batch buffers take (besides the logits of every position).
@@ -147,6 +146,7 @@ impl Prefill {
             last: f32s(p.n_embd)?,
             all_logits: None,
             profile: None,
+            tensor_cores: std::env::var_os("FERROLM_CUDA_ATTN_TILE").is_none(),
         }))
     }
 
@@ -202,7 +202,7 @@ impl Prefill {
         let chunks = spec.cols / 32;
         let total = (spec.rows * chunks) as u64;
         let w16 = ptr(&self.w16, &self.stream);
-        let ty = spec.kernel_type();
+        let ty = spec.kernel;
         self.run(
             &format!("dequant_f16_{ty}"),
             (total.div_ceil(256) as u32, 1),
@@ -369,7 +369,7 @@ impl Prefill {
         let embd = &p.matrices[p.embd];
         let chunks = d / 32;
         self.run(
-            &format!("embed_rows_{}", embd.kernel_type()),
+            &format!("embed_rows_{}", embd.kernel),
             (chunks.div_ceil(128) as u32, n as u32),
             128,
             &[
@@ -436,7 +436,11 @@ impl Prefill {
                 Value::I32(r.n_head as i32),
                 Value::I32(r.n_head_kv as i32),
             ];
-            let (kernel, tile) = match mma_attention(r.head_dim) {
+            let mma = self
+                .tensor_cores
+                .then(|| mma_attention(r.head_dim))
+                .flatten();
+            let (kernel, tile) = match mma {
                 Some(kernel) => (kernel, MMA_QUERIES),
                 None => {
                     args.push(Value::I32(r.head_dim as i32));
@@ -530,7 +534,7 @@ impl Prefill {
             let spec = &p.matrices[head.output];
             let chunks = spec.cols / 32;
             self.run(
-                &format!("matvec_{}", spec.kernel_type()),
+                &format!("matvec_{}", spec.kernel),
                 (spec.rows.div_ceil(MATVEC_ROWS) as u32, 1),
                 crate::schedule::matvec_threads(chunks, spec.rows),
                 &[

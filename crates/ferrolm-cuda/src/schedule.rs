@@ -156,6 +156,9 @@ pub struct MatrixSpec {
     pub rows: usize,
     /// Columns (input features).
     pub cols: usize,
+    /// The kernels' name for its rows: the block type's, or its regrouped layout's when the
+    /// matrix is uploaded regrouped ([`crate::repack`]); decided once, with the plan.
+    pub kernel: &'static str,
 }
 
 impl MatrixSpec {
@@ -164,12 +167,9 @@ impl MatrixSpec {
         self.cols / self.ty.block_size() * self.ty.block_bytes()
     }
 
-    /// The kernels' name for its rows: the block type's, or its regrouped layout's when the
-    /// matrix is uploaded regrouped ([`crate::repack`]).
-    pub fn kernel_type(&self) -> &'static str {
-        crate::repack::repacked_type(self.ty, self.cols)
-            .or_else(|| kernel_type(self.ty))
-            .expect("the plan checked the type")
+    /// Whether its rows are uploaded regrouped.
+    pub fn repacked(&self) -> bool {
+        kernel_type(self.ty) != Some(self.kernel)
     }
 }
 
@@ -300,7 +300,7 @@ fn product_kernel(name: &str, spec: &MatrixSpec, x: Buf) -> String {
     } else {
         ""
     };
-    format!("{name}{q}_{}", spec.kernel_type())
+    format!("{name}{q}_{}", spec.kernel)
 }
 
 /// The ratio of one RoPE pair's frequency to the previous one's, `freq_base^(-2 / n_dims)`,
@@ -356,9 +356,9 @@ impl Builder {
         cols: usize,
     ) -> Result<usize, Decline> {
         let ty = types(name).ok_or_else(|| decline(name, "missing"))?;
-        if kernel_type(ty).is_none() {
+        let Some(plain) = kernel_type(ty) else {
             return Err(decline(name, ty.name()));
-        }
+        };
         if !cols.is_multiple_of(32) || !cols.is_multiple_of(ty.block_size()) {
             return Err(decline(format!("{name} columns"), cols));
         }
@@ -367,6 +367,7 @@ impl Builder {
             ty,
             rows,
             cols,
+            kernel: crate::repack::repacked_type(ty, cols).unwrap_or(plain),
         });
         Ok(self.matrices.len() - 1)
     }
@@ -666,7 +667,7 @@ pub fn decode_plan_layers(
         activations,
     };
     let embd = b.matrix(types, "token_embd.weight", n_vocab, d)?;
-    let embd_ty = b.matrices[embd].kernel_type();
+    let embd_ty = b.matrices[embd].kernel;
     let row_bytes = b.matrices[embd].row_bytes();
     b.push(
         format!("embed_{embd_ty}"),
@@ -854,9 +855,7 @@ pub fn decode_plan_layers(
         // The output product's input: quantized by the attention's merges themselves when its
         // format's groups of 256 hold whole heads.
         let wo = b.matrix(types, &n("attn_output.weight"), d, q_dim)?;
-        let attn_q = b
-            .shared_format(&[wo])
-            .filter(|_| 256 % hd == 0 && q_dim.is_multiple_of(32));
+        let attn_q = b.shared_format(&[wo]).filter(|_| 256 % hd == 0);
         b.push(
             "attn_split",
             (nh as u32, splits as u32),
