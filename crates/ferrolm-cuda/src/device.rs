@@ -69,6 +69,60 @@ pub(crate) fn launch(
     Ok(())
 }
 
+/// Launches like [`launch`], but lets the driver schedule the kernel before the previous one on
+/// the stream has finished (programmatic dependent launch, compute capability 9.0 and later; a
+/// captured graph keeps the edge). The kernel waits for its predecessor itself (`step_begin` in
+/// kernels.cu), so only its launch and its weight prefetch overlap the predecessor's work.
+pub(crate) fn launch_overlapped(
+    stream: &CudaStream,
+    func: &CudaFunction,
+    cfg: LaunchConfig,
+    args: &[Value],
+) -> Result<(), CudaError> {
+    let mut params: Vec<*mut std::ffi::c_void> = args
+        .iter()
+        .map(|a| match a {
+            Value::Ptr(v) => v as *const u64 as *mut std::ffi::c_void,
+            Value::I32(v) => v as *const i32 as *mut std::ffi::c_void,
+            Value::I64(v) => v as *const i64 as *mut std::ffi::c_void,
+            Value::F32(v) => v as *const f32 as *mut std::ffi::c_void,
+        })
+        .collect();
+    // SAFETY: a plain C struct and union, all zeros is "no attribute"; both fields are set.
+    let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+    attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+    attr.value.programmaticStreamSerializationAllowed = 1;
+    let config = sys::CUlaunchConfig {
+        gridDimX: cfg.grid_dim.0,
+        gridDimY: cfg.grid_dim.1,
+        gridDimZ: cfg.grid_dim.2,
+        blockDimX: cfg.block_dim.0,
+        blockDimY: cfg.block_dim.1,
+        blockDimZ: cfg.block_dim.2,
+        sharedMemBytes: cfg.shared_mem_bytes,
+        hStream: stream.cu_stream(),
+        attrs: &mut attr,
+        numAttrs: 1,
+    };
+    stream
+        .context()
+        .bind_to_thread()
+        .map_err(driver("binding the context"))?;
+    // SAFETY: as for `launch`: the arguments match the kernel's parameters (each pointer in
+    // `params` points into `args`, alive for the call), the stream and function are alive.
+    unsafe {
+        sys::cuLaunchKernelEx(
+            &config,
+            func.cu_function(),
+            params.as_mut_ptr(),
+            std::ptr::null_mut(),
+        )
+    }
+    .result()
+    .map_err(driver("launching a kernel"))?;
+    Ok(())
+}
+
 struct Resolved {
     name: String,
     func: CudaFunction,
@@ -133,6 +187,9 @@ pub struct CudaModel {
     pos_buf: CudaSlice<u32>,
     pos: usize,
     name: String,
+    /// Whether the step's kernels are launched to overlap their predecessors (compute
+    /// capability 9.0 and later, unless FERROLM_CUDA_NO_OVERLAP is set).
+    overlap: bool,
     stats: Stats,
 }
 
@@ -372,6 +429,7 @@ impl CudaModel {
             pos_buf,
             pos: 0,
             name,
+            overlap: major >= 9 && std::env::var_os("FERROLM_CUDA_NO_OVERLAP").is_none(),
             stats: Stats::default(),
         };
         if std::env::var_os("FERROLM_CUDA_NO_GRAPH").is_none() {
@@ -384,9 +442,15 @@ impl CudaModel {
         launch(&self.stream, &r.func, r.cfg, &r.args)
     }
 
+    /// Launches the step's kernels in order, each overlapping the previous where the device
+    /// allows it (`overlap`).
     fn launch_all(&mut self) -> Result<(), CudaError> {
         for r in &self.launches {
-            self.launch_one(r)?;
+            if self.overlap {
+                launch_overlapped(&self.stream, &r.func, r.cfg, &r.args)?;
+            } else {
+                self.launch_one(r)?;
+            }
         }
         self.stats.kernel_launches += self.launches.len() as u64;
         Ok(())

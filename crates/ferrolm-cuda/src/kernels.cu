@@ -40,6 +40,30 @@ __device__ __forceinline__ float warp_max(float v) {
     return v;
 }
 
+// ---- programmatic dependent launch (sm_90 and later) ----
+//
+// The decode step's kernels are launched so that the next one may be scheduled while this one
+// still runs (the host sets the launch attribute). Each kernel waits at step_begin for its
+// predecessor to finish and its writes to be visible, then lets its successor start: the
+// successor's launch, and its prefetch of the weights it will read (which no kernel writes),
+// overlap this kernel's work. Without the attribute, the wait returns at once.
+__device__ __forceinline__ void step_begin() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+// Asks for [p, p + bytes) in L2 (the whole 16-byte words inside it), one instruction.
+__device__ __forceinline__ void prefetch_l2(const void* p, size_t bytes) {
+#if __CUDA_ARCH__ >= 900
+    size_t a = (size_t)p, s = (a + 15) & ~(size_t)15, e = (a + bytes) & ~(size_t)15;
+    if (e > s)
+        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(s), "r"((u32)(e - s))
+                     : "memory");
+#endif
+}
+
 // ---- activations quantized as the CPU quantizes them ----
 //
 // The CPU dots each weight row with the activations rounded to its row type's partner format
@@ -202,6 +226,7 @@ __device__ void quantize_group(const float* v, u8* xq, int n, int g, int mode) {
 
 // xq = x (n values) quantized for `mode`: a warp per group of 256.
 extern "C" __global__ void quantize_act(const float* x, u8* xq, int n, int mode) {
+    step_begin();
     int g = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
     if (256 * g >= n) return;
     float v[8];
@@ -863,10 +888,15 @@ struct Q6_KR {
 // activations quantized as the CPU quantizes them for the row type (XQ), multiplied with
 // integer dot products; otherwise f32 (rounded as the CPU rounds them for F16 / BF16 rows).
 template <typename T, int R, bool Q>
-__device__ __forceinline__ void rows_dot(const u8* const* rows, int n_chunks,
+__device__ __forceinline__ void rows_dot(const u8* const* rows, int row_bytes, int n_chunks,
                                          const void* __restrict__ x, float* tot) {
     __shared__ float part[8][R];
     int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, nt = blockDim.x;
+    // The weights do not wait for the previous kernel.
+#pragma unroll
+    for (int r = 0; r < R; r++)
+        if (tid == r && rows[r]) prefetch_l2(rows[r], row_bytes);
+    step_begin();
     float acc[R];
 #pragma unroll
     for (int r = 0; r < R; r++) acc[r] = 0.f;
@@ -926,7 +956,7 @@ __device__ __forceinline__ void matvec(const u8* __restrict__ W, int row_bytes, 
 #pragma unroll
     for (int r = 0; r < ROWS; r++) rows[r] = r0 + r < n_rows ? W + (size_t)(r0 + r) * row_bytes : 0;
     float tot[ROWS];
-    rows_dot<T, ROWS, Q>(rows, n_chunks, x, tot);
+    rows_dot<T, ROWS, Q>(rows, row_bytes, n_chunks, x, tot);
 #pragma unroll
     for (int r = 0; r < ROWS; r++) {
         if (tid == r && rows[r]) {
@@ -975,7 +1005,7 @@ __device__ __forceinline__ void matvec3(const u8* W0, const u8* W1, const u8* W2
     const u8* rows[ROWS];
     segment_rows(g0, W0, W1, W2, r0, r1, r2, row_bytes, rows);
     float tot[ROWS];
-    rows_dot<T, ROWS, Q>(rows, n_chunks, x, tot);
+    rows_dot<T, ROWS, Q>(rows, row_bytes, n_chunks, x, tot);
 #pragma unroll
     for (int r = 0; r < ROWS; r++) {
         if (tid == r && rows[r]) {
@@ -1026,7 +1056,7 @@ __device__ __forceinline__ void matvec3_rope(int bx, const u8* W0, const u8* W1,
     const u8* rows[ROWS];
     segment_rows(g0, W0, W1, W2, r0, r1, r2, row_bytes, rows);
     float tot[ROWS];
-    rows_dot<T, ROWS, Q>(rows, n_chunks, x, tot);
+    rows_dot<T, ROWS, Q>(rows, row_bytes, n_chunks, x, tot);
     if ((tid != 0 && tid != 2) || !rows[tid]) return;
     int g = g0 + tid;
     float x0 = tid == 0 ? tot[0] : tot[2], x1 = tid == 0 ? tot[1] : tot[3];
@@ -1074,7 +1104,7 @@ __device__ __forceinline__ void matvec_glu(const u8* G, const u8* U, int row_byt
         rows[ROWS / 2 + r] = ok ? U + (size_t)(r0 + r) * row_bytes : 0;
     }
     float tot[ROWS];
-    rows_dot<T, ROWS, Q>(rows, n_chunks, x, tot);
+    rows_dot<T, ROWS, Q>(rows, row_bytes, n_chunks, x, tot);
 #pragma unroll
     for (int r = 0; r < ROWS / 2; r++) {
         if (tid == r && rows[r]) {
@@ -1122,6 +1152,7 @@ __device__ __forceinline__ void matvec_glu(const u8* G, const u8* U, int row_byt
     FOR_PRODUCTS(T, false, _##T)                                                                 \
     extern "C" __global__ void embed_##T(const u8* table, int row_bytes, int n_chunks,          \
                                          const u32* token, float* x) {                           \
+        step_begin();                                                                            \
         embed<T>(table, row_bytes, n_chunks, token, x);                                          \
     }
 
@@ -1159,6 +1190,7 @@ __device__ float rms_scale(double s, int n, float eps) {
 
 // out = x / rms(x) * w over n values; one block.
 extern "C" __global__ void rms_norm(const float* x, const float* w, float* out, int n, float eps) {
+    step_begin();
     double s = 0.0;
     for (int i = threadIdx.x; i < n; i += blockDim.x) s += (double)(x[i] * x[i]);
     float scale = rms_scale(s, n, eps);
@@ -1179,6 +1211,7 @@ __device__ __forceinline__ void load8(const float* p, bool ok, float* v) {
 // weights' latency hides behind it and the values are not read twice.
 extern "C" __global__ void rms_norm_q(const float* x, const float* w, u8* xq, int n, float eps,
                                       int mode) {
+    step_begin();
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
     int j0 = 256 * warp + 8 * lane;
     float xv[8], wv[8];
@@ -1263,6 +1296,7 @@ extern "C" __global__ void rope_store(float* q, const float* k, const float* v,
                                       const u32* pos, int n_head, int n_head_kv, int hd,
                                       int n_dims, int neox, float theta_scale, float freq_scale,
                                       const float* freq_factors, float eps) {
+    step_begin();
     rope_head(q, k, v, 0, 0, 0, q_norm, k_norm, kc, vc, (int)*pos, blockIdx.x, n_head, n_head_kv,
               hd, n_dims, neox, theta_scale, freq_scale, freq_factors, eps);
 }
@@ -1320,6 +1354,7 @@ extern "C" __global__ void attn_split(const float* q, const u16* kc, const u16* 
                                       float* out, int n_head, int n_head_kv, int hd,
                                       int n_splits, float scale, int window, u8* xq, int mode,
                                       u32* units) {
+    step_begin();
     __shared__ float sm_m[4], sm_l[4];
     __shared__ float sm_o[4][256];
     __shared__ bool last;
@@ -1380,6 +1415,7 @@ extern "C" __global__ void attn_split(const float* q, const u16* kc, const u16* 
 
 // out = silu(g) * u.
 extern "C" __global__ void swiglu(const float* g, const float* u, float* out, int n) {
+    step_begin();
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) {
         float x = g[i];
@@ -1591,6 +1627,7 @@ __device__ u32 sample_tail(const float* logits, int n, const SampleCfg* cfg, con
 extern "C" __global__ void choose_token(const float* logits, int n, u32* token, u32* pos,
                                         int advance, const SampleCfg* cfg, const float* draws,
                                         u32* draw_idx) {
+    step_begin();
     u32 id = cfg->k > 0 ? sample_tail(logits, n, cfg, draws, draw_idx) : block_argmax(logits, n);
     if (threadIdx.x == 0) {
         *token = id;
@@ -1600,6 +1637,7 @@ extern "C" __global__ void choose_token(const float* logits, int n, u32* token, 
 
 // *pos += 1 (a step of the first layers only, whose output head runs on the CPU).
 extern "C" __global__ void advance_pos(u32* pos) {
+    step_begin();
     if (threadIdx.x == 0) *pos += 1;
 }
 
