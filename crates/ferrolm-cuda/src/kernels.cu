@@ -1301,110 +1301,186 @@ extern "C" __global__ void rope_store(float* q, const float* k, const float* v,
               hd, n_dims, neox, theta_scale, freq_scale, freq_factors, eps);
 }
 
-// The 4 warps of a block attend the query head qh (hd floats) over cache positions
-// [start, end); warp w's running max, sum and unnormalized output land in sm_m[w], sm_l[w],
-// sm_o[w][..] (max -INFINITY: the warp saw no position). A warp takes one position at a time,
-// its lanes hd/32 dimensions each.
 #define MAX_EPL 8
-__device__ __forceinline__ void attend4(const float* qh, const u16* kc, const u16* vc,
-                                        int stride, int kv_off, int hd, int start, int end,
-                                        float scale, float* sm_m, float* sm_l,
-                                        float (*sm_o)[256]) {
-    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    int epl = hd / 32;
-    float qr[MAX_EPL], acc[MAX_EPL];
+// The positions a decode attention block takes at a time, one a thread (128 threads).
+#define ATTN_TILE 128
+
+// The 8 values of a 16-byte word of halfs, dotted with f[0..8].
+__device__ __forceinline__ float dot8_half(const float* f, uint4 w) {
+    u32 ws[4] = {w.x, w.y, w.z, w.w};
+    float d = 0.f;
 #pragma unroll
-    for (int e = 0; e < MAX_EPL; e++) {
-        qr[e] = e < epl ? h2f(f2h(qh[lane * epl + e])) : 0.f;
-        acc[e] = 0.f;
+    for (int k = 0; k < 4; k++) {
+        d += f[2 * k] * h2f((u16)(ws[k] & 0xffff));
+        d += f[2 * k + 1] * h2f((u16)(ws[k] >> 16));
     }
+    return d;
+}
+
+// A block of 128 threads attends the query head qh (hd floats, rounded to f16 as the CPU
+// rounds them) over cache positions [start, end), ATTN_TILE positions at a time. A cache row
+// of hd halfs is ng = hd / 8 words of 16 bytes; G lanes (ng rounded up to a power of two) take
+// one row, word g each, so a block reads P = 128 / G rows at once and each thread's G rows of a
+// tile are independent loads, issued 8 at a time. Scores are the G lanes' partial dots summed
+// across the group; the block takes the tile's max and the exponentials' sum; values are
+// weighted and summed the same way. Returns the block's max (-INFINITY: no position) and sum;
+// the unnormalized output lands in so[0..hd].
+__device__ __forceinline__ void attend_tiles(const float* qh, const u16* kc, const u16* vc,
+                                             int stride, int kv_off, int hd, int start, int end,
+                                             float scale, float& m_out, float& l_out,
+                                             float* so) {
+    __shared__ float sp[ATTN_TILE], red[4];
+    __shared__ float parts[ATTN_TILE * 8];
+    int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    int ng = hd / 8;
+    int G = ng <= 4 ? 4 : ng <= 8 ? 8 : ng <= 16 ? 16 : 32;
+    int P = ATTN_TILE / G, g = tid % G, pg = tid / G;
+    bool word = g < ng;
+    float qv[8], acc[8];
+#pragma unroll
+    for (int k = 0; k < 8; k++) {
+        qv[k] = word ? h2f(f2h(qh[8 * g + k])) : 0.f;
+        acc[k] = 0.f;
+    }
+    const uint4 zero = make_uint4(0, 0, 0, 0);
     float m = -INFINITY, l = 0.f;
-    for (int t = start + warp; t < end; t += 4) {
-        const u16* kr = kc + (size_t)t * stride + kv_off + lane * epl;
-        float d = 0.f;
+    for (int t0 = start; t0 < end; t0 += ATTN_TILE) {
+        int n = min(ATTN_TILE, end - t0);
+        // Scores of the tile's positions pg + P * i.
+        for (int i0 = 0; i0 < G; i0 += 8) {
+            uint4 w[8];
 #pragma unroll
-        for (int e = 0; e < MAX_EPL; e++)
-            if (e < epl) d += qr[e] * h2f(kr[e]);
-        float sc = warp_sum(d) * scale;
-        float mn = fmaxf(m, sc);
-        float corr = expf(m - mn), p = expf(sc - mn);
-        l = l * corr + p;
-        const u16* vr = vc + (size_t)t * stride + kv_off + lane * epl;
+            for (int b = 0; b < 8; b++) {
+                int j = pg + P * (i0 + b);
+                w[b] = word && i0 + b < G && j < n
+                           ? *(const uint4*)(kc + (size_t)(t0 + j) * stride + kv_off + 8 * g)
+                           : zero;
+            }
 #pragma unroll
-        for (int e = 0; e < MAX_EPL; e++)
-            if (e < epl) acc[e] = acc[e] * corr + p * h2f(vr[e]);
+            for (int b = 0; b < 8; b++) {
+                float d = dot8_half(qv, w[b]);
+                for (int o = G / 2; o > 0; o >>= 1) d += __shfl_xor_sync(0xffffffffu, d, o);
+                int j = pg + P * (i0 + b);
+                if (g == 0 && i0 + b < G && j < n) sp[j] = d * scale;
+            }
+        }
+        __syncthreads();
+        // The tile's max, then the running max; the exponentials and their sum.
+        float sc = tid < n ? sp[tid] : -INFINITY;
+        float tm = warp_max(sc);
+        if (lane == 0) red[warp] = tm;
+        __syncthreads();
+        float mn = fmaxf(m, fmaxf(fmaxf(red[0], red[1]), fmaxf(red[2], red[3])));
+        float p = tid < n ? expf(sc - mn) : 0.f;
+        float corr = m == -INFINITY ? 0.f : expf(m - mn);
+        __syncthreads();
+        sp[tid] = p;
+        float ps = warp_sum(p);
+        if (lane == 0) red[warp] = ps;
+        __syncthreads();
+        l = l * corr + (red[0] + red[1] + red[2] + red[3]);
         m = mn;
-    }
-    if (lane == 0) {
-        sm_m[warp] = m;
-        sm_l[warp] = l;
-    }
 #pragma unroll
-    for (int e = 0; e < MAX_EPL; e++)
-        if (e < epl) sm_o[warp][lane * epl + e] = acc[e];
+        for (int k = 0; k < 8; k++) acc[k] *= corr;
+        // The values of the same positions, weighted.
+        for (int i0 = 0; i0 < G; i0 += 8) {
+            uint4 w[8];
+#pragma unroll
+            for (int b = 0; b < 8; b++) {
+                int j = pg + P * (i0 + b);
+                w[b] = word && i0 + b < G && j < n
+                           ? *(const uint4*)(vc + (size_t)(t0 + j) * stride + kv_off + 8 * g)
+                           : zero;
+            }
+#pragma unroll
+            for (int b = 0; b < 8; b++) {
+                int j = pg + P * (i0 + b);
+                float pj = i0 + b < G && j < n ? sp[j] : 0.f;
+                u32 ws[4] = {w[b].x, w[b].y, w[b].z, w[b].w};
+#pragma unroll
+                for (int k = 0; k < 4; k++) {
+                    acc[2 * k] += pj * h2f((u16)(ws[k] & 0xffff));
+                    acc[2 * k + 1] += pj * h2f((u16)(ws[k] >> 16));
+                }
+            }
+        }
+        __syncthreads();
+    }
+    // Sum the P row groups' outputs.
+    if (word) {
+#pragma unroll
+        for (int k = 0; k < 8; k++) parts[pg * hd + 8 * g + k] = acc[k];
+    }
     __syncthreads();
+    for (int i = tid; i < hd; i += blockDim.x) {
+        float o = 0.f;
+        for (int r = 0; r < P; r++) o += parts[r * hd + i];
+        so[i] = o;
+    }
+    __syncthreads();
+    m_out = m;
+    l_out = l;
 }
 
 // Split-K flash decoding: block (h, s) attends query head h over its share of the positions
-// 0..=*pos (the last `window` of them when window > 0) and writes the unnormalized output with
-// its running max and sum; the last block of head h to finish (a counter per head, reset for
-// the next step) merges the n_splits partial results into out[h*hd..].
+// 0..=*pos (the last `window` of them when window > 0). The number of splits used is chosen
+// each step from the visible length, a split per ATTN_TILE positions and at most n_splits (the
+// grid's width; the blocks past it return at once). With one split, the block writes
+// out[h*hd..] itself; with more, each writes its unnormalized output with its max and sum, and
+// the last of head h to finish (a counter per head, reset for the next step) merges them.
 extern "C" __global__ void attn_split(const float* q, const u16* kc, const u16* vc,
                                       const u32* pos, float* part_o, float* part_ml, u32* done,
                                       float* out, int n_head, int n_head_kv, int hd,
                                       int n_splits, float scale, int window, u8* xq, int mode,
                                       u32* units) {
     step_begin();
-    __shared__ float sm_m[4], sm_l[4];
-    __shared__ float sm_o[4][256];
+    __shared__ float so[256];
     __shared__ bool last;
     int h = blockIdx.x, s = blockIdx.y;
     int kvh = h / (n_head / n_head_kv);
     int len = (int)*pos + 1;
     int lo = window > 0 ? max(0, len - window) : 0;
-    int chunk = (len - lo + n_splits - 1) / n_splits;
+    int ns = min(n_splits, (len - lo + ATTN_TILE - 1) / ATTN_TILE);
+    if (s >= ns) return;
+    int chunk = (len - lo + ns - 1) / ns;
     int start = lo + s * chunk, end = min(start + chunk, len);
-    attend4(q + h * hd, kc, vc, n_head_kv * hd, kvh * hd, hd, start, end, scale, sm_m, sm_l, sm_o);
-    float M = fmaxf(fmaxf(sm_m[0], sm_m[1]), fmaxf(sm_m[2], sm_m[3]));
-    size_t part = (size_t)h * n_splits + s;
-    for (int i = threadIdx.x; i < hd; i += blockDim.x) {
-        float o = 0.f;
-        for (int w = 0; w < 4; w++)
-            if (sm_m[w] != -INFINITY) o += sm_o[w][i] * expf(sm_m[w] - M);
-        part_o[part * hd + i] = o;
-    }
-    if (threadIdx.x == 0) {
-        float L = 0.f;
-        for (int w = 0; w < 4; w++)
-            if (sm_m[w] != -INFINITY) L += sm_l[w] * expf(sm_m[w] - M);
-        part_ml[2 * part] = M;
-        part_ml[2 * part + 1] = L;
-    }
-    // Publish the partials, then count this block in.
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) last = atomicAdd(done + h, 1u) == (u32)(n_splits - 1);
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
-    const float* ml = part_ml + 2 * (size_t)h * n_splits;
-    float MM = -INFINITY;
-    for (int j = 0; j < n_splits; j++) MM = fmaxf(MM, __ldcg(ml + 2 * j));
-    float L = 0.f;
-    for (int j = 0; j < n_splits; j++) {
-        float m = __ldcg(ml + 2 * j);
-        if (m != -INFINITY) L += __ldcg(ml + 2 * j + 1) * expf(m - MM);
-    }
-    for (int i = threadIdx.x; i < hd; i += blockDim.x) {
-        float o = 0.f;
-        for (int j = 0; j < n_splits; j++) {
-            float m = __ldcg(ml + 2 * j);
-            if (m != -INFINITY)
-                o += __ldcg(part_o + ((size_t)h * n_splits + j) * hd + i) * expf(m - MM);
+    float M, L;
+    attend_tiles(q + h * hd, kc, vc, n_head_kv * hd, kvh * hd, hd, start, end, scale, M, L, so);
+    if (ns == 1) {
+        for (int i = threadIdx.x; i < hd; i += blockDim.x) out[h * hd + i] = so[i] / L;
+    } else {
+        size_t part = (size_t)h * n_splits + s;
+        for (int i = threadIdx.x; i < hd; i += blockDim.x) part_o[part * hd + i] = so[i];
+        if (threadIdx.x == 0) {
+            part_ml[2 * part] = M;
+            part_ml[2 * part + 1] = L;
         }
-        out[h * hd + i] = o / L;
+        // Publish the partials, then count this block in.
+        __threadfence();
+        __syncthreads();
+        if (threadIdx.x == 0) last = atomicAdd(done + h, 1u) == (u32)(ns - 1);
+        __syncthreads();
+        if (!last) return;
+        __threadfence();
+        const float* ml = part_ml + 2 * (size_t)h * n_splits;
+        float MM = -INFINITY;
+        for (int j = 0; j < ns; j++) MM = fmaxf(MM, __ldcg(ml + 2 * j));
+        float LL = 0.f;
+        for (int j = 0; j < ns; j++) {
+            float m = __ldcg(ml + 2 * j);
+            if (m != -INFINITY) LL += __ldcg(ml + 2 * j + 1) * expf(m - MM);
+        }
+        for (int i = threadIdx.x; i < hd; i += blockDim.x) {
+            float o = 0.f;
+            for (int j = 0; j < ns; j++) {
+                float m = __ldcg(ml + 2 * j);
+                if (m != -INFINITY)
+                    o += __ldcg(part_o + ((size_t)h * n_splits + j) * hd + i) * expf(m - MM);
+            }
+            out[h * hd + i] = o / LL;
+        }
+        if (threadIdx.x == 0) done[h] = 0;
     }
-    if (threadIdx.x == 0) done[h] = 0;
     // With mode >= 0, the output is also quantized for the next product into xq, a unit of
     // 256 values (256 / hd heads) by the merge that completes it.
     if (mode >= 0) {

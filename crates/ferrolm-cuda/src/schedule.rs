@@ -309,13 +309,15 @@ pub fn theta_scale(freq_base: f32, n_dims: usize) -> f32 {
     freq_base.powf(-2.0 / n_dims as f32)
 }
 
-/// The split-K factor for a context of `n_ctx` positions: about 64 positions a split at full
-/// length, at least 1 and at most 16. The grid is fixed when the step is captured, so the
-/// splits of a long cache are mostly empty early in a sequence: on an H200, 64 positions a split
-/// decoded 3% faster than 256 at a 513-position cache, and 64 splits of a 4097-position cache
-/// 20% slower than 16 at the start of a sequence.
+/// The positions a split of the decode attention takes at least (the kernel's ATTN_TILE, a
+/// position a thread of its block).
+pub const ATTN_TILE: usize = 128;
+
+/// The split-K factor for a context of `n_ctx` positions: the grid's width, a split per
+/// ATTN_TILE positions at full length, at least 1 and at most 16. Each step the kernel uses a
+/// split per ATTN_TILE visible positions, up to this many, so a short cache needs no merge.
 pub fn splits_for(n_ctx: usize) -> usize {
-    n_ctx.div_ceil(64).clamp(1, 16)
+    n_ctx.div_ceil(ATTN_TILE).clamp(1, 16)
 }
 
 /// What the decode products multiply the weights with.
@@ -1186,7 +1188,7 @@ mod tests {
         assert_eq!(p.launches.last().unwrap().kernel, "choose_token");
         // 4 layers x 7 matrices + embedding + output.
         assert_eq!(p.matrices.len(), 4 * 7 + 2);
-        assert_eq!(p.splits, 8);
+        assert_eq!(p.splits, 4);
         // Mixed types: Q, K, V and gate, up launch one by one, with a separate activation and
         // its quantization.
         let mixed = |name: &str| {
@@ -1341,9 +1343,9 @@ mod tests {
     #[test]
     fn splits_grow_with_the_context_and_stay_bounded() {
         assert_eq!(splits_for(1), 1);
-        assert_eq!(splits_for(64), 1);
-        assert_eq!(splits_for(65), 2);
-        assert_eq!(splits_for(513), 9);
+        assert_eq!(splits_for(128), 1);
+        assert_eq!(splits_for(129), 2);
+        assert_eq!(splits_for(513), 5);
         assert_eq!(splits_for(1 << 20), 16);
     }
 }
