@@ -216,8 +216,7 @@ fn buffer_bytes(p: &DecodePlan, b: Buf) -> usize {
         Buf::Draws => SAMPLE_DRAWS,
         Buf::DrawIdx => 1,
         // int8 values, then two floats per 32 values, in whole 16-byte words
-        Buf::Units => p.max_q.max(p.max_ff).div_ceil(256),
-        Buf::Xq | Buf::Xq2 => {
+        Buf::Xq => {
             let w = p.n_embd.max(p.max_q).max(p.max_ff);
             (w + w / 4).div_ceil(16) * 4
         }

@@ -238,28 +238,6 @@ extern "C" __global__ void quantize_act(const float* x, u8* xq, int n, int mode)
     quantize_group(v, xq, n, g, mode);
 }
 
-// Unit u (values 256u..256u+256 of n) of `vals` is written by `count` blocks; each calls this
-// after its writes (all threads). The block that completes the unit quantizes it into xq for
-// `mode` (warp 0), as quantize_act would, and re-arms the unit's counter for the next step:
-// the next product's input is ready without a launch of its own.
-__device__ __forceinline__ void quantize_unit_when_done(const float* vals, u8* xq, int n,
-                                                        int mode, u32* units, int u,
-                                                        u32 count) {
-    __shared__ bool completes;
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) completes = atomicAdd(units + u, 1u) == count - 1;
-    __syncthreads();
-    if (!completes || threadIdx.x >= 32) return;
-    __threadfence();
-    float v[8];
-    int j = 256 * u + 8 * threadIdx.x;
-#pragma unroll
-    for (int i = 0; i < 8; i++) v[i] = j + i < n ? __ldcg(vals + j + i) : 0.f;
-    quantize_group(v, xq, n, u, mode);
-    if (threadIdx.x == 0) units[u] = 0;
-}
-
 // ---- chunk dequantizers: w[0..32) = the values of chunk c of a row ----
 
 struct F32 {
@@ -1088,12 +1066,9 @@ __device__ __forceinline__ void matvec3_rope(int bx, const u8* W0, const u8* W1,
 
 // out[r] = silu(G[r] . x) * (U[r] . x): the gate and up products and the gated activation in
 // one launch (a warp per row of both matrices).
-// With mode >= 0, the activations are also quantized for the next product into xq, unit by
-// unit of 256 rows (128 blocks each), by the block that completes the unit.
 template <typename T, bool Q>
 __device__ __forceinline__ void matvec_glu(const u8* G, const u8* U, int row_bytes, int n_chunks,
-                                           int n_rows, const void* x, float* out, u8* xq,
-                                           int mode, u32* units) {
+                                           int n_rows, const void* x, float* out) {
     int r0 = blockIdx.x * (ROWS / 2), tid = threadIdx.x;
     // Rows r0, r0+1 of the gate, then the same of up.
     const u8* rows[ROWS];
@@ -1111,11 +1086,6 @@ __device__ __forceinline__ void matvec_glu(const u8* G, const u8* U, int row_byt
             float g = tot[r], u = tot[ROWS / 2 + r];
             out[r0 + r] = g / (1.f + expf(-g)) * u;
         }
-    }
-    if (mode >= 0) {
-        int u = r0 / 256;
-        u32 count = (min(256, n_rows - 256 * u) + ROWS / 2 - 1) / (ROWS / 2);
-        quantize_unit_when_done(out, xq, n_rows, mode, units, u, count);
     }
 }
 
@@ -1139,8 +1109,8 @@ __device__ __forceinline__ void matvec_glu(const u8* G, const u8* U, int row_byt
     }                                                                                            \
     extern "C" __global__ void matvec_glu##S(const u8* G, const u8* U, int row_bytes,           \
                                              int n_chunks, int n_rows, const void* x,            \
-                                             float* out, u8* xq, int mode, u32* units) {         \
-        matvec_glu<T, Q>(G, U, row_bytes, n_chunks, n_rows, x, out, xq, mode, units);            \
+                                             float* out) {                                       \
+        matvec_glu<T, Q>(G, U, row_bytes, n_chunks, n_rows, x, out);                             \
     }                                                                                            \
     extern "C" __global__ void matvec##S(const u8* W, int row_bytes, int n_chunks, int n_rows,  \
                                          const void* x, const float* bias, const float* res,     \
@@ -1431,8 +1401,7 @@ __device__ __forceinline__ void attend_tiles(const float* qh, const u16* kc, con
 extern "C" __global__ void attn_split(const float* q, const u16* kc, const u16* vc,
                                       const u32* pos, float* part_o, float* part_ml, u32* done,
                                       float* out, int n_head, int n_head_kv, int hd,
-                                      int n_splits, float scale, int window, u8* xq, int mode,
-                                      u32* units) {
+                                      int n_splits, float scale, int window) {
     step_begin();
     __shared__ float so[256];
     __shared__ bool last;
@@ -1480,12 +1449,6 @@ extern "C" __global__ void attn_split(const float* q, const u16* kc, const u16* 
             out[h * hd + i] = o / LL;
         }
         if (threadIdx.x == 0) done[h] = 0;
-    }
-    // With mode >= 0, the output is also quantized for the next product into xq, a unit of
-    // 256 values (256 / hd heads) by the merge that completes it.
-    if (mode >= 0) {
-        int per = 256 / hd, u = h / per;
-        quantize_unit_when_done(out, xq, n_head * hd, mode, units, u, min(per, n_head - u * per));
     }
 }
 

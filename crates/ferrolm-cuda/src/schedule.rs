@@ -96,12 +96,6 @@ pub enum Buf {
     /// type (the kernels' XQ layout: `w` int8, then `w / 32` f32 scales, then `w / 32` f32
     /// sums, for the widest input `w`).
     Xq,
-    /// A second [`Buf::Xq`]: the gated activation quantized for the down product by the
-    /// gate/up launch itself, while its own input in `Xq` is still being read.
-    Xq2,
-    /// Blocks finished per unit of 256 values of a product's output, for the block that
-    /// completes a unit to quantize it (`quantize_unit_when_done`), zero between launches.
-    Units,
     /// How the step chooses its token: `k, top_p, min_p, temperature, n_draws` (i32, f32 x 3,
     /// i32); `k = 0` (as allocated) is greedy.
     SampleCfg,
@@ -295,11 +289,7 @@ pub fn matvec_threads(n_chunks: usize, rows: usize) -> u32 {
 
 /// A product kernel's name: `NAME_TYPE` for f32 inputs, `NAMEq_TYPE` for quantized ones.
 fn product_kernel(name: &str, spec: &MatrixSpec, x: Buf) -> String {
-    let q = if matches!(x, Buf::Xq | Buf::Xq2) {
-        "q"
-    } else {
-        ""
-    };
+    let q = if x == Buf::Xq { "q" } else { "" };
     format!("{name}{q}_{}", spec.kernel)
 }
 
@@ -451,9 +441,8 @@ impl Builder {
         );
     }
 
-    /// `out = silu(G x) * (U x)` in one launch (G and U of one type), also quantized into
-    /// [`Buf::Xq2`] for the format `quantize` names (then the input of the down product).
-    fn matvec_glu(&mut self, g: usize, u: usize, x: Buf, out: Buf, quantize: Option<i32>) {
+    /// `out = silu(G x) * (U x)` in one launch (G and U of one type).
+    fn matvec_glu(&mut self, g: usize, u: usize, x: Buf, out: Buf) {
         let spec = &self.matrices[g];
         let kernel = product_kernel("matvec_glu", spec, x);
         let (rows, cols, rb) = (spec.rows, spec.cols, spec.row_bytes());
@@ -469,9 +458,6 @@ impl Builder {
                 Arg::I32(rows as i32),
                 Arg::Buf(x),
                 Arg::Buf(out),
-                quantize.map_or(Arg::Null, |_| Arg::Buf(Buf::Xq2)),
-                Arg::I32(quantize.unwrap_or(-1)),
-                quantize.map_or(Arg::Null, |_| Arg::Buf(Buf::Units)),
             ],
         );
     }
@@ -854,10 +840,7 @@ pub fn decode_plan_layers(
                 ],
             );
         }
-        // The output product's input: quantized by the attention's merges themselves when its
-        // format's groups of 256 hold whole heads.
         let wo = b.matrix(types, &n("attn_output.weight"), d, q_dim)?;
-        let attn_q = b.shared_format(&[wo]).filter(|_| 256 % hd == 0);
         b.push(
             "attn_split",
             (nh as u32, splits as u32),
@@ -877,16 +860,12 @@ pub fn decode_plan_layers(
                 Arg::I32(splits as i32),
                 Arg::F32(*scale),
                 Arg::I32(window as i32),
-                attn_q.map_or(Arg::Null, |_| Arg::Buf(Buf::Xq)),
-                Arg::I32(attn_q.unwrap_or(-1)),
-                attn_q.map_or(Arg::Null, |_| Arg::Buf(Buf::Units)),
             ],
         );
-        let attn = if attn_q.is_some() {
-            Buf::Xq
-        } else {
-            b.input_for(Buf::Attn, q_dim, &[wo])
-        };
+        // Quantized for the output product by a launch of its own: with overlapped launches,
+        // that costs less than the attention quantizing its output itself (counters and
+        // fences in every block, the completing block's work in series; measured, PERFORMANCE.md).
+        let attn = b.input_for(Buf::Attn, q_dim, &[wo]);
         b.matvec(wo, attn, None, Some(Buf::X), Buf::X);
 
         let ffn_norm = b.vector(&n("ffn_norm.weight"), d);
@@ -897,12 +876,8 @@ pub fn decode_plan_layers(
         let up = b.matrix(types, &n("ffn_up.weight"), n_ff, d)?;
         let down = b.matrix(types, &n("ffn_down.weight"), d, n_ff)?;
         let h = b.norm_for(Buf::X, ffn_norm, d, eps, &[gate, up]);
-        let mut act = None;
         if b.matrices[gate].ty == b.matrices[up].ty {
-            // The down product's input quantized by the gate/up launch itself.
-            let format = b.shared_format(&[down]);
-            b.matvec_glu(gate, up, h, Buf::Act, format);
-            act = format.map(|_| Buf::Xq2);
+            b.matvec_glu(gate, up, h, Buf::Act);
         } else {
             b.matvec(gate, h, None, None, Buf::Gate);
             b.matvec(up, h, None, None, Buf::Up);
@@ -918,10 +893,7 @@ pub fn decode_plan_layers(
                 ],
             );
         }
-        let act = match act {
-            Some(xq) => xq,
-            None => b.input_for(Buf::Act, n_ff, &[down]),
-        };
+        let act = b.input_for(Buf::Act, n_ff, &[down]);
         b.matvec(down, act, None, Some(Buf::X), Buf::X);
         let vector_of = |a: Arg| match a {
             Arg::Buf(Buf::Vector(i)) => Some(i),
@@ -1112,7 +1084,7 @@ mod tests {
         .unwrap();
         assert_eq!(p.layers.len(), 2);
         assert!(p.head.is_none());
-        assert_eq!(p.launches.len(), 1 + 7 * 2 + 1);
+        assert_eq!(p.launches.len(), 1 + 9 * 2 + 1);
         assert_eq!(p.launches.last().unwrap().kernel, "advance_pos");
         assert!(p.matrices.iter().all(|m| !m.name.starts_with("blk.2")));
         // As many layers as the model has, or more: the whole model.
@@ -1129,47 +1101,45 @@ mod tests {
     }
 
     #[test]
-    fn a_token_is_three_launches_and_seven_per_layer() {
+    fn a_token_is_three_launches_and_nine_per_layer() {
         let p = decode_plan(&plan(4, 32), 512, &all(TensorType::Q4_0)).unwrap();
         // Per layer: norm (quantizing), Q/K/V (rotating and storing keys and values),
-        // attention (its split-K merge in the last block, quantizing its output), the output
-        // product, norm, gate/up (quantizing the activation), down; then the norm, the output
+        // attention (its split-K merge in the last block), its output quantized, the output
+        // product, norm, gate/up, the activation quantized, down; then the norm, the output
         // and the argmax.
-        assert_eq!(p.launches.len(), 1 + 7 * 4 + 3);
-        let kernels: Vec<&str> = p.launches[1..8].iter().map(|l| l.kernel.as_str()).collect();
+        assert_eq!(p.launches.len(), 1 + 9 * 4 + 3);
+        let kernels: Vec<&str> = p.launches[1..10]
+            .iter()
+            .map(|l| l.kernel.as_str())
+            .collect();
         assert_eq!(
             kernels,
             [
                 "rms_norm_q",
                 "matvec3rq_Q4_0",
                 "attn_split",
+                "quantize_act",
                 "matvecq_Q4_0",
                 "rms_norm_q",
                 "matvec_gluq_Q4_0",
+                "quantize_act",
                 "matvecq_Q4_0"
             ]
         );
-        // The attention quantizes into Xq (Q8_0 for Q4_0 rows) for the output product; the
-        // gate/up launch into Xq2, which the down product reads.
-        let a = &p.launches[3].args;
-        assert_eq!(
-            a[a.len() - 3..],
-            [Arg::Buf(Buf::Xq), Arg::I32(3), Arg::Buf(Buf::Units)]
-        );
-        assert_eq!(p.launches[4].args[4], Arg::Buf(Buf::Xq));
-        let g = &p.launches[6].args;
-        assert_eq!(
-            g[g.len() - 3..],
-            [Arg::Buf(Buf::Xq2), Arg::I32(3), Arg::Buf(Buf::Units)]
-        );
-        assert_eq!(p.launches[7].args[4], Arg::Buf(Buf::Xq2));
+        // The attention's output and the gated activation quantized into Xq (Q8_0 for Q4_0
+        // rows), which the output and down products read.
+        for (quantize, product) in [(4, 5), (8, 9)] {
+            assert_eq!(p.launches[quantize].args[1], Arg::Buf(Buf::Xq));
+            assert_eq!(p.launches[quantize].args[3], Arg::I32(3));
+            assert_eq!(p.launches[product].args[4], Arg::Buf(Buf::Xq));
+        }
         // NEOX rotation pairs are not adjacent rows: the products, then rope_store.
         let mut neox = plan(4, 32);
         for layer in &mut neox.layers {
             layer.attention.rope.layout = RopeLayout::Neox;
         }
         let p = decode_plan(&neox, 512, &all(TensorType::Q4_0)).unwrap();
-        assert_eq!(p.launches.len(), 1 + 8 * 4 + 3);
+        assert_eq!(p.launches.len(), 1 + 10 * 4 + 3);
         assert_eq!(p.launches[2].kernel, "matvec3q_Q4_0");
         assert_eq!(p.launches[3].kernel, "rope_store");
         // With f32 activations: no quantizing launches.
@@ -1199,7 +1169,7 @@ mod tests {
             })
         };
         let p = decode_plan(&plan(4, 32), 512, &mixed).unwrap();
-        assert_eq!(p.launches.len(), 1 + 12 * 4 + 3);
+        assert_eq!(p.launches.len(), 1 + 13 * 4 + 3);
         assert!(p.launches.iter().any(|l| l.kernel == "quantize_act"));
         assert!(p.launches.iter().any(|l| l.kernel == "swiglu"));
         // Q4_0 and Q4_K rows read their inputs in different formats (Q8_0, Q8_K): an input

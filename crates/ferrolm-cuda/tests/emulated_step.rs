@@ -20,7 +20,7 @@ struct Emulator<'f> {
     plan: &'f DecodePlan,
     f32s: HashMap<Buf, Vec<f32>>,
     u32s: HashMap<Buf, Vec<u32>>,
-    /// The quantized activations (Xq, Xq2) as the CPU lays them out: format and blocks.
+    /// The quantized activations (Xq) as the CPU lays them out: format and blocks.
     xq: HashMap<Buf, (TensorType, Vec<u8>)>,
 }
 
@@ -130,7 +130,7 @@ impl<'f> Emulator<'f> {
         let (ty, _) = self.row(m, 0);
         let kernel = ferrolm_quant::dot_kernel(ty).unwrap();
         let act_ty = kernel.activation_type();
-        let act = if matches!(x, Buf::Xq | Buf::Xq2) {
+        let act = if x == Buf::Xq {
             let (fmt, bytes) = self.xq.get(&x).expect("Xq read before written");
             assert_eq!(*fmt, act_ty, "activations quantized for another row type");
             bytes.clone()
@@ -146,21 +146,11 @@ impl<'f> Emulator<'f> {
     }
 
     fn quantize_into(&mut self, xq: Buf, values: &[f32], code: i32) {
-        assert!(matches!(xq, Buf::Xq | Buf::Xq2), "quantized into {xq:?}");
+        assert_eq!(xq, Buf::Xq, "quantized into {xq:?}");
         let ty = format_type(code);
         let mut q = vec![0u8; ferrolm_quant::row_bytes(ty, values.len()).unwrap()];
         ferrolm_quant::quantize_activation(ty, values, &mut q).unwrap();
         self.xq.insert(xq, (ty, q));
-    }
-
-    /// A fused quantization's arguments (xq, mode, units): the buffer and format, if any.
-    fn fused_quantization(a: &[Arg]) -> Option<(Buf, i32)> {
-        let xq = Self::buf(&a[0])?;
-        let Arg::I32(mode) = a[1] else {
-            panic!("a format, found {:?}", a[1])
-        };
-        assert_eq!(Self::buf(&a[2]), Some(Buf::Units));
-        Some((xq, mode))
     }
 
     fn rms_norm(&self, x: Buf, w: Buf, n: usize, eps: f32) -> Vec<f32> {
@@ -241,9 +231,6 @@ impl<'f> Emulator<'f> {
                 .map(|(&g, &u)| g / (1.0 + (-g).exp()) * u)
                 .collect();
             self.write(Self::buf(&a[6]).unwrap(), 0, &out);
-            if let Some((xq, mode)) = Self::fused_quantization(&a[7..]) {
-                self.quantize_into(xq, &out, mode);
-            }
         } else if product("matvec") {
             let (cols, rows) = (32 * Self::i(&a[2]), Self::i(&a[3]));
             let mut y = self.products(
@@ -380,8 +367,7 @@ impl<'f> Emulator<'f> {
     }
 
     /// attn_split(q, kc, vc, pos, part_o, part_ml, done, out, n_head, n_head_kv, hd, n_splits,
-    /// scale, window, xq, mode, units): plain softmax attention over the visible positions,
-    /// the output also quantized when xq is given.
+    /// scale, window): plain softmax attention over the visible positions.
     fn attention(&mut self, a: &[Arg]) {
         let (nh, nkv, hd) = (Self::i(&a[8]), Self::i(&a[9]), Self::i(&a[10]));
         let (scale, window) = (Self::f(&a[12]), Self::i(&a[13]));
@@ -413,9 +399,6 @@ impl<'f> Emulator<'f> {
             }
         }
         self.write(Self::buf(&a[7]).unwrap(), 0, &out);
-        if let Some((xq, mode)) = Self::fused_quantization(&a[14..]) {
-            self.quantize_into(xq, &out, mode);
-        }
     }
 }
 
