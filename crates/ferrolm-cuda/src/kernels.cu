@@ -157,6 +157,69 @@ __device__ __forceinline__ void load_act(const u8* xq, int n_chunks, int c, Act&
     act_sums(a);
 }
 
+// Chunk c of the f32 activations x quantized in registers as quantize_group quantizes it, for
+// a product that reads x as it is (no quantize_act launch). Q8_K's scale spans 8 chunks: the 8
+// lanes 8m..8m+7 holding them (all present: rows of whole 256-value groups) share it.
+template <int MODE>
+__device__ __forceinline__ void quantize_chunk(const float* x, int c, Act& a) {
+    float v[32];
+    const float4* xv = (const float4*)(x + 32 * (size_t)c);
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        float4 f = xv[i];
+        v[4 * i] = f.x; v[4 * i + 1] = f.y; v[4 * i + 2] = f.z; v[4 * i + 3] = f.w;
+    }
+    int q[32];
+    if (MODE == ACT_Q8_K) {
+        float amax = 0.f, max = 0.f;
+        int first = 0x7fffffff;
+#pragma unroll
+        for (int i = 0; i < 32; i++) {
+            if (fabsf(v[i]) > amax) {
+                amax = fabsf(v[i]);
+                max = v[i];
+                first = 32 * c + i;
+            }
+        }
+        u32 group = 0xffu << (threadIdx.x & 24);
+#pragma unroll
+        for (int o = 1; o < 8; o <<= 1) {
+            float am2 = __shfl_xor_sync(group, amax, o);
+            float mx2 = __shfl_xor_sync(group, max, o);
+            int f2 = __shfl_xor_sync(group, first, o);
+            if (am2 > amax || (am2 == amax && f2 < first)) {
+                amax = am2;
+                max = mx2;
+                first = f2;
+            }
+        }
+        float iscale = amax != 0.f ? -127.f / max : 0.f;
+#pragma unroll
+        for (int i = 0; i < 32; i++) q[i] = min(127, __float2int_rn(iscale * v[i]));
+        a.d = amax != 0.f ? 1.f / iscale : 0.f;
+        a.s = 0.f;
+    } else {
+        float amax = 0.f;
+#pragma unroll
+        for (int i = 0; i < 32; i++) amax = fmaxf(amax, fabsf(v[i]));
+        float dd = amax / 127.f;
+        float id = amax != 0.f ? 127.f / amax : 0.f;
+        int sum = 0;
+#pragma unroll
+        for (int i = 0; i < 32; i++) {
+            q[i] = __float2int_rn(v[i] * id);
+            sum += q[i];
+        }
+        a.d = h2f(f2h(dd));
+        a.s = MODE == ACT_Q8_1 ? h2f(f2h((float)sum * dd)) : 0.f;
+    }
+#pragma unroll
+    for (int k = 0; k < 8; k++)
+        a.q[k] = (q[4 * k] & 0xff) | ((q[4 * k + 1] & 0xff) << 8) | ((q[4 * k + 2] & 0xff) << 16) |
+                 ((u32)q[4 * k + 3] << 24);
+    act_sums(a);
+}
+
 // One warp quantizes group g (values 256g..256g+256 of n) into xq as the CPU would for `mode`;
 // lane l holds values 8l..8l+8 of the group in v (zeros past n). Q8_0 / Q8_1 as x86-64
 // llama.cpp rounds them (scale amax / 127 stored as f16, values x * (127 / amax) rounded half
@@ -865,7 +928,9 @@ struct Q6_KR {
 // After the call, tot[r] holds row r's product in every thread of the block. With Q, x is the
 // activations quantized as the CPU quantizes them for the row type (XQ), multiplied with
 // integer dot products; otherwise f32 (rounded as the CPU rounds them for F16 / BF16 rows).
-template <typename T, int R, bool Q>
+// Q: integer dots with the activations quantized, read from XQ, or (ON_LOAD) from f32 x
+// quantized chunk by chunk as they are loaded.
+template <typename T, int R, bool Q, bool ON_LOAD = false>
 __device__ __forceinline__ void rows_dot(const u8* const* rows, int row_bytes, int n_chunks,
                                          const void* __restrict__ x, float* tot) {
     __shared__ float part[8][R];
@@ -881,7 +946,10 @@ __device__ __forceinline__ void rows_dot(const u8* const* rows, int row_bytes, i
     for (int c = tid; c < n_chunks; c += nt) {
         if constexpr (Q) {
             Act a;
-            load_act((const u8*)x, n_chunks, c, a);
+            if constexpr (ON_LOAD)
+                quantize_chunk<T::ACT>((const float*)x, c, a);
+            else
+                load_act((const u8*)x, n_chunks, c, a);
 #pragma unroll
             for (int r = 0; r < R; r++)
                 if (rows[r]) acc[r] += T::dot(rows[r], c, n_chunks, a);
@@ -925,7 +993,7 @@ __device__ __forceinline__ void rows_dot(const u8* const* rows, int row_bytes, i
     }
 }
 
-template <typename T, bool Q>
+template <typename T, bool Q, bool ON_LOAD = false>
 __device__ __forceinline__ void matvec(const u8* __restrict__ W, int row_bytes, int n_chunks,
                                        int n_rows, const void* __restrict__ x,
                                        const float* bias, const float* res, float* y) {
@@ -934,7 +1002,7 @@ __device__ __forceinline__ void matvec(const u8* __restrict__ W, int row_bytes, 
 #pragma unroll
     for (int r = 0; r < ROWS; r++) rows[r] = r0 + r < n_rows ? W + (size_t)(r0 + r) * row_bytes : 0;
     float tot[ROWS];
-    rows_dot<T, ROWS, Q>(rows, row_bytes, n_chunks, x, tot);
+    rows_dot<T, ROWS, Q, ON_LOAD>(rows, row_bytes, n_chunks, x, tot);
 #pragma unroll
     for (int r = 0; r < ROWS; r++) {
         if (tid == r && rows[r]) {
@@ -1126,7 +1194,14 @@ __device__ __forceinline__ void matvec_glu(const u8* G, const u8* U, int row_byt
         embed<T>(table, row_bytes, n_chunks, token, x);                                          \
     }
 
-#define FOR_QTYPE(T) FOR_PRODUCTS(T, true, q_##T)
+// matvecf_T: matvec with f32 activations x quantized chunk by chunk as the blocks load them.
+#define FOR_QTYPE(T)                                                                             \
+    FOR_PRODUCTS(T, true, q_##T)                                                                 \
+    extern "C" __global__ void matvecf_##T(const u8* W, int row_bytes, int n_chunks,            \
+                                           int n_rows, const void* x, const float* bias,         \
+                                           const float* res, float* y) {                         \
+        matvec<T, true, true>(W, row_bytes, n_chunks, n_rows, x, bias, res, y);                  \
+    }
 
 // ---- block-wide sum (blockDim a multiple of 32, at most 1024) ----
 __device__ float block_sum(float v) {

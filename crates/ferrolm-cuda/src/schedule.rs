@@ -287,6 +287,17 @@ pub fn matvec_threads(n_chunks: usize, rows: usize) -> u32 {
     (n_chunks.next_multiple_of(32)).clamp(32, 128) as u32
 }
 
+/// The largest residual product (rows x columns) whose blocks quantize its f32 input as they
+/// load it: 1 Mi. Every block then reads all of the input from L2: on an H200 that paid on a
+/// 135M's products (576 x 576, 576 x 1536: tg128 +4%) and cost 2% on a 1B's 2048 x 2048
+/// (PERFORMANCE.md). `FERROLM_CUDA_QUANTIZE_ON_LOAD_MAX` overrides it (0: never).
+fn quantize_on_load_max() -> usize {
+    std::env::var("FERROLM_CUDA_QUANTIZE_ON_LOAD_MAX")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1 << 20)
+}
+
 /// A product kernel's name: `NAME_TYPE` for f32 inputs, `NAMEq_TYPE` for quantized ones.
 fn product_kernel(name: &str, spec: &MatrixSpec, x: Buf) -> String {
     let q = if x == Buf::Xq { "q" } else { "" };
@@ -337,6 +348,9 @@ struct Builder {
     vectors: Vec<VectorSpec>,
     launches: Vec<Launch>,
     activations: Activations,
+    /// The largest residual product (rows x columns) that quantizes its input as it loads it
+    /// ([`Builder::residual_product`]).
+    on_load_max: usize,
 }
 
 impl Builder {
@@ -383,8 +397,37 @@ impl Builder {
 
     /// `y = W x (+ bias) (+ res)`.
     fn matvec(&mut self, m: usize, x: Buf, bias: Option<usize>, res: Option<Buf>, y: Buf) {
+        let kernel = product_kernel("matvec", &self.matrices[m], x);
+        self.push_product(kernel, m, x, bias, res, y);
+    }
+
+    /// `X += W x` for f32 `x`, the input of no other product: W's blocks quantize x as they load
+    /// it (`matvecf`) when W is small (rows x columns at most `on_load_max`; every block reads
+    /// all of x, rows x columns bytes from L2 in all), which costs less than a quantize_act
+    /// launch; else quantize_act, then the product.
+    fn residual_product(&mut self, m: usize, x: Buf) {
         let spec = &self.matrices[m];
-        let kernel = product_kernel("matvec", spec, x);
+        if self.shared_format(&[m]).is_some() && spec.rows * spec.cols <= self.on_load_max {
+            let kernel = format!("matvecf_{}", spec.kernel);
+            self.push_product(kernel, m, x, None, Some(Buf::X), Buf::X);
+        } else {
+            let cols = spec.cols;
+            let x = self.input_for(x, cols, &[m]);
+            self.matvec(m, x, None, Some(Buf::X), Buf::X);
+        }
+    }
+
+    /// A launch of the product kernel `kernel` (matvec's arguments).
+    fn push_product(
+        &mut self,
+        kernel: String,
+        m: usize,
+        x: Buf,
+        bias: Option<usize>,
+        res: Option<Buf>,
+        y: Buf,
+    ) {
+        let spec = &self.matrices[m];
         let (rows, cols, rb) = (spec.rows, spec.cols, spec.row_bytes());
         self.push(
             kernel,
@@ -614,6 +657,20 @@ pub fn decode_plan_layers(
     gpu_layers: usize,
     activations: Activations,
 ) -> Result<DecodePlan, Decline> {
+    let on_load_max = quantize_on_load_max();
+    decode_plan_with(plan, n_ctx, types, gpu_layers, activations, on_load_max)
+}
+
+/// [`decode_plan_layers`] with the largest residual product that quantizes its input as it
+/// loads it given (rows x columns; 0: none, a quantize_act launch each).
+pub fn decode_plan_with(
+    plan: &ModelPlan,
+    n_ctx: usize,
+    types: &dyn Fn(&str) -> Option<TensorType>,
+    gpu_layers: usize,
+    activations: Activations,
+    on_load_max: usize,
+) -> Result<DecodePlan, Decline> {
     // Every field, no `..`: a field added to the plan stops this from compiling until someone
     // decides whether the CUDA path serves it.
     let ModelPlan {
@@ -653,6 +710,7 @@ pub fn decode_plan_layers(
         vectors: Vec::new(),
         launches: Vec::new(),
         activations,
+        on_load_max,
     };
     let embd = b.matrix(types, "token_embd.weight", n_vocab, d)?;
     let embd_ty = b.matrices[embd].kernel;
@@ -865,8 +923,7 @@ pub fn decode_plan_layers(
         // Quantized for the output product by a launch of its own: with overlapped launches,
         // that costs less than the attention quantizing its output itself (counters and
         // fences in every block, the completing block's work in series; measured, PERFORMANCE.md).
-        let attn = b.input_for(Buf::Attn, q_dim, &[wo]);
-        b.matvec(wo, attn, None, Some(Buf::X), Buf::X);
+        b.residual_product(wo, Buf::Attn);
 
         let ffn_norm = b.vector(&n("ffn_norm.weight"), d);
         if !n_ff.is_multiple_of(32) {
@@ -893,8 +950,7 @@ pub fn decode_plan_layers(
                 ],
             );
         }
-        let act = b.input_for(Buf::Act, n_ff, &[down]);
-        b.matvec(down, act, None, Some(Buf::X), Buf::X);
+        b.residual_product(down, Buf::Act);
         let vector_of = |a: Arg| match a {
             Arg::Buf(Buf::Vector(i)) => Some(i),
             _ => None,
@@ -1084,7 +1140,7 @@ mod tests {
         .unwrap();
         assert_eq!(p.layers.len(), 2);
         assert!(p.head.is_none());
-        assert_eq!(p.launches.len(), 1 + 9 * 2 + 1);
+        assert_eq!(p.launches.len(), 1 + 7 * 2 + 1);
         assert_eq!(p.launches.last().unwrap().kernel, "advance_pos");
         assert!(p.matrices.iter().all(|m| !m.name.starts_with("blk.2")));
         // As many layers as the model has, or more: the whole model.
@@ -1101,45 +1157,53 @@ mod tests {
     }
 
     #[test]
-    fn a_token_is_three_launches_and_nine_per_layer() {
+    fn a_token_is_three_launches_and_seven_per_layer() {
         let p = decode_plan(&plan(4, 32), 512, &all(TensorType::Q4_0)).unwrap();
         // Per layer: norm (quantizing), Q/K/V (rotating and storing keys and values),
-        // attention (its split-K merge in the last block), its output quantized, the output
-        // product, norm, gate/up, the activation quantized, down; then the norm, the output
+        // attention (its split-K merge in the last block), the output product (quantizing
+        // its input as it loads it), norm, gate/up, down (the same); then the norm, the output
         // and the argmax.
-        assert_eq!(p.launches.len(), 1 + 9 * 4 + 3);
-        let kernels: Vec<&str> = p.launches[1..10]
-            .iter()
-            .map(|l| l.kernel.as_str())
-            .collect();
+        assert_eq!(p.launches.len(), 1 + 7 * 4 + 3);
+        let kernels: Vec<&str> = p.launches[1..8].iter().map(|l| l.kernel.as_str()).collect();
         assert_eq!(
             kernels,
             [
                 "rms_norm_q",
                 "matvec3rq_Q4_0",
                 "attn_split",
-                "quantize_act",
-                "matvecq_Q4_0",
+                "matvecf_Q4_0",
                 "rms_norm_q",
                 "matvec_gluq_Q4_0",
-                "quantize_act",
-                "matvecq_Q4_0"
+                "matvecf_Q4_0"
             ]
         );
-        // The attention's output and the gated activation quantized into Xq (Q8_0 for Q4_0
-        // rows), which the output and down products read.
-        for (quantize, product) in [(4, 5), (8, 9)] {
-            assert_eq!(p.launches[quantize].args[1], Arg::Buf(Buf::Xq));
-            assert_eq!(p.launches[quantize].args[3], Arg::I32(3));
-            assert_eq!(p.launches[product].args[4], Arg::Buf(Buf::Xq));
+        assert_eq!(p.launches[4].args[4], Arg::Buf(Buf::Attn));
+        assert_eq!(p.launches[7].args[4], Arg::Buf(Buf::Act));
+        // A down product too large for every block to read all of its f32 input (1024 x
+        // 16384): the activation quantized by a launch of its own into Xq, which it reads.
+        let mut wide = plan(4, 32);
+        wide.n_embd = 1024;
+        for layer in &mut wide.layers {
+            layer.ffn = Ffn::Gated {
+                n_ff: 16384,
+                activation: Activation::Silu,
+            };
         }
+        let p = decode_plan(&wide, 512, &all(TensorType::Q4_0)).unwrap();
+        assert_eq!(p.launches.len(), 1 + 8 * 4 + 3);
+        assert_eq!(p.launches[4].kernel, "matvecf_Q4_0");
+        assert_eq!(p.launches[7].kernel, "quantize_act");
+        assert_eq!(p.launches[7].args[1], Arg::Buf(Buf::Xq));
+        assert_eq!(p.launches[7].args[3], Arg::I32(3));
+        assert_eq!(p.launches[8].kernel, "matvecq_Q4_0");
+        assert_eq!(p.launches[8].args[4], Arg::Buf(Buf::Xq));
         // NEOX rotation pairs are not adjacent rows: the products, then rope_store.
         let mut neox = plan(4, 32);
         for layer in &mut neox.layers {
             layer.attention.rope.layout = RopeLayout::Neox;
         }
         let p = decode_plan(&neox, 512, &all(TensorType::Q4_0)).unwrap();
-        assert_eq!(p.launches.len(), 1 + 10 * 4 + 3);
+        assert_eq!(p.launches.len(), 1 + 8 * 4 + 3);
         assert_eq!(p.launches[2].kernel, "matvec3q_Q4_0");
         assert_eq!(p.launches[3].kernel, "rope_store");
         // With f32 activations: no quantizing launches.
@@ -1159,8 +1223,8 @@ mod tests {
         // 4 layers x 7 matrices + embedding + output.
         assert_eq!(p.matrices.len(), 4 * 7 + 2);
         assert_eq!(p.splits, 4);
-        // Mixed types: Q, K, V and gate, up launch one by one, with a separate activation and
-        // its quantization.
+        // Mixed types: Q, K, V and gate, up launch one by one, with a separate activation,
+        // which the down product quantizes as it loads it.
         let mixed = |name: &str| {
             Some(if name.contains("attn_k") || name.contains("ffn_up") {
                 TensorType::Q8_0
@@ -1169,9 +1233,14 @@ mod tests {
             })
         };
         let p = decode_plan(&plan(4, 32), 512, &mixed).unwrap();
-        assert_eq!(p.launches.len(), 1 + 13 * 4 + 3);
-        assert!(p.launches.iter().any(|l| l.kernel == "quantize_act"));
-        assert!(p.launches.iter().any(|l| l.kernel == "swiglu"));
+        assert_eq!(p.launches.len(), 1 + 11 * 4 + 3);
+        assert!(p.launches.iter().all(|l| l.kernel != "quantize_act"));
+        let swiglu = p
+            .launches
+            .iter()
+            .position(|l| l.kernel == "swiglu")
+            .unwrap();
+        assert_eq!(p.launches[swiglu + 1].kernel, "matvecf_Q4_0");
         // Q4_0 and Q4_K rows read their inputs in different formats (Q8_0, Q8_K): an input
         // shared by both stays f32.
         let formats = |name: &str| {
@@ -1233,6 +1302,10 @@ mod tests {
                         match base.strip_suffix('q') {
                             Some(product) if src.contains(&format!("void {product}##S(")) => {
                                 list("QUANTIZED_TYPES").contains(&entry)
+                            }
+                            _ if base == "matvecf" => {
+                                src.contains("void matvecf_##T(")
+                                    && list("QUANTIZED_TYPES").contains(&entry)
                             }
                             _ => {
                                 (src.contains(&format!("void {base}_##T("))

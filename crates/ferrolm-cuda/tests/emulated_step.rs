@@ -9,7 +9,9 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use ferrolm_cuda::schedule::{decode_plan_layers, Activations, Arg, Buf, DecodePlan, Launch};
+use ferrolm_cuda::schedule::{
+    decode_plan_layers, decode_plan_with, Activations, Arg, Buf, DecodePlan, Launch,
+};
 use ferrolm_gguf::{GgufFile, TensorType};
 use ferrolm_model::synthetic::{self, SyntheticSpec};
 use ferrolm_model::{Logits, Model};
@@ -231,7 +233,8 @@ impl<'f> Emulator<'f> {
                 .map(|(&g, &u)| g / (1.0 + (-g).exp()) * u)
                 .collect();
             self.write(Self::buf(&a[6]).unwrap(), 0, &out);
-        } else if product("matvec") {
+        } else if product("matvec") || product("matvecf") {
+            // (matvecf: f32 input, quantized as the CPU quantizes it, as `products` does)
             let (cols, rows) = (32 * Self::i(&a[2]), Self::i(&a[3]));
             let mut y = self.products(
                 Self::buf(&a[0]).unwrap(),
@@ -434,18 +437,27 @@ impl Rope {
 }
 
 /// The step's logits for `ids` fed one at a time, the CPU model's for the same prompt, and the
-/// step's kernels.
+/// step's kernels; residual products of at most `on_load_max` values quantize their inputs
+/// as they load them.
 fn emulate(
     spec: &SyntheticSpec,
     activations: Activations,
+    on_load_max: usize,
     ids: &[u32],
 ) -> (Vec<f32>, Vec<f32>, Vec<String>) {
     let file = Arc::new(GgufFile::from_bytes(synthetic::build(spec).unwrap().to_bytes()).unwrap());
     let model = Model::from_file(file.clone(), 1).unwrap();
     let types = |name: &str| file.tensor(name).map(|t| t.ty);
     let n_layer = model.plan().layers.len();
-    let plan =
-        decode_plan_layers(model.plan(), ids.len() + 1, &types, n_layer, activations).unwrap();
+    let plan = decode_plan_with(
+        model.plan(),
+        ids.len() + 1,
+        &types,
+        n_layer,
+        activations,
+        on_load_max,
+    )
+    .unwrap();
     let mut e = Emulator::new(&file, &plan);
     let mut logits = Vec::new();
     for (p, &id) in ids.iter().enumerate() {
@@ -516,6 +528,13 @@ fn the_decode_step_computes_what_the_cpu_computes() {
     freqs.tied_output = true;
     freqs.default_type = TensorType::Q4_K;
     cases.push(freqs);
+    // One type everywhere: the residual products quantize their inputs as they load them, or
+    // after a quantize_act launch.
+    let mut uniform = SyntheticSpec::small("llama");
+    uniform.n_layer = 2;
+    uniform.default_type = TensorType::Q4_0;
+    uniform.types = Vec::new();
+    cases.push(uniform);
     // Q, K, V and gate, up of different types: separate products and activation; K and up in
     // a format the others do not share (Q8_K against Q8_0): their inputs stay f32.
     let mut mixed = SyntheticSpec::small("llama");
@@ -527,19 +546,38 @@ fn the_decode_step_computes_what_the_cpu_computes() {
     ];
     cases.push(mixed);
     for spec in &cases {
-        for act in [Activations::Quantized, Activations::F32] {
-            let (gpu, cpu, kernels) = emulate(spec, act, &ids(24));
+        for (act, on_load_max) in [
+            (Activations::Quantized, usize::MAX),
+            (Activations::Quantized, 0),
+            (Activations::F32, usize::MAX),
+        ] {
+            let (gpu, cpu, kernels) = emulate(spec, act, on_load_max, &ids(24));
             if spec.types.iter().any(|(t, _)| t == "attn_k") && act == Activations::Quantized {
-                // the mixed file: K's input f32 (Q8_K against Q8_0), the activation separate
-                for k in ["matvec3r_Q4_K", "matvecq_Q4_0", "swiglu", "quantize_act"] {
+                // the mixed file: K's input f32 (Q8_K against Q8_0), the activation separate,
+                // quantized by the down product as it loads it or by a launch of its own
+                let down = if on_load_max == 0 {
+                    "quantize_act"
+                } else {
+                    "matvecf_Q4_0"
+                };
+                for k in ["matvec3r_Q4_K", "matvecq_Q4_0", "swiglu", down] {
                     assert!(kernels.iter().any(|n| n == k), "no {k} in {kernels:?}");
                 }
+            }
+            if spec.types.is_empty() && act == Activations::Quantized {
+                let (present, absent) = if on_load_max == 0 {
+                    ("quantize_act", "matvecf_Q4_0")
+                } else {
+                    ("matvecf_Q4_0", "quantize_act")
+                };
+                assert!(kernels.iter().any(|n| n == present), "{kernels:?}");
+                assert!(kernels.iter().all(|n| n != absent), "{kernels:?}");
             }
             let n_vocab = cpu.len() / 24;
             let kl = mean_kl(&cpu, &gpu, n_vocab);
             let rel = relative_difference(&cpu, &gpu);
             eprintln!(
-                "{} {act:?}: mean KL {kl:.3e}, logits {rel:.2e} apart",
+                "{} {act:?} (on load up to {on_load_max}): mean KL {kl:.3e}, logits {rel:.2e} apart",
                 spec.arch
             );
             assert!(kl < 1e-3, "{} {act:?}: mean KL {kl:.3e}", spec.arch);
