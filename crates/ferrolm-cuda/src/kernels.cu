@@ -935,10 +935,14 @@ __device__ __forceinline__ void rows_dot(const u8* const* rows, int row_bytes, i
                                          const void* __restrict__ x, float* tot) {
     __shared__ float part[8][R];
     int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, nt = blockDim.x;
-    // The weights do not wait for the previous kernel.
+    // The weights do not wait for the previous kernel: quantized rows are asked for early.
+    // Float rows are not: on an H200 that decoded an 8B F16 file 158 -> 170 tok/s, where the
+    // prefetch took an 8B Q4_K_M 346 -> 368 and a 1B Q4_K_M 1256 -> 1423.
+    if constexpr (T::ACT != ACT_F32 && T::ACT != ACT_F16 && T::ACT != ACT_BF16) {
 #pragma unroll
-    for (int r = 0; r < R; r++)
-        if (tid == r && rows[r]) prefetch_l2(rows[r], row_bytes);
+        for (int r = 0; r < R; r++)
+            if (tid == r && rows[r]) prefetch_l2(rows[r], row_bytes);
+    }
     step_begin();
     float acc[R];
 #pragma unroll
