@@ -1366,6 +1366,20 @@ __device__ __forceinline__ float dot8_half(const float* f, uint4 w) {
     return d;
 }
 
+// Word g (16 bytes) of the cache rows t0 + pg + P * (i0 + b), b < 8, of a head at kv_off:
+// zeros for lanes past the row's words, for i0 + b past G and for rows past the tile's n.
+__device__ __forceinline__ void cache_words8(const u16* cache, int stride, int kv_off, int t0,
+                                             int i0, int pg, int P, int G, int g, bool word,
+                                             int n, uint4* w) {
+#pragma unroll
+    for (int b = 0; b < 8; b++) {
+        int j = pg + P * (i0 + b);
+        w[b] = word && i0 + b < G && j < n
+                   ? *(const uint4*)(cache + (size_t)(t0 + j) * stride + kv_off + 8 * g)
+                   : make_uint4(0, 0, 0, 0);
+    }
+}
+
 // A block of 128 threads attends the query head qh (hd floats, rounded to f16 as the CPU
 // rounds them) over cache positions [start, end), ATTN_TILE positions at a time. A cache row
 // of hd halfs is ng = hd / 8 words of 16 bytes; G lanes (ng rounded up to a power of two) take
@@ -1391,20 +1405,13 @@ __device__ __forceinline__ void attend_tiles(const float* qh, const u16* kc, con
         qv[k] = word ? h2f(f2h(qh[8 * g + k])) : 0.f;
         acc[k] = 0.f;
     }
-    const uint4 zero = make_uint4(0, 0, 0, 0);
     float m = -INFINITY, l = 0.f;
     for (int t0 = start; t0 < end; t0 += ATTN_TILE) {
         int n = min(ATTN_TILE, end - t0);
         // Scores of the tile's positions pg + P * i.
         for (int i0 = 0; i0 < G; i0 += 8) {
             uint4 w[8];
-#pragma unroll
-            for (int b = 0; b < 8; b++) {
-                int j = pg + P * (i0 + b);
-                w[b] = word && i0 + b < G && j < n
-                           ? *(const uint4*)(kc + (size_t)(t0 + j) * stride + kv_off + 8 * g)
-                           : zero;
-            }
+            cache_words8(kc, stride, kv_off, t0, i0, pg, P, G, g, word, n, w);
 #pragma unroll
             for (int b = 0; b < 8; b++) {
                 float d = dot8_half(qv, w[b]);
@@ -1434,13 +1441,7 @@ __device__ __forceinline__ void attend_tiles(const float* qh, const u16* kc, con
         // The values of the same positions, weighted.
         for (int i0 = 0; i0 < G; i0 += 8) {
             uint4 w[8];
-#pragma unroll
-            for (int b = 0; b < 8; b++) {
-                int j = pg + P * (i0 + b);
-                w[b] = word && i0 + b < G && j < n
-                           ? *(const uint4*)(vc + (size_t)(t0 + j) * stride + kv_off + 8 * g)
-                           : zero;
-            }
+            cache_words8(vc, stride, kv_off, t0, i0, pg, P, G, g, word, n, w);
 #pragma unroll
             for (int b = 0; b < 8; b++) {
                 int j = pg + P * (i0 + b);

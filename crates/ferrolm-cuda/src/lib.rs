@@ -5,7 +5,9 @@
 //! cached on disk ([`kernels`]). The launch plan of a token ([`schedule`]) is host code that CI
 //! tests; [`CudaModel`] uploads the weights in their GGUF block layout, resolves the plan to
 //! addresses and captures it into one graph that each token replays. Positions live in device
-//! memory, so a replay needs no re-capture and the host reads back only the sampled id.
+//! memory, so a replay needs no re-capture and the host reads back only the sampled id. On
+//! compute capability 9.0 and later the graph's kernels are launched to overlap their
+//! predecessors (programmatic dependent launch); each waits for its input inside the kernel.
 //!
 //! The CPU twin of every path here is the forward pass of `ferrolm-model`; the `ferrolm
 //! cuda-check` command compares the two on the same file (on a GPU machine).
