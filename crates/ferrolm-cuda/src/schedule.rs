@@ -920,9 +920,10 @@ pub fn decode_plan_with(
                 Arg::I32(window as i32),
             ],
         );
-        // Quantized for the output product by a launch of its own: with overlapped launches,
-        // that costs less than the attention quantizing its output itself (counters and
-        // fences in every block, the completing block's work in series; measured, PERFORMANCE.md).
+        // The attention's output is quantized by the output product's blocks or by a launch of
+        // its own: with overlapped launches either costs less than the attention quantizing
+        // it (counters and fences in every block, the completing block's work in series;
+        // measured, PERFORMANCE.md).
         b.residual_product(wo, Buf::Attn);
 
         let ffn_norm = b.vector(&n("ffn_norm.weight"), d);
