@@ -4,6 +4,7 @@
 # what bounds them (time, DRAM throughput, achieved occupancy, registers).
 # Usage (on the GPU machine): scripts/gpu-ncu.sh [BIN] [TOKENIZER_GGUF]
 #   env: SHAPE=llama-3.2-1b TYPE=q4_k_m KERNELS='matvec|attn_split|rms_norm' SKIP=40 COUNT=12
+#        NCU_EXTRA='--section WarpStateStats' (more sections, in ncu.txt)
 set -uo pipefail
 BIN=${1:-target/release/ferrolm}
 TOK=${2:-}
@@ -19,7 +20,7 @@ f=$W/${SHAPE:-llama-3.2-1b}-${TYPE:-q4_k_m}.gguf
 out=$W/ncu.txt
 "$NCU" --kernel-name "regex:${KERNELS:-matvec|attn_split|rms_norm|quantize_act|rope_store}" \
   --launch-skip "${SKIP:-40}" --launch-count "${COUNT:-12}" \
-  --section SpeedOfLight --section Occupancy --section LaunchStats \
+  --section SpeedOfLight --section Occupancy --section LaunchStats ${NCU_EXTRA:-} \
   "$BIN" bench -m "$f" --device cuda -p 0 -n 8 -r 1 > "$out" 2>&1 || { tail -20 "$out"; exit 1; }
 [ -n "${OUT:-}" ] && cp "$out" "$OUT/ncu.txt"
 echo "| kernel | grid x threads | us | DRAM GB/s | DRAM % | achieved occupancy | registers |"

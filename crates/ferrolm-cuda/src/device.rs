@@ -5,8 +5,8 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use cudarc::driver::{
-    sys, CudaContext, CudaFunction, CudaGraph, CudaSlice, CudaStream, DevicePtr, LaunchConfig,
-    PushKernelArg,
+    sys, CudaContext, CudaEvent, CudaFunction, CudaGraph, CudaSlice, CudaStream, DevicePtr,
+    LaunchConfig, PinnedHostSlice, PushKernelArg,
 };
 use ferrolm_gguf::GgufFile;
 use ferrolm_model::ModelPlan;
@@ -14,7 +14,7 @@ use ferrolm_model::ModelPlan;
 use crate::kernels;
 use crate::prefill::{self, Addresses, Prefill, MAX_BATCH};
 use crate::schedule::{
-    decode_plan_layers, Activations, Arg, Buf, DecodePlan, SAMPLE_DRAWS, SAMPLE_MAX_K,
+    decode_plan_layers, Activations, Arg, Buf, DecodePlan, SAMPLE_DRAWS, SAMPLE_MAX_K, TOKEN_RING,
 };
 use crate::CudaError;
 
@@ -160,6 +160,59 @@ pub struct DeviceSampling {
     pub temperature: f32,
 }
 
+/// The ids the steps chose, written by the device into page-locked host memory mapped into
+/// its address space (`Buf::TokenRing`): the host reads one after waiting for its step's event
+/// alone, so the next step can already be queued.
+struct TokenRing {
+    slots: PinnedHostSlice<u32>,
+    /// `slots`' host address (kept as a number: the model stays `Send`).
+    host: usize,
+    /// Recorded after each step, one per slot.
+    done: Vec<CudaEvent>,
+    /// The slot of the last step launched, when that step wrote one (a prompt batch does not).
+    last: Option<usize>,
+}
+
+impl TokenRing {
+    fn new(ctx: &Arc<CudaContext>) -> Result<(TokenRing, u64), CudaError> {
+        // SAFETY: the slots are read only after a step has written them (`last`).
+        let mut slots = unsafe {
+            ctx.alloc_pinned_with_flags::<u32>(TOKEN_RING, sys::CU_MEMHOSTALLOC_DEVICEMAP)
+        }
+        .map_err(driver("allocating the token ring"))?;
+        let host = slots
+            .as_mut_ptr()
+            .map_err(driver("allocating the token ring"))?;
+        let mut dev: sys::CUdeviceptr = 0;
+        // SAFETY: `host` was allocated by cuMemHostAlloc with DEVICEMAP in this context.
+        unsafe { sys::cuMemHostGetDevicePointer_v2(&mut dev, host.cast(), 0) }
+            .result()
+            .map_err(driver("mapping the token ring"))?;
+        let done = (0..TOKEN_RING)
+            .map(|_| ctx.new_event(None))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(driver("creating the token ring's events"))?;
+        let ring = TokenRing {
+            host: host as usize,
+            slots,
+            done,
+            last: None,
+        };
+        Ok((ring, dev))
+    }
+
+    /// The id in `slot` once its step is done.
+    fn read(&self, slot: usize) -> Result<u32, CudaError> {
+        self.done[slot]
+            .synchronize()
+            .map_err(driver("reading the token"))?;
+        debug_assert!(slot < self.slots.len());
+        // SAFETY: `host` holds TOKEN_RING u32 for the ring's lifetime; the device wrote the
+        // slot before the event completed (volatile: the device, not this thread, wrote it).
+        Ok(unsafe { std::ptr::read_volatile((self.host as *const u32).add(slot)) })
+    }
+}
+
 /// A model on one GPU, decoding one sequence a token at a time.
 pub struct CudaModel {
     ctx: Arc<CudaContext>,
@@ -185,6 +238,8 @@ pub struct CudaModel {
     logits: CudaSlice<f32>,
     token: CudaSlice<u32>,
     pos_buf: CudaSlice<u32>,
+    /// Present when the step chooses a token (the whole model).
+    ring: Option<TokenRing>,
     pos: usize,
     name: String,
     /// Whether the step's kernels are launched to overlap their predecessors (compute
@@ -221,7 +276,7 @@ fn buffer_bytes(p: &DecodePlan, b: Buf) -> usize {
             (w + w / 4).div_ceil(16) * 4
         }
         Buf::KCache(l) | Buf::VCache(l) => p.n_ctx * p.kv_dims[l] / 2,
-        Buf::Matrix(_) | Buf::Vector(_) | Buf::Logits | Buf::Token | Buf::Pos => 0,
+        Buf::Matrix(_) | Buf::Vector(_) | Buf::Logits | Buf::Token | Buf::Pos | Buf::TokenRing => 0,
     }
 }
 
@@ -332,6 +387,7 @@ impl CudaModel {
 
         // Every other buffer the launches name, allocated once (zeroed: the caches too).
         let mut buffers = Vec::new();
+        let mut ring = None;
         let mut buf_index: HashMap<Buf, usize> = HashMap::new();
         let mut addr: HashMap<Buf, u64> = HashMap::new();
         let ptr = |s: &CudaSlice<u8>| s.device_ptr(&stream).0;
@@ -347,6 +403,11 @@ impl CudaModel {
                         Buf::Logits => logits.device_ptr(&stream).0,
                         Buf::Token => token.device_ptr(&stream).0,
                         Buf::Pos => pos_buf.device_ptr(&stream).0,
+                        Buf::TokenRing => {
+                            let (r, dev) = TokenRing::new(&ctx)?;
+                            ring = Some(r);
+                            dev
+                        }
                         _ => {
                             let s = stream
                                 .alloc_zeros::<u8>(buffer_bytes(&dp, b).max(16))
@@ -426,6 +487,7 @@ impl CudaModel {
             logits,
             token,
             pos_buf,
+            ring,
             pos: 0,
             name,
             overlap: major >= 9 && std::env::var_os("FERROLM_CUDA_NO_OVERLAP").is_none(),
@@ -522,6 +584,13 @@ impl CudaModel {
                 self.stats.graph_launches += 1;
             }
             None => self.launch_all()?,
+        }
+        if let Some(ring) = self.ring.as_mut() {
+            let slot = self.pos % TOKEN_RING;
+            ring.done[slot]
+                .record(&self.stream)
+                .map_err(driver("recording a step"))?;
+            ring.last = Some(slot);
         }
         self.pos += 1;
         self.stats.tokens += 1;
@@ -757,9 +826,34 @@ impl CudaModel {
         self.run_step()
     }
 
-    /// The greedy choice of the last step (one device-to-host read of 4 bytes).
+    /// [`CudaModel::push_greedy`], returning the id it evaluates: the step is queued before
+    /// the host waits for the id, so the device goes from one step to the next without
+    /// waiting for the host. A caller that stops at that id (end of generation) has evaluated
+    /// one position more than it keeps: `truncate(position() - 1)` forgets it.
+    pub fn push_greedy_ahead(&mut self) -> Result<u32, CudaError> {
+        self.whole("push_greedy_ahead")?;
+        match self.ring.as_ref().and_then(|r| r.last) {
+            Some(slot) => {
+                self.run_step()?;
+                self.stats.host_syncs += 1;
+                self.ring.as_ref().expect("present").read(slot)
+            }
+            None => {
+                let id = self.greedy()?;
+                self.run_step()?;
+                Ok(id)
+            }
+        }
+    }
+
+    /// The device's choice at the last step (it waits for that step alone: read from the
+    /// token ring, or after a prompt batch, copied).
     pub fn greedy(&mut self) -> Result<u32, CudaError> {
         self.whole("greedy")?;
+        if let Some(slot) = self.ring.as_ref().and_then(|r| r.last) {
+            self.stats.host_syncs += 1;
+            return self.ring.as_ref().expect("present").read(slot);
+        }
         let mut id = [0u32];
         self.stream
             .memcpy_dtoh(&self.token, &mut id)
@@ -852,6 +946,9 @@ impl CudaModel {
                     .map_or(0, |&i| self._buffers[i].device_ptr(&self.stream).0)
             }),
         };
+        if let Some(ring) = self.ring.as_mut() {
+            ring.last = None;
+        }
         let prefill = self.prefill.as_mut().expect("checked by the caller");
         let n_batches = ids.len().div_ceil(MAX_BATCH);
         for (i, batch) in ids.chunks(MAX_BATCH).enumerate() {
@@ -908,7 +1005,9 @@ fn load_module(
 ) -> Result<Arc<cudarc::driver::CudaModule>, CudaError> {
     let arch = kernels::arch_name(major, minor);
     let dir = kernels::cache_dir();
-    let ptx = match kernels::read_cached(&dir, kernels::SOURCE, &arch) {
+    let source = kernels::source_with_defines(std::env::var("FERROLM_CUDA_DEFINES").ok());
+    let source = source.as_str();
+    let ptx = match kernels::read_cached(&dir, source, &arch) {
         Some(text) => cudarc::nvrtc::Ptx::from_src(text),
         None => {
             // NVRTC wants a `'static` name; there are few architectures, leaked once each.
@@ -918,9 +1017,9 @@ fn load_module(
                 options: vec!["-std=c++17".into()],
                 ..Default::default()
             };
-            let ptx = cudarc::nvrtc::compile_ptx_with_opts(kernels::SOURCE, opts)
+            let ptx = cudarc::nvrtc::compile_ptx_with_opts(source, opts)
                 .map_err(|e| CudaError::Compile(e.to_string()))?;
-            kernels::write_cached(&dir, kernels::SOURCE, &arch, &ptx.to_src());
+            kernels::write_cached(&dir, source, &arch, &ptx.to_src());
             ptx
         }
     };

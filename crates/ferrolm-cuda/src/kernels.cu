@@ -475,6 +475,16 @@ struct Q5_1 {
     }
 };
 
+// p ? a : b as one instruction: the compiler may make a branch of `?:`, and a branch splits the
+// code the scheduler can move loads across.
+__device__ __forceinline__ int select(bool p, int a, int b) {
+    int r;
+    asm("{ .reg .pred q; setp.ne.u32 q, %3, 0; selp.b32 %0, %1, %2, q; }"
+        : "=r"(r)
+        : "r"(a), "r"(b), "r"((u32)p));
+    return r;
+}
+
 // Scale and minimum of sub-block j of Q4_K/Q5_K's 12 bytes of packed 6-bit fields at s.
 __device__ __forceinline__ void scale_min_k4(const u8* s, int j, int* sc, int* mn) {
     if (j < 4) {
@@ -487,20 +497,17 @@ __device__ __forceinline__ void scale_min_k4(const u8* s, int j, int* sc, int* m
 }
 
 // Scale and minimum of sub-block j of a Q4_K/Q5_K super-block from its first 16 bytes, read as
-// one word h (d, dmin, then the 12 bytes of 6-bit fields in h.y, h.z, h.w): no byte loads.
+// one word h (d, dmin, then the 12 bytes of 6-bit fields in h.y, h.z, h.w): no byte loads, and
+// selects rather than branches (a branch here kept the compiler from issuing the next rows'
+// loads before this row's arithmetic).
 __device__ __forceinline__ void scale_min_k4_words(uint4 h, int j, int* sc, int* mn) {
-    // byte k of the 12 (k < 12)
-    auto byte = [&](int k) -> int {
-        u32 w = k < 4 ? h.y : (k < 8 ? h.z : h.w);
-        return (int)((w >> (8 * (k & 3))) & 0xff);
-    };
-    if (j < 4) {
-        *sc = byte(j) & 63;
-        *mn = byte(j + 4) & 63;
-    } else {
-        *sc = (byte(j + 4) & 15) | ((byte(j - 4) >> 6) << 4);
-        *mn = (byte(j + 4) >> 4) | ((byte(j) >> 6) << 4);
-    }
+    // bytes j % 4, 4 + j % 4 and 8 + j % 4 of the 12
+    int sh = 8 * (j & 3);
+    int a = (int)((h.y >> sh) & 0xff), b = (int)((h.z >> sh) & 0xff),
+        c = (int)((h.w >> sh) & 0xff);
+    bool hi = j >= 4;
+    *sc = select(hi, (c & 15) | ((a >> 6) << 4), a & 63);
+    *mn = select(hi, (c >> 4) | ((b >> 6) << 4), b & 63);
 }
 
 // What a Q4_K / Q5_K product needs of chunk j's super-block b besides its quants: d, dmin and
@@ -508,8 +515,8 @@ __device__ __forceinline__ void scale_min_k4_words(uint4 h, int j, int* sc, int*
 struct KHead {
     float d, dmin;
     int sc, mn;
-    __device__ __forceinline__ KHead(const u8* b, int j) {
-        uint4 head = LD((const uint4*)b);
+    __device__ __forceinline__ KHead(const u8* b, int j) : KHead(LD((const uint4*)b), j) {}
+    __device__ __forceinline__ KHead(uint4 head, int j) {
         d = h2f((u16)(head.x & 0xffff));
         dmin = h2f((u16)(head.x >> 16));
         scale_min_k4_words(head, j, &sc, &mn);
@@ -762,21 +769,30 @@ struct Q4_K {
         }
     }
     static constexpr int ACT = ACT_Q8_K;
-    static __device__ __forceinline__ float dot(const u8* row, int c, int nc, const Act& a) {
+    // What a chunk's product reads: its super-block's first 16 bytes and its 32 bytes of nibbles.
+    struct Raw {
+        uint4 head, q[2];
+    };
+    static __device__ __forceinline__ Raw fetch(const u8* row, int c, int nc) {
         const u8* b = row + 144 * (c >> 3);
+        const uint4* q = (const uint4*)(b + 16 + 32 * ((c & 7) >> 1));
+        return Raw{LD((const uint4*)b), {LD(q), LD(q + 1)}};
+    }
+    static __device__ __forceinline__ float dot_raw(const Raw& w, int c, const Act& a) {
         int j = c & 7, shift = (j & 1) * 4;
-        KHead head(b, j);
-        const uint4* q = (const uint4*)(b + 16 + 32 * (j >> 1));
+        KHead head(w.head, j);
         int s = 0;
 #pragma unroll
         for (int i = 0; i < 2; i++) {
-            uint4 v = LD(q + i);
-            u32 w[4] = {v.x, v.y, v.z, v.w};
+            u32 v[4] = {w.q[i].x, w.q[i].y, w.q[i].z, w.q[i].w};
 #pragma unroll
             for (int k = 0; k < 4; k++)
-                s = __dp4a((int)((w[k] >> shift) & 0x0f0f0f0fu), a.q[4 * i + k], s);
+                s = __dp4a((int)((v[k] >> shift) & 0x0f0f0f0fu), a.q[4 * i + k], s);
         }
         return head.product(a, s);
+    }
+    static __device__ __forceinline__ float dot(const u8* row, int c, int nc, const Act& a) {
+        return dot_raw(fetch(row, c, nc), c, a);
     }
 };
 
@@ -925,11 +941,55 @@ struct Q6_KR {
 
 #define ROWS 4
 
+// Whether block type T splits its product into fetch (the chunk's words) and dot_raw.
+template <typename T, typename = void>
+struct HasRaw {
+    static constexpr bool value = false;
+};
+template <typename T>
+struct HasRaw<T, decltype(void(sizeof(typename T::Raw)))> {
+    static constexpr bool value = true;
+};
+// Chunks a thread of a product takes at a time (their loads issued together) where the block
+// type splits fetch from arithmetic; 1 to compare (FERROLM_CUDA_DEFINES=MATVEC_UNROLL=1).
+#ifndef MATVEC_UNROLL
+#define MATVEC_UNROLL 2
+#endif
+
+// acc[r] += rows[r] . x over chunk c, and (TWO) over chunk c + step too: every row's words and
+// the activations loaded before any arithmetic, so that they are one round trip to memory.
+// Rows past the end are rows[0] again (the caller does not write them): a branch around a
+// row's loads had the compiler take the rows one after another, a round trip each.
+template <typename T, int R, bool ON_LOAD, bool TWO>
+__device__ __forceinline__ void chunk_dots(const u8* const* rows, int c, int n_chunks,
+                                           const void* __restrict__ x, int step, float* acc) {
+    typename T::Raw w0[R], w1[R];
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        w0[r] = T::fetch(rows[r], c, n_chunks);
+        if (TWO) w1[r] = T::fetch(rows[r], c + step, n_chunks);
+    }
+    Act a0, a1;
+    if constexpr (ON_LOAD) {
+        quantize_chunk<T::ACT>((const float*)x, c, a0);
+    } else {
+        load_act((const u8*)x, n_chunks, c, a0);
+        if (TWO) load_act((const u8*)x, n_chunks, c + step, a1);
+    }
+#pragma unroll
+    for (int r = 0; r < R; r++) acc[r] += T::dot_raw(w0[r], c, a0);
+    if (TWO) {
+#pragma unroll
+        for (int r = 0; r < R; r++) acc[r] += T::dot_raw(w1[r], c + step, a1);
+    }
+}
+
 // After the call, tot[r] holds row r's product in every thread of the block. With Q, x is the
 // activations quantized as the CPU quantizes them for the row type (XQ), multiplied with
 // integer dot products; otherwise f32 (rounded as the CPU rounds them for F16 / BF16 rows).
 // Q: integer dots with the activations quantized, read from XQ, or (ON_LOAD) from f32 x
-// quantized chunk by chunk as they are loaded.
+// quantized chunk by chunk as they are loaded. A thread's chunks are summed in order
+// (tid, tid + nt, ...) whichever way they are loaded.
 template <typename T, int R, bool Q, bool ON_LOAD = false>
 __device__ __forceinline__ void rows_dot(const u8* const* rows, int row_bytes, int n_chunks,
                                          const void* __restrict__ x, float* tot) {
@@ -944,41 +1004,58 @@ __device__ __forceinline__ void rows_dot(const u8* const* rows, int row_bytes, i
             if (tid == r && rows[r]) prefetch_l2(rows[r], row_bytes);
     }
     step_begin();
+    const u8* rp[R];
+#pragma unroll
+    for (int r = 0; r < R; r++) rp[r] = rows[r] ? rows[r] : rows[0];
     float acc[R];
 #pragma unroll
     for (int r = 0; r < R; r++) acc[r] = 0.f;
-    for (int c = tid; c < n_chunks; c += nt) {
-        if constexpr (Q) {
-            Act a;
-            if constexpr (ON_LOAD)
-                quantize_chunk<T::ACT>((const float*)x, c, a);
-            else
-                load_act((const u8*)x, n_chunks, c, a);
-#pragma unroll
-            for (int r = 0; r < R; r++)
-                if (rows[r]) acc[r] += T::dot(rows[r], c, n_chunks, a);
+    if constexpr (Q && HasRaw<T>::value) {
+        // Two chunks at a time, but not on load (quantize_chunk's lanes share Q8_K scales).
+        int c = tid;
+        if constexpr (!ON_LOAD && MATVEC_UNROLL > 1) {
+            for (; c + nt < n_chunks; c += 2 * nt)
+                chunk_dots<T, R, ON_LOAD, true>(rp, c, n_chunks, x, nt, acc);
+            // At most one chunk is left: an `if`, not a loop (a loop here cost an 8B 4%).
+            if (c < n_chunks) chunk_dots<T, R, ON_LOAD, false>(rp, c, n_chunks, x, nt, acc);
         } else {
-            float xr[32];
-            const float4* xv = (const float4*)((const float*)x + 32 * c);
+            for (; c < n_chunks; c += nt)
+                chunk_dots<T, R, ON_LOAD, false>(rp, c, n_chunks, x, nt, acc);
+        }
+    } else {
+        for (int c = tid; c < n_chunks; c += nt) {
+            if constexpr (Q) {
+                Act a;
+                if constexpr (ON_LOAD)
+                    quantize_chunk<T::ACT>((const float*)x, c, a);
+                else
+                    load_act((const u8*)x, n_chunks, c, a);
 #pragma unroll
-            for (int i = 0; i < 8; i++) {
-                float4 v = xv[i];
-                xr[4 * i] = v.x; xr[4 * i + 1] = v.y; xr[4 * i + 2] = v.z; xr[4 * i + 3] = v.w;
-            }
+                for (int r = 0; r < R; r++) acc[r] += T::dot(rp[r], c, n_chunks, a);
+            } else {
+                float xr[32];
+                const float4* xv = (const float4*)((const float*)x + 32 * c);
 #pragma unroll
-            for (int i = 0; i < 32; i++) {
-                if (T::ACT == ACT_F16) xr[i] = h2f(f2h(xr[i]));
-                if (T::ACT == ACT_BF16) xr[i] = round_bf16(xr[i]);
-            }
+                for (int i = 0; i < 8; i++) {
+                    float4 v = xv[i];
+                    xr[4 * i] = v.x; xr[4 * i + 1] = v.y; xr[4 * i + 2] = v.z; xr[4 * i + 3] = v.w;
+                }
 #pragma unroll
-            for (int r = 0; r < R; r++) {
-                if (rows[r]) {
-                    float w[32];
-                    T::load(rows[r], c, n_chunks, w);
-                    float a = 0.f;
+                for (int i = 0; i < 32; i++) {
+                    if (T::ACT == ACT_F16) xr[i] = h2f(f2h(xr[i]));
+                    if (T::ACT == ACT_BF16) xr[i] = round_bf16(xr[i]);
+                }
+                // Float rows keep the branch: without it an 8B F16 file decoded 3% slower.
 #pragma unroll
-                    for (int i = 0; i < 32; i++) a += w[i] * xr[i];
-                    acc[r] += a;
+                for (int r = 0; r < R; r++) {
+                    if (rows[r]) {
+                        float w[32];
+                        T::load(rows[r], c, n_chunks, w);
+                        float a = 0.f;
+#pragma unroll
+                        for (int i = 0; i < 32; i++) a += w[i] * xr[i];
+                        acc[r] += a;
+                    }
                 }
             }
         }
@@ -1741,15 +1818,23 @@ __device__ u32 sample_tail(const float* logits, int n, const SampleCfg* cfg, con
     return chosen;
 }
 
-// The next token (greedy, or drawn as cfg says) into *token; with advance, *pos += 1: the next
-// replay of the step reads both. One block of 1024 threads.
+// Slots of the host's ring of chosen ids (a power of two).
+#define TOKEN_RING 4
+
+// The next token (greedy, or drawn as cfg says) into *token, and (ring, mapped host memory, and
+// pos present) into ring[*pos % TOKEN_RING], where the host reads it without a copy; with
+// advance, *pos += 1: the next replay of the step reads both. One block of 1024 threads.
 extern "C" __global__ void choose_token(const float* logits, int n, u32* token, u32* pos,
                                         int advance, const SampleCfg* cfg, const float* draws,
-                                        u32* draw_idx) {
+                                        u32* draw_idx, u32* ring) {
     step_begin();
     u32 id = cfg->k > 0 ? sample_tail(logits, n, cfg, draws, draw_idx) : block_argmax(logits, n);
     if (threadIdx.x == 0) {
         *token = id;
+        if (ring && pos) {
+            ring[*pos & (TOKEN_RING - 1)] = id;
+            __threadfence_system();
+        }
         if (advance) *pos += 1;
     }
 }

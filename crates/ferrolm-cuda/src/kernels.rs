@@ -8,6 +8,23 @@ use std::path::{Path, PathBuf};
 /// The kernels, CUDA C (no headers: NVRTC compiles it as is).
 pub const SOURCE: &str = include_str!("kernels.cu");
 
+/// [`SOURCE`] after a `#define` line for each comma-separated `NAME` or `NAME=VALUE` of
+/// `defines` (`FERROLM_CUDA_DEFINES`: kernel variants compared on the GPU machine without a
+/// rebuild; the cache key follows the text).
+pub fn source_with_defines(defines: Option<String>) -> String {
+    let mut out = String::new();
+    for d in defines.iter().flat_map(|d| d.split(',')) {
+        let d = d.trim();
+        if d.is_empty() {
+            continue;
+        }
+        let (name, value) = d.split_once('=').unwrap_or((d, ""));
+        out.push_str(&format!("#define {} {}\n", name.trim(), value.trim()));
+    }
+    out.push_str(SOURCE);
+    out
+}
+
 /// FNV-1a, 64 bits: stable across Rust versions and platforms (unlike `DefaultHasher`).
 pub fn fnv1a64(bytes: &[u8]) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
@@ -99,6 +116,14 @@ mod tests {
         assert_eq!(read_cached(&dir, "src2", "sm_90"), None);
         assert_eq!(read_cached(&dir, "src", "sm_80"), None);
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn defines_go_before_the_source() {
+        assert_eq!(source_with_defines(None), SOURCE);
+        let s = source_with_defines(Some("A=2, B ,".into()));
+        assert!(s.starts_with("#define A 2\n#define B \n"));
+        assert!(s.ends_with(SOURCE));
     }
 
     #[test]

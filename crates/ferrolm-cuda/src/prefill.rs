@@ -193,6 +193,8 @@ impl Prefill {
                 Value::Ptr(cfg),
                 Value::Ptr(draws),
                 Value::Ptr(idx),
+                // No ring: the host reads a batch's choice from `token`.
+                Value::Ptr(0),
             ],
         )
     }

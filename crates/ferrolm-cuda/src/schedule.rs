@@ -107,6 +107,9 @@ pub enum Buf {
     Token,
     /// The position the step writes (advanced by the step), one u32.
     Pos,
+    /// The chosen ids again, in mapped host memory: [`TOKEN_RING`] u32, the step at position p
+    /// writing slot `p % TOKEN_RING`, so that the host reads a step's id while the next runs.
+    TokenRing,
     /// Layer `l`'s keys, `n_ctx x kv_dim` f16.
     KCache(usize),
     /// Layer `l`'s values, `n_ctx x kv_dim` f16.
@@ -268,6 +271,10 @@ pub struct DecodePlan {
 /// Draws the device holds at a time.
 pub const SAMPLE_DRAWS: usize = 4096;
 
+/// Slots of [`Buf::TokenRing`] (the kernels' TOKEN_RING, a power of two): steps the host may
+/// queue before reading the first one's id.
+pub const TOKEN_RING: usize = 4;
+
 /// The most candidates the device sampler keeps (`top_k` at most this; more falls back to the
 /// host's sampler).
 pub const SAMPLE_MAX_K: usize = 256;
@@ -284,7 +291,12 @@ pub fn matvec_threads(n_chunks: usize, rows: usize) -> u32 {
     if n_chunks >= 256 && rows <= 2048 && std::env::var_os("FERROLM_CUDA_MATVEC_128").is_none() {
         return 256;
     }
-    (n_chunks.next_multiple_of(32)).clamp(32, 128) as u32
+    let most = std::env::var("FERROLM_CUDA_MATVEC_MAX_THREADS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(128usize)
+        .clamp(32, 128);
+    (n_chunks.next_multiple_of(32)).clamp(32, most) as u32
 }
 
 /// The largest residual product (rows x columns) whose blocks quantize its f32 input as they
@@ -998,6 +1010,7 @@ pub fn decode_plan_with(
                 Arg::Buf(Buf::SampleCfg),
                 Arg::Buf(Buf::Draws),
                 Arg::Buf(Buf::DrawIdx),
+                Arg::Buf(Buf::TokenRing),
             ],
         );
         Some(Head { out_norm, output })

@@ -85,15 +85,23 @@ pub fn run(args: BenchArgs) -> Result<()> {
         if args.n_gen > 0 {
             let mut speeds = Vec::new();
             let before = gpu.stats();
+            // Each step is queued before the previous one's id is read, as `run` does
+            // (FERROLM_BENCH_NO_AHEAD: read each id before queueing the next step, to compare).
+            let ahead = std::env::var_os("FERROLM_BENCH_NO_AHEAD").is_none();
             for _ in 0..reps {
                 gpu.reset()?;
                 gpu.push(rng.random_range(0..n_vocab))?;
                 gpu.greedy()?;
                 let t = Instant::now();
                 for _ in 0..args.n_gen {
-                    gpu.push_greedy()?;
-                    gpu.greedy()?;
+                    if ahead {
+                        gpu.push_greedy_ahead()?;
+                    } else {
+                        gpu.push_greedy()?;
+                        gpu.greedy()?;
+                    }
                 }
+                gpu.greedy()?;
                 speeds.push(args.n_gen as f64 / t.elapsed().as_secs_f64());
             }
             let after = gpu.stats();

@@ -120,13 +120,25 @@ pub fn generate(
         gen_time: Default::default(),
     };
     while out.tokens.len() < params.max_tokens {
-        let id = if greedy {
+        // Room for the id about to be read to be evaluated too.
+        let room = out.tokens.len() + 1 < params.max_tokens && m.position() + 1 < n_ctx;
+        // When the device chooses and there is room, the step evaluating its choice is queued
+        // before the host reads that choice (the device does not wait for the host); a stop at
+        // that id forgets the extra position.
+        let ahead = greedy && room;
+        let id = if ahead {
+            m.ensure_draws(&mut draw)?;
+            m.push_greedy_ahead()?
+        } else if greedy {
             m.greedy()?
         } else {
             sampler.sample(&logits, &history)
         };
         if params.stop_at_eog && tokenizer.is_eog(id) {
             out.finish = FinishReason::Stop;
+            if ahead {
+                m.truncate(m.position() - 1)?;
+            }
             break;
         }
         out.tokens.push(id);
@@ -135,16 +147,15 @@ pub fn generate(
         out.text.push_str(&piece);
         if !piece.is_empty() && !on_text(&piece) {
             out.finish = FinishReason::Stop;
+            if ahead {
+                m.truncate(m.position() - 1)?;
+            }
             break;
         }
-        if out.tokens.len() == params.max_tokens || m.position() + 1 >= n_ctx {
+        if !room {
             break;
         }
-        if greedy {
-            // The device already holds the id it chose: no upload.
-            m.ensure_draws(&mut draw)?;
-            m.push_greedy()?;
-        } else {
+        if !greedy {
             m.push(id)?;
             logits = m.logits()?;
         }
@@ -428,11 +439,13 @@ pub fn check(args: CheckArgs) -> Result<()> {
     let mut gpu_ids = Vec::new();
     let before = gpu.stats();
     let t = Instant::now();
+    // As `run` goes: each step queued before the id it evaluates is read.
     for i in 0..args.n_gen {
-        gpu_ids.push(gpu.greedy()?);
-        if i + 1 < args.n_gen {
-            gpu.push_greedy()?;
-        }
+        gpu_ids.push(if i + 1 < args.n_gen {
+            gpu.push_greedy_ahead()?
+        } else {
+            gpu.greedy()?
+        });
     }
     let gen_time = t.elapsed();
     let after = gpu.stats();
