@@ -5,7 +5,8 @@
 //! cached on disk ([`kernels`]). The launch plan of a token ([`schedule`]) is host code that CI
 //! tests; [`CudaModel`] uploads the weights in their GGUF block layout, resolves the plan to
 //! addresses and captures it into one graph that each token replays. Positions live in device
-//! memory, so a replay needs no re-capture and the host reads back only the sampled id. On
+//! memory, so a replay needs no re-capture and the host reads back only the sampled id (from
+//! mapped host memory the step writes, while the next step already runs). On
 //! compute capability 9.0 and later the graph's kernels are launched to overlap their
 //! predecessors (programmatic dependent launch); each waits for its input inside the kernel.
 //!

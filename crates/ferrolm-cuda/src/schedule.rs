@@ -1405,4 +1405,29 @@ mod tests {
         assert_eq!(splits_for(513), 5);
         assert_eq!(splits_for(1 << 20), 16);
     }
+
+    #[test]
+    fn the_step_hands_its_token_to_the_host_ring() {
+        let p = decode_plan(&plan(2, 64), 256, &all(TensorType::Q4_K)).unwrap();
+        let choose = p.launches.last().unwrap();
+        assert_eq!(choose.kernel, "choose_token");
+        assert_eq!(choose.args.last(), Some(&Arg::Buf(Buf::TokenRing)));
+        assert!(TOKEN_RING.is_power_of_two());
+        let src = crate::kernels::SOURCE;
+        assert!(src.contains(&format!("#define TOKEN_RING {TOKEN_RING}\n")));
+        assert!(src.contains("u32* draw_idx, u32* ring)"));
+        // The first layers alone choose nothing: no ring.
+        let part = decode_plan_layers(
+            &plan(4, 64),
+            256,
+            &all(TensorType::Q4_K),
+            2,
+            Activations::Quantized,
+        )
+        .unwrap();
+        assert!(part
+            .launches
+            .iter()
+            .all(|l| !l.args.contains(&Arg::Buf(Buf::TokenRing))));
+    }
 }

@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use ferrolm_cuda::schedule::{
-    decode_plan_layers, decode_plan_with, Activations, Arg, Buf, DecodePlan, Launch,
+    decode_plan_layers, decode_plan_with, Activations, Arg, Buf, DecodePlan, Launch, TOKEN_RING,
 };
 use ferrolm_gguf::{GgufFile, TensorType};
 use ferrolm_model::synthetic::{self, SyntheticSpec};
@@ -59,6 +59,7 @@ impl<'f> Emulator<'f> {
         }
         e.u32s.insert(Buf::Pos, vec![0]);
         e.u32s.insert(Buf::Token, vec![0]);
+        e.u32s.insert(Buf::TokenRing, vec![u32::MAX; TOKEN_RING]);
         e
     }
 
@@ -267,6 +268,10 @@ impl<'f> Emulator<'f> {
             let logits = self.read(Self::buf(&a[0]).unwrap());
             let best = (0..n).fold(0, |b, i| if logits[i] > logits[b] { i } else { b });
             self.u32s.get_mut(&Buf::Token).unwrap()[0] = best as u32;
+            if a.get(8) == Some(&Arg::Buf(Buf::TokenRing)) {
+                let p = self.u32s[&Buf::Pos][0] as usize;
+                self.u32s.get_mut(&Buf::TokenRing).unwrap()[p % TOKEN_RING] = best as u32;
+            }
             if Self::i(&a[4]) == 1 {
                 self.u32s.get_mut(&Buf::Pos).unwrap()[0] += 1;
             }
@@ -467,6 +472,11 @@ fn emulate(
             e.u32s[&Buf::Pos][0] as usize,
             p + 1,
             "the step advances the position"
+        );
+        assert_eq!(
+            e.u32s[&Buf::TokenRing][p % TOKEN_RING],
+            e.u32s[&Buf::Token][0],
+            "the host's ring holds the step's choice in the position's slot"
         );
     }
     let cpu = model.session(ids.len() + 1).eval(ids, Logits::All).unwrap();
