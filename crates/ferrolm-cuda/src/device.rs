@@ -449,7 +449,7 @@ impl CudaModel {
                 cfg: LaunchConfig {
                     grid_dim: (l.grid.0, l.grid.1, 1),
                     block_dim: (l.block, 1, 1),
-                    shared_mem_bytes: 0,
+                    shared_mem_bytes: l.shared,
                 },
                 args,
             });

@@ -11,6 +11,7 @@ typedef signed char i8;
 typedef signed char int8_t_;
 typedef unsigned short u16;
 typedef unsigned int u32;
+typedef unsigned long long u64;
 
 #define INFINITY __int_as_float(0x7f800000)
 // Weights are read once per token: through the read-only path.
@@ -61,6 +62,89 @@ __device__ __forceinline__ void prefetch_l2(const void* p, size_t bytes) {
     if (e > s)
         asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(s), "r"((u32)(e - s))
                      : "memory");
+#endif
+}
+
+// ---- rows staged in shared memory by the copy engine (sm_90: cp.async.bulk) ----
+
+__device__ __forceinline__ u32 smem_addr(const void* p) {
+    return (u32)__cvta_generic_to_shared(p);
+}
+
+// 16 bytes of shared memory (volatile: kept after the barrier wait that guards them).
+__device__ __forceinline__ uint4 lds16(const void* p) {
+    uint4 v;
+    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "r"(smem_addr(p)));
+    return v;
+}
+
+__device__ __forceinline__ u16 lds_u16(const void* p) {
+    u16 v;
+    asm volatile("ld.shared.u16 %0, [%1];" : "=h"(v) : "r"(smem_addr(p)));
+    return v;
+}
+
+// 16 bytes / 2 bytes / 4 bytes from a 2-byte-aligned address, from shared memory (S) or
+// through the read-only path.
+template <bool S>
+__device__ __forceinline__ uint4 ld16(const void* p) {
+    if constexpr (S) return lds16(p);
+    return LD((const uint4*)p);
+}
+template <bool S>
+__device__ __forceinline__ u16 ld2(const void* p) {
+    if constexpr (S) return lds_u16(p);
+    return LD((const u16*)p);
+}
+template <bool S>
+__device__ __forceinline__ u32 ld2x2(const u8* p) {
+    return (u32)ld2<S>(p) | ((u32)ld2<S>(p + 2) << 16);
+}
+
+// One thread: a barrier in shared memory that completes once `bytes` have arrived, and the
+// copies of `n` rows of `row_bytes` (16-byte multiples, 16-byte aligned) into dst, row after
+// row; rows[r] null: not copied. Before the copies every thread must see the initialised
+// barrier (the caller's __syncthreads).
+__device__ __forceinline__ void stage_init(u64* bar) {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(bar)) : "memory");
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+#endif
+}
+template <int N>
+__device__ __forceinline__ void stage_rows(u8* dst, const u8* const* rows, int row_bytes,
+                                           u64* bar) {
+#if __CUDA_ARCH__ >= 900
+    u32 bytes = 0;
+#pragma unroll
+    for (int r = 0; r < N; r++)
+        if (rows[r]) bytes += row_bytes;
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)),
+                 "r"(bytes)
+                 : "memory");
+#pragma unroll
+    for (int r = 0; r < N; r++)
+        if (rows[r])
+            asm volatile(
+                "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], "
+                "%2, [%3];" ::"r"(smem_addr(dst + r * row_bytes)),
+                "l"(rows[r]), "r"(row_bytes), "r"(smem_addr(bar))
+                : "memory");
+#endif
+}
+// Every thread: waits until the staged rows are in.
+__device__ __forceinline__ void stage_wait(u64* bar) {
+#if __CUDA_ARCH__ >= 900
+    u32 done = 0;
+    while (!done)
+        asm volatile(
+            "{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], 0; "
+            "selp.u32 %0, 1, 0, p; }"
+            : "=r"(done)
+            : "r"(smem_addr(bar))
+            : "memory");
 #endif
 }
 
@@ -379,6 +463,24 @@ struct Q4_0 {
 #pragma unroll
         for (int k = 0; k < 4; k++) q[k] = ld_u16x2(b + 2 + 4 * k);
         return d * a.d * (float)(nibble_dot(q, 0, a) - 8 * (a.sum[0] + a.sum[1]));
+    }
+    // The staged products' split (from global memory, fetching first was slower: `dot`).
+    static constexpr bool FETCH_GLOBAL = false;
+    struct Raw {
+        u16 d;
+        u32 q[4];
+    };
+    template <bool SHARED = false>
+    static __device__ __forceinline__ Raw fetch(const u8* row, int c, int nc) {
+        const u8* b = row + 18 * c;
+        Raw w;
+        w.d = ld2<SHARED>(b);
+#pragma unroll
+        for (int k = 0; k < 4; k++) w.q[k] = ld2x2<SHARED>(b + 2 + 4 * k);
+        return w;
+    }
+    static __device__ __forceinline__ float dot_raw(const Raw& w, int c, const Act& a) {
+        return h2f(w.d) * a.d * (float)(nibble_dot(w.q, 0, a) - 8 * (a.sum[0] + a.sum[1]));
     }
 };
 
@@ -773,10 +875,13 @@ struct Q4_K {
     struct Raw {
         uint4 head, q[2];
     };
+    // Fetched before the arithmetic from global memory too (not only when staged).
+    static constexpr bool FETCH_GLOBAL = true;
+    template <bool SHARED = false>
     static __device__ __forceinline__ Raw fetch(const u8* row, int c, int nc) {
         const u8* b = row + 144 * (c >> 3);
         const uint4* q = (const uint4*)(b + 16 + 32 * ((c & 7) >> 1));
-        return Raw{LD((const uint4*)b), {LD(q), LD(q + 1)}};
+        return Raw{ld16<SHARED>(b), {ld16<SHARED>(q), ld16<SHARED>(q + 1)}};
     }
     static __device__ __forceinline__ float dot_raw(const Raw& w, int c, const Act& a) {
         int j = c & 7, shift = (j & 1) * 4;
@@ -884,6 +989,25 @@ struct Q8_0R {
         for (int k = 0; k < 8; k++) s = __dp4a((int)q[k], a.q[k], s);
         return d * a.d * (float)s;
     }
+    // The staged products' split (`dot` from global memory).
+    static constexpr bool FETCH_GLOBAL = false;
+    struct Raw {
+        uint4 v[2];
+        u16 d;
+    };
+    template <bool SHARED = false>
+    static __device__ __forceinline__ Raw fetch(const u8* row, int c, int nc) {
+        const u8* p = row + 32 * c;
+        return Raw{{ld16<SHARED>(p), ld16<SHARED>(p + 16)}, ld2<SHARED>(row + 32 * nc + 2 * c)};
+    }
+    static __device__ __forceinline__ float dot_raw(const Raw& w, int c, const Act& a) {
+        float d = h2f(w.d);
+        u32 q[8] = {w.v[0].x, w.v[0].y, w.v[0].z, w.v[0].w, w.v[1].x, w.v[1].y, w.v[1].z, w.v[1].w};
+        int s = 0;
+#pragma unroll
+        for (int k = 0; k < 8; k++) s = __dp4a((int)q[k], a.q[k], s);
+        return d * a.d * (float)s;
+    }
 };
 
 // Q6_KR: [128 ql bytes of each super-block][64 qh bytes of each][16 scales of each][f16 d of
@@ -929,6 +1053,36 @@ struct Q6_KR {
                               lshift, hshift, a);
         return a.d * d * (float)sum;
     }
+    // The staged products' split (from global memory, fetching first was slower: `dot`).
+    static constexpr bool FETCH_GLOBAL = false;
+    struct Raw {
+        uint4 l[2], h[2];
+        u16 scales, d;
+    };
+    template <bool SHARED = false>
+    static __device__ __forceinline__ Raw fetch(const u8* row, int c, int nc) {
+        int nsb = nc >> 3, sb = c >> 3, j = c & 7, n = j >> 2, k = j & 3;
+        const u8* l = row + 128 * sb + 64 * n + 32 * (k & 1);
+        const u8* h = row + 128 * nsb + 64 * sb + 32 * n;
+        return Raw{{ld16<SHARED>(l), ld16<SHARED>(l + 16)},
+                   {ld16<SHARED>(h), ld16<SHARED>(h + 16)},
+                   ld2<SHARED>(row + 192 * nsb + 16 * sb + 8 * n + 2 * k),
+                   ld2<SHARED>(row + 208 * nsb + 2 * sb)};
+    }
+    // Word i of 8 held in two 16-byte words.
+    static __device__ __forceinline__ u32 word(const uint4* v, int i) {
+        uint4 x = v[i >> 2];
+        int e = i & 3;
+        return e == 0 ? x.x : e == 1 ? x.y : e == 2 ? x.z : x.w;
+    }
+    static __device__ __forceinline__ float dot_raw(const Raw& r, int c, const Act& a) {
+        int k = c & 3;
+        float d = h2f(r.d);
+        int sum = six_bit_dot([&](int i) { return word(r.l, i); },
+                              [&](int i) { return word(r.h, i); }, (u32)r.scales,
+                              (k >> 1) * 4, 2 * k, a);
+        return a.d * d * (float)sum;
+    }
 };
 
 // ---- y[r] = W[r] . x (+ bias[r]) (+ res[r]): a block per ROWS rows ----
@@ -950,6 +1104,15 @@ template <typename T>
 struct HasRaw<T, decltype(void(sizeof(typename T::Raw)))> {
     static constexpr bool value = true;
 };
+// Whether T's split is used from global memory too (T::FETCH_GLOBAL), not only when staged.
+template <typename T, bool = HasRaw<T>::value>
+struct FetchGlobal {
+    static constexpr bool value = false;
+};
+template <typename T>
+struct FetchGlobal<T, true> {
+    static constexpr bool value = T::FETCH_GLOBAL;
+};
 // Chunks a thread of a product takes at a time (their loads issued together) where the block
 // type splits fetch from arithmetic; 1 to compare (FERROLM_CUDA_DEFINES=MATVEC_UNROLL=1).
 #ifndef MATVEC_UNROLL
@@ -960,14 +1123,14 @@ struct HasRaw<T, decltype(void(sizeof(typename T::Raw)))> {
 // the activations loaded before any arithmetic, so that they are one round trip to memory.
 // Rows past the end are rows[0] again (the caller does not write them): a branch around a
 // row's loads had the compiler take the rows one after another, a round trip each.
-template <typename T, int R, bool ON_LOAD, bool TWO>
+template <typename T, int R, bool ON_LOAD, bool TWO, bool SHARED = false>
 __device__ __forceinline__ void chunk_dots(const u8* const* rows, int c, int n_chunks,
                                            const void* __restrict__ x, int step, float* acc) {
     typename T::Raw w0[R], w1[R];
 #pragma unroll
     for (int r = 0; r < R; r++) {
-        w0[r] = T::fetch(rows[r], c, n_chunks);
-        if (TWO) w1[r] = T::fetch(rows[r], c + step, n_chunks);
+        w0[r] = T::template fetch<SHARED>(rows[r], c, n_chunks);
+        if (TWO) w1[r] = T::template fetch<SHARED>(rows[r], c + step, n_chunks);
     }
     Act a0, a1;
     if constexpr (ON_LOAD) {
@@ -990,34 +1153,50 @@ __device__ __forceinline__ void chunk_dots(const u8* const* rows, int c, int n_c
 // Q: integer dots with the activations quantized, read from XQ, or (ON_LOAD) from f32 x
 // quantized chunk by chunk as they are loaded. A thread's chunks are summed in order
 // (tid, tid + nt, ...) whichever way they are loaded.
-template <typename T, int R, bool Q, bool ON_LOAD = false>
+// STAGE (quantized rows with a fetch/dot_raw split): the block's rows are copied into dynamic
+// shared memory (R x row_bytes) by bulk copies issued before the wait for the previous kernel,
+// all of a block's bytes in flight at once whatever the compiler's order of loads.
+template <typename T, int R, bool Q, bool ON_LOAD = false, bool STAGE = false>
 __device__ __forceinline__ void rows_dot(const u8* const* rows, int row_bytes, int n_chunks,
                                          const void* __restrict__ x, float* tot) {
     __shared__ float part[8][R];
     int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, nt = blockDim.x;
-    // The weights do not wait for the previous kernel: quantized rows are asked for early.
-    // Float rows are not: on an H200 that decoded an 8B F16 file 158 -> 170 tok/s, where the
-    // prefetch took an 8B Q4_K_M 346 -> 368 and a 1B Q4_K_M 1256 -> 1423.
-    if constexpr (T::ACT != ACT_F32 && T::ACT != ACT_F16 && T::ACT != ACT_BF16) {
-#pragma unroll
-        for (int r = 0; r < R; r++)
-            if (tid == r && rows[r]) prefetch_l2(rows[r], row_bytes);
-    }
-    step_begin();
     const u8* rp[R];
+    if constexpr (STAGE) {
+        extern __shared__ __align__(128) u8 staged[];
+        __shared__ u64 bar;
+        if (tid == 0) stage_init(&bar);
+        __syncthreads();
+        if (tid == 0) stage_rows<R>(staged, rows, row_bytes, &bar);
+        step_begin();
 #pragma unroll
-    for (int r = 0; r < R; r++) rp[r] = rows[r] ? rows[r] : rows[0];
+        for (int r = 0; r < R; r++) rp[r] = staged + (rows[r] ? r : 0) * row_bytes;
+        stage_wait(&bar);
+    } else {
+        // The weights do not wait for the previous kernel: quantized rows are asked for early.
+        // Float rows are not: on an H200 that decoded an 8B F16 file 158 -> 170 tok/s, where
+        // the prefetch took an 8B Q4_K_M 346 -> 368 and a 1B Q4_K_M 1256 -> 1423.
+        if constexpr (T::ACT != ACT_F32 && T::ACT != ACT_F16 && T::ACT != ACT_BF16) {
+#pragma unroll
+            for (int r = 0; r < R; r++)
+                if (tid == r && rows[r]) prefetch_l2(rows[r], row_bytes);
+        }
+        step_begin();
+#pragma unroll
+        for (int r = 0; r < R; r++) rp[r] = rows[r] ? rows[r] : rows[0];
+    }
     float acc[R];
 #pragma unroll
     for (int r = 0; r < R; r++) acc[r] = 0.f;
-    if constexpr (Q && HasRaw<T>::value) {
+    if constexpr (Q && HasRaw<T>::value && (STAGE || FetchGlobal<T>::value)) {
         // Two chunks at a time, but not on load (quantize_chunk's lanes share Q8_K scales).
         int c = tid;
         if constexpr (!ON_LOAD && MATVEC_UNROLL > 1) {
             for (; c + nt < n_chunks; c += 2 * nt)
-                chunk_dots<T, R, ON_LOAD, true>(rp, c, n_chunks, x, nt, acc);
+                chunk_dots<T, R, ON_LOAD, true, STAGE>(rp, c, n_chunks, x, nt, acc);
             // At most one chunk is left: an `if`, not a loop (a loop here cost an 8B 4%).
-            if (c < n_chunks) chunk_dots<T, R, ON_LOAD, false>(rp, c, n_chunks, x, nt, acc);
+            if (c < n_chunks)
+                chunk_dots<T, R, ON_LOAD, false, STAGE>(rp, c, n_chunks, x, nt, acc);
         } else {
             for (; c < n_chunks; c += nt)
                 chunk_dots<T, R, ON_LOAD, false>(rp, c, n_chunks, x, nt, acc);
@@ -1074,7 +1253,7 @@ __device__ __forceinline__ void rows_dot(const u8* const* rows, int row_bytes, i
     }
 }
 
-template <typename T, bool Q, bool ON_LOAD = false>
+template <typename T, bool Q, bool ON_LOAD = false, bool STAGE = false>
 __device__ __forceinline__ void matvec(const u8* __restrict__ W, int row_bytes, int n_chunks,
                                        int n_rows, const void* __restrict__ x,
                                        const float* bias, const float* res, float* y) {
@@ -1083,7 +1262,7 @@ __device__ __forceinline__ void matvec(const u8* __restrict__ W, int row_bytes, 
 #pragma unroll
     for (int r = 0; r < ROWS; r++) rows[r] = r0 + r < n_rows ? W + (size_t)(r0 + r) * row_bytes : 0;
     float tot[ROWS];
-    rows_dot<T, ROWS, Q, ON_LOAD>(rows, row_bytes, n_chunks, x, tot);
+    rows_dot<T, ROWS, Q, ON_LOAD, STAGE>(rows, row_bytes, n_chunks, x, tot);
 #pragma unroll
     for (int r = 0; r < ROWS; r++) {
         if (tid == r && rows[r]) {
@@ -1123,7 +1302,7 @@ __device__ __forceinline__ void segment_rows(int g0, const u8* W0, const u8* W1,
     }
 }
 
-template <typename T, bool Q>
+template <typename T, bool Q, bool STAGE = false>
 __device__ __forceinline__ void matvec3(const u8* W0, const u8* W1, const u8* W2, int r0, int r1,
                                         int r2, int row_bytes, int n_chunks, const void* x,
                                         const float* b0, const float* b1, const float* b2,
@@ -1132,7 +1311,7 @@ __device__ __forceinline__ void matvec3(const u8* W0, const u8* W1, const u8* W2
     const u8* rows[ROWS];
     segment_rows(g0, W0, W1, W2, r0, r1, r2, row_bytes, rows);
     float tot[ROWS];
-    rows_dot<T, ROWS, Q>(rows, row_bytes, n_chunks, x, tot);
+    rows_dot<T, ROWS, Q, false, STAGE>(rows, row_bytes, n_chunks, x, tot);
 #pragma unroll
     for (int r = 0; r < ROWS; r++) {
         if (tid == r && rows[r]) {
@@ -1171,7 +1350,7 @@ __device__ __forceinline__ void rotate_pair(float& x0, float& x1, float a) {
 // normal layout; r0, r1 and the head width even), so a block's 4 rows hold two whole pairs:
 // thread 0 takes rows 0-1, thread 2 rows 2-3. Dimensions past n_dims of a head stay as they
 // are. Same arithmetic as rope_head.
-template <typename T, bool Q>
+template <typename T, bool Q, bool STAGE = false>
 __device__ __forceinline__ void matvec3_rope(int bx, const u8* W0, const u8* W1, const u8* W2,
                                              int r0, int r1, int r2, int row_bytes,
                                              int n_chunks, const void* x, const float* b0,
@@ -1183,7 +1362,7 @@ __device__ __forceinline__ void matvec3_rope(int bx, const u8* W0, const u8* W1,
     const u8* rows[ROWS];
     segment_rows(g0, W0, W1, W2, r0, r1, r2, row_bytes, rows);
     float tot[ROWS];
-    rows_dot<T, ROWS, Q>(rows, row_bytes, n_chunks, x, tot);
+    rows_dot<T, ROWS, Q, false, STAGE>(rows, row_bytes, n_chunks, x, tot);
     if ((tid != 0 && tid != 2) || !rows[tid]) return;
     int g = g0 + tid;
     float x0 = tid == 0 ? tot[0] : tot[2], x1 = tid == 0 ? tot[1] : tot[3];
@@ -1215,7 +1394,7 @@ __device__ __forceinline__ void matvec3_rope(int bx, const u8* W0, const u8* W1,
 
 // out[r] = silu(G[r] . x) * (U[r] . x): the gate and up products and the gated activation in
 // one launch (a warp per row of both matrices).
-template <typename T, bool Q>
+template <typename T, bool Q, bool STAGE = false>
 __device__ __forceinline__ void matvec_glu(const u8* G, const u8* U, int row_bytes, int n_chunks,
                                            int n_rows, const void* x, float* out) {
     int r0 = blockIdx.x * (ROWS / 2), tid = threadIdx.x;
@@ -1228,7 +1407,7 @@ __device__ __forceinline__ void matvec_glu(const u8* G, const u8* U, int row_byt
         rows[ROWS / 2 + r] = ok ? U + (size_t)(r0 + r) * row_bytes : 0;
     }
     float tot[ROWS];
-    rows_dot<T, ROWS, Q>(rows, row_bytes, n_chunks, x, tot);
+    rows_dot<T, ROWS, Q, false, STAGE>(rows, row_bytes, n_chunks, x, tot);
 #pragma unroll
     for (int r = 0; r < ROWS / 2; r++) {
         if (tid == r && rows[r]) {
@@ -1238,37 +1417,39 @@ __device__ __forceinline__ void matvec_glu(const u8* G, const u8* U, int row_byt
     }
 }
 
-// The decode products of rows of type T: NAME_T with f32 activations (x: floats), NAME_Q with
-// the activations quantized in device memory (x: XQ; block types with integer dot products).
-#define FOR_PRODUCTS(T, Q, S)                                                                    \
+// The decode products of rows of type T: NAME_T with f32 activations (x: floats), NAMEq_T with
+// the activations quantized in device memory (x: XQ; block types with integer dot products),
+// NAMEs_T as NAMEq_T with the block's rows staged in shared memory (ST; launched with
+// ROWS x row_bytes of dynamic shared memory).
+#define FOR_PRODUCTS(T, Q, S, ST)                                                                \
     extern "C" __global__ void matvec3##S(const u8* W0, const u8* W1, const u8* W2, int r0,     \
                                           int r1, int r2, int row_bytes, int n_chunks,           \
                                           const void* x, const float* b0, const float* b1,       \
                                           const float* b2, float* y0, float* y1, float* y2) {    \
-        matvec3<T, Q>(W0, W1, W2, r0, r1, r2, row_bytes, n_chunks, x, b0, b1, b2, y0, y1, y2);  \
+        matvec3<T, Q, ST>(W0, W1, W2, r0, r1, r2, row_bytes, n_chunks, x, b0, b1, b2, y0, y1, y2);  \
     }                                                                                            \
     extern "C" __global__ void matvec3r##S(                                                      \
         const u8* W0, const u8* W1, const u8* W2, int r0, int r1, int r2, int row_bytes,         \
         int n_chunks, const void* x, const float* b0, const float* b1, const float* b2,          \
         float* y0, u16* kc, u16* vc, const u32* pos, int kv_dim, int hd, int n_dims,             \
         float theta_scale, float freq_scale, const float* freq_factors) {                        \
-        matvec3_rope<T, Q>(blockIdx.x, W0, W1, W2, r0, r1, r2, row_bytes, n_chunks, x, b0, b1,  \
+        matvec3_rope<T, Q, ST>(blockIdx.x, W0, W1, W2, r0, r1, r2, row_bytes, n_chunks, x, b0, b1,  \
                            b2, y0, kc, vc, pos, kv_dim, hd, n_dims, theta_scale, freq_scale,     \
                            freq_factors);                                                        \
     }                                                                                            \
     extern "C" __global__ void matvec_glu##S(const u8* G, const u8* U, int row_bytes,           \
                                              int n_chunks, int n_rows, const void* x,            \
                                              float* out) {                                       \
-        matvec_glu<T, Q>(G, U, row_bytes, n_chunks, n_rows, x, out);                             \
+        matvec_glu<T, Q, ST>(G, U, row_bytes, n_chunks, n_rows, x, out);                             \
     }                                                                                            \
     extern "C" __global__ void matvec##S(const u8* W, int row_bytes, int n_chunks, int n_rows,  \
                                          const void* x, const float* bias, const float* res,     \
                                          float* y) {                                             \
-        matvec<T, Q>(W, row_bytes, n_chunks, n_rows, x, bias, res, y);                           \
+        matvec<T, Q, false, ST>(W, row_bytes, n_chunks, n_rows, x, bias, res, y);                           \
     }
 
 #define FOR_TYPE(T)                                                                              \
-    FOR_PRODUCTS(T, false, _##T)                                                                 \
+    FOR_PRODUCTS(T, false, _##T, false)                                                          \
     extern "C" __global__ void embed_##T(const u8* table, int row_bytes, int n_chunks,          \
                                          const u32* token, float* x) {                           \
         step_begin();                                                                            \
@@ -1277,7 +1458,7 @@ __device__ __forceinline__ void matvec_glu(const u8* G, const u8* U, int row_byt
 
 // matvecf_T: matvec with f32 activations x quantized chunk by chunk as the blocks load them.
 #define FOR_QTYPE(T)                                                                             \
-    FOR_PRODUCTS(T, true, q_##T)                                                                 \
+    FOR_PRODUCTS(T, true, q_##T, false)                                                          \
     extern "C" __global__ void matvecf_##T(const u8* W, int row_bytes, int n_chunks,            \
                                            int n_rows, const void* x, const float* bias,         \
                                            const float* res, float* y) {                         \
@@ -1932,6 +2113,11 @@ ALL_TYPES(FOR_TYPE_BATCH)
     X(Q6_KR)
 
 QUANTIZED_TYPES(FOR_QTYPE)
+// Types whose products stage their rows (a fetch<SHARED> in the type).
+FOR_PRODUCTS(Q4_K, true, s_Q4_K, true)
+FOR_PRODUCTS(Q6_KR, true, s_Q6_KR, true)
+FOR_PRODUCTS(Q8_0R, true, s_Q8_0R, true)
+FOR_PRODUCTS(Q4_0, true, s_Q4_0, true)
 
 // out[t] = x[t] / rms(x[t]) * w as f16, one block per row t of n values.
 extern "C" __global__ void rms_norm_rows(const float* x, const float* w, u16* out, int n,

@@ -140,6 +140,8 @@ pub struct Launch {
     pub block: u32,
     /// The arguments, in order.
     pub args: Vec<Arg>,
+    /// Bytes of dynamic shared memory (staged rows; 0 for most kernels).
+    pub shared: u32,
 }
 
 /// A weight matrix the step reads, in its file's block layout.
@@ -363,7 +365,30 @@ struct Builder {
     /// The largest residual product (rows x columns) that quantizes its input as it loads it
     /// ([`Builder::residual_product`]).
     on_load_max: usize,
+    /// Whether products whose type can stage their rows in shared memory do
+    /// ([`staged_product`]; `FERROLM_CUDA_NO_STAGE` to compare).
+    stage: bool,
 }
+
+/// Dynamic shared memory a block may use without asking for more.
+const SHARED_DEFAULT: usize = 48 * 1024;
+
+/// The staged twin of product kernel `kernel` (`NAMEq_Q4_K` -> `NAMEs_Q4_K`) and its shared
+/// memory, for rows of `row_bytes`: a block's [`MATVEC_ROWS`] rows copied into shared memory by
+/// the copy engine before the kernel waits for its input (kernels.cu, `rows_dot`). Rows of the
+/// [`STAGED_TYPES`] only, of 16-byte multiples (the bulk copy's unit), when a block's rows fit
+/// in the default 48 KiB.
+pub fn staged_product(kernel: &str, row_bytes: usize) -> Option<(String, u32)> {
+    let (base, ty) = STAGED_TYPES
+        .iter()
+        .find_map(|t| Some((kernel.strip_suffix(&format!("q_{t}"))?, t)))?;
+    let bytes = MATVEC_ROWS * row_bytes;
+    (row_bytes.is_multiple_of(16) && bytes <= SHARED_DEFAULT)
+        .then(|| (format!("{base}s_{ty}"), bytes as u32))
+}
+
+/// The kernel types whose products can stage their rows (a `fetch<SHARED>` in kernels.cu).
+const STAGED_TYPES: [&str; 4] = ["Q4_K", "Q6_KR", "Q8_0R", "Q4_0"];
 
 impl Builder {
     fn matrix(
@@ -404,6 +429,31 @@ impl Builder {
             grid,
             block,
             args,
+            shared: 0,
+        });
+    }
+
+    /// [`Builder::push`] for a product over rows of `row_bytes`: its staged twin where there is
+    /// one ([`staged_product`]).
+    fn push_rows(
+        &mut self,
+        kernel: String,
+        row_bytes: usize,
+        grid: (u32, u32),
+        block: u32,
+        args: Vec<Arg>,
+    ) {
+        let staged = self
+            .stage
+            .then(|| staged_product(&kernel, row_bytes))
+            .flatten();
+        let (kernel, shared) = staged.unwrap_or((kernel, 0));
+        self.launches.push(Launch {
+            kernel,
+            grid,
+            block,
+            args,
+            shared,
         });
     }
 
@@ -441,8 +491,9 @@ impl Builder {
     ) {
         let spec = &self.matrices[m];
         let (rows, cols, rb) = (spec.rows, spec.cols, spec.row_bytes());
-        self.push(
+        self.push_rows(
             kernel,
+            rb,
             (rows.div_ceil(MATVEC_ROWS) as u32, 1),
             matvec_threads(cols / 32, rows),
             vec![
@@ -488,8 +539,9 @@ impl Builder {
                 .map(|p| p.1.map_or(Arg::Null, |b| Arg::Buf(Buf::Vector(b)))),
         );
         args.extend(parts.iter().map(|p| Arg::Buf(p.2)));
-        self.push(
+        self.push_rows(
             kernel,
+            rb,
             (total.div_ceil(MATVEC_ROWS) as u32, 1),
             matvec_threads(cols / 32, total),
             args,
@@ -501,8 +553,9 @@ impl Builder {
         let spec = &self.matrices[g];
         let kernel = product_kernel("matvec_glu", spec, x);
         let (rows, cols, rb) = (spec.rows, spec.cols, spec.row_bytes());
-        self.push(
+        self.push_rows(
             kernel,
+            rb,
             (rows.div_ceil(MATVEC_ROWS / 2) as u32, 1),
             matvec_threads(cols / 32, 2 * rows),
             vec![
@@ -569,8 +622,9 @@ impl Builder {
             ]);
             args.extend(rope);
             let total: usize = rows.iter().sum();
-            self.push(
+            self.push_rows(
                 kernel,
+                rb,
                 (total.div_ceil(MATVEC_ROWS) as u32, 1),
                 matvec_threads(cols / 32, total),
                 args,
@@ -723,6 +777,7 @@ pub fn decode_plan_with(
         launches: Vec::new(),
         activations,
         on_load_max,
+        stage: std::env::var_os("FERROLM_CUDA_NO_STAGE").is_none(),
     };
     let embd = b.matrix(types, "token_embd.weight", n_vocab, d)?;
     let embd_ty = b.matrices[embd].kernel;
@@ -1183,11 +1238,11 @@ mod tests {
             kernels,
             [
                 "rms_norm_q",
-                "matvec3rq_Q4_0",
+                "matvec3rs_Q4_0",
                 "attn_split",
                 "matvecf_Q4_0",
                 "rms_norm_q",
-                "matvec_gluq_Q4_0",
+                "matvec_glus_Q4_0",
                 "matvecf_Q4_0"
             ]
         );
@@ -1209,7 +1264,7 @@ mod tests {
         assert_eq!(p.launches[7].kernel, "quantize_act");
         assert_eq!(p.launches[7].args[1], Arg::Buf(Buf::Xq));
         assert_eq!(p.launches[7].args[3], Arg::I32(3));
-        assert_eq!(p.launches[8].kernel, "matvecq_Q4_0");
+        assert_eq!(p.launches[8].kernel, "matvecs_Q4_0");
         assert_eq!(p.launches[8].args[4], Arg::Buf(Buf::Xq));
         // NEOX rotation pairs are not adjacent rows: the products, then rope_store.
         let mut neox = plan(4, 32);
@@ -1218,7 +1273,7 @@ mod tests {
         }
         let p = decode_plan(&neox, 512, &all(TensorType::Q4_0)).unwrap();
         assert_eq!(p.launches.len(), 1 + 8 * 4 + 3);
-        assert_eq!(p.launches[2].kernel, "matvec3q_Q4_0");
+        assert_eq!(p.launches[2].kernel, "matvec3s_Q4_0");
         assert_eq!(p.launches[3].kernel, "rope_store");
         // With f32 activations: no quantizing launches.
         let f = decode_plan_layers(
@@ -1317,6 +1372,14 @@ mod tests {
                             Some(product) if src.contains(&format!("void {product}##S(")) => {
                                 list("QUANTIZED_TYPES").contains(&entry)
                             }
+                            // NAMEs_T: the staged products of the types listed after the others.
+                            _ if base.strip_suffix('s').is_some_and(|product| {
+                                src.contains(&format!("void {product}##S("))
+                            }) =>
+                            {
+                                src.contains(&format!("FOR_PRODUCTS({t}, true, s_{t}, true)"))
+                                    && l.shared > 0
+                            }
                             _ if base == "matvecf" => {
                                 src.contains("void matvecf_##T(")
                                     && list("QUANTIZED_TYPES").contains(&entry)
@@ -1404,6 +1467,38 @@ mod tests {
         assert_eq!(splits_for(129), 2);
         assert_eq!(splits_for(513), 5);
         assert_eq!(splits_for(1 << 20), 16);
+    }
+
+    #[test]
+    fn products_stage_rows_of_whole_16_byte_words_that_fit() {
+        let s = |k: &str, rb: usize| staged_product(k, rb);
+        assert_eq!(s("matvecq_Q4_0", 144), Some(("matvecs_Q4_0".into(), 576)));
+        assert_eq!(
+            s("matvec_gluq_Q4_K", 2304),
+            Some(("matvec_glus_Q4_K".into(), 9216))
+        );
+        assert_eq!(
+            s("matvec3rq_Q6_KR", 11760),
+            Some(("matvec3rs_Q6_KR".into(), 47040))
+        );
+        // 18 chunks of Q4_0 (a 576-wide row): 324 bytes, not whole 16-byte words
+        assert_eq!(s("matvecq_Q4_0", 324), None);
+        // four 14336-wide Q8_0 rows: more than 48 KiB
+        assert_eq!(s("matvecq_Q8_0R", 15232), None);
+        // types without a shared-memory fetch, f32 inputs, inputs quantized on load
+        assert_eq!(s("matvecq_Q5_0", 352), None);
+        assert_eq!(s("matvec_Q4_K", 2304), None);
+        assert_eq!(s("matvecf_Q4_K", 2304), None);
+        let p = decode_plan(&plan(2, 64), 256, &all(TensorType::Q4_K)).unwrap();
+        let staged: Vec<&Launch> = p.launches.iter().filter(|l| l.shared > 0).collect();
+        assert!(!staged.is_empty());
+        for l in staged {
+            assert!(l.kernel.contains("s_Q4_K"), "{}", l.kernel);
+            let rb = p.matrices.iter().map(|m| m.row_bytes());
+            assert!(rb
+                .into_iter()
+                .any(|rb| l.shared as usize == MATVEC_ROWS * rb));
+        }
     }
 
     #[test]
