@@ -457,14 +457,10 @@ struct Q4_0 {
     }
     static constexpr int ACT = ACT_Q8_0;
     static __device__ __forceinline__ float dot(const u8* row, int c, int nc, const Act& a) {
-        const u8* b = row + 18 * c;
-        float d = h2f(LD((const u16*)b));
-        u32 q[4];
-#pragma unroll
-        for (int k = 0; k < 4; k++) q[k] = ld_u16x2(b + 2 + 4 * k);
-        return d * a.d * (float)(nibble_dot(q, 0, a) - 8 * (a.sum[0] + a.sum[1]));
+        return dot_raw(fetch(row, c, nc), c, a);
     }
-    // The staged products' split (from global memory, fetching first was slower: `dot`).
+    // The split; from global memory the products call `dot` row by row (fetching every row's
+    // words first was slower), staged ones fetch first.
     static constexpr bool FETCH_GLOBAL = false;
     struct Raw {
         u16 d;
@@ -980,16 +976,10 @@ struct Q8_0R {
     }
     static constexpr int ACT = ACT_Q8_0;
     static __device__ __forceinline__ float dot(const u8* row, int c, int nc, const Act& a) {
-        const uint4* p = (const uint4*)(row + 32 * c);
-        uint4 v0 = LD(p), v1 = LD(p + 1);
-        float d = h2f(LD((const u16*)(row + 32 * nc) + c));
-        u32 q[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
-        int s = 0;
-#pragma unroll
-        for (int k = 0; k < 8; k++) s = __dp4a((int)q[k], a.q[k], s);
-        return d * a.d * (float)s;
+        return dot_raw(fetch(row, c, nc), c, a);
     }
-    // The staged products' split (`dot` from global memory).
+    // The split; from global memory the products call `dot` row by row, staged ones fetch
+    // first.
     static constexpr bool FETCH_GLOBAL = false;
     struct Raw {
         uint4 v[2];
@@ -1013,47 +1003,27 @@ struct Q8_0R {
 // Q6_KR: [128 ql bytes of each super-block][64 qh bytes of each][16 scales of each][f16 d of
 // each].
 struct Q6_KR {
-    // The chunk's 32 ql and 32 qh bytes as words, its two scales, d; shifts as Q6_K's.
-    static __device__ __forceinline__ void fields(const u8* row, int c, int nc, u32* ql, u32* qh,
-                                                  u32& scales, float& d, int& lshift,
-                                                  int& hshift) {
-        int nsb = nc >> 3, sb = c >> 3, j = c & 7, n = j >> 2, k = j & 3;
-        const uint4* l = (const uint4*)(row + 128 * sb + 64 * n + 32 * (k & 1));
-        const uint4* h = (const uint4*)(row + 128 * nsb + 64 * sb + 32 * n);
-        uint4 l0 = LD(l), l1 = LD(l + 1), h0 = LD(h), h1 = LD(h + 1);
-        ql[0] = l0.x; ql[1] = l0.y; ql[2] = l0.z; ql[3] = l0.w;
-        ql[4] = l1.x; ql[5] = l1.y; ql[6] = l1.z; ql[7] = l1.w;
-        qh[0] = h0.x; qh[1] = h0.y; qh[2] = h0.z; qh[3] = h0.w;
-        qh[4] = h1.x; qh[5] = h1.y; qh[6] = h1.z; qh[7] = h1.w;
-        scales = LD((const u16*)(row + 192 * nsb + 16 * sb + 8 * n + 2 * k));
-        d = h2f(LD((const u16*)(row + 208 * nsb) + sb));
-        lshift = (k >> 1) * 4;
-        hshift = 2 * k;
-    }
     static __device__ __forceinline__ void load(const u8* row, int c, int nc, float* w) {
-        u32 ql[8], qh[8], scales;
-        float d;
-        int lshift, hshift;
-        fields(row, c, nc, ql, qh, scales, d, lshift, hshift);
+        Raw r = fetch(row, c, nc);
+        int k = c & 3, lshift = (k >> 1) * 4, hshift = 2 * k;
+        float d = h2f(r.d);
+        u32 scales = r.scales;
         float s0 = d * (float)(i8)(scales & 0xff), s1 = d * (float)(i8)(scales >> 8);
 #pragma unroll
         for (int l = 0; l < 32; l++) {
-            int lo = (ql[l >> 2] >> (8 * (l & 3))) & 0xff, hi = (qh[l >> 2] >> (8 * (l & 3))) & 0xff;
+            int lo = (word(r.l, l >> 2) >> (8 * (l & 3))) & 0xff,
+                hi = (word(r.h, l >> 2) >> (8 * (l & 3))) & 0xff;
             int q = (lo >> lshift & 15) | ((hi >> hshift & 3) << 4);
             w[l] = (l < 16 ? s0 : s1) * (float)(q - 32);
         }
     }
     static constexpr int ACT = ACT_Q8_K;
     static __device__ __forceinline__ float dot(const u8* row, int c, int nc, const Act& a) {
-        u32 ql[8], qh[8], scales;
-        float d;
-        int lshift, hshift;
-        fields(row, c, nc, ql, qh, scales, d, lshift, hshift);
-        int sum = six_bit_dot([&](int i) { return ql[i]; }, [&](int i) { return qh[i]; }, scales,
-                              lshift, hshift, a);
-        return a.d * d * (float)sum;
+        return dot_raw(fetch(row, c, nc), c, a);
     }
-    // The staged products' split (from global memory, fetching first was slower: `dot`).
+    // The chunk's 32 ql and 32 qh bytes (16-byte words), its two int8 scales side by side and
+    // its super-block's d. From global memory the products call `dot` row by row (fetching
+    // every row's words first was slower), staged ones fetch first.
     static constexpr bool FETCH_GLOBAL = false;
     struct Raw {
         uint4 l[2], h[2];
