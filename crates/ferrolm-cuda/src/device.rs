@@ -331,6 +331,8 @@ impl CudaModel {
             .compute_capability()
             .map_err(driver("reading the compute capability"))?;
         let module = load_module(&ctx, major, minor)?;
+        // Bulk copies into shared memory need compute capability 9.0.
+        let dp = if major >= 9 { dp } else { dp.unstaged() };
 
         let need = dp.weight_bytes_total() + dp.kv_bytes_total() + prefill::scratch_bytes(&dp);
         let (free, _) = ctx.mem_get_info().map_err(driver("reading free memory"))?;

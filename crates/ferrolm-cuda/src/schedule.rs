@@ -1095,6 +1095,18 @@ pub fn decode_plan_with(
 }
 
 impl DecodePlan {
+    /// The plan for a device without bulk copies (before compute capability 9.0): staged
+    /// products become their plain twins (`NAMEs_T` -> `NAMEq_T`, no shared memory).
+    pub fn unstaged(mut self) -> DecodePlan {
+        for l in self.launches.iter_mut().filter(|l| l.shared > 0) {
+            if let Some(i) = l.kernel.rfind("s_") {
+                l.kernel.replace_range(i..i + 1, "q");
+            }
+            l.shared = 0;
+        }
+        self
+    }
+
     /// Weight bytes one token reads (every matrix once, the embedding one row).
     pub fn weight_bytes_per_token(&self) -> u64 {
         let mut seen = std::collections::HashSet::new();
@@ -1498,6 +1510,21 @@ mod tests {
             assert!(rb
                 .into_iter()
                 .any(|rb| l.shared as usize == MATVEC_ROWS * rb));
+        }
+    }
+
+    #[test]
+    fn a_device_without_bulk_copies_gets_the_plain_products() {
+        let staged = decode_plan(&plan(2, 64), 256, &all(TensorType::Q4_K)).unwrap();
+        let plain = staged.clone().unstaged();
+        assert!(staged.launches.iter().any(|l| l.shared > 0));
+        assert!(plain.launches.iter().all(|l| l.shared == 0));
+        for (s, p) in staged.launches.iter().zip(&plain.launches) {
+            if s.shared > 0 {
+                assert_eq!(p.kernel, s.kernel.replace("s_Q4_K", "q_Q4_K"));
+            } else {
+                assert_eq!(p, s);
+            }
         }
     }
 
