@@ -1,10 +1,13 @@
 // ferrolm's decode kernels, compiled by NVRTC at first use for the device's own architecture.
 // No headers: half <-> float conversions are single PTX instructions.
 //
-// Every matrix is read in its GGUF block layout. The unit of work is a chunk of 32 consecutive
-// values of a row: one block of Q8_0/Q4_0/Q4_1, one eighth of a Q4_K/Q6_K super-block, 32
-// halfs/floats. A warp owns a row; its lanes take chunks 32 apart; the chunk is dequantized in
-// registers and multiplied with f32 activations (read as float4).
+// Every matrix is read in its GGUF block layout (Q8_0 and Q6_K rows regrouped into 16-byte
+// words). The unit of work is a chunk of 32 consecutive values of a row: one block of
+// Q8_0/Q4_0/Q4_1, one eighth of a Q4_K/Q6_K super-block, 32 halfs/floats. A decode product's
+// block owns 4 rows; its threads take chunks blockDim apart and multiply each with the
+// activations quantized as the CPU quantizes them (integer dot products), or with f32 ones for
+// float rows; partial sums meet in shared memory (rows_dot). Rows of some types are copied into
+// shared memory by the copy engine before the kernel waits for its input (STAGE).
 
 typedef unsigned char u8;
 typedef signed char i8;
