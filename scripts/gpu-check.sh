@@ -36,6 +36,16 @@ check() {
   echo "$out" | grep -E '^\| [^ ]+\.gguf \| (decode steps|prompt batch) ' >> "$SUMMARY.check"
   echo "$out" | grep -q "^ferrolm: error" && echo "| $name | FAILED: $(echo "$out" | grep '^ferrolm: error' | head -1) |" >> "$SUMMARY.check"
 }
+# run_text NAME: `ferrolm run` greedy on the CPU and on CUDA (the generation loop that queues each
+# step before reading the token before it); how many bytes of the text agree (informational:
+# a near-tie of a random-weight file can part them, as cuda-check's greedy rows show).
+run_text() {
+  local name=$1 a b n=0
+  a=$("$BIN" run -m "$W/$name.gguf" --device cpu --temp 0 -n 48 "Once upon a time" 2>/dev/null)
+  b=$("$BIN" run -m "$W/$name.gguf" --device cuda --temp 0 -n 48 "Once upon a time" 2>/dev/null)
+  while [ $n -lt ${#a} ] && [ "${a:$n:1}" = "${b:$n:1}" ]; do n=$((n + 1)); done
+  echo "run --temp 0 -n 48: CUDA's text agrees with the CPU's on the first $n of ${#a} bytes (CUDA: ${#b})"
+}
 bench() {
   local name=$1
   local out
@@ -82,6 +92,7 @@ for section in ${SECTIONS:-small shapes}; do
       shape=${st%%:*}; type=${st##*:}; name=$shape-$type
       "$BIN" synth --shape "$shape" --type "$type" ${TOK:+--tokenizer-from "$TOK"} -o "$W/$name.gguf" || { fail=1; continue; }
       case $shape in *8b) check "$name" 128 16 ;; *) check "$name" 256 64 ;; esac
+      [ "$shape" = smollm2-135m ] && run_text "$name"
       bench "$name"
       rm -f "$W/$name.gguf"
     done
