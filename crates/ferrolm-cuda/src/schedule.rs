@@ -288,16 +288,20 @@ pub const MATVEC_ROWS: usize = 4;
 /// chunk, from one warp to four; eight warps for few (at most 2048), wide (256 chunks or more)
 /// rows, a down product's: with four, a 1B-shaped file's left an H200 at 21% occupancy (ncu),
 /// and eight decoded 1B Q8_0 1093 -> 1127 and Q4_K_M 981 -> 1029 tok/s, while the 8B's 4096
-/// rows of 448 chunks went 317 -> 310. `FERROLM_CUDA_MATVEC_128`: at most four warps.
+/// rows of 448 chunks went 317 -> 310. `FERROLM_CUDA_MATVEC_128`: at most four warps;
+/// `FERROLM_CUDA_MATVEC_MAX_THREADS=N`: at most N (whole warps, 32 to 128), to compare.
 pub fn matvec_threads(n_chunks: usize, rows: usize) -> u32 {
     if n_chunks >= 256 && rows <= 2048 && std::env::var_os("FERROLM_CUDA_MATVEC_128").is_none() {
         return 256;
     }
+    // Whole warps: the kernels' reductions count on them.
     let most = std::env::var("FERROLM_CUDA_MATVEC_MAX_THREADS")
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(128usize)
-        .clamp(32, 128);
+        .clamp(32, 128)
+        / 32
+        * 32;
     (n_chunks.next_multiple_of(32)).clamp(32, most) as u32
 }
 
