@@ -213,6 +213,15 @@ impl TokenRing {
     }
 }
 
+impl Drop for TokenRing {
+    // The slots are freed after this: no step still queued may write them then.
+    fn drop(&mut self) {
+        for e in &self.done {
+            let _ = e.synchronize();
+        }
+    }
+}
+
 /// A model on one GPU, decoding one sequence a token at a time.
 pub struct CudaModel {
     ctx: Arc<CudaContext>,
