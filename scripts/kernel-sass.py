@@ -79,11 +79,16 @@ def with_defines(text, defines):
     return head + text
 
 
+def cuobjdump(bindir, *args):
+    """cuobjdump's output (it finds nvdisasm on PATH)."""
+    env = dict(os.environ, PATH=bindir + os.pathsep + os.environ.get("PATH", ""))
+    return subprocess.run([os.path.join(bindir, "cuobjdump"), *args], env=env,
+                          capture_output=True, text=True, check=True).stdout
+
+
 def disassemble(bindir, path):
     """{kernel: [instruction text without addresses]} of every function in the cubin."""
-    env = dict(os.environ, PATH=bindir + os.pathsep + os.environ.get("PATH", ""))
-    text = subprocess.run([os.path.join(bindir, "cuobjdump"), "-sass", path], env=env,
-                          capture_output=True, text=True, check=True).stdout
+    text = cuobjdump(bindir, "-sass", path)
     kernels, name = {}, None
     for line in text.splitlines():
         m = re.match(r"\s*Function : (\S+)", line)
@@ -99,9 +104,7 @@ def disassemble(bindir, path):
 
 def resources(bindir, path):
     """{kernel: "REG:n SHARED:n"} from cuobjdump -res-usage."""
-    env = dict(os.environ, PATH=bindir + os.pathsep + os.environ.get("PATH", ""))
-    text = subprocess.run([os.path.join(bindir, "cuobjdump"), "-res-usage", path], env=env,
-                          capture_output=True, text=True, check=True).stdout
+    text = cuobjdump(bindir, "-res-usage", path)
     out, name = {}, None
     for line in text.splitlines():
         m = re.match(r"\s*Function (\S+):", line)
