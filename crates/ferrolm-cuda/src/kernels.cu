@@ -244,6 +244,37 @@ __device__ __forceinline__ void load_act(const u8* xq, int n_chunks, int c, Act&
     act_sums(a);
 }
 
+// Q8_K's scale comes from the first value of the largest magnitude of its 256: amax and that
+// value (max) over the N values v of this thread (numbered base + i) and those of the lanes
+// lane ^ o, o < SPAN (a power of two; `mask` their lanes). The winner is the same in any order
+// of merging: largest magnitude, then lowest number.
+template <int N, int SPAN>
+__device__ __forceinline__ void first_largest(const float* v, int base, u32 mask, float& amax,
+                                              float& max) {
+    amax = 0.f;
+    max = 0.f;
+    int first = 0x7fffffff;
+#pragma unroll
+    for (int i = 0; i < N; i++) {
+        if (fabsf(v[i]) > amax) {
+            amax = fabsf(v[i]);
+            max = v[i];
+            first = base + i;
+        }
+    }
+#pragma unroll
+    for (int o = SPAN / 2; o > 0; o >>= 1) {
+        float am2 = __shfl_xor_sync(mask, amax, o);
+        float mx2 = __shfl_xor_sync(mask, max, o);
+        int f2 = __shfl_xor_sync(mask, first, o);
+        if (am2 > amax || (am2 == amax && f2 < first)) {
+            amax = am2;
+            max = mx2;
+            first = f2;
+        }
+    }
+}
+
 // Chunk c of the f32 activations x quantized in registers as quantize_group quantizes it, for
 // a product that reads x as it is (no quantize_act launch). Q8_K's scale spans 8 chunks: the 8
 // lanes 8m..8m+7 holding them (all present: rows of whole 256-value groups) share it.
@@ -258,28 +289,8 @@ __device__ __forceinline__ void quantize_chunk(const float* x, int c, Act& a) {
     }
     int q[32];
     if (MODE == ACT_Q8_K) {
-        float amax = 0.f, max = 0.f;
-        int first = 0x7fffffff;
-#pragma unroll
-        for (int i = 0; i < 32; i++) {
-            if (fabsf(v[i]) > amax) {
-                amax = fabsf(v[i]);
-                max = v[i];
-                first = 32 * c + i;
-            }
-        }
-        u32 group = 0xffu << (threadIdx.x & 24);
-#pragma unroll
-        for (int o = 1; o < 8; o <<= 1) {
-            float am2 = __shfl_xor_sync(group, amax, o);
-            float mx2 = __shfl_xor_sync(group, max, o);
-            int f2 = __shfl_xor_sync(group, first, o);
-            if (am2 > amax || (am2 == amax && f2 < first)) {
-                amax = am2;
-                max = mx2;
-                first = f2;
-            }
-        }
+        float amax, max;
+        first_largest<32, 8>(v, 32 * c, 0xffu << (threadIdx.x & 24), amax, max);
         float iscale = amax != 0.f ? -127.f / max : 0.f;
 #pragma unroll
         for (int i = 0; i < 32; i++) q[i] = min(127, __float2int_rn(iscale * v[i]));
@@ -318,27 +329,8 @@ __device__ void quantize_group(const float* v, u8* xq, int n, int g, int mode) {
     int q[8];
     float d, s = 0.f;
     if (mode == ACT_Q8_K) {
-        float amax = 0.f, max = 0.f;
-        int first = 0x7fffffff;
-#pragma unroll
-        for (int i = 0; i < 8; i++) {
-            if (fabsf(v[i]) > amax) {
-                amax = fabsf(v[i]);
-                max = v[i];
-                first = 8 * lane + i;
-            }
-        }
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) {
-            float am2 = __shfl_xor_sync(0xffffffffu, amax, o);
-            float mx2 = __shfl_xor_sync(0xffffffffu, max, o);
-            int f2 = __shfl_xor_sync(0xffffffffu, first, o);
-            if (am2 > amax || (am2 == amax && f2 < first)) {
-                amax = am2;
-                max = mx2;
-                first = f2;
-            }
-        }
+        float amax, max;
+        first_largest<8, 32>(v, 8 * lane, 0xffffffffu, amax, max);
         float iscale = amax != 0.f ? -127.f / max : 0.f;
 #pragma unroll
         for (int i = 0; i < 8; i++) q[i] = min(127, __float2int_rn(iscale * v[i]));
