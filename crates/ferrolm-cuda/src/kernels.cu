@@ -394,19 +394,21 @@ struct F32 {
     static constexpr int ACT = ACT_F32;
 };
 
+// 16-bit float rows are also read as 16-byte pieces of 8 values (`unpack8`), consecutive
+// threads on consecutive pieces (rows_dot).
 struct F16 {
+    static __device__ __forceinline__ void unpack8(uint4 v, float* w) {
+        u32 a[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            w[2 * j] = h2f((u16)(a[j] & 0xffff));
+            w[2 * j + 1] = h2f((u16)(a[j] >> 16));
+        }
+    }
     static __device__ __forceinline__ void load(const u8* row, int c, int nc, float* w) {
         const uint4* p = (const uint4*)(row + 64 * c);
 #pragma unroll
-        for (int i = 0; i < 4; i++) {
-            uint4 v = LD(p + i);
-            u32 a[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-            for (int j = 0; j < 4; j++) {
-                w[8 * i + 2 * j] = h2f((u16)(a[j] & 0xffff));
-                w[8 * i + 2 * j + 1] = h2f((u16)(a[j] >> 16));
-            }
-        }
+        for (int i = 0; i < 4; i++) unpack8(LD(p + i), w + 8 * i);
     }
     // The CPU rounds activations to f16 for F16 rows.
     static constexpr int ACT = ACT_F16;
@@ -622,18 +624,18 @@ struct KHead {
 
 // BF16: the high half of an f32.
 struct BF16 {
+    static __device__ __forceinline__ void unpack8(uint4 v, float* w) {
+        u32 a[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            w[2 * j] = __uint_as_float(a[j] << 16);
+            w[2 * j + 1] = __uint_as_float(a[j] & 0xffff0000u);
+        }
+    }
     static __device__ __forceinline__ void load(const u8* row, int c, int nc, float* w) {
         const uint4* p = (const uint4*)(row + 64 * c);
 #pragma unroll
-        for (int i = 0; i < 4; i++) {
-            uint4 v = LD(p + i);
-            u32 a[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-            for (int j = 0; j < 4; j++) {
-                w[8 * i + 2 * j] = __uint_as_float(a[j] << 16);
-                w[8 * i + 2 * j + 1] = __uint_as_float(a[j] & 0xffff0000u);
-            }
-        }
+        for (int i = 0; i < 4; i++) unpack8(LD(p + i), w + 8 * i);
     }
     // The CPU rounds activations to bf16 for BF16 rows.
     static constexpr int ACT = ACT_BF16;
@@ -1112,6 +1114,107 @@ __device__ __forceinline__ void chunk_dots(const u8* const* rows, int c, int n_c
     }
 }
 
+// Whether float type T reads 16-byte pieces (f16, bf16).
+template <typename T, typename = void>
+struct HasPieces {
+    static constexpr bool value = false;
+};
+template <typename T>
+struct HasPieces<T, decltype(void(&T::unpack8))> {
+    static constexpr bool value = true;
+};
+// Products over f16/bf16 rows: PIECES pieces of each row a thread at a time (piece_rows; 0:
+// chunks of 32 values a row at a time, the f32 rows' way, to compare).
+#ifndef PIECES
+#define PIECES 4
+#endif
+
+// The f32 activations x[i0, i0 + N), rounded as the CPU rounds them for rows of type T.
+template <typename T, int N>
+__device__ __forceinline__ void float_acts(const float* x, int i0, float* xr) {
+    const float4* xv = (const float4*)(x + i0);
+#pragma unroll
+    for (int i = 0; i < N / 4; i++) {
+        float4 v = LD(xv + i);
+        xr[4 * i] = v.x; xr[4 * i + 1] = v.y; xr[4 * i + 2] = v.z; xr[4 * i + 3] = v.w;
+    }
+#pragma unroll
+    for (int i = 0; i < N; i++) {
+        if (T::ACT == ACT_F16) xr[i] = h2f(f2h(xr[i]));
+        if (T::ACT == ACT_BF16) xr[i] = round_bf16(xr[i]);
+    }
+}
+
+// 16 bytes copied from global to shared memory without passing through registers: a thread's
+// copies are all in flight at once whatever order the compiler gives the rest.
+__device__ __forceinline__ void copy16_async(void* dst, const void* src) {
+#if __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_addr(dst)), "l"(src)
+                 : "memory");
+#else
+    *(uint4*)dst = LD((const uint4*)src);
+#endif
+}
+__device__ __forceinline__ void copies_issued() {
+#if __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.commit_group;" ::: "memory");
+#endif
+}
+// This thread's copies have landed (and are visible to it).
+__device__ __forceinline__ void copies_wait() {
+#if __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.wait_all;" ::: "memory");
+#endif
+}
+
+// The most threads a product over 16-bit float rows reads pieces with (the slots' size).
+#define PIECE_THREADS 128
+
+// acc[r] += rows[r] . x for rows of 16-bit floats (rows past the end: rows[0] again, not
+// written), read as 16-byte pieces of 8 values: thread t takes pieces t, t + nt, ..., so that
+// a warp's copies are 512 consecutive bytes. PIECES pieces of every row at a time are copied
+// into the thread's own slots of shared memory (the first round before the wait for the
+// previous kernel: no kernel writes weights), their dots taken, then the next round issued.
+// A thread's pieces are summed in order.
+template <typename T, int R>
+__device__ __forceinline__ void piece_rows(const u8* const* rows, int n_chunks, const float* x,
+                                           float* acc) {
+    __shared__ __align__(16) uint4 slots[PIECES][R][PIECE_THREADS];
+    int tid = threadIdx.x, nt = blockDim.x, n = 4 * n_chunks;
+    auto issue = [&](int p) {
+#pragma unroll
+        for (int k = 0; k < PIECES; k++)
+#pragma unroll
+            for (int r = 0; r < R; r++)
+                if (p + k * nt < n)
+                    copy16_async(&slots[k][r][tid], (const uint4*)rows[r] + p + k * nt);
+        copies_issued();
+    };
+    issue(tid);
+    step_begin();
+    for (int p = tid; p < n; p += PIECES * nt) {
+        float xr[PIECES][8];
+#pragma unroll
+        for (int k = 0; k < PIECES; k++)
+            if (p + k * nt < n) float_acts<T, 8>(x, 8 * (p + k * nt), xr[k]);
+        copies_wait();
+#pragma unroll
+        for (int k = 0; k < PIECES; k++) {
+            if (p + k * nt >= n) break;
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+                float v[8];
+                T::unpack8(lds16(&slots[k][r][tid]), v);
+                float a = 0.f;
+#pragma unroll
+                for (int i = 0; i < 8; i++) a += v[i] * xr[k][i];
+                acc[r] += a;
+            }
+        }
+        if (p + PIECES * nt < n) issue(p + PIECES * nt);
+    }
+}
+
 // After the call, tot[r] holds row r's product in every thread of the block. With Q, x is the
 // activations quantized as the CPU quantizes them for the row type (XQ), multiplied with
 // integer dot products; otherwise f32 (rounded as the CPU rounds them for F16 / BF16 rows).
@@ -1127,7 +1230,17 @@ __device__ __forceinline__ void rows_dot(const u8* const* rows, int row_bytes, i
     __shared__ float part[8][R];
     int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, nt = blockDim.x;
     const u8* rp[R];
-    if constexpr (STAGE) {
+    float acc[R];
+    constexpr bool PIECEWISE = !Q && HasPieces<T>::value && PIECES > 0;
+    bool piecewise = PIECEWISE && nt <= PIECE_THREADS;
+    if (piecewise) {
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            rp[r] = rows[r] ? rows[r] : rows[0];
+            acc[r] = 0.f;
+        }
+        if constexpr (PIECEWISE) piece_rows<T, R>(rp, n_chunks, (const float*)x, acc);
+    } else if constexpr (STAGE) {
         extern __shared__ __align__(128) u8 staged[];
         __shared__ u64 bar;
         if (tid == 0) stage_init(&bar);
@@ -1150,10 +1263,13 @@ __device__ __forceinline__ void rows_dot(const u8* const* rows, int row_bytes, i
 #pragma unroll
         for (int r = 0; r < R; r++) rp[r] = rows[r] ? rows[r] : rows[0];
     }
-    float acc[R];
+    if (!piecewise) {
 #pragma unroll
-    for (int r = 0; r < R; r++) acc[r] = 0.f;
-    if constexpr (Q && HasRaw<T>::value && (STAGE || FetchGlobal<T>::value)) {
+        for (int r = 0; r < R; r++) acc[r] = 0.f;
+    }
+    if (piecewise) {
+        // done above
+    } else if constexpr (Q && HasRaw<T>::value && (STAGE || FetchGlobal<T>::value)) {
         // Two chunks at a time, but not on load (quantize_chunk's lanes share Q8_K scales).
         int c = tid;
         if constexpr (!ON_LOAD && MATVEC_UNROLL > 1) {
@@ -1178,18 +1294,9 @@ __device__ __forceinline__ void rows_dot(const u8* const* rows, int row_bytes, i
                 for (int r = 0; r < R; r++) acc[r] += T::dot(rp[r], c, n_chunks, a);
             } else {
                 float xr[32];
-                const float4* xv = (const float4*)((const float*)x + 32 * c);
-#pragma unroll
-                for (int i = 0; i < 8; i++) {
-                    float4 v = xv[i];
-                    xr[4 * i] = v.x; xr[4 * i + 1] = v.y; xr[4 * i + 2] = v.z; xr[4 * i + 3] = v.w;
-                }
-#pragma unroll
-                for (int i = 0; i < 32; i++) {
-                    if (T::ACT == ACT_F16) xr[i] = h2f(f2h(xr[i]));
-                    if (T::ACT == ACT_BF16) xr[i] = round_bf16(xr[i]);
-                }
-                // Float rows keep the branch: without it an 8B F16 file decoded 3% slower.
+                float_acts<T, 32>((const float*)x, 32 * c, xr);
+                // A row at a time (f32 rows; f16/bf16 with PIECES=0). Float rows keep the
+                // branch: without it an 8B F16 file decoded 3% slower.
 #pragma unroll
                 for (int r = 0; r < R; r++) {
                     if (rows[r]) {
