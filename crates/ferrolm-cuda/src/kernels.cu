@@ -1126,7 +1126,7 @@ struct HasPieces<T, decltype(void(&T::unpack8))> {
 // Products over f16/bf16 rows: PIECES pieces of each row a thread at a time (piece_rows; 0:
 // chunks of 32 values a row at a time, the f32 rows' way, to compare).
 #ifndef PIECES
-#define PIECES 4
+#define PIECES 1
 #endif
 
 // The f32 activations x[i0, i0 + N), rounded as the CPU rounds them for rows of type T.
@@ -1568,14 +1568,6 @@ __device__ float rms_scale(double s, int n, float eps) {
 }
 
 // out = x / rms(x) * w over n values; one block.
-extern "C" __global__ void rms_norm(const float* x, const float* w, float* out, int n, float eps) {
-    step_begin();
-    double s = 0.0;
-    for (int i = threadIdx.x; i < n; i += blockDim.x) s += (double)(x[i] * x[i]);
-    float scale = rms_scale(s, n, eps);
-    for (int i = threadIdx.x; i < n; i += blockDim.x) out[i] = (x[i] * scale) * w[i];
-}
-
 // Eight consecutive values p[0..8) (32-byte aligned), zeros where ok is false.
 __device__ __forceinline__ void load8(const float* p, bool ok, float* v) {
     float4 a = ok ? *(const float4*)p : make_float4(0.f, 0.f, 0.f, 0.f);
@@ -1584,12 +1576,14 @@ __device__ __forceinline__ void load8(const float* p, bool ok, float* v) {
     v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
 }
 
-// xq = x / rms(x) * w over n values (a multiple of 32), quantized for `mode`; one block, a
-// warp per group of 256 (the host launches ceil(n / 256) warps, at most 32; more groups go
-// round again). A lane's 8 values of x and w are loaded together before the sum, so the
-// weights' latency hides behind it and the values are not read twice.
-extern "C" __global__ void rms_norm_q(const float* x, const float* w, u8* xq, int n, float eps,
-                                      int mode) {
+// x / rms(x) * w over n values (a multiple of 32), written as f32 to out (QUANT false) or
+// quantized for `mode` to xq; one block, a warp per group of 256 (the host launches
+// ceil(n / 256) warps, at most 32; more groups go round again). A lane's 8 values of x and w
+// are loaded together before the sum, so the weights' latency hides behind it and the values
+// are not read twice.
+template <bool QUANT>
+__device__ __forceinline__ void rms_norm_groups(const float* x, const float* w, float* out,
+                                                u8* xq, int n, float eps, int mode) {
     step_begin();
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
     int j0 = 256 * warp + 8 * lane;
@@ -1616,8 +1610,23 @@ extern "C" __global__ void rms_norm_q(const float* x, const float* w, u8* xq, in
         float v[8];
 #pragma unroll
         for (int i = 0; i < 8; i++) v[i] = (xv[i] * scale) * wv[i];
-        quantize_group(v, xq, n, g, mode);
+        if constexpr (QUANT) {
+            quantize_group(v, xq, n, g, mode);
+        } else if (j < n) {
+            float4* o = (float4*)(out + j);
+            o[0] = make_float4(v[0], v[1], v[2], v[3]);
+            o[1] = make_float4(v[4], v[5], v[6], v[7]);
+        }
     }
+}
+
+extern "C" __global__ void rms_norm(const float* x, const float* w, float* out, int n, float eps) {
+    rms_norm_groups<false>(x, w, out, nullptr, n, eps, 0);
+}
+
+extern "C" __global__ void rms_norm_q(const float* x, const float* w, u8* xq, int n, float eps,
+                                      int mode) {
+    rms_norm_groups<true>(x, w, nullptr, xq, n, eps, mode);
 }
 
 // Block b of a token's heads: b < n_head rotates query head b in place; otherwise it rotates

@@ -690,13 +690,10 @@ impl Builder {
             Arg::F32(eps),
         ];
         args.extend(format.map(Arg::I32));
-        if format.is_some() {
-            // A warp per group of 256 values.
-            let warps = n.div_ceil(256).clamp(1, 32) as u32;
-            self.push("rms_norm_q", (1, 1), 32 * warps, args);
-        } else {
-            self.push("rms_norm", (1, 1), 1024, args);
-        }
+        // A warp per group of 256 values.
+        let warps = n.div_ceil(256).clamp(1, 32) as u32;
+        let kernel = if format.is_some() { "rms_norm_q" } else { "rms_norm" };
+        self.push(kernel, (1, 1), 32 * warps, args);
     }
 }
 
