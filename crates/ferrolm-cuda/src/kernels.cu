@@ -1168,7 +1168,7 @@ __device__ __forceinline__ void copies_wait() {
 }
 
 // The most threads a product over 16-bit float rows reads pieces with (the slots' size).
-#define PIECE_THREADS 128
+#define PIECE_THREADS 256
 
 // acc[r] += rows[r] . x for rows of 16-bit floats (rows past the end: rows[0] again, not
 // written), read as 16-byte pieces of 8 values: thread t takes pieces t, t + nt, ..., so that
