@@ -692,7 +692,11 @@ impl Builder {
         args.extend(format.map(Arg::I32));
         // A warp per group of 256 values.
         let warps = n.div_ceil(256).clamp(1, 32) as u32;
-        let kernel = if format.is_some() { "rms_norm_q" } else { "rms_norm" };
+        let kernel = if format.is_some() {
+            "rms_norm_q"
+        } else {
+            "rms_norm"
+        };
         self.push(kernel, (1, 1), 32 * warps, args);
     }
 }
