@@ -7,7 +7,9 @@
 // block owns 4 rows; its threads take chunks blockDim apart and multiply each with the
 // activations quantized as the CPU quantizes them (integer dot products), or with f32 ones for
 // float rows; partial sums meet in shared memory (rows_dot). Rows of some types are copied into
-// shared memory by the copy engine before the kernel waits for its input (STAGE).
+// shared memory by the copy engine before the kernel waits for its input (STAGE); f16/bf16
+// rows are read as 16-byte pieces, consecutive threads on consecutive pieces, each thread's
+// copied into its own shared-memory slots by cp.async (piece_rows).
 
 typedef unsigned char u8;
 typedef signed char i8;
