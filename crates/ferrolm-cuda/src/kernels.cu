@@ -1569,7 +1569,6 @@ __device__ float rms_scale(double s, int n, float eps) {
     return 1.f / sqrtf(mean + eps);
 }
 
-// out = x / rms(x) * w over n values; one block.
 // Eight consecutive values p[0..8) (32-byte aligned), zeros where ok is false.
 __device__ __forceinline__ void load8(const float* p, bool ok, float* v) {
     float4 a = ok ? *(const float4*)p : make_float4(0.f, 0.f, 0.f, 0.f);
