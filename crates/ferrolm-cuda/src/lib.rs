@@ -16,12 +16,14 @@
 // its reason beside it.
 #![deny(missing_docs)]
 
+mod backend;
 mod device;
 pub mod kernels;
 mod prefill;
 pub mod repack;
 pub mod schedule;
 
+pub use backend::{device_sampling, open, CudaBackend, CudaOptions, SplitBackend};
 pub use device::{device_count, CudaModel, DeviceSampling, Stats};
 pub use schedule::Decline;
 

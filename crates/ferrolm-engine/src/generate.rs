@@ -3,23 +3,24 @@
 
 use std::time::{Duration, Instant};
 
-use ferrolm_model::{Logits, ModelError, Session};
+use std::sync::Arc;
+
+use ferrolm_model::Logits;
 use ferrolm_tokenizer::{StreamDecoder, Tokenizer, TokenizerError};
+
+use crate::backend::{Backend, BackendError, SlotInput};
 
 use crate::sampler::{Sampler, SamplerParams};
 
 /// What can stop a generation early.
 #[derive(Debug, thiserror::Error)]
 pub enum GenerateError {
-    /// The model failed (context full, bad id, ...).
+    /// The backend failed (context full, bad id, the device, ...).
     #[error(transparent)]
-    Model(#[from] ModelError),
+    Backend(#[from] BackendError),
     /// The tokenizer failed.
     #[error(transparent)]
     Tokenizer(#[from] TokenizerError),
-    /// A backend other than the CPU session failed (the GPU).
-    #[error("{0}")]
-    Backend(String),
     /// The prompt does not fit the context.
     #[error("the prompt has {prompt} tokens but the context holds {n_ctx} (with room for at least one generated token); use a larger --ctx-size or --truncate")]
     PromptTooLong {
@@ -79,51 +80,74 @@ impl Generation {
     }
 }
 
-/// What [`generate`] runs on: a forward pass over new ids after what it holds (a CPU
-/// [`Session`], or a model split between a GPU and the CPU).
-pub trait Forward {
-    /// Positions filled so far.
-    fn position(&self) -> usize;
-    /// Positions the context holds.
-    fn n_ctx(&self) -> usize;
-    /// Evaluates `ids` after what it holds and returns the logits asked for.
-    fn eval(&mut self, ids: &[u32], want: Logits) -> Result<Vec<f32>, GenerateError>;
-}
-
-impl Forward for Session<'_> {
-    fn position(&self) -> usize {
-        Session::position(self)
-    }
-
-    fn n_ctx(&self) -> usize {
-        Session::n_ctx(self)
-    }
-
-    fn eval(&mut self, ids: &[u32], want: Logits) -> Result<Vec<f32>, GenerateError> {
-        Ok(Session::eval(self, ids, want)?)
-    }
-}
-
-/// Evaluates `prompt` after what `session` holds, then generates. `on_text` receives each
-/// piece of text as it completes and returns `false` to stop.
+/// Evaluates `prompt` after what `slot` of `backend` holds, then generates. `on_text` receives
+/// each piece of text as it completes and returns `false` to stop.
+///
+/// Where the backend can choose tokens itself for this sampler ([`Backend::sample_on_device`]),
+/// it does, and each step is queued before the host reads the previous step's choice; otherwise
+/// the host samples from the logits of each step.
 pub fn generate(
-    session: &mut impl Forward,
+    backend: &mut dyn Backend,
+    slot: usize,
     tokenizer: &Tokenizer,
     prompt: &[u32],
     params: &GenerateParams,
     mut on_text: impl FnMut(&str) -> bool,
 ) -> Result<Generation, GenerateError> {
-    let n_ctx = session.n_ctx();
-    if session.position() + prompt.len() >= n_ctx {
+    let n_ctx = backend.n_ctx();
+    let start_pos = backend.position(slot);
+    if start_pos + prompt.len() >= n_ctx {
         return Err(GenerateError::PromptTooLong {
-            prompt: session.position() + prompt.len(),
+            prompt: start_pos + prompt.len(),
             n_ctx,
         });
     }
+    let on_device = backend.sample_on_device(slot, Some(&params.sampler))?;
+    let result = run(
+        backend,
+        slot,
+        tokenizer,
+        prompt,
+        params,
+        on_device,
+        &mut on_text,
+    );
+    if on_device {
+        backend.sample_on_device(slot, None)?;
+    }
+    result
+}
+
+/// The one evaluation of `ids` in `slot`, its logits as asked.
+pub fn eval_one(
+    backend: &mut dyn Backend,
+    slot: usize,
+    ids: &[u32],
+    want: Logits,
+) -> Result<Vec<f32>, BackendError> {
+    let mut out = backend.forward(&[SlotInput { slot, ids, want }]);
+    out.pop()
+        .expect("one output per input")
+        .map_err(|e| match Arc::try_unwrap(e) {
+            Ok(e) => e,
+            Err(shared) => BackendError::Device(shared.to_string()),
+        })
+}
+
+fn run(
+    backend: &mut dyn Backend,
+    slot: usize,
+    tokenizer: &Tokenizer,
+    prompt: &[u32],
+    params: &GenerateParams,
+    on_device: bool,
+    on_text: &mut dyn FnMut(&str) -> bool,
+) -> Result<Generation, GenerateError> {
+    let n_ctx = backend.n_ctx();
     let mut sampler = Sampler::new(params.sampler.clone());
     let mut history: Vec<u32> = prompt.to_vec();
     let start = Instant::now();
-    let mut logits = session.eval(prompt, Logits::Last)?;
+    let mut logits = eval_one(backend, slot, prompt, Logits::Last)?;
     let prompt_time = start.elapsed();
     let gen_start = Instant::now();
     let mut decoder = StreamDecoder::new(tokenizer);
@@ -136,23 +160,40 @@ pub fn generate(
         gen_time: Duration::ZERO,
     };
     while out.tokens.len() < params.max_tokens {
-        let id = sampler.sample(&logits, &history);
-        if params.stop_at_eog && tokenizer.is_eog(id) {
+        // Room for the id about to be chosen to be evaluated too.
+        let room = out.tokens.len() + 1 < params.max_tokens && backend.position(slot) + 1 < n_ctx;
+        // When the device chooses and there is room, the step evaluating its choice is queued
+        // before the host reads that choice; a stop at that id forgets the extra position.
+        let ahead = on_device && room;
+        let id = if ahead {
+            backend.step_chosen(slot)?
+        } else if on_device {
+            backend.chosen(slot)?
+        } else {
+            sampler.sample(&logits, &history)
+        };
+        let mut stop = params.stop_at_eog && tokenizer.is_eog(id);
+        if !stop {
+            out.tokens.push(id);
+            history.push(id);
+            let piece = decoder.push(id)?;
+            out.text.push_str(&piece);
+            stop = !piece.is_empty() && !on_text(&piece);
+        }
+        if stop {
             out.finish = FinishReason::Stop;
+            if ahead {
+                let back = backend.position(slot) - 1;
+                backend.truncate(slot, back)?;
+            }
             break;
         }
-        out.tokens.push(id);
-        history.push(id);
-        let piece = decoder.push(id)?;
-        out.text.push_str(&piece);
-        if !piece.is_empty() && !on_text(&piece) {
-            out.finish = FinishReason::Stop;
+        if !room {
             break;
         }
-        if out.tokens.len() == params.max_tokens || session.position() + 1 >= n_ctx {
-            break;
+        if !on_device {
+            logits = eval_one(backend, slot, &[id], Logits::Last)?;
         }
-        logits = session.eval(&[id], Logits::Last)?;
     }
     let rest = decoder.finish();
     if !rest.is_empty() {

@@ -1,10 +1,13 @@
-//! The engine: sampling and generation over a model session and its tokenizer.
+//! The engine: the backend interface every device implements, sampling, and generation over a
+//! backend's slot and a tokenizer.
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
+mod backend;
 mod generate;
 mod sampler;
 pub mod sequence;
 
-pub use generate::{generate, FinishReason, Forward, GenerateError, GenerateParams, Generation};
+pub use backend::{Backend, BackendError, CpuBackend, SlotInput, SlotOutput};
+pub use generate::{eval_one, generate, FinishReason, GenerateError, GenerateParams, Generation};
 pub use sampler::{argmax, Sampler, SamplerParams};

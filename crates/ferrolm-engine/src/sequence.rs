@@ -3,13 +3,10 @@
 //! A [`Sequence`] is one request's decoding state: the prompt still to evaluate, the sampler,
 //! the stop strings and the incremental detokenizer. It holds no KV cache: the scheduler asks it
 //! for its next input ([`Sequence::next_input`]), evaluates the inputs of every active sequence
-//! in one step through a [`StepForward`], and hands each sequence its logits back
-//! ([`Sequence::advance`]). The KV caches live behind [`StepForward`]: [`BatchedForward`]
-//! evaluates all slots' tokens in one forward pass (one matrix-matrix product per weight).
+//! in one step through a [`Backend`](crate::Backend), and hands each sequence its logits back
+//! ([`Sequence::advance`]). The caches live behind the [`Backend`](crate::Backend), which
+//! evaluates all slots' tokens in one call.
 
-use std::sync::Arc;
-
-use ferrolm_model::{Logits, Model, ModelError, Session};
 use ferrolm_tokenizer::{StreamDecoder, Tokenizer, TokenizerError};
 
 use crate::generate::FinishReason;
@@ -211,95 +208,6 @@ fn release(held: &mut String, stop: &[String]) -> String {
         .unwrap_or(held.len());
     let rest = held.split_off(keep);
     std::mem::replace(held, rest)
-}
-
-/// One slot's work in a step: ids to evaluate after what its KV cache holds.
-#[derive(Clone, Copy, Debug)]
-pub struct SlotInput<'a> {
-    /// The slot (KV cache) the ids belong to.
-    pub slot: usize,
-    /// The ids.
-    pub ids: &'a [u32],
-    /// Whether the logits of the last id are wanted.
-    pub logits: bool,
-}
-
-/// The outcome of one slot's work: the logits of its last id when asked for. An error is
-/// shared, since a batched step that fails fails for every slot in it.
-pub type SlotOutput = Result<Option<Vec<f32>>, Arc<ModelError>>;
-
-/// The forward pass of a scheduler step over several sequences, each with its own KV cache
-/// ("slot").
-///
-/// [`BatchedForward`] is the CPU implementation: all slots' tokens in one forward pass
-/// (`Model::eval_many`); a GPU backend implements the same contract.
-pub trait StepForward {
-    /// Slots (KV caches).
-    fn n_slots(&self) -> usize;
-    /// Positions each slot holds.
-    fn n_ctx(&self) -> usize;
-    /// Empties a slot for a new sequence.
-    fn clear(&mut self, slot: usize);
-    /// Evaluates every input (at most one per slot) and returns one output per input, in order.
-    fn forward(&mut self, inputs: &[SlotInput<'_>]) -> Vec<SlotOutput>;
-}
-
-/// [`StepForward`] over one [`Session`] per slot, all the step's slots evaluated in one forward
-/// pass: every matrix product takes every slot's tokens together, each slot attends over its
-/// own cache (`Model::eval_many`).
-pub struct BatchedForward<'m> {
-    model: &'m Model,
-    sessions: Vec<Session<'m>>,
-    n_ctx: usize,
-}
-
-impl<'m> BatchedForward<'m> {
-    /// `n_slots` sessions of `n_ctx` positions each.
-    pub fn new(model: &'m Model, n_slots: usize, n_ctx: usize) -> BatchedForward<'m> {
-        BatchedForward {
-            model,
-            sessions: (0..n_slots).map(|_| model.session(n_ctx)).collect(),
-            n_ctx,
-        }
-    }
-}
-
-impl StepForward for BatchedForward<'_> {
-    fn n_slots(&self) -> usize {
-        self.sessions.len()
-    }
-
-    fn n_ctx(&self) -> usize {
-        self.n_ctx
-    }
-
-    fn clear(&mut self, slot: usize) {
-        self.sessions[slot].reset();
-    }
-
-    fn forward(&mut self, inputs: &[SlotInput<'_>]) -> Vec<SlotOutput> {
-        // The sessions in the order of the inputs (at most one input per slot).
-        let mut by_slot: Vec<Option<&mut Session<'_>>> =
-            self.sessions.iter_mut().map(Some).collect();
-        let mut items = Vec::with_capacity(inputs.len());
-        for input in inputs {
-            let session = by_slot[input.slot]
-                .take()
-                .expect("at most one input per slot");
-            let want = if input.logits {
-                Logits::Last
-            } else {
-                Logits::None
-            };
-            items.push((session, input.ids, want));
-        }
-        self.model
-            .eval_many(&mut items)
-            .into_iter()
-            .zip(inputs)
-            .map(|(r, input)| r.map(|l| input.logits.then_some(l)).map_err(Arc::new))
-            .collect()
-    }
 }
 
 #[cfg(test)]

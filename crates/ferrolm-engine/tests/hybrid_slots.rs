@@ -1,7 +1,7 @@
 //! Server slots over a hybrid recurrent model (qwen3next): each slot's gated delta-net state
 //! travels with its session, and a slot cleared for a new request starts from a clean state.
 
-use ferrolm_engine::sequence::{BatchedForward, SlotInput, StepForward};
+use ferrolm_engine::{Backend, CpuBackend, SlotInput, SlotOutput};
 use ferrolm_model::synthetic::{self, SyntheticSpec};
 use ferrolm_model::{Logits, Model};
 
@@ -11,8 +11,8 @@ fn ids(n: usize, seed: u32) -> Vec<u32> {
         .collect()
 }
 
-fn last_logits(out: &[ferrolm_engine::sequence::SlotOutput], i: usize) -> Vec<f32> {
-    out[i].as_ref().unwrap().clone().expect("logits asked for")
+fn last_logits(out: &[SlotOutput], i: usize) -> Vec<f32> {
+    out[i].as_ref().unwrap().clone()
 }
 
 fn close(a: &[f32], b: &[f32]) -> bool {
@@ -29,17 +29,17 @@ fn a_reused_slot_starts_clean_and_slots_keep_their_own_state() {
     let (first, second, other) = (ids(60, 1), ids(35, 2), ids(20, 3));
     let alone = |p: &[u32]| model.session(256).eval(p, Logits::Last).unwrap();
 
-    let mut forward = BatchedForward::new(&model, 2, 256);
+    let mut forward = CpuBackend::new(&model, 2, 256);
     let out = forward.forward(&[
         SlotInput {
             slot: 0,
             ids: &first,
-            logits: true,
+            want: Logits::Last,
         },
         SlotInput {
             slot: 1,
             ids: &other,
-            logits: true,
+            want: Logits::Last,
         },
     ]);
     assert!(close(&last_logits(&out, 0), &alone(&first)));
@@ -47,17 +47,17 @@ fn a_reused_slot_starts_clean_and_slots_keep_their_own_state() {
 
     // Slot 0 is cleared and takes a new request while slot 1 goes on decoding: slot 0 sees
     // nothing of `first`, slot 1 continues its own state.
-    forward.clear(0);
+    forward.truncate(0, 0).unwrap();
     let out = forward.forward(&[
         SlotInput {
             slot: 0,
             ids: &second,
-            logits: true,
+            want: Logits::Last,
         },
         SlotInput {
             slot: 1,
             ids: &[11],
-            logits: true,
+            want: Logits::Last,
         },
     ]);
     assert!(close(&last_logits(&out, 0), &alone(&second)));

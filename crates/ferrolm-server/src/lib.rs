@@ -15,13 +15,12 @@ mod http;
 mod metrics;
 mod scheduler;
 
-pub use scheduler::ForwardFactory;
+pub use scheduler::BackendSource;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ferrolm_model::Model;
 use ferrolm_tokenizer::Tokenizer;
 
 /// How to serve.
@@ -47,18 +46,13 @@ pub struct ServerConfig {
     pub shutdown_grace: Duration,
 }
 
-/// Serves until SIGINT or SIGTERM, then finishes (or, after the grace period, cancels) the
-/// requests in flight and returns. Errors are those of binding the address or starting threads.
-pub fn serve(model: Model, tokenizer: Tokenizer, config: ServerConfig) -> std::io::Result<()> {
-    serve_with(model, tokenizer, config, None)
-}
-
-/// [`serve`] through the forward pass `factory` makes (a GPU backend) instead of the CPU's.
-pub fn serve_with(
-    model: Model,
+/// Serves the backend `source` opens until SIGINT or SIGTERM, then finishes (or, after the
+/// grace period, cancels) the requests in flight and returns. Errors are those of opening the
+/// backend, binding the address or starting threads.
+pub fn serve(
+    source: impl BackendSource,
     tokenizer: Tokenizer,
     config: ServerConfig,
-    factory: Option<ForwardFactory>,
 ) -> std::io::Result<()> {
     let tokenizer = Arc::new(tokenizer);
     let metrics = Arc::new(metrics::Metrics::new(config.parallel));
@@ -68,8 +62,12 @@ pub fn serve_with(
     if let Some(w) = template.as_ref().and_then(|t| t.warning()) {
         eprintln!("ferrolm: warning: {w}");
     }
-    let (handle, join) =
-        scheduler::start(model, tokenizer.clone(), &config, metrics.clone(), factory)?;
+    let (handle, join) = scheduler::start(
+        Box::new(source),
+        tokenizer.clone(),
+        &config,
+        metrics.clone(),
+    )?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

@@ -2,10 +2,10 @@
 //!
 //! Every step it (1) admits waiting requests into free slots, (2) drops the requests whose
 //! client went away, (3) evaluates, for every active slot, either the next chunk of its prompt
-//! or its last sampled token, through one [`StepForward::forward`] call, and (4) samples and
+//! or its last sampled token, through one [`Backend::forward`] call, and (4) samples and
 //! sends each request its new text; a request that finishes leaves its slot at once.
 //!
-//! The forward pass is [`BatchedForward`]: all the step's slots in one forward pass (one
+//! The forward pass is the [`Backend`]'s: all the step's slots in one call (on the CPU one
 //! matrix-matrix product per weight over every slot's tokens, attention per slot's cache).
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -15,9 +15,9 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use ferrolm_engine::sequence::{BatchedForward, Sequence, SequenceParams, SlotInput, StepForward};
-use ferrolm_engine::FinishReason;
-use ferrolm_model::{Model, ModelError};
+use ferrolm_engine::sequence::{Sequence, SequenceParams};
+use ferrolm_engine::{Backend, BackendError, FinishReason, SlotInput};
+use ferrolm_model::Logits;
 use ferrolm_tokenizer::Tokenizer;
 use tokio::sync::mpsc::UnboundedSender;
 
@@ -107,20 +107,21 @@ impl SchedulerHandle {
     }
 }
 
-/// Makes the scheduler's forward pass on its own thread (a GPU backend binds its context
-/// there) from the model, the slots asked for and their context size; it may serve fewer
-/// slots ([`StepForward::n_slots`]).
-pub type ForwardFactory =
-    Box<dyn for<'m> FnOnce(&'m Model, usize, usize) -> Box<dyn StepForward + 'm> + Send>;
+/// What the server serves: the backend, opened on the scheduler's own thread (a GPU backend
+/// binds its context there), which it then owns until the server stops.
+pub trait BackendSource: Send + 'static {
+    /// The backend with up to `slots` sequences of `n_ctx` positions each (it may hold
+    /// fewer: [`Backend::n_slots`]), or why it cannot be opened.
+    fn open(&self, slots: usize, n_ctx: usize) -> Result<Box<dyn Backend + '_>, String>;
+}
 
-/// Starts the scheduler thread with `config.parallel` slots, on the CPU ([`BatchedForward`])
-/// or through the forward pass `factory` makes.
+/// Starts the scheduler thread with `config.parallel` slots on the backend `source` opens;
+/// returns once it is open (an error if it could not be).
 pub fn start(
-    model: Model,
+    source: Box<dyn BackendSource>,
     tokenizer: Arc<Tokenizer>,
     config: &ServerConfig,
     metrics: Arc<Metrics>,
-    factory: Option<ForwardFactory>,
 ) -> std::io::Result<(SchedulerHandle, JoinHandle<()>)> {
     let (tx, rx) = mpsc::channel();
     let shared = Arc::new(Shared {
@@ -130,27 +131,40 @@ pub fn start(
     });
     let (parallel, n_ctx, chunk) = (config.parallel.max(1), config.n_ctx, config.prefill_chunk);
     let inner = shared.clone();
+    let (ready_tx, ready_rx) = mpsc::channel::<Result<usize, String>>();
     let join = std::thread::Builder::new()
         .name("ferrolm-scheduler".into())
         .spawn(move || {
-            let mut forward: Box<dyn StepForward + '_> = match factory {
-                Some(make) => make(&model, parallel, n_ctx),
-                None => Box::new(BatchedForward::new(&model, parallel, n_ctx)),
+            let mut backend = match source.open(parallel, n_ctx) {
+                Ok(b) => b,
+                Err(e) => {
+                    let _ = ready_tx.send(Err(e));
+                    return;
+                }
             };
-            let n_slots = forward.n_slots().clamp(1, parallel);
-            let moe = model.expert_counts().iter().any(|l| !l.is_empty());
+            let n_slots = backend.n_slots().clamp(1, parallel);
+            let _ = ready_tx.send(Ok(n_slots));
+            let moe = backend
+                .expert_counts()
+                .is_some_and(|c| c.iter().any(|l| !l.is_empty()));
             Scheduler {
                 tokenizer: &tokenizer,
-                experts: moe.then_some(&model),
+                experts: moe,
                 slots: (0..n_slots).map(|_| None).collect(),
                 rx,
                 shared: inner,
                 chunk,
-                n_ctx,
+                n_ctx: backend.n_ctx().min(n_ctx),
             }
-            .run(forward.as_mut())
+            .run(backend.as_mut())
         })?;
-    Ok((SchedulerHandle { tx, shared }, join))
+    match ready_rx.recv() {
+        Ok(Ok(_)) => Ok((SchedulerHandle { tx, shared }, join)),
+        Ok(Err(e)) => Err(std::io::Error::other(e)),
+        Err(_) => Err(std::io::Error::other(
+            "the scheduler thread ended before its backend was open",
+        )),
+    }
 }
 
 /// A request in a slot.
@@ -164,7 +178,7 @@ struct Active<'t> {
 struct Scheduler<'t> {
     tokenizer: &'t Tokenizer,
     /// A mixture-of-experts model, whose expert counts `/metrics` reports after each step.
-    experts: Option<&'t Model>,
+    experts: bool,
     slots: Vec<Option<Active<'t>>>,
     rx: mpsc::Receiver<Job>,
     shared: Arc<Shared>,
@@ -181,7 +195,7 @@ impl<'t> Scheduler<'t> {
         self.slots.iter().filter(|s| s.is_some()).count()
     }
 
-    fn run(mut self, forward: &mut dyn StepForward) {
+    fn run(mut self, forward: &mut dyn Backend) {
         loop {
             let deadline = self
                 .shared
@@ -214,7 +228,7 @@ impl<'t> Scheduler<'t> {
 
     /// Fills free slots from the queue (waiting a little when nothing is active). False when
     /// every handle has gone.
-    fn admit(&mut self, forward: &mut dyn StepForward) -> bool {
+    fn admit(&mut self, forward: &mut dyn Backend) -> bool {
         while let Some(slot) = self.slots.iter().position(|s| s.is_none()) {
             let job = if self.active() == 0 {
                 match self.rx.recv_timeout(Duration::from_millis(50)) {
@@ -234,7 +248,12 @@ impl<'t> Scheduler<'t> {
                 self.metrics().cancelled.fetch_add(1, Relaxed);
                 continue;
             }
-            forward.clear(slot);
+            if let Err(e) = forward.truncate(slot, 0) {
+                let _ = job.events.send(Event::Error(ApiError::internal(format!(
+                    "the model failed: {e}"
+                ))));
+                continue;
+            }
             self.metrics()
                 .prompt_tokens
                 .fetch_add(job.prompt.len() as u64, Relaxed);
@@ -263,7 +282,7 @@ impl<'t> Scheduler<'t> {
     }
 
     /// One step over every active slot.
-    fn step(&mut self, forward: &mut dyn StepForward) {
+    fn step(&mut self, forward: &mut dyn Backend) {
         // A client that went away is a normal end: its slot is free for this very step.
         for slot in 0..self.slots.len() {
             if self.slots[slot]
@@ -277,35 +296,40 @@ impl<'t> Scheduler<'t> {
         let mut inputs = Vec::new();
         for (slot, active) in self.slots.iter().enumerate() {
             if let Some(a) = active {
-                let (ids, logits) = a.seq.next_input(self.chunk);
-                inputs.push(SlotInput { slot, ids, logits });
+                let (ids, last) = a.seq.next_input(self.chunk);
+                let want = if last { Logits::Last } else { Logits::None };
+                inputs.push(SlotInput { slot, ids, want });
             }
         }
         if inputs.is_empty() {
             return;
         }
         self.metrics().batch_size(inputs.len());
-        let done: Vec<(usize, usize)> = inputs.iter().map(|i| (i.slot, i.ids.len())).collect();
+        let done: Vec<(usize, usize, bool)> = inputs
+            .iter()
+            .map(|i| (i.slot, i.ids.len(), i.want != Logits::None))
+            .collect();
         let outputs =
             catch_unwind(AssertUnwindSafe(|| forward.forward(&inputs))).unwrap_or_else(|_| {
-                let e = Arc::new(ModelError::Invalid("the forward pass panicked".into()));
+                let e = Arc::new(BackendError::Device("the forward pass panicked".into()));
                 vec![Err(e); inputs.len()]
             });
         drop(inputs);
-        if let Some(model) = self.experts {
-            self.metrics().set_expert_counts(model.expert_counts());
-            self.metrics().set_expert_cache(model.expert_cache_stats());
+        if self.experts {
+            self.metrics()
+                .set_expert_counts(forward.expert_counts().unwrap_or_default());
+            self.metrics()
+                .set_expert_cache(forward.expert_cache_stats());
         }
-        for ((slot, n), output) in done.into_iter().zip(outputs) {
+        for ((slot, n, wanted), output) in done.into_iter().zip(outputs) {
             let logits = match output {
-                Ok(l) => l,
+                Ok(l) => wanted.then_some(l),
                 Err(e) => {
                     self.metrics().failed.fetch_add(1, Relaxed);
-                    let err = match &*e {
-                        ModelError::ContextFull { .. } => {
-                            ApiError::invalid(e.to_string()).with_code("context_length_exceeded")
-                        }
-                        _ => ApiError::internal(format!("the model failed: {e}")),
+                    let err = if e.is_context_full() {
+                        ApiError::invalid(e.to_string()).with_code("context_length_exceeded")
+                    } else {
+                        ApiError::internal(format!("the model failed: {e}"))
                     };
                     self.end_with_error(slot, err);
                     continue;
@@ -372,8 +396,7 @@ impl<'t> Scheduler<'t> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ferrolm_engine::sequence::SlotOutput;
-    use ferrolm_engine::SamplerParams;
+    use ferrolm_engine::{SamplerParams, SlotOutput};
     use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
     /// The default model's tokenizer (the model is fetched by `scripts/test` before the tests).
@@ -403,14 +426,25 @@ mod tests {
 
     const TOKEN: usize = 100;
 
-    impl StepForward for Fake {
+    impl Backend for Fake {
+        fn describe(&self) -> String {
+            "fake".into()
+        }
         fn n_slots(&self) -> usize {
             2
         }
         fn n_ctx(&self) -> usize {
             64
         }
-        fn clear(&mut self, _slot: usize) {}
+        fn n_vocab(&self) -> usize {
+            self.n_vocab
+        }
+        fn position(&self, _slot: usize) -> usize {
+            0
+        }
+        fn truncate(&mut self, _slot: usize, _pos: usize) -> Result<usize, BackendError> {
+            Ok(0)
+        }
         fn forward(&mut self, inputs: &[SlotInput<'_>]) -> Vec<SlotOutput> {
             let mut steps = self.steps.lock().unwrap();
             steps.push(inputs.iter().map(|i| (i.slot, i.ids.len())).collect());
@@ -422,17 +456,19 @@ mod tests {
                 panic!("a kernel bug");
             }
             if self.fail_at == Some(step) {
-                let e = Arc::new(ModelError::Invalid("injected failure".into()));
+                let e = Arc::new(BackendError::Device("injected failure".into()));
                 return vec![Err(e); inputs.len()];
             }
             inputs
                 .iter()
                 .map(|i| {
-                    Ok(i.logits.then(|| {
-                        let mut l = vec![0.0; self.n_vocab];
+                    let mut l = vec![0.0; self.n_vocab];
+                    if i.want != Logits::None {
                         l[TOKEN] = 10.0;
-                        l
-                    }))
+                    } else {
+                        l.clear();
+                    }
+                    Ok(l)
                 })
                 .collect()
         }
@@ -487,7 +523,7 @@ mod tests {
                 let mut fake = fake;
                 Scheduler {
                     tokenizer: tok,
-                    experts: None,
+                    experts: false,
                     slots: vec![None, None],
                     rx,
                     shared,

@@ -1,33 +1,38 @@
-//! `ferrolm bench`: prompt processing and generation speed, like llama-bench.
+//! `ferrolm bench`: prompt processing and generation speed, like llama-bench, and with
+//! `--batch` aggregate speeds over several sequences, like llama-batched-bench.
 
 use std::time::Instant;
 
-use anyhow::Result;
+use anyhow::{bail, Result};
 use clap::Args;
+use ferrolm_engine::{argmax, eval_one, Backend, SamplerParams, SlotInput};
 use ferrolm_model::Logits;
 use rand::{Rng, SeedableRng};
 
-use super::common::{cuda_model, ModelArgs};
-use super::cuda::Split;
+use super::common::{open_backend, ModelArgs};
 use super::telemetry;
 use crate::models;
-use ferrolm_engine::Forward;
 
 /// Flags of `ferrolm bench`.
 #[derive(Args, Debug)]
 pub struct BenchArgs {
     #[command(flatten)]
     pub model: ModelArgs,
-    /// Prompt tokens (0: skip the pp test).
+    /// Prompt tokens (0: skip the pp test); with --batch, per sequence.
     #[arg(short = 'p', long, default_value_t = 512)]
     pub n_prompt: usize,
-    /// Generated tokens (0: skip the tg test).
+    /// Generated tokens (0: skip the tg test); with --batch, per sequence.
     #[arg(short = 'n', long, default_value_t = 128)]
     pub n_gen: usize,
     /// Repetitions; the median is reported.
     #[arg(short = 'r', long, default_value_t = 3)]
     pub reps: usize,
-    /// Print `{"ppN": X, "tgN": Y}` only.
+    /// Sequences decoded together, a comma-separated list (`1,4,16,64`): per batch size, the
+    /// prompts of every sequence, then `-n` steps each generating one token per sequence,
+    /// reported as llama-batched-bench's table (tok/s aggregated over the sequences).
+    #[arg(long, value_name = "B,B,...")]
+    pub batch: Option<String>,
+    /// Print `{"ppN": X, "tgN": Y}` only (with --batch: `{"batch": {"B": {"pp": X, "tg": Y}}}`).
     #[arg(long)]
     pub json: bool,
 }
@@ -37,135 +42,89 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
+/// Parses `1,4,16` into batch sizes (each at least 1).
+fn batch_sizes(s: &str) -> Result<Vec<usize>> {
+    let sizes = s
+        .split(',')
+        .map(|p| match p.trim().parse::<usize>() {
+            Ok(b) if (1..=256).contains(&b) => Ok(b),
+            _ => bail!("--batch {s:?}: each batch size is a number from 1 to 256"),
+        })
+        .collect::<Result<Vec<_>>>()?;
+    if sizes.is_empty() {
+        bail!("--batch: no batch size given");
+    }
+    Ok(sizes)
+}
+
 pub fn run(args: BenchArgs) -> Result<()> {
     let path = models::resolve(args.model.model.as_deref())?;
     let model = args.model.load_model(&path)?;
-    let n_vocab = model.plan().n_vocab as u32;
+    let batches = args.batch.as_deref().map(batch_sizes).transpose()?;
+    let slots = batches
+        .as_ref()
+        .map_or(1, |b| b.iter().copied().max().unwrap_or(1));
+    let n_ctx = args.n_prompt + args.n_gen + 1;
+    let mut backend = open_backend(&args.model, &model, n_ctx, slots)?;
     let mut rng = rand::rngs::StdRng::seed_from_u64(42);
     let reps = args.reps.max(1);
+    if let Some(batches) = batches {
+        return batched(&args, backend.as_mut(), &batches, &mut rng);
+    }
+    let n_vocab = backend.n_vocab() as u32;
     let mut results = Vec::new();
-    let n_ctx = args.n_prompt.max(args.n_gen) + 1;
-    // The first layers on the GPU only (`--gpu-layers`): the CPU's loops below, through both.
-    let (mut gpu, mut split) = match cuda_model(&args.model, &model, n_ctx)? {
-        Some(g) if !g.is_whole() => (
-            None,
-            Some(Split {
-                gpu: g,
-                cpu: model.session(n_ctx),
-            }),
-        ),
-        other => (other, None),
-    };
-    if let Some(gpu) = gpu.as_mut() {
-        // The prompt as decode steps (one graph launch each); generation as greedy steps whose
-        // id stays on the device, the host reading back 4 bytes a token.
-        if args.n_prompt > 0 {
-            let ids: Vec<u32> = (0..args.n_prompt)
-                .map(|_| rng.random_range(0..n_vocab))
-                .collect();
-            let mut speeds = Vec::new();
-            for _ in 0..reps {
-                gpu.reset()?;
-                let t = Instant::now();
-                gpu.eval(&ids, false)?;
-                speeds.push(args.n_prompt as f64 / t.elapsed().as_secs_f64());
-            }
-            if !args.json {
-                eprintln!(
-                    "ferrolm: CUDA pp: {}",
-                    if gpu.batched_prompts() {
-                        "batches of GEMMs (cuBLAS, weights dequantized to f16 per matrix)"
-                    } else {
-                        "decode steps (no cuBLAS found)"
-                    }
-                );
-            }
-            results.push((format!("pp{}", args.n_prompt), median(speeds)));
-        }
-        if args.n_gen > 0 {
-            let mut speeds = Vec::new();
-            let before = gpu.stats();
-            // Each step is queued before the previous one's id is read, as `run` does
-            // (FERROLM_BENCH_NO_AHEAD: read each id before queueing the next step, to compare).
-            let ahead = std::env::var_os("FERROLM_BENCH_NO_AHEAD").is_none();
-            for _ in 0..reps {
-                gpu.reset()?;
-                gpu.push(rng.random_range(0..n_vocab))?;
-                gpu.greedy()?;
-                let t = Instant::now();
-                for _ in 0..args.n_gen {
-                    if ahead {
-                        gpu.push_greedy_ahead()?;
-                    } else {
-                        gpu.push_greedy()?;
-                        gpu.greedy()?;
-                    }
-                }
-                gpu.greedy()?;
-                speeds.push(args.n_gen as f64 / t.elapsed().as_secs_f64());
-            }
-            let after = gpu.stats();
-            let steps = (after.tokens - before.tokens) as f64;
-            let tg = median(speeds.clone());
-            let plan = gpu.plan();
-            let bytes = plan.weight_bytes_per_token() + plan.kv_bytes_at(args.n_gen / 2);
-            if !args.json {
-                eprintln!(
-                    "ferrolm: CUDA tg: {:.1} MB read per token (weights {:.1} MB + KV at mid-run), {:.0} GB/s at {tg:.1} tok/s; per token {:.2} graph launches ({} kernels each), {:.2} host syncs, {:.2} uploads",
-                    bytes as f64 / 1e6,
-                    plan.weight_bytes_per_token() as f64 / 1e6,
-                    bytes as f64 * tg / 1e9,
-                    (after.graph_launches - before.graph_launches) as f64 / steps,
-                    plan.launches.len(),
-                    (after.host_syncs - before.host_syncs) as f64 / steps,
-                    (after.uploads - before.uploads) as f64 / steps,
-                );
-            }
-            results.push((format!("tg{}", args.n_gen), tg));
-        }
-    } else if args.n_prompt > 0 {
+    if args.n_prompt > 0 {
         let ids: Vec<u32> = (0..args.n_prompt)
             .map(|_| rng.random_range(0..n_vocab))
             .collect();
         let mut speeds = Vec::new();
         for _ in 0..reps {
-            let t = match split.as_mut() {
-                Some(sp) => {
-                    sp.truncate(0)?;
-                    let t = Instant::now();
-                    sp.eval(&ids, Logits::Last)?;
-                    t
-                }
-                None => {
-                    let mut s = model.session(args.n_prompt + 1);
-                    let t = Instant::now();
-                    s.eval(&ids, Logits::Last)?;
-                    t
-                }
-            };
+            backend.truncate(0, 0)?;
+            let t = Instant::now();
+            eval_one(backend.as_mut(), 0, &ids, Logits::Last)?;
             speeds.push(args.n_prompt as f64 / t.elapsed().as_secs_f64());
         }
         results.push((format!("pp{}", args.n_prompt), median(speeds)));
     }
-    if gpu.is_none() && args.n_gen > 0 {
+    if args.n_gen > 0 {
+        // Greedy steps; where the device chooses, each step is queued before the previous
+        // one's id is read (as `run` does), the host reading back 4 bytes a token.
+        let on_device = backend.sample_on_device(0, Some(&SamplerParams::greedy()))?;
         let mut speeds = Vec::new();
         for _ in 0..reps {
-            let mut s = model.session(args.n_gen + 1);
-            if let Some(sp) = split.as_mut() {
-                sp.truncate(0)?;
+            backend.truncate(0, 0)?;
+            let mut logits = eval_one(
+                backend.as_mut(),
+                0,
+                &[rng.random_range(0..n_vocab)],
+                Logits::Last,
+            )?;
+            if on_device {
+                backend.chosen(0)?;
             }
-            let mut id = rng.random_range(0..n_vocab);
             let t = Instant::now();
             for _ in 0..args.n_gen {
-                let logits = match split.as_mut() {
-                    Some(sp) => sp.eval(&[id], Logits::Last)?,
-                    None => s.eval(&[id], Logits::Last)?,
-                };
-                id = ferrolm_engine::argmax(&logits);
+                if on_device {
+                    backend.step_chosen(0)?;
+                } else {
+                    logits = eval_one(backend.as_mut(), 0, &[argmax(&logits)], Logits::Last)?;
+                }
+            }
+            if on_device {
+                backend.chosen(0)?;
             }
             speeds.push(args.n_gen as f64 / t.elapsed().as_secs_f64());
         }
-        results.push((format!("tg{}", args.n_gen), median(speeds)));
+        if on_device {
+            backend.sample_on_device(0, None)?;
+        }
+        let tg = median(speeds);
+        if let Some(line) = backend.decode_report(tg, args.n_gen / 2) {
+            if !args.json {
+                eprintln!("ferrolm: tg: {line}");
+            }
+        }
+        results.push((format!("tg{}", args.n_gen), tg));
     }
     let peak_rss = telemetry::peak_rss_bytes();
     let cache = model.expert_cache_stats();
@@ -187,20 +146,12 @@ pub fn run(args: BenchArgs) -> Result<()> {
     let name = path
         .file_name()
         .map_or_else(String::new, |f| f.to_string_lossy().into_owned());
-    let backend = match (&gpu, &split) {
-        (Some(g), _) => format!("CUDA ({})", g.device_name()),
-        (None, Some(sp)) => format!(
-            "CUDA ({}) {} layers + CPU",
-            sp.gpu.device_name(),
-            sp.gpu.gpu_layers()
-        ),
-        (None, None) => "CPU".to_string(),
-    };
+    let where_ = backend.describe();
     println!("| model | size | backend | threads | test | t/s |");
     println!("| --- | ---: | --- | ---: | ---: | ---: |");
     for (test, tps) in &results {
         println!(
-            "| {name} | {:.1} MiB | {backend} | {} | {test} | {tps:.2} |",
+            "| {name} | {:.1} MiB | {where_} | {} | {test} | {tps:.2} |",
             size as f64 / (1 << 20) as f64,
             model.threads()
         );
@@ -210,6 +161,127 @@ pub fn run(args: BenchArgs) -> Result<()> {
     }
     if let Some(st) = &cache {
         eprintln!("{}", telemetry::expert_cache_line(st));
+    }
+    Ok(())
+}
+
+/// One batch size's figures: seconds for the prompts and for the generation.
+struct BatchRun {
+    pp_s: f64,
+    tg_s: f64,
+}
+
+/// `-p` prompt tokens in each of `b` slots (one call), then `-n` steps of one greedy token per
+/// slot (one call each): every slot's matrices read once per call.
+fn batched_once(
+    args: &BenchArgs,
+    backend: &mut dyn Backend,
+    b: usize,
+    rng: &mut impl Rng,
+) -> Result<BatchRun> {
+    let n_vocab = backend.n_vocab() as u32;
+    for slot in 0..b {
+        backend.truncate(slot, 0)?;
+    }
+    let prompts: Vec<Vec<u32>> = (0..b)
+        .map(|_| {
+            (0..args.n_prompt.max(1))
+                .map(|_| rng.random_range(0..n_vocab))
+                .collect()
+        })
+        .collect();
+    let t = Instant::now();
+    let inputs: Vec<SlotInput<'_>> = prompts
+        .iter()
+        .enumerate()
+        .map(|(slot, ids)| SlotInput {
+            slot,
+            ids,
+            want: Logits::Last,
+        })
+        .collect();
+    let mut next = Vec::with_capacity(b);
+    for out in backend.forward(&inputs) {
+        next.push([argmax(&out.map_err(|e| anyhow::anyhow!("{e}"))?)]);
+    }
+    let pp_s = t.elapsed().as_secs_f64();
+    let t = Instant::now();
+    for _ in 0..args.n_gen {
+        let inputs: Vec<SlotInput<'_>> = next
+            .iter()
+            .enumerate()
+            .map(|(slot, id)| SlotInput {
+                slot,
+                ids: id,
+                want: Logits::Last,
+            })
+            .collect();
+        let outs = backend.forward(&inputs);
+        let mut chosen = Vec::with_capacity(b);
+        for out in outs {
+            chosen.push([argmax(&out.map_err(|e| anyhow::anyhow!("{e}"))?)]);
+        }
+        next = chosen;
+    }
+    Ok(BatchRun {
+        pp_s,
+        tg_s: t.elapsed().as_secs_f64(),
+    })
+}
+
+fn batched(
+    args: &BenchArgs,
+    backend: &mut dyn Backend,
+    batches: &[usize],
+    rng: &mut impl Rng,
+) -> Result<()> {
+    let most = backend.n_slots();
+    if let Some(&b) = batches.iter().find(|&&b| b > most) {
+        bail!(
+            "--batch {b}: {} holds {most} sequence(s) at a time",
+            backend.describe()
+        );
+    }
+    let (pp, tg) = (args.n_prompt.max(1), args.n_gen);
+    let mut rows = Vec::new();
+    for &b in batches {
+        let runs = (0..args.reps.max(1))
+            .map(|_| batched_once(args, backend, b, rng))
+            .collect::<Result<Vec<_>>>()?;
+        let pp_s = median(runs.iter().map(|r| r.pp_s).collect());
+        let tg_s = median(runs.iter().map(|r| r.tg_s).collect());
+        rows.push((b, pp_s, tg_s));
+    }
+    let rate = |tokens: usize, s: f64| tokens as f64 / s.max(1e-9);
+    if args.json {
+        let obj: serde_json::Map<String, serde_json::Value> = rows
+            .iter()
+            .map(|&(b, pp_s, tg_s)| {
+                (
+                    b.to_string(),
+                    serde_json::json!({"pp": rate(b * pp, pp_s), "tg": rate(b * tg, tg_s)}),
+                )
+            })
+            .collect();
+        println!("{}", serde_json::json!({ "batch": obj }));
+        return Ok(());
+    }
+    println!("backend: {}", backend.describe());
+    println!(
+        "|    PP |     TG |    B |   N_KV |   T_PP s | S_PP t/s |   T_TG s | S_TG t/s |      T s |    S t/s |"
+    );
+    println!(
+        "|-------|--------|------|--------|----------|----------|----------|----------|----------|----------|"
+    );
+    for (b, pp_s, tg_s) in rows {
+        let n_kv = b * (pp + tg);
+        println!(
+            "| {pp:5} | {tg:6} | {b:4} | {n_kv:6} | {pp_s:8.3} | {:8.2} | {tg_s:8.3} | {:8.2} | {:8.3} | {:8.2} |",
+            rate(b * pp, pp_s),
+            rate(b * tg, tg_s),
+            pp_s + tg_s,
+            rate(n_kv, pp_s + tg_s),
+        );
     }
     Ok(())
 }

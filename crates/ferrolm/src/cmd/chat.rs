@@ -4,13 +4,10 @@ use std::io::{BufRead, Write};
 
 use anyhow::Result;
 use clap::Args;
-use ferrolm_cuda::CudaModel;
-use ferrolm_engine::{generate, Forward, GenerateParams, Generation};
-use ferrolm_model::Session;
-use ferrolm_tokenizer::{ChatMessage, ChatTemplate, Tokenizer};
+use ferrolm_engine::{generate, GenerateParams};
+use ferrolm_tokenizer::{ChatMessage, ChatTemplate};
 
-use super::common::{context_size, cuda_model, load_any_device, ModelArgs, SamplingArgs};
-use super::cuda::Split;
+use super::common::{context_size, load_any_device, open_backend, ModelArgs, SamplingArgs};
 
 /// Flags of `ferrolm chat`.
 #[derive(Args, Debug)]
@@ -31,56 +28,10 @@ pub struct ChatArgs {
 }
 
 /// Where the conversation's cache lives: a CPU session or the GPU.
-enum Backend<'m> {
-    Cpu(Session<'m>),
-    Cuda(Box<CudaModel>),
-    Split(Box<Split<'m>>),
-}
-
-impl Backend<'_> {
-    fn position(&self) -> usize {
-        match self {
-            Backend::Cpu(s) => s.position(),
-            Backend::Cuda(m) => m.position(),
-            Backend::Split(s) => s.position(),
-        }
-    }
-
-    fn truncate(&mut self, pos: usize) -> Result<()> {
-        match self {
-            Backend::Cpu(s) => s.truncate(pos),
-            Backend::Cuda(m) => m.truncate(pos)?,
-            Backend::Split(s) => s.truncate(pos)?,
-        }
-        Ok(())
-    }
-
-    fn generate(
-        &mut self,
-        tokenizer: &Tokenizer,
-        prompt: &[u32],
-        params: &GenerateParams,
-        on_text: impl FnMut(&str) -> bool,
-    ) -> Result<Generation> {
-        match self {
-            Backend::Cpu(s) => Ok(generate(s, tokenizer, prompt, params, on_text)?),
-            Backend::Cuda(m) => super::cuda::generate(m, tokenizer, prompt, params, on_text),
-            Backend::Split(s) => Ok(generate(s.as_mut(), tokenizer, prompt, params, on_text)?),
-        }
-    }
-}
-
 pub fn run(args: ChatArgs) -> Result<()> {
     let (model, tokenizer) = load_any_device(&args.model)?;
     let n_ctx = context_size(&model, args.ctx_size);
-    let mut session = match cuda_model(&args.model, &model, n_ctx)? {
-        Some(gpu) if gpu.is_whole() => Backend::Cuda(Box::new(gpu)),
-        Some(gpu) => Backend::Split(Box::new(Split {
-            gpu,
-            cpu: model.session(n_ctx),
-        })),
-        None => Backend::Cpu(model.session(n_ctx)),
-    };
+    let mut backend = open_backend(&args.model, &model, n_ctx, 1)?;
     let template = ChatTemplate::for_tokenizer(&tokenizer)?;
     if let Some(w) = template.warning() {
         eprintln!("ferrolm: warning: {w}");
@@ -114,9 +65,8 @@ pub fn run(args: ChatArgs) -> Result<()> {
         // Reuse the cache up to the first id that differs; evaluate only the rest.
         let common = cached.iter().zip(&ids).take_while(|(a, b)| a == b).count();
         let common = common.min(ids.len() - 1);
-        session.truncate(common)?;
         // (A sliding-window model's ring may not reach back that far: it then starts over.)
-        let common = session.position();
+        let common = backend.truncate(0, common)?;
         cached.truncate(common);
         if ids.len() + 1 >= n_ctx {
             eprintln!("ferrolm: the conversation no longer fits the context of {n_ctx} tokens; start a new chat or use a larger --ctx-size");
@@ -124,15 +74,22 @@ pub fn run(args: ChatArgs) -> Result<()> {
         }
         let stdout = std::io::stdout();
         let mut out = stdout.lock();
-        let gen = session.generate(&tokenizer, &ids[common..], &params, |piece| {
-            out.write_all(piece.as_bytes())
-                .and_then(|_| out.flush())
-                .is_ok()
-        })?;
+        let gen = generate(
+            backend.as_mut(),
+            0,
+            &tokenizer,
+            &ids[common..],
+            &params,
+            |piece| {
+                out.write_all(piece.as_bytes())
+                    .and_then(|_| out.flush())
+                    .is_ok()
+            },
+        )?;
         writeln!(out)?;
         cached.extend_from_slice(&ids[common..]);
         cached.extend_from_slice(&gen.tokens);
-        cached.truncate(session.position());
+        cached.truncate(backend.position(0));
         messages.push(ChatMessage::new("assistant", gen.text.trim()));
         eprintln!(
             "[{} new prompt tokens at {:.1} tok/s, {} generated at {:.1} tok/s, {} of {n_ctx} context used]",
@@ -140,7 +97,7 @@ pub fn run(args: ChatArgs) -> Result<()> {
             gen.pp_tokens_per_s(),
             gen.tokens.len(),
             gen.tg_tokens_per_s(),
-            session.position()
+            backend.position(0)
         );
     }
     Ok(())

@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result};
 use clap::Args;
-use ferrolm_cuda::{CudaError, CudaModel, Device};
+use ferrolm::{Backend, BackendOptions, Device};
 use ferrolm_engine::SamplerParams;
 use ferrolm_gguf::GgufFile;
 use ferrolm_model::{ExpertMode, LoadOptions, Model};
@@ -87,71 +87,31 @@ impl ModelArgs {
         }
         Ok(model)
     }
-
-    /// The device asked for, or the default one; `true` when asked for explicitly.
-    pub fn device(&self) -> Result<(Device, bool)> {
-        match &self.device {
-            Some(d) => Ok((d.parse::<Device>().map_err(anyhow::Error::msg)?, true)),
-            None => Ok((ferrolm_cuda::default_device(), false)),
-        }
-    }
 }
 
-/// The model on the GPU the flags ask for, or `None` for the CPU: an explicit `--device cuda`
-/// without CUDA is an error; a model the CUDA path declines, or any failure when CUDA was only
-/// the default, says so on stderr and leaves the CPU to run it.
-pub fn cuda_model(args: &ModelArgs, model: &Model, n_ctx: usize) -> Result<Option<CudaModel>> {
-    let (device, explicit) = args.device()?;
-    let Device::Cuda(ordinal) = device else {
-        return Ok(None);
+/// `model` ready where these flags say, with `slots` sequences of `n_ctx` positions
+/// ([`ferrolm::open_backend`]: an explicit `--device cuda` that cannot be used is an error, a
+/// model the CUDA path declines runs on the CPU, saying why).
+pub fn open_backend<'m>(
+    args: &ModelArgs,
+    model: &'m Model,
+    n_ctx: usize,
+    slots: usize,
+) -> Result<Box<dyn Backend + 'm>> {
+    let device = match &args.device {
+        Some(d) => Some(d.parse::<Device>().map_err(anyhow::Error::msg)?),
+        None => None,
     };
-    if model.expert_cache_stats().is_some() {
-        // The CUDA path uploads every weight from the mapping, experts included.
-        let why = "streamed experts run on the CPU only";
-        if explicit {
-            anyhow::bail!("--device {device}: {why}; drop --expert-cache or --device");
-        }
-        eprintln!("ferrolm: {why}; running on the CPU");
-        return Ok(None);
-    }
-    let n_layer = model.plan().layers.len();
-    let gpu_layers = args.gpu_layers.unwrap_or(n_layer);
-    if gpu_layers == 0 {
-        eprintln!("ferrolm: --gpu-layers 0: running on the CPU");
-        return Ok(None);
-    }
-    match CudaModel::with_layers(model.plan(), model.file(), ordinal, n_ctx, gpu_layers) {
-        Ok(m) => {
-            eprintln!(
-                "ferrolm: running {} on {} ({device}), {}",
-                if m.is_whole() {
-                    "the model".to_string()
-                } else {
-                    format!(
-                        "layers 0..{} of {n_layer} ({} and the output head on the CPU)",
-                        m.gpu_layers(),
-                        n_layer - m.gpu_layers()
-                    )
-                },
-                m.device_name(),
-                if m.uses_graph() {
-                    "one CUDA graph launch per token"
-                } else {
-                    "kernel by kernel (FERROLM_CUDA_NO_GRAPH)"
-                }
-            );
-            Ok(Some(m))
-        }
-        Err(e @ CudaError::Declined(_)) => {
-            eprintln!("ferrolm: {e}; running on the CPU");
-            Ok(None)
-        }
-        Err(e) if explicit => Err(anyhow::anyhow!("--device {device}: {e}")),
-        Err(e) => {
-            eprintln!("ferrolm: {e}; running on the CPU");
-            Ok(None)
-        }
-    }
+    ferrolm::open_backend(
+        model,
+        &BackendOptions {
+            device,
+            n_ctx,
+            slots,
+            gpu_layers: args.gpu_layers,
+            verbose: true,
+        },
+    )
 }
 
 /// Sampling flags.
@@ -205,7 +165,7 @@ impl SamplingArgs {
     }
 }
 
-/// [`load`] for a command that takes the model to the GPU itself ([`cuda_model`]).
+/// The model `-m` names and its tokenizer, loaded as the flags say.
 pub fn load_any_device(args: &ModelArgs) -> Result<(Model, Tokenizer)> {
     let path = models::resolve(args.model.as_deref())?;
     let file = Arc::new(GgufFile::open(&path)?);
@@ -217,10 +177,5 @@ pub fn load_any_device(args: &ModelArgs) -> Result<(Model, Tokenizer)> {
 
 /// The context size: `--ctx-size` if given (0: default), capped by the model's trained length.
 pub fn context_size(model: &Model, requested: usize) -> usize {
-    let trained = model.plan().n_ctx_train;
-    if requested == 0 {
-        trained.min(4096)
-    } else {
-        requested.min(trained)
-    }
+    ferrolm::context_size(model, requested)
 }

@@ -1,174 +1,17 @@
-//! Running on a GPU: generation through the CUDA backend, and `ferrolm cuda-check`, which
-//! compares the CUDA backend with its CPU twin on the same file (a GPU machine's test).
+//! `ferrolm cuda-check`, which compares the CUDA backend with its CPU twin on the same file (a
+//! GPU machine's test); it reaches past the backend interface to the device's own paths.
 
 use std::time::Instant;
 
 use anyhow::{bail, Result};
 use clap::Args;
-use ferrolm_cuda::schedule::SAMPLE_MAX_K;
-use ferrolm_cuda::{CudaModel, DeviceSampling};
-use ferrolm_engine::{FinishReason, Forward, GenerateError, GenerateParams, Generation, Sampler};
-use ferrolm_model::{Logits, Model, Session};
-use ferrolm_tokenizer::{StreamDecoder, Tokenizer};
+use ferrolm_cuda::{CudaModel, CudaOptions, Device};
+use ferrolm_engine::{eval_one, GenerateParams, Sampler};
+use ferrolm_model::{Logits, Model};
 use rand::{Rng, SeedableRng};
 
 use super::common::ModelArgs;
 use crate::models;
-
-/// A model split between the GPU (its first layers, [`CudaModel::with_layers`]) and a CPU
-/// session (the other layers and the output head): each batch of ids goes through the GPU's
-/// layers, their residual stream to the host, and on through the CPU's (`--gpu-layers`).
-pub struct Split<'m> {
-    /// The first layers.
-    pub gpu: CudaModel,
-    /// The rest; its cache of the GPU's layers stays unused.
-    pub cpu: Session<'m>,
-}
-
-impl Split<'_> {
-    /// Forgets everything on both sides.
-    pub fn truncate(&mut self, pos: usize) -> Result<()> {
-        self.cpu.truncate(pos);
-        self.gpu.truncate(self.cpu.position())?;
-        Ok(())
-    }
-}
-
-impl Forward for Split<'_> {
-    fn position(&self) -> usize {
-        self.cpu.position()
-    }
-
-    fn n_ctx(&self) -> usize {
-        self.cpu.n_ctx().min(self.gpu.n_ctx())
-    }
-
-    fn eval(&mut self, ids: &[u32], want: Logits) -> Result<Vec<f32>, GenerateError> {
-        let hidden = self
-            .gpu
-            .eval_hidden(ids)
-            .map_err(|e| GenerateError::Backend(format!("CUDA: {e}")))?;
-        Ok(self
-            .cpu
-            .eval_from(ids, self.gpu.gpu_layers(), &hidden, want)?)
-    }
-}
-
-/// Whether the sampler is plain greedy, so that the device's own argmax can choose.
-fn is_greedy(p: &GenerateParams) -> bool {
-    let s = &p.sampler;
-    s.temperature <= 0.0 && no_penalties(p)
-}
-
-fn no_penalties(p: &GenerateParams) -> bool {
-    let s = &p.sampler;
-    s.repeat_penalty == 1.0 && s.presence_penalty == 0.0 && s.frequency_penalty == 0.0
-}
-
-/// The device sampler's settings when it can serve the sampler (no penalties, which need the
-/// history; a top-k of at most [`SAMPLE_MAX_K`]); `None`: the host samples.
-pub fn device_sampling(p: &GenerateParams) -> Option<DeviceSampling> {
-    let s = &p.sampler;
-    (s.temperature > 0.0 && no_penalties(p) && (1..=SAMPLE_MAX_K).contains(&s.top_k)).then_some(
-        DeviceSampling {
-            top_k: s.top_k,
-            top_p: s.top_p,
-            min_p: s.min_p,
-            temperature: s.temperature,
-        },
-    )
-}
-
-/// [`ferrolm_engine::generate`] on the GPU: the prompt in batches, then each token one graph
-/// launch; greedy sampling reads back only the chosen id, other samplers the logits.
-pub fn generate(
-    m: &mut CudaModel,
-    tokenizer: &Tokenizer,
-    prompt: &[u32],
-    params: &GenerateParams,
-    mut on_text: impl FnMut(&str) -> bool,
-) -> Result<Generation> {
-    let n_ctx = m.n_ctx();
-    if m.position() + prompt.len() >= n_ctx {
-        bail!(
-            "the prompt has {} tokens but the context holds {n_ctx}",
-            m.position() + prompt.len()
-        );
-    }
-    // The device chooses (greedy, or drawing with the host sampler's own draws) unless the
-    // sampler needs the host (penalties, a top-k of 0 or above SAMPLE_MAX_K).
-    let on_device = device_sampling(params);
-    let greedy = is_greedy(params) || on_device.is_some();
-    let mut sampler = Sampler::new(params.sampler.clone());
-    let mut rng = rand::rngs::StdRng::seed_from_u64(params.sampler.seed);
-    let mut draw = || rng.random::<f32>();
-    m.set_sampling(on_device, &mut draw)?;
-    let mut history = prompt.to_vec();
-    let start = Instant::now();
-    // The prompt as one batch (GEMMs) when it can; the device keeps its choice.
-    m.ensure_draws(&mut draw)?;
-    let mut logits = m.eval(prompt, false)?;
-    let prompt_time = start.elapsed();
-    let gen_start = Instant::now();
-    let mut decoder = StreamDecoder::new(tokenizer);
-    let mut out = Generation {
-        tokens: Vec::new(),
-        text: String::new(),
-        finish: FinishReason::Length,
-        prompt_evaluated: prompt.len(),
-        prompt_time,
-        gen_time: Default::default(),
-    };
-    while out.tokens.len() < params.max_tokens {
-        // Room for the id about to be read to be evaluated too.
-        let room = out.tokens.len() + 1 < params.max_tokens && m.position() + 1 < n_ctx;
-        // When the device chooses and there is room, the step evaluating its choice is queued
-        // before the host reads that choice (the device does not wait for the host); a stop at
-        // that id forgets the extra position.
-        let ahead = greedy && room;
-        let id = if ahead {
-            m.ensure_draws(&mut draw)?;
-            m.push_greedy_ahead()?
-        } else if greedy {
-            m.greedy()?
-        } else {
-            sampler.sample(&logits, &history)
-        };
-        if params.stop_at_eog && tokenizer.is_eog(id) {
-            out.finish = FinishReason::Stop;
-            if ahead {
-                m.truncate(m.position() - 1)?;
-            }
-            break;
-        }
-        out.tokens.push(id);
-        history.push(id);
-        let piece = decoder.push(id)?;
-        out.text.push_str(&piece);
-        if !piece.is_empty() && !on_text(&piece) {
-            out.finish = FinishReason::Stop;
-            if ahead {
-                m.truncate(m.position() - 1)?;
-            }
-            break;
-        }
-        if !room {
-            break;
-        }
-        if !greedy {
-            m.push(id)?;
-            logits = m.logits()?;
-        }
-    }
-    let rest = decoder.finish();
-    if !rest.is_empty() {
-        on_text(&rest);
-        out.text.push_str(&rest);
-    }
-    out.gen_time = gen_start.elapsed();
-    m.set_sampling(None, &mut draw)?;
-    Ok(out)
-}
 
 /// Flags of `ferrolm cuda-check`.
 #[derive(Args, Debug)]
@@ -214,23 +57,22 @@ fn kl(p: &[f32], q: &[f32]) -> f64 {
 
 /// `cuda-check --gpu-layers N`: the model split between the GPU (first N layers) and the CPU
 /// against the CPU alone: every position of a random prompt, then greedy continuations.
-fn check_split(args: &CheckArgs, model: &Model, gpu: CudaModel, n_ctx: usize) -> Result<()> {
+fn check_split(args: &CheckArgs, model: &Model, cuda: CudaOptions) -> Result<()> {
+    let n_ctx = cuda.n_ctx;
     let n_vocab = model.plan().n_vocab;
     let mut rng = rand::rngs::StdRng::seed_from_u64(args.seed);
     let ids: Vec<u32> = (0..args.n_prompt.max(1))
         .map(|_| rng.random_range(0..n_vocab as u32))
         .collect();
-    let layers = gpu.gpu_layers();
-    let mut split = Split {
-        gpu,
-        cpu: model.session(n_ctx),
-    };
+    let layers = cuda.gpu_layers.unwrap_or(usize::MAX);
+    let mut split = ferrolm_cuda::open(model, &cuda)
+        .map_err(|e| anyhow::anyhow!("cuda:{}: {e}", cuda.ordinal))?;
     let mut cpu = model.session(n_ctx);
     let t = Instant::now();
     let cpu_logits = cpu.eval(&ids, Logits::All)?;
     let cpu_time = t.elapsed();
     let t = Instant::now();
-    let split_logits = split.eval(&ids, Logits::All)?;
+    let split_logits = eval_one(split.as_mut(), 0, &ids, Logits::All)?;
     let row = compare("split", &cpu_logits, &split_logits, n_vocab, t.elapsed());
     let n = ids.len();
     let (mut a, mut b) = (
@@ -244,7 +86,7 @@ fn check_split(args: &CheckArgs, model: &Model, gpu: CudaModel, n_ctx: usize) ->
         }
         same += 1;
         a = ferrolm_engine::argmax(&cpu.eval(&[a], Logits::Last)?);
-        b = ferrolm_engine::argmax(&split.eval(&[b], Logits::Last)?);
+        b = ferrolm_engine::argmax(&eval_one(split.as_mut(), 0, &[b], Logits::Last)?);
     }
     println!(
         "| file | layers on the GPU | positions | mean KL | max KL | top-1 (ties within {TIE}) | top-1 raw | greedy same | CPU pp tok/s | split pp tok/s |"
@@ -284,7 +126,7 @@ fn sampling_check(gpu: &mut CudaModel, ids: &[u32]) -> Result<()> {
         },
         stop_at_eog: false,
     };
-    let Some(on_device) = device_sampling(&params) else {
+    let Ok(Some(on_device)) = ferrolm_cuda::device_sampling(&params.sampler) else {
         return Ok(());
     };
     let steps = 64.min(gpu.n_ctx() / 2);
@@ -373,20 +215,26 @@ pub fn check(args: CheckArgs) -> Result<()> {
     let path = models::resolve(args.model.model.as_deref())?;
     let model = args.model.load_model(&path)?;
     let n_ctx = args.n_prompt + args.n_gen + 1;
-    let ordinal = match args.model.device()? {
-        (ferrolm_cuda::Device::Cuda(n), _) => n,
-        (ferrolm_cuda::Device::Cpu, true) => {
+    let ordinal = match args.model.device.as_deref().map(str::parse::<Device>) {
+        None => 0,
+        Some(Ok(Device::Cuda(n))) => n,
+        Some(Ok(Device::Cpu)) => {
             bail!("cuda-check compares CUDA with the CPU: --device cuda[:N]")
         }
-        (ferrolm_cuda::Device::Cpu, false) => 0,
+        Some(Err(e)) => bail!(e),
     };
     let n_layer = model.plan().layers.len();
     let gpu_layers = args.model.gpu_layers.unwrap_or(n_layer);
-    let mut gpu = CudaModel::with_layers(model.plan(), model.file(), ordinal, n_ctx, gpu_layers)
-        .map_err(|e| anyhow::anyhow!("cuda:{ordinal}: {e}"))?;
-    if !gpu.is_whole() {
-        return check_split(&args, &model, gpu, n_ctx);
+    if gpu_layers < n_layer {
+        let cuda = CudaOptions {
+            ordinal,
+            n_ctx,
+            gpu_layers: Some(gpu_layers),
+        };
+        return check_split(&args, &model, cuda);
     }
+    let mut gpu = CudaModel::new(model.plan(), model.file(), ordinal, n_ctx)
+        .map_err(|e| anyhow::anyhow!("cuda:{ordinal}: {e}"))?;
     eprintln!(
         "ferrolm: comparing {} (cuda:{ordinal}, graph: {}) with the CPU ({} threads)",
         gpu.device_name(),

@@ -6,7 +6,7 @@ use std::path::Path;
 use anyhow::{Context, Result};
 use ferrolm_model::Logits;
 
-use super::common::{cuda_model, ModelArgs};
+use super::common::{open_backend, ModelArgs};
 use crate::models;
 
 /// Parses `1,2,3` into ids.
@@ -26,17 +26,8 @@ pub fn run(args: &ModelArgs, ids: &[u32], out: &Path, n_ctx: usize) -> Result<()
     let path = models::resolve(args.model.as_deref())?;
     let model = args.load_model(&path)?;
     let n_ctx = if n_ctx == 0 { ids.len().max(1) } else { n_ctx };
-    let logits = match cuda_model(args, &model, n_ctx)? {
-        Some(mut gpu) if gpu.is_whole() => gpu.eval(ids, true)?,
-        Some(gpu) => {
-            let mut split = super::cuda::Split {
-                gpu,
-                cpu: model.session(n_ctx),
-            };
-            ferrolm_engine::Forward::eval(&mut split, ids, Logits::All)?
-        }
-        None => model.session(n_ctx).eval(ids, Logits::All)?,
-    };
+    let mut backend = open_backend(args, &model, n_ctx, 1)?;
+    let logits = ferrolm_engine::eval_one(backend.as_mut(), 0, ids, Logits::All)?;
     let mut f = std::io::BufWriter::new(
         std::fs::File::create(out).with_context(|| format!("creating {}", out.display()))?,
     );

@@ -7,7 +7,7 @@ use clap::Args;
 use ferrolm_engine::{generate, GenerateParams};
 use ferrolm_tokenizer::{ChatMessage, ChatTemplate};
 
-use super::common::{context_size, cuda_model, load_any_device, ModelArgs, SamplingArgs};
+use super::common::{context_size, load_any_device, open_backend, ModelArgs, SamplingArgs};
 
 /// Flags of `ferrolm run`.
 #[derive(Args, Debug)]
@@ -74,8 +74,9 @@ pub fn run(args: RunArgs) -> Result<()> {
         );
         ids.drain(..ids.len() - keep);
     }
-    let gpu = cuda_model(&args.model, &model, n_ctx)?;
-    if args.expert_stats && gpu.is_some() {
+    let mut backend = open_backend(&args.model, &model, n_ctx, 1)?;
+    let counts_experts = backend.expert_counts().is_some();
+    if args.expert_stats && !counts_experts {
         bail!("--expert-stats counts the CPU backend's routing; run it without --device cuda");
     }
     let params = GenerateParams {
@@ -95,30 +96,7 @@ pub fn run(args: RunArgs) -> Result<()> {
         }
         true
     };
-    let backend = match &gpu {
-        Some(g) if g.is_whole() => "CUDA",
-        Some(_) => "CUDA + CPU",
-        None => "CPU",
-    };
-    let gen = match gpu {
-        Some(mut gpu) if gpu.is_whole() => {
-            super::cuda::generate(&mut gpu, &tokenizer, &ids, &params, on_text)?
-        }
-        Some(gpu) => {
-            let mut split = super::cuda::Split {
-                gpu,
-                cpu: model.session(n_ctx),
-            };
-            generate(&mut split, &tokenizer, &ids, &params, on_text)?
-        }
-        None => generate(
-            &mut model.session(n_ctx),
-            &tokenizer,
-            &ids,
-            &params,
-            on_text,
-        )?,
-    };
+    let gen = generate(backend.as_mut(), 0, &tokenizer, &ids, &params, on_text)?;
     if args.json {
         let v = serde_json::json!({
             "prompt_tokens": ids,
@@ -153,11 +131,7 @@ pub fn run(args: RunArgs) -> Result<()> {
         gen.tokens.len(),
         gen.gen_time.as_secs_f64(),
         gen.tg_tokens_per_s(),
-        if backend == "CUDA" {
-            "CUDA".to_string()
-        } else {
-            format!("{} threads", model.threads())
-        },
+        backend.describe(),
     );
     Ok(())
 }

@@ -6,14 +6,12 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use ferrolm_server::ServerConfig;
 
-use super::common::{context_size, cuda_model, load_any_device, ModelArgs};
+use super::common::{context_size, load_any_device, open_backend, ModelArgs};
 use crate::models;
-use ferrolm_cuda::CudaModel;
-use ferrolm_engine::sequence::{BatchedForward, SlotInput, SlotOutput, StepForward};
-use ferrolm_model::{Model, ModelError};
-use std::sync::Arc;
+use ferrolm_engine::Backend;
+use ferrolm_model::Model;
+use ferrolm_server::{BackendSource, ServerConfig};
 
 /// Flags of `ferrolm serve`.
 #[derive(Args, Debug)]
@@ -72,27 +70,10 @@ pub fn run(args: ServeArgs) -> Result<()> {
     };
     let (model, tokenizer) = load_any_device(&args.model)?;
     let n_ctx = context_size(&model, args.ctx_size);
-    // On CUDA: one sequence at a time through the GPU (its KV cache is one slot); the CUDA
-    // model is made on the scheduler's thread, after this check that it will work.
-    let gpu = match cuda_model(&args.model, &model, n_ctx)? {
-        Some(g) if !g.is_whole() => {
-            bail!("`ferrolm serve` on CUDA takes the whole model; drop --gpu-layers")
-        }
-        Some(g) => Some(g.ordinal()),
-        None => None,
-    };
-    let parallel = if gpu.is_some() {
-        if args.parallel > 1 {
-            eprintln!("ferrolm: on CUDA the server decodes one sequence at a time (--parallel 1); the others wait in the queue");
-        }
-        1
-    } else {
-        args.parallel
-    };
     let config = ServerConfig {
         addr: SocketAddr::new(args.host, args.port),
         model_name,
-        parallel,
+        parallel: args.parallel,
         n_ctx,
         max_queue: args.max_queue,
         prefill_chunk: args.prefill_chunk,
@@ -101,55 +82,21 @@ pub fn run(args: ServeArgs) -> Result<()> {
         shutdown_grace: Duration::from_secs_f64(args.shutdown_grace),
     };
     let addr = config.addr;
-    let factory = gpu.map(|ordinal| -> ferrolm_server::ForwardFactory {
-        Box::new(
-            move |model: &Model, _slots, n_ctx| -> Box<dyn StepForward + '_> {
-                match CudaModel::new(model.plan(), model.file(), ordinal, n_ctx) {
-                    Ok(gpu) => Box::new(CudaForward { gpu }),
-                    Err(e) => {
-                        // It worked a moment ago on the main thread; should it not here, serve on.
-                        eprintln!("ferrolm: CUDA: {e}; serving on the CPU");
-                        Box::new(BatchedForward::new(model, 1, n_ctx))
-                    }
-                }
-            },
-        )
-    });
-    ferrolm_server::serve_with(model, tokenizer, config, factory)
-        .with_context(|| format!("serving on {addr}"))
+    let source = Source {
+        model,
+        args: args.model,
+    };
+    ferrolm_server::serve(source, tokenizer, config).with_context(|| format!("serving on {addr}"))
 }
 
-/// The server's forward pass on the GPU: one slot, the whole model on the device.
-struct CudaForward {
-    gpu: CudaModel,
+/// The model and the flags that say where it runs: the server opens it on its own thread.
+struct Source {
+    model: Model,
+    args: ModelArgs,
 }
 
-impl StepForward for CudaForward {
-    fn n_slots(&self) -> usize {
-        1
-    }
-
-    fn n_ctx(&self) -> usize {
-        self.gpu.n_ctx()
-    }
-
-    fn clear(&mut self, _slot: usize) {
-        // A failure here shows at the next evaluation.
-        let _ = self.gpu.reset();
-    }
-
-    fn forward(&mut self, inputs: &[SlotInput<'_>]) -> Vec<SlotOutput> {
-        inputs
-            .iter()
-            .map(|input| {
-                let logits = self.gpu.eval(input.ids, false).map_err(|e| {
-                    Arc::new(ModelError::Unsupported {
-                        what: "CUDA evaluation",
-                        value: e.to_string(),
-                    })
-                })?;
-                Ok(input.logits.then_some(logits))
-            })
-            .collect()
+impl BackendSource for Source {
+    fn open(&self, slots: usize, n_ctx: usize) -> Result<Box<dyn Backend + '_>, String> {
+        open_backend(&self.args, &self.model, n_ctx, slots).map_err(|e| format!("{e:#}"))
     }
 }

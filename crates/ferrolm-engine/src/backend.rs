@@ -1,0 +1,192 @@
+//! The backend interface: a model made ready on one device, holding sequences ("slots"), each
+//! with its own position and caches, and evaluating a batch of (slot, ids) pairs per call.
+//!
+//! Every command, the library and the server's scheduler drive a model through [`Backend`]
+//! alone; a backend never sees HTTP or a command line. What only some devices can do (choose
+//! the next token on the device, queue the next step before the host has read the last one's
+//! choice, count expert selections) is an optional method with a default that declines, so a
+//! caller asks once and takes the general path otherwise; docs/ARCHITECTURE.md shows the whole
+//! path of a request.
+
+use std::sync::Arc;
+
+use ferrolm_model::{ExpertCacheStats, Logits, Model, ModelError, Session};
+
+use crate::sampler::SamplerParams;
+
+/// Why a backend could not evaluate.
+#[derive(Debug, thiserror::Error)]
+pub enum BackendError {
+    /// The model refused the input (an id outside the vocabulary, a full context, ...).
+    #[error(transparent)]
+    Model(#[from] ModelError),
+    /// The device failed (a driver call, memory, ...).
+    #[error("{0}")]
+    Device(String),
+    /// An optional capability this backend does not have was used without asking first.
+    #[error("this backend cannot {0}")]
+    Unsupported(&'static str),
+}
+
+impl BackendError {
+    /// Whether the error is a full context (the request asked for more than fits).
+    pub fn is_context_full(&self) -> bool {
+        matches!(self, BackendError::Model(ModelError::ContextFull { .. }))
+    }
+}
+
+/// One slot's work in a call: ids to evaluate after what its caches hold.
+#[derive(Clone, Copy, Debug)]
+pub struct SlotInput<'a> {
+    /// The slot the ids belong to.
+    pub slot: usize,
+    /// The ids.
+    pub ids: &'a [u32],
+    /// Which of their logits to return.
+    pub want: Logits,
+}
+
+/// The outcome of one slot's work: the logits asked for (empty for [`Logits::None`]). An error
+/// is shared, since a batched call that fails fails for every slot in it.
+pub type SlotOutput = Result<Vec<f32>, Arc<BackendError>>;
+
+/// A model on a device, with its slots (see the module documentation).
+pub trait Backend {
+    /// Where it runs, in words ("CPU, 16 threads", "CUDA (NVIDIA H200)").
+    fn describe(&self) -> String;
+    /// Slots (sequences with their own caches).
+    fn n_slots(&self) -> usize;
+    /// Positions each slot holds.
+    fn n_ctx(&self) -> usize;
+    /// Entries of a row of logits.
+    fn n_vocab(&self) -> usize;
+    /// Positions `slot` holds.
+    fn position(&self, slot: usize) -> usize;
+    /// Goes back to position `pos` of `slot`, keeping what came before (0 empties it), and
+    /// returns the position it kept: a cache that cannot go back that far (a sliding-window
+    /// ring, a recurrent state) may keep less, and the caller evaluates the ids from there.
+    fn truncate(&mut self, slot: usize, pos: usize) -> Result<usize, BackendError>;
+    /// Evaluates every input (at most one per slot) and returns one output per input, in order.
+    fn forward(&mut self, inputs: &[SlotInput<'_>]) -> Vec<SlotOutput>;
+
+    /// Asks the device to choose `slot`'s tokens itself with `sampler` after every evaluation
+    /// that computes last logits (`None`: the host samples again). `Ok(false)`: this backend or
+    /// this sampler cannot, and the host samples from the logits [`Backend::forward`] returns.
+    fn sample_on_device(
+        &mut self,
+        _slot: usize,
+        _sampler: Option<&SamplerParams>,
+    ) -> Result<bool, BackendError> {
+        Ok(false)
+    }
+
+    /// With device sampling: the id the device chose at `slot`'s last evaluation (waits for it).
+    fn chosen(&mut self, _slot: usize) -> Result<u32, BackendError> {
+        Err(BackendError::Unsupported("choose tokens on the device"))
+    }
+
+    /// With device sampling: queues the evaluation of the id the device chose at `slot`'s last
+    /// step (choosing the next one after it) and returns that id, without waiting for the new
+    /// step: the device runs ahead of the host by one step.
+    fn step_chosen(&mut self, _slot: usize) -> Result<u32, BackendError> {
+        Err(BackendError::Unsupported("queue steps on the device"))
+    }
+
+    /// A line on how the last decode steps used the device, given their speed and mid-run
+    /// position (bytes read per token, launches), for `bench`; `None` where there is nothing
+    /// to say.
+    fn decode_report(&self, _tokens_per_s: f64, _position: usize) -> Option<String> {
+        None
+    }
+
+    /// How often each expert of each mixture-of-experts layer was chosen (empty per dense
+    /// layer), where the backend counts (`None`: it does not).
+    fn expert_counts(&self) -> Option<Vec<Vec<u64>>> {
+        None
+    }
+
+    /// The streamed-experts cache's counters, where experts are streamed.
+    fn expert_cache_stats(&self) -> Option<ExpertCacheStats> {
+        None
+    }
+}
+
+/// The CPU backend: one [`Session`] per slot; a call over several slots is one forward pass
+/// (every matrix product takes all their tokens together, each slot attends over its own
+/// cache, `Model::eval_many`), a call over one slot is that session's own evaluation.
+pub struct CpuBackend<'m> {
+    model: &'m Model,
+    sessions: Vec<Session<'m>>,
+    n_ctx: usize,
+}
+
+impl<'m> CpuBackend<'m> {
+    /// `n_slots` sessions of `n_ctx` positions each.
+    pub fn new(model: &'m Model, n_slots: usize, n_ctx: usize) -> CpuBackend<'m> {
+        CpuBackend {
+            model,
+            sessions: (0..n_slots.max(1)).map(|_| model.session(n_ctx)).collect(),
+            n_ctx,
+        }
+    }
+}
+
+impl Backend for CpuBackend<'_> {
+    fn describe(&self) -> String {
+        format!("CPU, {} threads", self.model.threads())
+    }
+
+    fn n_slots(&self) -> usize {
+        self.sessions.len()
+    }
+
+    fn n_ctx(&self) -> usize {
+        self.n_ctx
+    }
+
+    fn n_vocab(&self) -> usize {
+        self.model.plan().n_vocab
+    }
+
+    fn position(&self, slot: usize) -> usize {
+        self.sessions[slot].position()
+    }
+
+    fn truncate(&mut self, slot: usize, pos: usize) -> Result<usize, BackendError> {
+        let session = &mut self.sessions[slot];
+        session.truncate(pos);
+        Ok(session.position())
+    }
+
+    fn forward(&mut self, inputs: &[SlotInput<'_>]) -> Vec<SlotOutput> {
+        if let [one] = inputs {
+            // One sequence: its session's batches of `BATCH` (and a recurrent model's
+            // checkpoint at the end of a prompt), as a single generation always ran.
+            let out = self.sessions[one.slot].eval(one.ids, one.want);
+            return vec![out.map_err(|e| Arc::new(e.into()))];
+        }
+        // The sessions in the order of the inputs (at most one input per slot).
+        let mut by_slot: Vec<Option<&mut Session<'_>>> =
+            self.sessions.iter_mut().map(Some).collect();
+        let mut items = Vec::with_capacity(inputs.len());
+        for input in inputs {
+            let session = by_slot[input.slot]
+                .take()
+                .expect("at most one input per slot");
+            items.push((session, input.ids, input.want));
+        }
+        self.model
+            .eval_many(&mut items)
+            .into_iter()
+            .map(|r| r.map_err(|e| Arc::new(e.into())))
+            .collect()
+    }
+
+    fn expert_counts(&self) -> Option<Vec<Vec<u64>>> {
+        Some(self.model.expert_counts())
+    }
+
+    fn expert_cache_stats(&self) -> Option<ExpertCacheStats> {
+        self.model.expert_cache_stats()
+    }
+}
