@@ -2,15 +2,19 @@
 //! ([`CudaBackend`]), or its first layers there and the rest on the CPU ([`SplitBackend`],
 //! `--gpu-layers`), and [`open`], which makes the one a configuration asks for.
 //!
-//! The device holds one sequence today (one KV cache fused with the weights): both backends
-//! have one slot.
+//! [`CudaBackend`] holds several sequences ("slots") over one copy of the weights: slot 0 is
+//! the decode graph's (one launch per token, the device choosing and running ahead), and a
+//! step of several slots' tokens is one batched pass (every weight read once for all of them,
+//! attention per token over its own slot's cache). [`SplitBackend`] has one slot.
+
+use std::sync::Arc;
 
 use ferrolm_engine::{Backend, BackendError, SamplerParams, SlotInput, SlotOutput};
 use ferrolm_model::{Logits, Model, ModelError, Session};
 use rand::{Rng, SeedableRng};
 
 use crate::schedule::SAMPLE_MAX_K;
-use crate::{CudaError, CudaModel, DeviceSampling, Stats};
+use crate::{CudaError, CudaModel, DeviceSampling, Rows, Stats};
 
 /// What [`open`] makes.
 #[derive(Clone, Copy, Debug)]
@@ -22,6 +26,8 @@ pub struct CudaOptions {
     /// Layers on the GPU, the rest and the output head on the CPU (`None` or at least the
     /// model's layer count: all of them).
     pub gpu_layers: Option<usize>,
+    /// Sequences held at once (the whole model only; at least 1).
+    pub slots: usize,
 }
 
 /// The backend `options` ask for on `model`: the whole model on the GPU, or its first layers.
@@ -30,13 +36,19 @@ pub fn open<'m>(
     options: &CudaOptions,
 ) -> Result<Box<dyn Backend + 'm>, CudaError> {
     let layers = options.gpu_layers.unwrap_or(usize::MAX);
-    let gpu = CudaModel::with_layers(
-        model.plan(),
-        model.file(),
-        options.ordinal,
-        options.n_ctx,
-        layers,
-    )?;
+    let whole = layers >= model.plan().layers.len();
+    let (plan, file, ordinal, n_ctx) = (model.plan(), model.file(), options.ordinal, options.n_ctx);
+    let gpu = if whole && options.slots > 1 {
+        match CudaModel::with_slots(plan, file, ordinal, n_ctx, layers, options.slots) {
+            Err(CudaError::Model(why)) => {
+                eprintln!("ferrolm: {why}; one sequence at a time");
+                CudaModel::with_layers(plan, file, ordinal, n_ctx, layers)?
+            }
+            other => other?,
+        }
+    } else {
+        CudaModel::with_layers(plan, file, ordinal, n_ctx, layers)?
+    };
     if gpu.is_whole() {
         return Ok(Box::new(CudaBackend::new(gpu)));
     }
@@ -91,9 +103,11 @@ pub fn device_sampling(s: &SamplerParams) -> Result<Option<DeviceSampling>, ()> 
     }))
 }
 
-/// The whole model on one GPU, one slot; each decode step one CUDA graph launch.
+/// The whole model on one GPU (see the module documentation).
 pub struct CudaBackend {
     gpu: CudaModel,
+    /// Each slot's position (slot 0's is the model's own).
+    positions: Vec<usize>,
     /// The draws of device sampling (the host sampler's generator, seeded alike), while on.
     draws: Option<rand::rngs::StdRng>,
     /// The counters when the sequence last started, for [`Backend::decode_report`].
@@ -105,6 +119,7 @@ impl CudaBackend {
     pub fn new(gpu: CudaModel) -> CudaBackend {
         let since = gpu.stats();
         CudaBackend {
+            positions: vec![0; gpu.n_slots()],
             gpu,
             draws: None,
             since,
@@ -125,13 +140,153 @@ impl CudaBackend {
     }
 }
 
+impl CudaBackend {
+    fn pos(&self, slot: usize) -> usize {
+        if slot == 0 {
+            self.gpu.position()
+        } else {
+            self.positions[slot]
+        }
+    }
+
+    fn check(&self, input: &SlotInput<'_>) -> Result<(), BackendError> {
+        if input.slot >= self.gpu.n_slots() {
+            return Err(BackendError::Model(ModelError::Unsupported {
+                what: "slot",
+                value: format!("{} (the device holds {})", input.slot, self.gpu.n_slots()),
+            }));
+        }
+        let needed = self.pos(input.slot) + input.ids.len();
+        if needed > self.gpu.n_ctx() {
+            return Err(BackendError::Model(ModelError::ContextFull {
+                needed,
+                n_ctx: self.gpu.n_ctx(),
+            }));
+        }
+        Ok(())
+    }
+
+    /// Evaluates one slot's ids alone: slot 0 through the decode graph (or its prompt
+    /// batches), another slot through the batched passes.
+    fn eval_alone(&mut self, input: &SlotInput<'_>) -> Result<Vec<f32>, BackendError> {
+        let all = input.want == Logits::All;
+        if input.ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let out = if input.slot == 0 {
+            self.ensure_draws().map_err(device_error)?;
+            self.gpu.eval(input.ids, all)
+        } else {
+            let pos = self.positions[input.slot];
+            let out = self.gpu.eval_slot(input.slot, pos, input.ids, all);
+            if out.is_ok() {
+                self.positions[input.slot] += input.ids.len();
+            }
+            out
+        }
+        .map_err(device_error)?;
+        Ok(if input.want == Logits::None {
+            Vec::new()
+        } else {
+            out
+        })
+    }
+
+    /// Evaluates `inputs`: prompts one slot at a time, then every single-id input in one
+    /// batched step (slot 0 alone takes the decode graph). With `greedy`, single ids of a
+    /// batched step come back as their greedy choices (`Err` rows are per input).
+    fn eval_all(
+        &mut self,
+        inputs: &[SlotInput<'_>],
+        greedy: bool,
+    ) -> Vec<Result<Out, BackendError>> {
+        let mut outs: Vec<Option<Result<Out, BackendError>>> =
+            inputs.iter().map(|_| None).collect();
+        let mut singles = Vec::new();
+        for (i, input) in inputs.iter().enumerate() {
+            if let Err(e) = self.check(input) {
+                outs[i] = Some(Err(e));
+            } else if input.ids.len() == 1 {
+                singles.push(i);
+            } else {
+                outs[i] = Some(self.eval_alone(input).map(Out::Logits));
+            }
+        }
+        if let [i] = singles[..] {
+            if inputs[i].slot == 0 {
+                // The decode graph; greedy, it reads back only the device's choice.
+                outs[i] = Some(if greedy && self.draws.is_none() {
+                    self.gpu
+                        .push(inputs[i].ids[0])
+                        .and_then(|_| self.gpu.greedy())
+                        .map(Out::Chosen)
+                        .map_err(device_error)
+                } else {
+                    self.eval_alone(&inputs[i]).map(Out::Logits)
+                });
+                singles.clear();
+            }
+        }
+        if !singles.is_empty() {
+            let ids: Vec<u32> = singles.iter().map(|&i| inputs[i].ids[0]).collect();
+            let slots: Vec<u32> = singles.iter().map(|&i| inputs[i].slot as u32).collect();
+            let pos: Vec<u32> = singles
+                .iter()
+                .map(|&i| self.pos(inputs[i].slot) as u32)
+                .collect();
+            match self.gpu.eval_rows(&ids, &slots, &pos, greedy) {
+                Ok(rows) => {
+                    for &i in &singles {
+                        if inputs[i].slot != 0 {
+                            self.positions[inputs[i].slot] += 1;
+                        }
+                    }
+                    let n_vocab = self.gpu.plan().n_vocab;
+                    match rows {
+                        Rows::Greedy(chosen) => {
+                            for (&i, id) in singles.iter().zip(chosen) {
+                                outs[i] = Some(Ok(Out::Chosen(id)));
+                            }
+                        }
+                        Rows::Logits(l) => {
+                            for (&i, row) in singles.iter().zip(l.chunks_exact(n_vocab)) {
+                                let keep = inputs[i].want != Logits::None;
+                                outs[i] = Some(Ok(Out::Logits(if keep {
+                                    row.to_vec()
+                                } else {
+                                    Vec::new()
+                                })));
+                            }
+                        }
+                    }
+                }
+                Err(e) => {
+                    let message = e.to_string();
+                    for &i in &singles {
+                        outs[i] = Some(Err(BackendError::Device(format!("CUDA: {message}"))));
+                    }
+                }
+            }
+        }
+        outs.into_iter()
+            .map(|o| o.expect("every input has an outcome"))
+            .collect()
+    }
+}
+
+/// One input's outcome inside [`CudaBackend`].
+enum Out {
+    Logits(Vec<f32>),
+    Chosen(u32),
+}
+
 impl Backend for CudaBackend {
     fn describe(&self) -> String {
         format!("CUDA ({})", self.gpu.device_name())
     }
 
     fn n_slots(&self) -> usize {
-        1
+        self.gpu.n_slots()
     }
 
     fn n_ctx(&self) -> usize {
@@ -142,35 +297,44 @@ impl Backend for CudaBackend {
         self.gpu.plan().n_vocab
     }
 
-    fn position(&self, _slot: usize) -> usize {
-        self.gpu.position()
+    fn position(&self, slot: usize) -> usize {
+        self.pos(slot)
     }
 
     fn truncate(&mut self, slot: usize, pos: usize) -> Result<usize, BackendError> {
-        one_slot(slot)?;
-        self.gpu.truncate(pos).map_err(device_error)?;
-        if pos == 0 {
-            self.since = self.gpu.stats();
+        if slot >= self.gpu.n_slots() {
+            return one_slot(slot).map(|_| 0);
         }
-        Ok(self.gpu.position())
+        if slot == 0 {
+            self.gpu.truncate(pos).map_err(device_error)?;
+            if pos == 0 {
+                self.since = self.gpu.stats();
+            }
+        } else {
+            self.positions[slot] = self.positions[slot].min(pos);
+        }
+        Ok(self.pos(slot))
     }
 
     fn forward(&mut self, inputs: &[SlotInput<'_>]) -> Vec<SlotOutput> {
-        inputs
-            .iter()
-            .map(|input| {
-                one_slot(input.slot)?;
-                self.ensure_draws().map_err(device_error)?;
-                match input.want {
-                    Logits::All => self.gpu.eval(input.ids, true),
-                    Logits::Last => self.gpu.eval(input.ids, false),
-                    Logits::None if input.ids.is_empty() => Ok(Vec::new()),
-                    // The last logits are read anyway (the step ends with them).
-                    Logits::None => self.gpu.eval(input.ids, false).map(|_| Vec::new()),
-                }
-                .map_err(device_error)
+        self.eval_all(inputs, false)
+            .into_iter()
+            .map(|r| match r {
+                Ok(Out::Logits(l)) => Ok(l),
+                Ok(Out::Chosen(_)) => unreachable!("logits were asked for"),
+                Err(e) => Err(std::sync::Arc::new(e)),
             })
-            .map(|r| r.map_err(std::sync::Arc::new))
+            .collect()
+    }
+
+    fn forward_greedy(&mut self, inputs: &[SlotInput<'_>]) -> Vec<Result<u32, Arc<BackendError>>> {
+        self.eval_all(inputs, true)
+            .into_iter()
+            .map(|r| match r {
+                Ok(Out::Chosen(id)) => Ok(id),
+                Ok(Out::Logits(l)) => Ok(ferrolm_engine::argmax(&l)),
+                Err(e) => Err(Arc::new(e)),
+            })
             .collect()
     }
 
@@ -179,7 +343,10 @@ impl Backend for CudaBackend {
         slot: usize,
         sampler: Option<&SamplerParams>,
     ) -> Result<bool, BackendError> {
-        one_slot(slot)?;
+        if slot != 0 {
+            // Only the decode graph's slot chooses on the device.
+            return Ok(false);
+        }
         let Some(params) = sampler else {
             self.draws = None;
             self.gpu

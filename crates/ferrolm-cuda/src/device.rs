@@ -12,7 +12,7 @@ use ferrolm_gguf::GgufFile;
 use ferrolm_model::ModelPlan;
 
 use crate::kernels;
-use crate::prefill::{self, Addresses, Prefill, MAX_BATCH};
+use crate::prefill::{self, Addresses, Prefill, RowsOut, MAX_BATCH};
 use crate::schedule::{
     decode_plan_layers, Activations, Arg, Buf, DecodePlan, SAMPLE_DRAWS, SAMPLE_MAX_K, TOKEN_RING,
 };
@@ -128,6 +128,25 @@ struct Resolved {
     func: CudaFunction,
     cfg: LaunchConfig,
     args: Vec<Value>,
+}
+
+/// What a batched decode step ([`CudaModel::eval_rows`]) returns for its rows.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Rows {
+    /// Every row's logits, `n_vocab` each.
+    Logits(Vec<f32>),
+    /// Every row's greedy choice (the first largest logit).
+    Greedy(Vec<u32>),
+}
+
+impl Rows {
+    /// The logits (empty for greedy choices).
+    pub fn into_logits(self) -> Vec<f32> {
+        match self {
+            Rows::Logits(l) => l,
+            Rows::Greedy(_) => Vec::new(),
+        }
+    }
 }
 
 /// Counters of what the device path did.
@@ -249,7 +268,14 @@ pub struct CudaModel {
     pos_buf: CudaSlice<u32>,
     /// Present when the step chooses a token (the whole model).
     ring: Option<TokenRing>,
+    /// Slot 0's position (the decode graph's sequence).
     pos: usize,
+    /// Sequences the caches hold; slot s of layer l starts `slot_stride[l]` halfs after s - 1.
+    slots: usize,
+    slot_stride: Vec<usize>,
+    /// The logits and choice of other slots' prompts (slot 0's are the graph's).
+    rows_logits: CudaSlice<f32>,
+    rows_token: CudaSlice<u32>,
     name: String,
     /// Whether the step's kernels are launched to overlap their predecessors (compute
     /// capability 9.0 and later, unless FERROLM_CUDA_NO_OVERLAP is set).
@@ -266,8 +292,8 @@ fn activations_from_env() -> Activations {
     }
 }
 
-/// Bytes each symbolic buffer needs.
-fn buffer_bytes(p: &DecodePlan, b: Buf) -> usize {
+/// Bytes each symbolic buffer needs, with caches for `slots` sequences.
+fn buffer_bytes(p: &DecodePlan, b: Buf, slots: usize) -> usize {
     4 * match b {
         Buf::X | Buf::H => p.n_embd,
         Buf::Q | Buf::Attn => p.max_q,
@@ -284,7 +310,7 @@ fn buffer_bytes(p: &DecodePlan, b: Buf) -> usize {
             let w = p.n_embd.max(p.max_q).max(p.max_ff);
             (w + w / 4).div_ceil(16) * 4
         }
-        Buf::KCache(l) | Buf::VCache(l) => p.n_ctx * p.kv_dims[l] / 2,
+        Buf::KCache(l) | Buf::VCache(l) => slots * p.n_ctx * p.kv_dims[l] / 2,
         Buf::Matrix(_) | Buf::Vector(_) | Buf::Logits | Buf::Token | Buf::Pos | Buf::TokenRing => 0,
     }
 }
@@ -312,6 +338,23 @@ impl CudaModel {
         n_ctx: usize,
         gpu_layers: usize,
     ) -> Result<CudaModel, CudaError> {
+        CudaModel::with_slots(plan, file, ordinal, n_ctx, gpu_layers, 1)
+    }
+
+    /// [`CudaModel::with_layers`] with caches for `slots` sequences (at least 1): slot 0 is
+    /// the one the decode graph serves; every slot takes prompts ([`CudaModel::eval_slot`])
+    /// and batched decode steps ([`CudaModel::eval_rows`]). With more than one slot (and
+    /// cuBLAS), every quantized matrix is also kept as f16 where memory allows, for the GEMMs
+    /// of batched steps. More than one slot needs the whole model and cuBLAS.
+    pub fn with_slots(
+        plan: &ModelPlan,
+        file: &GgufFile,
+        ordinal: usize,
+        n_ctx: usize,
+        gpu_layers: usize,
+        slots: usize,
+    ) -> Result<CudaModel, CudaError> {
+        let slots = slots.max(1);
         // The plan first: a model the path declines says so (and runs on the CPU) wherever it
         // is, with or without CUDA.
         let types = |name: &str| file.tensor(name).map(|t| t.ty);
@@ -343,7 +386,9 @@ impl CudaModel {
         // Bulk copies into shared memory need compute capability 9.0.
         let dp = if major >= 9 { dp } else { dp.unstaged() };
 
-        let need = dp.weight_bytes_total() + dp.kv_bytes_total() + prefill::scratch_bytes(&dp);
+        let need = dp.weight_bytes_total()
+            + slots as u64 * dp.kv_bytes_total()
+            + prefill::scratch_bytes(&dp);
         let (free, _) = ctx.mem_get_info().map_err(driver("reading free memory"))?;
         if need as usize > free {
             return Err(CudaError::OutOfMemory {
@@ -421,7 +466,7 @@ impl CudaModel {
                         }
                         _ => {
                             let s = stream
-                                .alloc_zeros::<u8>(buffer_bytes(&dp, b).max(16))
+                                .alloc_zeros::<u8>(buffer_bytes(&dp, b, slots).max(16))
                                 .map_err(driver("activations"))?;
                             let p = ptr(&s);
                             buf_index.insert(b, buffers.len());
@@ -478,6 +523,11 @@ impl CudaModel {
                 .collect()
         };
         let (k_cache, v_cache) = (cache(Buf::KCache), cache(Buf::VCache));
+        let slot_stride = dp.kv_dims.iter().map(|&kv| dp.n_ctx * kv).collect();
+        let rows_logits = stream
+            .alloc_zeros::<f32>(dp.n_vocab)
+            .map_err(driver("logits"))?;
+        let rows_token = stream.alloc_zeros::<u32>(1).map_err(driver("token"))?;
         stream.synchronize().map_err(driver("uploading"))?;
         let mut model = CudaModel {
             ctx,
@@ -500,6 +550,10 @@ impl CudaModel {
             pos_buf,
             ring,
             pos: 0,
+            slots,
+            slot_stride,
+            rows_logits,
+            rows_token,
             name,
             overlap: major >= 9 && std::env::var_os("FERROLM_CUDA_NO_OVERLAP").is_none(),
             stats: Stats::default(),
@@ -507,7 +561,190 @@ impl CudaModel {
         if std::env::var_os("FERROLM_CUDA_NO_GRAPH").is_none() {
             model.capture()?;
         }
+        if slots > 1 {
+            if model.prefill.is_none() || !model.is_whole() {
+                return Err(CudaError::Model(
+                    "more than one sequence on the GPU needs the whole model there and cuBLAS"
+                        .into(),
+                ));
+            }
+            // f16 copies of the weights for the batched steps' GEMMs, where they fit with room
+            // to spare; otherwise each step dequantizes one matrix at a time.
+            let (free, _) = model
+                .ctx
+                .mem_get_info()
+                .map_err(driver("reading free memory"))?;
+            let want = Prefill::f16_weight_bytes(&model.plan);
+            if want + (2u64 << 30) < free as u64 {
+                let at = model.addresses(0);
+                let p = model.prefill.as_mut().expect("checked");
+                p.keep_f16_weights(&model.plan, &at)?;
+                model
+                    .stream
+                    .synchronize()
+                    .map_err(driver("f16 copies of the weights"))?;
+            }
+        }
         Ok(model)
+    }
+
+    /// The device addresses the batched passes read and write, with `slot`'s caches (and,
+    /// for a slot other than 0, its own logits and token buffers).
+    fn addresses(&self, slot: usize) -> Addresses {
+        let offset = |base: &[u64]| -> Vec<u64> {
+            base.iter()
+                .zip(&self.slot_stride)
+                .map(|(&b, &stride)| b + (2 * slot * stride) as u64)
+                .collect()
+        };
+        let (logits, token) = if slot == 0 {
+            (&self.logits, &self.token)
+        } else {
+            (&self.rows_logits, &self.rows_token)
+        };
+        Addresses {
+            matrices: self.matrix_addrs.clone(),
+            vectors: self.vector_addrs.clone(),
+            k_cache: offset(&self.k_cache),
+            v_cache: offset(&self.v_cache),
+            logits: logits.device_ptr(&self.stream).0,
+            token: token.device_ptr(&self.stream).0,
+            sampling: [Buf::SampleCfg, Buf::Draws, Buf::DrawIdx].map(|b| {
+                self.buf_index
+                    .get(&b)
+                    .map_or(0, |&i| self._buffers[i].device_ptr(&self.stream).0)
+            }),
+        }
+    }
+
+    /// Sequences the caches hold.
+    pub fn n_slots(&self) -> usize {
+        self.slots
+    }
+
+    /// Evaluates `ids` in `slot` from position `pos0` on (what the slot holds up to there
+    /// stays; the caller tracks the slots' positions, slot 0's is [`CudaModel::position`])
+    /// and returns every position's logits (`all`) or the last one's. Slot 0 takes the decode
+    /// graph's path ([`CudaModel::eval`]); another slot takes the batched passes.
+    pub fn eval_slot(
+        &mut self,
+        slot: usize,
+        pos0: usize,
+        ids: &[u32],
+        all: bool,
+    ) -> Result<Vec<f32>, CudaError> {
+        if slot == 0 {
+            self.truncate(pos0)?;
+            return self.eval(ids, all);
+        }
+        self.check_slot(slot, pos0, ids)?;
+        if ids.len() == 1 {
+            let out = self.eval_rows(ids, &[slot as u32], &[pos0 as u32], false)?;
+            return Ok(out.into_logits());
+        }
+        let at = self.addresses(slot);
+        let prefill = self.prefill.as_mut().expect("checked by check_slot");
+        let n_batches = ids.len().div_ceil(MAX_BATCH);
+        let mut out = Vec::new();
+        for (i, batch) in ids.chunks(MAX_BATCH).enumerate() {
+            let last = i + 1 == n_batches;
+            let pos = pos0 + i * MAX_BATCH;
+            out.extend(prefill.eval(&self.plan, &at, batch, pos, all, last)?);
+            self.stats.tokens += batch.len() as u64;
+            self.stats.batches += 1;
+        }
+        if all {
+            return Ok(out);
+        }
+        let mut last = vec![0f32; self.plan.n_vocab];
+        self.stream
+            .memcpy_dtoh(&self.rows_logits, &mut last)
+            .map_err(driver("reading the logits"))?;
+        self.stream
+            .synchronize()
+            .map_err(driver("reading the logits"))?;
+        self.stats.host_syncs += 1;
+        Ok(last)
+    }
+
+    fn check_slot(&self, slot: usize, pos0: usize, ids: &[u32]) -> Result<(), CudaError> {
+        if slot >= self.slots || self.prefill.is_none() {
+            return Err(CudaError::Model(format!(
+                "slot {slot} asked for, the device holds {}",
+                self.slots
+            )));
+        }
+        if pos0 + ids.len() > self.plan.n_ctx {
+            return Err(CudaError::ContextFull {
+                n_ctx: self.plan.n_ctx,
+            });
+        }
+        if let Some(&bad) = ids.iter().find(|&&id| id as usize >= self.plan.n_vocab) {
+            return Err(CudaError::Model(format!(
+                "token {bad} is outside the vocabulary of {}",
+                self.plan.n_vocab
+            )));
+        }
+        Ok(())
+    }
+
+    /// One decode step of several sequences: `ids[t]` of slot `slots[t]` at position
+    /// `pos[t]` (each slot at most once; slot 0 at its [`CudaModel::position`]), every weight
+    /// read once for all of them. Returns every row's logits, or with `greedy` each row's
+    /// greedy choice only.
+    pub fn eval_rows(
+        &mut self,
+        ids: &[u32],
+        slots: &[u32],
+        pos: &[u32],
+        greedy: bool,
+    ) -> Result<Rows, CudaError> {
+        if ids.len() != slots.len() || ids.len() != pos.len() || ids.len() > MAX_BATCH {
+            return Err(CudaError::Model(format!(
+                "a batched step of {} ids, {} slots and {} positions (at most {MAX_BATCH})",
+                ids.len(),
+                slots.len(),
+                pos.len()
+            )));
+        }
+        let mut seen = vec![false; self.slots];
+        for ((&id, &slot), &p) in ids.iter().zip(slots).zip(pos) {
+            let slot = slot as usize;
+            self.check_slot(slot, p as usize, &[id])?;
+            if std::mem::replace(&mut seen[slot], true) {
+                return Err(CudaError::Model(format!("slot {slot} twice in one step")));
+            }
+            if slot == 0 && p as usize != self.pos {
+                return Err(CudaError::Model(format!(
+                    "slot 0 is at position {}, not {p}",
+                    self.pos
+                )));
+            }
+        }
+        let at = self.addresses(0);
+        let prefill = self.prefill.as_mut().expect("checked by check_slot");
+        let out =
+            prefill.decode_rows(&self.plan, &at, ids, slots, pos, &self.slot_stride, greedy)?;
+        self.stats.tokens += ids.len() as u64;
+        self.stats.batches += 1;
+        self.stats.host_syncs += 1;
+        if seen.first() == Some(&true) {
+            // Slot 0 moved on outside the graph: its position follows, and the token ring's
+            // last choice is no longer the next token.
+            self.pos += 1;
+            let at = [self.pos as u32];
+            self.stream
+                .memcpy_htod(&at, &mut self.pos_buf)
+                .map_err(driver("setting the position"))?;
+            self.stats.uploads += 1;
+            if let Some(ring) = self.ring.as_mut() {
+                ring.last = None;
+            }
+        }
+        Ok(match out {
+            RowsOut::Logits(l) => Rows::Logits(l),
+            RowsOut::Greedy(g) => Rows::Greedy(g),
+        })
     }
 
     fn launch_one(&self, r: &Resolved) -> Result<(), CudaError> {
@@ -944,19 +1181,7 @@ impl CudaModel {
 
     fn eval_batched(&mut self, ids: &[u32], all: bool) -> Result<Vec<f32>, CudaError> {
         let mut out = Vec::new();
-        let at = Addresses {
-            matrices: &self.matrix_addrs,
-            vectors: &self.vector_addrs,
-            k_cache: &self.k_cache,
-            v_cache: &self.v_cache,
-            logits: self.logits.device_ptr(&self.stream).0,
-            token: self.token.device_ptr(&self.stream).0,
-            sampling: [Buf::SampleCfg, Buf::Draws, Buf::DrawIdx].map(|b| {
-                self.buf_index
-                    .get(&b)
-                    .map_or(0, |&i| self._buffers[i].device_ptr(&self.stream).0)
-            }),
-        };
+        let at = self.addresses(0);
         if let Some(ring) = self.ring.as_mut() {
             ring.last = None;
         }

@@ -2527,3 +2527,89 @@ extern "C" __global__ void swiglu_f16(const float* g, const float* u, u16* out, 
         out[i] = f2h(x / (1.f + __expf(-x)) * u[i]);
     }
 }
+
+// ---- Batched decode: one token of each of n sequences ("slots") per step --------------------
+// Token t of the step belongs to slot slot[t] at position pos[t]; each layer's cache holds every
+// slot's positions, slot s from s * slot_stride halfs on.
+
+// rope_rows for tokens of different slots and positions.
+extern "C" __global__ void rope_rows_slots(float* q, const float* k, const float* v,
+                                           const float* q_bias, const float* k_bias,
+                                           const float* v_bias, const float* q_norm,
+                                           const float* k_norm, u16* kc, u16* vc, const u32* slot,
+                                           const u32* pos, long long slot_stride, int n_head,
+                                           int n_head_kv, int hd, int n_dims, int neox,
+                                           float theta_scale, float freq_scale,
+                                           const float* freq_factors, float eps) {
+    int t = blockIdx.y;
+    size_t qo = (size_t)t * n_head * hd, ko = (size_t)t * n_head_kv * hd;
+    size_t base = (size_t)slot[t] * (size_t)slot_stride;
+    rope_head(q + qo, k + ko, v + ko, q_bias, k_bias, v_bias, q_norm, k_norm, kc + base,
+              vc + base, (int)pos[t], blockIdx.x, n_head, n_head_kv, hd, n_dims, neox,
+              theta_scale, freq_scale, freq_factors, eps);
+}
+
+// Block (h, t): query head h of token t over its slot's positions 0..pos[t] (the decode step's
+// attention, without splitting the positions: the step has a block per head and token). Writes
+// the normalized output as f16, the rows the output product's GEMM reads.
+extern "C" __global__ void attn_rows(const float* q, const u16* kc, const u16* vc, u16* out,
+                                     const u32* slot, const u32* pos, long long slot_stride,
+                                     int n_head, int n_head_kv, int hd, float scale, int window) {
+    __shared__ float so[256];
+    int h = blockIdx.x, t = blockIdx.y;
+    int kvh = h / (n_head / n_head_kv);
+    int len = (int)pos[t] + 1;
+    int lo = window > 0 ? max(0, len - window) : 0;
+    size_t base = (size_t)slot[t] * (size_t)slot_stride;
+    size_t row = ((size_t)t * n_head + h) * hd;
+    float M, L;
+    attend_tiles(q + row, kc + base, vc + base, n_head_kv * hd, kvh * hd, hd, lo, len, scale, M,
+                 L, so);
+    for (int i = threadIdx.x; i < hd; i += blockDim.x) out[row + i] = f2h(so[i] / L);
+}
+
+// out[r] = the index of the largest of row r's n values (the first such, as the host's argmax).
+extern "C" __global__ void argmax_rows(const float* x, int n, u32* out) {
+    __shared__ float wv[32];
+    __shared__ int wi[32];
+    const float* row = x + (size_t)blockIdx.x * n;
+    float best = -INFINITY;
+    int bi = n;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        float v = row[i];
+        if (v > best || bi == n) {
+            best = v;
+            bi = i;
+        }
+    }
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    for (int o = 16; o > 0; o >>= 1) {
+        float ov = __shfl_down_sync(0xffffffffu, best, o);
+        int oi = __shfl_down_sync(0xffffffffu, bi, o);
+        if (ov > best || (ov == best && oi < bi) || bi == n) {
+            if (oi != n) {
+                best = ov;
+                bi = oi;
+            }
+        }
+    }
+    if (lane == 0) {
+        wv[warp] = best;
+        wi[warp] = bi;
+    }
+    __syncthreads();
+    if (warp == 0) {
+        int nw = blockDim.x >> 5;
+        best = lane < nw ? wv[lane] : -INFINITY;
+        bi = lane < nw ? wi[lane] : n;
+        for (int o = 16; o > 0; o >>= 1) {
+            float ov = __shfl_down_sync(0xffffffffu, best, o);
+            int oi = __shfl_down_sync(0xffffffffu, bi, o);
+            if (oi != n && (bi == n || ov > best || (ov == best && oi < bi))) {
+                best = ov;
+                bi = oi;
+            }
+        }
+        if (lane == 0) out[blockIdx.x] = (u32)(bi == n ? 0 : bi);
+    }
+}

@@ -24,7 +24,7 @@ pub mod repack;
 pub mod schedule;
 
 pub use backend::{device_sampling, open, CudaBackend, CudaOptions, SplitBackend};
-pub use device::{device_count, CudaModel, DeviceSampling, Stats};
+pub use device::{device_count, CudaModel, DeviceSampling, Rows, Stats};
 pub use schedule::Decline;
 
 /// Why the CUDA path cannot run (or stopped).

@@ -41,16 +41,35 @@ fn mma_attention(head_dim: usize) -> Option<&'static str> {
 }
 
 /// The device addresses the batched pass reads and writes besides its own buffers.
-pub(crate) struct Addresses<'a> {
-    pub matrices: &'a [u64],
-    pub vectors: &'a [u64],
-    pub k_cache: &'a [u64],
-    pub v_cache: &'a [u64],
+pub(crate) struct Addresses {
+    pub matrices: Vec<u64>,
+    pub vectors: Vec<u64>,
+    pub k_cache: Vec<u64>,
+    pub v_cache: Vec<u64>,
     /// The decode step's last-token buffers: logits and the chosen token.
     pub logits: u64,
     pub token: u64,
     /// The step's sampler: its settings, draws and draw count (0: none, greedy).
     pub sampling: [u64; 3],
+}
+
+/// How a batch's tokens meet the caches.
+#[derive(Clone, Copy)]
+enum Rows<'a> {
+    /// One sequence's ids at positions `pos0..`, attending causally within the batch.
+    Prompt { pos0: usize },
+    /// One id of each of several slots: token t at the slot and position uploaded to
+    /// `row_slots[t]` and `row_pos[t]`; slot s of layer l's cache starts `slot_stride[l]`
+    /// halfs after slot s - 1.
+    Slots { slot_stride: &'a [usize] },
+}
+
+/// What the batched decode step returns for its rows.
+pub(crate) enum RowsOut {
+    /// Every row's logits, `n_vocab` each.
+    Logits(Vec<f32>),
+    /// Every row's greedy choice (the first largest logit).
+    Greedy(Vec<u32>),
 }
 
 /// The batched prompt pass of one model: cuBLAS, the kernels and the batch buffers.
@@ -73,6 +92,13 @@ pub(crate) struct Prefill {
     /// The last token's normed residual stream (the output product's input).
     last: CudaSlice<f32>,
     all_logits: Option<CudaSlice<f32>>,
+    /// The batched decode step's slot and position of each token, and each row's greedy id.
+    row_slots: CudaSlice<u32>,
+    row_pos: CudaSlice<u32>,
+    row_ids: CudaSlice<u32>,
+    /// Every quantized matrix as f16, kept (`f16_weights`): GEMMs then read them as they are
+    /// instead of dequantizing one matrix at a time. Empty: not kept.
+    w16_kept: Vec<Option<CudaSlice<u16>>>,
     /// Events around each launch, when profiling.
     profile: Option<Vec<(String, CudaEvent, CudaEvent)>>,
     /// Attention on the tensor cores where the head width allows (not with
@@ -145,6 +171,16 @@ impl Prefill {
             w16: f16s(widest)?,
             last: f32s(p.n_embd)?,
             all_logits: None,
+            row_slots: stream
+                .alloc_zeros::<u32>(b)
+                .map_err(driver("batch slots"))?,
+            row_pos: stream
+                .alloc_zeros::<u32>(b)
+                .map_err(driver("batch positions"))?,
+            row_ids: stream
+                .alloc_zeros::<u32>(b)
+                .map_err(driver("batch choices"))?,
+            w16_kept: Vec::new(),
             profile: None,
             tensor_cores: std::env::var_os("FERROLM_CUDA_ATTN_TILE").is_none(),
         }))
@@ -199,11 +235,11 @@ impl Prefill {
         )
     }
 
-    /// `w16` = matrix `m` as f16, row-major.
-    fn dequantize(&mut self, spec: &MatrixSpec, addr: u64) -> Result<(), CudaError> {
+    /// `dst` (f16, row-major) = the matrix of `spec` at `addr`.
+    fn dequantize(&mut self, spec: &MatrixSpec, addr: u64, dst: u64) -> Result<(), CudaError> {
         let chunks = spec.cols / 32;
         let total = (spec.rows * chunks) as u64;
-        let w16 = ptr(&self.w16, &self.stream);
+        let w16 = dst;
         let ty = spec.kernel;
         self.run(
             &format!("dequant_f16_{ty}"),
@@ -321,33 +357,62 @@ impl Prefill {
         beta: f32,
     ) -> Result<(), CudaError> {
         let spec = &p.matrices[m];
-        // F16 weights are GEMM operands as they are.
+        // F16 weights are GEMM operands as they are; kept f16 copies too.
+        let kept = self.w16_kept.get(m).and_then(Option::as_ref);
         let w16 = if spec.ty == TensorType::F16 {
             at.matrices[m]
+        } else if let Some(w) = kept {
+            ptr(w, &self.stream)
         } else {
-            self.dequantize(spec, at.matrices[m])?;
-            ptr(&self.w16, &self.stream)
+            let dst = ptr(&self.w16, &self.stream);
+            self.dequantize(spec, at.matrices[m], dst)?;
+            dst
         };
         self.gemm(w16, spec.rows, spec.cols, a, n, c, beta)
     }
 
-    /// Evaluates `ids` at positions `pos0..` (at most [`MAX_BATCH`]): the KV cache gets their
-    /// keys and values and the last token's greedy choice goes to the token buffer. With
-    /// `all`, returns every position's logits; otherwise the last token's logits go to the
-    /// decode step's logits buffer. A plan of the first layers only returns the residual
-    /// stream of every token instead (`n_embd` each). Only the `last` batch of a prompt
-    /// chooses a token (a sampler draws once per prompt, as the host's does) and, without
-    /// `all`, computes logits.
-    #[allow(clippy::too_many_arguments)]
-    pub fn eval(
+    /// Bytes an f16 copy of every quantized matrix takes ([`Prefill::keep_f16_weights`]).
+    pub fn f16_weight_bytes(p: &DecodePlan) -> u64 {
+        p.matrices
+            .iter()
+            .filter(|m| m.ty != TensorType::F16)
+            .map(|m| 2 * (m.rows * m.cols) as u64)
+            .sum()
+    }
+
+    /// Keeps an f16 copy of every quantized matrix, so that a batch's GEMMs read each weight
+    /// once (2 bytes a weight) instead of dequantizing it first (its blocks read, f16 written
+    /// and read again): what a decode step of many sequences wants.
+    pub fn keep_f16_weights(&mut self, p: &DecodePlan, at: &Addresses) -> Result<(), CudaError> {
+        if !self.w16_kept.is_empty() {
+            return Ok(());
+        }
+        let mut kept = Vec::with_capacity(p.matrices.len());
+        for (m, spec) in p.matrices.iter().enumerate() {
+            if spec.ty == TensorType::F16 {
+                kept.push(None);
+                continue;
+            }
+            let w = self
+                .stream
+                .alloc_zeros::<u16>(spec.rows * spec.cols)
+                .map_err(driver("f16 copies of the weights"))?;
+            self.dequantize(spec, at.matrices[m], ptr(&w, &self.stream))?;
+            kept.push(Some(w));
+        }
+        self.w16_kept = kept;
+        Ok(())
+    }
+
+    /// The embedding and every layer for `ids` (at most [`MAX_BATCH`]): the residual stream
+    /// of every token in `x`, the caches written as `rows` says.
+    fn layers(
         &mut self,
         p: &DecodePlan,
         at: &Addresses,
         ids: &[u32],
-        pos0: usize,
-        all: bool,
-        last: bool,
-    ) -> Result<Vec<f32>, CudaError> {
+        rows: Rows<'_>,
+    ) -> Result<(), CudaError> {
         let n = ids.len();
         assert!(n > 0 && n <= MAX_BATCH, "batch of {n}");
         let s = self.stream.clone();
@@ -399,63 +464,118 @@ impl Prefill {
             }
             let bias = |j: usize| opt(r.qkv_bias.map(|b| b[j]));
             let qk_norm = |j: usize| opt(r.qk_norm.map(|b| b[j]));
-            self.run(
-                "rope_rows",
-                ((r.n_head + r.n_head_kv) as u32, n as u32),
-                128,
-                &[
-                    Value::Ptr(q),
-                    Value::Ptr(k),
-                    Value::Ptr(v),
-                    bias(0),
-                    bias(1),
-                    bias(2),
-                    qk_norm(0),
-                    qk_norm(1),
-                    Value::Ptr(at.k_cache[l]),
-                    Value::Ptr(at.v_cache[l]),
-                    Value::I32(pos0 as i32),
-                    Value::I32(r.n_head as i32),
-                    Value::I32(r.n_head_kv as i32),
-                    Value::I32(r.head_dim as i32),
-                    Value::I32(r.n_dims as i32),
-                    Value::I32(i32::from(r.neox)),
-                    Value::F32(crate::schedule::theta_scale(r.freq_base, r.n_dims)),
-                    Value::F32(r.freq_scale),
-                    opt(r.freq_factors),
-                    eps,
-                ],
-            )?;
-            // attn_mma_HD(q, kc, vc, out, pos0, n, n_head, n_head_kv, scale, window);
-            // attn_tile takes the head width before the scale.
-            let mut args = vec![
-                Value::Ptr(q),
-                Value::Ptr(at.k_cache[l]),
-                Value::Ptr(at.v_cache[l]),
-                Value::Ptr(attn),
-                Value::I32(pos0 as i32),
-                Value::I32(n as i32),
-                Value::I32(r.n_head as i32),
-                Value::I32(r.n_head_kv as i32),
-            ];
-            let mma = self
-                .tensor_cores
-                .then(|| mma_attention(r.head_dim))
-                .flatten();
-            let (kernel, tile) = match mma {
-                Some(kernel) => (kernel, MMA_QUERIES),
-                None => {
-                    args.push(Value::I32(r.head_dim as i32));
-                    ("attn_tile", ATTN_TILE)
+            match rows {
+                Rows::Prompt { pos0 } => {
+                    self.run(
+                        "rope_rows",
+                        ((r.n_head + r.n_head_kv) as u32, n as u32),
+                        128,
+                        &[
+                            Value::Ptr(q),
+                            Value::Ptr(k),
+                            Value::Ptr(v),
+                            bias(0),
+                            bias(1),
+                            bias(2),
+                            qk_norm(0),
+                            qk_norm(1),
+                            Value::Ptr(at.k_cache[l]),
+                            Value::Ptr(at.v_cache[l]),
+                            Value::I32(pos0 as i32),
+                            Value::I32(r.n_head as i32),
+                            Value::I32(r.n_head_kv as i32),
+                            Value::I32(r.head_dim as i32),
+                            Value::I32(r.n_dims as i32),
+                            Value::I32(i32::from(r.neox)),
+                            Value::F32(crate::schedule::theta_scale(r.freq_base, r.n_dims)),
+                            Value::F32(r.freq_scale),
+                            opt(r.freq_factors),
+                            eps,
+                        ],
+                    )?;
+                    // attn_mma_HD(q, kc, vc, out, pos0, n, n_head, n_head_kv, scale, window);
+                    // attn_tile takes the head width before the scale.
+                    let mut args = vec![
+                        Value::Ptr(q),
+                        Value::Ptr(at.k_cache[l]),
+                        Value::Ptr(at.v_cache[l]),
+                        Value::Ptr(attn),
+                        Value::I32(pos0 as i32),
+                        Value::I32(n as i32),
+                        Value::I32(r.n_head as i32),
+                        Value::I32(r.n_head_kv as i32),
+                    ];
+                    let mma = self
+                        .tensor_cores
+                        .then(|| mma_attention(r.head_dim))
+                        .flatten();
+                    let (kernel, tile) = match mma {
+                        Some(kernel) => (kernel, MMA_QUERIES),
+                        None => {
+                            args.push(Value::I32(r.head_dim as i32));
+                            ("attn_tile", ATTN_TILE)
+                        }
+                    };
+                    args.extend([Value::F32(r.scale), Value::I32(r.window as i32)]);
+                    self.run(
+                        kernel,
+                        (r.n_head as u32, n.div_ceil(tile) as u32),
+                        128,
+                        &args,
+                    )?;
                 }
-            };
-            args.extend([Value::F32(r.scale), Value::I32(r.window as i32)]);
-            self.run(
-                kernel,
-                (r.n_head as u32, n.div_ceil(tile) as u32),
-                128,
-                &args,
-            )?;
+                Rows::Slots { slot_stride } => {
+                    let (slots, pos) = (ptr(&self.row_slots, &s), ptr(&self.row_pos, &s));
+                    self.run(
+                        "rope_rows_slots",
+                        ((r.n_head + r.n_head_kv) as u32, n as u32),
+                        128,
+                        &[
+                            Value::Ptr(q),
+                            Value::Ptr(k),
+                            Value::Ptr(v),
+                            bias(0),
+                            bias(1),
+                            bias(2),
+                            qk_norm(0),
+                            qk_norm(1),
+                            Value::Ptr(at.k_cache[l]),
+                            Value::Ptr(at.v_cache[l]),
+                            Value::Ptr(slots),
+                            Value::Ptr(pos),
+                            Value::I64(slot_stride[l] as i64),
+                            Value::I32(r.n_head as i32),
+                            Value::I32(r.n_head_kv as i32),
+                            Value::I32(r.head_dim as i32),
+                            Value::I32(r.n_dims as i32),
+                            Value::I32(i32::from(r.neox)),
+                            Value::F32(crate::schedule::theta_scale(r.freq_base, r.n_dims)),
+                            Value::F32(r.freq_scale),
+                            opt(r.freq_factors),
+                            eps,
+                        ],
+                    )?;
+                    self.run(
+                        "attn_rows",
+                        (r.n_head as u32, n as u32),
+                        128,
+                        &[
+                            Value::Ptr(q),
+                            Value::Ptr(at.k_cache[l]),
+                            Value::Ptr(at.v_cache[l]),
+                            Value::Ptr(attn),
+                            Value::Ptr(slots),
+                            Value::Ptr(pos),
+                            Value::I64(slot_stride[l] as i64),
+                            Value::I32(r.n_head as i32),
+                            Value::I32(r.n_head_kv as i32),
+                            Value::I32(r.head_dim as i32),
+                            Value::F32(r.scale),
+                            Value::I32(r.window as i32),
+                        ],
+                    )?;
+                }
+            }
             self.product(p, at, r.wo, attn, n, x, 1.0)?;
             self.run("rms_norm_rows", (n as u32, 1), 256, &norm(r.ffn_norm))?;
             let [g, u, down] = r.ffn;
@@ -476,6 +596,110 @@ impl Prefill {
             )?;
             self.product(p, at, down, act, n, x, 1.0)?;
         }
+        Ok(())
+    }
+
+    /// One decode step of several sequences: `ids[t]` of slot `slots[t]` at position
+    /// `pos[t]` (at most [`MAX_BATCH`] tokens, each slot at most once), every matrix read once
+    /// for all of them (GEMMs), attention per token over its own slot's cache. Returns every
+    /// row's logits or, with `greedy`, only each row's greedy choice (the logits stay on the
+    /// device). Needs the whole model.
+    #[allow(clippy::too_many_arguments)]
+    pub fn decode_rows(
+        &mut self,
+        p: &DecodePlan,
+        at: &Addresses,
+        ids: &[u32],
+        slots: &[u32],
+        pos: &[u32],
+        slot_stride: &[usize],
+        greedy: bool,
+    ) -> Result<RowsOut, CudaError> {
+        let n = ids.len();
+        assert!(
+            n == slots.len() && n == pos.len(),
+            "one slot and position per id"
+        );
+        let s = self.stream.clone();
+        s.memcpy_htod(slots, &mut self.row_slots.slice_mut(..n))
+            .map_err(driver("uploading the slots"))?;
+        s.memcpy_htod(pos, &mut self.row_pos.slice_mut(..n))
+            .map_err(driver("uploading the positions"))?;
+        self.layers(p, at, ids, Rows::Slots { slot_stride })?;
+        let head = p
+            .head
+            .ok_or_else(|| CudaError::Model("batched decode needs the whole model".into()))?;
+        let (d, vocab) = (p.n_embd, p.n_vocab);
+        let (x, h) = (ptr(&self.x, &s), ptr(&self.h, &s));
+        if self.all_logits.is_none() {
+            self.all_logits = Some(
+                s.alloc_zeros::<f32>(MAX_BATCH * vocab)
+                    .map_err(driver("logits of every row"))?,
+            );
+        }
+        let logits = ptr(self.all_logits.as_ref().expect("allocated"), &s);
+        self.run(
+            "rms_norm_rows",
+            (n as u32, 1),
+            256,
+            &[
+                Value::Ptr(x),
+                Value::Ptr(at.vectors[head.out_norm]),
+                Value::Ptr(h),
+                Value::I32(d as i32),
+                Value::F32(p.norm_eps),
+            ],
+        )?;
+        self.product(p, at, head.output, h, n, logits, 0.0)?;
+        if greedy {
+            let out_ids = ptr(&self.row_ids, &s);
+            self.run(
+                "argmax_rows",
+                (n as u32, 1),
+                1024,
+                &[
+                    Value::Ptr(logits),
+                    Value::I32(vocab as i32),
+                    Value::Ptr(out_ids),
+                ],
+            )?;
+            let mut chosen = vec![0u32; n];
+            s.memcpy_dtoh(&self.row_ids.slice(..n), &mut chosen)
+                .map_err(driver("reading the choices"))?;
+            s.synchronize().map_err(driver("reading the choices"))?;
+            return Ok(RowsOut::Greedy(chosen));
+        }
+        let mut out = vec![0f32; n * vocab];
+        let all_logits = self.all_logits.as_ref().expect("allocated");
+        s.memcpy_dtoh(&all_logits.slice(..n * vocab), &mut out)
+            .map_err(driver("reading the logits"))?;
+        s.synchronize().map_err(driver("reading the logits"))?;
+        Ok(RowsOut::Logits(out))
+    }
+
+    /// Evaluates `ids` at positions `pos0..` (at most [`MAX_BATCH`]): the KV cache gets their
+    /// keys and values and the last token's greedy choice goes to the token buffer. With
+    /// `all`, returns every position's logits; otherwise the last token's logits go to the
+    /// decode step's logits buffer. A plan of the first layers only returns the residual
+    /// stream of every token instead (`n_embd` each). Only the `last` batch of a prompt
+    /// chooses a token (a sampler draws once per prompt, as the host's does) and, without
+    /// `all`, computes logits.
+    #[allow(clippy::too_many_arguments)]
+    pub fn eval(
+        &mut self,
+        p: &DecodePlan,
+        at: &Addresses,
+        ids: &[u32],
+        pos0: usize,
+        all: bool,
+        last: bool,
+    ) -> Result<Vec<f32>, CudaError> {
+        self.layers(p, at, ids, Rows::Prompt { pos0 })?;
+        let n = ids.len();
+        let s = self.stream.clone();
+        let d = p.n_embd;
+        let eps = Value::F32(p.norm_eps);
+        let (x, h) = (ptr(&self.x, &s), ptr(&self.h, &s));
         let Some(head) = p.head else {
             // The first layers only: the residual stream goes on on the CPU.
             let mut hidden = vec![0f32; n * d];

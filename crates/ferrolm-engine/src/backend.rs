@@ -52,7 +52,7 @@ pub type SlotOutput = Result<Vec<f32>, Arc<BackendError>>;
 
 /// A model on a device, with its slots (see the module documentation).
 pub trait Backend {
-    /// Where it runs, in words ("CPU, 16 threads", "CUDA (NVIDIA H200)").
+    /// Where it runs, in words ("CPU", "CUDA (NVIDIA H200)").
     fn describe(&self) -> String;
     /// Slots (sequences with their own caches).
     fn n_slots(&self) -> usize;
@@ -68,6 +68,17 @@ pub trait Backend {
     fn truncate(&mut self, slot: usize, pos: usize) -> Result<usize, BackendError>;
     /// Evaluates every input (at most one per slot) and returns one output per input, in order.
     fn forward(&mut self, inputs: &[SlotInput<'_>]) -> Vec<SlotOutput>;
+
+    /// [`Backend::forward`] for inputs that each want their last logits only to take the
+    /// largest (greedy decoding without penalties): returns each one's greedy choice (the
+    /// first largest logit, as [`argmax`](crate::argmax)). A backend that can keeps the
+    /// logits where they are (a GPU's memory) and returns only the ids.
+    fn forward_greedy(&mut self, inputs: &[SlotInput<'_>]) -> Vec<Result<u32, Arc<BackendError>>> {
+        self.forward(inputs)
+            .into_iter()
+            .map(|r| r.map(|logits| crate::argmax(&logits)))
+            .collect()
+    }
 
     /// Asks the device to choose `slot`'s tokens itself with `sampler` after every evaluation
     /// that computes last logits (`None`: the host samples again). `Ok(false)`: this backend or
@@ -133,7 +144,7 @@ impl<'m> CpuBackend<'m> {
 
 impl Backend for CpuBackend<'_> {
     fn describe(&self) -> String {
-        format!("CPU, {} threads", self.model.threads())
+        "CPU".into()
     }
 
     fn n_slots(&self) -> usize {

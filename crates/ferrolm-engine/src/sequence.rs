@@ -36,6 +36,14 @@ pub struct Step {
     pub finished: Option<FinishReason>,
 }
 
+/// Where a step's next id comes from.
+enum Next<'a> {
+    /// Sampled from these logits.
+    Logits(&'a [f32]),
+    /// Chosen already.
+    Chosen(u32),
+}
+
 /// One request's decoding state (see the module documentation).
 pub struct Sequence<'t> {
     tokenizer: &'t Tokenizer,
@@ -82,6 +90,20 @@ impl<'t> Sequence<'t> {
         }
     }
 
+    /// The prompt's ids.
+    pub fn prompt(&self) -> &[u32] {
+        &self.history[..self.prompt_len]
+    }
+
+    /// Takes the first `n` prompt ids as already in the slot's cache (a prefix an earlier
+    /// request left there): evaluation starts after them. The prompt's last id is evaluated
+    /// whatever `n` (its logits start the generation). Only before the first step.
+    pub fn reuse_prefix(&mut self, n: usize) {
+        if self.evaluated == 0 && self.finished.is_none() {
+            self.evaluated = n.min(self.prompt_len.saturating_sub(1));
+        }
+    }
+
     /// Prompt tokens.
     pub fn prompt_tokens(&self) -> usize {
         self.prompt_len
@@ -121,19 +143,42 @@ impl<'t> Sequence<'t> {
     /// Records that the `n` ids of the last [`Sequence::next_input`] were evaluated, with the
     /// logits of the last one when they were asked for; samples the next token from them.
     pub fn advance(&mut self, n: usize, logits: Option<&[f32]>) -> Result<Step, TokenizerError> {
+        self.advance_with(n, logits.map(Next::Logits))
+    }
+
+    /// Whether the sampler takes the largest logit and nothing else (no penalties): a
+    /// backend can then choose for it ([`Sequence::advance_chosen`]).
+    pub fn is_greedy(&self) -> bool {
+        let s = &self.params.sampler;
+        s.temperature <= 0.0
+            && s.repeat_penalty == 1.0
+            && s.presence_penalty == 0.0
+            && s.frequency_penalty == 0.0
+    }
+
+    /// [`Sequence::advance`] with the next id already chosen (greedily, by the backend)
+    /// instead of the logits to sample it from.
+    pub fn advance_chosen(&mut self, n: usize, id: Option<u32>) -> Result<Step, TokenizerError> {
+        self.advance_with(n, id.map(Next::Chosen))
+    }
+
+    fn advance_with(&mut self, n: usize, next: Option<Next<'_>>) -> Result<Step, TokenizerError> {
         let mut step = Step::default();
         if self.finished.is_some() {
             step.finished = self.finished;
             return Ok(step);
         }
         self.evaluated += n;
-        let Some(logits) = logits else {
+        let Some(next) = next else {
             return Ok(step);
         };
         if self.in_prefill() {
             return Ok(step);
         }
-        let id = self.sampler.sample(logits, &self.history);
+        let id = match next {
+            Next::Logits(logits) => self.sampler.sample(logits, &self.history),
+            Next::Chosen(id) => id,
+        };
         step.token = Some(id);
         if self.params.stop_at_eog && self.tokenizer.is_eog(id) {
             return Ok(self.finish(step, FinishReason::Stop));

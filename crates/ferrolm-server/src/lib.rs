@@ -56,18 +56,19 @@ pub fn serve(
 ) -> std::io::Result<()> {
     let tokenizer = Arc::new(tokenizer);
     let metrics = Arc::new(metrics::Metrics::new(config.parallel));
-    let template = ferrolm_tokenizer::ChatTemplate::for_tokenizer(&tokenizer)
-        .map_err(|e| eprintln!("ferrolm: warning: no chat template: {e}"))
-        .ok();
-    if let Some(w) = template.as_ref().and_then(|t| t.warning()) {
-        eprintln!("ferrolm: warning: {w}");
-    }
+    // The backend first: a device that cannot be used is then the one error reported.
     let (handle, join) = scheduler::start(
         Box::new(source),
         tokenizer.clone(),
         &config,
         metrics.clone(),
     )?;
+    let template = ferrolm_tokenizer::ChatTemplate::for_tokenizer(&tokenizer)
+        .map_err(|e| eprintln!("ferrolm: warning: no chat template: {e}"))
+        .ok();
+    if let Some(w) = template.as_ref().and_then(|t| t.warning()) {
+        eprintln!("ferrolm: warning: {w}");
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

@@ -71,6 +71,10 @@ pub struct Metrics {
     pub failed: AtomicU64,
     pub rejected_queue_full: AtomicU64,
     pub steps: AtomicU64,
+    /// Requests whose prompt began with ids a slot's cache already held.
+    pub prefix_hits: AtomicU64,
+    /// Prompt ids those requests did not evaluate again.
+    pub prefix_tokens_reused: AtomicU64,
     hist: Mutex<Histograms>,
 }
 
@@ -86,6 +90,8 @@ impl Metrics {
             failed: AtomicU64::new(0),
             rejected_queue_full: AtomicU64::new(0),
             steps: AtomicU64::new(0),
+            prefix_hits: AtomicU64::new(0),
+            prefix_tokens_reused: AtomicU64::new(0),
             hist: Mutex::new(Histograms {
                 ttft: Histogram::new(LATENCY_S),
                 per_token: Histogram::new(LATENCY_S),
@@ -188,6 +194,18 @@ impl Metrics {
             "counter",
             "Requests refused because the queue was full.",
             self.rejected_queue_full.load(Relaxed),
+        );
+        gauge(
+            "ferrolm_prefix_cache_hits_total",
+            "counter",
+            "Requests whose prompt started with ids already in a slot's cache.",
+            self.prefix_hits.load(Relaxed),
+        );
+        gauge(
+            "ferrolm_prefix_cache_tokens_total",
+            "counter",
+            "Prompt ids taken from a slot's cache instead of evaluated again.",
+            self.prefix_tokens_reused.load(Relaxed),
         );
         gauge(
             "ferrolm_steps_total",

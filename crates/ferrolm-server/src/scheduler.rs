@@ -151,6 +151,7 @@ pub fn start(
                 tokenizer: &tokenizer,
                 experts: moe,
                 slots: (0..n_slots).map(|_| None).collect(),
+                cached: vec![Vec::new(); n_slots],
                 rx,
                 shared: inner,
                 chunk,
@@ -167,6 +168,13 @@ pub fn start(
     }
 }
 
+/// What a step gave a slot: logits to sample from, or the backend's greedy choice.
+#[derive(Clone)]
+enum Next {
+    Logits(Vec<f32>),
+    Chosen(u32),
+}
+
 /// A request in a slot.
 struct Active<'t> {
     seq: Sequence<'t>,
@@ -180,6 +188,9 @@ struct Scheduler<'t> {
     /// A mixture-of-experts model, whose expert counts `/metrics` reports after each step.
     experts: bool,
     slots: Vec<Option<Active<'t>>>,
+    /// The ids each slot's cache holds, in order: a new request takes the free slot that
+    /// shares the longest start with its prompt and evaluates only the rest (prefix caching).
+    cached: Vec<Vec<u32>>,
     rx: mpsc::Receiver<Job>,
     shared: Arc<Shared>,
     chunk: usize,
@@ -229,7 +240,7 @@ impl<'t> Scheduler<'t> {
     /// Fills free slots from the queue (waiting a little when nothing is active). False when
     /// every handle has gone.
     fn admit(&mut self, forward: &mut dyn Backend) -> bool {
-        while let Some(slot) = self.slots.iter().position(|s| s.is_none()) {
+        while self.slots.iter().any(|s| s.is_none()) {
             let job = if self.active() == 0 {
                 match self.rx.recv_timeout(Duration::from_millis(50)) {
                     Ok(job) => job,
@@ -248,16 +259,31 @@ impl<'t> Scheduler<'t> {
                 self.metrics().cancelled.fetch_add(1, Relaxed);
                 continue;
             }
-            if let Err(e) = forward.truncate(slot, 0) {
-                let _ = job.events.send(Event::Error(ApiError::internal(format!(
-                    "the model failed: {e}"
-                ))));
-                continue;
+            let (slot, common) = self.best_free_slot(&job.prompt);
+            // The slot goes back to the common start (a cache that cannot go back that far
+            // keeps less, down to nothing) and the sequence evaluates from there.
+            let kept = match forward.truncate(slot, common) {
+                Ok(kept) => kept.min(common),
+                Err(e) => {
+                    self.cached[slot].clear();
+                    let _ = job.events.send(Event::Error(ApiError::internal(format!(
+                        "the model failed: {e}"
+                    ))));
+                    continue;
+                }
+            };
+            self.cached[slot].truncate(kept);
+            let mut seq = Sequence::new(self.tokenizer, job.prompt, job.params, self.n_ctx);
+            seq.reuse_prefix(kept);
+            if kept > 0 {
+                self.metrics().prefix_hits.fetch_add(1, Relaxed);
+                self.metrics()
+                    .prefix_tokens_reused
+                    .fetch_add(kept as u64, Relaxed);
             }
             self.metrics()
                 .prompt_tokens
-                .fetch_add(job.prompt.len() as u64, Relaxed);
-            let seq = Sequence::new(self.tokenizer, job.prompt, job.params, self.n_ctx);
+                .fetch_add(seq.prompt_tokens() as u64, Relaxed);
             self.slots[slot] = Some(Active {
                 seq,
                 events: job.events,
@@ -269,6 +295,28 @@ impl<'t> Scheduler<'t> {
             }
         }
         true
+    }
+
+    /// The free slot whose cache shares the longest start with `prompt` (the first free one
+    /// when none does), and how many ids it can reuse (never the prompt's last: its logits
+    /// are needed).
+    fn best_free_slot(&self, prompt: &[u32]) -> (usize, usize) {
+        let mut best = None;
+        for (slot, cached) in self.cached.iter().enumerate() {
+            if self.slots[slot].is_some() {
+                continue;
+            }
+            let common = cached
+                .iter()
+                .zip(prompt)
+                .take_while(|(a, b)| a == b)
+                .count();
+            let common = common.min(prompt.len().saturating_sub(1));
+            if best.is_none_or(|(_, c)| common > c) {
+                best = Some((slot, common));
+            }
+        }
+        best.expect("the caller checked that a slot is free")
     }
 
     fn reject_queued(&mut self) {
@@ -309,11 +357,29 @@ impl<'t> Scheduler<'t> {
             .iter()
             .map(|i| (i.slot, i.ids.len(), i.want != Logits::None))
             .collect();
-        let outputs =
-            catch_unwind(AssertUnwindSafe(|| forward.forward(&inputs))).unwrap_or_else(|_| {
-                let e = Arc::new(BackendError::Device("the forward pass panicked".into()));
-                vec![Err(e); inputs.len()]
-            });
+        let evaluated: Vec<Vec<u32>> = inputs.iter().map(|i| i.ids.to_vec()).collect();
+        // Every sequence that samples greedy: the backend chooses (a GPU then returns ids,
+        // not logits).
+        let greedy = self.slots.iter().flatten().all(|a| a.seq.is_greedy());
+        let outputs = catch_unwind(AssertUnwindSafe(|| {
+            if greedy {
+                forward
+                    .forward_greedy(&inputs)
+                    .into_iter()
+                    .map(|r| r.map(Next::Chosen))
+                    .collect()
+            } else {
+                forward
+                    .forward(&inputs)
+                    .into_iter()
+                    .map(|r| r.map(Next::Logits))
+                    .collect::<Vec<_>>()
+            }
+        }))
+        .unwrap_or_else(|_| {
+            let e = Arc::new(BackendError::Device("the forward pass panicked".into()));
+            vec![Err(e); inputs.len()]
+        });
         drop(inputs);
         if self.experts {
             self.metrics()
@@ -321,10 +387,15 @@ impl<'t> Scheduler<'t> {
             self.metrics()
                 .set_expert_cache(forward.expert_cache_stats());
         }
-        for ((slot, n, wanted), output) in done.into_iter().zip(outputs) {
+        for (((slot, n, wanted), output), ids) in done.into_iter().zip(outputs).zip(evaluated) {
             let logits = match output {
-                Ok(l) => wanted.then_some(l),
+                Ok(next) => {
+                    self.cached[slot].extend_from_slice(&ids);
+                    wanted.then_some(next)
+                }
                 Err(e) => {
+                    // What the slot's cache holds is no longer known: nothing is reused.
+                    self.cached[slot].clear();
                     self.metrics().failed.fetch_add(1, Relaxed);
                     let err = if e.is_context_full() {
                         ApiError::invalid(e.to_string()).with_code("context_length_exceeded")
@@ -339,7 +410,12 @@ impl<'t> Scheduler<'t> {
                 continue;
             };
             let before = active.seq.completion_tokens();
-            let step = match active.seq.advance(n, logits.as_deref()) {
+            let step = match logits {
+                Some(Next::Chosen(id)) => active.seq.advance_chosen(n, Some(id)),
+                Some(Next::Logits(l)) => active.seq.advance(n, Some(&l)),
+                None => active.seq.advance(n, None),
+            };
+            let step = match step {
                 Ok(step) => step,
                 Err(e) => {
                     self.metrics().failed.fetch_add(1, Relaxed);
@@ -422,6 +498,8 @@ mod tests {
         steps: Steps,
         fail_at: Option<usize>,
         panic_at: Option<usize>,
+        /// Each slot's position.
+        pos: [usize; 2],
     }
 
     const TOKEN: usize = 100;
@@ -439,17 +517,21 @@ mod tests {
         fn n_vocab(&self) -> usize {
             self.n_vocab
         }
-        fn position(&self, _slot: usize) -> usize {
-            0
+        fn position(&self, slot: usize) -> usize {
+            self.pos[slot]
         }
-        fn truncate(&mut self, _slot: usize, _pos: usize) -> Result<usize, BackendError> {
-            Ok(0)
+        fn truncate(&mut self, slot: usize, pos: usize) -> Result<usize, BackendError> {
+            self.pos[slot] = self.pos[slot].min(pos);
+            Ok(self.pos[slot])
         }
         fn forward(&mut self, inputs: &[SlotInput<'_>]) -> Vec<SlotOutput> {
             let mut steps = self.steps.lock().unwrap();
             steps.push(inputs.iter().map(|i| (i.slot, i.ids.len())).collect());
             let step = steps.len();
             drop(steps);
+            for i in inputs {
+                self.pos[i.slot] += i.ids.len();
+            }
             // Slow enough for requests to arrive while others run.
             std::thread::sleep(Duration::from_millis(2));
             if self.panic_at == Some(step) {
@@ -506,11 +588,22 @@ mod tests {
 
     /// Runs a scheduler over `fake` while `body` submits requests through the handle.
     fn with_scheduler(fake: Fake, chunk: usize, body: impl FnOnce(&SchedulerHandle)) {
+        with_backend(fake, chunk, 64, |h, _| body(h));
+    }
+
+    /// Runs a scheduler over `backend` (two slots of `n_ctx`) while `body` submits requests.
+    fn with_backend(
+        backend: impl Backend + Send,
+        chunk: usize,
+        n_ctx: usize,
+        body: impl FnOnce(&SchedulerHandle, &Metrics),
+    ) {
         let tok = tokenizer();
         let (tx, rx) = mpsc::channel();
+        let metrics = Arc::new(Metrics::new(2));
         let shared = Arc::new(Shared {
             deadline: Mutex::new(None),
-            metrics: Arc::new(Metrics::new(2)),
+            metrics: metrics.clone(),
             max_queue: 8,
         });
         let handle = SchedulerHandle {
@@ -520,19 +613,20 @@ mod tests {
         std::thread::scope(|s| {
             let tok = &tok;
             s.spawn(move || {
-                let mut fake = fake;
+                let mut backend = backend;
                 Scheduler {
                     tokenizer: tok,
                     experts: false,
                     slots: vec![None, None],
+                    cached: vec![Vec::new(); 2],
                     rx,
                     shared,
                     chunk,
-                    n_ctx: 64,
+                    n_ctx,
                 }
-                .run(&mut fake)
+                .run(&mut backend)
             });
-            body(&handle);
+            body(&handle, &metrics);
             handle.shut_down();
         });
     }
@@ -546,6 +640,7 @@ mod tests {
                 steps: steps.clone(),
                 fail_at,
                 panic_at,
+                pos: [0; 2],
             },
             steps,
         )
@@ -598,5 +693,100 @@ mod tests {
             assert_eq!(s[0], (0, 1), "{steps:?}");
         }
         assert!(steps.iter().any(|s| s.len() == 2), "{steps:?}");
+    }
+
+    fn job_with(prompt: Vec<u32>, max_tokens: usize) -> (Job, UnboundedReceiver<Event>) {
+        let (mut job, rx) = job(0, max_tokens);
+        job.prompt = prompt;
+        (job, rx)
+    }
+
+    /// The text a request streamed, or its error.
+    fn text(rx: &mut UnboundedReceiver<Event>) -> Result<String, String> {
+        let mut out = String::new();
+        loop {
+            match rx.blocking_recv() {
+                Some(Event::Text(t)) => out.push_str(&t),
+                Some(Event::Done { .. }) => return Ok(out),
+                Some(Event::Error(e)) => return Err(e.message),
+                None => return Err("dropped".into()),
+            }
+        }
+    }
+
+    #[test]
+    fn a_prompt_that_starts_with_a_slots_ids_evaluates_only_the_rest() {
+        let (fake, steps) = fake(None, None);
+        let prompt: Vec<u32> = (1..=10).collect();
+        let mut other = prompt.clone();
+        other[0] = 99;
+        with_backend(fake, 16, 64, |h, m| {
+            let (a, mut ra) = job_with(prompt.clone(), 3);
+            h.submit(a).unwrap();
+            assert_eq!(outcome(&mut ra), Ok(3));
+            // The same prompt again: the slot that holds it serves it, from its last id on.
+            let before = steps.lock().unwrap().len();
+            let (b, mut rb) = job_with(prompt.clone(), 3);
+            h.submit(b).unwrap();
+            assert_eq!(outcome(&mut rb), Ok(3));
+            assert_eq!(steps.lock().unwrap()[before], [(0, 1)]);
+            assert_eq!(m.prefix_hits.load(Relaxed), 1);
+            assert_eq!(m.prefix_tokens_reused.load(Relaxed), 9);
+            // A prompt that differs at its first id reuses nothing, wherever it goes.
+            let before = steps.lock().unwrap().len();
+            let (c, mut rc) = job_with(other.clone(), 3);
+            h.submit(c).unwrap();
+            assert_eq!(outcome(&mut rc), Ok(3));
+            let first = steps.lock().unwrap()[before].clone();
+            assert_eq!(first.len(), 1);
+            assert_eq!(first[0].1, 10, "{first:?}");
+            assert_eq!(m.prefix_hits.load(Relaxed), 1);
+        });
+    }
+
+    /// The default model on the CPU: a prompt served again after another request with the same
+    /// system prompt replaced it in its slot (so only the shared start is reused) gives the
+    /// same greedy text as the first time.
+    #[test]
+    fn a_cached_prefix_gives_the_tokens_of_a_full_evaluation() {
+        let home = std::env::var_os("FERROLM_HOME")
+            .map(std::path::PathBuf::from)
+            .unwrap_or_else(|| {
+                std::path::PathBuf::from(std::env::var_os("HOME").unwrap()).join(".cache/ferrolm")
+            });
+        let model =
+            ferrolm_model::Model::load(home.join("models/SmolLM2-135M-Instruct.Q4_1.gguf"), 1)
+                .unwrap();
+        let tok = tokenizer();
+        let system = tok.encode_prompt("You are a helpful assistant. Answer briefly and well.");
+        let ask = |q: &str| {
+            let mut p = system.clone();
+            p.extend(tok.encode(q, false, false));
+            p
+        };
+        let (first, second) = (
+            ask(" What is the capital of France?"),
+            ask(" Name a colour."),
+        );
+        let backend = ferrolm_engine::CpuBackend::new(&model, 2, 256);
+        with_backend(backend, 8, 256, |h, m| {
+            let run = |p: &Vec<u32>| {
+                let (j, mut r) = job_with(p.clone(), 12);
+                h.submit(j).unwrap();
+                text(&mut r).unwrap()
+            };
+            let cold = run(&first);
+            let other = run(&second);
+            assert_eq!(
+                m.prefix_hits.load(Relaxed),
+                1,
+                "the system prompt is shared"
+            );
+            let warm = run(&first);
+            assert_eq!(cold, warm);
+            assert_ne!(cold, other);
+            assert_eq!(m.prefix_hits.load(Relaxed), 2);
+            assert!(m.prefix_tokens_reused.load(Relaxed) >= 2 * system.len() as u64);
+        });
     }
 }

@@ -121,6 +121,7 @@ pub fn open_backend<'m>(
         ordinal,
         n_ctx,
         gpu_layers: options.gpu_layers,
+        slots,
     };
     match ferrolm_cuda::open(model, &cuda) {
         Ok(backend) => {

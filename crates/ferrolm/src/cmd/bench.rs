@@ -172,7 +172,8 @@ struct BatchRun {
 }
 
 /// `-p` prompt tokens in each of `b` slots (one call), then `-n` steps of one greedy token per
-/// slot (one call each): every slot's matrices read once per call.
+/// slot (one call each, the choices made where the backend can): every matrix read once per
+/// call.
 fn batched_once(
     args: &BenchArgs,
     backend: &mut dyn Backend,
@@ -201,8 +202,8 @@ fn batched_once(
         })
         .collect();
     let mut next = Vec::with_capacity(b);
-    for out in backend.forward(&inputs) {
-        next.push([argmax(&out.map_err(|e| anyhow::anyhow!("{e}"))?)]);
+    for out in backend.forward_greedy(&inputs) {
+        next.push([out.map_err(|e| anyhow::anyhow!("{e}"))?]);
     }
     let pp_s = t.elapsed().as_secs_f64();
     let t = Instant::now();
@@ -216,10 +217,10 @@ fn batched_once(
                 want: Logits::Last,
             })
             .collect();
-        let outs = backend.forward(&inputs);
+        let outs = backend.forward_greedy(&inputs);
         let mut chosen = Vec::with_capacity(b);
         for out in outs {
-            chosen.push([argmax(&out.map_err(|e| anyhow::anyhow!("{e}"))?)]);
+            chosen.push([out.map_err(|e| anyhow::anyhow!("{e}"))?]);
         }
         next = chosen;
     }

@@ -36,6 +36,10 @@ pub struct CheckArgs {
     /// Also time each kernel (CUDA events, outside the graph) over this many extra steps.
     #[arg(long, default_value_t = 0)]
     pub profile: usize,
+    /// Instead, check batched decoding: this many sequences with prompts of different
+    /// lengths, decoded together, joining and leaving mid-stream, each against the CPU.
+    #[arg(long, value_name = "B")]
+    pub batch: Option<usize>,
 }
 
 fn log_softmax(l: &[f32]) -> Vec<f64> {
@@ -107,6 +111,96 @@ fn check_split(args: &CheckArgs, model: &Model, cuda: CudaOptions) -> Result<()>
     if row.mean_kl > args.max_kl || row.top1_tied < args.min_top1 {
         bail!(
             "the split model differs from the CPU: mean KL {:.2e}, top-1 {:.2}%",
+            row.mean_kl,
+            100.0 * row.top1_tied
+        );
+    }
+    Ok(())
+}
+
+/// `cuda-check --batch B`: B sequences on the GPU's slots, each against its own CPU session.
+/// Sequence s has a prompt of `-p` minus 9s ids (at least 2) and generates `-n` tokens; the
+/// odd ones join 3 steps late and sequence s leaves 2s steps early, so batches of every size
+/// and mixed prompt/decode steps occur. Each step's tokens are the CPU's greedy choices (both
+/// sides evaluate the same ids); every row of logits is compared.
+fn check_batched(args: &CheckArgs, model: &Model, cuda: CudaOptions) -> Result<()> {
+    let b = cuda.slots;
+    let n_vocab = model.plan().n_vocab;
+    let mut gpu = ferrolm_cuda::open(model, &cuda)
+        .map_err(|e| anyhow::anyhow!("cuda:{}: {e}", cuda.ordinal))?;
+    if gpu.n_slots() < b {
+        bail!(
+            "{} holds {} sequences, not {b}",
+            gpu.describe(),
+            gpu.n_slots()
+        );
+    }
+    let mut rng = rand::rngs::StdRng::seed_from_u64(args.seed);
+    let prompts: Vec<Vec<u32>> = (0..b)
+        .map(|s| {
+            let len = args.n_prompt.saturating_sub(9 * s).max(2);
+            (0..len)
+                .map(|_| rng.random_range(0..n_vocab as u32))
+                .collect()
+        })
+        .collect();
+    let start = |s: usize| if s % 2 == 1 { 3 } else { 0 };
+    let end = |s: usize| start(s) + args.n_gen.saturating_sub(2 * s).max(1);
+    let mut cpu: Vec<_> = (0..b).map(|_| model.session(cuda.n_ctx)).collect();
+    // The id each sequence evaluates next (its prompt first).
+    let mut next: Vec<Vec<u32>> = prompts.clone();
+    let (mut cpu_rows, mut gpu_rows) = (Vec::new(), Vec::new());
+    let mut sizes = Vec::new();
+    let t = Instant::now();
+    let last_step = (0..b).map(end).max().unwrap_or(0);
+    for step in 0..=last_step {
+        let active: Vec<usize> = (0..b)
+            .filter(|&s| step >= start(s) && step <= end(s))
+            .collect();
+        if active.is_empty() {
+            continue;
+        }
+        let inputs: Vec<ferrolm_engine::SlotInput<'_>> = active
+            .iter()
+            .map(|&s| ferrolm_engine::SlotInput {
+                slot: s,
+                ids: &next[s],
+                want: Logits::Last,
+            })
+            .collect();
+        sizes.push(inputs.len());
+        let outs = gpu.forward(&inputs);
+        let mut chosen = Vec::new();
+        for (&s, out) in active.iter().zip(outs) {
+            let g = out.map_err(|e| anyhow::anyhow!("slot {s}, step {step}: {e}"))?;
+            let c = cpu[s].eval(&next[s], Logits::Last)?;
+            chosen.push((s, ferrolm_engine::argmax(&c)));
+            cpu_rows.extend_from_slice(&c);
+            gpu_rows.extend_from_slice(&g);
+        }
+        for (s, id) in chosen {
+            next[s] = vec![id];
+        }
+    }
+    let row = compare("batched", &cpu_rows, &gpu_rows, n_vocab, t.elapsed());
+    let most = sizes.iter().copied().max().unwrap_or(0);
+    println!(
+        "| file | sequences | rows compared | batch sizes | mean KL | max KL | top-1 (ties within {TIE}) | top-1 raw | max abs logit diff |"
+    );
+    println!("| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: |");
+    println!(
+        "| {} | {b} | {} | 1..{most} | {:.2e} | {:.2e} | {:.2}% | {:.2}% | {:.3} |",
+        args.model.model.as_deref().unwrap_or("default"),
+        cpu_rows.len() / n_vocab,
+        row.mean_kl,
+        row.max_kl,
+        100.0 * row.top1_tied,
+        100.0 * row.top1,
+        row.max_diff,
+    );
+    if row.mean_kl > args.max_kl || row.top1_tied < args.min_top1 {
+        bail!(
+            "batched decoding differs from the CPU: mean KL {:.2e}, top-1 {:.2}%",
             row.mean_kl,
             100.0 * row.top1_tied
         );
@@ -225,11 +319,21 @@ pub fn check(args: CheckArgs) -> Result<()> {
     };
     let n_layer = model.plan().layers.len();
     let gpu_layers = args.model.gpu_layers.unwrap_or(n_layer);
+    if let Some(b) = args.batch {
+        let cuda = CudaOptions {
+            ordinal,
+            n_ctx,
+            gpu_layers: None,
+            slots: b.max(2),
+        };
+        return check_batched(&args, &model, cuda);
+    }
     if gpu_layers < n_layer {
         let cuda = CudaOptions {
             ordinal,
             n_ctx,
             gpu_layers: Some(gpu_layers),
+            slots: 1,
         };
         return check_split(&args, &model, cuda);
     }

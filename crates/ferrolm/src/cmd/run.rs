@@ -131,7 +131,10 @@ pub fn run(args: RunArgs) -> Result<()> {
         gen.tokens.len(),
         gen.gen_time.as_secs_f64(),
         gen.tg_tokens_per_s(),
-        backend.describe(),
+        match backend.describe().as_str() {
+            "CPU" => format!("{} threads", model.threads()),
+            other => other.to_string(),
+        },
     );
     Ok(())
 }
