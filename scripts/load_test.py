@@ -44,13 +44,14 @@ def rss_kib(pid):
     return 0
 
 
-def one_request(port, i, max_tokens, timeout):
-    """Streams one completion; returns (id, completion_tokens, finish, ttft, total, text)."""
+def one_request(port, i, max_tokens, timeout, temperature=0.7):
+    """Streams one completion; returns (id, completion_tokens, finish, ttft, total, text, gaps)
+    where gaps are the seconds between consecutive pieces of text (inter-token latency)."""
     body = json.dumps({
         "model": "smollm2",
         "prompt": f"{PROMPTS[i % len(PROMPTS)]} ({i})",
         "max_tokens": max_tokens,
-        "temperature": 0.7,
+        "temperature": temperature,
         "seed": i,
         "stream": True,
         "stream_options": {"include_usage": True},
@@ -62,7 +63,7 @@ def one_request(port, i, max_tokens, timeout):
     resp = conn.getresponse()
     if resp.status != 200:
         raise RuntimeError(f"request {i}: HTTP {resp.status}: {resp.read()[:300]!r}")
-    ttft = None
+    ttft, last, gaps = None, None, []
     ids, text, finish, usage, done = set(), [], None, None, False
     for raw in resp:
         line = raw.decode().strip()
@@ -79,18 +80,24 @@ def one_request(port, i, max_tokens, timeout):
         if chunk.get("usage"):
             usage = chunk["usage"]
         for c in chunk["choices"]:
-            if c["text"] and ttft is None:
-                ttft = time.monotonic() - start
+            if c["text"]:
+                now = time.monotonic()
+                if ttft is None:
+                    ttft = now - start
+                else:
+                    gaps.append(now - last)
+                last = now
             text.append(c["text"])
             if c["finish_reason"]:
                 finish = c["finish_reason"]
     conn.close()
     if not done or len(ids) != 1 or usage is None:
         raise RuntimeError(f"request {i}: incomplete stream (done={done}, ids={ids}, usage={usage})")
-    return ids.pop(), usage["completion_tokens"], finish, ttft, time.monotonic() - start, "".join(text)
+    total = time.monotonic() - start
+    return ids.pop(), usage["completion_tokens"], finish, ttft, total, "".join(text), gaps
 
 
-def run_load(port, concurrency, requests, max_tokens, timeout):
+def run_load(port, concurrency, requests, max_tokens, timeout, temperature=0.7):
     results, errors = [None] * requests, []
     next_i = [0]
     lock = threading.Lock()
@@ -103,7 +110,7 @@ def run_load(port, concurrency, requests, max_tokens, timeout):
                     return
                 next_i[0] += 1
             try:
-                results[i] = one_request(port, i, max_tokens, timeout)
+                results[i] = one_request(port, i, max_tokens, timeout, temperature)
             except Exception as e:  # noqa: BLE001 - every failure is reported
                 errors.append(f"{type(e).__name__}: {e}")
 
@@ -132,6 +139,9 @@ def main():
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--timeout", type=float, default=600)
     ap.add_argument("--json", action="store_true", help="print the figures as one JSON line")
+    ap.add_argument("--model", help="a GGUF file (default: the default model)")
+    ap.add_argument("--device", help="cpu, cuda or cuda:N (default: the server's default)")
+    ap.add_argument("--temperature", type=float, default=0.7, help="0: greedy")
     args = ap.parse_args()
     parallel = args.parallel or args.concurrency
     # Killed, still stop the server (the `finally` below).
@@ -140,7 +150,9 @@ def main():
     server = subprocess.Popen(
         [args.binary, "serve", "--port", "0", "--parallel", str(parallel),
          "-c", str(args.ctx_size), "-t", str(args.threads),
-         "--max-queue", str(max(64, args.requests))],
+         "--max-queue", str(max(64, args.requests)), "--model-name", "smollm2"]
+        + (["-m", args.model] if args.model else [])
+        + (["--device", args.device] if args.device else []),
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
     )
     try:
@@ -159,14 +171,17 @@ def main():
         threading.Thread(target=lambda: [None for _ in server.stderr], daemon=True).start()
 
         # Warm every slot so that the idle level includes the touched KV caches.
-        _, errors, _ = run_load(port, parallel, parallel, args.max_tokens, args.timeout)
+        _, errors, _ = run_load(
+            port, parallel, parallel, args.max_tokens, args.timeout, args.temperature
+        )
         if errors:
             sys.exit(f"warm-up failed: {errors[:3]}")
         time.sleep(0.5)
         idle = rss_kib(server.pid)
 
         results, errors, wall = run_load(
-            port, args.concurrency, args.requests, args.max_tokens, args.timeout
+            port, args.concurrency, args.requests, args.max_tokens, args.timeout,
+            args.temperature,
         )
         time.sleep(0.5)
         after = rss_kib(server.pid)
@@ -185,6 +200,7 @@ def main():
             failures.append(f"memory did not return to idle: {idle} KiB idle, {after} KiB after")
         tokens = sum(r[1] for r in done)
         ttfts = [r[3] for r in done if r[3] is not None]
+        gaps = [g for r in done for g in r[6]]
         figures = {
             "concurrency": args.concurrency,
             "requests": args.requests,
@@ -196,6 +212,8 @@ def main():
             "ttft_p50_s": round(percentile(ttfts, 50), 3) if ttfts else None,
             "ttft_p90_s": round(percentile(ttfts, 90), 3) if ttfts else None,
             "ttft_p99_s": round(percentile(ttfts, 99), 3) if ttfts else None,
+            "itl_p50_ms": round(1e3 * percentile(gaps, 50), 2) if gaps else None,
+            "itl_p99_ms": round(1e3 * percentile(gaps, 99), 2) if gaps else None,
             "rss_idle_mib": round(idle / 1024, 1),
             "rss_after_mib": round(after / 1024, 1),
         }

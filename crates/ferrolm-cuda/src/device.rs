@@ -310,7 +310,11 @@ fn buffer_bytes(p: &DecodePlan, b: Buf, slots: usize) -> usize {
             let w = p.n_embd.max(p.max_q).max(p.max_ff);
             (w + w / 4).div_ceil(16) * 4
         }
-        Buf::KCache(l) | Buf::VCache(l) => slots * p.n_ctx * p.kv_dims[l] / 2,
+        // Several slots have one more, where a batched step's padding rows write.
+        Buf::KCache(l) | Buf::VCache(l) => {
+            let slots = if slots > 1 { slots + 1 } else { 1 };
+            slots * p.n_ctx * p.kv_dims[l] / 2
+        }
         Buf::Matrix(_) | Buf::Vector(_) | Buf::Logits | Buf::Token | Buf::Pos | Buf::TokenRing => 0,
     }
 }
@@ -387,7 +391,7 @@ impl CudaModel {
         let dp = if major >= 9 { dp } else { dp.unstaged() };
 
         let need = dp.weight_bytes_total()
-            + slots as u64 * dp.kv_bytes_total()
+            + (if slots > 1 { slots + 1 } else { 1 }) as u64 * dp.kv_bytes_total()
             + prefill::scratch_bytes(&dp);
         let (free, _) = ctx.mem_get_info().map_err(driver("reading free memory"))?;
         if need as usize > free {
@@ -722,9 +726,18 @@ impl CudaModel {
             }
         }
         let at = self.addresses(0);
+        let spare = self.slots as u32;
         let prefill = self.prefill.as_mut().expect("checked by check_slot");
-        let out =
-            prefill.decode_rows(&self.plan, &at, ids, slots, pos, &self.slot_stride, greedy)?;
+        let out = prefill.decode_rows(
+            &self.plan,
+            &at,
+            ids,
+            slots,
+            pos,
+            &self.slot_stride,
+            spare,
+            greedy,
+        )?;
         self.stats.tokens += ids.len() as u64;
         self.stats.batches += 1;
         self.stats.host_syncs += 1;

@@ -13,7 +13,8 @@ use std::sync::Arc;
 
 use cudarc::cublas::{result as blas, sys as blas_sys, CudaBlas};
 use cudarc::driver::{
-    sys, CudaEvent, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, LaunchConfig,
+    sys, CudaEvent, CudaFunction, CudaGraph, CudaModule, CudaSlice, CudaStream, DevicePtr,
+    LaunchConfig,
 };
 use ferrolm_gguf::TensorType;
 
@@ -99,6 +100,11 @@ pub(crate) struct Prefill {
     /// Every quantized matrix as f16, kept (`f16_weights`): GEMMs then read them as they are
     /// instead of dequantizing one matrix at a time. Empty: not kept.
     w16_kept: Vec<Option<CudaSlice<u16>>>,
+    /// The batched decode step's graph per padded row count (`None`: run once, not captured
+    /// yet), and whether graphs are used (not with `FERROLM_CUDA_NO_GRAPH`, nor after a
+    /// capture failed).
+    row_graphs: HashMap<usize, Option<CudaGraph>>,
+    graphs: bool,
     /// Events around each launch, when profiling.
     profile: Option<Vec<(String, CudaEvent, CudaEvent)>>,
     /// Attention on the tensor cores where the head width allows (not with
@@ -181,6 +187,8 @@ impl Prefill {
                 .alloc_zeros::<u32>(b)
                 .map_err(driver("batch choices"))?,
             w16_kept: Vec::new(),
+            row_graphs: HashMap::new(),
+            graphs: std::env::var_os("FERROLM_CUDA_NO_GRAPH").is_none(),
             profile: None,
             tensor_cores: std::env::var_os("FERROLM_CUDA_ATTN_TILE").is_none(),
         }))
@@ -415,9 +423,22 @@ impl Prefill {
     ) -> Result<(), CudaError> {
         let n = ids.len();
         assert!(n > 0 && n <= MAX_BATCH, "batch of {n}");
-        let s = self.stream.clone();
-        s.memcpy_htod(ids, &mut self.ids.slice_mut(..n))
+        self.stream
+            .memcpy_htod(ids, &mut self.ids.slice_mut(..n))
             .map_err(driver("uploading the prompt"))?;
+        self.launch_layers(p, at, n, rows)
+    }
+
+    /// [`Prefill::layers`] for the `n` ids already uploaded: kernel launches only (a graph
+    /// can capture them).
+    fn launch_layers(
+        &mut self,
+        p: &DecodePlan,
+        at: &Addresses,
+        n: usize,
+        rows: Rows<'_>,
+    ) -> Result<(), CudaError> {
+        let s = self.stream.clone();
         let d = p.n_embd;
         let eps = Value::F32(p.norm_eps);
         let (x, h, q, k, v) = (
@@ -604,6 +625,10 @@ impl Prefill {
     /// for all of them (GEMMs), attention per token over its own slot's cache. Returns every
     /// row's logits or, with `greedy`, only each row's greedy choice (the logits stay on the
     /// device). Needs the whole model.
+    ///
+    /// The step is padded to a power of two of rows, the padding's keys and values written to
+    /// slot `spare` (a slot no sequence uses), and replayed from a CUDA graph per padded size
+    /// after its first run (which runs launch by launch and warms cuBLAS up).
     #[allow(clippy::too_many_arguments)]
     pub fn decode_rows(
         &mut self,
@@ -613,6 +638,7 @@ impl Prefill {
         slots: &[u32],
         pos: &[u32],
         slot_stride: &[usize],
+        spare: u32,
         greedy: bool,
     ) -> Result<RowsOut, CudaError> {
         let n = ids.len();
@@ -620,23 +646,99 @@ impl Prefill {
             n == slots.len() && n == pos.len(),
             "one slot and position per id"
         );
+        let bucket = n.next_power_of_two().min(MAX_BATCH);
+        let pad = |v: &[u32], with: u32| {
+            let mut v = v.to_vec();
+            v.resize(bucket, with);
+            v
+        };
         let s = self.stream.clone();
-        s.memcpy_htod(slots, &mut self.row_slots.slice_mut(..n))
+        s.memcpy_htod(&pad(ids, 0), &mut self.ids.slice_mut(..bucket))
+            .map_err(driver("uploading the ids"))?;
+        s.memcpy_htod(&pad(slots, spare), &mut self.row_slots.slice_mut(..bucket))
             .map_err(driver("uploading the slots"))?;
-        s.memcpy_htod(pos, &mut self.row_pos.slice_mut(..n))
+        s.memcpy_htod(&pad(pos, 0), &mut self.row_pos.slice_mut(..bucket))
             .map_err(driver("uploading the positions"))?;
-        self.layers(p, at, ids, Rows::Slots { slot_stride })?;
-        let head = p
-            .head
-            .ok_or_else(|| CudaError::Model("batched decode needs the whole model".into()))?;
-        let (d, vocab) = (p.n_embd, p.n_vocab);
-        let (x, h) = (ptr(&self.x, &s), ptr(&self.h, &s));
         if self.all_logits.is_none() {
             self.all_logits = Some(
-                s.alloc_zeros::<f32>(MAX_BATCH * vocab)
+                s.alloc_zeros::<f32>(MAX_BATCH * p.n_vocab)
                     .map_err(driver("logits of every row"))?,
             );
         }
+        let replay = self.graphs && self.profile.is_none();
+        match self.row_graphs.get(&bucket) {
+            Some(Some(graph)) if replay => {
+                graph
+                    .launch()
+                    .map_err(driver("launching the batched step"))?;
+            }
+            Some(None) if replay => {
+                // Seen once: capture it now and replay it from here on.
+                s.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+                    .map_err(driver("beginning the capture"))?;
+                let launched = self.launch_rows(p, at, bucket, slot_stride);
+                let graph = s
+                    .end_capture(sys::CUgraphInstantiate_flags(0))
+                    .map_err(driver("ending the capture"));
+                match (launched, graph) {
+                    (Ok(()), Ok(Some(graph))) => {
+                        graph.upload().map_err(driver("uploading the graph"))?;
+                        graph
+                            .launch()
+                            .map_err(driver("launching the batched step"))?;
+                        self.row_graphs.insert(bucket, Some(graph));
+                    }
+                    (launched, graph) => {
+                        // Launch by launch from now on; say why once.
+                        let why = launched
+                            .err()
+                            .map(|e| e.to_string())
+                            .or_else(|| graph.err().map(|e| e.to_string()));
+                        eprintln!(
+                            "ferrolm: the batched decode step could not be captured ({}); launching it kernel by kernel",
+                            why.unwrap_or_else(|| "empty capture".into())
+                        );
+                        self.graphs = false;
+                        self.launch_rows(p, at, bucket, slot_stride)?;
+                    }
+                }
+            }
+            _ => {
+                self.row_graphs.insert(bucket, None);
+                self.launch_rows(p, at, bucket, slot_stride)?;
+            }
+        }
+        if greedy {
+            let mut chosen = vec![0u32; n];
+            s.memcpy_dtoh(&self.row_ids.slice(..n), &mut chosen)
+                .map_err(driver("reading the choices"))?;
+            s.synchronize().map_err(driver("reading the choices"))?;
+            return Ok(RowsOut::Greedy(chosen));
+        }
+        let mut out = vec![0f32; n * p.n_vocab];
+        let all_logits = self.all_logits.as_ref().expect("allocated");
+        s.memcpy_dtoh(&all_logits.slice(..n * p.n_vocab), &mut out)
+            .map_err(driver("reading the logits"))?;
+        s.synchronize().map_err(driver("reading the logits"))?;
+        Ok(RowsOut::Logits(out))
+    }
+
+    /// The launches of a batched decode step of `n` rows already uploaded: the layers, the
+    /// output head over every row and each row's greedy choice.
+    fn launch_rows(
+        &mut self,
+        p: &DecodePlan,
+        at: &Addresses,
+        n: usize,
+        slot_stride: &[usize],
+    ) -> Result<(), CudaError> {
+        self.launch_layers(p, at, n, Rows::Slots { slot_stride })?;
+        let head = p
+            .head
+            .ok_or_else(|| CudaError::Model("batched decode needs the whole model".into()))?;
+        let s = self.stream.clone();
+        let (d, vocab) = (p.n_embd, p.n_vocab);
+        let (x, h) = (ptr(&self.x, &s), ptr(&self.h, &s));
         let logits = ptr(self.all_logits.as_ref().expect("allocated"), &s);
         self.run(
             "rms_norm_rows",
@@ -651,30 +753,17 @@ impl Prefill {
             ],
         )?;
         self.product(p, at, head.output, h, n, logits, 0.0)?;
-        if greedy {
-            let out_ids = ptr(&self.row_ids, &s);
-            self.run(
-                "argmax_rows",
-                (n as u32, 1),
-                1024,
-                &[
-                    Value::Ptr(logits),
-                    Value::I32(vocab as i32),
-                    Value::Ptr(out_ids),
-                ],
-            )?;
-            let mut chosen = vec![0u32; n];
-            s.memcpy_dtoh(&self.row_ids.slice(..n), &mut chosen)
-                .map_err(driver("reading the choices"))?;
-            s.synchronize().map_err(driver("reading the choices"))?;
-            return Ok(RowsOut::Greedy(chosen));
-        }
-        let mut out = vec![0f32; n * vocab];
-        let all_logits = self.all_logits.as_ref().expect("allocated");
-        s.memcpy_dtoh(&all_logits.slice(..n * vocab), &mut out)
-            .map_err(driver("reading the logits"))?;
-        s.synchronize().map_err(driver("reading the logits"))?;
-        Ok(RowsOut::Logits(out))
+        let out_ids = ptr(&self.row_ids, &s);
+        self.run(
+            "argmax_rows",
+            (n as u32, 1),
+            1024,
+            &[
+                Value::Ptr(logits),
+                Value::I32(vocab as i32),
+                Value::Ptr(out_ids),
+            ],
+        )
     }
 
     /// Evaluates `ids` at positions `pos0..` (at most [`MAX_BATCH`]): the KV cache gets their

@@ -206,6 +206,19 @@ fn batched_once(
         next.push([out.map_err(|e| anyhow::anyhow!("{e}"))?]);
     }
     let pp_s = t.elapsed().as_secs_f64();
+    if b == 1 && backend.sample_on_device(0, Some(&SamplerParams::greedy()))? {
+        // One sequence: the single stream's own path, each step queued before the previous
+        // one's choice is read.
+        backend.chosen(0)?;
+        let t = Instant::now();
+        for _ in 0..args.n_gen {
+            backend.step_chosen(0)?;
+        }
+        backend.chosen(0)?;
+        let tg_s = t.elapsed().as_secs_f64();
+        backend.sample_on_device(0, None)?;
+        return Ok(BatchRun { pp_s, tg_s });
+    }
     let t = Instant::now();
     for _ in 0..args.n_gen {
         let inputs: Vec<SlotInput<'_>> = next
