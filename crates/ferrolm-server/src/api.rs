@@ -46,7 +46,8 @@ pub struct StreamOptions {
 /// What both endpoints share.
 #[derive(Deserialize)]
 pub struct Common {
-    pub model: String,
+    /// Optional: one model is served.
+    pub model: Option<String>,
     pub max_tokens: Option<i64>,
     pub max_completion_tokens: Option<i64>,
     pub temperature: Option<f32>,
@@ -123,6 +124,14 @@ pub fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError>
     })
 }
 
+/// The roles a message may have.
+const ROLES: [&str; 5] = ["system", "developer", "user", "assistant", "tool"];
+
+/// Stop strings a request may give, and the longest each may be (in bytes): the text held
+/// back while a stop string may be starting grows with the longest one.
+pub const MAX_STOPS: usize = 16;
+pub const MAX_STOP_BYTES: usize = 512;
+
 /// The messages as the chat template wants them.
 pub fn chat_messages(messages: &[Message]) -> Result<Vec<ChatMessage>, ApiError> {
     if messages.is_empty() {
@@ -154,6 +163,17 @@ pub fn chat_messages(messages: &[Message]) -> Result<Vec<ChatMessage>, ApiError>
                     text
                 }
             };
+            // The template writes the role between its own markers: only the known roles.
+            if !ROLES.contains(&m.role.as_str()) {
+                return Err(ApiError::param(
+                    "messages",
+                    format!(
+                        "messages[{i}]: unknown role {:?} (one of {})",
+                        m.role,
+                        ROLES.join(", ")
+                    ),
+                ));
+            }
             Ok(ChatMessage::new(m.role.clone(), content))
         })
         .collect()
@@ -168,8 +188,11 @@ fn seed_from_clock() -> u64 {
     t ^ COUNTER.fetch_add(0x9E37_79B9_7F4A_7C15, Ordering::Relaxed)
 }
 
-/// 404 unless `model` is the served model's name.
-pub fn check_model(model: &str, served: &str) -> Result<(), ApiError> {
+/// 404 unless `model` is absent or the served model's name.
+pub fn check_model(model: &Option<String>, served: &str) -> Result<(), ApiError> {
+    let Some(model) = model else {
+        return Ok(());
+    };
     if model == served {
         return Ok(());
     }
@@ -296,8 +319,20 @@ pub fn prepare(
         Some(Stop::One(s)) => vec![s.clone()],
         Some(Stop::Many(v)) => v.clone(),
     };
-    if stop.len() > 16 {
-        return Err(ApiError::param("stop", "at most 16 stop strings"));
+    if stop.len() > MAX_STOPS {
+        return Err(ApiError::param(
+            "stop",
+            format!("at most {MAX_STOPS} stop strings"),
+        ));
+    }
+    if let Some(long) = stop.iter().find(|s| s.len() > MAX_STOP_BYTES) {
+        return Err(ApiError::param(
+            "stop",
+            format!(
+                "a stop string is {} bytes long; at most {MAX_STOP_BYTES}",
+                long.len()
+            ),
+        ));
     }
     let stream = common.stream.unwrap_or(false);
     Ok(Prepared {

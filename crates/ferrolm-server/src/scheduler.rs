@@ -9,7 +9,7 @@
 //! matrix-matrix product per weight over every slot's tokens, attention per slot's cache).
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::mpsc::{self, RecvTimeoutError, TryRecvError};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -53,6 +53,34 @@ struct Shared {
     deadline: Mutex<Option<Instant>>,
     metrics: Arc<Metrics>,
     max_queue: usize,
+    /// False once the scheduler thread has ended (or died): `/health` says so.
+    running: AtomicBool,
+}
+
+/// A place in the queue, taken before any heavy work on a request (parsing, the template,
+/// tokenization) and given back if the request is not queued after all.
+pub struct Ticket {
+    shared: Arc<Shared>,
+    used: bool,
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        if !self.used {
+            self.shared.metrics.queue_depth.fetch_sub(1, Relaxed);
+        }
+    }
+}
+
+/// What `/health` reports about the scheduler.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SchedulerState {
+    /// Taking requests.
+    Running,
+    /// Finishing the requests in flight; refusing new ones.
+    ShuttingDown,
+    /// The scheduler thread has ended: nothing will be answered.
+    Stopped,
 }
 
 /// The HTTP layer's side of the scheduler.
@@ -63,10 +91,17 @@ pub struct SchedulerHandle {
 }
 
 impl SchedulerHandle {
-    /// Queues a job, or refuses it with 503 when the queue is full or the server is stopping.
-    pub fn submit(&self, job: Job) -> Result<(), ApiError> {
-        if self.stopping() {
-            return Err(ApiError::unavailable("the server is shutting down", 5));
+    /// Takes a place in the queue, or refuses with 503 when the queue is full or the server
+    /// is stopping.
+    pub fn reserve(&self) -> Result<Ticket, ApiError> {
+        match self.state() {
+            SchedulerState::Running => {}
+            SchedulerState::ShuttingDown => {
+                return Err(ApiError::unavailable("the server is shutting down", 5))
+            }
+            SchedulerState::Stopped => {
+                return Err(ApiError::unavailable("the scheduler has stopped", 5))
+            }
         }
         let depth = &self.shared.metrics.queue_depth;
         if depth.fetch_add(1, Relaxed) >= self.shared.max_queue {
@@ -83,10 +118,34 @@ impl SchedulerHandle {
                 1,
             ));
         }
-        self.tx.send(job).map_err(|_| {
-            depth.fetch_sub(1, Relaxed);
-            ApiError::unavailable("the scheduler has stopped", 5)
+        Ok(Ticket {
+            shared: self.shared.clone(),
+            used: false,
         })
+    }
+
+    /// Queues a job in the place `ticket` holds.
+    pub fn submit(&self, job: Job, mut ticket: Ticket) -> Result<(), ApiError> {
+        if self.stopping() {
+            return Err(ApiError::unavailable("the server is shutting down", 5));
+        }
+        self.tx
+            .send(job)
+            .map_err(|_| ApiError::unavailable("the scheduler has stopped", 5))?;
+        // The scheduler gives the place back when it takes the job.
+        ticket.used = true;
+        Ok(())
+    }
+
+    /// Whether the scheduler takes requests, is finishing them, or has ended.
+    pub fn state(&self) -> SchedulerState {
+        if !self.shared.running.load(Relaxed) {
+            SchedulerState::Stopped
+        } else if self.stopping() {
+            SchedulerState::ShuttingDown
+        } else {
+            SchedulerState::Running
+        }
     }
 
     fn stopping(&self) -> bool {
@@ -127,6 +186,7 @@ pub fn start(
         deadline: Mutex::new(None),
         metrics,
         max_queue: config.max_queue,
+        running: AtomicBool::new(true),
     });
     let (parallel, n_ctx, chunk) = (config.parallel.max(1), config.n_ctx, config.prefill_chunk);
     let inner = shared.clone();
@@ -151,6 +211,15 @@ pub fn start(
             .run(forward.as_mut())
         })?;
     Ok((SchedulerHandle { tx, shared }, join))
+}
+
+/// Marks the scheduler stopped when dropped.
+struct Running(Arc<Shared>);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.0.running.store(false, Relaxed);
+    }
 }
 
 /// A request in a slot.
@@ -182,6 +251,8 @@ impl<'t> Scheduler<'t> {
     }
 
     fn run(mut self, forward: &mut dyn StepForward) {
+        // However the loop ends (a panic included), the handle sees that it has.
+        let _running = Running(self.shared.clone());
         loop {
             let deadline = self
                 .shared
@@ -476,6 +547,7 @@ mod tests {
             deadline: Mutex::new(None),
             metrics: Arc::new(Metrics::new(2)),
             max_queue: 8,
+            running: AtomicBool::new(true),
         });
         let handle = SchedulerHandle {
             tx,
@@ -522,13 +594,13 @@ mod tests {
             with_scheduler(fake, 16, |h| {
                 let (a, mut ra) = job(4, 10);
                 let (b, mut rb) = job(4, 10);
-                h.submit(a).unwrap();
-                h.submit(b).unwrap();
+                h.submit(a, h.reserve().unwrap()).unwrap();
+                h.submit(b, h.reserve().unwrap()).unwrap();
                 // Both were admitted together; step 3 fails for both of them.
                 let (ea, eb) = (outcome(&mut ra), outcome(&mut rb));
                 assert!(ea.is_err() && eb.is_err(), "{ea:?} {eb:?}");
                 let (c, mut rc) = job(4, 10);
-                h.submit(c).unwrap();
+                h.submit(c, h.reserve().unwrap()).unwrap();
                 assert_eq!(outcome(&mut rc), Ok(10));
             });
         }
@@ -539,13 +611,13 @@ mod tests {
         let (fake, steps) = fake(None, None);
         with_scheduler(fake, 4, |h| {
             let (a, mut ra) = job(2, 12);
-            h.submit(a).unwrap();
+            h.submit(a, h.reserve().unwrap()).unwrap();
             // Let A start decoding before B arrives.
             while steps.lock().unwrap().len() < 3 {
                 std::thread::sleep(Duration::from_millis(1));
             }
             let (b, mut rb) = job(10, 3);
-            h.submit(b).unwrap();
+            h.submit(b, h.reserve().unwrap()).unwrap();
             assert_eq!(outcome(&mut rb), Ok(3));
             assert_eq!(outcome(&mut ra), Ok(12));
         });
@@ -562,5 +634,78 @@ mod tests {
             assert_eq!(s[0], (0, 1), "{steps:?}");
         }
         assert!(steps.iter().any(|s| s.len() == 2), "{steps:?}");
+    }
+
+    fn handle(max_queue: usize) -> (SchedulerHandle, mpsc::Receiver<Job>, Arc<Shared>) {
+        let (tx, rx) = mpsc::channel();
+        let shared = Arc::new(Shared {
+            deadline: Mutex::new(None),
+            metrics: Arc::new(Metrics::new(1)),
+            max_queue,
+            running: AtomicBool::new(true),
+        });
+        let handle = SchedulerHandle {
+            tx,
+            shared: shared.clone(),
+        };
+        (handle, rx, shared)
+    }
+
+    #[test]
+    fn a_place_in_the_queue_is_taken_before_the_work_and_given_back_unused() {
+        let (h, _rx, _) = handle(2);
+        let a = h.reserve().unwrap();
+        let b = h.reserve().unwrap();
+        let full = h.reserve().err().expect("a third place in a queue of two");
+        assert_eq!(full.status, axum::http::StatusCode::SERVICE_UNAVAILABLE);
+        drop(a); // its request failed to parse: the place is free again
+        let c = h.reserve().unwrap();
+        let (job, _events) = job(4, 1);
+        h.submit(job, b).unwrap();
+        drop(c);
+        // The submitted job still holds its place until the scheduler takes it.
+        assert_eq!(h.shared.metrics.queue_depth.load(Relaxed), 1);
+    }
+
+    /// A forward pass that panics where the scheduler does not catch it.
+    struct Dies;
+
+    impl StepForward for Dies {
+        fn n_slots(&self) -> usize {
+            1
+        }
+        fn n_ctx(&self) -> usize {
+            64
+        }
+        fn clear(&mut self, _slot: usize) {
+            panic!("a bug outside the forward pass");
+        }
+        fn forward(&mut self, _inputs: &[SlotInput<'_>]) -> Vec<SlotOutput> {
+            Vec::new()
+        }
+    }
+
+    #[test]
+    fn the_handle_reports_a_scheduler_thread_that_died() {
+        let tok: &'static Tokenizer = Box::leak(Box::new(tokenizer()));
+        let (h, rx, shared) = handle(4);
+        let thread = std::thread::spawn(move || {
+            Scheduler {
+                tokenizer: tok,
+                experts: None,
+                slots: vec![None],
+                rx,
+                shared,
+                chunk: 16,
+                n_ctx: 64,
+            }
+            .run(&mut Dies)
+        });
+        assert_eq!(h.state(), SchedulerState::Running);
+        let (job, _events) = job(4, 1);
+        h.submit(job, h.reserve().unwrap()).unwrap();
+        assert!(thread.join().is_err(), "the thread panicked");
+        assert_eq!(h.state(), SchedulerState::Stopped);
+        assert!(h.reserve().is_err());
     }
 }
