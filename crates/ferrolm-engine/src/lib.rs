@@ -2,6 +2,7 @@
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
+pub mod constraint;
 mod generate;
 mod sampler;
 pub mod sequence;

@@ -12,8 +12,20 @@ use std::sync::Arc;
 use ferrolm_model::{Logits, Model, ModelError, Session};
 use ferrolm_tokenizer::{StreamDecoder, Tokenizer, TokenizerError};
 
+use crate::constraint::Constraint;
 use crate::generate::FinishReason;
-use crate::sampler::{Sampler, SamplerParams};
+use crate::sampler::{argmax, Sampler, SamplerParams};
+
+/// Why a step failed for one sequence.
+#[derive(Debug, thiserror::Error)]
+pub enum StepError {
+    /// The sampled token could not be turned into text.
+    #[error("detokenizing: {0}")]
+    Detokenize(#[from] TokenizerError),
+    /// The sequence's grammar failed (an internal error of the constraint).
+    #[error("the output constraint failed: {0}")]
+    Constraint(String),
+}
 
 /// How one sequence generates.
 #[derive(Clone, Debug)]
@@ -55,6 +67,8 @@ pub struct Sequence<'t> {
     /// Text decoded but not yet returned: it may be the start of a stop string.
     held: String,
     finished: Option<FinishReason>,
+    /// The grammar the output must follow, if the request gave one.
+    constraint: Option<Constraint>,
 }
 
 impl<'t> Sequence<'t> {
@@ -82,7 +96,14 @@ impl<'t> Sequence<'t> {
             generated: 0,
             held: String::new(),
             finished,
+            constraint: None,
         }
+    }
+
+    /// The same sequence, its sampling constrained to `constraint`'s grammar.
+    pub fn with_constraint(mut self, constraint: Option<Constraint>) -> Sequence<'t> {
+        self.constraint = constraint;
+        self
     }
 
     /// Prompt tokens.
@@ -123,7 +144,7 @@ impl<'t> Sequence<'t> {
 
     /// Records that the `n` ids of the last [`Sequence::next_input`] were evaluated, with the
     /// logits of the last one when they were asked for; samples the next token from them.
-    pub fn advance(&mut self, n: usize, logits: Option<&[f32]>) -> Result<Step, TokenizerError> {
+    pub fn advance(&mut self, n: usize, logits: Option<&[f32]>) -> Result<Step, StepError> {
         let mut step = Step::default();
         if self.finished.is_some() {
             step.finished = self.finished;
@@ -136,7 +157,21 @@ impl<'t> Sequence<'t> {
         if self.in_prefill() {
             return Ok(step);
         }
-        let id = self.sampler.sample(logits, &self.history);
+        let id = match &mut self.constraint {
+            None => self.sampler.sample(logits, &self.history),
+            Some(c) => {
+                let (masked, mask) = c.mask(logits).map_err(StepError::Constraint)?;
+                let id = self.sampler.sample(&masked, &self.history);
+                // Sampling's last-resort pick may land on a masked token: take the best allowed.
+                let id = if c.allows(&mask, id) {
+                    id
+                } else {
+                    argmax(&masked)
+                };
+                c.accept(id).map_err(StepError::Constraint)?;
+                id
+            }
+        };
         step.token = Some(id);
         if self.params.stop_at_eog && self.tokenizer.is_eog(id) {
             return Ok(self.finish(step, FinishReason::Stop));
@@ -150,6 +185,9 @@ impl<'t> Sequence<'t> {
             self.finished = Some(FinishReason::Stop);
             step.finished = self.finished;
             return Ok(step);
+        }
+        if self.constraint.as_ref().is_some_and(Constraint::is_done) {
+            return Ok(self.finish(step, FinishReason::Stop));
         }
         // The same bound as `generate`: room must remain for the next token.
         if self.generated >= self.params.max_tokens || self.evaluated + 1 >= self.n_ctx {

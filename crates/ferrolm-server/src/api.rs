@@ -1,5 +1,6 @@
 //! The OpenAI request bodies, their validation, and the answers' JSON.
 
+use ferrolm_engine::constraint::{Constraint, Grammar};
 use ferrolm_engine::sequence::SequenceParams;
 use ferrolm_engine::{FinishReason, SamplerParams};
 use ferrolm_tokenizer::ChatMessage;
@@ -38,6 +39,19 @@ pub struct Message {
     pub content: Option<Content>,
 }
 
+/// `response_format`: `text`, `json_object`, or `json_schema` with its schema.
+#[derive(Deserialize)]
+pub struct ResponseFormat {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub json_schema: Option<JsonSchemaFormat>,
+}
+
+#[derive(Deserialize)]
+pub struct JsonSchemaFormat {
+    pub schema: Option<Value>,
+}
+
 #[derive(Deserialize)]
 pub struct StreamOptions {
     pub include_usage: Option<bool>,
@@ -65,6 +79,54 @@ pub struct Common {
     pub logprobs: Option<Value>,
     /// llama.cpp's extension: keep generating past end-of-generation tokens.
     pub ignore_eos: Option<bool>,
+    /// Structured output: JSON, or JSON valid against a schema.
+    pub response_format: Option<ResponseFormat>,
+    /// An extension (as vLLM's and llama.cpp's servers have): a grammar, in Lark syntax.
+    pub grammar: Option<String>,
+}
+
+/// The grammar a request's output must follow, from `response_format` or `grammar`.
+pub fn grammar_of(common: &Common) -> Result<Option<Grammar>, ApiError> {
+    let format = match &common.response_format {
+        None => None,
+        Some(f) => match f.kind.as_str() {
+            "text" => None,
+            "json_object" => Some(Grammar::JsonObject),
+            "json_schema" => {
+                let schema = f
+                    .json_schema
+                    .as_ref()
+                    .and_then(|j| j.schema.clone())
+                    .ok_or_else(|| {
+                        ApiError::param(
+                            "response_format",
+                            "`response_format.json_schema.schema` is required for type `json_schema`",
+                        )
+                    })?;
+                Some(Grammar::JsonSchema(schema))
+            }
+            other => {
+                return Err(ApiError::param(
+                    "response_format",
+                    format!(
+                    "unknown `response_format.type` {other:?} (text, json_object or json_schema)"
+                ),
+                ))
+            }
+        },
+    };
+    match (&common.grammar, format) {
+        (None, format) => Ok(format),
+        (Some(_), Some(_)) => Err(ApiError::param(
+            "grammar",
+            "give either `grammar` or a JSON `response_format`, not both",
+        )),
+        (Some(g), None) if g.contains("::=") => Err(ApiError::param(
+            "grammar",
+            "GBNF grammars are not supported: give the grammar in Lark syntax (`rule: ...`)",
+        )),
+        (Some(g), None) => Ok(Some(Grammar::Lark(g.clone()))),
+    }
 }
 
 /// `POST /v1/chat/completions`.
@@ -104,6 +166,8 @@ pub enum Endpoint {
 /// A validated request, ready to queue.
 pub struct Prepared {
     pub endpoint: Endpoint,
+    /// The grammar its output follows, compiled.
+    pub constraint: Option<Constraint>,
     pub prompt: Vec<u32>,
     pub params: SequenceParams,
     pub stream: bool,
@@ -337,6 +401,7 @@ pub fn prepare(
     let stream = common.stream.unwrap_or(false);
     Ok(Prepared {
         endpoint,
+        constraint: None,
         prompt,
         params: SequenceParams {
             max_tokens,

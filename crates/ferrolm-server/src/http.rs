@@ -3,7 +3,7 @@
 
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 
 use axum::body::{Body, Bytes, HttpBody};
@@ -14,6 +14,7 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use ferrolm_engine::constraint::{Constraint, Constraints};
 use ferrolm_tokenizer::{ChatTemplate, Tokenizer};
 use futures_util::StreamExt;
 use serde_json::json;
@@ -36,6 +37,29 @@ pub struct AppState {
     pub template: Option<Arc<ChatTemplate>>,
     pub scheduler: SchedulerHandle,
     pub metrics: Arc<Metrics>,
+    /// Built at the first request with a grammar (it indexes the whole vocabulary).
+    pub constraints: Arc<OnceLock<Result<Constraints, String>>>,
+}
+
+/// The compiled grammar of a request, if it gives one (400 naming the problem otherwise).
+fn constraint_of(state: &AppState, common: &api::Common) -> Result<Option<Constraint>, ApiError> {
+    let Some(grammar) = api::grammar_of(common)? else {
+        return Ok(None);
+    };
+    let constraints = state
+        .constraints
+        .get_or_init(|| Constraints::new(state.tokenizer.clone()))
+        .as_ref()
+        .map_err(|e| ApiError::internal(format!("constrained decoding is unavailable: {e}")))?;
+    let param = if common.grammar.is_some() {
+        "grammar"
+    } else {
+        "response_format"
+    };
+    constraints
+        .compile(&grammar)
+        .map(Some)
+        .map_err(|e| ApiError::param(param, format!("the {param} cannot be compiled: {e}")))
 }
 
 /// Token counts a generation reports to the request log, filled when it ends.
@@ -337,13 +361,15 @@ async fn chat(
         let ids = template
             .render_ids(&state.tokenizer, &messages, true, None)
             .map_err(|e| ApiError::param("messages", format!("the chat template failed: {e}")))?;
-        api::prepare(
+        let mut p = api::prepare(
             &req.common,
             Endpoint::Chat,
             ids,
             &state.config.model_name,
             state.config.n_ctx,
-        )
+        )?;
+        p.constraint = constraint_of(state, &req.common)?;
+        Ok(p)
     })
     .await
 }
@@ -386,13 +412,15 @@ async fn completions(
                 ids.clone()
             }
         };
-        api::prepare(
+        let mut p = api::prepare(
             &req.common,
             Endpoint::Completion,
             ids,
             &state.config.model_name,
             state.config.n_ctx,
-        )
+        )?;
+        p.constraint = constraint_of(state, &req.common)?;
+        Ok(p)
     })
     .await
 }
@@ -444,6 +472,7 @@ async fn answer(state: AppState, p: Prepared, usage: Usage, ticket: Ticket) -> R
     let job = Job {
         prompt: p.prompt,
         params: p.params,
+        constraint: p.constraint,
         events: tx,
         arrived: Instant::now(),
     };

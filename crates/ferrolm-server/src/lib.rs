@@ -139,6 +139,7 @@ pub fn serve_with(
         template: template.map(Arc::new),
         scheduler: handle.clone(),
         metrics,
+        constraints: Arc::default(),
     }));
     handle.shut_down();
     let _ = join.join();

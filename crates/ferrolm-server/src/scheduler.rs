@@ -15,6 +15,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use ferrolm_engine::constraint::Constraint;
 use ferrolm_engine::sequence::{BatchedForward, Sequence, SequenceParams, SlotInput, StepForward};
 use ferrolm_engine::FinishReason;
 use ferrolm_model::{Model, ModelError};
@@ -44,6 +45,8 @@ pub enum Event {
 pub struct Job {
     pub prompt: Vec<u32>,
     pub params: SequenceParams,
+    /// The grammar the output must follow, if any.
+    pub constraint: Option<Constraint>,
     pub events: UnboundedSender<Event>,
     pub arrived: Instant,
 }
@@ -309,7 +312,8 @@ impl<'t> Scheduler<'t> {
             self.metrics()
                 .prompt_tokens
                 .fetch_add(job.prompt.len() as u64, Relaxed);
-            let seq = Sequence::new(self.tokenizer, job.prompt, job.params, self.n_ctx);
+            let seq = Sequence::new(self.tokenizer, job.prompt, job.params, self.n_ctx)
+                .with_constraint(job.constraint);
             self.slots[slot] = Some(Active {
                 seq,
                 events: job.events,
@@ -390,7 +394,7 @@ impl<'t> Scheduler<'t> {
                 Ok(step) => step,
                 Err(e) => {
                     self.metrics().failed.fetch_add(1, Relaxed);
-                    self.end_with_error(slot, ApiError::internal(format!("detokenizing: {e}")));
+                    self.end_with_error(slot, ApiError::internal(e.to_string()));
                     continue;
                 }
             };
@@ -521,6 +525,7 @@ mod tests {
             },
             events: tx,
             arrived: Instant::now(),
+            constraint: None,
         };
         (job, rx)
     }

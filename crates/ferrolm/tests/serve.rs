@@ -1221,3 +1221,44 @@ fn the_api_key_comes_from_a_file_or_the_environment() {
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn a_lark_grammar_holds_at_any_temperature_and_bad_grammars_are_400() {
+    let server = Server::start(&["--parallel", "2"]);
+    for seed in 0..4 {
+        let body = chat_body(
+            "Is the sky blue?",
+            json!({"max_tokens": 8, "temperature": 1.5, "seed": seed,
+                   "grammar": "start: \"yes\" | \"no\""}),
+        );
+        let r = server.post("/v1/chat/completions", &body);
+        assert_eq!(r.status, 200, "{}", r.text());
+        let v = r.json();
+        let text = v["choices"][0]["message"]["content"].as_str().unwrap();
+        assert!(text == "yes" || text == "no", "{v}");
+        assert_eq!(v["choices"][0]["finish_reason"], "stop");
+    }
+    for (extra, param) in [
+        (json!({"grammar": "root ::= \"yes\""}), "grammar"),
+        (json!({"grammar": "start: nowhere"}), "grammar"),
+        (
+            json!({"grammar": "start: \"a\"", "response_format": {"type": "json_object"}}),
+            "grammar",
+        ),
+        (
+            json!({"response_format": {"type": "xml"}}),
+            "response_format",
+        ),
+        (
+            json!({"response_format": {"type": "json_schema"}}),
+            "response_format",
+        ),
+    ] {
+        let mut body = chat_body("Hi", json!({"max_tokens": 4}));
+        for (k, x) in extra.as_object().unwrap() {
+            body[k] = x.clone();
+        }
+        let r = server.post("/v1/chat/completions", &body);
+        assert_eq!(r.assert_error(400)["error"]["param"], param, "{extra}");
+    }
+}
