@@ -21,6 +21,9 @@ pub enum GenerateError {
     /// The tokenizer failed.
     #[error(transparent)]
     Tokenizer(#[from] TokenizerError),
+    /// A step of a sequence failed (its text or its output constraint).
+    #[error(transparent)]
+    Step(#[from] crate::sequence::StepError),
     /// The prompt does not fit the context.
     #[error("the prompt has {prompt} tokens but the context holds {n_ctx} (with room for at least one generated token); use a larger --ctx-size or --truncate")]
     PromptTooLong {

@@ -4,6 +4,7 @@
 #![deny(missing_docs)]
 
 mod backend;
+pub mod constraint;
 mod generate;
 mod sampler;
 pub mod sequence;

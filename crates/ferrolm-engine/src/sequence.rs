@@ -9,8 +9,20 @@
 
 use ferrolm_tokenizer::{StreamDecoder, Tokenizer, TokenizerError};
 
+use crate::constraint::Constraint;
 use crate::generate::FinishReason;
-use crate::sampler::{Sampler, SamplerParams};
+use crate::sampler::{argmax, Sampler, SamplerParams};
+
+/// Why a step failed for one sequence.
+#[derive(Debug, thiserror::Error)]
+pub enum StepError {
+    /// The sampled token could not be turned into text.
+    #[error("detokenizing: {0}")]
+    Detokenize(#[from] TokenizerError),
+    /// The sequence's grammar failed (an internal error of the constraint).
+    #[error("the output constraint failed: {0}")]
+    Constraint(String),
+}
 
 /// How one sequence generates.
 #[derive(Clone, Debug)]
@@ -60,6 +72,8 @@ pub struct Sequence<'t> {
     /// Text decoded but not yet returned: it may be the start of a stop string.
     held: String,
     finished: Option<FinishReason>,
+    /// The grammar the output must follow, if the request gave one.
+    constraint: Option<Constraint>,
 }
 
 impl<'t> Sequence<'t> {
@@ -87,6 +101,7 @@ impl<'t> Sequence<'t> {
             generated: 0,
             held: String::new(),
             finished,
+            constraint: None,
         }
     }
 
@@ -102,6 +117,12 @@ impl<'t> Sequence<'t> {
         if self.evaluated == 0 && self.finished.is_none() {
             self.evaluated = n.min(self.prompt_len.saturating_sub(1));
         }
+    }
+
+    /// The same sequence, its sampling constrained to `constraint`'s grammar.
+    pub fn with_constraint(mut self, constraint: Option<Constraint>) -> Sequence<'t> {
+        self.constraint = constraint;
+        self
     }
 
     /// Prompt tokens.
@@ -142,15 +163,16 @@ impl<'t> Sequence<'t> {
 
     /// Records that the `n` ids of the last [`Sequence::next_input`] were evaluated, with the
     /// logits of the last one when they were asked for; samples the next token from them.
-    pub fn advance(&mut self, n: usize, logits: Option<&[f32]>) -> Result<Step, TokenizerError> {
+    pub fn advance(&mut self, n: usize, logits: Option<&[f32]>) -> Result<Step, StepError> {
         self.advance_with(n, logits.map(Next::Logits))
     }
 
-    /// Whether the sampler takes the largest logit and nothing else (no penalties): a
-    /// backend can then choose for it ([`Sequence::advance_chosen`]).
+    /// Whether the sampler takes the largest logit and nothing else (no penalties, no output
+    /// constraint): a backend can then choose for it ([`Sequence::advance_chosen`]).
     pub fn is_greedy(&self) -> bool {
         let s = &self.params.sampler;
-        s.temperature <= 0.0
+        self.constraint.is_none()
+            && s.temperature <= 0.0
             && s.repeat_penalty == 1.0
             && s.presence_penalty == 0.0
             && s.frequency_penalty == 0.0
@@ -158,11 +180,11 @@ impl<'t> Sequence<'t> {
 
     /// [`Sequence::advance`] with the next id already chosen (greedily, by the backend)
     /// instead of the logits to sample it from.
-    pub fn advance_chosen(&mut self, n: usize, id: Option<u32>) -> Result<Step, TokenizerError> {
+    pub fn advance_chosen(&mut self, n: usize, id: Option<u32>) -> Result<Step, StepError> {
         self.advance_with(n, id.map(Next::Chosen))
     }
 
-    fn advance_with(&mut self, n: usize, next: Option<Next<'_>>) -> Result<Step, TokenizerError> {
+    fn advance_with(&mut self, n: usize, next: Option<Next<'_>>) -> Result<Step, StepError> {
         let mut step = Step::default();
         if self.finished.is_some() {
             step.finished = self.finished;
@@ -175,9 +197,25 @@ impl<'t> Sequence<'t> {
         if self.in_prefill() {
             return Ok(step);
         }
-        let id = match next {
-            Next::Logits(logits) => self.sampler.sample(logits, &self.history),
-            Next::Chosen(id) => id,
+        let id = match (&mut self.constraint, next) {
+            (None, Next::Logits(logits)) => self.sampler.sample(logits, &self.history),
+            (None, Next::Chosen(id)) => id,
+            (Some(c), Next::Chosen(id)) => {
+                c.accept(id).map_err(StepError::Constraint)?;
+                id
+            }
+            (Some(c), Next::Logits(logits)) => {
+                let (masked, mask) = c.mask(logits).map_err(StepError::Constraint)?;
+                let id = self.sampler.sample(&masked, &self.history);
+                // Sampling's last-resort pick may land on a masked token: take the best allowed.
+                let id = if c.allows(&mask, id) {
+                    id
+                } else {
+                    argmax(&masked)
+                };
+                c.accept(id).map_err(StepError::Constraint)?;
+                id
+            }
         };
         step.token = Some(id);
         if self.params.stop_at_eog && self.tokenizer.is_eog(id) {
@@ -192,6 +230,9 @@ impl<'t> Sequence<'t> {
             self.finished = Some(FinishReason::Stop);
             step.finished = self.finished;
             return Ok(step);
+        }
+        if self.constraint.as_ref().is_some_and(Constraint::is_done) {
+            return Ok(self.finish(step, FinishReason::Stop));
         }
         // The same bound as `generate`: room must remain for the next token.
         if self.generated >= self.params.max_tokens || self.evaluated + 1 >= self.n_ctx {

@@ -144,8 +144,8 @@ pub(crate) fn parse_header(bytes: &[u8]) -> Result<Header> {
 
     // Recheck the tensor count now that the metadata has been consumed.
     let n_tensors = check_count(n_tensors as u64, MIN_TENSOR_INFO, &c, "tensor count")?;
-    let mut tensors = Vec::with_capacity(n_tensors);
-    let mut names = HashSet::with_capacity(n_tensors);
+    let mut tensors = Vec::with_capacity(reservation(n_tensors));
+    let mut names = HashSet::with_capacity(reservation(n_tensors));
     for i in 0..n_tensors {
         let name = c.string(&|| format!("tensor #{i} name"))?;
         let n_dims = c.u32(&|| format!("tensor {name:?} dimension count"))?;
@@ -232,6 +232,15 @@ pub(crate) fn tensor_extent(name: &str, dims: &[u64], ty: TensorType) -> Result<
     }
     let size = ty.bytes_for(n_elements).ok_or_else(overflow)?;
     Ok((n_elements, size))
+}
+
+/// Entries reserved up front for a count read from the file. A count passes [`check_count`]
+/// against the bytes left, but each entry's in-memory form (a `String`, a `TensorInfo`) is
+/// several times its smallest encoding: beyond this many, vectors grow with what is parsed.
+const MAX_RESERVATION: usize = 4096;
+
+fn reservation(count: usize) -> usize {
+    count.min(MAX_RESERVATION)
 }
 
 fn check_count(count: u64, min_bytes: u64, c: &Cursor<'_>, what: &str) -> Result<usize> {
@@ -346,14 +355,14 @@ fn read_array(c: &mut Cursor<'_>, key: &str, depth: usize) -> Result<Array> {
         ValueType::I64 => numbers!(I64, i64),
         ValueType::F64 => numbers!(F64, f64),
         ValueType::String => {
-            let mut v = Vec::with_capacity(n);
+            let mut v = Vec::with_capacity(reservation(n));
             for _ in 0..n {
                 v.push(c.string(&what)?);
             }
             Array::String(v)
         }
         ValueType::Array => {
-            let mut v = Vec::with_capacity(n);
+            let mut v = Vec::with_capacity(reservation(n));
             for _ in 0..n {
                 v.push(read_array(c, key, depth + 1)?);
             }

@@ -373,3 +373,24 @@ fn llama_attention_biases_are_read_and_partial_or_ffn_biases_refused() {
     let e = load(&ffn).err().expect("refused").to_string();
     assert!(e.contains("blk.1.ffn_up.bias") && e.contains("bias"), "{e}");
 }
+
+#[test]
+fn zero_sizes_are_refused_at_load_naming_the_key() {
+    for (key, value, want) in [
+        (
+            "llama.attention.key_length",
+            0u32,
+            "llama.attention.key_length",
+        ),
+        ("llama.feed_forward_length", 0, "llama.feed_forward_length"),
+        ("llama.embedding_length", 0, "llama.embedding_length"),
+        ("llama.vocab_size", 0, "llama.vocab_size"),
+    ] {
+        let spec = SyntheticSpec::small("llama");
+        let mut w = synthetic::build(&spec).unwrap();
+        w.set(key, Value::U32(value));
+        let file = Arc::new(GgufFile::from_bytes(w.to_bytes()).unwrap());
+        let e = Model::from_file(file, 1).err().expect(key).to_string();
+        assert!(e.contains(want), "{key}: {e}");
+    }
+}

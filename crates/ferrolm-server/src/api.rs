@@ -1,5 +1,6 @@
 //! The OpenAI request bodies, their validation, and the answers' JSON.
 
+use ferrolm_engine::constraint::{Constraint, Grammar};
 use ferrolm_engine::sequence::SequenceParams;
 use ferrolm_engine::{FinishReason, SamplerParams};
 use ferrolm_tokenizer::ChatMessage;
@@ -38,6 +39,19 @@ pub struct Message {
     pub content: Option<Content>,
 }
 
+/// `response_format`: `text`, `json_object`, or `json_schema` with its schema.
+#[derive(Deserialize)]
+pub struct ResponseFormat {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub json_schema: Option<JsonSchemaFormat>,
+}
+
+#[derive(Deserialize)]
+pub struct JsonSchemaFormat {
+    pub schema: Option<Value>,
+}
+
 #[derive(Deserialize)]
 pub struct StreamOptions {
     pub include_usage: Option<bool>,
@@ -46,7 +60,8 @@ pub struct StreamOptions {
 /// What both endpoints share.
 #[derive(Deserialize)]
 pub struct Common {
-    pub model: String,
+    /// Optional: one model is served.
+    pub model: Option<String>,
     pub max_tokens: Option<i64>,
     pub max_completion_tokens: Option<i64>,
     pub temperature: Option<f32>,
@@ -64,6 +79,54 @@ pub struct Common {
     pub logprobs: Option<Value>,
     /// llama.cpp's extension: keep generating past end-of-generation tokens.
     pub ignore_eos: Option<bool>,
+    /// Structured output: JSON, or JSON valid against a schema.
+    pub response_format: Option<ResponseFormat>,
+    /// An extension (as vLLM's and llama.cpp's servers have): a grammar, in Lark syntax.
+    pub grammar: Option<String>,
+}
+
+/// The grammar a request's output must follow, from `response_format` or `grammar`.
+pub fn grammar_of(common: &Common) -> Result<Option<Grammar>, ApiError> {
+    let format = match &common.response_format {
+        None => None,
+        Some(f) => match f.kind.as_str() {
+            "text" => None,
+            "json_object" => Some(Grammar::JsonObject),
+            "json_schema" => {
+                let schema = f
+                    .json_schema
+                    .as_ref()
+                    .and_then(|j| j.schema.clone())
+                    .ok_or_else(|| {
+                        ApiError::param(
+                            "response_format",
+                            "`response_format.json_schema.schema` is required for type `json_schema`",
+                        )
+                    })?;
+                Some(Grammar::JsonSchema(schema))
+            }
+            other => {
+                return Err(ApiError::param(
+                    "response_format",
+                    format!(
+                    "unknown `response_format.type` {other:?} (text, json_object or json_schema)"
+                ),
+                ))
+            }
+        },
+    };
+    match (&common.grammar, format) {
+        (None, format) => Ok(format),
+        (Some(_), Some(_)) => Err(ApiError::param(
+            "grammar",
+            "give either `grammar` or a JSON `response_format`, not both",
+        )),
+        (Some(g), None) if g.contains("::=") => Err(ApiError::param(
+            "grammar",
+            "GBNF grammars are not supported: give the grammar in Lark syntax (`rule: ...`)",
+        )),
+        (Some(g), None) => Ok(Some(Grammar::Lark(g.clone()))),
+    }
 }
 
 /// `POST /v1/chat/completions`.
@@ -103,6 +166,8 @@ pub enum Endpoint {
 /// A validated request, ready to queue.
 pub struct Prepared {
     pub endpoint: Endpoint,
+    /// The grammar its output follows, compiled.
+    pub constraint: Option<Constraint>,
     pub prompt: Vec<u32>,
     pub params: SequenceParams,
     pub stream: bool,
@@ -122,6 +187,14 @@ pub fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError>
         }
     })
 }
+
+/// The roles a message may have.
+const ROLES: [&str; 5] = ["system", "developer", "user", "assistant", "tool"];
+
+/// Stop strings a request may give, and the longest each may be (in bytes): the text held
+/// back while a stop string may be starting grows with the longest one.
+pub const MAX_STOPS: usize = 16;
+pub const MAX_STOP_BYTES: usize = 512;
 
 /// The messages as the chat template wants them.
 pub fn chat_messages(messages: &[Message]) -> Result<Vec<ChatMessage>, ApiError> {
@@ -154,6 +227,17 @@ pub fn chat_messages(messages: &[Message]) -> Result<Vec<ChatMessage>, ApiError>
                     text
                 }
             };
+            // The template writes the role between its own markers: only the known roles.
+            if !ROLES.contains(&m.role.as_str()) {
+                return Err(ApiError::param(
+                    "messages",
+                    format!(
+                        "messages[{i}]: unknown role {:?} (one of {})",
+                        m.role,
+                        ROLES.join(", ")
+                    ),
+                ));
+            }
             Ok(ChatMessage::new(m.role.clone(), content))
         })
         .collect()
@@ -168,8 +252,11 @@ fn seed_from_clock() -> u64 {
     t ^ COUNTER.fetch_add(0x9E37_79B9_7F4A_7C15, Ordering::Relaxed)
 }
 
-/// 404 unless `model` is the served model's name.
-pub fn check_model(model: &str, served: &str) -> Result<(), ApiError> {
+/// 404 unless `model` is absent or the served model's name.
+pub fn check_model(model: &Option<String>, served: &str) -> Result<(), ApiError> {
+    let Some(model) = model else {
+        return Ok(());
+    };
     if model == served {
         return Ok(());
     }
@@ -296,12 +383,25 @@ pub fn prepare(
         Some(Stop::One(s)) => vec![s.clone()],
         Some(Stop::Many(v)) => v.clone(),
     };
-    if stop.len() > 16 {
-        return Err(ApiError::param("stop", "at most 16 stop strings"));
+    if stop.len() > MAX_STOPS {
+        return Err(ApiError::param(
+            "stop",
+            format!("at most {MAX_STOPS} stop strings"),
+        ));
+    }
+    if let Some(long) = stop.iter().find(|s| s.len() > MAX_STOP_BYTES) {
+        return Err(ApiError::param(
+            "stop",
+            format!(
+                "a stop string is {} bytes long; at most {MAX_STOP_BYTES}",
+                long.len()
+            ),
+        ));
     }
     let stream = common.stream.unwrap_or(false);
     Ok(Prepared {
         endpoint,
+        constraint: None,
         prompt,
         params: SequenceParams {
             max_tokens,

@@ -3,7 +3,7 @@
 
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 
 use axum::body::{Body, Bytes, HttpBody};
@@ -14,25 +14,52 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use ferrolm_engine::constraint::{Constraint, Constraints};
 use ferrolm_tokenizer::{ChatTemplate, Tokenizer};
 use futures_util::StreamExt;
 use serde_json::json;
 use tokio::sync::mpsc;
 
 use crate::api::{self, Answer, Endpoint, Prepared};
+use crate::connection::{self, ConnectionLimits};
 use crate::error::ApiError;
+use crate::guard::{self, AllowedHosts};
 use crate::metrics::Metrics;
-use crate::scheduler::{Event, Job, SchedulerHandle};
+use crate::scheduler::{Event, Job, SchedulerHandle, SchedulerState, Ticket};
 use crate::ServerConfig;
 
 /// What every handler sees.
 #[derive(Clone)]
 pub struct AppState {
     pub config: Arc<ServerConfig>,
+    pub allowed_hosts: Arc<AllowedHosts>,
     pub tokenizer: Arc<Tokenizer>,
     pub template: Option<Arc<ChatTemplate>>,
     pub scheduler: SchedulerHandle,
     pub metrics: Arc<Metrics>,
+    /// Built at the first request with a grammar (it indexes the whole vocabulary).
+    pub constraints: Arc<OnceLock<Result<Constraints, String>>>,
+}
+
+/// The compiled grammar of a request, if it gives one (400 naming the problem otherwise).
+fn constraint_of(state: &AppState, common: &api::Common) -> Result<Option<Constraint>, ApiError> {
+    let Some(grammar) = api::grammar_of(common)? else {
+        return Ok(None);
+    };
+    let constraints = state
+        .constraints
+        .get_or_init(|| Constraints::new(state.tokenizer.clone()))
+        .as_ref()
+        .map_err(|e| ApiError::internal(format!("constrained decoding is unavailable: {e}")))?;
+    let param = if common.grammar.is_some() {
+        "grammar"
+    } else {
+        "response_format"
+    };
+    constraints
+        .compile(&grammar)
+        .map(Some)
+        .map_err(|e| ApiError::param(param, format!("the {param} cannot be compiled: {e}")))
 }
 
 /// Token counts a generation reports to the request log, filled when it ends.
@@ -47,7 +74,8 @@ impl Usage {
     }
 }
 
-/// Binds, serves until a signal, then shuts down gracefully.
+/// Binds, serves until a signal, then shuts down: requests in flight run on for at most the
+/// grace period, and then every connection is closed.
 pub async fn run(state: AppState) -> std::io::Result<()> {
     let config = state.config.clone();
     let listener = tokio::net::TcpListener::bind(config.addr).await?;
@@ -57,17 +85,28 @@ pub async fn run(state: AppState) -> std::io::Result<()> {
         config.model_name, config.parallel, config.n_ctx, config.max_queue
     );
     let scheduler = state.scheduler.clone();
-    let app = router(state);
-    axum::serve(listener, app)
-        .with_graceful_shutdown(async move {
-            shutdown_signal().await;
+    let limits = ConnectionLimits {
+        max_connections: config.max_connections,
+        header_timeout: config.header_timeout,
+        idle_timeout: config.idle_timeout,
+    };
+    let grace = config.shutdown_grace;
+    connection::serve(
+        listener,
+        router(state),
+        limits,
+        shutdown_signal(),
+        grace,
+        move || {
             eprintln!(
                 "ferrolm: shutting down: finishing requests in flight (at most {:.0} s)",
-                config.shutdown_grace.as_secs_f64()
+                grace.as_secs_f64()
             );
-            scheduler.shut_down_after(config.shutdown_grace);
-        })
-        .await
+            scheduler.shut_down_after(grace);
+        },
+    )
+    .await;
+    Ok(())
 }
 
 async fn shutdown_signal() {
@@ -92,11 +131,16 @@ async fn shutdown_signal() {
 }
 
 fn router(state: AppState) -> Router {
+    // Route layers run last-added first: the key, then the body.
     let v1 = Router::new()
         .route("/v1/chat/completions", post(chat))
         .route("/v1/completions", post(completions))
         .route("/v1/models", get(models))
         .route("/v1/models/{id}", get(model))
+        .route_layer(middleware::from_fn_with_state(
+            state.clone(),
+            guard::read_json_body,
+        ))
         .route_layer(middleware::from_fn_with_state(state.clone(), require_key));
     Router::new()
         .merge(v1)
@@ -105,6 +149,10 @@ fn router(state: AppState) -> Router {
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(state.config.max_body_bytes))
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            guard::check_host,
+        ))
         .layer(middleware::from_fn_with_state(state.clone(), log_request))
         .with_state(state)
 }
@@ -224,14 +272,28 @@ impl Drop for LogOnDrop {
     }
 }
 
+/// 200 while the scheduler takes requests; 503 while it shuts down or after it has ended.
 async fn health(State(state): State<AppState>) -> Response {
-    Json(json!({
-        "status": "ok",
-        "slots": state.config.parallel,
-        "active_slots": state.metrics.active_slots.load(Relaxed),
-        "queue_depth": state.metrics.queue_depth.load(Relaxed),
-    }))
-    .into_response()
+    let (status, code, scheduler) = match state.scheduler.state() {
+        SchedulerState::Running => ("ok", StatusCode::OK, "running"),
+        SchedulerState::ShuttingDown => (
+            "shutting_down",
+            StatusCode::SERVICE_UNAVAILABLE,
+            "shutting_down",
+        ),
+        SchedulerState::Stopped => ("error", StatusCode::SERVICE_UNAVAILABLE, "stopped"),
+    };
+    (
+        code,
+        Json(json!({
+            "status": status,
+            "scheduler": scheduler,
+            "slots": state.config.parallel,
+            "active_slots": state.metrics.active_slots.load(Relaxed),
+            "queue_depth": state.metrics.queue_depth.load(Relaxed),
+        })),
+    )
+        .into_response()
 }
 
 async fn metrics(State(state): State<AppState>) -> Response {
@@ -276,12 +338,7 @@ fn body_bytes(body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
     body.map_err(|r| {
         let status = r.status();
         if status == StatusCode::PAYLOAD_TOO_LARGE {
-            ApiError::new(
-                status,
-                "invalid_request_error",
-                "the request body is larger than the server accepts (--max-body-bytes)",
-            )
-            .with_code("request_too_large")
+            guard::too_large()
         } else {
             ApiError::new(status, "invalid_request_error", r.body_text())
         }
@@ -301,17 +358,18 @@ async fn chat(
         let template = state.template.as_ref().ok_or_else(|| {
             ApiError::invalid("the model has no usable chat template; use /v1/completions")
         })?;
-        let text = template
-            .render(&messages, true, None)
+        let ids = template
+            .render_ids(&state.tokenizer, &messages, true, None)
             .map_err(|e| ApiError::param("messages", format!("the chat template failed: {e}")))?;
-        let ids = state.tokenizer.encode_prompt(&text);
-        api::prepare(
+        let mut p = api::prepare(
             &req.common,
             Endpoint::Chat,
             ids,
             &state.config.model_name,
             state.config.n_ctx,
-        )
+        )?;
+        p.constraint = constraint_of(state, &req.common)?;
+        Ok(p)
     })
     .await
 }
@@ -354,13 +412,15 @@ async fn completions(
                 ids.clone()
             }
         };
-        api::prepare(
+        let mut p = api::prepare(
             &req.common,
             Endpoint::Completion,
             ids,
             &state.config.model_name,
             state.config.n_ctx,
-        )
+        )?;
+        p.constraint = constraint_of(state, &req.common)?;
+        Ok(p)
     })
     .await
 }
@@ -368,13 +428,18 @@ async fn completions(
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
 /// Queues a prepared request and answers it: one JSON object, or an SSE stream.
-/// Runs `prepare` (parsing, the template, tokenization: slow on a large body) off the async
+/// Takes a place in the queue first (a full queue is 503 before any work), then runs
+/// `prepare` (parsing, the template, tokenization: slow on a large body) off the async
 /// workers, then answers the request it prepared, or with its error.
 async fn prepare_then_answer(
     state: AppState,
     usage: Usage,
     prepare: impl FnOnce(&AppState) -> Result<Prepared, ApiError> + Send + 'static,
 ) -> Response {
+    let ticket = match state.scheduler.reserve() {
+        Ok(t) => t,
+        Err(e) => return e.into_response(),
+    };
     let st = state.clone();
     let prepared = tokio::task::spawn_blocking(move || prepare(&st))
         .await
@@ -384,12 +449,12 @@ async fn prepare_then_answer(
             )))
         });
     match prepared {
-        Ok(p) => answer(state, p, usage).await,
+        Ok(p) => answer(state, p, usage, ticket).await,
         Err(e) => e.into_response(),
     }
 }
 
-async fn answer(state: AppState, p: Prepared, usage: Usage) -> Response {
+async fn answer(state: AppState, p: Prepared, usage: Usage, ticket: Ticket) -> Response {
     let (tx, mut rx) = mpsc::unbounded_channel();
     let n = NEXT_ID.fetch_add(1, Relaxed);
     let created = std::time::SystemTime::now()
@@ -407,10 +472,11 @@ async fn answer(state: AppState, p: Prepared, usage: Usage) -> Response {
     let job = Job {
         prompt: p.prompt,
         params: p.params,
+        constraint: p.constraint,
         events: tx,
         arrived: Instant::now(),
     };
-    if let Err(e) = state.scheduler.submit(job) {
+    if let Err(e) = state.scheduler.submit(job, ticket) {
         return e.into_response();
     }
     if !p.stream {

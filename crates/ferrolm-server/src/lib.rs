@@ -10,7 +10,9 @@
 #![deny(missing_docs)]
 
 mod api;
+mod connection;
 mod error;
+mod guard;
 mod http;
 mod metrics;
 mod scheduler;
@@ -42,8 +44,68 @@ pub struct ServerConfig {
     pub api_key: Option<String>,
     /// Largest request body accepted (413 beyond).
     pub max_body_bytes: usize,
-    /// How long requests in flight may run on after SIGINT/SIGTERM before they are cancelled.
+    /// How long requests in flight may run on after SIGINT/SIGTERM before they are cancelled;
+    /// every connection is closed soon after, whatever its client does.
     pub shutdown_grace: Duration,
+    /// How long a client may take to send a request's headers.
+    pub header_timeout: Duration,
+    /// How long a client may take to send a request's whole body (408 beyond).
+    pub body_timeout: Duration,
+    /// How long a connection may stay open with no request in flight.
+    pub idle_timeout: Duration,
+    /// Connections open at once; more wait until one closes.
+    pub max_connections: usize,
+    /// `Host` names answered besides the loopback ones and the address listened on (`*`: any).
+    pub allowed_hosts: Vec<String>,
+    /// A chat template that replaces the model file's (`--chat-template FILE`): its path and
+    /// source.
+    pub chat_template: Option<(String, String)>,
+}
+
+/// The chat template the server renders: `--chat-template`'s, else the model's, else a
+/// fallback; checked once here, so that one that fails or runs past its bounds is an error at
+/// start naming it, not at every request.
+fn chat_template(
+    tokenizer: &Tokenizer,
+    config: &ServerConfig,
+) -> std::io::Result<Option<ferrolm_tokenizer::ChatTemplate>> {
+    use ferrolm_tokenizer::{ChatTemplate, TemplateLimits};
+    let limits = TemplateLimits {
+        // A rendering writes the request's text and the template's own: room for both.
+        max_output_bytes: TemplateLimits::default()
+            .max_output_bytes
+            .max(config.max_body_bytes.saturating_mul(2)),
+        ..TemplateLimits::default()
+    };
+    let text = |id: Option<u32>| {
+        id.and_then(|i| tokenizer.token_text(i))
+            .unwrap_or("")
+            .to_string()
+    };
+    let (template, name) = match &config.chat_template {
+        Some((path, source)) => (
+            ChatTemplate::new(source, &text(tokenizer.bos()), &text(tokenizer.eos())),
+            format!("the chat template {path}"),
+        ),
+        None => match ChatTemplate::for_tokenizer(tokenizer) {
+            Ok(t) => (
+                Ok(t),
+                "the model's chat template (tokenizer.chat_template)".into(),
+            ),
+            Err(e) => {
+                eprintln!("ferrolm: warning: no chat template: {e}; /v1/chat/completions is off");
+                return Ok(None);
+            }
+        },
+    };
+    let template = template
+        .map(|t| t.with_limits(limits))
+        .and_then(|t| t.check().map(|()| t))
+        .map_err(|e| std::io::Error::other(format!("{name} cannot be used: {e}")))?;
+    if let Some(w) = template.warning() {
+        eprintln!("ferrolm: warning: {w}");
+    }
+    Ok(Some(template))
 }
 
 /// Serves the backend `source` opens until SIGINT or SIGTERM, then finishes (or, after the
@@ -63,22 +125,27 @@ pub fn serve(
         &config,
         metrics.clone(),
     )?;
-    let template = ferrolm_tokenizer::ChatTemplate::for_tokenizer(&tokenizer)
-        .map_err(|e| eprintln!("ferrolm: warning: no chat template: {e}"))
-        .ok();
-    if let Some(w) = template.as_ref().and_then(|t| t.warning()) {
-        eprintln!("ferrolm: warning: {w}");
-    }
+    let template = match chat_template(&tokenizer, &config) {
+        Ok(t) => t,
+        Err(e) => {
+            handle.shut_down();
+            let _ = join.join();
+            return Err(e);
+        }
+    };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()?;
+    let allowed_hosts = guard::AllowedHosts::new(config.addr.ip(), &config.allowed_hosts);
     let result = runtime.block_on(http::run(http::AppState {
+        allowed_hosts: Arc::new(allowed_hosts),
         config: Arc::new(config),
         tokenizer,
         template: template.map(Arc::new),
         scheduler: handle.clone(),
         metrics,
+        constraints: Arc::default(),
     }));
     handle.shut_down();
     let _ = join.join();

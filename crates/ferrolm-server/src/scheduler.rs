@@ -9,12 +9,13 @@
 //! matrix-matrix product per weight over every slot's tokens, attention per slot's cache).
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::mpsc::{self, RecvTimeoutError, TryRecvError};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use ferrolm_engine::constraint::Constraint;
 use ferrolm_engine::sequence::{Sequence, SequenceParams};
 use ferrolm_engine::{Backend, BackendError, FinishReason, SlotInput};
 use ferrolm_model::Logits;
@@ -44,6 +45,8 @@ pub enum Event {
 pub struct Job {
     pub prompt: Vec<u32>,
     pub params: SequenceParams,
+    /// The grammar the output must follow, if any.
+    pub constraint: Option<Constraint>,
     pub events: UnboundedSender<Event>,
     pub arrived: Instant,
 }
@@ -53,6 +56,34 @@ struct Shared {
     deadline: Mutex<Option<Instant>>,
     metrics: Arc<Metrics>,
     max_queue: usize,
+    /// False once the scheduler thread has ended (or died): `/health` says so.
+    running: AtomicBool,
+}
+
+/// A place in the queue, taken before any heavy work on a request (parsing, the template,
+/// tokenization) and given back if the request is not queued after all.
+pub struct Ticket {
+    shared: Arc<Shared>,
+    used: bool,
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        if !self.used {
+            self.shared.metrics.queue_depth.fetch_sub(1, Relaxed);
+        }
+    }
+}
+
+/// What `/health` reports about the scheduler.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SchedulerState {
+    /// Taking requests.
+    Running,
+    /// Finishing the requests in flight; refusing new ones.
+    ShuttingDown,
+    /// The scheduler thread has ended: nothing will be answered.
+    Stopped,
 }
 
 /// The HTTP layer's side of the scheduler.
@@ -63,10 +94,17 @@ pub struct SchedulerHandle {
 }
 
 impl SchedulerHandle {
-    /// Queues a job, or refuses it with 503 when the queue is full or the server is stopping.
-    pub fn submit(&self, job: Job) -> Result<(), ApiError> {
-        if self.stopping() {
-            return Err(ApiError::unavailable("the server is shutting down", 5));
+    /// Takes a place in the queue, or refuses with 503 when the queue is full or the server
+    /// is stopping.
+    pub fn reserve(&self) -> Result<Ticket, ApiError> {
+        match self.state() {
+            SchedulerState::Running => {}
+            SchedulerState::ShuttingDown => {
+                return Err(ApiError::unavailable("the server is shutting down", 5))
+            }
+            SchedulerState::Stopped => {
+                return Err(ApiError::unavailable("the scheduler has stopped", 5))
+            }
         }
         let depth = &self.shared.metrics.queue_depth;
         if depth.fetch_add(1, Relaxed) >= self.shared.max_queue {
@@ -83,10 +121,34 @@ impl SchedulerHandle {
                 1,
             ));
         }
-        self.tx.send(job).map_err(|_| {
-            depth.fetch_sub(1, Relaxed);
-            ApiError::unavailable("the scheduler has stopped", 5)
+        Ok(Ticket {
+            shared: self.shared.clone(),
+            used: false,
         })
+    }
+
+    /// Queues a job in the place `ticket` holds.
+    pub fn submit(&self, job: Job, mut ticket: Ticket) -> Result<(), ApiError> {
+        if self.stopping() {
+            return Err(ApiError::unavailable("the server is shutting down", 5));
+        }
+        self.tx
+            .send(job)
+            .map_err(|_| ApiError::unavailable("the scheduler has stopped", 5))?;
+        // The scheduler gives the place back when it takes the job.
+        ticket.used = true;
+        Ok(())
+    }
+
+    /// Whether the scheduler takes requests, is finishing them, or has ended.
+    pub fn state(&self) -> SchedulerState {
+        if !self.shared.running.load(Relaxed) {
+            SchedulerState::Stopped
+        } else if self.stopping() {
+            SchedulerState::ShuttingDown
+        } else {
+            SchedulerState::Running
+        }
     }
 
     fn stopping(&self) -> bool {
@@ -128,6 +190,7 @@ pub fn start(
         deadline: Mutex::new(None),
         metrics,
         max_queue: config.max_queue,
+        running: AtomicBool::new(true),
     });
     let (parallel, n_ctx, chunk) = (config.parallel.max(1), config.n_ctx, config.prefill_chunk);
     let inner = shared.clone();
@@ -175,6 +238,15 @@ enum Next {
     Chosen(u32),
 }
 
+/// Marks the scheduler stopped when dropped.
+struct Running(Arc<Shared>);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.0.running.store(false, Relaxed);
+    }
+}
+
 /// A request in a slot.
 struct Active<'t> {
     seq: Sequence<'t>,
@@ -207,6 +279,8 @@ impl<'t> Scheduler<'t> {
     }
 
     fn run(mut self, forward: &mut dyn Backend) {
+        // However the loop ends (a panic included), the handle sees that it has.
+        let _running = Running(self.shared.clone());
         loop {
             let deadline = self
                 .shared
@@ -273,7 +347,8 @@ impl<'t> Scheduler<'t> {
                 }
             };
             self.cached[slot].truncate(kept);
-            let mut seq = Sequence::new(self.tokenizer, job.prompt, job.params, self.n_ctx);
+            let mut seq = Sequence::new(self.tokenizer, job.prompt, job.params, self.n_ctx)
+                .with_constraint(job.constraint);
             seq.reuse_prefix(kept);
             if kept > 0 {
                 self.metrics().prefix_hits.fetch_add(1, Relaxed);
@@ -419,7 +494,7 @@ impl<'t> Scheduler<'t> {
                 Ok(step) => step,
                 Err(e) => {
                     self.metrics().failed.fetch_add(1, Relaxed);
-                    self.end_with_error(slot, ApiError::internal(format!("detokenizing: {e}")));
+                    self.end_with_error(slot, ApiError::internal(e.to_string()));
                     continue;
                 }
             };
@@ -568,6 +643,7 @@ mod tests {
             },
             events: tx,
             arrived: Instant::now(),
+            constraint: None,
         };
         (job, rx)
     }
@@ -605,6 +681,7 @@ mod tests {
             deadline: Mutex::new(None),
             metrics: metrics.clone(),
             max_queue: 8,
+            running: AtomicBool::new(true),
         });
         let handle = SchedulerHandle {
             tx,
@@ -653,13 +730,13 @@ mod tests {
             with_scheduler(fake, 16, |h| {
                 let (a, mut ra) = job(4, 10);
                 let (b, mut rb) = job(4, 10);
-                h.submit(a).unwrap();
-                h.submit(b).unwrap();
+                h.submit(a, h.reserve().unwrap()).unwrap();
+                h.submit(b, h.reserve().unwrap()).unwrap();
                 // Both were admitted together; step 3 fails for both of them.
                 let (ea, eb) = (outcome(&mut ra), outcome(&mut rb));
                 assert!(ea.is_err() && eb.is_err(), "{ea:?} {eb:?}");
                 let (c, mut rc) = job(4, 10);
-                h.submit(c).unwrap();
+                h.submit(c, h.reserve().unwrap()).unwrap();
                 assert_eq!(outcome(&mut rc), Ok(10));
             });
         }
@@ -670,13 +747,13 @@ mod tests {
         let (fake, steps) = fake(None, None);
         with_scheduler(fake, 4, |h| {
             let (a, mut ra) = job(2, 12);
-            h.submit(a).unwrap();
+            h.submit(a, h.reserve().unwrap()).unwrap();
             // Let A start decoding before B arrives.
             while steps.lock().unwrap().len() < 3 {
                 std::thread::sleep(Duration::from_millis(1));
             }
             let (b, mut rb) = job(10, 3);
-            h.submit(b).unwrap();
+            h.submit(b, h.reserve().unwrap()).unwrap();
             assert_eq!(outcome(&mut rb), Ok(3));
             assert_eq!(outcome(&mut ra), Ok(12));
         });
@@ -714,6 +791,64 @@ mod tests {
         }
     }
 
+    fn handle(max_queue: usize) -> (SchedulerHandle, mpsc::Receiver<Job>, Arc<Shared>) {
+        let (tx, rx) = mpsc::channel();
+        let shared = Arc::new(Shared {
+            deadline: Mutex::new(None),
+            metrics: Arc::new(Metrics::new(1)),
+            max_queue,
+            running: AtomicBool::new(true),
+        });
+        let handle = SchedulerHandle {
+            tx,
+            shared: shared.clone(),
+        };
+        (handle, rx, shared)
+    }
+
+    #[test]
+    fn a_place_in_the_queue_is_taken_before_the_work_and_given_back_unused() {
+        let (h, _rx, _) = handle(2);
+        let a = h.reserve().unwrap();
+        let b = h.reserve().unwrap();
+        let full = h.reserve().err().expect("a third place in a queue of two");
+        assert_eq!(full.status, axum::http::StatusCode::SERVICE_UNAVAILABLE);
+        drop(a); // its request failed to parse: the place is free again
+        let c = h.reserve().unwrap();
+        let (job, _events) = job(4, 1);
+        h.submit(job, b).unwrap();
+        drop(c);
+        // The submitted job still holds its place until the scheduler takes it.
+        assert_eq!(h.shared.metrics.queue_depth.load(Relaxed), 1);
+    }
+
+    /// A forward pass that panics where the scheduler does not catch it.
+    struct Dies;
+
+    impl Backend for Dies {
+        fn describe(&self) -> String {
+            "dies".into()
+        }
+        fn n_slots(&self) -> usize {
+            1
+        }
+        fn n_ctx(&self) -> usize {
+            64
+        }
+        fn n_vocab(&self) -> usize {
+            1
+        }
+        fn position(&self, _slot: usize) -> usize {
+            0
+        }
+        fn truncate(&mut self, _slot: usize, _pos: usize) -> Result<usize, BackendError> {
+            panic!("a bug outside the forward pass");
+        }
+        fn forward(&mut self, _inputs: &[SlotInput<'_>]) -> Vec<SlotOutput> {
+            Vec::new()
+        }
+    }
+
     #[test]
     fn a_prompt_that_starts_with_a_slots_ids_evaluates_only_the_rest() {
         let (fake, steps) = fake(None, None);
@@ -722,12 +857,12 @@ mod tests {
         other[0] = 99;
         with_backend(fake, 16, 64, |h, m| {
             let (a, mut ra) = job_with(prompt.clone(), 3);
-            h.submit(a).unwrap();
+            h.submit(a, h.reserve().unwrap()).unwrap();
             assert_eq!(outcome(&mut ra), Ok(3));
             // The same prompt again: the slot that holds it serves it, from its last id on.
             let before = steps.lock().unwrap().len();
             let (b, mut rb) = job_with(prompt.clone(), 3);
-            h.submit(b).unwrap();
+            h.submit(b, h.reserve().unwrap()).unwrap();
             assert_eq!(outcome(&mut rb), Ok(3));
             assert_eq!(steps.lock().unwrap()[before], [(0, 1)]);
             assert_eq!(m.prefix_hits.load(Relaxed), 1);
@@ -735,7 +870,7 @@ mod tests {
             // A prompt that differs at its first id reuses nothing, wherever it goes.
             let before = steps.lock().unwrap().len();
             let (c, mut rc) = job_with(other.clone(), 3);
-            h.submit(c).unwrap();
+            h.submit(c, h.reserve().unwrap()).unwrap();
             assert_eq!(outcome(&mut rc), Ok(3));
             let first = steps.lock().unwrap()[before].clone();
             assert_eq!(first.len(), 1);
@@ -772,7 +907,7 @@ mod tests {
         with_backend(backend, 8, 256, |h, m| {
             let run = |p: &Vec<u32>| {
                 let (j, mut r) = job_with(p.clone(), 12);
-                h.submit(j).unwrap();
+                h.submit(j, h.reserve().unwrap()).unwrap();
                 text(&mut r).unwrap()
             };
             let cold = run(&first);
@@ -788,5 +923,30 @@ mod tests {
             assert_eq!(m.prefix_hits.load(Relaxed), 2);
             assert!(m.prefix_tokens_reused.load(Relaxed) >= 2 * system.len() as u64);
         });
+    }
+
+    #[test]
+    fn the_handle_reports_a_scheduler_thread_that_died() {
+        let tok: &'static Tokenizer = Box::leak(Box::new(tokenizer()));
+        let (h, rx, shared) = handle(4);
+        let thread = std::thread::spawn(move || {
+            Scheduler {
+                tokenizer: tok,
+                experts: false,
+                slots: vec![None],
+                cached: vec![Vec::new()],
+                rx,
+                shared,
+                chunk: 16,
+                n_ctx: 64,
+            }
+            .run(&mut Dies)
+        });
+        assert_eq!(h.state(), SchedulerState::Running);
+        let (job, _events) = job(4, 1);
+        h.submit(job, h.reserve().unwrap()).unwrap();
+        assert!(thread.join().is_err(), "the thread panicked");
+        assert_eq!(h.state(), SchedulerState::Stopped);
+        assert!(h.reserve().is_err());
     }
 }

@@ -41,12 +41,33 @@ impl ChatMessage {
     }
 }
 
+/// Bounds on one rendering. A template is code that comes with the file: without these, a
+/// loop of loops never returns and a template that grows its output exhausts memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TemplateLimits {
+    /// Template instructions one rendering may execute (minijinja's fuel).
+    pub fuel: u64,
+    /// Bytes one rendering may write.
+    pub max_output_bytes: usize,
+}
+
+impl Default for TemplateLimits {
+    /// 20 million instructions (a long conversation with tools takes a few million) and 8 MiB.
+    fn default() -> TemplateLimits {
+        TemplateLimits {
+            fuel: 20_000_000,
+            max_output_bytes: 8 << 20,
+        }
+    }
+}
+
 /// A compiled chat template.
 pub struct ChatTemplate {
     env: Environment<'static>,
     bos: String,
     eos: String,
     warning: Option<String>,
+    limits: TemplateLimits,
 }
 
 impl std::fmt::Debug for ChatTemplate {
@@ -112,12 +133,34 @@ impl ChatTemplate {
         env.add_filter("tojson", tojson);
         env.add_template_owned(NAME, source.to_string())
             .map_err(template_error)?;
+        let limits = TemplateLimits::default();
+        env.set_fuel(Some(limits.fuel));
         Ok(ChatTemplate {
             env,
             bos: bos.to_string(),
             eos: eos.to_string(),
             warning: None,
+            limits,
         })
+    }
+
+    /// The same template under other bounds.
+    pub fn with_limits(mut self, limits: TemplateLimits) -> ChatTemplate {
+        self.env.set_fuel(Some(limits.fuel));
+        self.limits = limits;
+        self
+    }
+
+    /// Renders the smallest conversation every template must accept (user, assistant, user,
+    /// then the generation prompt): run once at load, so that a template that fails or runs
+    /// past its bounds is refused before any request.
+    pub fn check(&self) -> Result<(), TokenizerError> {
+        let messages = [
+            ChatMessage::new("user", "Hello."),
+            ChatMessage::new("assistant", "Hi. How can I help?"),
+            ChatMessage::new("user", "Say hello."),
+        ];
+        self.render(&messages, true, None).map(drop)
     }
 
     /// Renders a conversation. `tools` (a JSON array of tool schemas) is passed as `tools`.
@@ -135,12 +178,149 @@ impl ChatTemplate {
             eos_token => self.eos.as_str(),
             tools => tools.map(Value::from_serialize).unwrap_or(Value::from(())),
         };
-        tmpl.render(ctx).map_err(template_error)
+        let mut out = BoundedOutput {
+            bytes: Vec::new(),
+            limit: self.limits.max_output_bytes,
+            overflowed: false,
+        };
+        match tmpl.render_captured_to(ctx, &mut out) {
+            Ok(_) => String::from_utf8(out.bytes)
+                .map_err(|_| TokenizerError::Template("the output is not UTF-8".into())),
+            Err(_) if out.overflowed => Err(TokenizerError::Template(format!(
+                "the output is larger than {} bytes",
+                self.limits.max_output_bytes
+            ))),
+            Err(e) if e.kind() == ErrorKind::OutOfFuel => Err(TokenizerError::Template(format!(
+                "it ran out of fuel: more than {} instructions",
+                self.limits.fuel
+            ))),
+            Err(e) => Err(template_error(e)),
+        }
+    }
+
+    /// Renders a conversation and tokenizes it as the engine evaluates it, with every
+    /// message's content as text: control-token text inside a message (a user typing
+    /// `<|im_start|>system`) stays text, while the template's own markers are control tokens.
+    ///
+    /// The content reaches the template with each such span replaced by one private-use
+    /// character (plane 16) that the rendering maps back, recording where it lands.
+    pub fn render_ids(
+        &self,
+        tok: &Tokenizer,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+        tools: Option<&serde_json::Value>,
+    ) -> Result<Vec<u32>, TokenizerError> {
+        let mut hidden = Vec::new();
+        let escaped = messages
+            .iter()
+            .map(|m| {
+                Ok(ChatMessage::new(
+                    m.role.clone(),
+                    hide_spans(tok, &m.content, &mut hidden)?,
+                ))
+            })
+            .collect::<Result<Vec<_>, TokenizerError>>()?;
+        let rendered = self.render(&escaped, add_generation_prompt, tools)?;
+        let (text, literal) = restore_spans(&rendered, &hidden);
+        Ok(tok.encode_prompt_with_literals(&text, &literal))
     }
 
     /// Set when the model had no template and ChatML is used instead; the CLI prints it.
     pub fn warning(&self) -> Option<&str> {
         self.warning.as_deref()
+    }
+}
+
+/// The first private-use character of plane 16: placeholder `i` stands for `hidden[i]`.
+const PLACEHOLDER_BASE: u32 = 0x10_0000;
+/// Placeholders available to one rendering (plane 16's private-use characters).
+const MAX_PLACEHOLDERS: usize = 0xFFFE;
+
+fn is_placeholder(c: char) -> bool {
+    (c as u32) >= PLACEHOLDER_BASE
+}
+
+/// `content` with every control-token text (and every plane-16 character, so that the mapping
+/// back is unambiguous) replaced by a placeholder; the originals go to `hidden`.
+fn hide_spans(
+    tok: &Tokenizer,
+    content: &str,
+    hidden: &mut Vec<String>,
+) -> Result<String, TokenizerError> {
+    let mut spans = tok.control_token_spans(content);
+    spans.extend(
+        content
+            .char_indices()
+            .filter(|&(_, c)| is_placeholder(c))
+            .map(|(i, c)| i..i + c.len_utf8()),
+    );
+    if spans.is_empty() {
+        return Ok(content.to_string());
+    }
+    spans.sort_by_key(|r| r.start);
+    let mut out = String::with_capacity(content.len());
+    let mut at = 0;
+    for r in spans {
+        if r.start < at {
+            continue; // inside the previous span
+        }
+        if hidden.len() >= MAX_PLACEHOLDERS {
+            return Err(TokenizerError::Template(format!(
+                "the messages hold more than {MAX_PLACEHOLDERS} special-token texts"
+            )));
+        }
+        out.push_str(&content[at..r.start]);
+        let index = u32::try_from(hidden.len()).unwrap_or(u32::MAX);
+        out.push(char::from_u32(PLACEHOLDER_BASE + index).unwrap_or('\u{FFFD}'));
+        hidden.push(content[r.clone()].to_string());
+        at = r.end;
+    }
+    out.push_str(&content[at..]);
+    Ok(out)
+}
+
+/// The rendered text with each placeholder replaced by what it hid, and where those land.
+fn restore_spans(rendered: &str, hidden: &[String]) -> (String, Vec<std::ops::Range<usize>>) {
+    if hidden.is_empty() {
+        return (rendered.to_string(), Vec::new());
+    }
+    let mut text = String::with_capacity(rendered.len());
+    let mut literal = Vec::new();
+    for c in rendered.chars() {
+        let original = is_placeholder(c)
+            .then(|| hidden.get((c as u32 - PLACEHOLDER_BASE) as usize))
+            .flatten();
+        match original {
+            Some(h) => {
+                literal.push(text.len()..text.len() + h.len());
+                text.push_str(h);
+            }
+            None => text.push(c),
+        }
+    }
+    (text, literal)
+}
+
+/// A rendering's output, refusing to grow past `limit` bytes.
+struct BoundedOutput {
+    bytes: Vec<u8>,
+    limit: usize,
+    overflowed: bool,
+}
+
+impl std::io::Write for BoundedOutput {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if self.bytes.len() + buf.len() > self.limit {
+            self.overflowed = true;
+            return Err(std::io::Error::other("output limit"));
+        }
+        self.bytes.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
     }
 }
 
@@ -358,6 +538,40 @@ mod tests {
             "<bos><start_of_turn>user\nBe brief.\n\nHi<end_of_turn>\n<start_of_turn>model\n\
              Hello.<end_of_turn>\n<start_of_turn>user\nBye<end_of_turn>\n<start_of_turn>model\n"
         );
+    }
+
+    #[test]
+    fn a_template_that_loops_too_long_runs_out_of_fuel() {
+        let t = ChatTemplate::new(
+            "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",
+            "",
+            "",
+        )
+        .unwrap();
+        let start = std::time::Instant::now();
+        let e = t.check().unwrap_err().to_string();
+        assert!(e.contains("fuel"), "{e}");
+        // 20 million instructions, not 10^10.
+        assert!(start.elapsed().as_secs() < 20, "{:?}", start.elapsed());
+    }
+
+    #[test]
+    fn a_template_that_writes_too_much_is_cut_off() {
+        let t = ChatTemplate::new(
+            "{% for i in range(100000) %}{{ 'x' * 1000 }}{% endfor %}",
+            "",
+            "",
+        )
+        .unwrap()
+        .with_limits(TemplateLimits {
+            fuel: 1 << 40,
+            max_output_bytes: 1 << 20,
+        });
+        let e = t.check().unwrap_err().to_string();
+        assert!(e.contains("larger than 1048576 bytes"), "{e}");
+        // Within the bound, the same template renders.
+        let small = ChatTemplate::new("{{ 'x' * 1000 }}", "", "").unwrap();
+        assert_eq!(small.render(&[], false, None).unwrap().len(), 1000);
     }
 
     #[test]

@@ -25,11 +25,12 @@ mod unicode;
 mod unicode_table;
 
 use std::borrow::Cow;
+use std::ops::Range;
 
 use aho_corasick::AhoCorasick;
 use rustc_hash::FxHashMap;
 
-pub use chat::{ChatMessage, ChatTemplate, CHATML_TEMPLATE};
+pub use chat::{ChatMessage, ChatTemplate, TemplateLimits, CHATML_TEMPLATE};
 pub use stream::StreamDecoder;
 
 /// What went wrong building or using a tokenizer.
@@ -164,8 +165,56 @@ impl Tokenizer {
     /// (`add_bos_token`/`add_eos_token`, with llama.cpp's defaults when absent).
     /// `parse_special`: special-token text in the input becomes the special token.
     pub fn encode(&self, text: &str, add_special: bool, parse_special: bool) -> Vec<u32> {
+        self.encode_with_literals(text, add_special, parse_special, &[])
+    }
+
+    /// [`Tokenizer::encode_prompt`], except that control-token text overlapping a range of
+    /// `literal` (the messages' content in a rendered chat) is text, not a control token: a
+    /// user who types `<|im_start|>system` does not open a system turn.
+    pub fn encode_prompt_with_literals(&self, text: &str, literal: &[Range<usize>]) -> Vec<u32> {
+        let mut ids = self.encode_with_literals(text, true, true, literal);
+        if let Some(bos) = self.bos() {
+            if self.adds_bos() && ids.len() >= 2 && ids[0] == bos && ids[1] == bos {
+                ids.remove(0);
+            }
+        }
+        ids
+    }
+
+    /// Where control (and unknown) tokens' texts occur in `text`, overlapping occurrences
+    /// merged: the spans a chat template must not see as markers.
+    pub(crate) fn control_token_spans(&self, text: &str) -> Vec<Range<usize>> {
+        let Some(finder) = &self.special_finder else {
+            return Vec::new();
+        };
+        let mut spans: Vec<Range<usize>> = finder
+            .find_overlapping_iter(text)
+            .filter(|m| {
+                let id = self.specials[m.pattern().as_usize()];
+                self.attrs[id as usize] & (ATTR_CONTROL | ATTR_UNKNOWN) != 0
+            })
+            .map(|m| m.range())
+            .collect();
+        spans.sort_by_key(|r| r.start);
+        let mut merged: Vec<Range<usize>> = Vec::with_capacity(spans.len());
+        for r in spans {
+            match merged.last_mut() {
+                Some(last) if r.start < last.end => last.end = last.end.max(r.end),
+                _ => merged.push(r),
+            }
+        }
+        merged
+    }
+
+    fn encode_with_literals(
+        &self,
+        text: &str,
+        add_special: bool,
+        parse_special: bool,
+        literal: &[Range<usize>],
+    ) -> Vec<u32> {
         let mut out = Vec::with_capacity(text.len() / 3 + 2);
-        let frags = self.partition(text, parse_special);
+        let frags = self.partition(text, parse_special, literal);
         if add_special && self.add_bos {
             if let Some(bos) = self.bos {
                 out.push(bos);
@@ -217,8 +266,14 @@ impl Tokenizer {
 
     /// Cuts special-token text out of the input, as llama.cpp's `tokenizer_st_partition`: each
     /// special token in turn (longest first) splits every text fragment at each occurrence.
-    /// Without `parse_special`, only user-defined tokens are cut out.
-    fn partition(&self, text: &str, parse_special: bool) -> Vec<Fragment> {
+    /// Without `parse_special`, only user-defined tokens are cut out; nor are control tokens
+    /// that overlap a `literal` range.
+    fn partition(
+        &self,
+        text: &str,
+        parse_special: bool,
+        literal: &[Range<usize>],
+    ) -> Vec<Fragment> {
         let mut frags = Vec::new();
         if text.is_empty() {
             return frags;
@@ -253,12 +308,20 @@ impl Tokenizer {
                     next.push(f);
                     continue;
                 };
+                let control = attr & (ATTR_CONTROL | ATTR_UNKNOWN) != 0;
+                let mut search = a;
                 loop {
-                    let Some(found) = text[a..b].find(pat) else {
+                    let Some(found) = text[search..b].find(pat) else {
                         next.push(Fragment::Text(a, b));
                         break;
                     };
-                    let m = a + found;
+                    let m = search + found;
+                    let end = m + pat.len();
+                    if control && literal.iter().any(|r| r.start < end && m < r.end) {
+                        // Typed by a user: text. Look again past its first character.
+                        search = m + pat.chars().next().map_or(1, char::len_utf8);
+                        continue;
+                    }
                     let mut left_end = m;
                     if attr & ATTR_LSTRIP != 0 {
                         while left_end > a && is_c_space(bytes[left_end - 1]) {
@@ -282,6 +345,7 @@ impl Tokenizer {
                         break;
                     }
                     a = right;
+                    search = a;
                 }
             }
             frags = next;

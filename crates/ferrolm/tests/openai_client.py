@@ -72,4 +72,75 @@ try:
 except openai.AuthenticationError as e:
     assert e.status_code == 401
 
+# Structured outputs: the client's own calls, at temperature 1, streamed and not.
+import json
+
+import pydantic
+
+
+class City(pydantic.BaseModel):
+    name: str = pydantic.Field(max_length=40)
+    country: str = pydantic.Field(max_length=40)
+    # Bounded: an unbounded integer may take all of max_tokens at temperature 1.
+    population: int = pydantic.Field(ge=0, le=100_000_000)
+
+
+schema = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 40},
+        "country": {"type": "string", "maxLength": 40},
+        "population": {"type": "integer", "minimum": 0, "maximum": 100000000},
+    },
+    "required": ["name", "country", "population"],
+    "additionalProperties": False,
+}
+city_messages = [{"role": "user", "content": "Describe Paris as JSON."}]
+for seed in range(3):
+    out = client.chat.completions.create(
+        model="smollm2",
+        messages=city_messages,
+        max_tokens=120,
+        temperature=1.0,
+        seed=seed,
+        response_format={
+            "type": "json_schema",
+            "json_schema": {"name": "city", "schema": schema, "strict": True},
+        },
+    )
+    city = City.model_validate_json(out.choices[0].message.content)
+    assert out.choices[0].finish_reason == "stop", out
+streamed = client.chat.completions.create(
+    model="smollm2",
+    messages=city_messages,
+    max_tokens=120,
+    temperature=1.0,
+    seed=5,
+    stream=True,
+    response_format={"type": "json_schema", "json_schema": {"name": "city", "schema": schema}},
+)
+City.model_validate_json("".join(c.choices[0].delta.content or "" for c in streamed if c.choices))
+parsed = client.chat.completions.parse(
+    model="smollm2", messages=city_messages, max_tokens=120, temperature=0.7, response_format=City
+)
+assert isinstance(parsed.choices[0].message.parsed, City), parsed
+anything = client.chat.completions.create(
+    model="smollm2",
+    messages=city_messages,
+    max_tokens=120,
+    temperature=1.0,
+    response_format={"type": "json_object"},
+)
+assert isinstance(json.loads(anything.choices[0].message.content), dict)
+try:
+    client.chat.completions.create(
+        model="smollm2",
+        messages=city_messages,
+        max_tokens=4,
+        response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nope"}}},
+    )
+    raise AssertionError("a schema that cannot compile was accepted")
+except openai.BadRequestError as e:
+    assert e.status_code == 400 and "nope" in str(e), e
+
 print("openai client: ok")

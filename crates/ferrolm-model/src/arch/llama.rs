@@ -187,8 +187,8 @@ fn describe_decoder(
     experts: Experts,
 ) -> Result<ModelPlan> {
     let k = Keys { file, arch };
-    let n_embd = k.usize("embedding_length")?;
-    let n_layer = k.usize("block_count")?;
+    let n_embd = k.nonzero_usize("embedding_length")?;
+    let n_layer = k.nonzero_usize("block_count")?;
     let n_head = k.usize("attention.head_count")?;
     let n_head_kv = k.opt_usize("attention.head_count_kv")?.unwrap_or(n_head);
     if n_head == 0 || n_head_kv == 0 || n_head % n_head_kv != 0 {
@@ -205,6 +205,13 @@ fn describe_decoder(
             )));
         }
     };
+    if head_dim == 0 {
+        return Err(ModelError::Invalid(format!(
+            "the head size is 0 ({} is 0, or {} is smaller than the head count)",
+            k.key("attention.key_length"),
+            k.key("embedding_length")
+        )));
+    }
     if let Some(vd) = k.opt_usize("attention.value_length")? {
         if vd != head_dim {
             return Err(ModelError::Unsupported {

@@ -77,7 +77,49 @@ pub fn describe(file: &GgufFile) -> Result<ModelPlan> {
             )));
         }
     }
-    describe(file, arch)
+    let plan = describe(file, arch)?;
+    check_sizes(&plan)?;
+    Ok(plan)
+}
+
+/// Sizes the forward pass divides by or allocates from must not be zero: such a file is
+/// refused here, naming the key, instead of failing (or panicking) in the forward pass.
+fn check_sizes(plan: &ModelPlan) -> Result<()> {
+    let arch = &plan.architecture;
+    let zero = |key: &str| -> Result<()> {
+        Err(ModelError::Invalid(format!(
+            "{arch}.{key} is 0: the model would have nothing to compute"
+        )))
+    };
+    if plan.n_embd == 0 {
+        return zero("embedding_length");
+    }
+    if plan.n_vocab == 0 {
+        return zero("vocab_size (or the rows of token_embd.weight)");
+    }
+    if plan.layers.is_empty() {
+        return zero("block_count");
+    }
+    for layer in &plan.layers {
+        if layer.mixer == crate::plan::Mixer::Attention {
+            let a = &layer.attention;
+            if a.head_dim == 0 {
+                return zero("attention.key_length (the head size)");
+            }
+            if a.n_head == 0 || a.n_head_kv == 0 {
+                return zero("attention.head_count or attention.head_count_kv");
+            }
+        }
+        match &layer.ffn {
+            crate::plan::Ffn::Gated { n_ff: 0, .. } => return zero("feed_forward_length"),
+            crate::plan::Ffn::Moe(m) if m.n_ff == 0 => return zero("expert_feed_forward_length"),
+            crate::plan::Ffn::Moe(m) if m.n_expert == 0 || m.n_expert_used == 0 => {
+                return zero("expert_count or expert_used_count")
+            }
+            _ => {}
+        }
+    }
+    Ok(())
 }
 
 /// Reads the keys every decoder shares, under the architecture's prefix.
@@ -93,6 +135,17 @@ impl Keys<'_> {
 
     pub fn usize(&self, suffix: &str) -> Result<usize> {
         Ok(self.file.metadata().get_u64(&self.key(suffix))? as usize)
+    }
+
+    /// A size the model divides by or allocates from: 0 is refused, naming the key.
+    pub fn nonzero_usize(&self, suffix: &str) -> Result<usize> {
+        match self.usize(suffix)? {
+            0 => Err(ModelError::Invalid(format!(
+                "{} is 0: the model would have nothing to compute",
+                self.key(suffix)
+            ))),
+            n => Ok(n),
+        }
     }
 
     pub fn opt_usize(&self, suffix: &str) -> Result<Option<usize>> {

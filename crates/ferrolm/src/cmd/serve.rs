@@ -30,9 +30,13 @@ pub struct ServeArgs {
     /// Context size of each sequence (0: the model's, at most 4096).
     #[arg(short = 'c', long, default_value_t = 0)]
     pub ctx_size: usize,
-    /// Require `Authorization: Bearer KEY` on every /v1 route.
-    #[arg(long)]
+    /// Require `Authorization: Bearer KEY` on every /v1 route (visible in `ps`: prefer
+    /// --api-key-file or FERROLM_API_KEY).
+    #[arg(long, conflicts_with = "api_key_file")]
     pub api_key: Option<String>,
+    /// Read the API key from this file (its first line).
+    #[arg(long, value_name = "FILE")]
+    pub api_key_file: Option<std::path::PathBuf>,
     /// Requests that may wait for a free slot; beyond that the server answers 503.
     #[arg(long, default_value_t = 64)]
     pub max_queue: usize,
@@ -48,6 +52,59 @@ pub struct ServeArgs {
     /// Seconds requests in flight may run on after SIGINT/SIGTERM before they are cancelled.
     #[arg(long, default_value_t = 10.0)]
     pub shutdown_grace: f64,
+    /// Seconds a client may take to send a request's headers.
+    #[arg(long, default_value_t = 10.0)]
+    pub header_timeout: f64,
+    /// Seconds a client may take to send a request's whole body (408 beyond).
+    #[arg(long, default_value_t = 60.0)]
+    pub body_timeout: f64,
+    /// Seconds a connection may stay open with no request in flight.
+    #[arg(long, default_value_t = 60.0)]
+    pub idle_timeout: f64,
+    /// Connections open at once; more wait until one closes.
+    #[arg(long, default_value_t = 256)]
+    pub max_connections: usize,
+    /// A `Host` name to answer besides localhost, 127.0.0.1, [::1] and --host (repeatable;
+    /// `*`: any, which lets any web page's scripts reach the server).
+    #[arg(long = "allowed-host", value_name = "NAME")]
+    pub allowed_hosts: Vec<String>,
+    /// A Jinja chat template file to use instead of the model's.
+    #[arg(long, value_name = "FILE")]
+    pub chat_template: Option<std::path::PathBuf>,
+}
+
+/// Seconds from a flag, within (0, 1 hour] (the grace may be 0).
+fn seconds(flag: &str, value: f64, zero_ok: bool) -> Result<Duration> {
+    let low_ok = if zero_ok { value >= 0.0 } else { value > 0.0 };
+    if !(low_ok && value <= 3600.0) {
+        bail!(
+            "--{flag} must be a number of seconds {} 3600, got {value}",
+            if zero_ok {
+                "from 0 to"
+            } else {
+                "above 0 and at most"
+            }
+        );
+    }
+    Ok(Duration::from_secs_f64(value))
+}
+
+/// The API key: --api-key, else --api-key-file's first line, else FERROLM_API_KEY.
+fn api_key(args: &ServeArgs) -> Result<Option<String>> {
+    let key = match (&args.api_key, &args.api_key_file) {
+        (Some(k), _) => Some(k.clone()),
+        (None, Some(path)) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("reading --api-key-file {}", path.display()))?;
+            let key = text.lines().next().unwrap_or("").trim().to_string();
+            if key.is_empty() {
+                bail!("--api-key-file {}: the file holds no key", path.display());
+            }
+            Some(key)
+        }
+        (None, None) => std::env::var("FERROLM_API_KEY").ok(),
+    };
+    Ok(key.filter(|k| !k.is_empty()))
 }
 
 pub fn run(args: ServeArgs) -> Result<()> {
@@ -57,9 +114,40 @@ pub fn run(args: ServeArgs) -> Result<()> {
     if args.prefill_chunk == 0 {
         bail!("--prefill-chunk must be at least 1");
     }
-    if !(args.shutdown_grace >= 0.0 && args.shutdown_grace.is_finite()) {
-        bail!("--shutdown-grace must be a number of seconds");
+    let shutdown_grace = seconds("shutdown-grace", args.shutdown_grace, true)?;
+    let header_timeout = seconds("header-timeout", args.header_timeout, false)?;
+    let body_timeout = seconds("body-timeout", args.body_timeout, false)?;
+    let idle_timeout = seconds("idle-timeout", args.idle_timeout, false)?;
+    if !(1..=1_000_000).contains(&args.max_queue) {
+        bail!(
+            "--max-queue must be between 1 and 1000000, got {}",
+            args.max_queue
+        );
     }
+    if !(1..=65_536).contains(&args.max_connections) {
+        bail!(
+            "--max-connections must be between 1 and 65536, got {}",
+            args.max_connections
+        );
+    }
+    if !(1024..=1 << 30).contains(&args.max_body_bytes) {
+        bail!(
+            "--max-body-bytes must be between 1024 and 1073741824, got {}",
+            args.max_body_bytes
+        );
+    }
+    if args.ctx_size > 1 << 20 {
+        bail!("--ctx-size must be at most 1048576, got {}", args.ctx_size);
+    }
+    let api_key = api_key(&args)?;
+    let chat_template = match &args.chat_template {
+        Some(path) => Some((
+            path.display().to_string(),
+            std::fs::read_to_string(path)
+                .with_context(|| format!("reading --chat-template {}", path.display()))?,
+        )),
+        None => None,
+    };
     let model_name = match (&args.model_name, &args.model.model) {
         (Some(n), _) => n.clone(),
         (None, None) => models::DEFAULT_MODEL.to_string(),
@@ -77,9 +165,15 @@ pub fn run(args: ServeArgs) -> Result<()> {
         n_ctx,
         max_queue: args.max_queue,
         prefill_chunk: args.prefill_chunk,
-        api_key: args.api_key.filter(|k| !k.is_empty()),
+        api_key,
         max_body_bytes: args.max_body_bytes,
-        shutdown_grace: Duration::from_secs_f64(args.shutdown_grace),
+        shutdown_grace,
+        header_timeout,
+        body_timeout,
+        idle_timeout,
+        max_connections: args.max_connections,
+        allowed_hosts: args.allowed_hosts,
+        chat_template,
     };
     let addr = config.addr;
     let source = Source {
