@@ -14,7 +14,7 @@ use ferrolm_model::{Logits, Model, ModelError, Session};
 use rand::{Rng, SeedableRng};
 
 use crate::schedule::SAMPLE_MAX_K;
-use crate::{CudaError, CudaModel, DeviceSampling, Rows, Stats};
+use crate::{CudaError, CudaModel, DeviceSampling, Rows, RowsWant, Stats, TOP_MAX};
 
 /// What [`open`] makes.
 #[derive(Clone, Copy, Debug)]
@@ -193,12 +193,12 @@ impl CudaBackend {
     }
 
     /// Evaluates `inputs`: prompts one slot at a time, then every single-id input in one
-    /// batched step (slot 0 alone takes the decode graph). With `greedy`, single ids of a
-    /// batched step come back as their greedy choices (`Err` rows are per input).
+    /// batched step (slot 0 alone takes the decode graph). Single ids of a batched step come
+    /// back as `want` says (logits, greedy choices, or the largest logits).
     fn eval_all(
         &mut self,
         inputs: &[SlotInput<'_>],
-        greedy: bool,
+        want: RowsWant,
     ) -> Vec<Result<Out, BackendError>> {
         let mut outs: Vec<Option<Result<Out, BackendError>>> =
             inputs.iter().map(|_| None).collect();
@@ -215,7 +215,7 @@ impl CudaBackend {
         if let [i] = singles[..] {
             if inputs[i].slot == 0 {
                 // The decode graph; greedy, it reads back only the device's choice.
-                outs[i] = Some(if greedy && self.draws.is_none() {
+                outs[i] = Some(if want == RowsWant::Greedy && self.draws.is_none() {
                     self.gpu
                         .push(inputs[i].ids[0])
                         .and_then(|_| self.gpu.greedy())
@@ -234,7 +234,7 @@ impl CudaBackend {
                 .iter()
                 .map(|&i| self.pos(inputs[i].slot) as u32)
                 .collect();
-            match self.gpu.eval_rows(&ids, &slots, &pos, greedy) {
+            match self.gpu.eval_rows(&ids, &slots, &pos, want) {
                 Ok(rows) => {
                     for &i in &singles {
                         if inputs[i].slot != 0 {
@@ -246,6 +246,11 @@ impl CudaBackend {
                         Rows::Greedy(chosen) => {
                             for (&i, id) in singles.iter().zip(chosen) {
                                 outs[i] = Some(Ok(Out::Chosen(id)));
+                            }
+                        }
+                        Rows::Top(top) => {
+                            for (&i, t) in singles.iter().zip(top) {
+                                outs[i] = Some(Ok(Out::Top(t)));
                             }
                         }
                         Rows::Logits(l) => {
@@ -278,6 +283,7 @@ impl CudaBackend {
 enum Out {
     Logits(Vec<f32>),
     Chosen(u32),
+    Top(Vec<(u32, f32)>),
 }
 
 impl Backend for CudaBackend {
@@ -317,22 +323,40 @@ impl Backend for CudaBackend {
     }
 
     fn forward(&mut self, inputs: &[SlotInput<'_>]) -> Vec<SlotOutput> {
-        self.eval_all(inputs, false)
+        self.eval_all(inputs, RowsWant::Logits)
             .into_iter()
             .map(|r| match r {
                 Ok(Out::Logits(l)) => Ok(l),
-                Ok(Out::Chosen(_)) => unreachable!("logits were asked for"),
+                Ok(Out::Chosen(_) | Out::Top(_)) => unreachable!("logits were asked for"),
                 Err(e) => Err(std::sync::Arc::new(e)),
             })
             .collect()
     }
 
+    fn forward_top(
+        &mut self,
+        inputs: &[SlotInput<'_>],
+        k: usize,
+    ) -> Vec<Result<Vec<(u32, f32)>, Arc<BackendError>>> {
+        let k = k.clamp(1, TOP_MAX);
+        self.eval_all(inputs, RowsWant::Top(k))
+            .into_iter()
+            .map(|r| match r {
+                Ok(Out::Top(t)) => Ok(t),
+                Ok(Out::Logits(l)) => Ok(ferrolm_engine::top_k(&l, k)),
+                Ok(Out::Chosen(id)) => Ok(vec![(id, 0.0)]),
+                Err(e) => Err(Arc::new(e)),
+            })
+            .collect()
+    }
+
     fn forward_greedy(&mut self, inputs: &[SlotInput<'_>]) -> Vec<Result<u32, Arc<BackendError>>> {
-        self.eval_all(inputs, true)
+        self.eval_all(inputs, RowsWant::Greedy)
             .into_iter()
             .map(|r| match r {
                 Ok(Out::Chosen(id)) => Ok(id),
                 Ok(Out::Logits(l)) => Ok(ferrolm_engine::argmax(&l)),
+                Ok(Out::Top(_)) => unreachable!("choices were asked for"),
                 Err(e) => Err(Arc::new(e)),
             })
             .collect()

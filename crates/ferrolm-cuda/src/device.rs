@@ -12,7 +12,7 @@ use ferrolm_gguf::GgufFile;
 use ferrolm_model::ModelPlan;
 
 use crate::kernels;
-use crate::prefill::{self, Addresses, Prefill, RowsOut, MAX_BATCH};
+use crate::prefill::{self, Addresses, Prefill, RowsOut, RowsWant, MAX_BATCH};
 use crate::schedule::{
     decode_plan_layers, Activations, Arg, Buf, DecodePlan, SAMPLE_DRAWS, SAMPLE_MAX_K, TOKEN_RING,
 };
@@ -137,14 +137,16 @@ pub enum Rows {
     Logits(Vec<f32>),
     /// Every row's greedy choice (the first largest logit).
     Greedy(Vec<u32>),
+    /// Every row's largest logits as (id, logit), in no order.
+    Top(Vec<Vec<(u32, f32)>>),
 }
 
 impl Rows {
-    /// The logits (empty for greedy choices).
+    /// The logits (empty for choices or candidates).
     pub fn into_logits(self) -> Vec<f32> {
         match self {
             Rows::Logits(l) => l,
-            Rows::Greedy(_) => Vec::new(),
+            Rows::Greedy(_) | Rows::Top(_) => Vec::new(),
         }
     }
 }
@@ -621,6 +623,29 @@ impl CudaModel {
         }
     }
 
+    /// The batched step's selections over rows of values the host gives (`n_vocab` each, at
+    /// most 512 rows): each row's greedy choice and its `k` largest as (id, value), unsorted.
+    /// For checks: the host's selections over the same values must be the same.
+    #[allow(clippy::type_complexity)]
+    pub fn select_rows(
+        &mut self,
+        rows: &[f32],
+        k: usize,
+    ) -> Result<(Vec<u32>, Vec<Vec<(u32, f32)>>), CudaError> {
+        let n_vocab = self.plan.n_vocab;
+        if rows.len() % n_vocab != 0 || rows.len() / n_vocab > MAX_BATCH {
+            return Err(CudaError::Model(format!(
+                "{} values are not whole rows of {n_vocab} (at most {MAX_BATCH})",
+                rows.len()
+            )));
+        }
+        let prefill = self
+            .prefill
+            .as_mut()
+            .ok_or_else(|| CudaError::Model("selections need cuBLAS's batched passes".into()))?;
+        prefill.select_rows(&self.plan, rows, k)
+    }
+
     /// Sequences the caches hold.
     pub fn n_slots(&self) -> usize {
         self.slots
@@ -643,7 +668,7 @@ impl CudaModel {
         }
         self.check_slot(slot, pos0, ids)?;
         if ids.len() == 1 {
-            let out = self.eval_rows(ids, &[slot as u32], &[pos0 as u32], false)?;
+            let out = self.eval_rows(ids, &[slot as u32], &[pos0 as u32], RowsWant::Logits)?;
             return Ok(out.into_logits());
         }
         let at = self.addresses(slot);
@@ -694,14 +719,13 @@ impl CudaModel {
 
     /// One decode step of several sequences: `ids[t]` of slot `slots[t]` at position
     /// `pos[t]` (each slot at most once; slot 0 at its [`CudaModel::position`]), every weight
-    /// read once for all of them. Returns every row's logits, or with `greedy` each row's
-    /// greedy choice only.
+    /// read once for all of them. Returns what `want` asks of every row.
     pub fn eval_rows(
         &mut self,
         ids: &[u32],
         slots: &[u32],
         pos: &[u32],
-        greedy: bool,
+        want: RowsWant,
     ) -> Result<Rows, CudaError> {
         if ids.len() != slots.len() || ids.len() != pos.len() || ids.len() > MAX_BATCH {
             return Err(CudaError::Model(format!(
@@ -736,7 +760,7 @@ impl CudaModel {
             pos,
             &self.slot_stride,
             spare,
-            greedy,
+            want,
         )?;
         self.stats.tokens += ids.len() as u64;
         self.stats.batches += 1;
@@ -757,6 +781,7 @@ impl CudaModel {
         Ok(match out {
             RowsOut::Logits(l) => Rows::Logits(l),
             RowsOut::Greedy(g) => Rows::Greedy(g),
+            RowsOut::Top(t) => Rows::Top(t),
         })
     }
 

@@ -2613,3 +2613,79 @@ extern "C" __global__ void argmax_rows(const float* x, int n, u32* out) {
         if (lane == 0) out[blockIdx.x] = (u32)(bi == n ? 0 : bi);
     }
 }
+
+
+// The k largest of row r's n values (by value, then the lower index first: the host sampler's
+// order), unsorted: their ids and values at out_ids/out_vals[r * k ..]. The k-th largest key is
+// found exactly, 8 bits a pass (a histogram of the keys that match the bits found so far), then
+// the row is read in index order, taking every larger key and the first equal ones. k <= n.
+extern "C" __global__ void topk_rows(const float* x, int n, int k, u32* out_ids, float* out_vals) {
+    __shared__ u32 hist[256];
+    __shared__ u32 s_prefix, s_mask, s_need, s_taken;
+    __shared__ u32 warp_counts[32];
+    const float* row = x + (size_t)blockIdx.x * n;
+    int tid = threadIdx.x, nt = blockDim.x, lane = tid & 31, warp = tid >> 5;
+    if (tid == 0) {
+        s_prefix = 0;
+        s_mask = 0;
+        s_need = (u32)k;
+        s_taken = 0;
+    }
+    for (int shift = 24; shift >= 0; shift -= 8) {
+        for (int i = tid; i < 256; i += nt) hist[i] = 0;
+        __syncthreads();
+        u32 prefix = s_prefix, mask = s_mask;
+        for (int i = tid; i < n; i += nt) {
+            u32 key = order_key(row[i]);
+            if ((key & mask) == prefix) atomicAdd(&hist[(key >> shift) & 255u], 1u);
+        }
+        __syncthreads();
+        if (tid == 0) {
+            u32 need = s_need, cum = 0;
+            for (int b = 255; b >= 0; b--) {
+                if (cum + hist[b] >= need) {
+                    s_need = need - cum;
+                    s_prefix = prefix | ((u32)b << shift);
+                    s_mask = mask | (255u << shift);
+                    break;
+                }
+                cum += hist[b];
+            }
+        }
+        __syncthreads();
+    }
+    // s_prefix: the k-th largest key; s_need: how many keys equal to it are taken.
+    u32 kth = s_prefix, equal_left = s_need;
+    u32* ids = out_ids + (size_t)blockIdx.x * k;
+    float* vals = out_vals + (size_t)blockIdx.x * k;
+    __shared__ u32 s_equal_seen;
+    if (tid == 0) s_equal_seen = 0;
+    __syncthreads();
+    for (int base = 0; base < n; base += nt) {
+        int i = base + tid;
+        u32 key = i < n ? order_key(row[i]) : 0u;
+        bool greater = i < n && key > kth;
+        bool equal = i < n && key == kth;
+        // Rank of this thread's equal key among the chunk's, in index order.
+        u32 ballot = __ballot_sync(0xffffffffu, equal);
+        if (lane == 0) warp_counts[warp] = __popc(ballot);
+        __syncthreads();
+        u32 before = 0;
+        for (int w = 0; w < warp; w++) before += warp_counts[w];
+        before += __popc(ballot & ((1u << lane) - 1u));
+        u32 seen = s_equal_seen;
+        bool take_equal = equal && seen + before < equal_left;
+        if (greater || take_equal) {
+            u32 at = atomicAdd(&s_taken, 1u);
+            ids[at] = (u32)i;
+            vals[at] = row[i];
+        }
+        __syncthreads();
+        if (tid == 0) {
+            u32 total = 0;
+            for (int w = 0; w < (nt >> 5); w++) total += warp_counts[w];
+            s_equal_seen = seen + total;
+        }
+        __syncthreads();
+    }
+}

@@ -131,4 +131,26 @@ mod tests {
         assert!(!SOURCE.contains("#include"));
         assert!(SOURCE.contains("extern \"C\" __global__ void choose_token("));
     }
+
+    /// NVRTC runs only where there is a GPU: here, at least, no function of the source is
+    /// defined twice (a kernel name, or a plain device function outside a template), which it
+    /// would refuse.
+    #[test]
+    fn no_function_is_defined_twice() {
+        let mut seen = std::collections::HashSet::new();
+        let lines: Vec<&str> = SOURCE.lines().collect();
+        for (i, line) in lines.iter().enumerate() {
+            let templated = i > 0 && lines[i - 1].trim_start().starts_with("template");
+            let plain_device = line.starts_with("__device__") && !templated;
+            if !(line.starts_with("extern \"C\" __global__") || plain_device) {
+                continue;
+            }
+            let Some(open) = line.find('(') else { continue };
+            let name = line[..open].split_whitespace().last().unwrap_or("");
+            assert!(seen.insert(name.to_string()), "{name} is defined twice");
+        }
+        for kernel in ["rope_rows_slots", "attn_rows", "argmax_rows", "topk_rows"] {
+            assert!(seen.contains(kernel), "{kernel}");
+        }
+    }
 }

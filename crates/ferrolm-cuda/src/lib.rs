@@ -25,6 +25,7 @@ pub mod schedule;
 
 pub use backend::{device_sampling, open, CudaBackend, CudaOptions, SplitBackend};
 pub use device::{device_count, CudaModel, DeviceSampling, Rows, Stats};
+pub use prefill::{RowsWant, TOP_MAX};
 pub use schedule::Decline;
 
 /// Why the CUDA path cannot run (or stopped).

@@ -65,12 +65,28 @@ enum Rows<'a> {
     Slots { slot_stride: &'a [usize] },
 }
 
+/// The largest `k` a batched step returns candidates for ([`RowsWant::Top`]).
+pub const TOP_MAX: usize = 256;
+
 /// What the batched decode step returns for its rows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RowsWant {
+    /// Every row's logits.
+    Logits,
+    /// Every row's greedy choice.
+    Greedy,
+    /// Every row's `k` largest logits with their ids (at most [`TOP_MAX`]).
+    Top(usize),
+}
+
+/// What the batched decode step returned for its rows.
 pub(crate) enum RowsOut {
     /// Every row's logits, `n_vocab` each.
     Logits(Vec<f32>),
     /// Every row's greedy choice (the first largest logit).
     Greedy(Vec<u32>),
+    /// Every row's `k` largest logits as (id, logit), in no order.
+    Top(Vec<Vec<(u32, f32)>>),
 }
 
 /// The batched prompt pass of one model: cuBLAS, the kernels and the batch buffers.
@@ -97,6 +113,9 @@ pub(crate) struct Prefill {
     row_slots: CudaSlice<u32>,
     row_pos: CudaSlice<u32>,
     row_ids: CudaSlice<u32>,
+    /// Each row's largest logits and their ids ([`RowsWant::Top`]).
+    top_ids: CudaSlice<u32>,
+    top_vals: CudaSlice<f32>,
     /// Every quantized matrix as f16, kept (`f16_weights`): GEMMs then read them as they are
     /// instead of dequantizing one matrix at a time. Empty: not kept.
     w16_kept: Vec<Option<CudaSlice<u16>>>,
@@ -186,6 +205,12 @@ impl Prefill {
             row_ids: stream
                 .alloc_zeros::<u32>(b)
                 .map_err(driver("batch choices"))?,
+            top_ids: stream
+                .alloc_zeros::<u32>(b * TOP_MAX)
+                .map_err(driver("batch candidates"))?,
+            top_vals: stream
+                .alloc_zeros::<f32>(b * TOP_MAX)
+                .map_err(driver("batch candidates"))?,
             w16_kept: Vec::new(),
             row_graphs: HashMap::new(),
             graphs: std::env::var_os("FERROLM_CUDA_NO_GRAPH").is_none(),
@@ -623,8 +648,8 @@ impl Prefill {
     /// One decode step of several sequences: `ids[t]` of slot `slots[t]` at position
     /// `pos[t]` (at most [`MAX_BATCH`] tokens, each slot at most once), every matrix read once
     /// for all of them (GEMMs), attention per token over its own slot's cache. Returns every
-    /// row's logits or, with `greedy`, only each row's greedy choice (the logits stay on the
-    /// device). Needs the whole model.
+    /// row's logits, each row's greedy choice, or each row's largest logits (the logits then
+    /// stay on the device). Needs the whole model.
     ///
     /// The step is padded to a power of two of rows, the padding's keys and values written to
     /// slot `spare` (a slot no sequence uses), and replayed from a CUDA graph per padded size
@@ -639,7 +664,7 @@ impl Prefill {
         pos: &[u32],
         slot_stride: &[usize],
         spare: u32,
-        greedy: bool,
+        want: RowsWant,
     ) -> Result<RowsOut, CudaError> {
         let n = ids.len();
         assert!(
@@ -708,23 +733,117 @@ impl Prefill {
                 self.launch_rows(p, at, bucket, slot_stride)?;
             }
         }
-        if greedy {
-            let mut chosen = vec![0u32; n];
-            s.memcpy_dtoh(&self.row_ids.slice(..n), &mut chosen)
-                .map_err(driver("reading the choices"))?;
-            s.synchronize().map_err(driver("reading the choices"))?;
-            return Ok(RowsOut::Greedy(chosen));
-        }
-        let mut out = vec![0f32; n * p.n_vocab];
-        let all_logits = self.all_logits.as_ref().expect("allocated");
-        s.memcpy_dtoh(&all_logits.slice(..n * p.n_vocab), &mut out)
-            .map_err(driver("reading the logits"))?;
-        s.synchronize().map_err(driver("reading the logits"))?;
-        Ok(RowsOut::Logits(out))
+        self.after_rows(p, n, want)
     }
 
-    /// The launches of a batched decode step of `n` rows already uploaded: the layers, the
-    /// output head over every row and each row's greedy choice.
+    /// What `want` asks of the `n` rows of logits a step left on the device.
+    fn after_rows(
+        &mut self,
+        p: &DecodePlan,
+        n: usize,
+        want: RowsWant,
+    ) -> Result<RowsOut, CudaError> {
+        let s = self.stream.clone();
+        let vocab = p.n_vocab;
+        let logits = ptr(self.all_logits.as_ref().expect("allocated"), &s);
+        match want {
+            RowsWant::Greedy => {
+                let out_ids = ptr(&self.row_ids, &s);
+                self.run(
+                    "argmax_rows",
+                    (n as u32, 1),
+                    1024,
+                    &[
+                        Value::Ptr(logits),
+                        Value::I32(vocab as i32),
+                        Value::Ptr(out_ids),
+                    ],
+                )?;
+                let mut chosen = vec![0u32; n];
+                s.memcpy_dtoh(&self.row_ids.slice(..n), &mut chosen)
+                    .map_err(driver("reading the choices"))?;
+                s.synchronize().map_err(driver("reading the choices"))?;
+                Ok(RowsOut::Greedy(chosen))
+            }
+            RowsWant::Top(k) => {
+                let k = k.clamp(1, TOP_MAX.min(vocab));
+                let (ids, vals) = (ptr(&self.top_ids, &s), ptr(&self.top_vals, &s));
+                self.run(
+                    "topk_rows",
+                    (n as u32, 1),
+                    1024,
+                    &[
+                        Value::Ptr(logits),
+                        Value::I32(vocab as i32),
+                        Value::I32(k as i32),
+                        Value::Ptr(ids),
+                        Value::Ptr(vals),
+                    ],
+                )?;
+                let mut top_ids = vec![0u32; n * k];
+                let mut top_vals = vec![0f32; n * k];
+                s.memcpy_dtoh(&self.top_ids.slice(..n * k), &mut top_ids)
+                    .map_err(driver("reading the candidates"))?;
+                s.memcpy_dtoh(&self.top_vals.slice(..n * k), &mut top_vals)
+                    .map_err(driver("reading the candidates"))?;
+                s.synchronize().map_err(driver("reading the candidates"))?;
+                Ok(RowsOut::Top(
+                    top_ids
+                        .chunks_exact(k)
+                        .zip(top_vals.chunks_exact(k))
+                        .map(|(i, v)| i.iter().copied().zip(v.iter().copied()).collect())
+                        .collect(),
+                ))
+            }
+            RowsWant::Logits => {
+                let mut out = vec![0f32; n * vocab];
+                let all_logits = self.all_logits.as_ref().expect("allocated");
+                s.memcpy_dtoh(&all_logits.slice(..n * vocab), &mut out)
+                    .map_err(driver("reading the logits"))?;
+                s.synchronize().map_err(driver("reading the logits"))?;
+                Ok(RowsOut::Logits(out))
+            }
+        }
+    }
+
+    /// The device's selections over rows the host gives (`n_vocab` values each): every row's
+    /// greedy choice and its `k` largest (id, value), as a batched step makes them, so that a
+    /// check can compare them with the host's on the very same values.
+    pub fn select_rows(
+        &mut self,
+        p: &DecodePlan,
+        rows: &[f32],
+        k: usize,
+    ) -> Result<(Vec<u32>, Vec<Vec<(u32, f32)>>), CudaError> {
+        let vocab = p.n_vocab;
+        let n = rows.len() / vocab;
+        assert!(
+            n <= MAX_BATCH && n * vocab == rows.len(),
+            "whole rows, at most MAX_BATCH"
+        );
+        let s = self.stream.clone();
+        if self.all_logits.is_none() {
+            self.all_logits = Some(
+                s.alloc_zeros::<f32>(MAX_BATCH * vocab)
+                    .map_err(driver("logits of every row"))?,
+            );
+        }
+        let all = self.all_logits.as_mut().expect("allocated");
+        s.memcpy_htod(rows, &mut all.slice_mut(..n * vocab))
+            .map_err(driver("uploading rows"))?;
+        let greedy = match self.after_rows(p, n, RowsWant::Greedy)? {
+            RowsOut::Greedy(g) => g,
+            _ => unreachable!("greedy asked for"),
+        };
+        let top = match self.after_rows(p, n, RowsWant::Top(k))? {
+            RowsOut::Top(t) => t,
+            _ => unreachable!("candidates asked for"),
+        };
+        Ok((greedy, top))
+    }
+
+    /// The launches of a batched decode step of `n` rows already uploaded: the layers and the
+    /// output head over every row (the graph of a step size; the choices come after it).
     fn launch_rows(
         &mut self,
         p: &DecodePlan,
@@ -737,7 +856,7 @@ impl Prefill {
             .head
             .ok_or_else(|| CudaError::Model("batched decode needs the whole model".into()))?;
         let s = self.stream.clone();
-        let (d, vocab) = (p.n_embd, p.n_vocab);
+        let d = p.n_embd;
         let (x, h) = (ptr(&self.x, &s), ptr(&self.h, &s));
         let logits = ptr(self.all_logits.as_ref().expect("allocated"), &s);
         self.run(
@@ -752,18 +871,7 @@ impl Prefill {
                 Value::F32(p.norm_eps),
             ],
         )?;
-        self.product(p, at, head.output, h, n, logits, 0.0)?;
-        let out_ids = ptr(&self.row_ids, &s);
-        self.run(
-            "argmax_rows",
-            (n as u32, 1),
-            1024,
-            &[
-                Value::Ptr(logits),
-                Value::I32(vocab as i32),
-                Value::Ptr(out_ids),
-            ],
-        )
+        self.product(p, at, head.output, h, n, logits, 0.0)
     }
 
     /// Evaluates `ids` at positions `pos0..` (at most [`MAX_BATCH`]): the KV cache gets their

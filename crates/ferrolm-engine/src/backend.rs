@@ -80,6 +80,21 @@ pub trait Backend {
             .collect()
     }
 
+    /// [`Backend::forward`] for inputs that each want only their last logits' `k` largest
+    /// (a sampler with a top-k of at most `k` and no penalties needs no more): returns each
+    /// one's `k` largest as (id, logit), in no particular order. A backend that can keeps the
+    /// logits where they are and returns only these.
+    fn forward_top(
+        &mut self,
+        inputs: &[SlotInput<'_>],
+        k: usize,
+    ) -> Vec<Result<Vec<(u32, f32)>, Arc<BackendError>>> {
+        self.forward(inputs)
+            .into_iter()
+            .map(|r| r.map(|logits| crate::sampler::top_k(&logits, k)))
+            .collect()
+    }
+
     /// Asks the device to choose `slot`'s tokens itself with `sampler` after every evaluation
     /// that computes last logits (`None`: the host samples again). `Ok(false)`: this backend or
     /// this sampler cannot, and the host samples from the logits [`Backend::forward`] returns.

@@ -11,4 +11,4 @@ pub mod sequence;
 
 pub use backend::{Backend, BackendError, CpuBackend, SlotInput, SlotOutput};
 pub use generate::{eval_one, generate, FinishReason, GenerateError, GenerateParams, Generation};
-pub use sampler::{argmax, Sampler, SamplerParams};
+pub use sampler::{argmax, top_k, Sampler, SamplerParams};

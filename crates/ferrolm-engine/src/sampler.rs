@@ -92,10 +92,46 @@ impl Sampler {
         if p.temperature <= 0.0 {
             return argmax(logits);
         }
-        let c = &mut self.candidates;
+        let mut c = std::mem::take(&mut self.candidates);
         c.clear();
         c.extend(logits.iter().enumerate().map(|(i, &l)| (i as u32, l)));
-        let by_logit = |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
+        let id = self.pick(&mut c);
+        self.candidates = c;
+        id
+    }
+
+    /// Whether [`Sampler::sample_top`] gives what [`Sampler::sample`] would from the full
+    /// logits when handed the `k` largest: no penalties (they change logits outside them), and
+    /// greedy or a top-k of at most `k`.
+    pub fn samples_from_top(&self, k: usize) -> bool {
+        let p = &self.params;
+        let penalize =
+            p.repeat_penalty != 1.0 || p.presence_penalty != 0.0 || p.frequency_penalty != 0.0;
+        !penalize && (p.temperature <= 0.0 || (1..=k).contains(&p.top_k))
+    }
+
+    /// The next token from the largest logits only, as (id, logit) in any order: the same
+    /// choice and the same draw as [`Sampler::sample`] over the full logits, where
+    /// [`Sampler::samples_from_top`] says so for their count.
+    pub fn sample_top(&mut self, top: &[(u32, f32)]) -> u32 {
+        let mut c = std::mem::take(&mut self.candidates);
+        c.clear();
+        c.extend_from_slice(top);
+        let id = if self.params.temperature <= 0.0 {
+            c.iter()
+                .copied()
+                .min_by(|a, b| by_logit(a, b))
+                .map_or(0, |x| x.0)
+        } else {
+            self.pick(&mut c)
+        };
+        self.candidates = c;
+        id
+    }
+
+    /// Top-k, top-p, min-p and the temperature over the candidates `c`, then one draw.
+    fn pick(&mut self, c: &mut Vec<(u32, f32)>) -> u32 {
+        let p = &self.params;
         if p.top_k > 0 && p.top_k < c.len() {
             c.select_nth_unstable_by(p.top_k - 1, by_logit);
             c.truncate(p.top_k);
@@ -131,6 +167,27 @@ impl Sampler {
         }
         c.last().map_or(0, |x| x.0)
     }
+}
+
+/// The sampler's order of candidates: the larger logit first, then the lower id.
+fn by_logit(a: &(u32, f32), b: &(u32, f32)) -> std::cmp::Ordering {
+    b.1.total_cmp(&a.1).then(a.0.cmp(&b.0))
+}
+
+/// The `k` largest of `logits` as (id, logit), in the sampler's order (see [`Sampler`]).
+pub fn top_k(logits: &[f32], k: usize) -> Vec<(u32, f32)> {
+    let mut c: Vec<(u32, f32)> = logits
+        .iter()
+        .enumerate()
+        .map(|(i, &l)| (i as u32, l))
+        .collect();
+    let k = k.min(c.len());
+    if k > 0 && k < c.len() {
+        c.select_nth_unstable_by(k - 1, by_logit);
+    }
+    c.truncate(k);
+    c.sort_unstable_by(by_logit);
+    c
 }
 
 /// The index of the largest logit (the first, on ties).
@@ -257,5 +314,53 @@ mod tests {
         });
         assert_eq!(s.sample(&logits(), &[1, 1]), 2);
         assert_eq!(s.sample(&logits(), &[1]), 1);
+    }
+
+    /// Sampling from the k largest logits alone gives the ids sampling from all of them gives,
+    /// draw for draw, wherever `samples_from_top` says so (ties included).
+    #[test]
+    fn sampling_from_the_top_candidates_is_sampling_from_all() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = StdRng::seed_from_u64(5);
+        for case in 0..40 {
+            let n = 300;
+            let logits: Vec<f32> = (0..n)
+                .map(|_| (rng.random::<f32>() * 8.0).round() / 2.0)
+                .collect();
+            let params = SamplerParams {
+                temperature: [0.0, 0.7, 1.3][case % 3],
+                top_k: [1, 5, 40][case % 3],
+                top_p: [1.0, 0.9, 0.5][case % 3],
+                min_p: [0.0, 0.05, 0.1][case % 3],
+                seed: case as u64,
+                ..Default::default()
+            };
+            let (mut all, mut top) = (Sampler::new(params.clone()), Sampler::new(params.clone()));
+            assert!(top.samples_from_top(40));
+            let mut shuffled = top_k(&logits, 40);
+            shuffled.reverse();
+            for _ in 0..20 {
+                assert_eq!(
+                    all.sample(&logits, &[]),
+                    top.sample_top(&shuffled),
+                    "case {case}"
+                );
+            }
+        }
+        let penalized = Sampler::new(SamplerParams {
+            repeat_penalty: 1.1,
+            ..Default::default()
+        });
+        assert!(!penalized.samples_from_top(40));
+        assert!(!Sampler::new(SamplerParams {
+            top_k: 0,
+            ..Default::default()
+        })
+        .samples_from_top(40));
+        assert!(!Sampler::new(SamplerParams {
+            top_k: 41,
+            ..Default::default()
+        })
+        .samples_from_top(40));
     }
 }

@@ -54,6 +54,8 @@ enum Next<'a> {
     Logits(&'a [f32]),
     /// Chosen already.
     Chosen(u32),
+    /// Sampled from the largest logits alone.
+    Top(&'a [(u32, f32)]),
 }
 
 /// One request's decoding state (see the module documentation).
@@ -178,6 +180,26 @@ impl<'t> Sequence<'t> {
             && s.frequency_penalty == 0.0
     }
 
+    /// How many of the largest logits the next choice needs when it needs no other (greedy:
+    /// 1; a top-k sampler without penalties: its k); `None`: all of them (penalties, a
+    /// constraint, no top-k). [`Sequence::advance_top`] then takes those alone.
+    pub fn top_needed(&self) -> Option<usize> {
+        if self.constraint.is_some() {
+            return None;
+        }
+        if self.is_greedy() {
+            return Some(1);
+        }
+        let k = self.params.sampler.top_k;
+        self.sampler.samples_from_top(k).then_some(k)
+    }
+
+    /// [`Sequence::advance`] with only the largest logits of the last id, as (id, logit) in
+    /// any order, at least [`Sequence::top_needed`] of them: the same choice as from all.
+    pub fn advance_top(&mut self, n: usize, top: Option<&[(u32, f32)]>) -> Result<Step, StepError> {
+        self.advance_with(n, top.map(Next::Top))
+    }
+
     /// [`Sequence::advance`] with the next id already chosen (greedily, by the backend)
     /// instead of the logits to sample it from.
     pub fn advance_chosen(&mut self, n: usize, id: Option<u32>) -> Result<Step, StepError> {
@@ -200,6 +222,12 @@ impl<'t> Sequence<'t> {
         let id = match (&mut self.constraint, next) {
             (None, Next::Logits(logits)) => self.sampler.sample(logits, &self.history),
             (None, Next::Chosen(id)) => id,
+            (None, Next::Top(top)) => self.sampler.sample_top(top),
+            (Some(_), Next::Top(_)) => {
+                return Err(StepError::Constraint(
+                    "a constrained sequence needs every logit".into(),
+                ))
+            }
             (Some(c), Next::Chosen(id)) => {
                 c.accept(id).map_err(StepError::Constraint)?;
                 id

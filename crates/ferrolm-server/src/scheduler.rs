@@ -236,7 +236,11 @@ pub fn start(
 enum Next {
     Logits(Vec<f32>),
     Chosen(u32),
+    Top(Vec<(u32, f32)>),
 }
+
+/// The most candidates a step asks a backend for; a sampler with a larger top-k gets every logit.
+const TOP_MAX: usize = 256;
 
 /// Marks the scheduler stopped when dropped.
 struct Running(Arc<Shared>);
@@ -433,15 +437,28 @@ impl<'t> Scheduler<'t> {
             .map(|i| (i.slot, i.ids.len(), i.want != Logits::None))
             .collect();
         let evaluated: Vec<Vec<u32>> = inputs.iter().map(|i| i.ids.to_vec()).collect();
-        // Every sequence that samples greedy: the backend chooses (a GPU then returns ids,
-        // not logits).
-        let greedy = self.slots.iter().flatten().all(|a| a.seq.is_greedy());
+        // When no sequence needs every logit (greedy, or top-k samplers without penalties or
+        // constraints), the backend returns only the ids or the largest logits (a GPU then
+        // keeps the logits in its memory).
+        let top = self
+            .slots
+            .iter()
+            .flatten()
+            .map(|a| a.seq.top_needed())
+            .try_fold(1, |k, t| t.map(|t| k.max(t)))
+            .filter(|&k| k <= TOP_MAX);
         let outputs = catch_unwind(AssertUnwindSafe(|| {
-            if greedy {
+            if top == Some(1) {
                 forward
                     .forward_greedy(&inputs)
                     .into_iter()
                     .map(|r| r.map(Next::Chosen))
+                    .collect()
+            } else if let Some(k) = top {
+                forward
+                    .forward_top(&inputs, k)
+                    .into_iter()
+                    .map(|r| r.map(Next::Top))
                     .collect()
             } else {
                 forward
@@ -487,6 +504,7 @@ impl<'t> Scheduler<'t> {
             let before = active.seq.completion_tokens();
             let step = match logits {
                 Some(Next::Chosen(id)) => active.seq.advance_chosen(n, Some(id)),
+                Some(Next::Top(top)) => active.seq.advance_top(n, Some(&top)),
                 Some(Next::Logits(l)) => active.seq.advance(n, Some(&l)),
                 None => active.seq.advance(n, None),
             };

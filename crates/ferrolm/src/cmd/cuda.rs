@@ -183,6 +183,7 @@ fn check_batched(args: &CheckArgs, model: &Model, cuda: CudaOptions) -> Result<(
         }
     }
     let row = compare("batched", &cpu_rows, &gpu_rows, n_vocab, t.elapsed());
+    check_selections(model, &cpu_rows, cuda)?;
     let most = sizes.iter().copied().max().unwrap_or(0);
     println!(
         "| file | sequences | rows compared | batch sizes | mean KL | max KL | top-1 (ties within {TIE}) | top-1 raw | max abs logit diff |"
@@ -204,6 +205,38 @@ fn check_batched(args: &CheckArgs, model: &Model, cuda: CudaOptions) -> Result<(
             row.mean_kl,
             100.0 * row.top1_tied
         );
+    }
+    Ok(())
+}
+
+/// The batched step's greedy choices and top-k candidates (`argmax_rows`, `topk_rows`) against
+/// the host's on the very same values: the CPU's rows of a run, and the same rows rounded to
+/// a few levels so that many values tie (the first of equal values wins, as on the host).
+fn check_selections(model: &Model, rows: &[f32], cuda: CudaOptions) -> Result<()> {
+    let n_vocab = model.plan().n_vocab;
+    let mut gpu = CudaModel::new(model.plan(), model.file(), cuda.ordinal, cuda.n_ctx)
+        .map_err(|e| anyhow::anyhow!("cuda:{}: {e}", cuda.ordinal))?;
+    let n = (rows.len() / n_vocab).min(64);
+    let rows = &rows[..n * n_vocab];
+    let tied: Vec<f32> = rows.iter().map(|v| (v * 2.0).round() / 2.0).collect();
+    let k = 40;
+    let mut differ = 0;
+    for values in [rows, &tied[..]] {
+        let (greedy, top) = gpu.select_rows(values, k)?;
+        for (r, row) in values.chunks_exact(n_vocab).enumerate() {
+            let want = ferrolm_engine::top_k(row, k);
+            let mut got = top[r].clone();
+            got.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+            differ += usize::from(greedy[r] != ferrolm_engine::argmax(row) || got != want);
+        }
+    }
+    println!(
+        "device selections (greedy, top-{k}) over {} rows, as given and with ties: {} differ from the host's",
+        2 * n,
+        differ
+    );
+    if differ > 0 {
+        bail!("the device's greedy or top-k selections differ from the host's on {differ} rows");
     }
     Ok(())
 }
