@@ -9,7 +9,7 @@
 
 use std::sync::Arc;
 
-use ferrolm_engine::{Backend, BackendError, SamplerParams, SlotInput, SlotOutput};
+use ferrolm_engine::{Backend, BackendError, SamplerParams, SlotInput, SlotOutput, TopOutput};
 use ferrolm_model::{Logits, Model, ModelError, Session};
 use rand::{Rng, SeedableRng};
 
@@ -333,11 +333,7 @@ impl Backend for CudaBackend {
             .collect()
     }
 
-    fn forward_top(
-        &mut self,
-        inputs: &[SlotInput<'_>],
-        k: usize,
-    ) -> Vec<Result<Vec<(u32, f32)>, Arc<BackendError>>> {
+    fn forward_top(&mut self, inputs: &[SlotInput<'_>], k: usize) -> Vec<TopOutput> {
         let k = k.clamp(1, TOP_MAX);
         self.eval_all(inputs, RowsWant::Top(k))
             .into_iter()

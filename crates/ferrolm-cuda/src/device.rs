@@ -130,6 +130,9 @@ struct Resolved {
     args: Vec<Value>,
 }
 
+/// Each row's greedy choice and its largest values as (id, value) ([`CudaModel::select_rows`]).
+pub type Selections = (Vec<u32>, Vec<Vec<(u32, f32)>>);
+
 /// What a batched decode step ([`CudaModel::eval_rows`]) returns for its rows.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Rows {
@@ -626,14 +629,9 @@ impl CudaModel {
     /// The batched step's selections over rows of values the host gives (`n_vocab` each, at
     /// most 512 rows): each row's greedy choice and its `k` largest as (id, value), unsorted.
     /// For checks: the host's selections over the same values must be the same.
-    #[allow(clippy::type_complexity)]
-    pub fn select_rows(
-        &mut self,
-        rows: &[f32],
-        k: usize,
-    ) -> Result<(Vec<u32>, Vec<Vec<(u32, f32)>>), CudaError> {
+    pub fn select_rows(&mut self, rows: &[f32], k: usize) -> Result<Selections, CudaError> {
         let n_vocab = self.plan.n_vocab;
-        if rows.len() % n_vocab != 0 || rows.len() / n_vocab > MAX_BATCH {
+        if !rows.len().is_multiple_of(n_vocab) || rows.len() / n_vocab > MAX_BATCH {
             return Err(CudaError::Model(format!(
                 "{} values are not whole rows of {n_vocab} (at most {MAX_BATCH})",
                 rows.len()

@@ -24,7 +24,7 @@ pub mod repack;
 pub mod schedule;
 
 pub use backend::{device_sampling, open, CudaBackend, CudaOptions, SplitBackend};
-pub use device::{device_count, CudaModel, DeviceSampling, Rows, Stats};
+pub use device::{device_count, CudaModel, DeviceSampling, Rows, Selections, Stats};
 pub use prefill::{RowsWant, TOP_MAX};
 pub use schedule::Decline;
 

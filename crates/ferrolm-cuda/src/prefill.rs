@@ -814,7 +814,7 @@ impl Prefill {
         p: &DecodePlan,
         rows: &[f32],
         k: usize,
-    ) -> Result<(Vec<u32>, Vec<Vec<(u32, f32)>>), CudaError> {
+    ) -> Result<crate::device::Selections, CudaError> {
         let vocab = p.n_vocab;
         let n = rows.len() / vocab;
         assert!(

@@ -50,6 +50,9 @@ pub struct SlotInput<'a> {
 /// is shared, since a batched call that fails fails for every slot in it.
 pub type SlotOutput = Result<Vec<f32>, Arc<BackendError>>;
 
+/// One input's largest logits as (id, logit) ([`Backend::forward_top`]), or the shared error.
+pub type TopOutput = Result<Vec<(u32, f32)>, Arc<BackendError>>;
+
 /// A model on a device, with its slots (see the module documentation).
 pub trait Backend {
     /// Where it runs, in words ("CPU", "CUDA (NVIDIA H200)").
@@ -84,11 +87,7 @@ pub trait Backend {
     /// (a sampler with a top-k of at most `k` and no penalties needs no more): returns each
     /// one's `k` largest as (id, logit), in no particular order. A backend that can keeps the
     /// logits where they are and returns only these.
-    fn forward_top(
-        &mut self,
-        inputs: &[SlotInput<'_>],
-        k: usize,
-    ) -> Vec<Result<Vec<(u32, f32)>, Arc<BackendError>>> {
+    fn forward_top(&mut self, inputs: &[SlotInput<'_>], k: usize) -> Vec<TopOutput> {
         self.forward(inputs)
             .into_iter()
             .map(|r| r.map(|logits| crate::sampler::top_k(&logits, k)))

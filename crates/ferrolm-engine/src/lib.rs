@@ -9,6 +9,6 @@ mod generate;
 mod sampler;
 pub mod sequence;
 
-pub use backend::{Backend, BackendError, CpuBackend, SlotInput, SlotOutput};
+pub use backend::{Backend, BackendError, CpuBackend, SlotInput, SlotOutput, TopOutput};
 pub use generate::{eval_one, generate, FinishReason, GenerateError, GenerateParams, Generation};
 pub use sampler::{argmax, top_k, Sampler, SamplerParams};

@@ -118,10 +118,7 @@ impl Sampler {
         c.clear();
         c.extend_from_slice(top);
         let id = if self.params.temperature <= 0.0 {
-            c.iter()
-                .copied()
-                .min_by(|a, b| by_logit(a, b))
-                .map_or(0, |x| x.0)
+            c.iter().copied().min_by(by_logit).map_or(0, |x| x.0)
         } else {
             self.pick(&mut c)
         };
