@@ -2533,16 +2533,19 @@ extern "C" __global__ void swiglu_f16(const float* g, const float* u, u16* out, 
 // slot's positions, slot s from s * slot_stride halfs on.
 
 // rope_rows for tokens of different slots and positions.
+// Token t's queries start at q + t * q_stride, its keys and values at k, v + t * kv_stride (the
+// rows of separate Q, K and V products, or one fused product's (q | k | v) row per token).
 extern "C" __global__ void rope_rows_slots(float* q, const float* k, const float* v,
                                            const float* q_bias, const float* k_bias,
                                            const float* v_bias, const float* q_norm,
                                            const float* k_norm, u16* kc, u16* vc, const u32* slot,
-                                           const u32* pos, long long slot_stride, int n_head,
-                                           int n_head_kv, int hd, int n_dims, int neox,
-                                           float theta_scale, float freq_scale,
-                                           const float* freq_factors, float eps) {
+                                           const u32* pos, long long slot_stride, int q_stride,
+                                           int kv_stride, int n_head, int n_head_kv, int hd,
+                                           int n_dims, int neox, float theta_scale,
+                                           float freq_scale, const float* freq_factors,
+                                           float eps) {
     int t = blockIdx.y;
-    size_t qo = (size_t)t * n_head * hd, ko = (size_t)t * n_head_kv * hd;
+    size_t qo = (size_t)t * q_stride, ko = (size_t)t * kv_stride;
     size_t base = (size_t)slot[t] * (size_t)slot_stride;
     rope_head(q + qo, k + ko, v + ko, q_bias, k_bias, v_bias, q_norm, k_norm, kc + base,
               vc + base, (int)pos[t], blockIdx.x, n_head, n_head_kv, hd, n_dims, neox,
@@ -2554,7 +2557,8 @@ extern "C" __global__ void rope_rows_slots(float* q, const float* k, const float
 // the normalized output as f16, the rows the output product's GEMM reads.
 extern "C" __global__ void attn_rows(const float* q, const u16* kc, const u16* vc, u16* out,
                                      const u32* slot, const u32* pos, long long slot_stride,
-                                     int n_head, int n_head_kv, int hd, float scale, int window) {
+                                     int q_stride, int n_head, int n_head_kv, int hd, float scale,
+                                     int window) {
     __shared__ float so[256];
     int h = blockIdx.x, t = blockIdx.y;
     int kvh = h / (n_head / n_head_kv);
@@ -2563,8 +2567,8 @@ extern "C" __global__ void attn_rows(const float* q, const u16* kc, const u16* v
     size_t base = (size_t)slot[t] * (size_t)slot_stride;
     size_t row = ((size_t)t * n_head + h) * hd;
     float M, L;
-    attend_tiles(q + row, kc + base, vc + base, n_head_kv * hd, kvh * hd, hd, lo, len, scale, M,
-                 L, so);
+    attend_tiles(q + (size_t)t * q_stride + (size_t)h * hd, kc + base, vc + base, n_head_kv * hd,
+                 kvh * hd, hd, lo, len, scale, M, L, so);
     for (int i = threadIdx.x; i < hd; i += blockDim.x) out[row + i] = f2h(so[i] / L);
 }
 
@@ -2687,5 +2691,16 @@ extern "C" __global__ void topk_rows(const float* x, int n, int k, u32* out_ids,
             s_equal_seen = seen + total;
         }
         __syncthreads();
+    }
+}
+
+// act = silu(gate) * up as f16, where row t of gu holds its gate then its up values (one fused
+// product), ff of each.
+extern "C" __global__ void swiglu_pairs_f16(const float* gu, u16* act, int ff, long long n) {
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) {
+        long long t = i / ff, j = i - t * ff;
+        float x = gu[t * 2 * ff + j];
+        act[i] = f2h(x / (1.f + __expf(-x)) * gu[t * 2 * ff + ff + j]);
     }
 }

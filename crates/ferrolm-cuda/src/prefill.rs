@@ -118,7 +118,17 @@ pub(crate) struct Prefill {
     top_vals: CudaSlice<f32>,
     /// Every quantized matrix as f16, kept (`f16_weights`): GEMMs then read them as they are
     /// instead of dequantizing one matrix at a time. Empty: not kept.
-    w16_kept: Vec<Option<CudaSlice<u16>>>,
+    /// Where each matrix's copy starts (`None`: not kept, or f16 in the file).
+    w16_kept: Vec<Option<u64>>,
+    /// Per layer: Q, K and V stacked as one f16 matrix, and gate and up (one product each in a
+    /// batched decode step); each matrix's copy above lies inside its stack.
+    qkv_kept: Vec<Option<u64>>,
+    gate_up_kept: Vec<Option<u64>>,
+    /// The device memory of the copies.
+    w16_owned: Vec<CudaSlice<u16>>,
+    /// The fused products' outputs: each token's (q | k | v), and its (gate | up).
+    qkv_rows: Option<CudaSlice<f32>>,
+    gate_up_rows: Option<CudaSlice<f32>>,
     /// The batched decode step's graph per padded row count (`None`: run once, not captured
     /// yet), and whether graphs are used (not with `FERROLM_CUDA_NO_GRAPH`, nor after a
     /// capture failed).
@@ -212,6 +222,11 @@ impl Prefill {
                 .alloc_zeros::<f32>(b * TOP_MAX)
                 .map_err(driver("batch candidates"))?,
             w16_kept: Vec::new(),
+            qkv_kept: Vec::new(),
+            gate_up_kept: Vec::new(),
+            w16_owned: Vec::new(),
+            qkv_rows: None,
+            gate_up_rows: None,
             row_graphs: HashMap::new(),
             graphs: std::env::var_os("FERROLM_CUDA_NO_GRAPH").is_none(),
             profile: None,
@@ -391,11 +406,11 @@ impl Prefill {
     ) -> Result<(), CudaError> {
         let spec = &p.matrices[m];
         // F16 weights are GEMM operands as they are; kept f16 copies too.
-        let kept = self.w16_kept.get(m).and_then(Option::as_ref);
+        let kept = self.w16_kept.get(m).copied().flatten();
         let w16 = if spec.ty == TensorType::F16 {
             at.matrices[m]
         } else if let Some(w) = kept {
-            ptr(w, &self.stream)
+            w
         } else {
             let dst = ptr(&self.w16, &self.stream);
             self.dequantize(spec, at.matrices[m], dst)?;
@@ -417,23 +432,64 @@ impl Prefill {
     /// once (2 bytes a weight) instead of dequantizing it first (its blocks read, f16 written
     /// and read again): what a decode step of many sequences wants.
     pub fn keep_f16_weights(&mut self, p: &DecodePlan, at: &Addresses) -> Result<(), CudaError> {
-        if !self.w16_kept.is_empty() {
+        if !self.w16_owned.is_empty() {
             return Ok(());
         }
-        let mut kept = Vec::with_capacity(p.matrices.len());
-        for (m, spec) in p.matrices.iter().enumerate() {
-            if spec.ty == TensorType::F16 {
-                kept.push(None);
-                continue;
+        let mut kept: Vec<Option<u64>> = vec![None; p.matrices.len()];
+        // One allocation of the matrices `ms` stacked row after row (its start), or `None`
+        // when one is f16 in the file or their widths differ.
+        let stack = |this: &mut Prefill, ms: &[usize], kept: &mut Vec<Option<u64>>| {
+            let specs: Vec<&MatrixSpec> = ms.iter().map(|&m| &p.matrices[m]).collect();
+            if specs
+                .iter()
+                .any(|m| m.ty == TensorType::F16 || m.cols != specs[0].cols)
+            {
+                return Ok::<_, CudaError>(None);
             }
-            let w = self
+            let total: usize = specs.iter().map(|m| m.rows * m.cols).sum();
+            let w = this
                 .stream
-                .alloc_zeros::<u16>(spec.rows * spec.cols)
+                .alloc_zeros::<u16>(total)
                 .map_err(driver("f16 copies of the weights"))?;
-            self.dequantize(spec, at.matrices[m], ptr(&w, &self.stream))?;
-            kept.push(Some(w));
+            let base = ptr(&w, &this.stream);
+            let mut offset = 0u64;
+            for (&m, spec) in ms.iter().zip(&specs) {
+                this.dequantize(spec, at.matrices[m], base + 2 * offset)?;
+                kept[m] = Some(base + 2 * offset);
+                offset += (spec.rows * spec.cols) as u64;
+            }
+            this.w16_owned.push(w);
+            Ok(Some(base))
+        };
+        let mut qkv = Vec::with_capacity(p.layers.len());
+        let mut gate_up = Vec::with_capacity(p.layers.len());
+        for r in &p.layers {
+            qkv.push(stack(self, &r.qkv, &mut kept)?);
+            gate_up.push(stack(self, &r.ffn[..2], &mut kept)?);
+        }
+        for m in 0..p.matrices.len() {
+            if kept[m].is_none() && p.matrices[m].ty != TensorType::F16 {
+                kept[m] = stack(self, &[m], &mut kept)?;
+            }
+        }
+        let any = |v: &[Option<u64>]| v.iter().any(Option::is_some);
+        if any(&qkv) {
+            self.qkv_rows = Some(
+                self.stream
+                    .alloc_zeros::<f32>(MAX_BATCH * (p.max_q + 2 * p.max_kv))
+                    .map_err(driver("fused product rows"))?,
+            );
+        }
+        if any(&gate_up) {
+            self.gate_up_rows = Some(
+                self.stream
+                    .alloc_zeros::<f32>(MAX_BATCH * 2 * p.max_ff)
+                    .map_err(driver("fused product rows"))?,
+            );
         }
         self.w16_kept = kept;
+        self.qkv_kept = qkv;
+        self.gate_up_kept = gate_up;
         Ok(())
     }
 
@@ -505,9 +561,29 @@ impl Prefill {
                 ]
             };
             self.run("rms_norm_rows", (n as u32, 1), 256, &norm(r.attn_norm))?;
-            for (m, out) in r.qkv.iter().zip([q, k, v]) {
-                self.product(p, at, *m, h, n, out, 0.0)?;
-            }
+            // A batched decode step reads Q, K and V as one stacked matrix where it is kept:
+            // each token's row of the product is then (q | k | v).
+            let q_dim = r.n_head * r.head_dim;
+            let kv_dim = r.n_head_kv * r.head_dim;
+            let fused_qkv = match rows {
+                Rows::Slots { .. } => self.qkv_kept.get(l).copied().flatten(),
+                Rows::Prompt { .. } => None,
+            };
+            let (q, k, v, q_stride, kv_stride) = match (fused_qkv, &self.qkv_rows) {
+                (Some(w), Some(rows_buf)) => {
+                    let out = ptr(rows_buf, &s);
+                    let width = q_dim + 2 * kv_dim;
+                    self.gemm(w, width, d, h, n, out, 0.0)?;
+                    let f = 4 * q_dim as u64;
+                    (out, out + f, out + f + 4 * kv_dim as u64, width, width)
+                }
+                _ => {
+                    for (m, out) in r.qkv.iter().zip([q, k, v]) {
+                        self.product(p, at, *m, h, n, out, 0.0)?;
+                    }
+                    (q, k, v, q_dim, kv_dim)
+                }
+            };
             let bias = |j: usize| opt(r.qkv_bias.map(|b| b[j]));
             let qk_norm = |j: usize| opt(r.qk_norm.map(|b| b[j]));
             match rows {
@@ -590,6 +666,8 @@ impl Prefill {
                             Value::Ptr(slots),
                             Value::Ptr(pos),
                             Value::I64(slot_stride[l] as i64),
+                            Value::I32(q_stride as i32),
+                            Value::I32(kv_stride as i32),
                             Value::I32(r.n_head as i32),
                             Value::I32(r.n_head_kv as i32),
                             Value::I32(r.head_dim as i32),
@@ -613,6 +691,7 @@ impl Prefill {
                             Value::Ptr(slots),
                             Value::Ptr(pos),
                             Value::I64(slot_stride[l] as i64),
+                            Value::I32(q_stride as i32),
                             Value::I32(r.n_head as i32),
                             Value::I32(r.n_head_kv as i32),
                             Value::I32(r.head_dim as i32),
@@ -625,21 +704,45 @@ impl Prefill {
             self.product(p, at, r.wo, attn, n, x, 1.0)?;
             self.run("rms_norm_rows", (n as u32, 1), 256, &norm(r.ffn_norm))?;
             let [g, u, down] = r.ffn;
-            self.product(p, at, g, h, n, gate, 0.0)?;
-            self.product(p, at, u, h, n, up, 0.0)?;
             let n_ff = p.matrices[g].rows;
             let total = (n * n_ff) as u64;
-            self.run(
-                "swiglu_f16",
-                (total.div_ceil(256) as u32, 1),
-                256,
-                &[
-                    Value::Ptr(gate),
-                    Value::Ptr(up),
-                    Value::Ptr(act),
-                    Value::I64(total as i64),
-                ],
-            )?;
+            let fused_gu = match rows {
+                Rows::Slots { .. } => self.gate_up_kept.get(l).copied().flatten(),
+                Rows::Prompt { .. } => None,
+            };
+            match (fused_gu, &self.gate_up_rows) {
+                (Some(w), Some(rows_buf)) => {
+                    // Gate and up as one stacked matrix: each token's row is (gate | up).
+                    let out = ptr(rows_buf, &s);
+                    self.gemm(w, 2 * n_ff, d, h, n, out, 0.0)?;
+                    self.run(
+                        "swiglu_pairs_f16",
+                        (total.div_ceil(256) as u32, 1),
+                        256,
+                        &[
+                            Value::Ptr(out),
+                            Value::Ptr(act),
+                            Value::I32(n_ff as i32),
+                            Value::I64(total as i64),
+                        ],
+                    )?;
+                }
+                _ => {
+                    self.product(p, at, g, h, n, gate, 0.0)?;
+                    self.product(p, at, u, h, n, up, 0.0)?;
+                    self.run(
+                        "swiglu_f16",
+                        (total.div_ceil(256) as u32, 1),
+                        256,
+                        &[
+                            Value::Ptr(gate),
+                            Value::Ptr(up),
+                            Value::Ptr(act),
+                            Value::I64(total as i64),
+                        ],
+                    )?;
+                }
+            }
             self.product(p, at, down, act, n, x, 1.0)?;
         }
         Ok(())
