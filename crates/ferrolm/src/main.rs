@@ -7,6 +7,7 @@ use anyhow::Result;
 use clap::{Parser, Subcommand};
 
 mod cmd;
+mod hub;
 mod models;
 
 #[derive(Parser)]
@@ -71,14 +72,25 @@ enum Command {
         /// A GGUF file, or a known model's name (default: the default model).
         model: Option<String>,
     },
+    /// Split a GGUF into shards as llama.cpp's gguf-split does (OUT-00001-of-0000N.gguf, ...).
+    Split {
+        /// The GGUF to split.
+        input: PathBuf,
+        /// The shards' path without `-00001-of-0000N.gguf`.
+        output: PathBuf,
+        /// Tensors in each shard at most.
+        #[arg(long, default_value_t = 128)]
+        max_tensors: usize,
+    },
     /// Write a synthetic GGUF (random weights, a real architecture's layout) for parity tests.
     Synth(Box<cmd::synth::SynthArgs>),
     /// Compare the CUDA backend with the CPU on one file: every position's logits (KL,
     /// top-1) and greedy continuations (on a machine with an NVIDIA GPU).
     CudaCheck(cmd::cuda::CheckArgs),
-    /// Fetch known models into the cache ($FERROLM_HOME, default ~/.cache/ferrolm).
+    /// Fetch known models into the cache ($FERROLM_HOME, default ~/.cache/ferrolm), or
+    /// models from the Hugging Face Hub into its cache (hf:ORG/REPO[:QUANT|/FILE.gguf]).
     Pull {
-        /// Model names (`all` for every known one); default: the default model.
+        /// Model names (`all` for every known one) or hf: references; default: the default model.
         names: Vec<String>,
     },
 }
@@ -125,6 +137,17 @@ fn run(cli: Cli) -> Result<()> {
             let stdout = std::io::stdout();
             cmd::inspect::run(&path, &mut stdout.lock())
         }
+        Command::Split {
+            input,
+            output,
+            max_tensors,
+        } => {
+            let src = ferrolm_gguf::GgufFile::open(&input)?;
+            for path in ferrolm_gguf::write_split(&src, &output, max_tensors)? {
+                println!("{}", path.display());
+            }
+            Ok(())
+        }
         Command::Synth(args) => cmd::synth::run(*args),
         Command::CudaCheck(args) => cmd::cuda::check(args),
         Command::Pull { names } => {
@@ -133,6 +156,11 @@ fn run(cli: Cli) -> Result<()> {
             } else {
                 names
             };
+            let (refs, names): (Vec<String>, Vec<String>) =
+                names.into_iter().partition(|n| hub::is_reference(n));
+            for r in refs {
+                println!("{}", hub::resolve(&r)?.display());
+            }
             let wanted: Vec<&models::KnownModel> = if names.iter().any(|n| n == "all") {
                 models::KNOWN_MODELS.iter().collect()
             } else {
