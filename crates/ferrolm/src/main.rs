@@ -72,6 +72,9 @@ enum Command {
         /// A GGUF file, or a known model's name (default: the default model).
         model: Option<String>,
     },
+    /// A model's perplexity on a text, as llama-perplexity computes it (chunks of -c tokens,
+    /// the second half of each scored); --kl-divergence-base/--kl-divergence compare two models.
+    Perplexity(Box<cmd::perplexity::PerplexityArgs>),
     /// Split a GGUF into shards as llama.cpp's gguf-split does (OUT-00001-of-0000N.gguf, ...).
     Split {
         /// The GGUF to split.
@@ -137,6 +140,7 @@ fn run(cli: Cli) -> Result<()> {
             let stdout = std::io::stdout();
             cmd::inspect::run(&path, &mut stdout.lock())
         }
+        Command::Perplexity(args) => cmd::perplexity::run(*args),
         Command::Split {
             input,
             output,
