@@ -75,6 +75,8 @@ enum Command {
     /// A model's perplexity on a text, as llama-perplexity computes it (chunks of -c tokens,
     /// the second half of each scored); --kl-divergence-base/--kl-divergence compare two models.
     Perplexity(Box<cmd::perplexity::PerplexityArgs>),
+    /// Write a GGUF again in another file type, as llama-quantize does (the same bytes).
+    Quantize(Box<cmd::quantize::QuantizeArgs>),
     /// Split a GGUF into shards as llama.cpp's gguf-split does (OUT-00001-of-0000N.gguf, ...).
     Split {
         /// The GGUF to split.
@@ -141,6 +143,7 @@ fn run(cli: Cli) -> Result<()> {
             cmd::inspect::run(&path, &mut stdout.lock())
         }
         Command::Perplexity(args) => cmd::perplexity::run(*args),
+        Command::Quantize(args) => cmd::quantize::run(*args),
         Command::Split {
             input,
             output,

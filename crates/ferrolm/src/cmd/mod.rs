@@ -7,6 +7,7 @@ pub mod cuda;
 pub mod inspect;
 pub mod logits;
 pub mod perplexity;
+pub mod quantize;
 pub mod run;
 pub mod serve;
 pub mod synth;
