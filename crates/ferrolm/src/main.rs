@@ -9,6 +9,7 @@ use clap::{Parser, Subcommand};
 mod cmd;
 mod hub;
 mod models;
+mod prompt_progress;
 
 #[derive(Parser)]
 #[command(

@@ -51,9 +51,13 @@ impl Target {
         if name.eq_ignore_ascii_case("bf16") {
             return Ok(Target::Bf16);
         }
-        FileType::parse(name)
-            .map(Target::Mix)
-            .map_err(|e| anyhow::anyhow!("{e}, or bf16"))
+        FileType::parse(name).map(Target::Mix).map_err(|_| {
+            let known: Vec<&str> = FileType::ALL.iter().map(|t| t.name()).collect();
+            anyhow::anyhow!(
+                "unknown file type {name:?}; known: {}, bf16",
+                known.join(", ")
+            )
+        })
     }
 
     /// `general.file_type` (llama.cpp's `llama_ftype`).

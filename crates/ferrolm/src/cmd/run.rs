@@ -1,5 +1,6 @@
 //! `ferrolm run`: one prompt, its continuation streamed to stdout, timings to stderr.
 
+use crate::prompt_progress::PromptProgress;
 use std::io::Write;
 
 use anyhow::{bail, Result};
@@ -109,10 +110,11 @@ pub fn run(args: RunArgs) -> Result<()> {
                 gpu,
                 cpu: model.session(n_ctx),
             };
+            let mut split = PromptProgress::new(&mut split);
             generate(&mut split, &tokenizer, &ids, &params, on_text)?
         }
         None => generate(
-            &mut model.session(n_ctx),
+            &mut PromptProgress::new(&mut model.session(n_ctx)),
             &tokenizer,
             &ids,
             &params,
