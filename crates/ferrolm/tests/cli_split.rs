@@ -53,3 +53,58 @@ fn a_split_model_inspects_and_runs_as_the_whole() {
     assert!(e.contains("is missing"), "{e}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// Experts streamed from the shards of a split mixture-of-experts model (pread from each shard)
+/// give the tokens and expert counts of the unsplit model with its experts mapped.
+#[test]
+fn experts_stream_across_shards() {
+    let dir = std::env::temp_dir().join(format!("ferrolm-split-moe-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let whole = dir.join("moe.gguf");
+    let whole_s = whole.to_str().unwrap();
+    ok(ferrolm(&[
+        "synth",
+        "--arch",
+        "qwen3moe",
+        "--layers",
+        "3",
+        "--experts",
+        "16",
+        "-o",
+        whole_s,
+    ]));
+    let out = ok(ferrolm(&[
+        "split",
+        "--max-tensors",
+        "7",
+        whole_s,
+        dir.join("moe-split").to_str().unwrap(),
+    ]));
+    let first = out.lines().next().unwrap().to_string();
+    assert!(out.lines().count() >= 4, "{out}");
+    let run = |model: &str, cache: &str| {
+        let out = ok(ferrolm(&[
+            "run",
+            "-m",
+            model,
+            "-t",
+            "2",
+            "-n",
+            "8",
+            "--temp",
+            "0",
+            "--expert-stats",
+            "--expert-cache",
+            cache,
+            "--json",
+            "the quick brown fox",
+        ]));
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        (v["tokens"].clone(), v["expert_counts"].clone())
+    };
+    let resident = run(whole_s, "0");
+    assert_eq!(run(&first, "1"), resident);
+    assert_eq!(run(&first, "0"), resident);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
