@@ -149,3 +149,62 @@ fn a_text_too_short_for_the_context_is_refused() {
         "{e}"
     );
 }
+
+/// SmolLM2 Q4_1 as the base, its Q8_0 (quantized by ferrolm from its F16 form, the bytes
+/// llama-quantize writes) compared with it: llama.cpp's statistics on the same files.
+#[test]
+fn kl_divergence_of_a_requantized_model_is_llama_cpp_s() {
+    let g = &golden()["kl_smollm2_q4_1_vs_q8_0"];
+    let dir = std::env::temp_dir().join(format!("ferrolm-kld-q8-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = |name: &str| dir.join(name).to_str().unwrap().to_string();
+    let (f16, q8, base) = (path("f16.gguf"), path("q8_0.gguf"), path("base.kld"));
+    ok(ferrolm(&[
+        "quantize",
+        "smollm2",
+        &f16,
+        "f16",
+        "--allow-requantize",
+    ]));
+    ok(ferrolm(&["quantize", &f16, &q8, "q8_0"]));
+    ok(ferrolm(&[
+        "perplexity",
+        "-f",
+        TEXT,
+        "-c",
+        "512",
+        "--chunks",
+        "2",
+        "--kl-divergence-base",
+        &base,
+    ]));
+    let out = ok(ferrolm(&[
+        "perplexity",
+        "-m",
+        &q8,
+        "--kl-divergence-base",
+        &base,
+        "--kl-divergence",
+    ]));
+    let field = |name: &str| -> f64 {
+        let line = out
+            .lines()
+            .find(|l| l.starts_with(name))
+            .unwrap_or_else(|| panic!("{out}"));
+        let v = line.split(':').nth(1).unwrap().trim();
+        v.split_whitespace().next().unwrap().parse().unwrap()
+    };
+    let want = |k: &str| g[k].as_f64().unwrap();
+    let kld = field("Mean    KLD");
+    assert!(
+        kld > 0.0 && ((kld - want("mean_kld")) / want("mean_kld")).abs() < 0.01,
+        "{kld} vs {g}"
+    );
+    assert!(
+        (field("Same top p") / 100.0 - want("same_top")).abs() < 0.005,
+        "{out} vs {g}"
+    );
+    assert_close(field("Mean PPL(Q)"), want("ppl"), "PPL(Q)");
+    assert_close(field("Mean PPL(base)"), want("ppl_base"), "PPL(base)");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
