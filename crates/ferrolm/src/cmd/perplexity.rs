@@ -16,9 +16,12 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use ferrolm_model::{Logits, Session};
+use ferrolm_cuda::CudaModel;
+use ferrolm_engine::Forward;
+use ferrolm_model::{Logits, Model, Session};
 
-use super::common::{load_any_device, ModelArgs};
+use super::common::{cuda_model, load_any_device, ModelArgs};
+use super::cuda::Split;
 
 /// `ferrolm perplexity`'s flags.
 #[derive(Args, Debug)]
@@ -84,10 +87,50 @@ fn nll(logits: &[f32], tok: usize) -> f64 {
     -(f64::from(logits[tok] - max) - sum_exp.ln())
 }
 
+/// Where chunks are evaluated: the CPU session, the GPU, or layers on both (as `--device` and
+/// `--gpu-layers` say, like every command that runs a model).
+// Should go through the engine's backend trait once it has one; the CPU path is what CI tests.
+enum Evaluator<'m> {
+    Cpu(Session<'m>),
+    Cuda(Box<CudaModel>),
+    Split(Box<Split<'m>>),
+}
+
+impl<'m> Evaluator<'m> {
+    fn new(args: &ModelArgs, model: &'m Model, n_ctx: usize) -> Result<Evaluator<'m>> {
+        Ok(match cuda_model(args, model, n_ctx)? {
+            Some(gpu) if gpu.is_whole() => Evaluator::Cuda(Box::new(gpu)),
+            Some(gpu) => Evaluator::Split(Box::new(Split {
+                gpu,
+                cpu: model.session(n_ctx),
+            })),
+            None => Evaluator::Cpu(model.session(n_ctx)),
+        })
+    }
+
+    /// Every position's logits of `ids` from an empty cache.
+    fn fresh(&mut self, ids: &[u32]) -> Result<Vec<f32>> {
+        Ok(match self {
+            Evaluator::Cpu(s) => {
+                s.reset();
+                s.eval(ids, Logits::All)?
+            }
+            Evaluator::Cuda(m) => {
+                m.reset()?;
+                m.eval(ids, true)?
+            }
+            Evaluator::Split(s) => {
+                s.truncate(0)?;
+                Forward::eval(s.as_mut(), ids, Logits::All)?
+            }
+        })
+    }
+}
+
 /// The logits of every position of chunk `c` of `tokens`, evaluated from an empty cache with
 /// its first token replaced by `bos` if given.
 fn chunk_logits(
-    session: &mut Session<'_>,
+    eval: &mut Evaluator<'_>,
     tokens: &[u32],
     c: usize,
     n_ctx: usize,
@@ -97,8 +140,7 @@ fn chunk_logits(
     if let Some(bos) = bos {
         ids[0] = bos;
     }
-    session.reset();
-    Ok(session.eval(&ids, Logits::All)?)
+    eval.fresh(&ids)
 }
 
 /// The BOS that starts each chunk, if the vocabulary adds one; a vocabulary that adds EOS is
@@ -118,14 +160,11 @@ fn chunk_bos(tokenizer: &ferrolm_tokenizer::Tokenizer) -> Result<Option<u32>> {
 
 /// Runs `ferrolm perplexity`.
 pub fn run(args: PerplexityArgs) -> Result<()> {
-    if args.model.device.as_deref().is_some_and(|d| d != "cpu") {
-        eprintln!("ferrolm: perplexity runs on the CPU so far; --device ignored");
-    }
     let (model, tokenizer) = load_any_device(&args.model)?;
     let bos = chunk_bos(&tokenizer)?;
     if args.kl_divergence {
         let base = args.kl_divergence_base.as_ref().expect("clap requires it");
-        return kl::compare(&model, bos, base, args.chunks);
+        return kl::compare(&args.model, &model, bos, base, args.chunks);
     }
     let Some(file) = &args.file else {
         bail!("perplexity needs a text: -f FILE");
@@ -170,10 +209,10 @@ pub fn run(args: PerplexityArgs) -> Result<()> {
         tokens.len(),
         n_ctx - 1 - first
     );
-    let mut session = model.session(n_ctx);
+    let mut eval = Evaluator::new(&args.model, &model, n_ctx)?;
     let mut acc = Nll::default();
     for c in 0..n_chunk {
-        let logits = chunk_logits(&mut session, &tokens, c, n_ctx, bos)?;
+        let logits = chunk_logits(&mut eval, &tokens, c, n_ctx, bos)?;
         let row_len = logits.len() / n_ctx;
         if row_len != n_vocab {
             bail!("the model gives {row_len} logits per token, its vocabulary has {n_vocab}");
