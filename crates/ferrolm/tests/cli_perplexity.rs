@@ -31,6 +31,16 @@ fn estimate(stdout: &str) -> (f64, f64) {
     (x.parse().unwrap(), y.parse().unwrap())
 }
 
+/// The first number after the colon of the statistics line that starts with `name`.
+fn statistic(out: &str, name: &str) -> f64 {
+    let line = out
+        .lines()
+        .find(|l| l.starts_with(name))
+        .unwrap_or_else(|| panic!("no {name:?} in {out}"));
+    let v = line.split(':').nth(1).unwrap().trim();
+    v.split_whitespace().next().unwrap().parse().unwrap()
+}
+
 fn assert_close(got: f64, want: f64, what: &str) {
     assert!(
         ((got - want) / want).abs() < 1e-3,
@@ -94,14 +104,7 @@ fn kl_divergence_against_a_saved_base() {
         base_s,
         "--kl-divergence",
     ]));
-    let field = |name: &str| -> f64 {
-        let line = out
-            .lines()
-            .find(|l| l.starts_with(name))
-            .unwrap_or_else(|| panic!("{out}"));
-        let v = line.split(':').nth(1).unwrap().trim();
-        v.split_whitespace().next().unwrap().parse().unwrap()
-    };
+    let field = |name: &str| statistic(&out, name);
     assert!(field("Mean    KLD").abs() < 1e-5, "{out}");
     assert!(field("Maximum KLD") < 1e-3, "{out}");
     assert_eq!(field("Same top p"), 100.0, "{out}");
@@ -186,14 +189,7 @@ fn kl_divergence_of_a_requantized_model_is_llama_cpp_s() {
         &base,
         "--kl-divergence",
     ]));
-    let field = |name: &str| -> f64 {
-        let line = out
-            .lines()
-            .find(|l| l.starts_with(name))
-            .unwrap_or_else(|| panic!("{out}"));
-        let v = line.split(':').nth(1).unwrap().trim();
-        v.split_whitespace().next().unwrap().parse().unwrap()
-    };
+    let field = |name: &str| statistic(&out, name);
     let want = |k: &str| g[k].as_f64().unwrap();
     let kld = field("Mean    KLD");
     assert!(
