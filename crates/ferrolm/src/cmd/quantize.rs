@@ -24,7 +24,7 @@ pub struct QuantizeArgs {
     pub input: String,
     /// The file to write.
     pub output: PathBuf,
-    /// The file type: f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q4_k_m, q6_k.
+    /// The file type: f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q4_k_m (or q4_k), q6_k.
     pub ty: String,
     /// Every quantized matrix in the base type (llama-quantize's --pure), save width fallbacks.
     #[arg(long)]
@@ -51,10 +51,14 @@ impl Target {
         if name.eq_ignore_ascii_case("bf16") {
             return Ok(Target::Bf16);
         }
+        // llama-quantize's alias.
+        if name.eq_ignore_ascii_case("q4_k") {
+            return Ok(Target::Mix(FileType::Q4KM));
+        }
         FileType::parse(name).map(Target::Mix).map_err(|_| {
             let known: Vec<&str> = FileType::ALL.iter().map(|t| t.name()).collect();
             anyhow::anyhow!(
-                "unknown file type {name:?}; known: {}, bf16",
+                "unknown file type {name:?}; known: {}, bf16 (and q4_k for q4_k_m)",
                 known.join(", ")
             )
         })
@@ -393,6 +397,15 @@ mod tests {
         assert_eq!(ggml_dims(&[576, 1]), [576]);
         assert_eq!(ggml_dims(&[1, 1]), [1]);
         assert_eq!(ggml_dims(&[4, 1, 3]), [4, 1, 3]);
+    }
+
+    #[test]
+    fn file_types_parse_with_llama_quantize_s_names() {
+        assert_eq!(Target::parse("Q4_K").unwrap(), Target::Mix(FileType::Q4KM));
+        assert_eq!(Target::parse("bf16").unwrap().ftype(), 32);
+        assert_eq!(Target::parse("q8_0").unwrap().ftype(), 7);
+        let e = Target::parse("q3_k_m").unwrap_err().to_string();
+        assert!(e.contains("q4_k_m") && e.contains("bf16"), "{e}");
     }
 
     #[test]
