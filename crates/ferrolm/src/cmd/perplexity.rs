@@ -16,12 +16,9 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use ferrolm_cuda::CudaModel;
-use ferrolm_engine::Forward;
-use ferrolm_model::{Logits, Model, Session};
+use ferrolm_model::{Logits, Session};
 
-use super::common::{cuda_model, load_any_device, ModelArgs};
-use super::cuda::Split;
+use super::common::{load_any_device, ModelArgs};
 
 /// `ferrolm perplexity`'s flags.
 #[derive(Args, Debug)]
@@ -87,50 +84,10 @@ fn nll(logits: &[f32], tok: usize) -> f64 {
     -(f64::from(logits[tok] - max) - sum_exp.ln())
 }
 
-/// Where chunks are evaluated: the CPU session, the GPU, or layers on both (as `--device` and
-/// `--gpu-layers` say, like every command that runs a model).
-// Should go through the engine's backend trait once it has one; the CPU path is what CI tests.
-enum Evaluator<'m> {
-    Cpu(Session<'m>),
-    Cuda(Box<CudaModel>),
-    Split(Box<Split<'m>>),
-}
-
-impl<'m> Evaluator<'m> {
-    fn new(args: &ModelArgs, model: &'m Model, n_ctx: usize) -> Result<Evaluator<'m>> {
-        Ok(match cuda_model(args, model, n_ctx)? {
-            Some(gpu) if gpu.is_whole() => Evaluator::Cuda(Box::new(gpu)),
-            Some(gpu) => Evaluator::Split(Box::new(Split {
-                gpu,
-                cpu: model.session(n_ctx),
-            })),
-            None => Evaluator::Cpu(model.session(n_ctx)),
-        })
-    }
-
-    /// Every position's logits of `ids` from an empty cache.
-    fn fresh(&mut self, ids: &[u32]) -> Result<Vec<f32>> {
-        Ok(match self {
-            Evaluator::Cpu(s) => {
-                s.reset();
-                s.eval(ids, Logits::All)?
-            }
-            Evaluator::Cuda(m) => {
-                m.reset()?;
-                m.eval(ids, true)?
-            }
-            Evaluator::Split(s) => {
-                s.truncate(0)?;
-                Forward::eval(s.as_mut(), ids, Logits::All)?
-            }
-        })
-    }
-}
-
 /// The logits of every position of chunk `c` of `tokens`, evaluated from an empty cache with
 /// its first token replaced by `bos` if given.
 fn chunk_logits(
-    eval: &mut Evaluator<'_>,
+    session: &mut Session<'_>,
     tokens: &[u32],
     c: usize,
     n_ctx: usize,
@@ -140,7 +97,8 @@ fn chunk_logits(
     if let Some(bos) = bos {
         ids[0] = bos;
     }
-    eval.fresh(&ids)
+    session.reset();
+    Ok(session.eval(&ids, Logits::All)?)
 }
 
 /// The BOS that starts each chunk, if the vocabulary adds one; a vocabulary that adds EOS is
@@ -160,11 +118,14 @@ fn chunk_bos(tokenizer: &ferrolm_tokenizer::Tokenizer) -> Result<Option<u32>> {
 
 /// Runs `ferrolm perplexity`.
 pub fn run(args: PerplexityArgs) -> Result<()> {
+    if args.model.device.as_deref().is_some_and(|d| d != "cpu") {
+        eprintln!("ferrolm: perplexity runs on the CPU so far; --device ignored");
+    }
     let (model, tokenizer) = load_any_device(&args.model)?;
     let bos = chunk_bos(&tokenizer)?;
     if args.kl_divergence {
         let base = args.kl_divergence_base.as_ref().expect("clap requires it");
-        return kl::compare(&args.model, &model, bos, base, args.chunks);
+        return kl::compare(&model, bos, base, args.chunks);
     }
     let Some(file) = &args.file else {
         bail!("perplexity needs a text: -f FILE");
@@ -209,10 +170,10 @@ pub fn run(args: PerplexityArgs) -> Result<()> {
         tokens.len(),
         n_ctx - 1 - first
     );
-    let mut eval = Evaluator::new(&args.model, &model, n_ctx)?;
+    let mut session = model.session(n_ctx);
     let mut acc = Nll::default();
     for c in 0..n_chunk {
-        let logits = chunk_logits(&mut eval, &tokens, c, n_ctx, bos)?;
+        let logits = chunk_logits(&mut session, &tokens, c, n_ctx, bos)?;
         let row_len = logits.len() / n_ctx;
         if row_len != n_vocab {
             bail!("the model gives {row_len} logits per token, its vocabulary has {n_vocab}");

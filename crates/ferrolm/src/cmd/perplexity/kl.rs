@@ -14,8 +14,7 @@ use std::path::Path;
 use anyhow::{bail, Context, Result};
 use ferrolm_model::Model;
 
-use super::{chunk_logits, open_base, Evaluator};
-use crate::cmd::common::ModelArgs;
+use super::{chunk_logits, open_base};
 
 const MAGIC: &[u8; 8] = b"_logits_";
 
@@ -347,7 +346,6 @@ fn read_u32(r: &mut impl Read) -> std::io::Result<u32> {
 /// Compares `model` with the base file at `path` on the base's own tokens and chunks (at most
 /// `max_chunks`) and prints the statistics.
 pub fn compare(
-    args: &ModelArgs,
     model: &Model,
     bos: Option<u32>,
     path: &Path,
@@ -410,7 +408,7 @@ pub fn compare(
         "ferrolm: KL divergence over {n} chunks of {n_ctx} tokens from {}",
         path.display()
     );
-    let mut eval = Evaluator::new(args, model, n_ctx)?;
+    let mut session = model.session(n_ctx);
     let mut cmp = Comparison::default();
     let mut raw = vec![0u8; scored * nv * 2];
     let mut rows = vec![0u16; scored * nv];
@@ -420,7 +418,7 @@ pub fn compare(
         for (w, b) in rows.iter_mut().zip(raw.chunks_exact(2)) {
             *w = u16::from_le_bytes([b[0], b[1]]);
         }
-        let logits = chunk_logits(&mut eval, &tokens, c, n_ctx, bos)?;
+        let logits = chunk_logits(&mut session, &tokens, c, n_ctx, bos)?;
         for i in 0..scored {
             let pos = first + i;
             let row = &logits[pos * n_vocab..(pos + 1) * n_vocab];
