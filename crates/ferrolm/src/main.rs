@@ -9,7 +9,7 @@ use clap::{Parser, Subcommand};
 mod cmd;
 mod hub;
 mod models;
-mod prompt_progress;
+mod token_bar;
 
 #[derive(Parser)]
 #[command(

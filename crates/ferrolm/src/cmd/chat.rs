@@ -1,6 +1,5 @@
 //! `ferrolm chat`: a multi-turn conversation in the terminal, keeping the KV cache between turns.
 
-use crate::prompt_progress::PromptProgress;
 use std::io::{BufRead, Write};
 
 use anyhow::Result;
@@ -64,21 +63,9 @@ impl Backend<'_> {
         on_text: impl FnMut(&str) -> bool,
     ) -> Result<Generation> {
         match self {
-            Backend::Cpu(s) => Ok(generate(
-                &mut PromptProgress::new(s),
-                tokenizer,
-                prompt,
-                params,
-                on_text,
-            )?),
+            Backend::Cpu(s) => Ok(generate(s, tokenizer, prompt, params, on_text)?),
             Backend::Cuda(m) => super::cuda::generate(m, tokenizer, prompt, params, on_text),
-            Backend::Split(s) => Ok(generate(
-                &mut PromptProgress::new(s.as_mut()),
-                tokenizer,
-                prompt,
-                params,
-                on_text,
-            )?),
+            Backend::Split(s) => Ok(generate(s.as_mut(), tokenizer, prompt, params, on_text)?),
         }
     }
 }

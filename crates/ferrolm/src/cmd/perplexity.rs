@@ -19,6 +19,7 @@ use clap::Args;
 use ferrolm_model::{Logits, Session};
 
 use super::common::{load_any_device, ModelArgs};
+use crate::token_bar::TokenBar;
 
 /// `ferrolm perplexity`'s flags.
 #[derive(Args, Debug)]
@@ -172,6 +173,7 @@ pub fn run(args: PerplexityArgs) -> Result<()> {
     );
     let mut session = model.session(n_ctx);
     let mut acc = Nll::default();
+    let bar = TokenBar::new("perplexity", n_chunk * n_ctx, 0);
     for c in 0..n_chunk {
         let logits = chunk_logits(&mut session, &tokens, c, n_ctx, bos)?;
         let row_len = logits.len() / n_ctx;
@@ -189,8 +191,10 @@ pub fn run(args: PerplexityArgs) -> Result<()> {
             };
             acc.add(v);
         }
-        eprint!("[{}]{:.4},", c + 1, acc.ppl());
+        bar.note(&format!("[{}]{:.4},", c + 1, acc.ppl()));
+        bar.advance(n_ctx);
     }
+    bar.finish();
     eprintln!();
     if let Some((w, path)) = base {
         w.finish()

@@ -1,6 +1,5 @@
 //! `ferrolm run`: one prompt, its continuation streamed to stdout, timings to stderr.
 
-use crate::prompt_progress::PromptProgress;
 use std::io::Write;
 
 use anyhow::{bail, Result};
@@ -110,11 +109,10 @@ pub fn run(args: RunArgs) -> Result<()> {
                 gpu,
                 cpu: model.session(n_ctx),
             };
-            let mut split = PromptProgress::new(&mut split);
             generate(&mut split, &tokenizer, &ids, &params, on_text)?
         }
         None => generate(
-            &mut PromptProgress::new(&mut model.session(n_ctx)),
+            &mut model.session(n_ctx),
             &tokenizer,
             &ids,
             &params,

@@ -15,6 +15,7 @@ use anyhow::{bail, Context, Result};
 use ferrolm_model::Model;
 
 use super::{chunk_logits, open_base};
+use crate::token_bar::TokenBar;
 
 const MAGIC: &[u8; 8] = b"_logits_";
 
@@ -409,6 +410,7 @@ pub fn compare(
         path.display()
     );
     let mut session = model.session(n_ctx);
+    let bar = TokenBar::new("kl-divergence", n * n_ctx, 0);
     let mut cmp = Comparison::default();
     let mut raw = vec![0u8; scored * nv * 2];
     let mut rows = vec![0u16; scored * nv];
@@ -426,12 +428,14 @@ pub fn compare(
             cmp.add(row, &rows[i * nv..(i + 1) * nv], tok);
         }
         let (kld, same) = cmp.summary();
-        eprintln!(
-            "ferrolm: chunk {}: mean KLD {kld:.6}, same top {:.3}%",
+        bar.note(&format!(
+            "ferrolm: chunk {}: mean KLD {kld:.6}, same top {:.3}%\n",
             c + 1,
             100.0 * same
-        );
+        ));
+        bar.advance(n_ctx);
     }
+    bar.finish();
     cmp.report(&mut std::io::stdout().lock())?;
     Ok(())
 }
