@@ -161,13 +161,12 @@ impl GgufFile {
             paths.push(shard);
         }
         let names: Vec<String> = paths.iter().map(|p| p.display().to_string()).collect();
-        let (header, shards) = split::join(
+        let (header, shards, total) = split::join(
             headers,
             &lens,
             &names,
             paths.into_iter().map(Some).collect(),
         )?;
-        let (_, total) = split::layout(&lens).expect("join checked the layout");
         let parts: Vec<_> = files
             .iter()
             .zip(&shards)
@@ -225,8 +224,7 @@ impl GgufFile {
         }
         let lens: Vec<u64> = shards.iter().map(|s| s.len() as u64).collect();
         let names: Vec<String> = (1..=shards.len()).map(|k| format!("shard #{k}")).collect();
-        let (header, table) = split::join(headers, &lens, &names, vec![None; shards.len()])?;
-        let (_, total) = split::layout(&lens).expect("join checked the layout");
+        let (header, table, total) = split::join(headers, &lens, &names, vec![None; shards.len()])?;
         let mut bytes = vec![0u8; total as usize];
         for (s, t) in shards.iter().zip(&table) {
             bytes[t.base as usize..t.base as usize + s.len()].copy_from_slice(s);

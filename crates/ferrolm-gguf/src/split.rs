@@ -83,15 +83,22 @@ pub(crate) fn layout(lens: &[u64]) -> Option<(Vec<u64>, u64)> {
 
 /// Checks that `headers` (with the files' lengths and names, for errors) are the shards of one
 /// model, in order, and merges them into the model's header: the first shard's metadata, every
-/// shard's tensors with offsets into the joined bytes. Returns it with the shards' table.
+/// shard's tensors with offsets into the joined bytes. Returns it with the shards' table and
+/// the joined bytes' length.
 pub(crate) fn join(
     headers: Vec<Header>,
     lens: &[u64],
     names: &[String],
     paths: Vec<Option<PathBuf>>,
-) -> Result<(Header, Vec<Shard>)> {
+) -> Result<(Header, Vec<Shard>, u64)> {
     let count = headers.len();
-    let (bases, _) = layout(lens).ok_or_else(|| GgufError::ForeignShard {
+    // A shard without tensors may end before its (empty) data section would start.
+    let extents: Vec<u64> = headers
+        .iter()
+        .zip(lens)
+        .map(|(h, &len)| len.max(h.data_offset))
+        .collect();
+    let (bases, total) = layout(&extents).ok_or_else(|| GgufError::ForeignShard {
         shard: names[0].clone(),
         problem: "the shards' lengths overflow".into(),
     })?;
@@ -166,7 +173,7 @@ pub(crate) fn join(
         alignment: first.alignment,
         data_offset: first.data_offset,
     };
-    Ok((header, shards))
+    Ok((header, shards, total))
 }
 
 fn show(v: Option<u64>) -> String {

@@ -225,3 +225,41 @@ fn a_first_shard_with_another_name_cannot_find_the_rest() {
     assert!(err.to_string().contains("-00001-of-00003.gguf"), "{err}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// gguf-split's `--no-tensor-first-split`: the first shard holds the metadata alone.
+#[test]
+fn a_first_shard_without_tensors_opens() {
+    let dir = temp_dir("no-tensor-first");
+    let whole = model();
+    let mut first = GgufWriter::new();
+    for (k, v) in whole.metadata().iter() {
+        first.set(k, v.clone());
+    }
+    let keys = |w: &mut GgufWriter, no: u16| {
+        w.set(SPLIT_NO_KEY, Value::U16(no));
+        w.set(SPLIT_COUNT_KEY, Value::U16(2));
+        w.set(
+            SPLIT_TENSORS_COUNT_KEY,
+            Value::I32(whole.tensors().len() as i32),
+        );
+    };
+    keys(&mut first, 0);
+    let mut second = GgufWriter::new();
+    keys(&mut second, 1);
+    for t in whole.tensors() {
+        second
+            .add_tensor(t.name.clone(), &t.dims, t.ty, whole.tensor_data(t).to_vec())
+            .unwrap();
+    }
+    first.write_file(dir.join("m-00001-of-00002.gguf")).unwrap();
+    second
+        .write_file(dir.join("m-00002-of-00002.gguf"))
+        .unwrap();
+    let f = GgufFile::open(dir.join("m-00001-of-00002.gguf")).unwrap();
+    assert_same_model(&whole, &f);
+    assert_eq!(
+        f.shards().iter().map(|s| s.n_tensors).collect::<Vec<_>>(),
+        [0, 5]
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
