@@ -18,6 +18,7 @@ fn ferrolm(hub: &MockHub, home: &Path, args: &[&str], env: &[(&str, &str)]) -> O
         .env("HF_ENDPOINT", &hub.endpoint)
         .env("HF_HOME", home)
         .env_remove("HF_TOKEN")
+        .env_remove("HF_TOKEN_PATH")
         .env_remove("HF_HUB_CACHE")
         .env_remove("HF_HUB_OFFLINE");
     for (k, v) in env {
@@ -193,6 +194,20 @@ fn errors_name_the_repo_and_what_went_wrong() {
     std::fs::write(home2.join("token"), "secret\n").unwrap();
     let out = ferrolm(&hub, &home2, &["pull", "hf:org/gated:Q8_0"], &[]);
     assert!(ok(out).contains("g-Q8_0.gguf"));
+    // HF_TOKEN_PATH moves the token file; an endpoint with a trailing slash is the same.
+    let elsewhere = home2.join("elsewhere-token");
+    std::fs::rename(home2.join("token"), &elsewhere).unwrap();
+    let slash = format!("{}/", hub.endpoint);
+    let out = ferrolm(
+        &hub,
+        &temp_home("token-path"),
+        &["pull", "hf:org/gated"],
+        &[
+            ("HF_TOKEN_PATH", elsewhere.to_str().unwrap()),
+            ("HF_ENDPOINT", &slash),
+        ],
+    );
+    assert!(ok(out).contains("g-Q8_0.gguf"));
 
     let e = err(pull("hf:org/absent", &[]));
     assert!(e.contains("hf:org/absent: no such repo"), "{e}");
@@ -213,7 +228,7 @@ fn errors_name_the_repo_and_what_went_wrong() {
     assert!(kept.is_empty(), "a corrupt download was kept: {kept:?}");
     let e = err(ferrolm(&hub, &home, &["inspect", "hf:org"], &[]));
     assert!(e.contains("hf:ORG/REPO"), "{e}");
-    for dir in [home, home2] {
+    for dir in [home, home2, temp_home("token-path")] {
         std::fs::remove_dir_all(dir).unwrap();
     }
 }

@@ -4,10 +4,10 @@
 //! hf-hub finds the endpoint (`HF_ENDPOINT`), the cache (`HF_HOME`, default
 //! `~/.cache/huggingface`) and the token file the Hub's tools write (`$HF_HOME/token`), lists a
 //! repo, follows redirects, names blobs by their ETag, downloads into a `.part` file renamed when
-//! complete and resumes a cut download with a Range request. Around it, here: `HF_TOKEN` and
-//! `HF_HUB_CACHE`, `HF_HUB_OFFLINE` and the cache as a fallback when the Hub cannot be reached,
-//! the choice of file, the sha256 check against the Hub's LFS metadata (hf-hub does none), and
-//! errors that name the repo and what went wrong.
+//! complete and resumes a cut download with a Range request. Around it, here: `HF_TOKEN`,
+//! `HF_TOKEN_PATH`, `HF_HUB_CACHE`, `HF_HUB_OFFLINE` and the cache as a fallback when the Hub
+//! cannot be reached, the choice of file, the sha256 check against the Hub's LFS metadata
+//! (hf-hub does none), and errors that name the repo and what went wrong.
 
 mod progress;
 mod reference;
@@ -53,6 +53,10 @@ impl Hub {
         let mut builder = ApiBuilder::from_env()
             .with_progress(false)
             .with_retries(RETRIES);
+        if let Some(endpoint) = env("HF_ENDPOINT") {
+            // `https://host/` and `https://host` are the same endpoint.
+            builder = builder.with_endpoint(endpoint.trim_end_matches('/').to_string());
+        }
         let mut cache = Cache::from_env();
         if let Some(dir) = env("HF_HUB_CACHE") {
             cache = Cache::new(PathBuf::from(&dir));
@@ -197,9 +201,12 @@ impl Hub {
     }
 }
 
-/// The token file the Hub's tools write: `$HF_HOME/token` (default `~/.cache/huggingface/token`).
+/// The token file the Hub's tools write: `$HF_TOKEN_PATH`, else `$HF_HOME/token` (default
+/// `~/.cache/huggingface/token`).
 fn cache_token() -> Option<String> {
-    let path = Cache::from_env().token_path();
+    let path = std::env::var_os("HF_TOKEN_PATH")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Cache::from_env().token_path());
     let token = std::fs::read_to_string(path).ok()?;
     Some(token.trim().to_string()).filter(|t| !t.is_empty())
 }
