@@ -140,7 +140,7 @@ impl Hub {
             .iter()
             .filter_map(|f| {
                 Some(RemoteFile {
-                    path: f["rfilename"].as_str()?.to_string(),
+                    path: safe_path(f["rfilename"].as_str()?)?.to_string(),
                     sha256: f["lfs"]["sha256"].as_str().map(str::to_ascii_lowercase),
                 })
             })
@@ -199,6 +199,18 @@ impl Hub {
         }
         Ok(path)
     }
+}
+
+/// A repo path from the listing, if it stays inside the repo: the cache joins it to its own
+/// folders, so `..`, absolute paths and backslashes from a hostile server are dropped.
+fn safe_path(path: &str) -> Option<&str> {
+    let inside = !path.is_empty()
+        && !path.starts_with('/')
+        && !path.contains('\\')
+        && path
+            .split('/')
+            .all(|c| !c.is_empty() && c != "." && c != "..");
+    inside.then_some(path)
 }
 
 /// The token file the Hub's tools write: `$HF_TOKEN_PATH`, else `$HF_HOME/token` (default
@@ -302,6 +314,30 @@ pub fn resolve(reference: &str) -> Result<PathBuf> {
                 .with_context(|| format!("{why:#}; looking in the cache instead"))?;
             eprintln!("ferrolm: {why:#}; using the cached copy");
             Ok(snapshot.join(chosen.name()))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::safe_path;
+
+    #[test]
+    fn listed_paths_must_stay_inside_the_repo() {
+        assert_eq!(
+            safe_path("Q4_K_M/m-00001-of-00002.gguf"),
+            Some("Q4_K_M/m-00001-of-00002.gguf")
+        );
+        for bad in [
+            "../x.gguf",
+            "a/../../x.gguf",
+            "/etc/x.gguf",
+            "a\\..\\x.gguf",
+            "a//b.gguf",
+            "./a.gguf",
+            "",
+        ] {
+            assert_eq!(safe_path(bad), None, "{bad}");
         }
     }
 }
