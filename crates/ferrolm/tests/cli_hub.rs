@@ -1,6 +1,6 @@
 //! `hf:` references end to end against a local mock of the Hub (tests/mock_hub): the real
 //! download code lists the repo, follows the redirects, checks the sha256, resumes a cut
-//! download with a Range request, fills the Hub's cache layout, and names what went wrong.
+//! download (or one an earlier run left) with a Range request, fills the Hub's cache layout, and names what went wrong.
 
 mod mock_hub;
 mod support;
@@ -150,6 +150,27 @@ fn a_cut_download_resumes_with_a_range_request() {
                 .is_some_and(|n| n > 0)
     });
     assert!(resumed, "no resumed range request: {log:?}");
+    // A part left by an earlier run that was stopped: the next run asks for the rest only.
+    let dir = home.join("hub").join("models--org--big");
+    let sha = mock_hub::sha256_hex(&bytes);
+    std::fs::remove_dir_all(dir.join("snapshots")).unwrap();
+    std::fs::remove_file(dir.join("blobs").join(&sha)).unwrap();
+    std::fs::write(
+        dir.join("blobs").join(format!("{sha}.part")),
+        &bytes[..1_000_000],
+    )
+    .unwrap();
+    let before = hub.log().len();
+    let path = ok(ferrolm(&hub, &home, &["pull", "hf:org/big"], &[]));
+    assert_eq!(std::fs::read(path.trim()).unwrap(), bytes);
+    let log = hub.log();
+    assert!(
+        log[before..]
+            .iter()
+            .any(|l| l.starts_with("GET /cdn/") && l.ends_with("range=bytes=1000000-")),
+        "{:?}",
+        &log[before..]
+    );
     std::fs::remove_dir_all(&home).unwrap();
 }
 
