@@ -1,6 +1,7 @@
 //! `hf:` references end to end against a local mock of the Hub (tests/mock_hub): the real
 //! download code lists the repo, follows the redirects, checks the sha256, resumes a cut
-//! download (or one an earlier run left) with a Range request, fills the Hub's cache layout, and names what went wrong.
+//! download (or one an earlier run left) with a Range request, fills the Hub's cache layout,
+//! and names what went wrong.
 
 mod mock_hub;
 mod support;
