@@ -95,6 +95,32 @@ pub fn generate(
     tokenizer: &Tokenizer,
     prompt: &[u32],
     params: &GenerateParams,
+    on_text: impl FnMut(&str) -> bool,
+) -> Result<Generation, GenerateError> {
+    generate_observed(
+        backend,
+        slot,
+        tokenizer,
+        prompt,
+        params,
+        &mut |_| {},
+        on_text,
+    )
+}
+
+/// Prompt ids per call when the prompt's progress is observed.
+const PROMPT_CHUNK: usize = 512;
+
+/// [`generate`], telling `on_prompt` how many prompt ids are evaluated so far (a progress bar):
+/// the prompt then goes through in calls of 512 ids (the CPU's own batches, so the results do
+/// not change), except where the device samples, whose draws follow the prompt's calls.
+pub fn generate_observed(
+    backend: &mut dyn Backend,
+    slot: usize,
+    tokenizer: &Tokenizer,
+    prompt: &[u32],
+    params: &GenerateParams,
+    on_prompt: &mut dyn FnMut(usize),
     mut on_text: impl FnMut(&str) -> bool,
 ) -> Result<Generation, GenerateError> {
     let n_ctx = backend.n_ctx();
@@ -113,6 +139,7 @@ pub fn generate(
         prompt,
         params,
         on_device,
+        on_prompt,
         &mut on_text,
     );
     if on_device {
@@ -137,6 +164,7 @@ pub fn eval_one(
         })
 }
 
+#[allow(clippy::too_many_arguments)]
 fn run(
     backend: &mut dyn Backend,
     slot: usize,
@@ -144,13 +172,29 @@ fn run(
     prompt: &[u32],
     params: &GenerateParams,
     on_device: bool,
+    on_prompt: &mut dyn FnMut(usize),
     on_text: &mut dyn FnMut(&str) -> bool,
 ) -> Result<Generation, GenerateError> {
     let n_ctx = backend.n_ctx();
     let mut sampler = Sampler::new(params.sampler.clone());
     let mut history: Vec<u32> = prompt.to_vec();
     let start = Instant::now();
-    let mut logits = eval_one(backend, slot, prompt, Logits::Last)?;
+    let mut logits = if on_device || prompt.len() <= PROMPT_CHUNK {
+        eval_one(backend, slot, prompt, Logits::Last)?
+    } else {
+        let mut last = Vec::new();
+        let chunks = prompt.len().div_ceil(PROMPT_CHUNK);
+        for (i, chunk) in prompt.chunks(PROMPT_CHUNK).enumerate() {
+            let want = if i + 1 == chunks {
+                Logits::Last
+            } else {
+                Logits::None
+            };
+            last = eval_one(backend, slot, chunk, want)?;
+            on_prompt((i * PROMPT_CHUNK + chunk.len()).min(prompt.len()));
+        }
+        last
+    };
     let prompt_time = start.elapsed();
     let gen_start = Instant::now();
     let mut decoder = StreamDecoder::new(tokenizer);

@@ -10,5 +10,7 @@ mod sampler;
 pub mod sequence;
 
 pub use backend::{Backend, BackendError, CpuBackend, SlotInput, SlotOutput, TopOutput};
-pub use generate::{eval_one, generate, FinishReason, GenerateError, GenerateParams, Generation};
+pub use generate::{
+    eval_one, generate, generate_observed, FinishReason, GenerateError, GenerateParams, Generation,
+};
 pub use sampler::{argmax, top_k, Sampler, SamplerParams};

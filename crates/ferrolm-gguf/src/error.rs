@@ -185,6 +185,56 @@ pub enum GgufError {
         /// Bytes given.
         got: u64,
     },
+    /// A shard of a split model that is not where its first shard says it is.
+    #[error("shard {index} of {count} is missing: {path}: {source}")]
+    MissingShard {
+        /// Where it was looked for.
+        path: PathBuf,
+        /// Its number, from 1.
+        index: u32,
+        /// The number of shards.
+        count: u32,
+        /// What the operating system said.
+        source: std::io::Error,
+    },
+    /// A file that does not belong to the split model it was opened as part of.
+    #[error("{shard} is not a shard of this model: {problem}")]
+    ForeignShard {
+        /// The shard.
+        shard: String,
+        /// What does not match.
+        problem: String,
+    },
+    /// A later shard of a split model opened in place of the first.
+    #[error("{path} is shard {no} of {count} of a split model; open the first shard, {first}")]
+    NotFirstShard {
+        /// The file opened.
+        path: PathBuf,
+        /// Its number, from 1.
+        no: u64,
+        /// The number of shards.
+        count: u32,
+        /// The first shard's path.
+        first: String,
+    },
+    /// A first shard not named as `gguf-split` names it, so the others cannot be found.
+    #[error("{path} is the first shard of a split model, but its name does not end in {expected}, so the other shards cannot be found")]
+    ShardName {
+        /// The file.
+        path: PathBuf,
+        /// The ending its name needs.
+        expected: String,
+    },
+    /// Shards that together hold another number of tensors than they declare.
+    #[error("the {shards} shards hold {found} tensors, split.tensors.count says {expected}")]
+    ShardTensorCount {
+        /// What `split.tensors.count` says.
+        expected: u64,
+        /// What the shards hold.
+        found: u64,
+        /// The number of shards.
+        shards: usize,
+    },
 }
 
 /// Results of this crate.

@@ -7,7 +7,9 @@ use anyhow::Result;
 use clap::{Parser, Subcommand};
 
 mod cmd;
+mod hub;
 mod models;
+mod token_bar;
 
 #[derive(Parser)]
 #[command(
@@ -71,14 +73,30 @@ enum Command {
         /// A GGUF file, or a known model's name (default: the default model).
         model: Option<String>,
     },
+    /// A model's perplexity on a text, as llama-perplexity computes it (chunks of -c tokens,
+    /// the second half of each scored); --kl-divergence-base/--kl-divergence compare two models.
+    Perplexity(Box<cmd::perplexity::PerplexityArgs>),
+    /// Write a GGUF again in another file type, as llama-quantize does (the same bytes).
+    Quantize(Box<cmd::quantize::QuantizeArgs>),
+    /// Split a GGUF into shards as llama.cpp's gguf-split does (OUT-00001-of-0000N.gguf, ...).
+    Split {
+        /// The GGUF to split.
+        input: PathBuf,
+        /// The shards' path without `-00001-of-0000N.gguf`.
+        output: PathBuf,
+        /// Tensors in each shard at most.
+        #[arg(long, default_value_t = 128)]
+        max_tensors: usize,
+    },
     /// Write a synthetic GGUF (random weights, a real architecture's layout) for parity tests.
     Synth(Box<cmd::synth::SynthArgs>),
     /// Compare the CUDA backend with the CPU on one file: every position's logits (KL,
     /// top-1) and greedy continuations (on a machine with an NVIDIA GPU).
     CudaCheck(cmd::cuda::CheckArgs),
-    /// Fetch known models into the cache ($FERROLM_HOME, default ~/.cache/ferrolm).
+    /// Fetch known models into the cache ($FERROLM_HOME, default ~/.cache/ferrolm), or
+    /// models from the Hugging Face Hub into its cache (hf:ORG/REPO[:QUANT|/FILE.gguf]).
     Pull {
-        /// Model names (`all` for every known one); default: the default model.
+        /// Model names (`all` for every known one) or hf: references; default: the default model.
         names: Vec<String>,
     },
 }
@@ -125,6 +143,19 @@ fn run(cli: Cli) -> Result<()> {
             let stdout = std::io::stdout();
             cmd::inspect::run(&path, &mut stdout.lock())
         }
+        Command::Perplexity(args) => cmd::perplexity::run(*args),
+        Command::Quantize(args) => cmd::quantize::run(*args),
+        Command::Split {
+            input,
+            output,
+            max_tensors,
+        } => {
+            let src = ferrolm_gguf::GgufFile::open(&input)?;
+            for path in ferrolm_gguf::write_split(&src, &output, max_tensors)? {
+                println!("{}", path.display());
+            }
+            Ok(())
+        }
         Command::Synth(args) => cmd::synth::run(*args),
         Command::CudaCheck(args) => cmd::cuda::check(args),
         Command::Pull { names } => {
@@ -133,6 +164,11 @@ fn run(cli: Cli) -> Result<()> {
             } else {
                 names
             };
+            let (refs, names): (Vec<String>, Vec<String>) =
+                names.into_iter().partition(|n| hub::is_reference(n));
+            for r in refs {
+                println!("{}", hub::resolve(&r)?.display());
+            }
             let wanted: Vec<&models::KnownModel> = if names.iter().any(|n| n == "all") {
                 models::KNOWN_MODELS.iter().collect()
             } else {

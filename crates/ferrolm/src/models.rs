@@ -83,9 +83,11 @@ pub fn find(name: &str) -> Result<&'static KnownModel> {
         })
 }
 
-/// Resolves `-m`: a path as given, a known model's name (fetched if needed), or the default.
+/// Resolves `-m`: a path as given, a known model's name (fetched if needed), an `hf:`
+/// reference (downloaded into the Hub's cache if needed), or the default.
 pub fn resolve(model: Option<&str>) -> Result<PathBuf> {
     match model {
+        Some(m) if crate::hub::is_reference(m) => crate::hub::resolve(m),
         Some(m) if KNOWN_MODELS.iter().any(|k| k.name == m) && !Path::new(m).exists() => {
             ensure(find(m)?)
         }

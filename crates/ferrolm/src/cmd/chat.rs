@@ -4,10 +4,11 @@ use std::io::{BufRead, Write};
 
 use anyhow::Result;
 use clap::Args;
-use ferrolm_engine::{generate, GenerateParams};
+use ferrolm_engine::{generate_observed, GenerateParams};
 use ferrolm_tokenizer::{ChatMessage, ChatTemplate};
 
 use super::common::{context_size, load_any_device, open_backend, ModelArgs, SamplingArgs};
+use crate::token_bar::TokenBar;
 
 /// Flags of `ferrolm chat`.
 #[derive(Args, Debug)]
@@ -74,18 +75,23 @@ pub fn run(args: ChatArgs) -> Result<()> {
         }
         let stdout = std::io::stdout();
         let mut out = stdout.lock();
-        let gen = generate(
+        // A bar over a long new prompt, on a terminal.
+        let bar = TokenBar::new("prompt", ids.len() - common, 1024);
+        let gen = generate_observed(
             backend.as_mut(),
             0,
             &tokenizer,
             &ids[common..],
             &params,
+            &mut |done| bar.set_position(done),
             |piece| {
                 out.write_all(piece.as_bytes())
                     .and_then(|_| out.flush())
                     .is_ok()
             },
-        )?;
+        );
+        bar.finish();
+        let gen = gen?;
         writeln!(out)?;
         cached.extend_from_slice(&ids[common..]);
         cached.extend_from_slice(&gen.tokens);

@@ -15,7 +15,8 @@ use crate::models;
 /// `-m` and `-t`.
 #[derive(Args, Clone, Debug)]
 pub struct ModelArgs {
-    /// A GGUF file or a known model's name (default: SmolLM2-135M-Instruct, fetched on first use).
+    /// A GGUF file (of a split model: its first shard), a known model's name, or
+    /// hf:ORG/REPO[:QUANT|/FILE.gguf] (default: SmolLM2-135M-Instruct, fetched on first use).
     #[arg(short, long)]
     pub model: Option<String>,
     /// Threads (0: every core).

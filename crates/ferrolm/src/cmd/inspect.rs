@@ -16,6 +16,22 @@ pub fn run(path: &Path, out: &mut impl Write) -> Result<()> {
         f.version(),
         f.alignment()
     )?;
+    if f.shards().len() > 1 {
+        writeln!(out, "\n{} shards:", f.shards().len())?;
+        for (k, s) in f.shards().iter().enumerate() {
+            let name = s
+                .path
+                .as_ref()
+                .map_or_else(String::new, |p| p.display().to_string());
+            writeln!(
+                out,
+                "  {:>5}  {:>4} tensors {:>14} bytes  {name}",
+                k + 1,
+                s.n_tensors,
+                s.file_len
+            )?;
+        }
+    }
     writeln!(out, "\n{} metadata keys:", f.metadata().len())?;
     for (key, value) in f.metadata().iter() {
         let mut shown = value.to_string();

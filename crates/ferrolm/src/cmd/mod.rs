@@ -6,6 +6,8 @@ pub mod common;
 pub mod cuda;
 pub mod inspect;
 pub mod logits;
+pub mod perplexity;
+pub mod quantize;
 pub mod run;
 pub mod serve;
 pub mod synth;

@@ -4,10 +4,11 @@ use std::io::Write;
 
 use anyhow::{bail, Result};
 use clap::Args;
-use ferrolm_engine::{generate, GenerateParams};
+use ferrolm_engine::{generate_observed, GenerateParams};
 use ferrolm_tokenizer::{ChatMessage, ChatTemplate};
 
 use super::common::{context_size, load_any_device, open_backend, ModelArgs, SamplingArgs};
+use crate::token_bar::TokenBar;
 
 /// Flags of `ferrolm run`.
 #[derive(Args, Debug)]
@@ -96,7 +97,19 @@ pub fn run(args: RunArgs) -> Result<()> {
         }
         true
     };
-    let gen = generate(backend.as_mut(), 0, &tokenizer, &ids, &params, on_text)?;
+    // A bar over a long prompt, on a terminal.
+    let bar = TokenBar::new("prompt", ids.len(), 1024);
+    let gen = generate_observed(
+        backend.as_mut(),
+        0,
+        &tokenizer,
+        &ids,
+        &params,
+        &mut |done| bar.set_position(done),
+        on_text,
+    );
+    bar.finish();
+    let gen = gen?;
     if args.json {
         let v = serde_json::json!({
             "prompt_tokens": ids,
