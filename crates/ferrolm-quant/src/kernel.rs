@@ -3,7 +3,10 @@
 use std::fmt;
 use std::sync::OnceLock;
 
-use crate::{float, iq, k_quants, legacy, vec_dot_type, QuantError, TensorType};
+use crate::{
+    float, iq, iq1, iq2, iq3, k_quants, legacy, low_bit, ternary, vec_dot_type, QuantError,
+    TensorType,
+};
 
 /// `dot(n, row, act)`: `row` and `act` are exactly the bytes of `n` elements.
 pub(crate) type DotFn = fn(usize, &[u8], &[u8]) -> f32;
@@ -87,6 +90,7 @@ pub struct DotKernel {
     act_ty: TensorType,
     block_size: usize,
     row_block_bytes: usize,
+    act_block_size: usize,
     act_block_bytes: usize,
     dot: DotFn,
     rows: Option<RowsFn>,
@@ -113,8 +117,11 @@ impl DotKernel {
             self.ty,
             self.block_size
         );
-        let nb = n / self.block_size;
-        (nb * self.row_block_bytes, nb * self.act_block_bytes)
+        // A weight block spans one or more activation blocks (Q1_0: 128 over four Q8_0s).
+        (
+            n / self.block_size * self.row_block_bytes,
+            n / self.act_block_size * self.act_block_bytes,
+        )
     }
 
     /// Dot of one weight row (`n` elements, GGUF bytes of the weight type) with an activation
@@ -312,6 +319,19 @@ fn scalar_fn(ty: TensorType) -> Option<DotFn> {
         T::Q6_K => k_quants::dot_q6_k_q8_k,
         T::IQ4_NL => iq::dot_iq4_nl_q8_0,
         T::MXFP4 => iq::dot_mxfp4_q8_0,
+        T::NVFP4 => iq::dot_nvfp4_q8_0,
+        T::IQ4_XS => iq::dot_iq4_xs_q8_k,
+        T::IQ2_XXS => iq2::dot_iq2_xxs_q8_k,
+        T::IQ2_XS => iq2::dot_iq2_xs_q8_k,
+        T::IQ2_S => iq2::dot_iq2_s_q8_k,
+        T::IQ3_XXS => iq3::dot_iq3_xxs_q8_k,
+        T::IQ3_S => iq3::dot_iq3_s_q8_k,
+        T::IQ1_S => iq1::dot_iq1_s_q8_k,
+        T::IQ1_M => iq1::dot_iq1_m_q8_k,
+        T::TQ1_0 => ternary::dot_tq1_0_q8_k,
+        T::TQ2_0 => ternary::dot_tq2_0_q8_k,
+        T::Q1_0 => low_bit::dot_q1_0_q8_0,
+        T::Q2_0 => low_bit::dot_q2_0_q8_0,
         _ => return None,
     })
 }
@@ -351,12 +371,13 @@ fn build(ty: TensorType, isa: Isa) -> Result<DotKernel, QuantError> {
             Isa::Scalar,
         ),
     };
-    debug_assert_eq!(ty.block_size(), act_ty.block_size());
+    debug_assert!(ty.block_size().is_multiple_of(act_ty.block_size()));
     Ok(DotKernel {
         ty,
         act_ty,
         block_size: ty.block_size(),
         row_block_bytes: ty.block_bytes(),
+        act_block_size: act_ty.block_size(),
         act_block_bytes: act_ty.block_bytes(),
         dot,
         rows,

@@ -27,9 +27,15 @@ mod common;
 mod float;
 pub mod ggml_vec;
 mod iq;
+mod iq1;
+mod iq2;
+mod iq3;
+mod iq_grids;
 mod k_quants;
 mod kernel;
 mod legacy;
+mod low_bit;
+mod ternary;
 pub mod vecops;
 
 #[cfg(target_arch = "x86_64")]
@@ -122,6 +128,19 @@ fn dequant_fn(ty: TensorType) -> Option<DequantFn> {
         T::Q8_K => k_quants::dequantize_q8_k,
         T::IQ4_NL => iq::dequantize_iq4_nl,
         T::MXFP4 => iq::dequantize_mxfp4,
+        T::IQ4_XS => iq::dequantize_iq4_xs,
+        T::NVFP4 => iq::dequantize_nvfp4,
+        T::IQ2_XXS => iq2::dequantize_iq2_xxs,
+        T::IQ2_XS => iq2::dequantize_iq2_xs,
+        T::IQ2_S => iq2::dequantize_iq2_s,
+        T::IQ3_XXS => iq3::dequantize_iq3_xxs,
+        T::IQ3_S => iq3::dequantize_iq3_s,
+        T::IQ1_S => iq1::dequantize_iq1_s,
+        T::IQ1_M => iq1::dequantize_iq1_m,
+        T::TQ1_0 => ternary::dequantize_tq1_0,
+        T::TQ2_0 => ternary::dequantize_tq2_0,
+        T::Q1_0 => low_bit::dequantize_q1_0,
+        T::Q2_0 => low_bit::dequantize_q2_0,
         _ => return None,
     })
 }
@@ -129,7 +148,9 @@ fn dequant_fn(ty: TensorType) -> Option<DequantFn> {
 /// Dequantize `dst.len()` elements from GGUF block bytes `src` of type `ty`.
 ///
 /// Supported: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1, Q2_K..Q6_K, Q8_K, IQ4_NL,
-/// MXFP4. `src` must hold exactly the blocks of `dst.len()` elements.
+/// MXFP4, the i-quants IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ4_XS, the
+/// ternary TQ1_0 and TQ2_0, Q1_0, Q2_0 and NVFP4. `src` must hold exactly the blocks of
+/// `dst.len()` elements.
 pub fn dequantize(ty: TensorType, src: &[u8], dst: &mut [f32]) -> Result<(), QuantError> {
     let f = dequant_fn(ty).ok_or(QuantError::Unsupported {
         ty,
@@ -218,14 +239,19 @@ pub fn quantize_activation(ty: TensorType, src: &[f32], dst: &mut [u8]) -> Resul
 }
 
 /// The activation format llama.cpp's CPU backend dots rows of `ty` against (its
-/// `vec_dot_type`): Q4_0, Q5_0, Q8_0, IQ4_NL, MXFP4 -> Q8_0; Q4_1, Q5_1 -> Q8_1; K-quants ->
-/// Q8_K; F32, F16, BF16 -> themselves.
+/// `vec_dot_type`): Q4_0, Q5_0, Q8_0, IQ4_NL, MXFP4, NVFP4, Q1_0, Q2_0 -> Q8_0; Q4_1, Q5_1 ->
+/// Q8_1; K-quants, the 256-element i-quants, TQ1_0 and TQ2_0 -> Q8_K; F32, F16, BF16 ->
+/// themselves.
 pub fn vec_dot_type(ty: TensorType) -> Result<TensorType, QuantError> {
     use TensorType as T;
     Ok(match ty {
-        T::Q4_0 | T::Q5_0 | T::Q8_0 | T::IQ4_NL | T::MXFP4 => T::Q8_0,
+        T::Q4_0 | T::Q5_0 | T::Q8_0 | T::IQ4_NL | T::MXFP4 | T::NVFP4 | T::Q1_0 | T::Q2_0 => {
+            T::Q8_0
+        }
         T::Q4_1 | T::Q5_1 => T::Q8_1,
         T::Q2_K | T::Q3_K | T::Q4_K | T::Q5_K | T::Q6_K => T::Q8_K,
+        T::IQ1_S | T::IQ1_M | T::IQ2_XXS | T::IQ2_XS | T::IQ2_S | T::IQ3_XXS | T::IQ3_S => T::Q8_K,
+        T::IQ4_XS | T::TQ1_0 | T::TQ2_0 => T::Q8_K,
         T::F32 | T::F16 | T::BF16 => ty,
         _ => {
             return Err(QuantError::Unsupported {

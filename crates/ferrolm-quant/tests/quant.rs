@@ -152,7 +152,7 @@ fn activation_rounding_follows_llama_cpp_simd() {
 #[test]
 fn errors_name_the_problem() {
     let mut out = vec![0f32; 32];
-    let e = dequantize(TensorType::IQ2_XXS, &[0u8; 66], &mut vec![0f32; 256]).unwrap_err();
+    let e = quantize(TensorType::IQ2_XXS, &[0f32; 256], &mut [0u8; 66]).unwrap_err();
     assert!(matches!(
         e,
         QuantError::Unsupported {
