@@ -5,6 +5,8 @@
 //! * [`quantize`] writes f32 values as blocks with ggml's reference quantizers
 //!   (`quantize_row_*_ref`); [`quantize_activation`] writes them the way llama.cpp's CPU backend
 //!   quantizes activations on this machine's architecture.
+//! * [`random_blocks`] writes random valid blocks of the types without a quantizer here (the
+//!   i-quants, TQ1_0, TQ2_0, Q1_0, Q2_0, NVFP4) at a chosen scale, for synthetic files.
 //! * [`dot_kernel`] picks, once per process, the fastest dot product of a weight row with an
 //!   activation vector quantized to [`vec_dot_type`]; [`dot_kernel_scalar`] is the reference
 //!   every SIMD kernel is tested against.
@@ -35,6 +37,7 @@ mod k_quants;
 mod kernel;
 mod legacy;
 mod low_bit;
+mod random_blocks;
 mod ternary;
 pub mod vecops;
 
@@ -47,6 +50,7 @@ mod neon;
 
 pub use ferrolm_gguf::TensorType;
 pub use kernel::{dot_kernel, dot_kernel_scalar, DotKernel};
+pub use random_blocks::random_blocks;
 
 /// What went wrong converting or multiplying blocks.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]

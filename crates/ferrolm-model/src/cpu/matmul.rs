@@ -241,5 +241,18 @@ fn splits_by_token(ty: TensorType) -> bool {
             | T::Q4_K
             | T::Q5_K
             | T::Q6_K
+            | T::IQ1_S
+            | T::IQ1_M
+            | T::IQ2_XXS
+            | T::IQ2_XS
+            | T::IQ2_S
+            | T::IQ3_XXS
+            | T::IQ3_S
+            | T::IQ4_XS
+            | T::TQ1_0
+            | T::TQ2_0
+            | T::Q1_0
+            | T::Q2_0
+            | T::NVFP4
     )
 }
