@@ -8,6 +8,7 @@ use bytemuck::{Pod, Zeroable};
 use crate::common::{e8m0_to_f32_half, f16_to_f32, fma8, lanes8, reduce8};
 use crate::k_quants::{k_lanes, BlockQ8K, QK_K};
 use crate::legacy::BlockQ8_0;
+use crate::tiled::TiledBlock;
 
 /// Elements per block of both formats.
 pub(crate) const QK: usize = 32;
@@ -265,6 +266,16 @@ pub(crate) fn dequantize_iq4_xs(src: &[u8], dst: &mut [f32]) {
             let dl = d * iq4_xs_scale(b, k / 32) as f32;
             *y = dl * v[k] as f32;
         }
+    }
+}
+
+/// The tiled matmul's view of an IQ4_XS block: codebook values, signed scales, `d`.
+pub(crate) fn tiled_iq4_xs(b: &[u8]) -> TiledBlock {
+    let b: &BlockIq4Xs = bytemuck::from_bytes(b);
+    TiledBlock {
+        d: f16_to_f32(b.d),
+        w: iq4_xs_values(b),
+        scale16: std::array::from_fn(|j| iq4_xs_scale(b, j / 2)),
     }
 }
 

@@ -10,6 +10,7 @@ use bytemuck::{Pod, Zeroable};
 use crate::common::{f16_to_f32, fma8, reduce8, u16_at};
 use crate::iq_grids::IQ1S_GRID;
 use crate::k_quants::{k_lanes, BlockQ8K, QK_K};
+use crate::tiled::TiledBlock;
 
 /// ggml's `IQ1S_DELTA` (and `IQ1M_DELTA`, the same value).
 const IQ1_DELTA: f32 = 0.125;
@@ -127,6 +128,25 @@ fn delta_lanes(u: &Unpacked, y: &[i8; QK_K]) -> [f32; 8] {
         *s = u.sign[k / 8] as i8;
     }
     k_lanes(&s, y, |g, l| u.m[2 * g + l / 4])
+}
+
+/// The tiled matmul's view: values `8 v + sign` (the delta scaled by 8), `d / 8`.
+fn tiled_view(d: f32, u: Unpacked) -> TiledBlock {
+    TiledBlock {
+        d: d * 0.125,
+        w: std::array::from_fn(|k| 8 * u.v[k] + u.sign[k / 8] as i8),
+        scale16: u.m,
+    }
+}
+
+pub(crate) fn tiled_iq1_s(b: &[u8]) -> TiledBlock {
+    let b: &BlockIq1S = bytemuck::from_bytes(b);
+    tiled_view(f16_to_f32(b.d), unpack_s(b))
+}
+
+pub(crate) fn tiled_iq1_m(b: &[u8]) -> TiledBlock {
+    let b: &BlockIq1M = bytemuck::from_bytes(b);
+    tiled_view(iq1m_d(b), unpack_m(b))
 }
 
 /// llama.cpp's AVX2 `ggml_vec_dot_iq1_s_q8_K`: the grid part in lanes (`fma` by `d`), the

@@ -10,6 +10,7 @@ use bytemuck::{Pod, Zeroable};
 use crate::common::{f16_to_f32, fma8, reduce8, u16_at, u32_at};
 use crate::iq_grids::{IQ2S_GRID, IQ2XS_GRID, IQ2XXS_GRID};
 use crate::k_quants::{k_lanes, BlockQ8K, QK_K};
+use crate::tiled::TiledBlock;
 
 /// `KSIGNS[i]`: seven stored sign bits `i` completed with an eighth that makes the count of
 /// negative signs even (the i-quants only store sign patterns of even parity).
@@ -173,6 +174,30 @@ fn dot_unpacked<X>(
         fma8(&mut acc, d(x) * y.d(), &lanes);
     }
     0.125 * reduce8(&acc)
+}
+
+/// The tiled matmul's view (`tiled_unpack_src0`): `d / 8`, multipliers `2s + 1`.
+fn tiled_view(d: [u8; 2], u: Unpacked) -> TiledBlock {
+    TiledBlock {
+        d: f16_to_f32(d) * 0.125,
+        w: u.v,
+        scale16: u.s.map(|s| 2 * s as i32 + 1),
+    }
+}
+
+pub(crate) fn tiled_iq2_xxs(b: &[u8]) -> TiledBlock {
+    let b: &BlockIq2Xxs = bytemuck::from_bytes(b);
+    tiled_view(b.d, unpack_xxs(b))
+}
+
+pub(crate) fn tiled_iq2_xs(b: &[u8]) -> TiledBlock {
+    let b: &BlockIq2Xs = bytemuck::from_bytes(b);
+    tiled_view(b.d, unpack_xs(b))
+}
+
+pub(crate) fn tiled_iq2_s(b: &[u8]) -> TiledBlock {
+    let b: &BlockIq2S = bytemuck::from_bytes(b);
+    tiled_view(b.d, unpack_s(b))
 }
 
 pub(crate) fn dot_iq2_xxs_q8_k(_n: usize, row: &[u8], act: &[u8]) -> f32 {

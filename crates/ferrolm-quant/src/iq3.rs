@@ -8,6 +8,7 @@ use crate::common::{f16_to_f32, fma8, reduce8, u32_at};
 use crate::iq2::KSIGNS;
 use crate::iq_grids::{IQ3S_GRID, IQ3XXS_GRID};
 use crate::k_quants::{k_lanes, BlockQ8K, QK_K};
+use crate::tiled::TiledBlock;
 
 /// IQ3_XXS: 8-bit grid indices, then per 32 elements a u32 of four 7-bit sign indices and a
 /// 4-bit scale (`d * (0.5 + s) / 2`).
@@ -130,6 +131,25 @@ fn dot_unpacked<X>(
         fma8(&mut acc, d(x) * y.d(), &lanes);
     }
     acc
+}
+
+/// The tiled matmul's view: `d * row_factor`, multipliers `2s + 1` for each 32 elements.
+fn tiled_view(d: f32, u: Unpacked) -> TiledBlock {
+    TiledBlock {
+        d,
+        w: u.v,
+        scale16: std::array::from_fn(|j| 2 * u.s[j / 2] as i32 + 1),
+    }
+}
+
+pub(crate) fn tiled_iq3_xxs(b: &[u8]) -> TiledBlock {
+    let b: &BlockIq3Xxs = bytemuck::from_bytes(b);
+    tiled_view(f16_to_f32(b.d) * 0.25, unpack_xxs(b))
+}
+
+pub(crate) fn tiled_iq3_s(b: &[u8]) -> TiledBlock {
+    let b: &BlockIq3S = bytemuck::from_bytes(b);
+    tiled_view(f16_to_f32(b.d), unpack_s(b))
 }
 
 pub(crate) fn dot_iq3_xxs_q8_k(_n: usize, row: &[u8], act: &[u8]) -> f32 {

@@ -4,7 +4,7 @@ use std::fmt;
 use std::sync::OnceLock;
 
 use crate::{
-    float, iq, iq1, iq2, iq3, k_quants, legacy, low_bit, ternary, vec_dot_type, QuantError,
+    float, iq, iq1, iq2, iq3, k_quants, legacy, low_bit, ternary, tiled, vec_dot_type, QuantError,
     TensorType,
 };
 
@@ -338,10 +338,28 @@ fn scalar_fn(ty: TensorType) -> Option<DotFn> {
 
 /// Scalar batch kernels whose per-element arithmetic differs from `vec_dot`.
 fn scalar_multi_fn(ty: TensorType) -> Option<MultiFn> {
-    match ty {
-        TensorType::IQ4_NL => Some(iq::multi_iq4_nl_q8_0),
-        _ => None,
+    use TensorType as T;
+    // The tiled types: llama.cpp's tiled matmul from 8 columns (see `tiled`).
+    macro_rules! tiled {
+        ($ty:expr, $unpack:path, $dot:path) => {
+            |n, rows, rs, nr, acts, as_, nc, out| {
+                let bytes = $ty.block_bytes();
+                tiled::multi($unpack, bytes, $dot, n, rows, rs, nr, acts, as_, nc, out)
+            }
+        };
     }
+    Some(match ty {
+        T::IQ4_NL => iq::multi_iq4_nl_q8_0,
+        T::IQ4_XS => tiled!(T::IQ4_XS, iq::tiled_iq4_xs, iq::dot_iq4_xs_q8_k),
+        T::IQ2_XXS => tiled!(T::IQ2_XXS, iq2::tiled_iq2_xxs, iq2::dot_iq2_xxs_q8_k),
+        T::IQ2_XS => tiled!(T::IQ2_XS, iq2::tiled_iq2_xs, iq2::dot_iq2_xs_q8_k),
+        T::IQ2_S => tiled!(T::IQ2_S, iq2::tiled_iq2_s, iq2::dot_iq2_s_q8_k),
+        T::IQ3_XXS => tiled!(T::IQ3_XXS, iq3::tiled_iq3_xxs, iq3::dot_iq3_xxs_q8_k),
+        T::IQ3_S => tiled!(T::IQ3_S, iq3::tiled_iq3_s, iq3::dot_iq3_s_q8_k),
+        T::IQ1_S => tiled!(T::IQ1_S, iq1::tiled_iq1_s, iq1::dot_iq1_s_q8_k),
+        T::IQ1_M => tiled!(T::IQ1_M, iq1::tiled_iq1_m, iq1::dot_iq1_m_q8_k),
+        _ => return None,
+    })
 }
 
 fn build(ty: TensorType, isa: Isa) -> Result<DotKernel, QuantError> {

@@ -39,6 +39,7 @@ mod legacy;
 mod low_bit;
 mod random_blocks;
 mod ternary;
+mod tiled;
 pub mod vecops;
 
 #[cfg(target_arch = "x86_64")]

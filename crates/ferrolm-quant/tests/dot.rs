@@ -193,8 +193,11 @@ fn multi_full_tiles_match_single_dots() {
         if matches!(
             ty,
             TensorType::IQ4_NL | TensorType::F32 | TensorType::F16 | TensorType::BF16
-        ) {
-            continue; // llamafile_sgemm order, checked against llama.cpp in ggml_oracle.rs
+        ) || TILED.contains(&ty)
+        {
+            // llamafile_sgemm order, checked against llama.cpp in ggml_oracle.rs; the tiled
+            // types in tiled_batches_switch_to_the_tiled_sum
+            continue;
         }
         let k = dot_kernel(ty).unwrap();
         let n = 3 * ty.block_size().max(64);
@@ -224,6 +227,60 @@ fn multi_full_tiles_match_single_dots() {
                 }
             }
         }
+    }
+}
+
+/// The types llama.cpp's tiled matmul takes from 8 activation columns.
+const TILED: &[TensorType] = &[
+    TensorType::IQ1_S,
+    TensorType::IQ1_M,
+    TensorType::IQ2_XXS,
+    TensorType::IQ2_XS,
+    TensorType::IQ2_S,
+    TensorType::IQ3_XXS,
+    TensorType::IQ3_S,
+    TensorType::IQ4_XS,
+];
+
+/// Below 8 columns a tiled type's batch is its `vec_dot`, bit for bit; from 8 it is the tiled
+/// kernel's sum (bit-exact with llama.cpp through tests/synthetic_parity.rs in ferrolm-model),
+/// which differs from `vec_dot` in rounding only.
+#[test]
+fn tiled_batches_switch_to_the_tiled_sum() {
+    let mut rng = Rng::new(17);
+    for &ty in TILED {
+        let k = dot_kernel(ty).unwrap();
+        let n = 3 * ty.block_size();
+        let rb = ferrolm_quant::row_bytes(ty, n).unwrap();
+        let ab = ferrolm_quant::row_bytes(k.activation_type(), n).unwrap();
+        let n_rows = 3;
+        let rows: Vec<u8> = (0..n_rows)
+            .flat_map(|_| random_row(ty, n, &mut rng))
+            .collect();
+        let mut differ = 0;
+        for n_cols in [7, 8, 20] {
+            let acts: Vec<u8> = (0..n_cols)
+                .flat_map(|_| random_act(k.activation_type(), n, &mut rng).1)
+                .collect();
+            let mut multi = vec![0f32; n_rows * n_cols];
+            k.dot_rows_multi(n, &rows, rb, n_rows, &acts, ab, n_cols, &mut multi);
+            for i in 0..n_rows {
+                let row = &rows[i * rb..(i + 1) * rb];
+                for c in 0..n_cols {
+                    let act = &acts[c * ab..(c + 1) * ab];
+                    let (got, single) = (multi[c * n_rows + i], k.dot(n, row, act));
+                    if n_cols < 8 {
+                        assert_eq!(got.to_bits(), single.to_bits(), "{ty} {n_cols} cols");
+                    } else {
+                        let (want, mag) = float_dot(ty, n, row, act);
+                        let tol = 1e-5 * mag + 1e-30;
+                        assert!((got as f64 - want).abs() <= tol, "{ty}: {got} vs {want}");
+                        differ += (got != single) as usize;
+                    }
+                }
+            }
+        }
+        assert!(differ > 0, "{ty}: the tiled sum never differs from vec_dot");
     }
 }
 

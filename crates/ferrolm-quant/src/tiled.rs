@@ -1,0 +1,72 @@
+//! llama.cpp's tiled matmul (ggml-cpu/tiled, taken for the i-quants and IQ4_XS, as for the
+//! K-quants, when a product has at least 8 activation columns), as its AVX512-VNNI
+//! microkernel computes each output: per 256-element block an exact integer
+//! `S = sum over sub-blocks of scale * sum(w * y)` of the weight's integer values `w` and the
+//! Q8_K activation, then `acc += (S * d_row) * d_y` in block order (the add and the last
+//! multiply contracted to an fma by gcc), from `acc = 0`.
+
+use crate::k_quants::{BlockQ8K, QK_K};
+use crate::kernel::DotFn;
+
+/// Columns from which llama.cpp takes the tiled path (`ggml_tiled_min_batch`).
+pub(crate) const MIN_COLUMNS: usize = 8;
+
+/// One weight block as the tiled kernel sees it: the row scale (ggml's `d` with the format's
+/// constant folded in), integer values in element order and a scale per 16 elements.
+pub(crate) struct TiledBlock {
+    pub d: f32,
+    pub w: [i8; QK_K],
+    pub scale16: [i32; QK_K / 16],
+}
+
+/// The tiled kernel's integer sum of one block against one Q8_K block.
+fn block_sum(x: &TiledBlock, y: &BlockQ8K) -> i32 {
+    let q = y.q();
+    let mut s = 0i32;
+    for (j, &scale) in x.scale16.iter().enumerate() {
+        let t: i32 = (16 * j..16 * j + 16)
+            .map(|k| x.w[k] as i32 * q[k] as i32)
+            .sum();
+        s += scale * t;
+    }
+    s
+}
+
+/// `DotKernel::dot_rows_multi` for a tiled type: `vec_dot` (`dot`) below [`MIN_COLUMNS`]
+/// columns, the tiled kernel's arithmetic from there.
+#[allow(clippy::too_many_arguments)] // two strided matrices and their shapes
+pub(crate) fn multi(
+    unpack: fn(&[u8]) -> TiledBlock,
+    block_bytes: usize,
+    dot: DotFn,
+    n: usize,
+    rows: &[u8],
+    row_stride: usize,
+    n_rows: usize,
+    acts: &[u8],
+    act_stride: usize,
+    n_cols: usize,
+    out: &mut [f32],
+) {
+    let nb = n / QK_K;
+    let (rb, ab) = (nb * block_bytes, nb * std::mem::size_of::<BlockQ8K>());
+    for i in 0..n_rows {
+        let row = &rows[i * row_stride..i * row_stride + rb];
+        if n_cols < MIN_COLUMNS {
+            for c in 0..n_cols {
+                out[c * n_rows + i] = dot(n, row, &acts[c * act_stride..c * act_stride + ab]);
+            }
+            continue;
+        }
+        let blocks: Vec<TiledBlock> = row.chunks_exact(block_bytes).map(unpack).collect();
+        for c in 0..n_cols {
+            let ys: &[BlockQ8K] = bytemuck::cast_slice(&acts[c * act_stride..c * act_stride + ab]);
+            let mut acc = 0f32;
+            for (x, y) in blocks.iter().zip(ys) {
+                let r = block_sum(x, y) as f32 * x.d;
+                acc = r.mul_add(y.d(), acc);
+            }
+            out[c * n_rows + i] = acc;
+        }
+    }
+}
