@@ -18,6 +18,9 @@ use crate::iq::{KVALUES_IQ4NL, KVALUES_MXFP4};
 use crate::kernel::{DotFn, MultiFn, RowsFn, Simd};
 use crate::TensorType;
 
+#[path = "avx2_iquants.rs"]
+mod iquants;
+
 /// The kernels of this module for `ty`, if it has one.
 pub(crate) fn kernel(ty: TensorType) -> Option<Simd> {
     use TensorType as T;
@@ -43,6 +46,14 @@ pub(crate) fn kernel(ty: TensorType) -> Option<Simd> {
             simd.multi = Some(multi_entry_k512::<B> as MultiFn);
         }
         simd
+    }
+    /// One row and several rows here; batches from the caller (llama.cpp's tiled kernel).
+    fn lattice<B: Block>() -> Simd {
+        Simd {
+            dot: dot_entry::<B>,
+            rows: Some(rows_entry::<B> as RowsFn),
+            multi: None,
+        }
     }
     fn float(dot: DotFn) -> Simd {
         Simd {
@@ -72,6 +83,13 @@ pub(crate) fn kernel(ty: TensorType) -> Option<Simd> {
         T::Q4_K => k::<Q4K>(),
         T::Q5_K => pair::<Q5K>(),
         T::Q6_K => k::<Q6K>(),
+        // batches of 8 or more columns take the tiled kernel (kernel::scalar_multi_fn)
+        T::IQ2_XXS => lattice::<iquants::Iq2Xxs>(),
+        T::IQ2_XS => lattice::<iquants::Iq2Xs>(),
+        T::IQ2_S => lattice::<iquants::Iq2S>(),
+        T::IQ3_XXS => lattice::<iquants::Iq3Xxs>(),
+        T::IQ3_S => lattice::<iquants::Iq3S>(),
+        T::IQ4_XS => lattice::<iquants::Iq4Xs>(),
         _ => return None,
     })
 }

@@ -379,7 +379,15 @@ fn build(ty: TensorType, isa: Isa) -> Result<DotKernel, QuantError> {
         _ => None,
     };
     let (Simd { dot, rows, multi }, isa) = match simd {
-        Some(simd) => (simd, isa),
+        // A SIMD module without a batch kernel for a type keeps the scalar one, if any (the
+        // i-quants' tiled sums).
+        Some(simd) => (
+            Simd {
+                multi: simd.multi.or(scalar_multi_fn(ty)),
+                ..simd
+            },
+            isa,
+        ),
         None => (
             Simd {
                 dot: scalar,
