@@ -20,6 +20,8 @@ use crate::TensorType;
 
 #[path = "avx2_iquants.rs"]
 mod iquants;
+#[path = "avx2_lowbit.rs"]
+mod lowbit;
 
 /// The kernels of this module for `ty`, if it has one.
 pub(crate) fn kernel(ty: TensorType) -> Option<Simd> {
@@ -90,6 +92,13 @@ pub(crate) fn kernel(ty: TensorType) -> Option<Simd> {
         T::IQ3_XXS => lattice::<iquants::Iq3Xxs>(),
         T::IQ3_S => lattice::<iquants::Iq3S>(),
         T::IQ4_XS => lattice::<iquants::Iq4Xs>(),
+        T::IQ1_S => lattice::<lowbit::Iq1S>(),
+        T::IQ1_M => lattice::<lowbit::Iq1M>(),
+        T::TQ1_0 => pair::<lowbit::Tq1_0>(),
+        T::TQ2_0 => pair::<lowbit::Tq2_0>(),
+        T::Q1_0 => pair::<lowbit::Q1_0>(),
+        T::Q2_0 => pair::<lowbit::Q2_0>(),
+        T::NVFP4 => pair::<lowbit::Nvfp4>(),
         _ => return None,
     })
 }
@@ -119,6 +128,8 @@ struct Acc {
     s: f32,
     /// Q4_K's four-lane accumulator of minimum corrections (`acc_m` in llama.cpp).
     m: __m128,
+    /// A second 8-lane accumulator (IQ1_M's delta part, `accum2` in llama.cpp).
+    v2: __m256,
 }
 
 /// One block format's inner step.
@@ -263,6 +274,7 @@ unsafe fn multi_blocks<B: Block>(
         v: _mm256_setzero_ps(),
         s: 0.0,
         m: _mm_setzero_ps(),
+        v2: _mm256_setzero_ps(),
     };
     // R rows x C columns at a time: each activation block is loaded once for the R rows, each
     // weight block decoded once for the C columns. Every output keeps its own accumulator, fed
@@ -429,6 +441,7 @@ unsafe fn multi_blocks_512<B: Q0Block>(
             v,
             s: 0.0,
             m: _mm_setzero_ps(),
+            v2: _mm256_setzero_ps(),
         })
     };
     // What each pair of columns of the full tiles brings to each block, the same for every
@@ -878,6 +891,7 @@ unsafe fn multi_blocks_k512<B: KBlock>(
                             v: hv,
                             s: 0.0,
                             m: hm,
+                            v2: _mm256_setzero_ps(),
                         };
                         out[(c0 + 2 * p + h) * n_rows + i0 + r] = B::finish(&acc);
                     }
@@ -930,6 +944,7 @@ unsafe fn dot_pairs<B: Block>(nb: usize, x: *const u8, y: *const u8) -> f32 {
         v: _mm256_setzero_ps(),
         s: 0.0,
         m: _mm_setzero_ps(),
+        v2: _mm256_setzero_ps(),
     };
     let (mut a1, mut a2) = (zero, zero);
     let mut b = 0;
@@ -947,6 +962,7 @@ unsafe fn dot_blocks<B: Block>(nb: usize, x: *const u8, y: *const u8) -> f32 {
         v: _mm256_setzero_ps(),
         s: 0.0,
         m: _mm_setzero_ps(),
+        v2: _mm256_setzero_ps(),
     };
     for b in 0..nb {
         B::step(x.add(b * B::WB), y.add(b * B::AB), &mut acc);
@@ -968,6 +984,7 @@ unsafe fn rows_blocks<B: Block>(
             v: _mm256_setzero_ps(),
             s: 0.0,
             m: _mm_setzero_ps(),
+            v2: _mm256_setzero_ps(),
         };
         let mut acc = [zero; 4];
         let base = x.add(i * stride);
@@ -1091,6 +1108,13 @@ unsafe fn bits_to_bytes(bits: u32) -> __m256i {
 #[target_feature(enable = "avx2,fma")]
 unsafe fn fma_i32(acc: &mut Acc, d: f32, sum: __m256i) {
     acc.v = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sum), acc.v);
+}
+
+/// `madd` multipliers for 32 elements: `lo` for the first 16, `hi` for the second 16.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn halves(lo: i32, hi: i32) -> __m256i {
+    _mm256_set_m128i(_mm_set1_epi16(hi as i16), _mm_set1_epi16(lo as i16))
 }
 
 /// The f16 at `p` as f32, with F16C (the `half` crate would check the CPU on every call).

@@ -37,13 +37,6 @@ unsafe fn u32_at(p: *const u8) -> u32 {
     (p as *const u32).read_unaligned()
 }
 
-/// `madd` multipliers for 32 elements: `lo` for the first 16, `hi` for the second 16.
-#[inline]
-#[target_feature(enable = "avx2")]
-unsafe fn halves(lo: i32, hi: i32) -> __m256i {
-    _mm256_set_m128i(_mm_set1_epi16(hi as i16), _mm_set1_epi16(lo as i16))
-}
-
 /// `maddubs(q, sign(y, s))` then `madd` by `m`: the 8 i32 lanes of 32 elements.
 #[inline]
 #[target_feature(enable = "avx2")]
