@@ -18,6 +18,34 @@ use crate::iq::{KVALUES_IQ4NL, KVALUES_MXFP4};
 use crate::kernel::{DotFn, MultiFn, RowsFn, Simd};
 use crate::TensorType;
 
+/// A [`Block`] whose unpacked form is its own bytes: `apply` reads the block at `x` against the
+/// activation block at `y`; `finish` defaults to `hsum(v) + s`.
+macro_rules! bytes_block {
+    ($name:ident, $qk:expr, $wb:expr, $ab:expr, |$x:ident, $y:ident, $acc:ident| $apply:block
+     $(, finish |$facc:ident| $finish:block)?) => {
+        pub(super) struct $name;
+        impl Block for $name {
+            const QK: usize = $qk;
+            const WB: usize = $wb;
+            const AB: usize = $ab;
+            type W = *const u8;
+            #[inline]
+            #[target_feature(enable = "avx2,fma,f16c")]
+            unsafe fn decode(x: *const u8) -> *const u8 {
+                x
+            }
+            #[inline]
+            #[target_feature(enable = "avx2,fma,f16c")]
+            unsafe fn apply(&$x: &*const u8, $y: *const u8, $acc: &mut Acc) $apply
+            $(
+                #[inline]
+                #[target_feature(enable = "avx2,fma")]
+                unsafe fn finish($facc: &Acc) -> f32 $finish
+            )?
+        }
+    };
+}
+
 #[path = "avx2_iquants.rs"]
 mod iquants;
 #[path = "avx2_lowbit.rs"]

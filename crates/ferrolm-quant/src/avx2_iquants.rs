@@ -58,31 +58,20 @@ unsafe fn scaled_hsum(acc: &Acc, factor: f32) -> f32 {
     factor * hsum_f32(acc.v)
 }
 
+/// A lattice kernel: `$lanes` are the super-block's i32 lanes, `$factor` the format's constant.
 macro_rules! lattice_block {
     ($name:ident, $wb:expr, $factor:expr, |$x:ident, $y:ident| $lanes:expr) => {
-        pub(super) struct $name;
-        impl Block for $name {
-            const QK: usize = 256;
-            const WB: usize = $wb;
-            const AB: usize = 292;
-            type W = *const u8;
-            #[inline]
-            #[target_feature(enable = "avx2,fma,f16c")]
-            unsafe fn decode(x: *const u8) -> *const u8 {
-                x
-            }
-            #[inline]
-            #[target_feature(enable = "avx2,fma,f16c")]
-            unsafe fn apply(&$x: &*const u8, $y: *const u8, acc: &mut Acc) {
+        bytes_block!(
+            $name,
+            256,
+            $wb,
+            292,
+            |$x, $y, acc| {
                 let sum: __m256i = $lanes;
                 fma_i32(acc, d_xy($x, $y), sum);
-            }
-            #[inline]
-            #[target_feature(enable = "avx2,fma")]
-            unsafe fn finish(acc: &Acc) -> f32 {
-                scaled_hsum(acc, $factor)
-            }
-        }
+            },
+            finish | acc | { scaled_hsum(acc, $factor) }
+        );
     };
 }
 

@@ -20,28 +20,8 @@ unsafe fn bsum_pairs(y: *const u8) -> __m256i {
     _mm256_madd_epi16(bsums(y), _mm256_set1_epi16(1))
 }
 
-macro_rules! simple_block {
-    ($name:ident, $qk:expr, $wb:expr, $ab:expr, |$x:ident, $y:ident, $acc:ident| $body:block) => {
-        pub(super) struct $name;
-        impl Block for $name {
-            const QK: usize = $qk;
-            const WB: usize = $wb;
-            const AB: usize = $ab;
-            type W = *const u8;
-            #[inline]
-            #[target_feature(enable = "avx2,fma,f16c")]
-            unsafe fn decode(x: *const u8) -> *const u8 {
-                x
-            }
-            #[inline]
-            #[target_feature(enable = "avx2,fma,f16c")]
-            unsafe fn apply(&$x: &*const u8, $y: *const u8, $acc: &mut Acc) $body
-        }
-    };
-}
-
 // TQ2_0: codes 0..=3 in bit pairs, minus the block sums (`t - 1`); d at byte 64.
-simple_block!(Tq2_0, 256, 66, 292, |x, y, acc| {
+bytes_block!(Tq2_0, 256, 66, 292, |x, y, acc| {
     let mut sum = _mm256_sub_epi32(_mm256_setzero_si256(), bsum_pairs(y));
     for half in 0..2 {
         let q = load(x.add(32 * half));
@@ -55,7 +35,7 @@ simple_block!(Tq2_0, 256, 66, 292, |x, y, acc| {
 });
 
 // TQ1_0: the base-3 trits unpacked as the scalar code does, then as TQ2_0; d at byte 52.
-simple_block!(Tq1_0, 256, 54, 292, |x, y, acc| {
+bytes_block!(Tq1_0, 256, 54, 292, |x, y, acc| {
     let b: &crate::ternary::BlockTq1_0 = bytemuck::from_bytes(std::slice::from_raw_parts(x, 54));
     let t = crate::ternary::tq1_codes(b);
     let mut sum = _mm256_sub_epi32(_mm256_setzero_si256(), bsum_pairs(y));
@@ -70,20 +50,12 @@ simple_block!(Tq1_0, 256, 54, 292, |x, y, acc| {
 
 // IQ1_S: grid lanes by the odd multipliers (fma by d into `v`), the delta's integer sum from the
 // block sums (fma by d into `s`); the end is `hsum(v) + 0.125 * s`.
-pub(super) struct Iq1S;
-impl Block for Iq1S {
-    const QK: usize = 256;
-    const WB: usize = 50;
-    const AB: usize = 292;
-    type W = *const u8;
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn decode(x: *const u8) -> *const u8 {
-        x
-    }
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn apply(&x: &*const u8, y: *const u8, acc: &mut Acc) {
+bytes_block!(
+    Iq1S,
+    256,
+    50,
+    292,
+    |x, y, acc| {
         let mut sum = _mm256_setzero_si256();
         let mut sumi1 = 0i32;
         for ib in 0..8 {
@@ -108,30 +80,18 @@ impl Block for Iq1S {
         let d = y_d(y) * f16_at(x);
         fma_i32(acc, d, sum);
         acc.s = d.mul_add(sumi1 as f32, acc.s);
-    }
-    #[inline]
-    #[target_feature(enable = "avx2,fma")]
-    unsafe fn finish(acc: &Acc) -> f32 {
-        hsum_f32(acc.v) + 0.125 * acc.s
-    }
-}
+    },
+    finish | acc | { hsum_f32(acc.v) + 0.125 * acc.s }
+);
 
 // IQ1_M: grid lanes and delta-sign lanes, both by the multipliers of each 16 elements, into
 // two accumulators; the end is `hsum(v) + 0.125 * hsum(v2)`.
-pub(super) struct Iq1M;
-impl Block for Iq1M {
-    const QK: usize = 256;
-    const WB: usize = 56;
-    const AB: usize = 292;
-    type W = *const u8;
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn decode(x: *const u8) -> *const u8 {
-        x
-    }
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn apply(&x: &*const u8, y: *const u8, acc: &mut Acc) {
+bytes_block!(
+    Iq1M,
+    256,
+    56,
+    292,
+    |x, y, acc| {
         let sc: [u16; 4] =
             std::array::from_fn(|k| u16::from_le_bytes([*x.add(48 + 2 * k), *x.add(49 + 2 * k)]));
         let bits = (sc[0] >> 12) | (sc[1] >> 8 & 0x00f0) | (sc[2] >> 4 & 0x0f00) | (sc[3] & 0xf000);
@@ -162,20 +122,16 @@ impl Block for Iq1M {
         }
         fma_i32(acc, d, grid);
         acc.v2 = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(delta), acc.v2);
-    }
-    #[inline]
-    #[target_feature(enable = "avx2,fma")]
-    unsafe fn finish(acc: &Acc) -> f32 {
-        hsum_f32(acc.v) + 0.125 * hsum_f32(acc.v2)
-    }
-}
+    },
+    finish | acc | { hsum_f32(acc.v) + 0.125 * hsum_f32(acc.v2) }
+);
 
 /// Q8_0 activation blocks: f16 d, then 32 quants.
 const Q8_0_BYTES: usize = 34;
 
 // Q1_0 (128 elements over four Q8_0 blocks): the activations with the weights' signs, summed
 // in lanes; a multiply by the first block's d, fmas for the others, one fma by the weight's d.
-simple_block!(Q1_0, 128, 18, 4 * Q8_0_BYTES, |x, y, acc| {
+bytes_block!(Q1_0, 128, 18, 4 * Q8_0_BYTES, |x, y, acc| {
     let mut block = _mm256_setzero_ps();
     for k in 0..4 {
         let yk = y.add(Q8_0_BYTES * k);
@@ -204,7 +160,7 @@ simple_block!(Q1_0, 128, 18, 4 * Q8_0_BYTES, |x, y, acc| {
 
 // Q2_0 (64 elements over two Q8_0 blocks): llama.cpp's generic loop, in `s`: per activation
 // block `sumi += d_y * (sum of (q - 1) * y)`, then `sumf += d_x * sumi`, unfused.
-simple_block!(Q2_0, 64, 18, 2 * Q8_0_BYTES, |x, y, acc| {
+bytes_block!(Q2_0, 64, 18, 2 * Q8_0_BYTES, |x, y, acc| {
     let mut sumi = 0f32;
     for k in 0..2 {
         let yk = y.add(Q8_0_BYTES * k);
@@ -233,7 +189,7 @@ unsafe fn hsum_i32(v: __m256i) -> i32 {
 
 // NVFP4 (64 elements over two Q8_0 blocks): per Q8_0 block the two sub-blocks' e2m1 values in
 // element order, lanes 0-3 scaled by the first sub-block's `scale * d_y`, 4-7 by the second's.
-simple_block!(Nvfp4, 64, 36, 2 * Q8_0_BYTES, |x, y, acc| {
+bytes_block!(Nvfp4, 64, 36, 2 * Q8_0_BYTES, |x, y, acc| {
     let t = _mm_loadu_si128(KVALUES_MXFP4.as_ptr() as *const __m128i);
     let m4 = _mm_set1_epi8(0x0f);
     for h in 0..2 {
