@@ -336,17 +336,35 @@ fn scalar_fn(ty: TensorType) -> Option<DotFn> {
     })
 }
 
-/// Scalar batch kernels whose per-element arithmetic differs from `vec_dot`.
-fn scalar_multi_fn(ty: TensorType) -> Option<MultiFn> {
+/// Batch kernels whose per-element arithmetic differs from `vec_dot`: IQ4_NL's (llamafile's
+/// order) and the tiled types' (llama.cpp's tiled matmul from 8 columns, see `tiled`), whose
+/// exact integer block sums `fast` computes with AVX2 where the CPU has it.
+fn batch_fn(ty: TensorType, fast: bool) -> Option<MultiFn> {
     use TensorType as T;
-    // The tiled types: llama.cpp's tiled matmul from 8 columns (see `tiled`).
+    #[cfg(target_arch = "x86_64")]
+    let fast = fast && matches!(detected_isa(), Isa::Avx2);
     macro_rules! tiled {
-        ($ty:expr, $unpack:path, $dot:path) => {
-            |n, rows, rs, nr, acts, as_, nc, out| {
-                let bytes = $ty.block_bytes();
-                tiled::multi($unpack, bytes, $dot, n, rows, rs, nr, acts, as_, nc, out)
+        ($ty:expr, $unpack:path, $dot:path) => {{
+            let (scalar, simd): (MultiFn, MultiFn) = (
+                |n, rows, rs, nr, acts, as_, nc, out| {
+                    let (bytes, sum) = ($ty.block_bytes(), tiled::block_sum);
+                    tiled::multi(
+                        $unpack, bytes, $dot, sum, n, rows, rs, nr, acts, as_, nc, out,
+                    )
+                },
+                |n, rows, rs, nr, acts, as_, nc, out| {
+                    let (bytes, sum) = ($ty.block_bytes(), simd_block_sum());
+                    tiled::multi(
+                        $unpack, bytes, $dot, sum, n, rows, rs, nr, acts, as_, nc, out,
+                    )
+                },
+            );
+            if fast {
+                simd
+            } else {
+                scalar
             }
-        };
+        }};
     }
     Some(match ty {
         T::IQ4_NL => iq::multi_iq4_nl_q8_0,
@@ -360,6 +378,15 @@ fn scalar_multi_fn(ty: TensorType) -> Option<MultiFn> {
         T::IQ1_M => tiled!(T::IQ1_M, iq1::tiled_iq1_m, iq1::dot_iq1_m_q8_k),
         _ => return None,
     })
+}
+
+/// The tiled kernel's block sum in this CPU's instructions.
+fn simd_block_sum() -> tiled::BlockSum {
+    #[cfg(target_arch = "x86_64")]
+    if matches!(detected_isa(), Isa::Avx2) {
+        return crate::avx2::tiled_block_sum;
+    }
+    tiled::block_sum
 }
 
 fn build(ty: TensorType, isa: Isa) -> Result<DotKernel, QuantError> {
@@ -383,7 +410,7 @@ fn build(ty: TensorType, isa: Isa) -> Result<DotKernel, QuantError> {
         // i-quants' tiled sums).
         Some(simd) => (
             Simd {
-                multi: simd.multi.or(scalar_multi_fn(ty)),
+                multi: simd.multi.or(batch_fn(ty, true)),
                 ..simd
             },
             isa,
@@ -392,7 +419,7 @@ fn build(ty: TensorType, isa: Isa) -> Result<DotKernel, QuantError> {
             Simd {
                 dot: scalar,
                 rows: None,
-                multi: scalar_multi_fn(ty),
+                multi: batch_fn(ty, false),
             },
             Isa::Scalar,
         ),

@@ -19,8 +19,11 @@ pub(crate) struct TiledBlock {
     pub scale16: [i32; QK_K / 16],
 }
 
-/// The tiled kernel's integer sum of one block against one Q8_K block.
-fn block_sum(x: &TiledBlock, y: &BlockQ8K) -> i32 {
+/// The integer sum of one block against one Q8_K block (exact, so any order gives it).
+pub(crate) type BlockSum = fn(&TiledBlock, &BlockQ8K) -> i32;
+
+/// [`BlockSum`] in scalar code.
+pub(crate) fn block_sum(x: &TiledBlock, y: &BlockQ8K) -> i32 {
     let q = y.q();
     let mut s = 0i32;
     for (j, &scale) in x.scale16.iter().enumerate() {
@@ -39,6 +42,7 @@ pub(crate) fn multi(
     unpack: fn(&[u8]) -> TiledBlock,
     block_bytes: usize,
     dot: DotFn,
+    sum: BlockSum,
     n: usize,
     rows: &[u8],
     row_stride: usize,
@@ -63,7 +67,7 @@ pub(crate) fn multi(
             let ys: &[BlockQ8K] = bytemuck::cast_slice(&acts[c * act_stride..c * act_stride + ab]);
             let mut acc = 0f32;
             for (x, y) in blocks.iter().zip(ys) {
-                let r = block_sum(x, y) as f32 * x.d;
+                let r = sum(x, y) as f32 * x.d;
                 acc = r.mul_add(y.d(), acc);
             }
             out[c * n_rows + i] = acc;

@@ -264,6 +264,15 @@ fn tiled_batches_switch_to_the_tiled_sum() {
                 .collect();
             let mut multi = vec![0f32; n_rows * n_cols];
             k.dot_rows_multi(n, &rows, rb, n_rows, &acts, ab, n_cols, &mut multi);
+            let mut scalar = vec![0f32; n_rows * n_cols];
+            let s = dot_kernel_scalar(ty).unwrap();
+            s.dot_rows_multi(n, &rows, rb, n_rows, &acts, ab, n_cols, &mut scalar);
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(
+                bits(&multi),
+                bits(&scalar),
+                "{ty} {n_cols} cols: SIMD vs scalar"
+            );
             for i in 0..n_rows {
                 let row = &rows[i * rb..(i + 1) * rb];
                 for c in 0..n_cols {
