@@ -34,19 +34,53 @@ bytes_block!(Tq2_0, 256, 66, 292, |x, y, acc| {
     fma_i32(acc, y_d(y) * f16_at(x.add(64)), sum);
 });
 
-// TQ1_0: the base-3 trits unpacked as the scalar code does, then as TQ2_0; d at byte 52.
+// TQ1_0: each byte times 3^n (wrapping, as ggml's `q * pow3[n]`), the top of `3 q` as the trit
+// (`subs`/`avg`, llama.cpp's way), then as TQ2_0; d at byte 52.
 bytes_block!(Tq1_0, 256, 54, 292, |x, y, acc| {
-    let b: &crate::ternary::BlockTq1_0 = bytemuck::from_bytes(std::slice::from_raw_parts(x, 54));
-    let t = crate::ternary::tq1_codes(b);
     let mut sum = _mm256_sub_epi32(_mm256_setzero_si256(), bsum_pairs(y));
-    for c in 0..8 {
-        sum = _mm256_add_epi32(
-            sum,
-            code_lanes(load(t.as_ptr().add(32 * c)), y.add(Y_QS + 32 * c)),
-        );
+    // elements 32n + m: trit n of byte m of the first 32
+    let q = load(x);
+    let mut p = q;
+    for n in 0..5 {
+        sum = _mm256_add_epi32(sum, code_lanes(top_trit(p), y.add(Y_QS + 32 * n)));
+        p = times3(p);
+    }
+    // elements 160 + 16n + m: trit n of byte 32 + m; 240 + 4n + j: trit n of byte 48 + j
+    let q16 = _mm_loadu_si128(x.add(32) as *const __m128i);
+    let p16: [__m128i; 5] = {
+        let mut t = [q16; 5];
+        for n in 1..5 {
+            t[n] = _mm_add_epi8(t[n - 1], _mm_add_epi8(t[n - 1], t[n - 1]));
+        }
+        t
+    };
+    const POW3: [u8; 4] = [1, 3, 9, 27];
+    let qh: [u8; 16] = std::array::from_fn(|k| (*x.add(48 + k % 4)).wrapping_mul(POW3[k / 4]));
+    let qh = _mm_loadu_si128(qh.as_ptr() as *const __m128i);
+    let pairs = [(p16[0], p16[1]), (p16[2], p16[3]), (p16[4], qh)];
+    for (k, (lo, hi)) in pairs.into_iter().enumerate() {
+        let codes = top_trit(_mm256_set_m128i(hi, lo));
+        sum = _mm256_add_epi32(sum, code_lanes(codes, y.add(Y_QS + 160 + 32 * k)));
     }
     fma_i32(acc, y_d(y) * f16_at(x.add(52)), sum);
 });
+
+/// Each byte times 3, wrapping.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn times3(q: __m256i) -> __m256i {
+    _mm256_add_epi8(q, _mm256_add_epi8(q, q))
+}
+
+/// `(3 q) >> 8` of each byte: `avg(x, avg(x, 0))` with `x = q - 1` (saturating) keeps the top
+/// two bits of `1.5 x`, the same for all 256 values (tests/dot.rs checks TQ1_0 against the scalar).
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn top_trit(q: __m256i) -> __m256i {
+    let x = _mm256_subs_epu8(q, _mm256_set1_epi8(1));
+    let t = _mm256_avg_epu8(x, _mm256_avg_epu8(x, _mm256_setzero_si256()));
+    _mm256_and_si256(_mm256_srli_epi16(t, 6), _mm256_set1_epi8(3))
+}
 
 // IQ1_S: grid lanes by the odd multipliers (fma by d into `v`), the delta's integer sum from the
 // block sums (fma by d into `s`); the end is `hsum(v) + 0.125 * s`.

@@ -39,7 +39,7 @@ fn trit(byte: u8, n: usize) -> u8 {
 }
 
 /// TQ1_0's codes (0..=2) in element order.
-pub(crate) fn tq1_codes(b: &BlockTq1_0) -> [u8; QK_K] {
+fn tq1_codes(b: &BlockTq1_0) -> [u8; QK_K] {
     let mut t = [0u8; QK_K];
     for (e, t) in t.iter_mut().enumerate() {
         *t = match e {
