@@ -266,3 +266,49 @@ pub fn vec_dot_type(ty: TensorType) -> Result<TensorType, QuantError> {
         }
     })
 }
+
+/// The i-quants' lattice tables as CUDA C definitions (`__device__ const u64 IQ2XXS_GRID[256] =
+/// {...};` and likewise IQ2XS_GRID, IQ2S_GRID, IQ1S_GRID, and the u32 IQ3XXS_GRID, IQ3S_GRID),
+/// for device code that reads them (ferrolm-cuda's `kernels_iquants.cu`); `u64`/`u32` are the
+/// typedefs of that source.
+pub fn lattice_tables_c() -> String {
+    use std::fmt::Write;
+    let mut s = String::new();
+    let mut table = |name: &str, ty: &str, words: &mut dyn Iterator<Item = u64>, digits: usize| {
+        let body: Vec<String> = words.map(|w| format!("0x{w:0digits$x}u")).collect();
+        let _ = writeln!(
+            s,
+            "__device__ const {ty} {name}[{}] = {{{}}};",
+            body.len(),
+            body.join(",")
+        );
+    };
+    table(
+        "IQ2XXS_GRID",
+        "u64",
+        &mut iq_grids::IQ2XXS_GRID.iter().copied(),
+        16,
+    );
+    table(
+        "IQ2XS_GRID",
+        "u64",
+        &mut iq_grids::IQ2XS_GRID.iter().copied(),
+        16,
+    );
+    table(
+        "IQ2S_GRID",
+        "u64",
+        &mut iq_grids::IQ2S_GRID.iter().copied(),
+        16,
+    );
+    table(
+        "IQ1S_GRID",
+        "u64",
+        &mut iq_grids::IQ1S_GRID.iter().copied(),
+        16,
+    );
+    let mut w32 = |t: &'static [u32]| t.iter().map(|&w| w as u64);
+    table("IQ3XXS_GRID", "u32", &mut w32(&iq_grids::IQ3XXS_GRID), 8);
+    table("IQ3S_GRID", "u32", &mut w32(&iq_grids::IQ3S_GRID), 8);
+    s
+}

@@ -424,3 +424,26 @@ fn q8_0_activations_follow_the_x86_recipe() {
         }
     }
 }
+
+#[test]
+fn lattice_tables_render_as_c() {
+    let c = ferrolm_quant::lattice_tables_c();
+    for (name, n) in [
+        ("IQ2XXS_GRID", 256),
+        ("IQ2XS_GRID", 512),
+        ("IQ2S_GRID", 1024),
+        ("IQ1S_GRID", 2048),
+        ("IQ3XXS_GRID", 256),
+        ("IQ3S_GRID", 512),
+    ] {
+        let line = c
+            .lines()
+            .find(|l| l.contains(&format!(" {name}[")))
+            .unwrap_or_else(|| panic!("{name} missing"));
+        assert!(line.starts_with("__device__ const u"), "{line:.40}");
+        assert!(line.contains(&format!("[{n}]")), "{name}: {line:.40}");
+        assert_eq!(line.matches("0x").count(), n, "{name}");
+    }
+    // IQ2_XXS's second entry, as ggml-common.h has it.
+    assert!(c.contains("{0x0808080808080808u,0x080808080808082bu,"));
+}
