@@ -307,7 +307,7 @@ pub fn lattice_tables_c() -> String {
         &mut iq_grids::IQ1S_GRID.iter().copied(),
         16,
     );
-    let mut w32 = |t: &'static [u32]| t.iter().map(|&w| w as u64);
+    let w32 = |t: &'static [u32]| t.iter().map(|&w| w as u64);
     table("IQ3XXS_GRID", "u32", &mut w32(&iq_grids::IQ3XXS_GRID), 8);
     table("IQ3S_GRID", "u32", &mut w32(&iq_grids::IQ3S_GRID), 8);
     s
