@@ -23,7 +23,7 @@ use crate::TensorType;
 macro_rules! bytes_block {
     ($name:ident, $qk:expr, $wb:expr, $ab:expr, |$x:ident, $y:ident, $acc:ident| $apply:block
      $(, finish |$facc:ident| $finish:block)?) => {
-        pub(super) struct $name;
+        pub(crate) struct $name;
         impl Block for $name {
             const QK: usize = $qk;
             const WB: usize = $wb;
@@ -50,6 +50,10 @@ macro_rules! bytes_block {
 mod iquants;
 #[path = "avx2_lowbit.rs"]
 mod lowbit;
+
+pub(crate) use iquants::{
+    tiled_iq2_s, tiled_iq2_xs, tiled_iq2_xxs, tiled_iq3_s, tiled_iq3_xxs, tiled_iq4_xs,
+};
 
 /// The kernels of this module for `ty`, if it has one.
 pub(crate) fn kernel(ty: TensorType) -> Option<Simd> {

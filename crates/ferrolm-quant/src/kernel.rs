@@ -343,8 +343,12 @@ fn batch_fn(ty: TensorType, fast: bool) -> Option<MultiFn> {
     use TensorType as T;
     #[cfg(target_arch = "x86_64")]
     let fast = fast && matches!(detected_isa(), Isa::Avx2);
+    // `$simd` unpacks with AVX2 where there is such a function (else the scalar `$unpack`)
     macro_rules! tiled {
-        ($ty:expr, $unpack:path, $dot:path) => {{
+        ($ty:expr, $unpack:path, $dot:path) => {
+            tiled!($ty, $unpack, $unpack, $dot)
+        };
+        ($ty:expr, $unpack:path, $simd:expr, $dot:path) => {{
             let (scalar, simd): (MultiFn, MultiFn) = (
                 |n, rows, rs, nr, acts, as_, nc, out| {
                     let (bytes, sum) = ($ty.block_bytes(), tiled::block_sum);
@@ -354,9 +358,7 @@ fn batch_fn(ty: TensorType, fast: bool) -> Option<MultiFn> {
                 },
                 |n, rows, rs, nr, acts, as_, nc, out| {
                     let (bytes, sum) = ($ty.block_bytes(), simd_block_sum());
-                    tiled::multi(
-                        $unpack, bytes, $dot, sum, n, rows, rs, nr, acts, as_, nc, out,
-                    )
+                    tiled::multi($simd, bytes, $dot, sum, n, rows, rs, nr, acts, as_, nc, out)
                 },
             );
             if fast {
@@ -366,14 +368,57 @@ fn batch_fn(ty: TensorType, fast: bool) -> Option<MultiFn> {
             }
         }};
     }
+    // the AVX2 unpacking on x86-64, the scalar one elsewhere
+    #[cfg(target_arch = "x86_64")]
+    macro_rules! avx2_or {
+        ($avx2:ident, $scalar:path) => {
+            crate::avx2::$avx2
+        };
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    macro_rules! avx2_or {
+        ($avx2:ident, $scalar:path) => {
+            $scalar
+        };
+    }
     Some(match ty {
         T::IQ4_NL => iq::multi_iq4_nl_q8_0,
-        T::IQ4_XS => tiled!(T::IQ4_XS, iq::tiled_iq4_xs, iq::dot_iq4_xs_q8_k),
-        T::IQ2_XXS => tiled!(T::IQ2_XXS, iq2::tiled_iq2_xxs, iq2::dot_iq2_xxs_q8_k),
-        T::IQ2_XS => tiled!(T::IQ2_XS, iq2::tiled_iq2_xs, iq2::dot_iq2_xs_q8_k),
-        T::IQ2_S => tiled!(T::IQ2_S, iq2::tiled_iq2_s, iq2::dot_iq2_s_q8_k),
-        T::IQ3_XXS => tiled!(T::IQ3_XXS, iq3::tiled_iq3_xxs, iq3::dot_iq3_xxs_q8_k),
-        T::IQ3_S => tiled!(T::IQ3_S, iq3::tiled_iq3_s, iq3::dot_iq3_s_q8_k),
+        T::IQ4_XS => tiled!(
+            T::IQ4_XS,
+            iq::tiled_iq4_xs,
+            avx2_or!(tiled_iq4_xs, iq::tiled_iq4_xs),
+            iq::dot_iq4_xs_q8_k
+        ),
+        T::IQ2_XXS => tiled!(
+            T::IQ2_XXS,
+            iq2::tiled_iq2_xxs,
+            avx2_or!(tiled_iq2_xxs, iq2::tiled_iq2_xxs),
+            iq2::dot_iq2_xxs_q8_k
+        ),
+        T::IQ2_XS => tiled!(
+            T::IQ2_XS,
+            iq2::tiled_iq2_xs,
+            avx2_or!(tiled_iq2_xs, iq2::tiled_iq2_xs),
+            iq2::dot_iq2_xs_q8_k
+        ),
+        T::IQ2_S => tiled!(
+            T::IQ2_S,
+            iq2::tiled_iq2_s,
+            avx2_or!(tiled_iq2_s, iq2::tiled_iq2_s),
+            iq2::dot_iq2_s_q8_k
+        ),
+        T::IQ3_XXS => tiled!(
+            T::IQ3_XXS,
+            iq3::tiled_iq3_xxs,
+            avx2_or!(tiled_iq3_xxs, iq3::tiled_iq3_xxs),
+            iq3::dot_iq3_xxs_q8_k
+        ),
+        T::IQ3_S => tiled!(
+            T::IQ3_S,
+            iq3::tiled_iq3_s,
+            avx2_or!(tiled_iq3_s, iq3::tiled_iq3_s),
+            iq3::dot_iq3_s_q8_k
+        ),
         T::IQ1_S => tiled!(T::IQ1_S, iq1::tiled_iq1_s, iq1::dot_iq1_s_q8_k),
         T::IQ1_M => tiled!(T::IQ1_M, iq1::tiled_iq1_m, iq1::dot_iq1_m_q8_k),
         _ => return None,
