@@ -135,28 +135,40 @@ pub(crate) fn kernel(ty: TensorType) -> Option<Simd> {
     })
 }
 
-/// `tiled::block_sum` with AVX2: `maddubs` of `|w|` with the signed activations, `madd` by the
-/// multipliers of each 16 elements, the lanes summed (an exact integer, like the scalar sum).
-/// Handed out only after run-time detection (`kernel::simd_block_sum`).
-pub(crate) fn tiled_block_sum(x: &crate::tiled::TiledBlock, y: &crate::k_quants::BlockQ8K) -> i32 {
+/// `tiled::block_sums` with AVX2: `maddubs` of `|w|` with the signed activations, `madd` by
+/// the multipliers of each 16 values, the lanes summed (exact integers, like the scalar sums);
+/// the block stays in registers across the columns. Handed out only after run-time detection
+/// (`kernel::simd_block_sums`).
+pub(crate) fn tiled_block_sums(
+    x: &crate::tiled::TiledBlock,
+    ys: &[&crate::k_quants::BlockQ8K],
+    out: &mut [i32],
+) {
     // SAFETY: avx2 was detected before this function was handed out; every load reads 32 of
-    // the 256 bytes of `x.w` and `y.qs`.
-    unsafe { tiled_block_sum_avx2(x, y) }
+    // the 256 bytes of `x.w` or of a column's `qs`.
+    unsafe { tiled_block_sums_avx2(x, ys, out) }
 }
 
 #[target_feature(enable = "avx2")]
-unsafe fn tiled_block_sum_avx2(x: &crate::tiled::TiledBlock, y: &crate::k_quants::BlockQ8K) -> i32 {
-    let mut sum = _mm256_setzero_si256();
-    for g in 0..8 {
-        let w = load(x.w.as_ptr().add(32 * g) as *const u8);
-        let q = load(y.qs.as_ptr().add(32 * g));
-        let p16 = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(q, w));
-        let m = halves(x.scale16[2 * g], x.scale16[2 * g + 1]);
-        sum = _mm256_add_epi32(sum, _mm256_madd_epi16(p16, m));
+unsafe fn tiled_block_sums_avx2(
+    x: &crate::tiled::TiledBlock,
+    ys: &[&crate::k_quants::BlockQ8K],
+    out: &mut [i32],
+) {
+    let w: [__m256i; 8] = std::array::from_fn(|g| load(x.w.as_ptr().add(32 * g) as *const u8));
+    let aw = w.map(|w| _mm256_sign_epi8(w, w));
+    let m: [__m256i; 8] = std::array::from_fn(|g| halves(x.scale16[2 * g], x.scale16[2 * g + 1]));
+    for (y, o) in ys.iter().zip(out) {
+        let mut sum = _mm256_setzero_si256();
+        for g in 0..8 {
+            let q = load(y.qs.as_ptr().add(32 * g));
+            let p16 = _mm256_maddubs_epi16(aw[g], _mm256_sign_epi8(q, w[g]));
+            sum = _mm256_add_epi32(sum, _mm256_madd_epi16(p16, m[g]));
+        }
+        let mut lanes = [0i32; 8];
+        _mm256_storeu_si256(lanes.as_mut_ptr() as *mut __m256i, sum);
+        *o = lanes.iter().sum();
     }
-    let mut lanes = [0i32; 8];
-    _mm256_storeu_si256(lanes.as_mut_ptr() as *mut __m256i, sum);
-    lanes.iter().sum()
 }
 
 /// llama.cpp's x86 activation quantizers (Q8_0 with `127 / amax` and round half to even;

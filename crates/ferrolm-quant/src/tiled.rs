@@ -19,30 +19,34 @@ pub(crate) struct TiledBlock {
     pub scale16: [i32; QK_K / 16],
 }
 
-/// The integer sum of one block against one Q8_K block (exact, so any order gives it).
-pub(crate) type BlockSum = fn(&TiledBlock, &BlockQ8K) -> i32;
+/// The integer sums of one block against the same block of several activation columns (exact,
+/// so any order gives them): `out[c] = sum over 16s of scale * sum(w * y_c)`.
+pub(crate) type BlockSums = fn(&TiledBlock, &[&BlockQ8K], &mut [i32]);
 
-/// [`BlockSum`] in scalar code.
-pub(crate) fn block_sum(x: &TiledBlock, y: &BlockQ8K) -> i32 {
-    let q = y.q();
-    let mut s = 0i32;
-    for (j, &scale) in x.scale16.iter().enumerate() {
-        let t: i32 = (16 * j..16 * j + 16)
-            .map(|k| x.w[k] as i32 * q[k] as i32)
-            .sum();
-        s += scale * t;
+/// [`BlockSums`] in scalar code.
+pub(crate) fn block_sums(x: &TiledBlock, ys: &[&BlockQ8K], out: &mut [i32]) {
+    for (y, o) in ys.iter().zip(out) {
+        let q = y.q();
+        let mut s = 0i32;
+        for (j, &scale) in x.scale16.iter().enumerate() {
+            let t: i32 = (16 * j..16 * j + 16)
+                .map(|k| x.w[k] as i32 * q[k] as i32)
+                .sum();
+            s += scale * t;
+        }
+        *o = s;
     }
-    s
 }
 
 /// `DotKernel::dot_rows_multi` for a tiled type: `vec_dot` (`dot`) below [`MIN_COLUMNS`]
-/// columns, the tiled kernel's arithmetic from there.
+/// columns, the tiled kernel's arithmetic from there: each weight block unpacked once and met
+/// by every column, each column's accumulator in block order.
 #[allow(clippy::too_many_arguments)] // two strided matrices and their shapes
 pub(crate) fn multi(
     unpack: fn(&[u8]) -> TiledBlock,
     block_bytes: usize,
     dot: DotFn,
-    sum: BlockSum,
+    sums: BlockSums,
     n: usize,
     rows: &[u8],
     row_stride: usize,
@@ -54,6 +58,14 @@ pub(crate) fn multi(
 ) {
     let nb = n / QK_K;
     let (rb, ab) = (nb * block_bytes, nb * std::mem::size_of::<BlockQ8K>());
+    let cols: Vec<&[BlockQ8K]> = (0..n_cols)
+        .map(|c| bytemuck::cast_slice(&acts[c * act_stride..c * act_stride + ab]))
+        .collect();
+    let (mut ys, mut s, mut acc) = (
+        Vec::with_capacity(n_cols),
+        vec![0i32; n_cols],
+        vec![0f32; n_cols],
+    );
     for i in 0..n_rows {
         let row = &rows[i * row_stride..i * row_stride + rb];
         if n_cols < MIN_COLUMNS {
@@ -62,15 +74,18 @@ pub(crate) fn multi(
             }
             continue;
         }
-        let blocks: Vec<TiledBlock> = row.chunks_exact(block_bytes).map(unpack).collect();
-        for c in 0..n_cols {
-            let ys: &[BlockQ8K] = bytemuck::cast_slice(&acts[c * act_stride..c * act_stride + ab]);
-            let mut acc = 0f32;
-            for (x, y) in blocks.iter().zip(ys) {
-                let r = sum(x, y) as f32 * x.d;
-                acc = r.mul_add(y.d(), acc);
+        acc.fill(0.0);
+        for (kb, xb) in row.chunks_exact(block_bytes).enumerate() {
+            let x = unpack(xb);
+            ys.clear();
+            ys.extend(cols.iter().map(|col| &col[kb]));
+            sums(&x, &ys, &mut s);
+            for ((a, &s), y) in acc.iter_mut().zip(&s).zip(&ys) {
+                *a = (s as f32 * x.d).mul_add(y.d(), *a);
             }
-            out[c * n_rows + i] = acc;
+        }
+        for (c, &a) in acc.iter().enumerate() {
+            out[c * n_rows + i] = a;
         }
     }
 }
