@@ -135,39 +135,49 @@ pub(crate) fn kernel(ty: TensorType) -> Option<Simd> {
     })
 }
 
-/// `tiled::block_sums` with AVX2: `maddubs` of `|w|` with the signed activations, `madd` by
-/// the multipliers of each 16 values, the lanes summed (exact integers, like the scalar sums);
-/// the block stays in registers across the columns. Handed out only after run-time detection
-/// (`kernel::simd_block_sums`).
-pub(crate) fn tiled_block_sums(
+/// `tiled::block_step` with AVX2: `maddubs` of `|w|` with the signed activations, `madd` by
+/// the multipliers of each 16 values, the lanes summed (exact integers, like the scalar sums),
+/// then the same fma into each column's accumulator; the block stays in registers across the
+/// columns. Handed out only after run-time detection (`kernel::simd_block_step`).
+pub(crate) fn tiled_block_step(
     x: &crate::tiled::TiledBlock,
     ys: &[&crate::k_quants::BlockQ8K],
-    out: &mut [i32],
+    acc: &mut [f32],
 ) {
-    // SAFETY: avx2 was detected before this function was handed out; every load reads 32 of
-    // the 256 bytes of `x.w` or of a column's `qs`.
-    unsafe { tiled_block_sums_avx2(x, ys, out) }
+    // SAFETY: avx2 and fma were detected before this function was handed out; every load reads
+    // 32 of the 256 bytes of `x.w` or of a column's `qs`.
+    unsafe { tiled_block_step_avx2(x, ys, acc) }
 }
 
-#[target_feature(enable = "avx2")]
-unsafe fn tiled_block_sums_avx2(
+#[target_feature(enable = "avx2,fma")]
+unsafe fn tiled_block_step_avx2(
     x: &crate::tiled::TiledBlock,
     ys: &[&crate::k_quants::BlockQ8K],
-    out: &mut [i32],
+    acc: &mut [f32],
 ) {
-    let w: [__m256i; 8] = std::array::from_fn(|g| load(x.w.as_ptr().add(32 * g) as *const u8));
-    let aw = w.map(|w| _mm256_sign_epi8(w, w));
-    let m: [__m256i; 8] = std::array::from_fn(|g| halves(x.scale16[2 * g], x.scale16[2 * g + 1]));
-    for (y, o) in ys.iter().zip(out) {
+    let mut w = [_mm256_setzero_si256(); 8];
+    let mut aw = [_mm256_setzero_si256(); 8];
+    let mut m = [_mm256_setzero_si256(); 8];
+    for g in 0..8 {
+        w[g] = load(x.w.as_ptr().add(32 * g) as *const u8);
+        aw[g] = _mm256_sign_epi8(w[g], w[g]);
+        m[g] = halves(x.scale16[2 * g], x.scale16[2 * g + 1]);
+    }
+    for (y, a) in ys.iter().zip(acc) {
         let mut sum = _mm256_setzero_si256();
         for g in 0..8 {
             let q = load(y.qs.as_ptr().add(32 * g));
             let p16 = _mm256_maddubs_epi16(aw[g], _mm256_sign_epi8(q, w[g]));
             sum = _mm256_add_epi32(sum, _mm256_madd_epi16(p16, m[g]));
         }
-        let mut lanes = [0i32; 8];
-        _mm256_storeu_si256(lanes.as_mut_ptr() as *mut __m256i, sum);
-        *o = lanes.iter().sum();
+        let s = _mm_add_epi32(
+            _mm256_castsi256_si128(sum),
+            _mm256_extracti128_si256::<1>(sum),
+        );
+        let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b01_00_11_10>(s));
+        let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b10_11_00_01>(s));
+        let s = _mm_cvtsi128_si32(s);
+        *a = (s as f32 * x.d).mul_add(y.d(), *a);
     }
 }
 

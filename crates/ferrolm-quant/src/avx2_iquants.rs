@@ -99,22 +99,24 @@ macro_rules! lattice_block {
             assert!(b.len() >= $wb);
             // SAFETY: avx2, fma and f16c were detected before this function was handed out
             // (kernel::batch_fn); the decoder reads within the block's $wb bytes.
-            unsafe {
-                let x = b.as_ptr();
-                let mut t = crate::tiled::TiledBlock {
-                    d: f16_at(x) * $factor,
-                    w: [0; 256],
-                    scale16: [0; 16],
-                };
-                for ib in 0..8 {
-                    let c = chunk_of(x, ib);
-                    let w = _mm256_sign_epi8(c.q, c.s);
-                    _mm256_storeu_si256(t.w.as_mut_ptr().add(32 * ib) as *mut __m256i, w);
-                    t.scale16[2 * ib] = c.lo;
-                    t.scale16[2 * ib + 1] = c.hi;
-                }
-                t
+            unsafe { unpack(b.as_ptr()) }
+        }
+
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn unpack(x: *const u8) -> crate::tiled::TiledBlock {
+            let mut t = crate::tiled::TiledBlock {
+                d: f16_at(x) * $factor,
+                w: [0; 256],
+                scale16: [0; 16],
+            };
+            for ib in 0..8 {
+                let c = chunk_of(x, ib);
+                let w = _mm256_sign_epi8(c.q, c.s);
+                _mm256_storeu_si256(t.w.as_mut_ptr().add(32 * ib) as *mut __m256i, w);
+                t.scale16[2 * ib] = c.lo;
+                t.scale16[2 * ib + 1] = c.hi;
             }
+            t
         }
     };
 }

@@ -351,13 +351,13 @@ fn batch_fn(ty: TensorType, fast: bool) -> Option<MultiFn> {
         ($ty:expr, $unpack:path, $simd:expr, $dot:path) => {{
             let (scalar, simd): (MultiFn, MultiFn) = (
                 |n, rows, rs, nr, acts, as_, nc, out| {
-                    let (bytes, sum) = ($ty.block_bytes(), tiled::block_sums);
+                    let (bytes, sum) = ($ty.block_bytes(), tiled::block_step);
                     tiled::multi(
                         $unpack, bytes, $dot, sum, n, rows, rs, nr, acts, as_, nc, out,
                     )
                 },
                 |n, rows, rs, nr, acts, as_, nc, out| {
-                    let (bytes, sum) = ($ty.block_bytes(), simd_block_sums());
+                    let (bytes, sum) = ($ty.block_bytes(), simd_block_step());
                     tiled::multi($simd, bytes, $dot, sum, n, rows, rs, nr, acts, as_, nc, out)
                 },
             );
@@ -425,13 +425,13 @@ fn batch_fn(ty: TensorType, fast: bool) -> Option<MultiFn> {
     })
 }
 
-/// The tiled kernel's block sums in this CPU's instructions.
-fn simd_block_sums() -> tiled::BlockSums {
+/// The tiled kernel's block step in this CPU's instructions.
+fn simd_block_step() -> tiled::BlockStep {
     #[cfg(target_arch = "x86_64")]
     if matches!(detected_isa(), Isa::Avx2) {
-        return crate::avx2::tiled_block_sums;
+        return crate::avx2::tiled_block_step;
     }
-    tiled::block_sums
+    tiled::block_step
 }
 
 fn build(ty: TensorType, isa: Isa) -> Result<DotKernel, QuantError> {

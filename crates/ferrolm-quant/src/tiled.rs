@@ -19,13 +19,14 @@ pub(crate) struct TiledBlock {
     pub scale16: [i32; QK_K / 16],
 }
 
-/// The integer sums of one block against the same block of several activation columns (exact,
-/// so any order gives them): `out[c] = sum over 16s of scale * sum(w * y_c)`.
-pub(crate) type BlockSums = fn(&TiledBlock, &[&BlockQ8K], &mut [i32]);
+/// One block against the same block of several activation columns, into their accumulators:
+/// `acc[c] = fma(S_c * d_row, d_y(c), acc[c])` with `S_c` the exact integer sum over 16s of
+/// `scale * sum(w * y_c)` (any order gives it).
+pub(crate) type BlockStep = fn(&TiledBlock, &[&BlockQ8K], &mut [f32]);
 
-/// [`BlockSums`] in scalar code.
-pub(crate) fn block_sums(x: &TiledBlock, ys: &[&BlockQ8K], out: &mut [i32]) {
-    for (y, o) in ys.iter().zip(out) {
+/// [`BlockStep`] in scalar code.
+pub(crate) fn block_step(x: &TiledBlock, ys: &[&BlockQ8K], acc: &mut [f32]) {
+    for (y, a) in ys.iter().zip(acc) {
         let q = y.q();
         let mut s = 0i32;
         for (j, &scale) in x.scale16.iter().enumerate() {
@@ -34,7 +35,7 @@ pub(crate) fn block_sums(x: &TiledBlock, ys: &[&BlockQ8K], out: &mut [i32]) {
                 .sum();
             s += scale * t;
         }
-        *o = s;
+        *a = (s as f32 * x.d).mul_add(y.d(), *a);
     }
 }
 
@@ -46,7 +47,7 @@ pub(crate) fn multi(
     unpack: fn(&[u8]) -> TiledBlock,
     block_bytes: usize,
     dot: DotFn,
-    sums: BlockSums,
+    step: BlockStep,
     n: usize,
     rows: &[u8],
     row_stride: usize,
@@ -61,11 +62,7 @@ pub(crate) fn multi(
     let cols: Vec<&[BlockQ8K]> = (0..n_cols)
         .map(|c| bytemuck::cast_slice(&acts[c * act_stride..c * act_stride + ab]))
         .collect();
-    let (mut ys, mut s, mut acc) = (
-        Vec::with_capacity(n_cols),
-        vec![0i32; n_cols],
-        vec![0f32; n_cols],
-    );
+    let (mut ys, mut acc) = (Vec::with_capacity(n_cols), vec![0f32; n_cols]);
     for i in 0..n_rows {
         let row = &rows[i * row_stride..i * row_stride + rb];
         if n_cols < MIN_COLUMNS {
@@ -79,10 +76,7 @@ pub(crate) fn multi(
             let x = unpack(xb);
             ys.clear();
             ys.extend(cols.iter().map(|col| &col[kb]));
-            sums(&x, &ys, &mut s);
-            for ((a, &s), y) in acc.iter_mut().zip(&s).zip(&ys) {
-                *a = (s as f32 * x.d).mul_add(y.d(), *a);
-            }
+            step(&x, &ys, &mut acc);
         }
         for (c, &a) in acc.iter().enumerate() {
             out[c * n_rows + i] = a;
