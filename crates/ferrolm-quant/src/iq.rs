@@ -307,8 +307,8 @@ pub(crate) struct BlockNvfp4 {
 const _: () = assert!(std::mem::size_of::<BlockNvfp4>() == QK_NVFP4 / QK_NVFP4_SUB + QK_NVFP4 / 2);
 
 /// ggml's `ggml_ue4m3_to_fp32`: unsigned E4M3 (bias 7, the sign bit ignored), halved to match
-/// the doubled e2m1 values; 0 and 0x7F read as zero.
-pub(crate) fn ue4m3_to_f32_half(x: u8) -> f32 {
+/// the doubled e2m1 values; 0 and 0x7F read as zero. Every value is exact in f32.
+const fn ue4m3_half(x: u8) -> f32 {
     if x == 0 || x == 0x7f {
         return 0.0;
     }
@@ -319,6 +319,23 @@ pub(crate) fn ue4m3_to_f32_half(x: u8) -> f32 {
         (1.0 + man / 8.0) * f32::from_bits(((127 + exp - 7) as u32) << 23)
     };
     raw * 0.5
+}
+
+/// [`ue4m3_half`] of every byte (the table ggml's CPU backend reads too).
+static UE4M3_HALF: [f32; 256] = {
+    let mut t = [0f32; 256];
+    let mut i = 0;
+    while i < 256 {
+        t[i] = ue4m3_half(i as u8);
+        i += 1;
+    }
+    t
+};
+
+/// An NVFP4 sub-block scale as f32 (halved), by table.
+#[inline(always)]
+pub(crate) fn ue4m3_to_f32_half(x: u8) -> f32 {
+    UE4M3_HALF[x as usize]
 }
 
 /// NVFP4's doubled e2m1 values in element order.
