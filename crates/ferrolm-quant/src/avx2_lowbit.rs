@@ -243,3 +243,87 @@ bytes_block!(Nvfp4, 64, 36, 2 * Q8_0_BYTES, |x, y, acc| {
         );
     }
 });
+
+/// `8 g + delta` of 32 IQ1 grid bytes (four entries, -1..1) with their deltas (+1 / -1 bytes):
+/// the tiled kernel's values (the delta scaled by 8 along with the grid).
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn iq1_tiled_values(g: __m256i, delta: __m256i) -> __m256i {
+    let g2 = _mm256_add_epi8(g, g);
+    let g4 = _mm256_add_epi8(g2, g2);
+    _mm256_add_epi8(_mm256_add_epi8(g4, g4), delta)
+}
+
+/// IQ1_S's view for the tiled batch kernel (`tiled::TiledBlock`), with AVX2. Handed out only
+/// after run-time detection; `b` holds one block.
+pub(crate) fn tiled_iq1_s(b: &[u8]) -> crate::tiled::TiledBlock {
+    assert!(b.len() >= 50);
+    // SAFETY: avx2, fma and f16c were detected before this function was handed out
+    // (kernel::batch_fn); the reads stay within the block's 50 bytes.
+    unsafe { unpack_iq1_s(b.as_ptr()) }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn unpack_iq1_s(x: *const u8) -> crate::tiled::TiledBlock {
+    let mut t = crate::tiled::TiledBlock {
+        d: f16_at(x) * 0.125,
+        w: [0; 256],
+        scale16: [0; 16],
+    };
+    for ib in 0..8 {
+        let qh = u16::from_le_bytes([*x.add(34 + 2 * ib), *x.add(35 + 2 * ib)]) as usize;
+        let g = |l: usize| {
+            let idx = *x.add(2 + 4 * ib + l) as usize | ((qh >> (3 * l) & 7) << 8);
+            IQ1S_GRID[idx] as i64
+        };
+        let q = _mm256_set_epi64x(g(3), g(2), g(1), g(0));
+        let delta = _mm256_set1_epi8(if qh & 0x8000 != 0 { -1 } else { 1 });
+        let w = iq1_tiled_values(q, delta);
+        _mm256_storeu_si256(t.w.as_mut_ptr().add(32 * ib) as *mut __m256i, w);
+        let m = 2 * (qh >> 12 & 7) as i32 + 1;
+        t.scale16[2 * ib] = m;
+        t.scale16[2 * ib + 1] = m;
+    }
+    t
+}
+
+/// IQ1_M's view for the tiled batch kernel, with AVX2 (as [`tiled_iq1_s`]).
+pub(crate) fn tiled_iq1_m(b: &[u8]) -> crate::tiled::TiledBlock {
+    assert!(b.len() >= 56);
+    // SAFETY: as in `tiled_iq1_s`, within the block's 56 bytes.
+    unsafe { unpack_iq1_m(b.as_ptr()) }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn unpack_iq1_m(x: *const u8) -> crate::tiled::TiledBlock {
+    let sc: [u16; 4] =
+        std::array::from_fn(|k| u16::from_le_bytes([*x.add(48 + 2 * k), *x.add(49 + 2 * k)]));
+    let bits = (sc[0] >> 12) | (sc[1] >> 8 & 0x00f0) | (sc[2] >> 4 & 0x0f00) | (sc[3] & 0xf000);
+    let mut t = crate::tiled::TiledBlock {
+        d: half::f16::from_bits(bits).to_f32() * 0.125,
+        w: [0; 256],
+        scale16: [0; 16],
+    };
+    for ib in 0..8 {
+        let nib = |g: usize| *x.add(32 + (4 * ib + g) / 2) >> (4 * (g % 2)) & 0xf;
+        let g = |l: usize| {
+            let idx = *x.add(4 * ib + l) as usize | ((nib(l) as usize & 7) << 8);
+            IQ1S_GRID[idx] as i64
+        };
+        let sg = |l: usize| {
+            if nib(l) & 8 != 0 {
+                -1i64
+            } else {
+                0x0101_0101_0101_0101
+            }
+        };
+        let q = _mm256_set_epi64x(g(3), g(2), g(1), g(0));
+        let delta = _mm256_set_epi64x(sg(3), sg(2), sg(1), sg(0));
+        let w = iq1_tiled_values(q, delta);
+        _mm256_storeu_si256(t.w.as_mut_ptr().add(32 * ib) as *mut __m256i, w);
+        let word = sc[ib / 2] as i32 >> (6 * (ib % 2));
+        t.scale16[2 * ib] = 2 * (word & 7) + 1;
+        t.scale16[2 * ib + 1] = 2 * (word >> 3 & 7) + 1;
+    }
+    t
+}

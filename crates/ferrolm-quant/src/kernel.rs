@@ -419,8 +419,18 @@ fn batch_fn(ty: TensorType, fast: bool) -> Option<MultiFn> {
             avx2_or!(tiled_iq3_s, iq3::tiled_iq3_s),
             iq3::dot_iq3_s_q8_k
         ),
-        T::IQ1_S => tiled!(T::IQ1_S, iq1::tiled_iq1_s, iq1::dot_iq1_s_q8_k),
-        T::IQ1_M => tiled!(T::IQ1_M, iq1::tiled_iq1_m, iq1::dot_iq1_m_q8_k),
+        T::IQ1_S => tiled!(
+            T::IQ1_S,
+            iq1::tiled_iq1_s,
+            avx2_or!(tiled_iq1_s, iq1::tiled_iq1_s),
+            iq1::dot_iq1_s_q8_k
+        ),
+        T::IQ1_M => tiled!(
+            T::IQ1_M,
+            iq1::tiled_iq1_m,
+            avx2_or!(tiled_iq1_m, iq1::tiled_iq1_m),
+            iq1::dot_iq1_m_q8_k
+        ),
         _ => return None,
     })
 }
