@@ -151,10 +151,10 @@ mod iq2_xxs {
 mod iq2_xs {
     use super::*;
     lattice_block!(Iq2Xs, tiled, 74, 0.125, |x, ib| {
-        let q16 =
-            |l: usize| u16::from_le_bytes([*x.add(2 + 8 * ib + 2 * l), *x.add(3 + 8 * ib + 2 * l)]);
+        let words = (x.add(2 + 8 * ib) as *const u64).read_unaligned();
+        let q16 = |l: usize| (words >> (16 * l)) as u32 & 0xffff;
         let g = |l: usize| IQ2XS_GRID[(q16(l) & 511) as usize] as i64;
-        let sg = |l: usize| even_signs((q16(l) >> 9) as u32);
+        let sg = |l: usize| even_signs(q16(l) >> 9);
         let sc = *x.add(66 + ib) as i32;
         Chunk {
             q: _mm256_set_epi64x(g(3), g(2), g(1), g(0)),
@@ -169,11 +169,12 @@ mod iq2_s {
     use super::*;
     lattice_block!(Iq2S, tiled, 82, 0.125, |x, ib| {
         let qh = *x.add(66 + ib) as usize;
+        let (low, signs) = (u32_at(x.add(2 + 4 * ib)), u32_at(x.add(34 + 4 * ib)));
         let g = |l: usize| {
-            let idx = *x.add(2 + 4 * ib + l) as usize | (qh << (8 - 2 * l) & 0x300);
+            let idx = (low >> (8 * l) & 255) as usize | (qh << (8 - 2 * l) & 0x300);
             IQ2S_GRID[idx] as i64
         };
-        let sg = |l: usize| SIGN_BYTES[*x.add(34 + 4 * ib + l) as usize] as i64;
+        let sg = |l: usize| SIGN_BYTES[(signs >> (8 * l) & 255) as usize] as i64;
         let sc = *x.add(74 + ib) as i32;
         Chunk {
             q: _mm256_set_epi64x(g(3), g(2), g(1), g(0)),
@@ -187,7 +188,8 @@ mod iq2_s {
 mod iq3_xxs {
     use super::*;
     lattice_block!(Iq3Xxs, tiled, 98, 0.25, |x, ib| {
-        let g = |k: usize| IQ3XXS_GRID[*x.add(2 + 8 * ib + k) as usize] as i32;
+        let idx = (x.add(2 + 8 * ib) as *const u64).read_unaligned();
+        let g = |k: usize| IQ3XXS_GRID[(idx >> (8 * k) & 255) as usize] as i32;
         let aux = u32_at(x.add(66 + 4 * ib));
         let m = 2 * (aux >> 28) as i32 + 1;
         Chunk {

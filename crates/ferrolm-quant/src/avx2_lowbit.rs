@@ -94,8 +94,14 @@ bytes_block!(
         let mut sumi1 = 0i32;
         for ib in 0..8 {
             let qh = u16::from_le_bytes([*x.add(34 + 2 * ib), *x.add(35 + 2 * ib)]) as usize;
+            let low = u32::from_le_bytes([
+                *x.add(2 + 4 * ib),
+                *x.add(3 + 4 * ib),
+                *x.add(4 + 4 * ib),
+                *x.add(5 + 4 * ib),
+            ]);
             let g = |l: usize| {
-                let idx = *x.add(2 + 4 * ib + l) as usize | ((qh >> (3 * l) & 7) << 8);
+                let idx = (low >> (8 * l) & 255) as usize | ((qh >> (3 * l) & 7) << 8);
                 IQ1S_GRID[idx] as i64
             };
             let q = _mm256_set_epi64x(g(3), g(2), g(1), g(0));
@@ -132,9 +138,16 @@ bytes_block!(
         let d = y_d(y) * half::f16::from_bits(bits).to_f32();
         let (mut grid, mut delta) = (_mm256_setzero_si256(), _mm256_setzero_si256());
         for ib in 0..8 {
-            let nib = |g: usize| *x.add(32 + (4 * ib + g) / 2) >> (4 * (g % 2)) & 0xf;
+            let low = u32::from_le_bytes([
+                *x.add(4 * ib),
+                *x.add(1 + 4 * ib),
+                *x.add(2 + 4 * ib),
+                *x.add(3 + 4 * ib),
+            ]);
+            let hi = u16::from_le_bytes([*x.add(32 + 2 * ib), *x.add(33 + 2 * ib)]);
+            let nib = |g: usize| (hi >> (4 * g) & 0xf) as u8;
             let g = |l: usize| {
-                let idx = *x.add(4 * ib + l) as usize | ((nib(l) as usize & 7) << 8);
+                let idx = (low >> (8 * l) & 255) as usize | ((nib(l) as usize & 7) << 8);
                 IQ1S_GRID[idx] as i64
             };
             let sg = |l: usize| {
@@ -272,8 +285,14 @@ unsafe fn unpack_iq1_s(x: *const u8) -> crate::tiled::TiledBlock {
     };
     for ib in 0..8 {
         let qh = u16::from_le_bytes([*x.add(34 + 2 * ib), *x.add(35 + 2 * ib)]) as usize;
+        let low = u32::from_le_bytes([
+            *x.add(2 + 4 * ib),
+            *x.add(3 + 4 * ib),
+            *x.add(4 + 4 * ib),
+            *x.add(5 + 4 * ib),
+        ]);
         let g = |l: usize| {
-            let idx = *x.add(2 + 4 * ib + l) as usize | ((qh >> (3 * l) & 7) << 8);
+            let idx = (low >> (8 * l) & 255) as usize | ((qh >> (3 * l) & 7) << 8);
             IQ1S_GRID[idx] as i64
         };
         let q = _mm256_set_epi64x(g(3), g(2), g(1), g(0));
@@ -305,9 +324,16 @@ unsafe fn unpack_iq1_m(x: *const u8) -> crate::tiled::TiledBlock {
         scale16: [0; 16],
     };
     for ib in 0..8 {
-        let nib = |g: usize| *x.add(32 + (4 * ib + g) / 2) >> (4 * (g % 2)) & 0xf;
+        let low = u32::from_le_bytes([
+            *x.add(4 * ib),
+            *x.add(1 + 4 * ib),
+            *x.add(2 + 4 * ib),
+            *x.add(3 + 4 * ib),
+        ]);
+        let hi = u16::from_le_bytes([*x.add(32 + 2 * ib), *x.add(33 + 2 * ib)]);
+        let nib = |g: usize| (hi >> (4 * g) & 0xf) as u8;
         let g = |l: usize| {
-            let idx = *x.add(4 * ib + l) as usize | ((nib(l) as usize & 7) << 8);
+            let idx = (low >> (8 * l) & 255) as usize | ((nib(l) as usize & 7) << 8);
             IQ1S_GRID[idx] as i64
         };
         let sg = |l: usize| {
