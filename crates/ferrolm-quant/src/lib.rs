@@ -20,7 +20,9 @@
 //! `scripts/ggml_oracle.py` with llama.cpp's own compiled functions. Not mirrored: llama.cpp's
 //! CPU_REPACK kernels (by default it repacks Q4_0, Q4_K, IQ4_NL, MXFP4 and, with AVX512, Q2_K
 //! weights with a row count divisible by 8, and then uses `ggml_gemv/gemm_*` for every batch
-//! size) and its tiled K-quant matmul (Q2_K..Q6_K, batches of >= 8 columns).
+//! size) and its tiled K-quant matmul (Q2_K..Q6_K, batches of >= 8 columns). The same tiled
+//! matmul's arithmetic for the i-quants and IQ4_XS is mirrored (`tiled`): their
+//! [`DotKernel::dot_rows_multi`] follows it from 8 columns, as llama.cpp's AVX512-VNNI build does.
 #![deny(missing_docs)]
 // `unsafe` lives only in the SIMD modules (`avx2`, `neon`), around the intrinsics.
 #![deny(unsafe_code)]
