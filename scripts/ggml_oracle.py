@@ -25,6 +25,12 @@ Files and records:
                   "dot_f16" [n] [x f16, y f16, f32 result]: ggml_vec_dot_f16
   gelu.bin        "gelu_table" [] [65536 f16]: ggml_table_gelu_f16, the table ggml_cpu_init fills
                   and ggml_vec_gelu_f32 / ggml_vec_geglu_f32 read (GGML_GELU_FP16)
+  more_types.bin  (python3 scripts/ggml_oracle.py more) the block types added later (the
+                  i-quants IQ1_S..IQ4_XS, TQ1_0, TQ2_0, Q1_0, Q2_0, NVFP4), on random valid
+                  blocks (random bytes, sane f16 scales; their quantizers need an importance
+                  matrix for some of them):
+                  "to_float" [type, n] [block bytes, f32 out]: ggml_get_type_traits(type)->to_float
+                  "vec_dot" as in vec_dot.bin
 
 Run from the repository root:  python3 scripts/ggml_oracle.py
 """
@@ -34,7 +40,10 @@ import struct
 
 import numpy as np
 
-LIB = "/root/.pyenv/versions/3.11.7/lib/python3.11/site-packages/llama_cpp/lib"
+# GGML_LIB_DIR overrides where the compiled libggml-base/libggml-cpu are taken from (e.g. the
+# build folder of an unfinished llama-cpp-python install).
+LIB = os.environ.get("GGML_LIB_DIR",
+                     "/root/.pyenv/versions/3.11.7/lib/python3.11/site-packages/llama_cpp/lib")
 OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "crates", "ferrolm-quant",
                    "tests", "ggml_oracle")
 
@@ -45,11 +54,16 @@ cpu.ggml_cpu_init()
 rng = np.random.default_rng(20261130)
 
 T = dict(F32=0, F16=1, Q4_0=2, Q4_1=3, Q5_0=6, Q5_1=7, Q8_0=8, Q8_1=9, Q2_K=10, Q3_K=11,
-         Q4_K=12, Q5_K=13, Q6_K=14, Q8_K=15, IQ4_NL=20, BF16=30, MXFP4=39)
+         Q4_K=12, Q5_K=13, Q6_K=14, Q8_K=15, IQ4_NL=20, BF16=30, MXFP4=39,
+         IQ2_XXS=16, IQ2_XS=17, IQ3_XXS=18, IQ1_S=19, IQ3_S=21, IQ2_S=22, IQ4_XS=23, IQ1_M=29,
+         TQ1_0=34, TQ2_0=35, NVFP4=40, Q1_0=41, Q2_0=42)
 # (block elements, block bytes)
 SIZES = {0: (1, 4), 1: (1, 2), 30: (1, 2), 2: (32, 18), 3: (32, 20), 6: (32, 22), 7: (32, 24),
          8: (32, 34), 9: (32, 36), 10: (256, 84), 11: (256, 110), 12: (256, 144),
-         13: (256, 176), 14: (256, 210), 15: (256, 292), 20: (32, 18), 39: (32, 17)}
+         13: (256, 176), 14: (256, 210), 15: (256, 292), 20: (32, 18), 39: (32, 17),
+         16: (256, 66), 17: (256, 74), 18: (256, 98), 19: (256, 50), 21: (256, 110),
+         22: (256, 82), 23: (256, 136), 29: (256, 56), 34: (256, 54), 35: (256, 66),
+         40: (64, 36), 41: (128, 18), 42: (64, 18)}
 
 
 class Traits(ctypes.Structure):
@@ -324,10 +338,77 @@ def gen_gelu():
     w.close()
 
 
+class TypeTraits(ctypes.Structure):
+    _fields_ = [("type_name", ctypes.c_char_p), ("blck_size", ctypes.c_int64),
+                ("blck_size_interleave", ctypes.c_int64), ("type_size", ctypes.c_size_t),
+                ("is_quantized", ctypes.c_bool), ("to_float", ctypes.c_void_p),
+                ("from_float_ref", ctypes.c_void_p)]
+
+
+base.ggml_get_type_traits.restype = ctypes.POINTER(TypeTraits)
+TO_FLOAT = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64)
+
+# Byte offsets of the f16 scales in the later types' blocks (IQ1_M's is spread, see below).
+MORE_F16 = {"IQ2_XXS": [0], "IQ2_XS": [0], "IQ2_S": [0], "IQ3_XXS": [0], "IQ3_S": [0],
+            "IQ1_S": [0], "IQ4_XS": [0], "TQ1_0": [52], "TQ2_0": [64], "Q1_0": [0], "Q2_0": [0]}
+
+
+def random_blocks(tname, n):
+    t = T[tname]
+    bs, nbytes = SIZES[t]
+    nb = n // bs
+    raw = rng.integers(0, 256, (nb, nbytes), dtype=np.uint8)
+    for off in MORE_F16.get(tname, []):
+        d = (rng.standard_normal(nb) * np.float32(0.02) + np.float32(0.001)).astype(np.float16)
+        raw[:, off:off + 2] = d.view(np.uint8).reshape(nb, 2)
+    if tname == "IQ1_M":
+        d = (rng.standard_normal(nb) * np.float32(0.02)).astype(np.float16).view(np.uint16)
+        sc = raw[:, 48:56].copy().view(np.uint16) & np.uint16(0x0FFF)
+        for k in range(4):
+            sc[:, k] |= ((d >> np.uint16(4 * k)) & np.uint16(0xF)) << np.uint16(12)
+        raw[:, 48:56] = sc.view(np.uint8)
+    if tname == "NVFP4":
+        raw[:, :4] = rng.integers(0x20, 0x48, (nb, 4), dtype=np.uint8)  # scales near 1/4..2
+    return raw.reshape(-1)
+
+
+def to_float(t, raw, n):
+    out = np.zeros(n, dtype=np.float32)
+    TO_FLOAT(base.ggml_get_type_traits(t).contents.to_float)(ptr(raw), ptr(out), n)
+    return out
+
+
+MORE = ["IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M", "IQ4_XS", "TQ1_0",
+        "TQ2_0", "Q1_0", "Q2_0", "NVFP4"]
+
+
+def gen_more():
+    w = Writer("more_types.bin")
+    for tname in MORE:
+        t = T[tname]
+        bs = SIZES[t][0]
+        n = 16 * bs
+        raw = random_blocks(tname, n)
+        w.rec("to_float", [t, n], [raw, to_float(t, raw, n)])
+    for tname in MORE:
+        t = T[tname]
+        vt = traits(t).vec_dot_type
+        bs = max(SIZES[t][0], 256)
+        for n in [bs, 2 * bs, 3 * bs, 6 * bs, 16 * bs]:
+            for r in range(3):
+                row = random_blocks(tname, n)
+                act = from_float(vt, activations(n))
+                w.rec("vec_dot", [t, n], [row, act, vec_dot(t, n, row, act)])
+    w.close()
+
+
 if __name__ == "__main__":
     import sys
     if sys.argv[1:] == ["gelu"]:
         gen_gelu()
+        sys.exit(0)
+    if sys.argv[1:] == ["more"]:
+        gen_more()
         sys.exit(0)
     gen_from_float()
     gen_vec_dot()

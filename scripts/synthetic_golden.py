@@ -12,7 +12,8 @@ usage: scripts/synthetic_golden.py [--ferrolm target/release/ferrolm] [NAME ...]
 
 The reference runs with one thread, the f16 KV cache (llama.cpp's default, as ferrolm's) and flash
 attention off. The matrices are Q8_0, Q4_1, Q5_0, Q5_1 and F16 (synthetic.rs `mixed_types`):
-types llama.cpp's CPU backend neither repacks nor tiles, whose dot products ferrolm mirrors.
+types llama.cpp's CPU backend neither repacks nor tiles, whose dot products ferrolm mirrors;
+llama-iquants and llama-lowbit put the i-quants, TQ1_0, TQ2_0, Q1_0, Q2_0 and NVFP4 in front.
 """
 import argparse, hashlib, json, os, struct, subprocess, sys, tempfile
 import numpy as np
@@ -52,6 +53,17 @@ FILES = {
     # rope.dimension_sections [3, 3, 2, 0]
     "qwen35": ["--arch", "qwen35"],
     "qwen35moe": ["--arch", "qwen35moe"],  # qwen35's layout with qwen3next's experts and gated shared expert
+    # every i-quant, one per matrix kind (random valid blocks: ferrolm_quant::random_blocks)
+    "llama-iquants": ["--arch", "llama", "--tensor-type", "attn_q.=iq2_xxs", "--tensor-type", "attn_k.=iq2_xs",
+                      "--tensor-type", "attn_v.=iq2_s", "--tensor-type", "attn_output=iq3_xxs",
+                      "--tensor-type", "ffn_gate=iq3_s", "--tensor-type", "ffn_up=iq1_s",
+                      "--tensor-type", "ffn_down=iq1_m", "--tensor-type", "output.weight=iq4_xs"],
+    # ternary, 1-bit, 2-bit and NVFP4 matrices, an IQ4_XS embedding
+    "llama-lowbit": ["--arch", "llama", "--seed", "5", "--tensor-type", "attn_q.=tq1_0",
+                     "--tensor-type", "attn_k.=tq2_0", "--tensor-type", "attn_v.=q1_0",
+                     "--tensor-type", "attn_output=q2_0", "--tensor-type", "ffn_gate=nvfp4",
+                     "--tensor-type", "ffn_up=iq4_xs", "--tensor-type", "ffn_down=tq2_0",
+                     "--tensor-type", "token_embd=iq4_xs"],
 }
 # The context llama.cpp is created with, where not 1024 (the tests use the same, from the JSON).
 N_CTX = {"phi3-longrope-long": 2048}

@@ -82,6 +82,9 @@ tensor_types! {
     TQ1_0 = 34, "TQ1_0", 256, 54;
     TQ2_0 = 35, "TQ2_0", 256, 66;
     MXFP4 = 39, "MXFP4", 32, 17;
+    NVFP4 = 40, "NVFP4", 64, 36;
+    Q1_0 = 41, "Q1_0", 128, 18;
+    Q2_0 = 42, "Q2_0", 64, 18;
 }
 
 impl TensorType {
@@ -112,7 +115,8 @@ mod tests {
             assert_eq!(TensorType::from_id(t as u32), Some(t));
         }
         assert_eq!(TensorType::from_id(4), None);
-        assert_eq!(TensorType::from_id(40), None);
+        assert_eq!(TensorType::from_id(43), None);
+        assert_eq!(TensorType::from_id(41), Some(TensorType::Q1_0));
     }
 
     #[test]

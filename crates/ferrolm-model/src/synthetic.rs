@@ -586,8 +586,16 @@ pub fn build(spec: &SyntheticSpec) -> Result<GgufWriter> {
         let bytes = ferrolm_quant::row_bytes(ty, n)
             .map_err(|e| invalid(format!("{name}: {ty} for {n} values: {e}")))?;
         let mut data = vec![0u8; bytes];
-        ferrolm_quant::quantize(ty, &values, &mut data)
-            .map_err(|e| invalid(format!("{name}: cannot quantize to {ty}: {e}")))?;
+        match ferrolm_quant::quantize(ty, &values, &mut data) {
+            Ok(()) => {}
+            // No quantizer here (the i-quants, TQ1_0, ...): random valid blocks of the values' RMS.
+            Err(ferrolm_quant::QuantError::Unsupported { .. }) => {
+                let rms = (values.iter().map(|v| v * v).sum::<f32>() / n.max(1) as f32).sqrt();
+                data = ferrolm_quant::random_blocks(ty, n, rms, &mut || rng.next_u64())
+                    .map_err(|e| invalid(format!("{name}: cannot write {ty}: {e}")))?;
+            }
+            Err(e) => return Err(invalid(format!("{name}: cannot quantize to {ty}: {e}"))),
+        }
         w.add_tensor(name, &dims, ty, data)?;
     }
     Ok(w)

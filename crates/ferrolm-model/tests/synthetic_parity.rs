@@ -7,7 +7,7 @@
 
 use std::sync::Arc;
 
-use ferrolm_gguf::GgufFile;
+use ferrolm_gguf::{GgufFile, TensorType};
 use ferrolm_model::synthetic::{self, SyntheticSpec};
 use ferrolm_model::{Logits, Model};
 
@@ -56,8 +56,58 @@ fn spec(name: &str) -> SyntheticSpec {
             s.seed = 7;
             s
         }
+        "llama-iquants" => with_types(
+            SyntheticSpec::small("llama"),
+            &[
+                ("attn_q.", TensorType::IQ2_XXS),
+                ("attn_k.", TensorType::IQ2_XS),
+                ("attn_v.", TensorType::IQ2_S),
+                ("attn_output", TensorType::IQ3_XXS),
+                ("ffn_gate", TensorType::IQ3_S),
+                ("ffn_up", TensorType::IQ1_S),
+                ("ffn_down", TensorType::IQ1_M),
+                ("output.weight", TensorType::IQ4_XS),
+            ],
+        ),
+        "llama-lowbit" => {
+            let mut s = SyntheticSpec::small("llama");
+            s.seed = 5;
+            with_types(
+                s,
+                &[
+                    ("attn_q.", TensorType::TQ1_0),
+                    ("attn_k.", TensorType::TQ2_0),
+                    ("attn_v.", TensorType::Q1_0),
+                    ("attn_output", TensorType::Q2_0),
+                    ("ffn_gate", TensorType::NVFP4),
+                    ("ffn_up", TensorType::IQ4_XS),
+                    ("ffn_down", TensorType::TQ2_0),
+                    ("token_embd", TensorType::IQ4_XS),
+                ],
+            )
+        }
         arch => SyntheticSpec::small(arch),
     }
+}
+
+/// `spec` with `types` in front of its own, as `ferrolm synth --tensor-type` puts them.
+fn with_types(mut spec: SyntheticSpec, types: &[(&str, TensorType)]) -> SyntheticSpec {
+    let mut t: Vec<(String, TensorType)> = types.iter().map(|&(p, ty)| (p.into(), ty)).collect();
+    t.append(&mut spec.types);
+    spec.types = t;
+    spec
+}
+
+/// Every i-quant (IQ1_S..IQ4_XS), one per kind of matrix, in random valid blocks.
+#[test]
+fn llama_with_iquants_matches_llama_cpp() {
+    check("llama-iquants");
+}
+
+/// TQ1_0, TQ2_0, Q1_0, Q2_0 and NVFP4 matrices and an IQ4_XS embedding.
+#[test]
+fn llama_with_ternary_and_low_bit_types_matches_llama_cpp() {
+    check("llama-lowbit");
 }
 
 /// A llama file with Q/K/V and attention-output biases, which llama.cpp applies when present.

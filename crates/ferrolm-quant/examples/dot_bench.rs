@@ -1,6 +1,6 @@
 //! Matrix-vector throughput of every weight type's dot kernel.
 //!
-//! `cargo run --release -p ferrolm-quant --example dot_bench [rows cols]`
+//! `cargo run --release -p ferrolm-quant --example dot_bench [rows cols] [TYPE ...]`
 //!
 //! For each weight type: a random `rows x cols` matrix (default 4096 x 4096) in that type, a
 //! random activation vector quantized to its `vec_dot_type`, and timed matrix-vector products
@@ -33,6 +33,19 @@ const TYPES: &[TensorType] = &[
     TensorType::Q6_K,
     TensorType::IQ4_NL,
     TensorType::MXFP4,
+    TensorType::IQ1_S,
+    TensorType::IQ1_M,
+    TensorType::IQ2_XXS,
+    TensorType::IQ2_XS,
+    TensorType::IQ2_S,
+    TensorType::IQ3_XXS,
+    TensorType::IQ3_S,
+    TensorType::IQ4_XS,
+    TensorType::TQ1_0,
+    TensorType::TQ2_0,
+    TensorType::Q1_0,
+    TensorType::Q2_0,
+    TensorType::NVFP4,
     TensorType::F16,
     TensorType::BF16,
     TensorType::F32,
@@ -82,6 +95,11 @@ fn main() {
         args.first().copied().unwrap_or(4096),
         args.get(1).copied().unwrap_or(4096),
     );
+    // Type names among the arguments keep only those types.
+    let only: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| a.parse::<usize>().is_err())
+        .collect();
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     let mut rng = Rng::new(2024);
     println!("matrix {rows} x {cols}, {threads} threads, best of repeated runs\n");
@@ -91,6 +109,9 @@ fn main() {
     );
     println!("|---|---|---|---:|---:|---:|---:|---:|---:|---:|");
     for &ty in TYPES {
+        if !only.is_empty() && !only.iter().any(|o| o.eq_ignore_ascii_case(ty.name())) {
+            continue;
+        }
         let fast = dot_kernel(ty).unwrap();
         let slow = dot_kernel_scalar(ty).unwrap();
         let rb = row_bytes(ty, cols).unwrap();

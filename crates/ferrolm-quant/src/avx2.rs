@@ -18,6 +18,44 @@ use crate::iq::{KVALUES_IQ4NL, KVALUES_MXFP4};
 use crate::kernel::{DotFn, MultiFn, RowsFn, Simd};
 use crate::TensorType;
 
+/// A [`Block`] whose unpacked form is its own bytes: `apply` reads the block at `x` against the
+/// activation block at `y`; `finish` defaults to `hsum(v) + s`.
+macro_rules! bytes_block {
+    ($name:ident, $qk:expr, $wb:expr, $ab:expr, |$x:ident, $y:ident, $acc:ident| $apply:block
+     $(, finish |$facc:ident| $finish:block)?) => {
+        pub(crate) struct $name;
+        impl Block for $name {
+            const QK: usize = $qk;
+            const WB: usize = $wb;
+            const AB: usize = $ab;
+            type W = *const u8;
+            #[inline]
+            #[target_feature(enable = "avx2,fma,f16c")]
+            unsafe fn decode(x: *const u8) -> *const u8 {
+                x
+            }
+            #[inline]
+            #[target_feature(enable = "avx2,fma,f16c")]
+            unsafe fn apply(&$x: &*const u8, $y: *const u8, $acc: &mut Acc) $apply
+            $(
+                #[inline]
+                #[target_feature(enable = "avx2,fma")]
+                unsafe fn finish($facc: &Acc) -> f32 $finish
+            )?
+        }
+    };
+}
+
+#[path = "avx2_iquants.rs"]
+mod iquants;
+#[path = "avx2_lowbit.rs"]
+mod lowbit;
+
+pub(crate) use iquants::{
+    tiled_iq2_s, tiled_iq2_xs, tiled_iq2_xxs, tiled_iq3_s, tiled_iq3_xxs, tiled_iq4_xs,
+};
+pub(crate) use lowbit::{tiled_iq1_m, tiled_iq1_s};
+
 /// The kernels of this module for `ty`, if it has one.
 pub(crate) fn kernel(ty: TensorType) -> Option<Simd> {
     use TensorType as T;
@@ -43,6 +81,14 @@ pub(crate) fn kernel(ty: TensorType) -> Option<Simd> {
             simd.multi = Some(multi_entry_k512::<B> as MultiFn);
         }
         simd
+    }
+    /// One row and several rows here; batches from the caller (llama.cpp's tiled kernel).
+    fn lattice<B: Block>() -> Simd {
+        Simd {
+            dot: dot_entry::<B>,
+            rows: Some(rows_entry::<B> as RowsFn),
+            multi: None,
+        }
     }
     fn float(dot: DotFn) -> Simd {
         Simd {
@@ -72,8 +118,68 @@ pub(crate) fn kernel(ty: TensorType) -> Option<Simd> {
         T::Q4_K => k::<Q4K>(),
         T::Q5_K => pair::<Q5K>(),
         T::Q6_K => k::<Q6K>(),
+        // batches of 8 or more columns take the tiled kernel (kernel::scalar_multi_fn)
+        T::IQ2_XXS => lattice::<iquants::Iq2Xxs>(),
+        T::IQ2_XS => lattice::<iquants::Iq2Xs>(),
+        T::IQ2_S => lattice::<iquants::Iq2S>(),
+        T::IQ3_XXS => lattice::<iquants::Iq3Xxs>(),
+        T::IQ3_S => lattice::<iquants::Iq3S>(),
+        T::IQ4_XS => lattice::<iquants::Iq4Xs>(),
+        T::IQ1_S => lattice::<lowbit::Iq1S>(),
+        T::IQ1_M => lattice::<lowbit::Iq1M>(),
+        T::TQ1_0 => pair::<lowbit::Tq1_0>(),
+        T::TQ2_0 => pair::<lowbit::Tq2_0>(),
+        T::Q1_0 => pair::<lowbit::Q1_0>(),
+        T::Q2_0 => pair::<lowbit::Q2_0>(),
+        T::NVFP4 => pair::<lowbit::Nvfp4>(),
         _ => return None,
     })
+}
+
+/// `tiled::block_step` with AVX2: `maddubs` of `|w|` with the signed activations, `madd` by
+/// the multipliers of each 16 values, the lanes summed (exact integers, like the scalar sums),
+/// then the same fma into each column's accumulator; the block stays in registers across the
+/// columns. Handed out only after run-time detection (`kernel::simd_block_step`).
+pub(crate) fn tiled_block_step(
+    x: &crate::tiled::TiledBlock,
+    ys: &[&crate::k_quants::BlockQ8K],
+    acc: &mut [f32],
+) {
+    // SAFETY: avx2 and fma were detected before this function was handed out; every load reads
+    // 32 of the 256 bytes of `x.w` or of a column's `qs`.
+    unsafe { tiled_block_step_avx2(x, ys, acc) }
+}
+
+#[target_feature(enable = "avx2,fma")]
+unsafe fn tiled_block_step_avx2(
+    x: &crate::tiled::TiledBlock,
+    ys: &[&crate::k_quants::BlockQ8K],
+    acc: &mut [f32],
+) {
+    let mut w = [_mm256_setzero_si256(); 8];
+    let mut aw = [_mm256_setzero_si256(); 8];
+    let mut m = [_mm256_setzero_si256(); 8];
+    for g in 0..8 {
+        w[g] = load(x.w.as_ptr().add(32 * g) as *const u8);
+        aw[g] = _mm256_sign_epi8(w[g], w[g]);
+        m[g] = halves(x.scale16[2 * g], x.scale16[2 * g + 1]);
+    }
+    for (y, a) in ys.iter().zip(acc) {
+        let mut sum = _mm256_setzero_si256();
+        for g in 0..8 {
+            let q = load(y.qs.as_ptr().add(32 * g));
+            let p16 = _mm256_maddubs_epi16(aw[g], _mm256_sign_epi8(q, w[g]));
+            sum = _mm256_add_epi32(sum, _mm256_madd_epi16(p16, m[g]));
+        }
+        let s = _mm_add_epi32(
+            _mm256_castsi256_si128(sum),
+            _mm256_extracti128_si256::<1>(sum),
+        );
+        let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b01_00_11_10>(s));
+        let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b10_11_00_01>(s));
+        let s = _mm_cvtsi128_si32(s);
+        *a = (s as f32 * x.d).mul_add(y.d(), *a);
+    }
 }
 
 /// llama.cpp's x86 activation quantizers (Q8_0 with `127 / amax` and round half to even;
@@ -101,6 +207,8 @@ struct Acc {
     s: f32,
     /// Q4_K's four-lane accumulator of minimum corrections (`acc_m` in llama.cpp).
     m: __m128,
+    /// A second 8-lane accumulator (IQ1_M's delta part, `accum2` in llama.cpp).
+    v2: __m256,
 }
 
 /// One block format's inner step.
@@ -245,6 +353,7 @@ unsafe fn multi_blocks<B: Block>(
         v: _mm256_setzero_ps(),
         s: 0.0,
         m: _mm_setzero_ps(),
+        v2: _mm256_setzero_ps(),
     };
     // R rows x C columns at a time: each activation block is loaded once for the R rows, each
     // weight block decoded once for the C columns. Every output keeps its own accumulator, fed
@@ -411,6 +520,7 @@ unsafe fn multi_blocks_512<B: Q0Block>(
             v,
             s: 0.0,
             m: _mm_setzero_ps(),
+            v2: _mm256_setzero_ps(),
         })
     };
     // What each pair of columns of the full tiles brings to each block, the same for every
@@ -860,6 +970,7 @@ unsafe fn multi_blocks_k512<B: KBlock>(
                             v: hv,
                             s: 0.0,
                             m: hm,
+                            v2: _mm256_setzero_ps(),
                         };
                         out[(c0 + 2 * p + h) * n_rows + i0 + r] = B::finish(&acc);
                     }
@@ -912,6 +1023,7 @@ unsafe fn dot_pairs<B: Block>(nb: usize, x: *const u8, y: *const u8) -> f32 {
         v: _mm256_setzero_ps(),
         s: 0.0,
         m: _mm_setzero_ps(),
+        v2: _mm256_setzero_ps(),
     };
     let (mut a1, mut a2) = (zero, zero);
     let mut b = 0;
@@ -929,6 +1041,7 @@ unsafe fn dot_blocks<B: Block>(nb: usize, x: *const u8, y: *const u8) -> f32 {
         v: _mm256_setzero_ps(),
         s: 0.0,
         m: _mm_setzero_ps(),
+        v2: _mm256_setzero_ps(),
     };
     for b in 0..nb {
         B::step(x.add(b * B::WB), y.add(b * B::AB), &mut acc);
@@ -950,6 +1063,7 @@ unsafe fn rows_blocks<B: Block>(
             v: _mm256_setzero_ps(),
             s: 0.0,
             m: _mm_setzero_ps(),
+            v2: _mm256_setzero_ps(),
         };
         let mut acc = [zero; 4];
         let base = x.add(i * stride);
@@ -1073,6 +1187,13 @@ unsafe fn bits_to_bytes(bits: u32) -> __m256i {
 #[target_feature(enable = "avx2,fma")]
 unsafe fn fma_i32(acc: &mut Acc, d: f32, sum: __m256i) {
     acc.v = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sum), acc.v);
+}
+
+/// `madd` multipliers for 32 elements: `lo` for the first 16, `hi` for the second 16.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn halves(lo: i32, hi: i32) -> __m256i {
+    _mm256_set_m128i(_mm_set1_epi16(hi as i16), _mm_set1_epi16(lo as i16))
 }
 
 /// The f16 at `p` as f32, with F16C (the `half` crate would check the CPU on every call).

@@ -80,3 +80,15 @@ pub(crate) fn fma8(acc: &mut [f32; 8], d: f32, s: &[f32; 8]) {
         *a = d.mul_add(s, *a);
     }
 }
+
+/// The little-endian u16 at byte `i` of `b`.
+#[inline(always)]
+pub(crate) fn u16_at(b: &[u8], i: usize) -> u16 {
+    u16::from_le_bytes([b[i], b[i + 1]])
+}
+
+/// The little-endian u32 at byte `i` of `b`.
+#[inline(always)]
+pub(crate) fn u32_at(b: &[u8], i: usize) -> u32 {
+    u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]])
+}

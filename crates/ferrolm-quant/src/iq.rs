@@ -1,11 +1,14 @@
-//! Non-linear 4-bit formats: IQ4_NL (a fixed 16-entry codebook times an f16 scale) and MXFP4
-//! (OCP microscaling FP4: e2m1 values times a power-of-two e8m0 scale). Both pack like Q4_0
-//! and dot against Q8_0 activations.
+//! Non-linear 4-bit formats: IQ4_NL (a fixed 16-entry codebook times an f16 scale), its
+//! super-block form IQ4_XS (6-bit scales per 32, dots against Q8_K), MXFP4 (OCP microscaling
+//! FP4: e2m1 values times a power-of-two e8m0 scale) and NVFP4 (e2m1 values with an unsigned
+//! E4M3 scale per 16). IQ4_NL, MXFP4 and NVFP4 pack like Q4_0 and dot against Q8_0.
 
 use bytemuck::{Pod, Zeroable};
 
 use crate::common::{e8m0_to_f32_half, f16_to_f32, fma8, lanes8, reduce8};
+use crate::k_quants::{k_lanes, BlockQ8K, QK_K};
 use crate::legacy::BlockQ8_0;
+use crate::tiled::TiledBlock;
 
 /// Elements per block of both formats.
 pub(crate) const QK: usize = 32;
@@ -223,4 +226,163 @@ pub(crate) fn multi_iq4_nl_q8_0(
             out[c * n_rows + i] = reduce8(&acc);
         }
     }
+}
+
+/// IQ4_XS: IQ4_NL's codebook in 256-element super-blocks, with a 6-bit scale per 32 elements
+/// (`x = d * (s - 32) * KVALUES_IQ4NL[q]`; low nibbles in `scales_l`, high bits in `scales_h`).
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+pub(crate) struct BlockIq4Xs {
+    pub d: [u8; 2],
+    pub scales_h: [u8; 2],
+    pub scales_l: [u8; QK_K / 64],
+    pub qs: [u8; QK_K / 2],
+}
+const _: () = assert!(std::mem::size_of::<BlockIq4Xs>() == 4 + QK_K / 64 + QK_K / 2);
+
+/// IQ4_XS's signed scale `s - 32` of the 32 elements `ib`.
+#[inline(always)]
+fn iq4_xs_scale(b: &BlockIq4Xs, ib: usize) -> i32 {
+    let h = u16::from_le_bytes(b.scales_h);
+    let ls = (b.scales_l[ib / 2] >> (4 * (ib % 2)) & 0xf) as u16 | ((h >> (2 * ib) & 3) << 4);
+    ls as i32 - 32
+}
+
+/// IQ4_XS's codebook values in element order (each 32 elements packed as IQ4_NL's).
+fn iq4_xs_values(b: &BlockIq4Xs) -> [i8; QK_K] {
+    let mut v = [0i8; QK_K];
+    for ib in 0..QK_K / 32 {
+        let qs: &[u8; QK / 2] = b.qs[16 * ib..16 * ib + 16].try_into().unwrap();
+        v[32 * ib..32 * ib + 32].copy_from_slice(&lookup(qs, &KVALUES_IQ4NL));
+    }
+    v
+}
+
+pub(crate) fn dequantize_iq4_xs(src: &[u8], dst: &mut [f32]) {
+    let blocks: &[BlockIq4Xs] = bytemuck::cast_slice(src);
+    for (b, y) in blocks.iter().zip(dst.chunks_exact_mut(QK_K)) {
+        let (d, v) = (f16_to_f32(b.d), iq4_xs_values(b));
+        for (k, y) in y.iter_mut().enumerate() {
+            let dl = d * iq4_xs_scale(b, k / 32) as f32;
+            *y = dl * v[k] as f32;
+        }
+    }
+}
+
+/// The tiled matmul's view of an IQ4_XS block: codebook values, signed scales, `d`.
+pub(crate) fn tiled_iq4_xs(b: &[u8]) -> TiledBlock {
+    let b: &BlockIq4Xs = bytemuck::from_bytes(b);
+    TiledBlock {
+        d: f16_to_f32(b.d),
+        w: iq4_xs_values(b),
+        scale16: std::array::from_fn(|j| iq4_xs_scale(b, j / 2)),
+    }
+}
+
+/// llama.cpp's AVX2 `ggml_vec_dot_iq4_xs_q8_K`: integer lanes times the signed scales, `fma`
+/// by `d_x * d_y`, `hsum`.
+pub(crate) fn dot_iq4_xs_q8_k(_n: usize, row: &[u8], act: &[u8]) -> f32 {
+    let xs: &[BlockIq4Xs] = bytemuck::cast_slice(row);
+    let ys: &[BlockQ8K] = bytemuck::cast_slice(act);
+    let mut acc = [0f32; 8];
+    for (x, y) in xs.iter().zip(ys) {
+        let lanes = k_lanes(&iq4_xs_values(x), y.q(), |g, _| iq4_xs_scale(x, g));
+        fma8(&mut acc, f16_to_f32(x.d) * y.d(), &lanes);
+    }
+    reduce8(&acc)
+}
+
+/// Elements per NVFP4 block, and per scale.
+const QK_NVFP4: usize = 64;
+const QK_NVFP4_SUB: usize = 16;
+
+/// NVFP4: four 16-element sub-blocks, each with an unsigned E4M3 scale; e2m1 codes packed as
+/// MXFP4's within each sub-block (low nibbles first).
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+pub(crate) struct BlockNvfp4 {
+    pub d: [u8; QK_NVFP4 / QK_NVFP4_SUB],
+    pub qs: [u8; QK_NVFP4 / 2],
+}
+const _: () = assert!(std::mem::size_of::<BlockNvfp4>() == QK_NVFP4 / QK_NVFP4_SUB + QK_NVFP4 / 2);
+
+/// ggml's `ggml_ue4m3_to_fp32`: unsigned E4M3 (bias 7, the sign bit ignored), halved to match
+/// the doubled e2m1 values; 0 and 0x7F read as zero. Every value is exact in f32.
+const fn ue4m3_half(x: u8) -> f32 {
+    if x == 0 || x == 0x7f {
+        return 0.0;
+    }
+    let (exp, man) = ((x >> 3 & 0xf) as i32, (x & 7) as f32);
+    let raw = if exp == 0 {
+        man * f32::from_bits(((127 - 9) as u32) << 23)
+    } else {
+        (1.0 + man / 8.0) * f32::from_bits(((127 + exp - 7) as u32) << 23)
+    };
+    raw * 0.5
+}
+
+/// [`ue4m3_half`] of every byte (the table ggml's CPU backend reads too).
+static UE4M3_HALF: [f32; 256] = {
+    let mut t = [0f32; 256];
+    let mut i = 0;
+    while i < 256 {
+        t[i] = ue4m3_half(i as u8);
+        i += 1;
+    }
+    t
+};
+
+/// An NVFP4 sub-block scale as f32 (halved), by table.
+#[inline(always)]
+pub(crate) fn ue4m3_to_f32_half(x: u8) -> f32 {
+    UE4M3_HALF[x as usize]
+}
+
+/// NVFP4's doubled e2m1 values in element order.
+fn nvfp4_values(b: &BlockNvfp4) -> [i8; QK_NVFP4] {
+    let mut v = [0i8; QK_NVFP4];
+    for s in 0..QK_NVFP4 / QK_NVFP4_SUB {
+        for j in 0..QK_NVFP4_SUB / 2 {
+            let q = b.qs[8 * s + j];
+            v[16 * s + j] = KVALUES_MXFP4[(q & 0xf) as usize];
+            v[16 * s + j + 8] = KVALUES_MXFP4[(q >> 4) as usize];
+        }
+    }
+    v
+}
+
+pub(crate) fn dequantize_nvfp4(src: &[u8], dst: &mut [f32]) {
+    let blocks: &[BlockNvfp4] = bytemuck::cast_slice(src);
+    for (b, y) in blocks.iter().zip(dst.chunks_exact_mut(QK_NVFP4)) {
+        let v = nvfp4_values(b);
+        for (k, y) in y.iter_mut().enumerate() {
+            *y = v[k] as f32 * ue4m3_to_f32_half(b.d[k / QK_NVFP4_SUB]);
+        }
+    }
+}
+
+/// llama.cpp's AVX2 `ggml_vec_dot_nvfp4_q8_0`: per 32 elements (one Q8_0 block, two NVFP4
+/// sub-blocks) integer lanes, `fma` by the sub-block's `scale * d_y` (lanes 0-3 the first
+/// sub-block, 4-7 the second), `hsum`.
+pub(crate) fn dot_nvfp4_q8_0(_n: usize, row: &[u8], act: &[u8]) -> f32 {
+    let xs: &[BlockNvfp4] = bytemuck::cast_slice(row);
+    let ys: &[BlockQ8_0] = bytemuck::cast_slice(act);
+    let mut acc = [0f32; 8];
+    for (x, ys) in xs.iter().zip(ys.chunks_exact(QK_NVFP4 / QK)) {
+        let v = nvfp4_values(x);
+        for (h, y) in ys.iter().enumerate() {
+            let w: [i32; QK] = std::array::from_fn(|j| v[QK * h + j] as i32);
+            let lanes = lanes8(&w, bytemuck::cast_ref(&y.qs));
+            let dy = f16_to_f32(y.d);
+            let (s0, s1) = (
+                ue4m3_to_f32_half(x.d[2 * h]) * dy,
+                ue4m3_to_f32_half(x.d[2 * h + 1]) * dy,
+            );
+            for (l, a) in acc.iter_mut().enumerate() {
+                let s = if l < 4 { s0 } else { s1 };
+                *a = s.mul_add(lanes[l], *a);
+            }
+        }
+    }
+    reduce8(&acc)
 }

@@ -602,7 +602,11 @@ pub(crate) fn quantize_q8_k(src: &[f32], dst: &mut [u8]) {
 /// the block is processed 32 elements per 256-bit register, so lane `l` sums, over the eight
 /// 32-element groups `g`, `scale(g, l) * sum(q * y)` of elements `32g + 4l .. 32g + 4l + 4`.
 #[inline(always)]
-fn k_lanes(q: &[i8; QK_K], y: &[i8; QK_K], scale: impl Fn(usize, usize) -> i32) -> [f32; 8] {
+pub(crate) fn k_lanes(
+    q: &[i8; QK_K],
+    y: &[i8; QK_K],
+    scale: impl Fn(usize, usize) -> i32,
+) -> [f32; 8] {
     let mut lanes = [0i32; 8];
     for g in 0..QK_K / 32 {
         for (l, lane) in lanes.iter_mut().enumerate() {

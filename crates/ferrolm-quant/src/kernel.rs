@@ -3,7 +3,10 @@
 use std::fmt;
 use std::sync::OnceLock;
 
-use crate::{float, iq, k_quants, legacy, vec_dot_type, QuantError, TensorType};
+use crate::{
+    float, iq, iq1, iq2, iq3, k_quants, legacy, low_bit, ternary, tiled, vec_dot_type, QuantError,
+    TensorType,
+};
 
 /// `dot(n, row, act)`: `row` and `act` are exactly the bytes of `n` elements.
 pub(crate) type DotFn = fn(usize, &[u8], &[u8]) -> f32;
@@ -87,6 +90,7 @@ pub struct DotKernel {
     act_ty: TensorType,
     block_size: usize,
     row_block_bytes: usize,
+    act_block_size: usize,
     act_block_bytes: usize,
     dot: DotFn,
     rows: Option<RowsFn>,
@@ -113,8 +117,11 @@ impl DotKernel {
             self.ty,
             self.block_size
         );
-        let nb = n / self.block_size;
-        (nb * self.row_block_bytes, nb * self.act_block_bytes)
+        // A weight block spans one or more activation blocks (Q1_0: 128 over four Q8_0s).
+        (
+            n / self.block_size * self.row_block_bytes,
+            n / self.act_block_size * self.act_block_bytes,
+        )
     }
 
     /// Dot of one weight row (`n` elements, GGUF bytes of the weight type) with an activation
@@ -312,16 +319,129 @@ fn scalar_fn(ty: TensorType) -> Option<DotFn> {
         T::Q6_K => k_quants::dot_q6_k_q8_k,
         T::IQ4_NL => iq::dot_iq4_nl_q8_0,
         T::MXFP4 => iq::dot_mxfp4_q8_0,
+        T::NVFP4 => iq::dot_nvfp4_q8_0,
+        T::IQ4_XS => iq::dot_iq4_xs_q8_k,
+        T::IQ2_XXS => iq2::dot_iq2_xxs_q8_k,
+        T::IQ2_XS => iq2::dot_iq2_xs_q8_k,
+        T::IQ2_S => iq2::dot_iq2_s_q8_k,
+        T::IQ3_XXS => iq3::dot_iq3_xxs_q8_k,
+        T::IQ3_S => iq3::dot_iq3_s_q8_k,
+        T::IQ1_S => iq1::dot_iq1_s_q8_k,
+        T::IQ1_M => iq1::dot_iq1_m_q8_k,
+        T::TQ1_0 => ternary::dot_tq1_0_q8_k,
+        T::TQ2_0 => ternary::dot_tq2_0_q8_k,
+        T::Q1_0 => low_bit::dot_q1_0_q8_0,
+        T::Q2_0 => low_bit::dot_q2_0_q8_0,
         _ => return None,
     })
 }
 
-/// Scalar batch kernels whose per-element arithmetic differs from `vec_dot`.
-fn scalar_multi_fn(ty: TensorType) -> Option<MultiFn> {
-    match ty {
-        TensorType::IQ4_NL => Some(iq::multi_iq4_nl_q8_0),
-        _ => None,
+/// Batch kernels whose per-element arithmetic differs from `vec_dot`: IQ4_NL's (llamafile's
+/// order) and the tiled types' (llama.cpp's tiled matmul from 8 columns, see `tiled`), whose
+/// exact integer block sums `fast` computes with AVX2 where the CPU has it.
+fn batch_fn(ty: TensorType, fast: bool) -> Option<MultiFn> {
+    use TensorType as T;
+    #[cfg(target_arch = "x86_64")]
+    let fast = fast && matches!(detected_isa(), Isa::Avx2);
+    // `$simd` unpacks with AVX2 where there is such a function (else the scalar `$unpack`)
+    macro_rules! tiled {
+        ($ty:expr, $unpack:path, $dot:path) => {
+            tiled!($ty, $unpack, $unpack, $dot)
+        };
+        ($ty:expr, $unpack:path, $simd:expr, $dot:path) => {{
+            let (scalar, simd): (MultiFn, MultiFn) = (
+                |n, rows, rs, nr, acts, as_, nc, out| {
+                    let (bytes, sum) = ($ty.block_bytes(), tiled::block_step);
+                    tiled::multi(
+                        $unpack, bytes, $dot, sum, n, rows, rs, nr, acts, as_, nc, out,
+                    )
+                },
+                |n, rows, rs, nr, acts, as_, nc, out| {
+                    let (bytes, sum) = ($ty.block_bytes(), simd_block_step());
+                    tiled::multi($simd, bytes, $dot, sum, n, rows, rs, nr, acts, as_, nc, out)
+                },
+            );
+            if fast {
+                simd
+            } else {
+                scalar
+            }
+        }};
     }
+    // the AVX2 unpacking on x86-64, the scalar one elsewhere
+    #[cfg(target_arch = "x86_64")]
+    macro_rules! avx2_or {
+        ($avx2:ident, $scalar:path) => {
+            crate::avx2::$avx2
+        };
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    macro_rules! avx2_or {
+        ($avx2:ident, $scalar:path) => {
+            $scalar
+        };
+    }
+    Some(match ty {
+        T::IQ4_NL => iq::multi_iq4_nl_q8_0,
+        T::IQ4_XS => tiled!(
+            T::IQ4_XS,
+            iq::tiled_iq4_xs,
+            avx2_or!(tiled_iq4_xs, iq::tiled_iq4_xs),
+            iq::dot_iq4_xs_q8_k
+        ),
+        T::IQ2_XXS => tiled!(
+            T::IQ2_XXS,
+            iq2::tiled_iq2_xxs,
+            avx2_or!(tiled_iq2_xxs, iq2::tiled_iq2_xxs),
+            iq2::dot_iq2_xxs_q8_k
+        ),
+        T::IQ2_XS => tiled!(
+            T::IQ2_XS,
+            iq2::tiled_iq2_xs,
+            avx2_or!(tiled_iq2_xs, iq2::tiled_iq2_xs),
+            iq2::dot_iq2_xs_q8_k
+        ),
+        T::IQ2_S => tiled!(
+            T::IQ2_S,
+            iq2::tiled_iq2_s,
+            avx2_or!(tiled_iq2_s, iq2::tiled_iq2_s),
+            iq2::dot_iq2_s_q8_k
+        ),
+        T::IQ3_XXS => tiled!(
+            T::IQ3_XXS,
+            iq3::tiled_iq3_xxs,
+            avx2_or!(tiled_iq3_xxs, iq3::tiled_iq3_xxs),
+            iq3::dot_iq3_xxs_q8_k
+        ),
+        T::IQ3_S => tiled!(
+            T::IQ3_S,
+            iq3::tiled_iq3_s,
+            avx2_or!(tiled_iq3_s, iq3::tiled_iq3_s),
+            iq3::dot_iq3_s_q8_k
+        ),
+        T::IQ1_S => tiled!(
+            T::IQ1_S,
+            iq1::tiled_iq1_s,
+            avx2_or!(tiled_iq1_s, iq1::tiled_iq1_s),
+            iq1::dot_iq1_s_q8_k
+        ),
+        T::IQ1_M => tiled!(
+            T::IQ1_M,
+            iq1::tiled_iq1_m,
+            avx2_or!(tiled_iq1_m, iq1::tiled_iq1_m),
+            iq1::dot_iq1_m_q8_k
+        ),
+        _ => return None,
+    })
+}
+
+/// The tiled kernel's block step in this CPU's instructions.
+fn simd_block_step() -> tiled::BlockStep {
+    #[cfg(target_arch = "x86_64")]
+    if matches!(detected_isa(), Isa::Avx2) {
+        return crate::avx2::tiled_block_step;
+    }
+    tiled::block_step
 }
 
 fn build(ty: TensorType, isa: Isa) -> Result<DotKernel, QuantError> {
@@ -341,22 +461,31 @@ fn build(ty: TensorType, isa: Isa) -> Result<DotKernel, QuantError> {
         _ => None,
     };
     let (Simd { dot, rows, multi }, isa) = match simd {
-        Some(simd) => (simd, isa),
+        // A SIMD module without a batch kernel for a type keeps the scalar one, if any (the
+        // i-quants' tiled sums).
+        Some(simd) => (
+            Simd {
+                multi: simd.multi.or(batch_fn(ty, true)),
+                ..simd
+            },
+            isa,
+        ),
         None => (
             Simd {
                 dot: scalar,
                 rows: None,
-                multi: scalar_multi_fn(ty),
+                multi: batch_fn(ty, false),
             },
             Isa::Scalar,
         ),
     };
-    debug_assert_eq!(ty.block_size(), act_ty.block_size());
+    debug_assert!(ty.block_size().is_multiple_of(act_ty.block_size()));
     Ok(DotKernel {
         ty,
         act_ty,
         block_size: ty.block_size(),
         row_block_bytes: ty.block_bytes(),
+        act_block_size: act_ty.block_size(),
         act_block_bytes: act_ty.block_bytes(),
         dot,
         rows,

@@ -5,6 +5,8 @@
 //! * [`quantize`] writes f32 values as blocks with ggml's reference quantizers
 //!   (`quantize_row_*_ref`); [`quantize_activation`] writes them the way llama.cpp's CPU backend
 //!   quantizes activations on this machine's architecture.
+//! * [`random_blocks`] writes random valid blocks of the types without a quantizer here (the
+//!   i-quants, TQ1_0, TQ2_0, Q1_0, Q2_0, NVFP4) at a chosen scale, for synthetic files.
 //! * [`dot_kernel`] picks, once per process, the fastest dot product of a weight row with an
 //!   activation vector quantized to [`vec_dot_type`]; [`dot_kernel_scalar`] is the reference
 //!   every SIMD kernel is tested against.
@@ -18,7 +20,9 @@
 //! `scripts/ggml_oracle.py` with llama.cpp's own compiled functions. Not mirrored: llama.cpp's
 //! CPU_REPACK kernels (by default it repacks Q4_0, Q4_K, IQ4_NL, MXFP4 and, with AVX512, Q2_K
 //! weights with a row count divisible by 8, and then uses `ggml_gemv/gemm_*` for every batch
-//! size) and its tiled K-quant matmul (Q2_K..Q6_K, batches of >= 8 columns).
+//! size) and its tiled K-quant matmul (Q2_K..Q6_K, batches of >= 8 columns). The same tiled
+//! matmul's arithmetic for the i-quants and IQ4_XS is mirrored (`tiled`): their
+//! [`DotKernel::dot_rows_multi`] follows it from 8 columns, as llama.cpp's AVX512-VNNI build does.
 #![deny(missing_docs)]
 // `unsafe` lives only in the SIMD modules (`avx2`, `neon`), around the intrinsics.
 #![deny(unsafe_code)]
@@ -27,9 +31,17 @@ mod common;
 mod float;
 pub mod ggml_vec;
 mod iq;
+mod iq1;
+mod iq2;
+mod iq3;
+mod iq_grids;
 mod k_quants;
 mod kernel;
 mod legacy;
+mod low_bit;
+mod random_blocks;
+mod ternary;
+mod tiled;
 pub mod vecops;
 
 #[cfg(target_arch = "x86_64")]
@@ -41,6 +53,7 @@ mod neon;
 
 pub use ferrolm_gguf::TensorType;
 pub use kernel::{dot_kernel, dot_kernel_scalar, DotKernel};
+pub use random_blocks::random_blocks;
 
 /// What went wrong converting or multiplying blocks.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -122,6 +135,19 @@ fn dequant_fn(ty: TensorType) -> Option<DequantFn> {
         T::Q8_K => k_quants::dequantize_q8_k,
         T::IQ4_NL => iq::dequantize_iq4_nl,
         T::MXFP4 => iq::dequantize_mxfp4,
+        T::IQ4_XS => iq::dequantize_iq4_xs,
+        T::NVFP4 => iq::dequantize_nvfp4,
+        T::IQ2_XXS => iq2::dequantize_iq2_xxs,
+        T::IQ2_XS => iq2::dequantize_iq2_xs,
+        T::IQ2_S => iq2::dequantize_iq2_s,
+        T::IQ3_XXS => iq3::dequantize_iq3_xxs,
+        T::IQ3_S => iq3::dequantize_iq3_s,
+        T::IQ1_S => iq1::dequantize_iq1_s,
+        T::IQ1_M => iq1::dequantize_iq1_m,
+        T::TQ1_0 => ternary::dequantize_tq1_0,
+        T::TQ2_0 => ternary::dequantize_tq2_0,
+        T::Q1_0 => low_bit::dequantize_q1_0,
+        T::Q2_0 => low_bit::dequantize_q2_0,
         _ => return None,
     })
 }
@@ -129,7 +155,9 @@ fn dequant_fn(ty: TensorType) -> Option<DequantFn> {
 /// Dequantize `dst.len()` elements from GGUF block bytes `src` of type `ty`.
 ///
 /// Supported: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1, Q2_K..Q6_K, Q8_K, IQ4_NL,
-/// MXFP4. `src` must hold exactly the blocks of `dst.len()` elements.
+/// MXFP4, the i-quants IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ4_XS, the
+/// ternary TQ1_0 and TQ2_0, Q1_0, Q2_0 and NVFP4. `src` must hold exactly the blocks of
+/// `dst.len()` elements.
 pub fn dequantize(ty: TensorType, src: &[u8], dst: &mut [f32]) -> Result<(), QuantError> {
     let f = dequant_fn(ty).ok_or(QuantError::Unsupported {
         ty,
@@ -218,14 +246,19 @@ pub fn quantize_activation(ty: TensorType, src: &[f32], dst: &mut [u8]) -> Resul
 }
 
 /// The activation format llama.cpp's CPU backend dots rows of `ty` against (its
-/// `vec_dot_type`): Q4_0, Q5_0, Q8_0, IQ4_NL, MXFP4 -> Q8_0; Q4_1, Q5_1 -> Q8_1; K-quants ->
-/// Q8_K; F32, F16, BF16 -> themselves.
+/// `vec_dot_type`): Q4_0, Q5_0, Q8_0, IQ4_NL, MXFP4, NVFP4, Q1_0, Q2_0 -> Q8_0; Q4_1, Q5_1 ->
+/// Q8_1; K-quants, the 256-element i-quants, TQ1_0 and TQ2_0 -> Q8_K; F32, F16, BF16 ->
+/// themselves.
 pub fn vec_dot_type(ty: TensorType) -> Result<TensorType, QuantError> {
     use TensorType as T;
     Ok(match ty {
-        T::Q4_0 | T::Q5_0 | T::Q8_0 | T::IQ4_NL | T::MXFP4 => T::Q8_0,
+        T::Q4_0 | T::Q5_0 | T::Q8_0 | T::IQ4_NL | T::MXFP4 | T::NVFP4 | T::Q1_0 | T::Q2_0 => {
+            T::Q8_0
+        }
         T::Q4_1 | T::Q5_1 => T::Q8_1,
         T::Q2_K | T::Q3_K | T::Q4_K | T::Q5_K | T::Q6_K => T::Q8_K,
+        T::IQ1_S | T::IQ1_M | T::IQ2_XXS | T::IQ2_XS | T::IQ2_S | T::IQ3_XXS | T::IQ3_S => T::Q8_K,
+        T::IQ4_XS | T::TQ1_0 | T::TQ2_0 => T::Q8_K,
         T::F32 | T::F16 | T::BF16 => ty,
         _ => {
             return Err(QuantError::Unsupported {
@@ -234,4 +267,50 @@ pub fn vec_dot_type(ty: TensorType) -> Result<TensorType, QuantError> {
             })
         }
     })
+}
+
+/// The i-quants' lattice tables as CUDA C definitions (`__device__ const u64 IQ2XXS_GRID[256] =
+/// {...};` and likewise IQ2XS_GRID, IQ2S_GRID, IQ1S_GRID, and the u32 IQ3XXS_GRID, IQ3S_GRID),
+/// for device code that reads them (ferrolm-cuda's `kernels_iquants.cu`); `u64`/`u32` are the
+/// typedefs of that source.
+pub fn lattice_tables_c() -> String {
+    use std::fmt::Write;
+    let mut s = String::new();
+    let mut table = |name: &str, ty: &str, words: &mut dyn Iterator<Item = u64>, digits: usize| {
+        let body: Vec<String> = words.map(|w| format!("0x{w:0digits$x}u")).collect();
+        let _ = writeln!(
+            s,
+            "__device__ const {ty} {name}[{}] = {{{}}};",
+            body.len(),
+            body.join(",")
+        );
+    };
+    table(
+        "IQ2XXS_GRID",
+        "u64",
+        &mut iq_grids::IQ2XXS_GRID.iter().copied(),
+        16,
+    );
+    table(
+        "IQ2XS_GRID",
+        "u64",
+        &mut iq_grids::IQ2XS_GRID.iter().copied(),
+        16,
+    );
+    table(
+        "IQ2S_GRID",
+        "u64",
+        &mut iq_grids::IQ2S_GRID.iter().copied(),
+        16,
+    );
+    table(
+        "IQ1S_GRID",
+        "u64",
+        &mut iq_grids::IQ1S_GRID.iter().copied(),
+        16,
+    );
+    let w32 = |t: &'static [u32]| t.iter().map(|&w| w as u64);
+    table("IQ3XXS_GRID", "u32", &mut w32(&iq_grids::IQ3XXS_GRID), 8);
+    table("IQ3S_GRID", "u32", &mut w32(&iq_grids::IQ3S_GRID), 8);
+    s
 }

@@ -3,10 +3,10 @@
 
 mod common;
 
-use common::{random_act, random_row, Rng};
+use common::{random_act, random_row, Rng, LATER_TYPES};
 use ferrolm_quant::{dequantize, dot_kernel, dot_kernel_scalar, vec_dot_type, TensorType};
 
-const WEIGHT_TYPES: &[TensorType] = &[
+const SIMD_TYPES: &[TensorType] = &[
     TensorType::F32,
     TensorType::F16,
     TensorType::BF16,
@@ -23,6 +23,12 @@ const WEIGHT_TYPES: &[TensorType] = &[
     TensorType::IQ4_NL,
     TensorType::MXFP4,
 ];
+
+/// Every weight type: those with AVX2 and NEON kernels, then `common::LATER_TYPES`, with AVX2
+/// kernels only (their NEON kernel is the scalar reference for now).
+fn weight_types() -> Vec<TensorType> {
+    [SIMD_TYPES, LATER_TYPES].concat()
+}
 
 /// Dequantized float dot in f64, and the sum of |terms| for tolerances.
 fn float_dot(ty: TensorType, n: usize, row: &[u8], act: &[u8]) -> (f64, f64) {
@@ -43,7 +49,7 @@ fn float_dot(ty: TensorType, n: usize, row: &[u8], act: &[u8]) -> (f64, f64) {
 #[test]
 fn scalar_kernels_equal_the_dequantized_dot() {
     let mut rng = Rng::new(42);
-    for &ty in WEIGHT_TYPES {
+    for ty in weight_types() {
         let k = dot_kernel_scalar(ty).unwrap();
         assert_eq!(k.isa(), "scalar");
         for blocks in [1, 3, 8] {
@@ -67,7 +73,7 @@ fn scalar_kernels_equal_the_dequantized_dot() {
 fn simd_kernels_equal_the_scalar_reference() {
     let mut rng = Rng::new(1234);
     let mut simd = 0;
-    for &ty in WEIGHT_TYPES {
+    for ty in weight_types() {
         let fast = dot_kernel(ty).unwrap();
         let slow = dot_kernel_scalar(ty).unwrap();
         if fast.isa() != "scalar" {
@@ -96,7 +102,7 @@ fn simd_kernels_equal_the_scalar_reference() {
     {
         assert_eq!(
             simd,
-            WEIGHT_TYPES.len(),
+            weight_types().len(),
             "every weight type has an AVX2 kernel"
         );
     }
@@ -105,7 +111,7 @@ fn simd_kernels_equal_the_scalar_reference() {
         // F16 rows stay scalar on NEON (f16 vector types are unstable in Rust).
         assert_eq!(
             simd,
-            WEIGHT_TYPES.len() - 1,
+            SIMD_TYPES.len() - 1,
             "every weight type but F16 has a NEON kernel"
         );
     }
@@ -115,7 +121,7 @@ fn simd_kernels_equal_the_scalar_reference() {
 #[test]
 fn dot_rows_and_multi_match_single_dots() {
     let mut rng = Rng::new(99);
-    for &ty in WEIGHT_TYPES {
+    for ty in weight_types() {
         let k = dot_kernel(ty).unwrap();
         let n = 2 * ty.block_size().max(64);
         let rb = ferrolm_quant::row_bytes(ty, n).unwrap();
@@ -183,12 +189,15 @@ fn dot_rows_and_multi_match_single_dots() {
 #[test]
 fn multi_full_tiles_match_single_dots() {
     let mut rng = Rng::new(7);
-    for &ty in WEIGHT_TYPES {
+    for ty in weight_types() {
         if matches!(
             ty,
             TensorType::IQ4_NL | TensorType::F32 | TensorType::F16 | TensorType::BF16
-        ) {
-            continue; // llamafile_sgemm order, checked against llama.cpp in ggml_oracle.rs
+        ) || TILED.contains(&ty)
+        {
+            // llamafile_sgemm order, checked against llama.cpp in ggml_oracle.rs; the tiled
+            // types in tiled_batches_switch_to_the_tiled_sum
+            continue;
         }
         let k = dot_kernel(ty).unwrap();
         let n = 3 * ty.block_size().max(64);
@@ -218,6 +227,69 @@ fn multi_full_tiles_match_single_dots() {
                 }
             }
         }
+    }
+}
+
+/// The types llama.cpp's tiled matmul takes from 8 activation columns.
+const TILED: &[TensorType] = &[
+    TensorType::IQ1_S,
+    TensorType::IQ1_M,
+    TensorType::IQ2_XXS,
+    TensorType::IQ2_XS,
+    TensorType::IQ2_S,
+    TensorType::IQ3_XXS,
+    TensorType::IQ3_S,
+    TensorType::IQ4_XS,
+];
+
+/// Below 8 columns a tiled type's batch is its `vec_dot`, bit for bit; from 8 it is the tiled
+/// kernel's sum (bit-exact with llama.cpp through tests/synthetic_parity.rs in ferrolm-model),
+/// which differs from `vec_dot` in rounding only.
+#[test]
+fn tiled_batches_switch_to_the_tiled_sum() {
+    let mut rng = Rng::new(17);
+    for &ty in TILED {
+        let k = dot_kernel(ty).unwrap();
+        let n = 3 * ty.block_size();
+        let rb = ferrolm_quant::row_bytes(ty, n).unwrap();
+        let ab = ferrolm_quant::row_bytes(k.activation_type(), n).unwrap();
+        let n_rows = 3;
+        let rows: Vec<u8> = (0..n_rows)
+            .flat_map(|_| random_row(ty, n, &mut rng))
+            .collect();
+        let mut differ = 0;
+        for n_cols in [7, 8, 20] {
+            let acts: Vec<u8> = (0..n_cols)
+                .flat_map(|_| random_act(k.activation_type(), n, &mut rng).1)
+                .collect();
+            let mut multi = vec![0f32; n_rows * n_cols];
+            k.dot_rows_multi(n, &rows, rb, n_rows, &acts, ab, n_cols, &mut multi);
+            let mut scalar = vec![0f32; n_rows * n_cols];
+            let s = dot_kernel_scalar(ty).unwrap();
+            s.dot_rows_multi(n, &rows, rb, n_rows, &acts, ab, n_cols, &mut scalar);
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(
+                bits(&multi),
+                bits(&scalar),
+                "{ty} {n_cols} cols: SIMD vs scalar"
+            );
+            for i in 0..n_rows {
+                let row = &rows[i * rb..(i + 1) * rb];
+                for c in 0..n_cols {
+                    let act = &acts[c * ab..(c + 1) * ab];
+                    let (got, single) = (multi[c * n_rows + i], k.dot(n, row, act));
+                    if n_cols < 8 {
+                        assert_eq!(got.to_bits(), single.to_bits(), "{ty} {n_cols} cols");
+                    } else {
+                        let (want, mag) = float_dot(ty, n, row, act);
+                        let tol = 1e-5 * mag + 1e-30;
+                        assert!((got as f64 - want).abs() <= tol, "{ty}: {got} vs {want}");
+                        differ += (got != single) as usize;
+                    }
+                }
+            }
+        }
+        assert!(differ > 0, "{ty}: the tiled sum never differs from vec_dot");
     }
 }
 

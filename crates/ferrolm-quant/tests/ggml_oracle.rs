@@ -7,7 +7,9 @@
 
 use std::path::PathBuf;
 
-use ferrolm_quant::{dot_kernel, dot_kernel_scalar, ggml_vec, quantize_activation, TensorType};
+use ferrolm_quant::{
+    dequantize, dot_kernel, dot_kernel_scalar, ggml_vec, quantize_activation, TensorType,
+};
 use half::f16;
 
 struct Rec {
@@ -130,10 +132,36 @@ fn from_float_matches_llama_cpp() {
 
 #[test]
 fn vec_dot_matches_llama_cpp() {
-    let recs = read("vec_dot.bin");
+    check_vec_dots(&read("vec_dot.bin"));
+}
+
+/// The block types added later (i-quants, ternary, Q1_0, Q2_0, NVFP4) on random valid blocks:
+/// llama.cpp's compiled `to_float` and `vec_dot`.
+#[test]
+fn later_types_match_llama_cpp() {
+    let recs = read("more_types.bin");
     let mut fails = Failures::default();
     let mut total = 0;
-    for r in &recs {
+    for r in recs.iter().filter(|r| r.kind == "to_float") {
+        let (t, n) = (ty(r.ints[0]), r.ints[1] as usize);
+        let want = f32s(&r.arrays[1]);
+        let mut got = vec![f32::NAN; n];
+        dequantize(t, &r.arrays[0], &mut got).unwrap();
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            total += 1;
+            fails.check(|| format!("{t} to_float [{i}]"), g.to_bits(), w.to_bits());
+        }
+    }
+    fails.finish(total);
+    let dots: Vec<Rec> = recs.into_iter().filter(|r| r.kind == "vec_dot").collect();
+    assert!(dots.len() >= 13 * 5, "too few vec_dot records");
+    check_vec_dots(&dots);
+}
+
+fn check_vec_dots(recs: &[Rec]) {
+    let mut fails = Failures::default();
+    let mut total = 0;
+    for r in recs {
         let (t, n) = (ty(r.ints[0]), r.ints[1] as usize);
         let (row, act) = (&r.arrays[0], &r.arrays[1]);
         let want = f32s(&r.arrays[2])[0].to_bits();

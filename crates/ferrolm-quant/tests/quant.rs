@@ -152,7 +152,7 @@ fn activation_rounding_follows_llama_cpp_simd() {
 #[test]
 fn errors_name_the_problem() {
     let mut out = vec![0f32; 32];
-    let e = dequantize(TensorType::IQ2_XXS, &[0u8; 66], &mut vec![0f32; 256]).unwrap_err();
+    let e = quantize(TensorType::IQ2_XXS, &[0f32; 256], &mut [0u8; 66]).unwrap_err();
     assert!(matches!(
         e,
         QuantError::Unsupported {
@@ -423,4 +423,27 @@ fn q8_0_activations_follow_the_x86_recipe() {
             assert_eq!(out[2 + i] as i8, want, "block {b}, element {i}");
         }
     }
+}
+
+#[test]
+fn lattice_tables_render_as_c() {
+    let c = ferrolm_quant::lattice_tables_c();
+    for (name, n) in [
+        ("IQ2XXS_GRID", 256),
+        ("IQ2XS_GRID", 512),
+        ("IQ2S_GRID", 1024),
+        ("IQ1S_GRID", 2048),
+        ("IQ3XXS_GRID", 256),
+        ("IQ3S_GRID", 512),
+    ] {
+        let line = c
+            .lines()
+            .find(|l| l.contains(&format!(" {name}[")))
+            .unwrap_or_else(|| panic!("{name} missing"));
+        assert!(line.starts_with("__device__ const u"), "{line:.40}");
+        assert!(line.contains(&format!("[{n}]")), "{name}: {line:.40}");
+        assert_eq!(line.matches("0x").count(), n, "{name}");
+    }
+    // IQ2_XXS's second entry, as ggml-common.h has it.
+    assert!(c.contains("{0x0808080808080808u,0x080808080808082bu,"));
 }

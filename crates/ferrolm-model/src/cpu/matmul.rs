@@ -226,7 +226,8 @@ pub fn matmul(pool: &ThreadPool, w: &Matrix, file: &[u8], input: &QuantizedRows,
 
 /// Whether batches of `ty` may be split by tokens: the quantized types, whose batched outputs
 /// equal their single dots bit for bit (tests/dot.rs in ferrolm-quant); not the float and
-/// IQ4_NL ones, whose batches follow llamafile_sgemm's tiles over the 32-row tasks.
+/// IQ4_NL ones, whose batches follow llamafile_sgemm's tiles over the 32-row tasks, nor the
+/// i-quants, whose kernel (llama.cpp's tiled matmul from 8 columns) must see the whole batch.
 fn splits_by_token(ty: TensorType) -> bool {
     use TensorType as T;
     matches!(
@@ -241,5 +242,10 @@ fn splits_by_token(ty: TensorType) -> bool {
             | T::Q4_K
             | T::Q5_K
             | T::Q6_K
+            | T::TQ1_0
+            | T::TQ2_0
+            | T::Q1_0
+            | T::Q2_0
+            | T::NVFP4
     )
 }

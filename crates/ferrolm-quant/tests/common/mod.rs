@@ -34,6 +34,23 @@ impl Rng {
     }
 }
 
+/// The block types added after the first set (the i-quants, ternary, Q1_0, Q2_0, NVFP4).
+pub const LATER_TYPES: &[TensorType] = &[
+    TensorType::IQ2_XXS,
+    TensorType::IQ2_XS,
+    TensorType::IQ2_S,
+    TensorType::IQ3_XXS,
+    TensorType::IQ3_S,
+    TensorType::IQ1_S,
+    TensorType::IQ1_M,
+    TensorType::IQ4_XS,
+    TensorType::TQ1_0,
+    TensorType::TQ2_0,
+    TensorType::Q1_0,
+    TensorType::Q2_0,
+    TensorType::NVFP4,
+];
+
 fn sane_f16(rng: &mut Rng) -> [u8; 2] {
     let v = rng.normal() * 0.05 + 0.001;
     half::f16::from_f32(v).to_le_bytes()
@@ -43,7 +60,10 @@ fn sane_f16(rng: &mut Rng) -> [u8; 2] {
 fn f16_fields(ty: TensorType) -> &'static [usize] {
     use TensorType as T;
     match ty {
-        T::Q4_0 | T::Q5_0 | T::Q8_0 | T::IQ4_NL => &[0],
+        T::Q4_0 | T::Q5_0 | T::Q8_0 | T::IQ4_NL | T::Q1_0 | T::Q2_0 => &[0],
+        T::IQ2_XXS | T::IQ2_XS | T::IQ2_S | T::IQ3_XXS | T::IQ3_S | T::IQ1_S | T::IQ4_XS => &[0],
+        T::TQ1_0 => &[52],
+        T::TQ2_0 => &[64],
         T::Q4_1 | T::Q5_1 | T::Q8_1 | T::Q4_K | T::Q5_K => &[0, 2],
         T::Q2_K => &[80, 82],
         T::Q3_K => &[108],
@@ -70,6 +90,14 @@ pub fn random_row(ty: TensorType, n: usize, rng: &mut Rng) -> Vec<u8> {
                 }
                 if ty == TensorType::MXFP4 {
                     block[0] = 110 + (rng.next_u64() % 30) as u8;
+                }
+                if ty == TensorType::IQ1_M {
+                    // The f16 scale lives in the top nibbles of the four u16 scale words.
+                    let d = u16::from_le_bytes(sane_f16(rng));
+                    for k in 0..4 {
+                        let at = 48 + 2 * k + 1;
+                        block[at] = (block[at] & 0x0f) | (((d >> (4 * k)) & 0xf) as u8) << 4;
+                    }
                 }
             }
             out

@@ -1,0 +1,355 @@
+//! AVX2 kernels of IQ1_S, TQ1_0, TQ2_0, Q1_0, Q2_0 and NVFP4, the same integer lanes and float
+//! order as their scalar references (`iq1`, `ternary`, `low_bit`, `iq`), which follow
+//! llama.cpp's AVX2 kernels (its generic C loop for Q2_0).
+
+use super::*;
+use crate::iq::{ue4m3_to_f32_half, KVALUES_MXFP4};
+use crate::iq_grids::IQ1S_GRID;
+
+/// `maddubs` of unsigned codes with the activations, then pairs: 8 i32 lanes of 32 elements.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn code_lanes(codes: __m256i, y: *const u8) -> __m256i {
+    dot_u8_i8(codes, load(y))
+}
+
+/// The Q8_K block sums of groups `2l, 2l + 1` in lane `l`.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn bsum_pairs(y: *const u8) -> __m256i {
+    _mm256_madd_epi16(bsums(y), _mm256_set1_epi16(1))
+}
+
+// TQ2_0: codes 0..=3 in bit pairs, minus the block sums (`t - 1`); d at byte 64.
+bytes_block!(Tq2_0, 256, 66, 292, |x, y, acc| {
+    let mut sum = _mm256_sub_epi32(_mm256_setzero_si256(), bsum_pairs(y));
+    for half in 0..2 {
+        let q = load(x.add(32 * half));
+        for l in 0..4 {
+            let codes = low2(q, 2 * l as i32);
+            let ys = y.add(Y_QS + 128 * half + 32 * l);
+            sum = _mm256_add_epi32(sum, code_lanes(codes, ys));
+        }
+    }
+    fma_i32(acc, y_d(y) * f16_at(x.add(64)), sum);
+});
+
+// TQ1_0: each byte times 3^n (wrapping, as ggml's `q * pow3[n]`), the top of `3 q` as the trit
+// (`subs`/`avg`, llama.cpp's way), then as TQ2_0; d at byte 52.
+bytes_block!(Tq1_0, 256, 54, 292, |x, y, acc| {
+    let mut sum = _mm256_sub_epi32(_mm256_setzero_si256(), bsum_pairs(y));
+    // elements 32n + m: trit n of byte m of the first 32
+    let q = load(x);
+    let mut p = q;
+    for n in 0..5 {
+        sum = _mm256_add_epi32(sum, code_lanes(top_trit(p), y.add(Y_QS + 32 * n)));
+        p = times3(p);
+    }
+    // elements 160 + 16n + m: trit n of byte 32 + m; 240 + 4n + j: trit n of byte 48 + j
+    let q16 = _mm_loadu_si128(x.add(32) as *const __m128i);
+    let p16: [__m128i; 5] = {
+        let mut t = [q16; 5];
+        for n in 1..5 {
+            t[n] = _mm_add_epi8(t[n - 1], _mm_add_epi8(t[n - 1], t[n - 1]));
+        }
+        t
+    };
+    const POW3: [u8; 4] = [1, 3, 9, 27];
+    let qh: [u8; 16] = std::array::from_fn(|k| (*x.add(48 + k % 4)).wrapping_mul(POW3[k / 4]));
+    let qh = _mm_loadu_si128(qh.as_ptr() as *const __m128i);
+    let pairs = [(p16[0], p16[1]), (p16[2], p16[3]), (p16[4], qh)];
+    for (k, (lo, hi)) in pairs.into_iter().enumerate() {
+        let codes = top_trit(_mm256_set_m128i(hi, lo));
+        sum = _mm256_add_epi32(sum, code_lanes(codes, y.add(Y_QS + 160 + 32 * k)));
+    }
+    fma_i32(acc, y_d(y) * f16_at(x.add(52)), sum);
+});
+
+/// Each byte times 3, wrapping.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn times3(q: __m256i) -> __m256i {
+    _mm256_add_epi8(q, _mm256_add_epi8(q, q))
+}
+
+/// `(3 q) >> 8` of each byte: `avg(x, avg(x, 0))` with `x = q - 1` (saturating) keeps the top
+/// two bits of `1.5 x`, the same for all 256 values (tests/dot.rs checks TQ1_0 against the scalar).
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn top_trit(q: __m256i) -> __m256i {
+    let x = _mm256_subs_epu8(q, _mm256_set1_epi8(1));
+    let t = _mm256_avg_epu8(x, _mm256_avg_epu8(x, _mm256_setzero_si256()));
+    _mm256_and_si256(_mm256_srli_epi16(t, 6), _mm256_set1_epi8(3))
+}
+
+// IQ1_S: grid lanes by the odd multipliers (fma by d into `v`), the delta's integer sum from the
+// block sums (fma by d into `s`); the end is `hsum(v) + 0.125 * s`.
+bytes_block!(
+    Iq1S,
+    256,
+    50,
+    292,
+    |x, y, acc| {
+        let mut sum = _mm256_setzero_si256();
+        let mut sumi1 = 0i32;
+        for ib in 0..8 {
+            let qh = u16::from_le_bytes([*x.add(34 + 2 * ib), *x.add(35 + 2 * ib)]) as usize;
+            let low = u32::from_le_bytes([
+                *x.add(2 + 4 * ib),
+                *x.add(3 + 4 * ib),
+                *x.add(4 + 4 * ib),
+                *x.add(5 + 4 * ib),
+            ]);
+            let g = |l: usize| {
+                let idx = (low >> (8 * l) & 255) as usize | ((qh >> (3 * l) & 7) << 8);
+                IQ1S_GRID[idx] as i64
+            };
+            let q = _mm256_set_epi64x(g(3), g(2), g(1), g(0));
+            let m = 2 * (qh >> 12 & 7) as i32 + 1;
+            let p16 = _mm256_maddubs_epi16(
+                _mm256_sign_epi8(q, q),
+                _mm256_sign_epi8(load(y.add(Y_QS + 32 * ib)), q),
+            );
+            sum = _mm256_add_epi32(sum, _mm256_madd_epi16(p16, _mm256_set1_epi16(m as i16)));
+            let bs = |j: usize| {
+                i16::from_le_bytes([*y.add(Y_BSUMS + 2 * j), *y.add(Y_BSUMS + 2 * j + 1)]) as i32
+            };
+            let sign = if qh & 0x8000 != 0 { -1 } else { 1 };
+            sumi1 += (bs(2 * ib) + bs(2 * ib + 1)) * sign * m;
+        }
+        let d = y_d(y) * f16_at(x);
+        fma_i32(acc, d, sum);
+        acc.s = d.mul_add(sumi1 as f32, acc.s);
+    },
+    finish | acc | { hsum_f32(acc.v) + 0.125 * acc.s }
+);
+
+// IQ1_M: grid lanes and delta-sign lanes, both by the multipliers of each 16 elements, into
+// two accumulators; the end is `hsum(v) + 0.125 * hsum(v2)`.
+bytes_block!(
+    Iq1M,
+    256,
+    56,
+    292,
+    |x, y, acc| {
+        let sc: [u16; 4] =
+            std::array::from_fn(|k| u16::from_le_bytes([*x.add(48 + 2 * k), *x.add(49 + 2 * k)]));
+        let bits = (sc[0] >> 12) | (sc[1] >> 8 & 0x00f0) | (sc[2] >> 4 & 0x0f00) | (sc[3] & 0xf000);
+        let d = y_d(y) * half::f16::from_bits(bits).to_f32();
+        let (mut grid, mut delta) = (_mm256_setzero_si256(), _mm256_setzero_si256());
+        for ib in 0..8 {
+            let low = u32::from_le_bytes([
+                *x.add(4 * ib),
+                *x.add(1 + 4 * ib),
+                *x.add(2 + 4 * ib),
+                *x.add(3 + 4 * ib),
+            ]);
+            let hi = u16::from_le_bytes([*x.add(32 + 2 * ib), *x.add(33 + 2 * ib)]);
+            let nib = |g: usize| (hi >> (4 * g) & 0xf) as u8;
+            let g = |l: usize| {
+                let idx = (low >> (8 * l) & 255) as usize | ((nib(l) as usize & 7) << 8);
+                IQ1S_GRID[idx] as i64
+            };
+            let sg = |l: usize| {
+                if nib(l) & 8 != 0 {
+                    -1i64
+                } else {
+                    0x0101_0101_0101_0101
+                }
+            };
+            let q = _mm256_set_epi64x(g(3), g(2), g(1), g(0));
+            let s = _mm256_set_epi64x(sg(3), sg(2), sg(1), sg(0));
+            let word = sc[ib / 2] as i32 >> (6 * (ib % 2));
+            let m = halves(2 * (word & 7) + 1, 2 * (word >> 3 & 7) + 1);
+            let yv = load(y.add(Y_QS + 32 * ib));
+            let p16 = _mm256_maddubs_epi16(_mm256_sign_epi8(q, q), _mm256_sign_epi8(yv, q));
+            grid = _mm256_add_epi32(grid, _mm256_madd_epi16(p16, m));
+            let d16 = _mm256_maddubs_epi16(_mm256_set1_epi8(1), _mm256_sign_epi8(yv, s));
+            delta = _mm256_add_epi32(delta, _mm256_madd_epi16(d16, m));
+        }
+        fma_i32(acc, d, grid);
+        acc.v2 = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(delta), acc.v2);
+    },
+    finish | acc | { hsum_f32(acc.v) + 0.125 * hsum_f32(acc.v2) }
+);
+
+/// Q8_0 activation blocks: f16 d, then 32 quants.
+const Q8_0_BYTES: usize = 34;
+
+// Q1_0 (128 elements over four Q8_0 blocks): the activations with the weights' signs, summed
+// in lanes; a multiply by the first block's d, fmas for the others, one fma by the weight's d.
+bytes_block!(Q1_0, 128, 18, 4 * Q8_0_BYTES, |x, y, acc| {
+    let mut block = _mm256_setzero_ps();
+    for k in 0..4 {
+        let yk = y.add(Q8_0_BYTES * k);
+        let bits = u32::from_le_bytes([
+            *x.add(2 + 4 * k),
+            *x.add(3 + 4 * k),
+            *x.add(4 + 4 * k),
+            *x.add(5 + 4 * k),
+        ]);
+        // +1 where a bit is set, -1 where clear
+        let s = _mm256_or_si256(
+            _mm256_andnot_si256(bits_to_bytes(bits), _mm256_set1_epi8(-1)),
+            _mm256_set1_epi8(1),
+        );
+        let ones = _mm256_set1_epi8(1);
+        let lanes = _mm256_cvtepi32_ps(dot_u8_i8(ones, _mm256_sign_epi8(load(yk.add(2)), s)));
+        let dy = _mm256_set1_ps(f16_at(yk));
+        block = if k == 0 {
+            _mm256_mul_ps(dy, lanes)
+        } else {
+            _mm256_fmadd_ps(dy, lanes, block)
+        };
+    }
+    acc.v = _mm256_fmadd_ps(_mm256_set1_ps(f16_at(x)), block, acc.v);
+});
+
+// Q2_0 (64 elements over two Q8_0 blocks): llama.cpp's generic loop, in `s`: per activation
+// block `sumi += d_y * (sum of (q - 1) * y)`, then `sumf += d_x * sumi`, unfused.
+bytes_block!(Q2_0, 64, 18, 2 * Q8_0_BYTES, |x, y, acc| {
+    let mut sumi = 0f32;
+    for k in 0..2 {
+        let yk = y.add(Q8_0_BYTES * k);
+        // element j of this half: bits 2 (j % 4) of byte 8k + j / 4
+        let mut codes = [0u8; 32];
+        for (j, c) in codes.iter_mut().enumerate() {
+            *c = *x.add(2 + 8 * k + j / 4) >> (2 * (j % 4)) & 3;
+        }
+        let yv = load(yk.add(2));
+        let qy = dot_u8_i8(load(codes.as_ptr()), yv);
+        let ysum = dot_u8_i8(_mm256_set1_epi8(1), yv);
+        let s = hsum_i32(_mm256_sub_epi32(qy, ysum));
+        sumi += f16_at(yk) * s as f32;
+    }
+    acc.s += f16_at(x) * sumi;
+});
+
+/// The eight i32 lanes summed.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn hsum_i32(v: __m256i) -> i32 {
+    let mut a = [0i32; 8];
+    _mm256_storeu_si256(a.as_mut_ptr() as *mut __m256i, v);
+    a.iter().sum()
+}
+
+// NVFP4 (64 elements over two Q8_0 blocks): per Q8_0 block the two sub-blocks' e2m1 values in
+// element order, lanes 0-3 scaled by the first sub-block's `scale * d_y`, 4-7 by the second's.
+bytes_block!(Nvfp4, 64, 36, 2 * Q8_0_BYTES, |x, y, acc| {
+    let t = _mm_loadu_si128(KVALUES_MXFP4.as_ptr() as *const __m128i);
+    let m4 = _mm_set1_epi8(0x0f);
+    for h in 0..2 {
+        let yh = y.add(Q8_0_BYTES * h);
+        let bits = _mm_loadu_si128(x.add(4 + 16 * h) as *const __m128i);
+        let lo = _mm_shuffle_epi8(t, _mm_and_si128(bits, m4));
+        let hi = _mm_shuffle_epi8(t, _mm_and_si128(_mm_srli_epi16(bits, 4), m4));
+        let v = _mm256_set_m128i(_mm_unpackhi_epi64(lo, hi), _mm_unpacklo_epi64(lo, hi));
+        let lanes = _mm256_cvtepi32_ps(dot_i8(v, load(yh.add(2))));
+        let dy = f16_at(yh);
+        let s0 = ue4m3_to_f32_half(*x.add(2 * h)) * dy;
+        let s1 = ue4m3_to_f32_half(*x.add(2 * h + 1)) * dy;
+        acc.v = _mm256_fmadd_ps(
+            _mm256_set_m128(_mm_set1_ps(s1), _mm_set1_ps(s0)),
+            lanes,
+            acc.v,
+        );
+    }
+});
+
+/// `8 g + delta` of 32 IQ1 grid bytes (four entries, -1..1) with their deltas (+1 / -1 bytes):
+/// the tiled kernel's values (the delta scaled by 8 along with the grid).
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn iq1_tiled_values(g: __m256i, delta: __m256i) -> __m256i {
+    let g2 = _mm256_add_epi8(g, g);
+    let g4 = _mm256_add_epi8(g2, g2);
+    _mm256_add_epi8(_mm256_add_epi8(g4, g4), delta)
+}
+
+/// IQ1_S's view for the tiled batch kernel (`tiled::TiledBlock`), with AVX2. Handed out only
+/// after run-time detection; `b` holds one block.
+pub(crate) fn tiled_iq1_s(b: &[u8]) -> crate::tiled::TiledBlock {
+    assert!(b.len() >= 50);
+    // SAFETY: avx2, fma and f16c were detected before this function was handed out
+    // (kernel::batch_fn); the reads stay within the block's 50 bytes.
+    unsafe { unpack_iq1_s(b.as_ptr()) }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn unpack_iq1_s(x: *const u8) -> crate::tiled::TiledBlock {
+    let mut t = crate::tiled::TiledBlock {
+        d: f16_at(x) * 0.125,
+        w: [0; 256],
+        scale16: [0; 16],
+    };
+    for ib in 0..8 {
+        let qh = u16::from_le_bytes([*x.add(34 + 2 * ib), *x.add(35 + 2 * ib)]) as usize;
+        let low = u32::from_le_bytes([
+            *x.add(2 + 4 * ib),
+            *x.add(3 + 4 * ib),
+            *x.add(4 + 4 * ib),
+            *x.add(5 + 4 * ib),
+        ]);
+        let g = |l: usize| {
+            let idx = (low >> (8 * l) & 255) as usize | ((qh >> (3 * l) & 7) << 8);
+            IQ1S_GRID[idx] as i64
+        };
+        let q = _mm256_set_epi64x(g(3), g(2), g(1), g(0));
+        let delta = _mm256_set1_epi8(if qh & 0x8000 != 0 { -1 } else { 1 });
+        let w = iq1_tiled_values(q, delta);
+        _mm256_storeu_si256(t.w.as_mut_ptr().add(32 * ib) as *mut __m256i, w);
+        let m = 2 * (qh >> 12 & 7) as i32 + 1;
+        t.scale16[2 * ib] = m;
+        t.scale16[2 * ib + 1] = m;
+    }
+    t
+}
+
+/// IQ1_M's view for the tiled batch kernel, with AVX2 (as [`tiled_iq1_s`]).
+pub(crate) fn tiled_iq1_m(b: &[u8]) -> crate::tiled::TiledBlock {
+    assert!(b.len() >= 56);
+    // SAFETY: as in `tiled_iq1_s`, within the block's 56 bytes.
+    unsafe { unpack_iq1_m(b.as_ptr()) }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn unpack_iq1_m(x: *const u8) -> crate::tiled::TiledBlock {
+    let sc: [u16; 4] =
+        std::array::from_fn(|k| u16::from_le_bytes([*x.add(48 + 2 * k), *x.add(49 + 2 * k)]));
+    let bits = (sc[0] >> 12) | (sc[1] >> 8 & 0x00f0) | (sc[2] >> 4 & 0x0f00) | (sc[3] & 0xf000);
+    let mut t = crate::tiled::TiledBlock {
+        d: half::f16::from_bits(bits).to_f32() * 0.125,
+        w: [0; 256],
+        scale16: [0; 16],
+    };
+    for ib in 0..8 {
+        let low = u32::from_le_bytes([
+            *x.add(4 * ib),
+            *x.add(1 + 4 * ib),
+            *x.add(2 + 4 * ib),
+            *x.add(3 + 4 * ib),
+        ]);
+        let hi = u16::from_le_bytes([*x.add(32 + 2 * ib), *x.add(33 + 2 * ib)]);
+        let nib = |g: usize| (hi >> (4 * g) & 0xf) as u8;
+        let g = |l: usize| {
+            let idx = (low >> (8 * l) & 255) as usize | ((nib(l) as usize & 7) << 8);
+            IQ1S_GRID[idx] as i64
+        };
+        let sg = |l: usize| {
+            if nib(l) & 8 != 0 {
+                -1i64
+            } else {
+                0x0101_0101_0101_0101
+            }
+        };
+        let q = _mm256_set_epi64x(g(3), g(2), g(1), g(0));
+        let delta = _mm256_set_epi64x(sg(3), sg(2), sg(1), sg(0));
+        let w = iq1_tiled_values(q, delta);
+        _mm256_storeu_si256(t.w.as_mut_ptr().add(32 * ib) as *mut __m256i, w);
+        let word = sc[ib / 2] as i32 >> (6 * (ib % 2));
+        t.scale16[2 * ib] = 2 * (word & 7) + 1;
+        t.scale16[2 * ib + 1] = 2 * (word >> 3 & 7) + 1;
+    }
+    t
+}
