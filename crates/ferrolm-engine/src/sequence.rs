@@ -100,6 +100,15 @@ impl<'t> Sequence<'t> {
         }
     }
 
+    /// The same sequence, its text showing special tokens as their text when `special` (the
+    /// markers of a tool-call format that are control tokens).
+    pub fn with_special_text(mut self, special: bool) -> Sequence<'t> {
+        if special {
+            self.decoder = StreamDecoder::with_special(self.tokenizer, true);
+        }
+        self
+    }
+
     /// The same sequence, its sampling constrained to `constraint`'s grammar.
     pub fn with_constraint(mut self, constraint: Option<Constraint>) -> Sequence<'t> {
         self.constraint = constraint;

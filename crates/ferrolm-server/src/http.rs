@@ -14,10 +14,10 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use ferrolm_engine::constraint::{Constraint, Constraints};
-use ferrolm_tokenizer::{ChatTemplate, Tokenizer};
+use ferrolm_engine::constraint::{Constraint, Constraints, Grammar};
+use ferrolm_tokenizer::{ChatMessage, ChatTemplate, Tokenizer};
 use futures_util::StreamExt;
-use serde_json::json;
+use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
 use crate::api::{self, Answer, Endpoint, Prepared};
@@ -41,25 +41,29 @@ pub struct AppState {
     pub constraints: Arc<OnceLock<Result<Constraints, String>>>,
 }
 
-/// The compiled grammar of a request, if it gives one (400 naming the problem otherwise).
-fn constraint_of(state: &AppState, common: &api::Common) -> Result<Option<Constraint>, ApiError> {
-    let Some(grammar) = api::grammar_of(common)? else {
-        return Ok(None);
-    };
+/// `grammar` compiled (400 about `param` if it does not compile).
+fn compile(state: &AppState, grammar: &Grammar, param: &str) -> Result<Constraint, ApiError> {
     let constraints = state
         .constraints
         .get_or_init(|| Constraints::new(state.tokenizer.clone()))
         .as_ref()
         .map_err(|e| ApiError::internal(format!("constrained decoding is unavailable: {e}")))?;
+    constraints
+        .compile(grammar)
+        .map_err(|e| ApiError::param(param, format!("the {param} cannot be compiled: {e}")))
+}
+
+/// The compiled grammar of a request, if it gives one (400 naming the problem otherwise).
+fn constraint_of(state: &AppState, common: &api::Common) -> Result<Option<Constraint>, ApiError> {
+    let Some(grammar) = api::grammar_of(common)? else {
+        return Ok(None);
+    };
     let param = if common.grammar.is_some() {
         "grammar"
     } else {
         "response_format"
     };
-    constraints
-        .compile(&grammar)
-        .map(Some)
-        .map_err(|e| ApiError::param(param, format!("the {param} cannot be compiled: {e}")))
+    compile(state, &grammar, param).map(Some)
 }
 
 /// Token counts a generation reports to the request log, filled when it ends.
@@ -354,12 +358,26 @@ async fn chat(
         let body = body_bytes(body)?;
         let req: api::ChatRequest = api::parse(&body)?;
         api::check_model(&req.common.model, &state.config.model_name)?;
-        let messages = api::chat_messages(&req.messages)?;
         let template = state.template.as_ref().ok_or_else(|| {
             ApiError::invalid("the model has no usable chat template; use /v1/completions")
         })?;
+        let plan = api::tool_plan(&req, template.source())?;
+        let templated = template.renders_tools();
+        let mut messages = api::chat_messages(&req.messages, templated)?;
+        let tools = plan.as_ref().map(|t| Value::Array(t.tools.clone()));
+        if let (Some(plan), false) = (&plan, templated) {
+            // The template has no place for tools: describe them in the system message.
+            let description = crate::tools::describe(&plan.tools);
+            match messages.first_mut() {
+                Some(m) if m.role == "system" => {
+                    m.content = format!("{}\n\n{description}", m.content)
+                }
+                _ => messages.insert(0, ChatMessage::new("system", description)),
+            }
+        }
+        let tools = tools.filter(|_| templated);
         let ids = template
-            .render_ids(&state.tokenizer, &messages, true, None)
+            .render_ids(&state.tokenizer, &messages, true, tools.as_ref())
             .map_err(|e| ApiError::param("messages", format!("the chat template failed: {e}")))?;
         let mut p = api::prepare(
             &req.common,
@@ -369,6 +387,18 @@ async fn chat(
             state.config.n_ctx,
         )?;
         p.constraint = constraint_of(state, &req.common)?;
+        if let Some(plan) = plan {
+            if let Some(grammar) = &plan.grammar {
+                if p.constraint.is_some() {
+                    return Err(ApiError::param(
+                        "tool_choice",
+                        "a required tool call and a `response_format` cannot both constrain the answer",
+                    ));
+                }
+                p.constraint = Some(compile(state, grammar, "tools")?);
+            }
+            p.tools = Some((plan.format, plan.parallel));
+        }
         Ok(p)
     })
     .await
@@ -473,30 +503,67 @@ async fn answer(state: AppState, p: Prepared, usage: Usage, ticket: Ticket) -> R
         prompt: p.prompt,
         params: p.params,
         constraint: p.constraint,
+        special_text: p.tools.is_some_and(|(f, _)| f.needs_special_text()),
         events: tx,
         arrived: Instant::now(),
     };
     if let Err(e) = state.scheduler.submit(job, ticket) {
         return e.into_response();
     }
-    if !p.stream {
+    if !p.stream || p.tools.is_some() {
+        // Whole: the answer at its end. With tools, a stream too is sent at the end: the
+        // calls are parsed out of the whole text.
         let mut text = String::new();
-        while let Some(event) = rx.recv().await {
-            match event {
-                Event::Text(t) => text.push_str(&t),
-                Event::Done {
+        let (finish, prompt_tokens, completion_tokens) = loop {
+            match rx.recv().await {
+                Some(Event::Text(t)) => text.push_str(&t),
+                Some(Event::Done {
                     finish,
                     prompt_tokens,
                     completion_tokens,
-                } => {
-                    usage.set(prompt_tokens, completion_tokens);
-                    return Json(answer.full(&text, finish, prompt_tokens, completion_tokens))
-                        .into_response();
+                }) => break (finish, prompt_tokens, completion_tokens),
+                Some(Event::Error(e)) => return e.into_response(),
+                None => {
+                    return ApiError::internal("the scheduler dropped the request").into_response()
                 }
-                Event::Error(e) => return e.into_response(),
             }
+        };
+        usage.set(prompt_tokens, completion_tokens);
+        let Some((format, parallel)) = p.tools else {
+            return Json(answer.full(&text, finish, prompt_tokens, completion_tokens))
+                .into_response();
+        };
+        let (content, mut calls) = crate::tools::parse(format, &text);
+        if !parallel {
+            calls.truncate(1);
         }
-        return ApiError::internal("the scheduler dropped the request").into_response();
+        if !p.stream {
+            return Json(answer.full_with_tools(
+                &content,
+                &calls,
+                finish,
+                prompt_tokens,
+                completion_tokens,
+            ))
+            .into_response();
+        }
+        let mut events = vec![answer.chunk(Some(&content), true, None)];
+        if !calls.is_empty() {
+            let mut delta = answer.chunk(None, false, None);
+            delta["choices"][0]["delta"]["tool_calls"] = answer.tool_calls_json(&calls, true);
+            events.push(delta);
+        }
+        let mut last = answer.chunk(None, false, Some(finish));
+        if !calls.is_empty() {
+            last["choices"][0]["finish_reason"] = json!("tool_calls");
+        }
+        events.push(last);
+        if p.include_usage {
+            events.push(answer.usage_chunk(prompt_tokens, completion_tokens));
+        }
+        let mut body: String = events.iter().map(|e| format!("data: {e}\n\n")).collect();
+        body.push_str("data: [DONE]\n\n");
+        return sse(Body::from(body));
     }
     // Wait for the first event, so that an error before any text is an HTTP status.
     let first = match rx.recv().await {
@@ -557,6 +624,11 @@ async fn answer(state: AppState, p: Prepared, usage: Usage, ticket: Ticket) -> R
         }
         std::task::Poll::Ready(Some(Ok::<_, Infallible>(Bytes::from(out))))
     });
+    sse(Body::from_stream(stream))
+}
+
+/// A server-sent-events answer.
+fn sse(body: Body) -> Response {
     (
         [
             (
@@ -565,7 +637,7 @@ async fn answer(state: AppState, p: Prepared, usage: Usage, ticket: Ticket) -> R
             ),
             (header::CACHE_CONTROL, HeaderValue::from_static("no-cache")),
         ],
-        Body::from_stream(stream),
+        body,
     )
         .into_response()
 }

@@ -16,6 +16,7 @@ mod guard;
 mod http;
 mod metrics;
 mod scheduler;
+mod tools;
 
 pub use scheduler::ForwardFactory;
 

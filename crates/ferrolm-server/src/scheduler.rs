@@ -47,6 +47,8 @@ pub struct Job {
     pub params: SequenceParams,
     /// The grammar the output must follow, if any.
     pub constraint: Option<Constraint>,
+    /// Special tokens appear in the text (a tool-call format's control-token markers).
+    pub special_text: bool,
     pub events: UnboundedSender<Event>,
     pub arrived: Instant,
 }
@@ -313,7 +315,8 @@ impl<'t> Scheduler<'t> {
                 .prompt_tokens
                 .fetch_add(job.prompt.len() as u64, Relaxed);
             let seq = Sequence::new(self.tokenizer, job.prompt, job.params, self.n_ctx)
-                .with_constraint(job.constraint);
+                .with_constraint(job.constraint)
+                .with_special_text(job.special_text);
             self.slots[slot] = Some(Active {
                 seq,
                 events: job.events,
@@ -526,6 +529,7 @@ mod tests {
             events: tx,
             arrived: Instant::now(),
             constraint: None,
+            special_text: false,
         };
         (job, rx)
     }
