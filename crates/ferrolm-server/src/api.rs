@@ -67,7 +67,7 @@ pub struct StreamOptions {
 }
 
 /// What both endpoints share.
-#[derive(Deserialize)]
+#[derive(Deserialize, Default)]
 pub struct Common {
     /// Optional: one model is served.
     pub model: Option<String>,

@@ -9,6 +9,7 @@
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
+mod anthropic;
 mod api;
 mod connection;
 mod error;
