@@ -86,7 +86,7 @@ fn message(role: &str, text: String) -> Message {
 }
 
 /// The OpenAI chat request the same conversation is.
-fn to_chat(req: MessagesRequest) -> Result<(ChatRequest, bool), ApiError> {
+fn to_chat(req: MessagesRequest) -> Result<ChatRequest, ApiError> {
     let mut messages = Vec::new();
     match req.system {
         None => {}
@@ -176,7 +176,6 @@ fn to_chat(req: MessagesRequest) -> Result<(ChatRequest, bool), ApiError> {
             ))
         }
     };
-    let stream = req.stream.unwrap_or(false);
     let common = Common {
         model: req.model,
         max_tokens: Some(req.max_tokens),
@@ -184,17 +183,22 @@ fn to_chat(req: MessagesRequest) -> Result<(ChatRequest, bool), ApiError> {
         top_p: req.top_p,
         top_k: req.top_k,
         stop: req.stop_sequences.map(Stop::Many),
-        stream: Some(stream),
+        stream: req.stream,
         ..Common::default()
     };
-    let chat = ChatRequest {
+    Ok(ChatRequest {
         messages,
         tools,
         tool_choice,
         parallel_tool_calls: Some(parallel),
         common,
-    };
-    Ok((chat, stream))
+    })
+}
+
+/// A Messages body as the chat request it is (for the fuzz target).
+pub fn parse_request(body: &[u8]) -> Result<ChatRequest, ApiError> {
+    let req: MessagesRequest = api::parse(body)?;
+    to_chat(req)
 }
 
 /// `POST /v1/messages`.
@@ -205,9 +209,7 @@ pub async fn messages(
 ) -> Response {
     http::prepare_then_answer(state, usage, answer, move |state| {
         let body = http::body_bytes(body)?;
-        let req: MessagesRequest = api::parse(&body)?;
-        let (chat, _) = to_chat(req)?;
-        http::prepare_chat(state, chat)
+        http::prepare_chat(state, parse_request(&body)?)
     })
     .await
 }

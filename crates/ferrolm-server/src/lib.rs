@@ -13,6 +13,8 @@ mod anthropic;
 mod api;
 mod connection;
 mod error;
+#[doc(hidden)]
+pub mod fuzzing;
 mod guard;
 mod http;
 mod metrics;
