@@ -169,10 +169,14 @@ impl<'t> Sequence<'t> {
         let id = match &mut self.constraint {
             None => self.sampler.sample(logits, &self.history),
             Some(c) => {
-                let (masked, mask) = c.mask(logits).map_err(StepError::Constraint)?;
+                if c.is_done().map_err(StepError::Constraint)? {
+                    // The grammar has ended: so does the sequence, with nothing sampled.
+                    return Ok(self.finish(step, FinishReason::Stop));
+                }
+                let masked = c.mask(logits).map_err(StepError::Constraint)?;
                 let id = self.sampler.sample(&masked, &self.history);
                 // Sampling's last-resort pick may land on a masked token: take the best allowed.
-                let id = if c.allows(&mask, id) {
+                let id = if c.allows(id).map_err(StepError::Constraint)? {
                     id
                 } else {
                     argmax(&masked)
@@ -194,9 +198,6 @@ impl<'t> Sequence<'t> {
             self.finished = Some(FinishReason::Stop);
             step.finished = self.finished;
             return Ok(step);
-        }
-        if self.constraint.as_ref().is_some_and(Constraint::is_done) {
-            return Ok(self.finish(step, FinishReason::Stop));
         }
         // The same bound as `generate`: room must remain for the next token.
         if self.generated >= self.params.max_tokens || self.evaluated + 1 >= self.n_ctx {
