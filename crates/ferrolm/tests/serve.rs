@@ -1221,6 +1221,28 @@ fn bad_flags_and_templates_are_refused_at_start_naming_them() {
 }
 
 #[test]
+fn chat_template_file_replaces_the_models() {
+    let dir = std::env::temp_dir().join(format!("ferrolm-serve-template-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("plain.jinja");
+    // Only the last message's text, then a marker the model's own template never writes.
+    std::fs::write(&file, "{{ messages[-1]['content'] }} =>").unwrap();
+    let server = Server::start(&["--parallel", "1", "--chat-template", file.to_str().unwrap()]);
+    let r = server.post(
+        "/v1/chat/completions",
+        &chat_body("2+2", json!({"max_tokens": 1})),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    // "2+2 =>" is a handful of tokens; the model's ChatML rendering of it is dozens.
+    let prompt = r.json()["usage"]["prompt_tokens"].as_u64().unwrap();
+    assert!(
+        prompt < 10,
+        "{prompt} prompt tokens: the file's template was not used"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
 fn the_api_key_comes_from_a_file_or_the_environment() {
     let dir = std::env::temp_dir().join(format!("ferrolm-serve-key-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
