@@ -9,9 +9,10 @@ the client-side time-to-first-token percentiles; exits non-zero on any failure.
 
     python3 scripts/load_test.py --concurrency 32 --requests 256 --max-tokens 16
 
-With --schema, every request asks for JSON valid against a schema (an array of small
-integers, structured outputs' constrained sampling): an answer may then end before
---max-tokens where the array closes, and each one that does must parse as such an array.
+With --schema, every request asks for JSON valid against a schema (an array of at least 200
+small integers: structured outputs' constrained sampling, a mask every token); with up to 400
+--max-tokens no answer can close it, so every one still runs to --max-tokens, and each one that
+ends earlier must parse as such an array.
 
 Python standard library only.
 """
@@ -48,7 +49,13 @@ def rss_kib(pid):
     return 0
 
 
-SCHEMA = {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 99}}
+# At least 200 items of at least one token each and a separator: no answer of fewer than
+# 400 tokens can close it, so every answer runs to --max-tokens as without a schema.
+SCHEMA = {
+    "type": "array",
+    "items": {"type": "integer", "minimum": 0, "maximum": 99},
+    "minItems": 200,
+}
 
 
 def one_request(port, i, max_tokens, timeout, schema=False):
