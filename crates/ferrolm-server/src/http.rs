@@ -26,6 +26,7 @@ use crate::error::ApiError;
 use crate::guard::{self, AllowedHosts};
 use crate::metrics::Metrics;
 use crate::scheduler::{Event, Job, SchedulerHandle, SchedulerState, Ticket};
+use crate::tools::CallSplitter;
 use crate::ServerConfig;
 use ferrolm_engine::FinishReason;
 
@@ -560,9 +561,7 @@ async fn answer(state: AppState, mut p: Prepared, usage: Usage, ticket: Ticket) 
         Ok(rx) => rx,
         Err(e) => return e.into_response(),
     };
-    if !p.stream || p.tools.is_some() {
-        // Whole: the answer at its end. With tools, a stream too is sent at the end: the
-        // calls are parsed out of the whole text.
+    if !p.stream {
         let (text, finish, prompt_tokens, completion_tokens) = match collect(&mut rx).await {
             Ok(done) => done,
             Err(e) => return e.into_response(),
@@ -572,37 +571,18 @@ async fn answer(state: AppState, mut p: Prepared, usage: Usage, ticket: Ticket) 
             return Json(answer.full(&text, finish, prompt_tokens, completion_tokens))
                 .into_response();
         };
-        let (content, mut calls) = crate::tools::parse(format, &text);
-        if !parallel {
-            calls.truncate(1);
-        }
-        if !p.stream {
-            return Json(answer.full_with_tools(
-                &content,
-                &calls,
-                finish,
-                prompt_tokens,
-                completion_tokens,
-            ))
-            .into_response();
-        }
-        let mut events = vec![answer.chunk(Some(&content), true, None)];
-        if !calls.is_empty() {
-            let mut delta = answer.chunk(None, false, None);
-            delta["choices"][0]["delta"]["tool_calls"] = answer.tool_calls_json(&calls, true);
-            events.push(delta);
-        }
-        let mut last = answer.chunk(None, false, Some(finish));
-        if !calls.is_empty() {
-            last["choices"][0]["finish_reason"] = json!("tool_calls");
-        }
-        events.push(last);
-        if p.include_usage {
-            events.push(answer.usage_chunk(prompt_tokens, completion_tokens));
-        }
-        let mut body: String = events.iter().map(|e| format!("data: {e}\n\n")).collect();
-        body.push_str("data: [DONE]\n\n");
-        return sse(Body::from(body));
+        let mut splitter = CallSplitter::new(format, parallel);
+        let mut content = splitter.push(&text);
+        let (rest, calls) = splitter.finish();
+        content.push_str(&rest);
+        return Json(answer.full_with_tools(
+            content.trim(),
+            &calls,
+            finish,
+            prompt_tokens,
+            completion_tokens,
+        ))
+        .into_response();
     }
     // Wait for the first event, so that an error before any text is an HTTP status.
     let first = match rx.recv().await {
@@ -611,6 +591,10 @@ async fn answer(state: AppState, mut p: Prepared, usage: Usage, ticket: Ticket) 
         None => return ApiError::internal("the scheduler dropped the request").into_response(),
     };
     let include_usage = p.include_usage;
+    // With tools, text that may be a call is held back and parsed at the end.
+    let mut splitter = p
+        .tools
+        .map(|(format, parallel)| CallSplitter::new(format, parallel));
     let mut pending = Some(first);
     let mut role_sent = false;
     let mut ended = false;
@@ -631,20 +615,39 @@ async fn answer(state: AppState, mut p: Prepared, usage: Usage, ticket: Ticket) 
             out.push_str(&v.to_string());
             out.push_str("\n\n");
         };
-        let first = !role_sent;
-        role_sent = true;
         match event {
-            Some(Event::Text(t)) => data(answer.chunk(Some(&t), first, None)),
+            Some(Event::Text(t)) => {
+                let t = match &mut splitter {
+                    Some(s) => s.push(&t),
+                    None => t,
+                };
+                if !t.is_empty() || answer.endpoint == Endpoint::Completion {
+                    data(answer.chunk(Some(&t), !role_sent, None));
+                    role_sent = true;
+                }
+            }
             Some(Event::Done {
                 finish,
                 prompt_tokens,
                 completion_tokens,
             }) => {
                 usage.set(prompt_tokens, completion_tokens);
-                if first && answer.endpoint == Endpoint::Chat {
-                    data(answer.chunk(Some(""), true, None));
+                let (rest, calls) = splitter
+                    .take()
+                    .map(CallSplitter::finish)
+                    .unwrap_or_default();
+                if answer.endpoint == Endpoint::Chat && (!role_sent || !rest.is_empty()) {
+                    data(answer.chunk(Some(&rest), !role_sent, None));
                 }
-                data(answer.chunk(None, false, Some(finish)));
+                let mut last = answer.chunk(None, false, Some(finish));
+                if !calls.is_empty() {
+                    let mut delta = answer.chunk(None, false, None);
+                    delta["choices"][0]["delta"]["tool_calls"] =
+                        answer.tool_calls_json(&calls, true);
+                    data(delta);
+                    last["choices"][0]["finish_reason"] = json!("tool_calls");
+                }
+                data(last);
                 if include_usage {
                     data(answer.usage_chunk(prompt_tokens, completion_tokens));
                 }

@@ -171,6 +171,92 @@ pub fn parse(format: ToolFormat, text: &str) -> (String, Vec<ToolCall>) {
     }
 }
 
+/// Streams an answer's text while holding back what may be a tool call: text before a call's
+/// marker goes out as it comes; from the marker on, the text is kept and parsed at the end.
+pub struct CallSplitter {
+    format: ToolFormat,
+    parallel: bool,
+    held: String,
+    /// A call has begun: everything from here is parsed at the end.
+    capturing: bool,
+    /// Llama 3: whether the answer's start (a call is the whole answer) has been seen.
+    decided: bool,
+}
+
+const PYTHON_TAG: &str = "<|python_tag|>";
+
+impl CallSplitter {
+    pub fn new(format: ToolFormat, parallel: bool) -> CallSplitter {
+        CallSplitter {
+            format,
+            parallel,
+            held: String::new(),
+            // gpt-oss writes its answer in channels: all of it is parsed at the end.
+            capturing: format == ToolFormat::GptOss,
+            decided: false,
+        }
+    }
+
+    /// The text that can go out now.
+    pub fn push(&mut self, text: &str) -> String {
+        self.held.push_str(text);
+        if self.capturing {
+            return String::new();
+        }
+        let marker = match self.format {
+            ToolFormat::Hermes => "<tool_call>",
+            ToolFormat::Mistral => "[TOOL_CALLS]",
+            ToolFormat::GptOss => return String::new(),
+            ToolFormat::Llama3 => {
+                if self.decided {
+                    return std::mem::take(&mut self.held);
+                }
+                let start = self.held.trim_start();
+                if start.is_empty() || (PYTHON_TAG.starts_with(start) && start != PYTHON_TAG) {
+                    return String::new(); // not yet known
+                }
+                self.decided = true;
+                self.capturing = start.starts_with('{') || start.starts_with(PYTHON_TAG);
+                return if self.capturing {
+                    String::new()
+                } else {
+                    std::mem::take(&mut self.held)
+                };
+            }
+        };
+        if let Some(i) = self.held.find(marker) {
+            self.capturing = true;
+            let out = self.held[..i].to_string();
+            self.held.drain(..i);
+            return out;
+        }
+        // Hold back the longest end of the text that may begin the marker.
+        let keep = (1..marker.len().min(self.held.len() + 1))
+            .rev()
+            .find(|&k| {
+                let at = self.held.len() - k;
+                self.held.is_char_boundary(at) && marker.starts_with(&self.held[at..])
+            })
+            .unwrap_or(0);
+        let at = self.held.len() - keep;
+        let out = self.held[..at].to_string();
+        self.held.drain(..at);
+        out
+    }
+
+    /// At the end: the text not yet sent (outside the calls), and the calls.
+    pub fn finish(self) -> (String, Vec<ToolCall>) {
+        if !self.capturing {
+            return (self.held, Vec::new());
+        }
+        let (content, mut calls) = parse(self.format, &self.held);
+        if !self.parallel {
+            calls.truncate(1);
+        }
+        (content, calls)
+    }
+}
+
 /// The system text that teaches a model whose template renders no tools how to call them
 /// (Hermes's format, which [`parse`] reads back).
 pub fn describe(tools: &[Value]) -> String {
@@ -248,6 +334,45 @@ pub fn required_call(format: ToolFormat, tools: &[&Value], parallel: bool) -> Op
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Feeds `pieces` through a splitter: what went out while streaming, what came at the
+    /// end, and the calls.
+    fn split(format: ToolFormat, pieces: &[&str]) -> (String, String, Vec<ToolCall>) {
+        let mut s = CallSplitter::new(format, true);
+        let streamed: String = pieces.iter().map(|p| s.push(p)).collect();
+        let (rest, calls) = s.finish();
+        (streamed, rest, calls)
+    }
+
+    #[test]
+    fn text_before_a_call_streams_and_the_call_is_held_back() {
+        let call = ToolCall {
+            name: "f".into(),
+            arguments: json!({}),
+        };
+        let (streamed, rest, calls) = split(
+            ToolFormat::Hermes,
+            &[
+                "Let me ",
+                "check.<tool",
+                "_call>{\"name\": \"f\", ",
+                "\"arguments\": {}}</tool_call>",
+            ],
+        );
+        assert_eq!((streamed.as_str(), rest.as_str()), ("Let me check.", ""));
+        assert_eq!(calls, vec![call.clone()]);
+        // A marker's prefix that turns out to be text goes out after all.
+        let (streamed, rest, calls) = split(ToolFormat::Hermes, &["a <to", "ol b", " <tool"]);
+        assert_eq!((streamed.as_str(), rest.as_str()), ("a <tool b ", "<tool"));
+        assert!(calls.is_empty());
+        let (streamed, _, calls) = split(
+            ToolFormat::Llama3,
+            &[" <|python", "_tag|>{\"name\": \"f\", \"parameters\": {}}"],
+        );
+        assert_eq!((streamed.as_str(), calls), ("", vec![call]));
+        let (streamed, rest, _) = split(ToolFormat::Llama3, &["  ", "Hello", " there"]);
+        assert_eq!(streamed + &rest, "  Hello there");
+    }
 
     #[test]
     fn each_format_is_chosen_from_its_template_and_parsed() {
