@@ -90,6 +90,12 @@ pub async fn run(state: AppState) -> std::io::Result<()> {
         "ferrolm: serving {} on http://{addr} ({} slots of {} tokens, queue {})",
         config.model_name, config.parallel, config.n_ctx, config.max_queue
     );
+    if config.addr.ip().is_unspecified() && config.allowed_hosts.is_empty() {
+        eprintln!(
+            "ferrolm: note: requests must name localhost, 127.0.0.1 or [::1] in their Host \
+             header (DNS-rebinding guard); add this machine's names with --allowed-host"
+        );
+    }
     let scheduler = state.scheduler.clone();
     let limits = ConnectionLimits {
         max_connections: config.max_connections,
