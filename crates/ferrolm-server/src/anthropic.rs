@@ -20,7 +20,7 @@ use crate::api::{self, ChatRequest, Common, Content, Message, Prepared, Stop};
 use crate::error::ApiError;
 use crate::http::{self, AppState, Usage};
 use crate::scheduler::{Event, Ticket};
-use crate::tools::{self, ToolCall};
+use crate::tools::{CallSplitter, ToolCall};
 
 /// `system`: text, or text blocks.
 #[derive(Deserialize)]
@@ -257,11 +257,11 @@ async fn answer(state: AppState, mut p: Prepared, usage: Usage, ticket: Ticket) 
         usage.set(prompt, completion);
         let (text, calls) = match p.tools {
             Some((format, parallel)) => {
-                let (t, mut c) = tools::parse(format, &text);
-                if !parallel {
-                    c.truncate(1);
-                }
-                (t, c)
+                let mut splitter = CallSplitter::new(format, parallel);
+                let mut before = splitter.push(&text);
+                let (rest, calls) = splitter.finish();
+                before.push_str(&rest);
+                (before.trim().to_string(), calls)
             }
             None => (text, Vec::new()),
         };
@@ -288,69 +288,61 @@ async fn answer(state: AppState, mut p: Prepared, usage: Usage, ticket: Ticket) 
     let tools = p.tools;
     tokio::spawn(async move {
         let send = |e: Value| tx.send(event(e)).is_ok();
-        let (finish, completion, calls) = if let Some((format, parallel)) = tools {
-            // With tools, the calls are parsed out of the whole text: sent at the end.
-            let (text, finish, prompt, completion) = match http::collect(&mut rx).await {
-                Ok(done) => done,
-                Err(e) => {
+        // With tools, text that may be a call is held back and parsed at the end.
+        let mut splitter = tools.map(|(format, parallel)| CallSplitter::new(format, parallel));
+        let mut text_open = false;
+        let text_delta = |text: &str, open: &mut bool| {
+            if !*open {
+                *open = true;
+                let block = json!({"type": "text", "text": ""});
+                send(json!({"type": "content_block_start", "index": 0, "content_block": block}));
+            }
+            let delta = json!({"type": "text_delta", "text": text});
+            send(json!({"type": "content_block_delta", "index": 0, "delta": delta}))
+        };
+        let (finish, completion) = loop {
+            match rx.recv().await {
+                Some(Event::Text(t)) => {
+                    let t = crate::tools::pass(&mut splitter, t);
+                    if !t.is_empty() && !text_delta(&t, &mut text_open) {
+                        return; // the client went away: dropping `rx` cancels the request
+                    }
+                }
+                Some(Event::Done {
+                    finish,
+                    prompt_tokens,
+                    completion_tokens,
+                }) => {
+                    usage.set(prompt_tokens, completion_tokens);
+                    break (finish, completion_tokens);
+                }
+                Some(Event::Error(e)) => {
                     send(json!({"type": "error", "error": {"type": e.kind, "message": e.message}}));
                     return;
                 }
-            };
-            usage.set(prompt, completion);
-            let (text, mut calls) = tools::parse(format, &text);
-            if !parallel {
-                calls.truncate(1);
+                None => return,
             }
-            for (i, b) in blocks(&id, &text, &calls).into_iter().enumerate() {
-                let (start, delta) = match b["type"].as_str() {
-                    Some("text") => (
-                        json!({"type": "text", "text": ""}),
-                        json!({"type": "text_delta", "text": b["text"]}),
-                    ),
-                    _ => (
-                        json!({"type": "tool_use", "id": b["id"], "name": b["name"], "input": {}}),
-                        json!({"type": "input_json_delta", "partial_json": b["input"].to_string()}),
-                    ),
-                };
-                send(json!({"type": "content_block_start", "index": i, "content_block": start}));
-                send(json!({"type": "content_block_delta", "index": i, "delta": delta}));
-                send(json!({"type": "content_block_stop", "index": i}));
-            }
-            (finish, completion, calls)
-        } else {
-            send(
-                json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}),
-            );
-            let done = loop {
-                match rx.recv().await {
-                    Some(Event::Text(t)) => {
-                        let delta = json!({"type": "text_delta", "text": t});
-                        if !send(json!({"type": "content_block_delta", "index": 0, "delta": delta}))
-                        {
-                            return; // the client went away: dropping `rx` cancels the request
-                        }
-                    }
-                    Some(Event::Done {
-                        finish,
-                        prompt_tokens,
-                        completion_tokens,
-                    }) => {
-                        usage.set(prompt_tokens, completion_tokens);
-                        break (finish, completion_tokens);
-                    }
-                    Some(Event::Error(e)) => {
-                        send(
-                            json!({"type": "error", "error": {"type": e.kind, "message": e.message}}),
-                        );
-                        return;
-                    }
-                    None => return,
-                }
-            };
-            send(json!({"type": "content_block_stop", "index": 0}));
-            (done.0, done.1, Vec::new())
         };
+        let (rest, calls) = splitter.map(CallSplitter::finish).unwrap_or_default();
+        if !rest.is_empty() || (calls.is_empty() && !text_open) {
+            text_delta(&rest, &mut text_open);
+        }
+        let mut index = 0;
+        if text_open {
+            send(json!({"type": "content_block_stop", "index": 0}));
+            index = 1;
+        }
+        let uses = blocks(&id, "", &calls)
+            .into_iter()
+            .filter(|b| b["type"] == "tool_use");
+        for (i, b) in uses.enumerate() {
+            let at = index + i;
+            let start = json!({"type": "tool_use", "id": b["id"], "name": b["name"], "input": {}});
+            let delta = json!({"type": "input_json_delta", "partial_json": b["input"].to_string()});
+            send(json!({"type": "content_block_start", "index": at, "content_block": start}));
+            send(json!({"type": "content_block_delta", "index": at, "delta": delta}));
+            send(json!({"type": "content_block_stop", "index": at}));
+        }
         send(json!({
             "type": "message_delta",
             "delta": {"stop_reason": stop_reason(finish, &calls), "stop_sequence": null},

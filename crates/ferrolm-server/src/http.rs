@@ -623,10 +623,7 @@ async fn answer(state: AppState, mut p: Prepared, usage: Usage, ticket: Ticket) 
         };
         match event {
             Some(Event::Text(t)) => {
-                let t = match &mut splitter {
-                    Some(s) => s.push(&t),
-                    None => t,
-                };
+                let t = crate::tools::pass(&mut splitter, t);
                 if !t.is_empty() || answer.endpoint == Endpoint::Completion {
                     data(answer.chunk(Some(&t), !role_sent, None));
                     role_sent = true;

@@ -257,6 +257,14 @@ impl CallSplitter {
     }
 }
 
+/// `text` through `splitter` when there is one (tools were given), as it is otherwise.
+pub fn pass(splitter: &mut Option<CallSplitter>, text: String) -> String {
+    match splitter {
+        Some(s) => s.push(&text),
+        None => text,
+    }
+}
+
 /// The system text that teaches a model whose template renders no tools how to call them
 /// (Hermes's format, which [`parse`] reads back).
 pub fn describe(tools: &[Value]) -> String {
