@@ -9,6 +9,11 @@ the client-side time-to-first-token percentiles; exits non-zero on any failure.
 
     python3 scripts/load_test.py --concurrency 32 --requests 256 --max-tokens 16
 
+With --schema, every request asks for JSON valid against a schema (an array of at least 200
+small integers: structured outputs' constrained sampling, a mask every token); with up to 400
+--max-tokens no answer can close it, so every one still runs to --max-tokens, and each one that
+ends earlier must parse as such an array.
+
 Python standard library only.
 """
 import argparse
@@ -44,10 +49,19 @@ def rss_kib(pid):
     return 0
 
 
-def one_request(port, i, max_tokens, timeout, temperature=0.7):
+# At least 200 items of at least one token each and a separator: no answer of fewer than
+# 400 tokens can close it, so every answer runs to --max-tokens as without a schema.
+SCHEMA = {
+    "type": "array",
+    "items": {"type": "integer", "minimum": 0, "maximum": 99},
+    "minItems": 200,
+}
+
+
+def one_request(port, i, max_tokens, timeout, schema=False, temperature=0.7):
     """Streams one completion; returns (id, completion_tokens, finish, ttft, total, text, gaps)
     where gaps are the seconds between consecutive pieces of text (inter-token latency)."""
-    body = json.dumps({
+    request = {
         "model": "smollm2",
         "prompt": f"{PROMPTS[i % len(PROMPTS)]} ({i})",
         "max_tokens": max_tokens,
@@ -56,7 +70,10 @@ def one_request(port, i, max_tokens, timeout, temperature=0.7):
         "stream": True,
         "stream_options": {"include_usage": True},
         "ignore_eos": True,
-    })
+    }
+    if schema:
+        request["response_format"] = {"type": "json_schema", "json_schema": {"schema": SCHEMA}}
+    body = json.dumps(request)
     start = time.monotonic()
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
     conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
@@ -97,7 +114,7 @@ def one_request(port, i, max_tokens, timeout, temperature=0.7):
     return ids.pop(), usage["completion_tokens"], finish, ttft, total, "".join(text), gaps
 
 
-def run_load(port, concurrency, requests, max_tokens, timeout, temperature=0.7):
+def run_load(port, concurrency, requests, max_tokens, timeout, schema=False, temperature=0.7):
     results, errors = [None] * requests, []
     next_i = [0]
     lock = threading.Lock()
@@ -110,7 +127,7 @@ def run_load(port, concurrency, requests, max_tokens, timeout, temperature=0.7):
                     return
                 next_i[0] += 1
             try:
-                results[i] = one_request(port, i, max_tokens, timeout, temperature)
+                results[i] = one_request(port, i, max_tokens, timeout, schema, temperature)
             except Exception as e:  # noqa: BLE001 - every failure is reported
                 errors.append(f"{type(e).__name__}: {e}")
 
@@ -139,6 +156,7 @@ def main():
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--timeout", type=float, default=600)
     ap.add_argument("--json", action="store_true", help="print the figures as one JSON line")
+    ap.add_argument("--schema", action="store_true", help="constrain every answer to a JSON schema")
     ap.add_argument("--model", help="a GGUF file (default: the default model)")
     ap.add_argument("--device", help="cpu, cuda or cuda:N (default: the server's default)")
     ap.add_argument("--temperature", type=float, default=0.7, help="0: greedy")
@@ -172,7 +190,8 @@ def main():
 
         # Warm every slot so that the idle level includes the touched KV caches.
         _, errors, _ = run_load(
-            port, parallel, parallel, args.max_tokens, args.timeout, args.temperature
+            port, parallel, parallel, args.max_tokens, args.timeout, args.schema,
+            args.temperature,
         )
         if errors:
             sys.exit(f"warm-up failed: {errors[:3]}")
@@ -180,7 +199,7 @@ def main():
         idle = rss_kib(server.pid)
 
         results, errors, wall = run_load(
-            port, args.concurrency, args.requests, args.max_tokens, args.timeout,
+            port, args.concurrency, args.requests, args.max_tokens, args.timeout, args.schema,
             args.temperature,
         )
         time.sleep(0.5)
@@ -194,7 +213,19 @@ def main():
         if len(set(ids)) != len(ids):
             failures.append("duplicated answer ids")
         for i, r in enumerate(results):
-            if r and (r[1] != args.max_tokens or r[2] != "length"):
+            if not r:
+                continue
+            if args.schema and r[2] == "stop" and r[1] <= args.max_tokens:
+                try:
+                    value = json.loads(r[5])
+                    ok = isinstance(value, list) and all(
+                        isinstance(x, int) and 0 <= x <= 99 for x in value
+                    )
+                except ValueError:
+                    ok = False
+                if not ok:
+                    failures.append(f"request {i}: not valid against the schema: {r[5]!r}")
+            elif r[1] != args.max_tokens or r[2] != "length":
                 failures.append(f"request {i}: {r[1]} tokens, finish {r[2]}")
         if after > idle * 1.10 + 16 * 1024:
             failures.append(f"memory did not return to idle: {idle} KiB idle, {after} KiB after")
@@ -205,6 +236,7 @@ def main():
             "concurrency": args.concurrency,
             "requests": args.requests,
             "max_tokens": args.max_tokens,
+            "schema": args.schema,
             "wall_s": round(wall, 2),
             "generated_tokens": tokens,
             "tokens_per_s": round(tokens / wall, 1),

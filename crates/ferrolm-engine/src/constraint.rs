@@ -4,7 +4,7 @@
 //! grammar's parser. A [`Constraints`] is built once per tokenizer (its token trie); each
 //! request gets its own [`Constraint`].
 
-use std::sync::Arc;
+use std::sync::{mpsc, Arc};
 
 use ferrolm_tokenizer::Tokenizer;
 use llguidance::api::TopLevelGrammar;
@@ -95,10 +95,7 @@ impl Constraints {
         if let Some(e) = matcher.get_error() {
             return Err(e);
         }
-        Ok(Constraint {
-            matcher,
-            eog: self.eog.clone(),
-        })
+        Ok(Constraint::start(matcher, self.eog.clone()))
     }
 }
 
@@ -118,9 +115,24 @@ fn compact(mut schema: serde_json::Value) -> serde_json::Value {
     schema
 }
 
-/// One request's grammar state.
+/// The next mask, computed by the worker, or the grammar's failure.
+type NextMask = Result<Mask, String>;
+
+/// Which tokens may come next.
+struct Mask {
+    allowed: SimpleVob,
+    /// The grammar has ended: nothing but the end may come.
+    stopped: bool,
+}
+
+/// One request's grammar state. Its matcher lives on a worker thread that computes the next
+/// mask as soon as a token is accepted, while the next forward pass runs: sampling then only
+/// waits for a mask that is usually ready.
 pub struct Constraint {
-    matcher: Matcher,
+    tokens: mpsc::Sender<u32>,
+    masks: mpsc::Receiver<NextMask>,
+    /// The mask for the next sampling, once received.
+    next: Option<Mask>,
     eog: Vec<u32>,
 }
 
@@ -130,48 +142,112 @@ impl std::fmt::Debug for Constraint {
     }
 }
 
-impl Constraint {
-    /// `logits` with every token the grammar forbids at minus infinity (any end-of-generation
-    /// token is allowed where the grammar may end), and the mask it applied.
-    pub fn mask(&mut self, logits: &[f32]) -> Result<(Vec<f32>, SimpleVob), String> {
-        let mask = self
-            .matcher
+/// The worker: a mask now, then one after each token, until the constraint is dropped.
+fn run_matcher(mut matcher: Matcher, tokens: mpsc::Receiver<u32>, masks: mpsc::Sender<NextMask>) {
+    loop {
+        let mask = matcher
             .compute_mask_or_eos()
-            .map_err(|e| e.to_string())?;
-        let may_end = self.eog.iter().any(|&id| mask.is_allowed(id));
-        let masked = logits
+            .map(|allowed| Mask {
+                allowed,
+                stopped: matcher.is_stopped(),
+            })
+            .map_err(|e| e.to_string());
+        let failed = mask.is_err();
+        if masks.send(mask).is_err() || failed {
+            return;
+        }
+        let Ok(token) = tokens.recv() else {
+            return;
+        };
+        if let Err(e) = matcher.consume_token(token) {
+            let _ = masks.send(Err(e.to_string()));
+            return;
+        }
+    }
+}
+
+impl Constraint {
+    fn start(matcher: Matcher, eog: Vec<u32>) -> Constraint {
+        let (tokens, token_rx) = mpsc::channel();
+        let (mask_tx, masks) = mpsc::channel();
+        // Should the thread not start, the first mask reports it.
+        let spawned = std::thread::Builder::new()
+            .name("ferrolm-grammar".into())
+            .spawn(move || run_matcher(matcher, token_rx, mask_tx));
+        let (tokens, masks) = match spawned {
+            Ok(_) => (tokens, masks),
+            Err(e) => {
+                let (tx, rx) = mpsc::channel();
+                let _ = tx.send(Err(format!("starting the grammar's thread: {e}")));
+                (tokens, rx)
+            }
+        };
+        Constraint {
+            tokens,
+            masks,
+            next: None,
+            eog,
+        }
+    }
+
+    /// Waits for the next mask (computed since the last token).
+    fn next_mask(&mut self) -> Result<&Mask, String> {
+        if self.next.is_none() {
+            let mask = self
+                .masks
+                .recv()
+                .map_err(|_| "the grammar's thread ended".to_string())??;
+            self.next = Some(mask);
+        }
+        Ok(self.next.as_ref().expect("set above"))
+    }
+
+    /// Whether the grammar has ended: the sequence ends without sampling.
+    pub fn is_done(&mut self) -> Result<bool, String> {
+        Ok(self.next_mask()?.stopped)
+    }
+
+    /// `logits` with every token the grammar forbids at minus infinity (any end-of-generation
+    /// token is allowed where the grammar may end).
+    pub fn mask(&mut self, logits: &[f32]) -> Result<Vec<f32>, String> {
+        let eog = self.eog.clone();
+        let mask = self.next_mask()?;
+        let may_end = eog.iter().any(|&id| allowed(&mask.allowed, id));
+        Ok(logits
             .iter()
             .enumerate()
             .map(|(id, &l)| {
                 let id = id as u32;
-                let ok = (id as usize) < mask.len()
-                    && (mask.is_allowed(id) || (may_end && self.eog.contains(&id)));
-                if ok {
+                if allowed(&mask.allowed, id) || (may_end && eog.contains(&id)) {
                     l
                 } else {
                     f32::NEG_INFINITY
                 }
             })
-            .collect();
-        Ok((masked, mask))
+            .collect())
     }
 
-    /// Whether `id` passes the mask [`Constraint::mask`] returned.
-    pub fn allows(&self, mask: &SimpleVob, id: u32) -> bool {
-        ((id as usize) < mask.len() && mask.is_allowed(id))
-            || (self.eog.contains(&id) && self.eog.iter().any(|&e| mask.is_allowed(e)))
+    /// Whether `id` passes the current mask.
+    pub fn allows(&mut self, id: u32) -> Result<bool, String> {
+        let eog = self.eog.clone();
+        let mask = self.next_mask()?;
+        Ok(allowed(&mask.allowed, id)
+            || (eog.contains(&id) && eog.iter().any(|&e| allowed(&mask.allowed, e))))
     }
 
-    /// Advances the grammar over a sampled token (an end-of-generation token ends it).
+    /// Advances the grammar over a sampled token (an end-of-generation token ends it); the
+    /// worker starts on the next mask at once.
     pub fn accept(&mut self, id: u32) -> Result<(), String> {
+        self.next = None;
         if self.eog.contains(&id) {
             return Ok(());
         }
-        self.matcher.consume_token(id).map_err(|e| e.to_string())
+        self.tokens
+            .send(id)
+            .map_err(|_| "the grammar's thread ended".to_string())
     }
+}
 
-    /// Whether the grammar admits nothing more: the sequence should end.
-    pub fn is_done(&self) -> bool {
-        self.matcher.is_stopped()
-    }
+fn allowed(mask: &SimpleVob, id: u32) -> bool {
+    (id as usize) < mask.len() && mask.is_allowed(id)
 }

@@ -121,6 +121,15 @@ impl<'t> Sequence<'t> {
         }
     }
 
+    /// The same sequence, its text showing special tokens as their text when `special` (the
+    /// markers of a tool-call format that are control tokens).
+    pub fn with_special_text(mut self, special: bool) -> Sequence<'t> {
+        if special {
+            self.decoder = StreamDecoder::with_special(self.tokenizer, true);
+        }
+        self
+    }
+
     /// The same sequence, its sampling constrained to `constraint`'s grammar.
     pub fn with_constraint(mut self, constraint: Option<Constraint>) -> Sequence<'t> {
         self.constraint = constraint;
@@ -219,6 +228,12 @@ impl<'t> Sequence<'t> {
         if self.in_prefill() {
             return Ok(step);
         }
+        if let Some(c) = &mut self.constraint {
+            if c.is_done().map_err(StepError::Constraint)? {
+                // The grammar has ended: so does the sequence, with nothing sampled.
+                return Ok(self.finish(step, FinishReason::Stop));
+            }
+        }
         let id = match (&mut self.constraint, next) {
             (None, Next::Logits(logits)) => self.sampler.sample(logits, &self.history),
             (None, Next::Chosen(id)) => id,
@@ -233,10 +248,10 @@ impl<'t> Sequence<'t> {
                 id
             }
             (Some(c), Next::Logits(logits)) => {
-                let (masked, mask) = c.mask(logits).map_err(StepError::Constraint)?;
+                let masked = c.mask(logits).map_err(StepError::Constraint)?;
                 let id = self.sampler.sample(&masked, &self.history);
                 // Sampling's last-resort pick may land on a masked token: take the best allowed.
-                let id = if c.allows(&mask, id) {
+                let id = if c.allows(id).map_err(StepError::Constraint)? {
                     id
                 } else {
                     argmax(&masked)
@@ -258,9 +273,6 @@ impl<'t> Sequence<'t> {
             self.finished = Some(FinishReason::Stop);
             step.finished = self.finished;
             return Ok(step);
-        }
-        if self.constraint.as_ref().is_some_and(Constraint::is_done) {
-            return Ok(self.finish(step, FinishReason::Stop));
         }
         // The same bound as `generate`: room must remain for the next token.
         if self.generated >= self.params.max_tokens || self.evaluated + 1 >= self.n_ctx {

@@ -110,6 +110,20 @@ fn json_object_and_lark_grammars_hold_and_bad_ones_are_named() {
         let (text, ended) = generate(&tok, &constraints, &yes_no, seed);
         assert!(ended && (text == "yes" || text == "no"), "{text:?}");
     }
+    // A schema with local references (as pydantic writes nested models).
+    let nested = Grammar::JsonSchema(json!({
+        "$defs": {"P": {"type": "object", "properties": {"x": {"type": "integer", "minimum": 0, "maximum": 9}}, "required": ["x"], "additionalProperties": false}},
+        "type": "object",
+        "properties": {"p": {"$ref": "#/$defs/P"}},
+        "required": ["p"],
+        "additionalProperties": false,
+    }));
+    for seed in 0..2 {
+        let (text, ended) = generate(&tok, &constraints, &nested, seed);
+        assert!(ended, "{text:?}");
+        let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert!(v["p"]["x"].as_u64().is_some_and(|x| x <= 9), "{v}");
+    }
     let e = constraints
         .compile(&Grammar::JsonSchema(json!({"type": "no-such-type"})))
         .unwrap_err();

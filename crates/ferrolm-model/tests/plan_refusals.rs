@@ -385,6 +385,7 @@ fn zero_sizes_are_refused_at_load_naming_the_key() {
         ("llama.feed_forward_length", 0, "llama.feed_forward_length"),
         ("llama.embedding_length", 0, "llama.embedding_length"),
         ("llama.vocab_size", 0, "llama.vocab_size"),
+        ("llama.context_length", 0, "llama.context_length"),
     ] {
         let spec = SyntheticSpec::small("llama");
         let mut w = synthetic::build(&spec).unwrap();

@@ -1,6 +1,8 @@
 //! The OpenAI request bodies, their validation, and the answers' JSON.
 
 use ferrolm_engine::constraint::{Constraint, Grammar};
+
+use crate::tools::{ToolCall, ToolFormat};
 use ferrolm_engine::sequence::SequenceParams;
 use ferrolm_engine::{FinishReason, SamplerParams};
 use ferrolm_tokenizer::ChatMessage;
@@ -37,6 +39,13 @@ pub struct ContentPart {
 pub struct Message {
     pub role: String,
     pub content: Option<Content>,
+    /// An assistant's earlier calls: `{"id", "type": "function", "function": {"name",
+    /// "arguments": "<JSON text>"}}`.
+    #[serde(default)]
+    pub tool_calls: Vec<Value>,
+    /// A `tool` message: the call it answers.
+    pub tool_call_id: Option<String>,
+    pub name: Option<String>,
 }
 
 /// `response_format`: `text`, `json_object`, or `json_schema` with its schema.
@@ -58,7 +67,7 @@ pub struct StreamOptions {
 }
 
 /// What both endpoints share.
-#[derive(Deserialize)]
+#[derive(Deserialize, Default)]
 pub struct Common {
     /// Optional: one model is served.
     pub model: Option<String>,
@@ -133,6 +142,11 @@ pub fn grammar_of(common: &Common) -> Result<Option<Grammar>, ApiError> {
 #[derive(Deserialize)]
 pub struct ChatRequest {
     pub messages: Vec<Message>,
+    /// `[{"type": "function", "function": {"name", "description", "parameters"}}]`.
+    pub tools: Option<Vec<Value>>,
+    /// `"auto"`, `"none"`, `"required"`, or `{"type": "function", "function": {"name"}}`.
+    pub tool_choice: Option<Value>,
+    pub parallel_tool_calls: Option<bool>,
     #[serde(flatten)]
     pub common: Common,
 }
@@ -168,6 +182,9 @@ pub struct Prepared {
     pub endpoint: Endpoint,
     /// The grammar its output follows, compiled.
     pub constraint: Option<Constraint>,
+    /// How to read tool calls out of the answer, when tools were given: the format and
+    /// whether several calls may be kept.
+    pub tools: Option<(ToolFormat, bool)>,
     pub prompt: Vec<u32>,
     pub params: SequenceParams,
     pub stream: bool,
@@ -197,7 +214,10 @@ pub const MAX_STOPS: usize = 16;
 pub const MAX_STOP_BYTES: usize = 512;
 
 /// The messages as the chat template wants them.
-pub fn chat_messages(messages: &[Message]) -> Result<Vec<ChatMessage>, ApiError> {
+pub fn chat_messages(
+    messages: &[Message],
+    template_renders_tools: bool,
+) -> Result<Vec<ChatMessage>, ApiError> {
     if messages.is_empty() {
         return Err(ApiError::param(
             "messages",
@@ -238,9 +258,136 @@ pub fn chat_messages(messages: &[Message]) -> Result<Vec<ChatMessage>, ApiError>
                     ),
                 ));
             }
-            Ok(ChatMessage::new(m.role.clone(), content))
+            let calls = m
+                .tool_calls
+                .iter()
+                .map(|c| template_call(i, c))
+                .collect::<Result<Vec<_>, _>>()?;
+            let mut message = ChatMessage::new(m.role.clone(), content);
+            if template_renders_tools {
+                message.tool_calls = calls;
+            } else if !calls.is_empty() {
+                // The template would drop them: they become the text the model was taught.
+                let text = crate::tools::render_calls(&calls);
+                message.content = if message.content.is_empty() {
+                    text
+                } else {
+                    format!("{}\n{text}", message.content)
+                };
+            }
+            message.tool_call_id = m.tool_call_id.clone();
+            message.name = m.name.clone();
+            Ok(message)
         })
         .collect()
+}
+
+/// A call as templates read it: its arguments an object, not JSON text.
+fn template_call(i: usize, call: &Value) -> Result<Value, ApiError> {
+    let bad = |what: &str| ApiError::param("messages", format!("messages[{i}].tool_calls: {what}"));
+    let f = call
+        .get("function")
+        .ok_or_else(|| bad("each call needs a `function`"))?;
+    let name = f
+        .get("name")
+        .and_then(Value::as_str)
+        .ok_or_else(|| bad("each call needs a `function.name`"))?;
+    let arguments = match f.get("arguments") {
+        Some(Value::String(s)) => serde_json::from_str(s).unwrap_or_else(|_| json!(s)),
+        Some(v) => v.clone(),
+        None => json!({}),
+    };
+    Ok(json!({
+        "id": call.get("id"),
+        "type": "function",
+        "function": {"name": name, "arguments": arguments},
+    }))
+}
+
+/// What a request's tools ask of the answer.
+pub struct ToolPlan {
+    /// The tools, for the template (or the server's description of them).
+    pub tools: Vec<Value>,
+    pub format: ToolFormat,
+    pub parallel: bool,
+    /// With `tool_choice` `required` or a named function: the call's grammar.
+    pub grammar: Option<Grammar>,
+}
+
+/// Most tools one request may give.
+const MAX_TOOLS: usize = 128;
+
+/// The tools of a chat request and what `tool_choice` asks; None without tools or with
+/// `tool_choice: "none"`.
+pub fn tool_plan(req: &ChatRequest, template_source: &str) -> Result<Option<ToolPlan>, ApiError> {
+    let tools = match &req.tools {
+        None => return Ok(None),
+        Some(t) if t.is_empty() => return Ok(None),
+        Some(t) => t,
+    };
+    if tools.len() > MAX_TOOLS {
+        return Err(ApiError::param(
+            "tools",
+            format!("at most {MAX_TOOLS} tools"),
+        ));
+    }
+    let mut names = Vec::new();
+    for (i, t) in tools.iter().enumerate() {
+        let name = t
+            .get("function")
+            .and_then(|f| f.get("name"))
+            .and_then(Value::as_str)
+            .filter(|_| t.get("type").and_then(Value::as_str) == Some("function"));
+        match name {
+            Some(n) if !n.is_empty() => names.push(n),
+            _ => {
+                return Err(ApiError::param(
+                    "tools",
+                    format!("tools[{i}] must be {{\"type\": \"function\", \"function\": {{\"name\": ...}}}}"),
+                ))
+            }
+        }
+    }
+    let format = ToolFormat::of_template(template_source);
+    let parallel = req.parallel_tool_calls.unwrap_or(true);
+    let choice = req.tool_choice.clone().unwrap_or(json!("auto"));
+    let required: Option<Vec<&Value>> = match &choice {
+        Value::String(c) if c == "none" => return Ok(None),
+        Value::String(c) if c == "auto" => None,
+        Value::String(c) if c == "required" => Some(tools.iter().collect()),
+        Value::Object(o) => {
+            let name = o
+                .get("function")
+                .and_then(|f| f.get("name"))
+                .and_then(Value::as_str)
+                .ok_or_else(|| {
+                    ApiError::param(
+                        "tool_choice",
+                        "a named `tool_choice` is {\"type\": \"function\", \"function\": {\"name\": ...}}",
+                    )
+                })?;
+            let i = names.iter().position(|n| *n == name).ok_or_else(|| {
+                ApiError::param(
+                    "tool_choice",
+                    format!("`tool_choice` names {name:?}, which is not among the tools"),
+                )
+            })?;
+            Some(vec![&tools[i]])
+        }
+        other => {
+            return Err(ApiError::param(
+                "tool_choice",
+                format!("`tool_choice` must be \"auto\", \"none\", \"required\" or a named function, not {other}"),
+            ))
+        }
+    };
+    let grammar = required.and_then(|r| crate::tools::required_call(format, &r, parallel));
+    Ok(Some(ToolPlan {
+        tools: tools.clone(),
+        format,
+        parallel,
+        grammar,
+    }))
 }
 
 fn seed_from_clock() -> u64 {
@@ -402,6 +549,7 @@ pub fn prepare(
     Ok(Prepared {
         endpoint,
         constraint: None,
+        tools: None,
         prompt,
         params: SequenceParams {
             max_tokens,
@@ -481,6 +629,50 @@ impl Answer {
                 "usage": usage(prompt, completion),
             }),
         }
+    }
+
+    /// The whole chat answer when tools were given: the text outside the calls (null when
+    /// there is none) and the calls; `finish_reason` `tool_calls` when there are any.
+    pub fn full_with_tools(
+        &self,
+        content: &str,
+        calls: &[ToolCall],
+        finish: FinishReason,
+        prompt: usize,
+        completion: usize,
+    ) -> Value {
+        let mut v = self.full(content, finish, prompt, completion);
+        let message = &mut v["choices"][0]["message"];
+        if !calls.is_empty() {
+            message["tool_calls"] = self.tool_calls_json(calls, false);
+            v["choices"][0]["finish_reason"] = json!("tool_calls");
+            if content.is_empty() {
+                v["choices"][0]["message"]["content"] = Value::Null;
+            }
+        }
+        v
+    }
+
+    /// `tool_calls` as OpenAI writes them (with `index` in streamed deltas); ids derive from
+    /// the answer's id.
+    pub fn tool_calls_json(&self, calls: &[ToolCall], indexed: bool) -> Value {
+        Value::Array(
+            calls
+                .iter()
+                .enumerate()
+                .map(|(i, c)| {
+                    let mut call = json!({
+                        "id": format!("call_{}_{i}", self.id),
+                        "type": "function",
+                        "function": {"name": c.name, "arguments": c.arguments.to_string()},
+                    });
+                    if indexed {
+                        call["index"] = json!(i);
+                    }
+                    call
+                })
+                .collect(),
+        )
     }
 
     /// One streamed chunk: `text` (chat: the delta's content; `first` adds the role), and the

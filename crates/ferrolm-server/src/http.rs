@@ -14,10 +14,10 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use ferrolm_engine::constraint::{Constraint, Constraints};
-use ferrolm_tokenizer::{ChatTemplate, Tokenizer};
+use ferrolm_engine::constraint::{Constraint, Constraints, Grammar};
+use ferrolm_tokenizer::{ChatMessage, ChatTemplate, Tokenizer};
 use futures_util::StreamExt;
-use serde_json::json;
+use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
 use crate::api::{self, Answer, Endpoint, Prepared};
@@ -26,7 +26,9 @@ use crate::error::ApiError;
 use crate::guard::{self, AllowedHosts};
 use crate::metrics::Metrics;
 use crate::scheduler::{Event, Job, SchedulerHandle, SchedulerState, Ticket};
+use crate::tools::CallSplitter;
 use crate::ServerConfig;
+use ferrolm_engine::FinishReason;
 
 /// What every handler sees.
 #[derive(Clone)]
@@ -41,33 +43,37 @@ pub struct AppState {
     pub constraints: Arc<OnceLock<Result<Constraints, String>>>,
 }
 
-/// The compiled grammar of a request, if it gives one (400 naming the problem otherwise).
-fn constraint_of(state: &AppState, common: &api::Common) -> Result<Option<Constraint>, ApiError> {
-    let Some(grammar) = api::grammar_of(common)? else {
-        return Ok(None);
-    };
+/// `grammar` compiled (400 about `param` if it does not compile).
+fn compile(state: &AppState, grammar: &Grammar, param: &str) -> Result<Constraint, ApiError> {
     let constraints = state
         .constraints
         .get_or_init(|| Constraints::new(state.tokenizer.clone()))
         .as_ref()
         .map_err(|e| ApiError::internal(format!("constrained decoding is unavailable: {e}")))?;
+    constraints
+        .compile(grammar)
+        .map_err(|e| ApiError::param(param, format!("the {param} cannot be compiled: {e}")))
+}
+
+/// The compiled grammar of a request, if it gives one (400 naming the problem otherwise).
+fn constraint_of(state: &AppState, common: &api::Common) -> Result<Option<Constraint>, ApiError> {
+    let Some(grammar) = api::grammar_of(common)? else {
+        return Ok(None);
+    };
     let param = if common.grammar.is_some() {
         "grammar"
     } else {
         "response_format"
     };
-    constraints
-        .compile(&grammar)
-        .map(Some)
-        .map_err(|e| ApiError::param(param, format!("the {param} cannot be compiled: {e}")))
+    compile(state, &grammar, param).map(Some)
 }
 
 /// Token counts a generation reports to the request log, filled when it ends.
 #[derive(Clone, Default)]
-struct Usage(Arc<Mutex<Option<(usize, usize)>>>);
+pub struct Usage(Arc<Mutex<Option<(usize, usize)>>>);
 
 impl Usage {
-    fn set(&self, prompt: usize, completion: usize) {
+    pub fn set(&self, prompt: usize, completion: usize) {
         if let Ok(mut u) = self.0.lock() {
             *u = Some((prompt, completion));
         }
@@ -84,6 +90,12 @@ pub async fn run(state: AppState) -> std::io::Result<()> {
         "ferrolm: serving {} on http://{addr} ({} slots of {} tokens, queue {})",
         config.model_name, config.parallel, config.n_ctx, config.max_queue
     );
+    if config.addr.ip().is_unspecified() && config.allowed_hosts.is_empty() {
+        eprintln!(
+            "ferrolm: note: requests must name localhost, 127.0.0.1 or [::1] in their Host \
+             header (DNS-rebinding guard); add this machine's names with --allowed-host"
+        );
+    }
     let scheduler = state.scheduler.clone();
     let limits = ConnectionLimits {
         max_connections: config.max_connections,
@@ -135,6 +147,7 @@ fn router(state: AppState) -> Router {
     let v1 = Router::new()
         .route("/v1/chat/completions", post(chat))
         .route("/v1/completions", post(completions))
+        .route("/v1/messages", post(crate::anthropic::messages))
         .route("/v1/models", get(models))
         .route("/v1/models/{id}", get(model))
         .route_layer(middleware::from_fn_with_state(
@@ -178,11 +191,13 @@ async fn method_not_allowed(method: Method, uri: axum::http::Uri) -> ApiError {
 /// `Authorization: Bearer KEY` on every `/v1` route when `--api-key` is set.
 async fn require_key(State(state): State<AppState>, request: Request, next: Next) -> Response {
     if let Some(key) = &state.config.api_key {
-        let given = request
-            .headers()
+        // OpenAI's clients send `Authorization: Bearer KEY`; Anthropic's, `x-api-key: KEY`.
+        let headers = request.headers();
+        let given = headers
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.strip_prefix("Bearer "))
+            .or_else(|| headers.get("x-api-key").and_then(|v| v.to_str().ok()))
             .map(str::trim);
         let ok = given.is_some_and(|g| {
             g.len() == key.len() && g.bytes().zip(key.bytes()).fold(0, |a, (x, y)| a | (x ^ y)) == 0
@@ -205,6 +220,7 @@ fn path_label(path: &str) -> &'static str {
     match path {
         "/v1/chat/completions" => "/v1/chat/completions",
         "/v1/completions" => "/v1/completions",
+        "/v1/messages" => "/v1/messages",
         "/v1/models" => "/v1/models",
         "/health" => "/health",
         "/metrics" => "/metrics",
@@ -334,7 +350,7 @@ async fn model(
 }
 
 /// The body, or the error for a body that could not be read (413 over the size limit).
-fn body_bytes(body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
+pub fn body_bytes(body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
     body.map_err(|r| {
         let status = r.status();
         if status == StatusCode::PAYLOAD_TOO_LARGE {
@@ -350,28 +366,57 @@ async fn chat(
     axum::Extension(usage): axum::Extension<Usage>,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    prepare_then_answer(state, usage, move |state| {
+    prepare_then_answer(state, usage, answer, move |state| {
         let body = body_bytes(body)?;
         let req: api::ChatRequest = api::parse(&body)?;
-        api::check_model(&req.common.model, &state.config.model_name)?;
-        let messages = api::chat_messages(&req.messages)?;
-        let template = state.template.as_ref().ok_or_else(|| {
-            ApiError::invalid("the model has no usable chat template; use /v1/completions")
-        })?;
-        let ids = template
-            .render_ids(&state.tokenizer, &messages, true, None)
-            .map_err(|e| ApiError::param("messages", format!("the chat template failed: {e}")))?;
-        let mut p = api::prepare(
-            &req.common,
-            Endpoint::Chat,
-            ids,
-            &state.config.model_name,
-            state.config.n_ctx,
-        )?;
-        p.constraint = constraint_of(state, &req.common)?;
-        Ok(p)
+        prepare_chat(state, req)
     })
     .await
+}
+
+/// A chat request validated, rendered, tokenized, its grammar compiled.
+pub fn prepare_chat(state: &AppState, req: api::ChatRequest) -> Result<Prepared, ApiError> {
+    api::check_model(&req.common.model, &state.config.model_name)?;
+    let template = state.template.as_ref().ok_or_else(|| {
+        ApiError::invalid("the model has no usable chat template; use /v1/completions")
+    })?;
+    let plan = api::tool_plan(&req, template.source())?;
+    let templated = template.renders_tools();
+    let mut messages = api::chat_messages(&req.messages, templated)?;
+    let tools = plan.as_ref().map(|t| Value::Array(t.tools.clone()));
+    if let (Some(plan), false) = (&plan, templated) {
+        // The template has no place for tools: describe them in the system message.
+        let description = crate::tools::describe(&plan.tools);
+        match messages.first_mut() {
+            Some(m) if m.role == "system" => m.content = format!("{}\n\n{description}", m.content),
+            _ => messages.insert(0, ChatMessage::new("system", description)),
+        }
+    }
+    let tools = tools.filter(|_| templated);
+    let ids = template
+        .render_ids(&state.tokenizer, &messages, true, tools.as_ref())
+        .map_err(|e| ApiError::param("messages", format!("the chat template failed: {e}")))?;
+    let mut p = api::prepare(
+        &req.common,
+        Endpoint::Chat,
+        ids,
+        &state.config.model_name,
+        state.config.n_ctx,
+    )?;
+    p.constraint = constraint_of(state, &req.common)?;
+    if let Some(plan) = plan {
+        if let Some(grammar) = &plan.grammar {
+            if p.constraint.is_some() {
+                return Err(ApiError::param(
+                    "tool_choice",
+                    "a required tool call and a `response_format` cannot both constrain the answer",
+                ));
+            }
+            p.constraint = Some(compile(state, grammar, "tools")?);
+        }
+        p.tools = Some((plan.format, plan.parallel));
+    }
+    Ok(p)
 }
 
 async fn completions(
@@ -379,7 +424,7 @@ async fn completions(
     axum::Extension(usage): axum::Extension<Usage>,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    prepare_then_answer(state, usage, move |state| {
+    prepare_then_answer(state, usage, answer, move |state| {
         let body = body_bytes(body)?;
         let req: api::CompletionRequest = api::parse(&body)?;
         api::check_model(&req.common.model, &state.config.model_name)?;
@@ -431,11 +476,16 @@ static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 /// Takes a place in the queue first (a full queue is 503 before any work), then runs
 /// `prepare` (parsing, the template, tokenization: slow on a large body) off the async
 /// workers, then answers the request it prepared, or with its error.
-async fn prepare_then_answer(
+pub async fn prepare_then_answer<A, F>(
     state: AppState,
     usage: Usage,
+    answer: A,
     prepare: impl FnOnce(&AppState) -> Result<Prepared, ApiError> + Send + 'static,
-) -> Response {
+) -> Response
+where
+    A: FnOnce(AppState, Prepared, Usage, Ticket) -> F,
+    F: std::future::Future<Output = Response>,
+{
     let ticket = match state.scheduler.reserve() {
         Ok(t) => t,
         Err(e) => return e.into_response(),
@@ -454,12 +504,56 @@ async fn prepare_then_answer(
     }
 }
 
-async fn answer(state: AppState, p: Prepared, usage: Usage, ticket: Ticket) -> Response {
-    let (tx, mut rx) = mpsc::unbounded_channel();
+/// Queues a prepared request (its prompt, parameters and grammar move into the job); the
+/// channel its events arrive on.
+pub fn queue(
+    state: &AppState,
+    p: &mut Prepared,
+    ticket: Ticket,
+) -> Result<mpsc::UnboundedReceiver<Event>, ApiError> {
+    let (tx, rx) = mpsc::unbounded_channel();
+    let job = Job {
+        prompt: std::mem::take(&mut p.prompt),
+        params: p.params.clone(),
+        constraint: p.constraint.take(),
+        special_text: p.tools.is_some_and(|(f, _)| f.needs_special_text()),
+        events: tx,
+        arrived: Instant::now(),
+    };
+    state.scheduler.submit(job, ticket)?;
+    Ok(rx)
+}
+
+/// The whole text of an answer, how it finished, and its token counts.
+pub async fn collect(
+    rx: &mut mpsc::UnboundedReceiver<Event>,
+) -> Result<(String, FinishReason, usize, usize), ApiError> {
+    let mut text = String::new();
+    loop {
+        match rx.recv().await {
+            Some(Event::Text(t)) => text.push_str(&t),
+            Some(Event::Done {
+                finish,
+                prompt_tokens,
+                completion_tokens,
+            }) => return Ok((text, finish, prompt_tokens, completion_tokens)),
+            Some(Event::Error(e)) => return Err(e),
+            None => return Err(ApiError::internal("the scheduler dropped the request")),
+        }
+    }
+}
+
+/// A fresh id's number and the time, for an answer's id and `created`.
+pub fn new_id() -> (u64, u64) {
     let n = NEXT_ID.fetch_add(1, Relaxed);
     let created = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
+    (n, created)
+}
+
+async fn answer(state: AppState, mut p: Prepared, usage: Usage, ticket: Ticket) -> Response {
+    let (n, created) = new_id();
     let answer = Answer {
         id: match p.endpoint {
             Endpoint::Chat => format!("chatcmpl-{created:x}{n:06}"),
@@ -469,34 +563,32 @@ async fn answer(state: AppState, p: Prepared, usage: Usage, ticket: Ticket) -> R
         model: state.config.model_name.clone(),
         endpoint: p.endpoint,
     };
-    let job = Job {
-        prompt: p.prompt,
-        params: p.params,
-        constraint: p.constraint,
-        events: tx,
-        arrived: Instant::now(),
+    let mut rx = match queue(&state, &mut p, ticket) {
+        Ok(rx) => rx,
+        Err(e) => return e.into_response(),
     };
-    if let Err(e) = state.scheduler.submit(job, ticket) {
-        return e.into_response();
-    }
     if !p.stream {
-        let mut text = String::new();
-        while let Some(event) = rx.recv().await {
-            match event {
-                Event::Text(t) => text.push_str(&t),
-                Event::Done {
-                    finish,
-                    prompt_tokens,
-                    completion_tokens,
-                } => {
-                    usage.set(prompt_tokens, completion_tokens);
-                    return Json(answer.full(&text, finish, prompt_tokens, completion_tokens))
-                        .into_response();
-                }
-                Event::Error(e) => return e.into_response(),
-            }
-        }
-        return ApiError::internal("the scheduler dropped the request").into_response();
+        let (text, finish, prompt_tokens, completion_tokens) = match collect(&mut rx).await {
+            Ok(done) => done,
+            Err(e) => return e.into_response(),
+        };
+        usage.set(prompt_tokens, completion_tokens);
+        let Some((format, parallel)) = p.tools else {
+            return Json(answer.full(&text, finish, prompt_tokens, completion_tokens))
+                .into_response();
+        };
+        let mut splitter = CallSplitter::new(format, parallel);
+        let mut content = splitter.push(&text);
+        let (rest, calls) = splitter.finish();
+        content.push_str(&rest);
+        return Json(answer.full_with_tools(
+            content.trim(),
+            &calls,
+            finish,
+            prompt_tokens,
+            completion_tokens,
+        ))
+        .into_response();
     }
     // Wait for the first event, so that an error before any text is an HTTP status.
     let first = match rx.recv().await {
@@ -505,6 +597,10 @@ async fn answer(state: AppState, p: Prepared, usage: Usage, ticket: Ticket) -> R
         None => return ApiError::internal("the scheduler dropped the request").into_response(),
     };
     let include_usage = p.include_usage;
+    // With tools, text that may be a call is held back and parsed at the end.
+    let mut splitter = p
+        .tools
+        .map(|(format, parallel)| CallSplitter::new(format, parallel));
     let mut pending = Some(first);
     let mut role_sent = false;
     let mut ended = false;
@@ -525,20 +621,36 @@ async fn answer(state: AppState, p: Prepared, usage: Usage, ticket: Ticket) -> R
             out.push_str(&v.to_string());
             out.push_str("\n\n");
         };
-        let first = !role_sent;
-        role_sent = true;
         match event {
-            Some(Event::Text(t)) => data(answer.chunk(Some(&t), first, None)),
+            Some(Event::Text(t)) => {
+                let t = crate::tools::pass(&mut splitter, t);
+                if !t.is_empty() || answer.endpoint == Endpoint::Completion {
+                    data(answer.chunk(Some(&t), !role_sent, None));
+                    role_sent = true;
+                }
+            }
             Some(Event::Done {
                 finish,
                 prompt_tokens,
                 completion_tokens,
             }) => {
                 usage.set(prompt_tokens, completion_tokens);
-                if first && answer.endpoint == Endpoint::Chat {
-                    data(answer.chunk(Some(""), true, None));
+                let (rest, calls) = splitter
+                    .take()
+                    .map(CallSplitter::finish)
+                    .unwrap_or_default();
+                if answer.endpoint == Endpoint::Chat && (!role_sent || !rest.is_empty()) {
+                    data(answer.chunk(Some(&rest), !role_sent, None));
                 }
-                data(answer.chunk(None, false, Some(finish)));
+                let mut last = answer.chunk(None, false, Some(finish));
+                if !calls.is_empty() {
+                    let mut delta = answer.chunk(None, false, None);
+                    delta["choices"][0]["delta"]["tool_calls"] =
+                        answer.tool_calls_json(&calls, true);
+                    data(delta);
+                    last["choices"][0]["finish_reason"] = json!("tool_calls");
+                }
+                data(last);
                 if include_usage {
                     data(answer.usage_chunk(prompt_tokens, completion_tokens));
                 }
@@ -557,6 +669,11 @@ async fn answer(state: AppState, p: Prepared, usage: Usage, ticket: Ticket) -> R
         }
         std::task::Poll::Ready(Some(Ok::<_, Infallible>(Bytes::from(out))))
     });
+    sse(Body::from_stream(stream))
+}
+
+/// A server-sent-events answer.
+pub fn sse(body: Body) -> Response {
     (
         [
             (
@@ -565,7 +682,7 @@ async fn answer(state: AppState, p: Prepared, usage: Usage, ticket: Ticket) -> R
             ),
             (header::CACHE_CONTROL, HeaderValue::from_static("no-cache")),
         ],
-        Body::from_stream(stream),
+        body,
     )
         .into_response()
 }

@@ -9,13 +9,17 @@
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
+mod anthropic;
 mod api;
 mod connection;
 mod error;
+#[doc(hidden)]
+pub mod fuzzing;
 mod guard;
 mod http;
 mod metrics;
 mod scheduler;
+mod tools;
 
 pub use scheduler::BackendSource;
 

@@ -47,6 +47,8 @@ pub struct Job {
     pub params: SequenceParams,
     /// The grammar the output must follow, if any.
     pub constraint: Option<Constraint>,
+    /// Special tokens appear in the text (a tool-call format's control-token markers).
+    pub special_text: bool,
     pub events: UnboundedSender<Event>,
     pub arrived: Instant,
 }
@@ -352,7 +354,8 @@ impl<'t> Scheduler<'t> {
             };
             self.cached[slot].truncate(kept);
             let mut seq = Sequence::new(self.tokenizer, job.prompt, job.params, self.n_ctx)
-                .with_constraint(job.constraint);
+                .with_constraint(job.constraint)
+                .with_special_text(job.special_text);
             seq.reuse_prefix(kept);
             if kept > 0 {
                 self.metrics().prefix_hits.fetch_add(1, Relaxed);
@@ -662,6 +665,7 @@ mod tests {
             events: tx,
             arrived: Instant::now(),
             constraint: None,
+            special_text: false,
         };
         (job, rx)
     }

@@ -29,6 +29,16 @@ pub struct ChatMessage {
     pub role: String,
     /// The text of the message.
     pub content: String,
+    /// An assistant's tool calls, as templates read them: `{"type": "function", "id": ...,
+    /// "function": {"name": ..., "arguments": {...}}}` with the arguments an object.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<serde_json::Value>,
+    /// A `tool` message: the id of the call it answers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
+    /// A `tool` message: the name of the function that answered.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
 }
 
 impl ChatMessage {
@@ -37,6 +47,9 @@ impl ChatMessage {
         ChatMessage {
             role: role.into(),
             content: content.into(),
+            tool_calls: Vec::new(),
+            tool_call_id: None,
+            name: None,
         }
     }
 }
@@ -64,6 +77,7 @@ impl Default for TemplateLimits {
 /// A compiled chat template.
 pub struct ChatTemplate {
     env: Environment<'static>,
+    source: String,
     bos: String,
     eos: String,
     warning: Option<String>,
@@ -137,11 +151,22 @@ impl ChatTemplate {
         env.set_fuel(Some(limits.fuel));
         Ok(ChatTemplate {
             env,
+            source: source.to_string(),
             bos: bos.to_string(),
             eos: eos.to_string(),
             warning: None,
             limits,
         })
+    }
+
+    /// The template's Jinja source (a server picks the tool-call format it writes from it).
+    pub fn source(&self) -> &str {
+        &self.source
+    }
+
+    /// Whether the template renders a `tools` list (else a server describes them itself).
+    pub fn renders_tools(&self) -> bool {
+        self.source.contains("tools")
     }
 
     /// The same template under other bounds.
@@ -215,10 +240,10 @@ impl ChatTemplate {
         let escaped = messages
             .iter()
             .map(|m| {
-                Ok(ChatMessage::new(
-                    m.role.clone(),
-                    hide_spans(tok, &m.content, &mut hidden)?,
-                ))
+                Ok(ChatMessage {
+                    content: hide_spans(tok, &m.content, &mut hidden)?,
+                    ..m.clone()
+                })
             })
             .collect::<Result<Vec<_>, TokenizerError>>()?;
         let rendered = self.render(&escaped, add_generation_prompt, tools)?;

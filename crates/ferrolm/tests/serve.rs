@@ -773,26 +773,31 @@ fn concurrent_greedy_answers_equal_single_client_answers_and_ferrolm_run() {
 /// The official `openai` Python package against the server: chat (whole and streamed),
 /// completions, and the model list. `scripts/test` installs the package and sets
 /// FERROLM_REQUIRE_OPENAI=1; without the package elsewhere, this test says so and passes.
-#[test]
-fn official_openai_python_client_works() {
+/// Runs one of the official Python clients' scripts against a server with key "test-key";
+/// skipped (unless CI, which installs them) where python3 cannot import the package.
+fn python_client(package: &str, script: &str) {
     let have = Command::new("python3")
-        .args(["-c", "import openai"])
+        .args(["-c", &format!("import {package}")])
         .stderr(Stdio::null())
         .status()
         .is_ok_and(|s| s.success());
     if !have {
         assert!(
             std::env::var_os("FERROLM_REQUIRE_OPENAI").is_none(),
-            "the openai package is required (python3 -m pip install openai)"
+            "the {package} package is required (python3 -m pip install {package})"
         );
-        eprintln!("skipped: python3 cannot import openai (scripts/test installs it)");
+        eprintln!("skipped: python3 cannot import {package} (scripts/test installs it)");
         return;
     }
     let server = Server::start(&["--parallel", "2", "--api-key", "test-key"]);
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/openai_client.py");
+    let script = format!("{}/tests/{script}", env!("CARGO_MANIFEST_DIR"));
     let mut child = Command::new("python3")
         .arg(script)
-        .arg(format!("http://127.0.0.1:{}/v1", server.port))
+        .arg(format!(
+            "http://127.0.0.1:{}{}",
+            server.port,
+            if package == "openai" { "/v1" } else { "" }
+        ))
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -813,7 +818,17 @@ fn official_openai_python_client_works() {
         String::from_utf8_lossy(&out.stderr),
         server.log()
     );
-    assert!(String::from_utf8_lossy(&out.stdout).contains("openai client: ok"));
+    assert!(String::from_utf8_lossy(&out.stdout).contains(&format!("{package} client: ok")));
+}
+
+#[test]
+fn official_openai_python_client_works() {
+    python_client("openai", "openai_client.py");
+}
+
+#[test]
+fn official_anthropic_python_client_works() {
+    python_client("anthropic", "anthropic_client.py");
 }
 
 /// `scripts/load_test.py` at a smaller scale than the benchmark (32 concurrent streaming
@@ -1202,6 +1217,28 @@ fn bad_flags_and_templates_are_refused_at_start_naming_them() {
             assert!(err.contains("looping.jinja"), "{err}");
         }
     }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn chat_template_file_replaces_the_models() {
+    let dir = std::env::temp_dir().join(format!("ferrolm-serve-template-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("plain.jinja");
+    // Only the last message's text, then a marker the model's own template never writes.
+    std::fs::write(&file, "{{ messages[-1]['content'] }} =>").unwrap();
+    let server = Server::start(&["--parallel", "1", "--chat-template", file.to_str().unwrap()]);
+    let r = server.post(
+        "/v1/chat/completions",
+        &chat_body("2+2", json!({"max_tokens": 1})),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    // "2+2 =>" is a handful of tokens; the model's ChatML rendering of it is dozens.
+    let prompt = r.json()["usage"]["prompt_tokens"].as_u64().unwrap();
+    assert!(
+        prompt < 10,
+        "{prompt} prompt tokens: the file's template was not used"
+    );
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

@@ -100,6 +100,9 @@ fn check_sizes(plan: &ModelPlan) -> Result<()> {
     if plan.layers.is_empty() {
         return zero("block_count");
     }
+    if plan.n_ctx_train == 0 {
+        return zero("context_length");
+    }
     for layer in &plan.layers {
         if layer.mixer == crate::plan::Mixer::Attention {
             let a = &layer.attention;
