@@ -701,18 +701,7 @@ impl CudaModel {
                 self.slots
             )));
         }
-        if pos0 + ids.len() > self.plan.n_ctx {
-            return Err(CudaError::ContextFull {
-                n_ctx: self.plan.n_ctx,
-            });
-        }
-        if let Some(&bad) = ids.iter().find(|&&id| id as usize >= self.plan.n_vocab) {
-            return Err(CudaError::Model(format!(
-                "token {bad} is outside the vocabulary of {}",
-                self.plan.n_vocab
-            )));
-        }
-        Ok(())
+        self.check_at(pos0, ids)
     }
 
     /// One decode step of several sequences: `ids[t]` of slot `slots[t]` at position
@@ -1068,7 +1057,12 @@ impl CudaModel {
 
     /// Whether `ids` can follow what the model holds: ids in the vocabulary, room in the cache.
     fn check(&self, ids: &[u32]) -> Result<(), CudaError> {
-        if self.pos + ids.len() > self.plan.n_ctx {
+        self.check_at(self.pos, ids)
+    }
+
+    /// Whether `ids` can go at positions `pos0..`: ids in the vocabulary, room in the cache.
+    fn check_at(&self, pos0: usize, ids: &[u32]) -> Result<(), CudaError> {
+        if pos0 + ids.len() > self.plan.n_ctx {
             return Err(CudaError::ContextFull {
                 n_ctx: self.plan.n_ctx,
             });

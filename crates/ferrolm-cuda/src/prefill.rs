@@ -586,34 +586,42 @@ impl Prefill {
             };
             let bias = |j: usize| opt(r.qkv_bias.map(|b| b[j]));
             let qk_norm = |j: usize| opt(r.qk_norm.map(|b| b[j]));
+            // rope_rows(_slots)'s arguments: the rows, biases, norms and caches, then where
+            // the tokens go (`at`), then the layer's rotation.
+            let rope_args = |at_args: &[Value]| {
+                let mut a = vec![
+                    Value::Ptr(q),
+                    Value::Ptr(k),
+                    Value::Ptr(v),
+                    bias(0),
+                    bias(1),
+                    bias(2),
+                    qk_norm(0),
+                    qk_norm(1),
+                    Value::Ptr(at.k_cache[l]),
+                    Value::Ptr(at.v_cache[l]),
+                ];
+                a.extend_from_slice(at_args);
+                a.extend([
+                    Value::I32(r.n_head as i32),
+                    Value::I32(r.n_head_kv as i32),
+                    Value::I32(r.head_dim as i32),
+                    Value::I32(r.n_dims as i32),
+                    Value::I32(i32::from(r.neox)),
+                    Value::F32(crate::schedule::theta_scale(r.freq_base, r.n_dims)),
+                    Value::F32(r.freq_scale),
+                    opt(r.freq_factors),
+                    eps,
+                ]);
+                a
+            };
             match rows {
                 Rows::Prompt { pos0 } => {
                     self.run(
                         "rope_rows",
                         ((r.n_head + r.n_head_kv) as u32, n as u32),
                         128,
-                        &[
-                            Value::Ptr(q),
-                            Value::Ptr(k),
-                            Value::Ptr(v),
-                            bias(0),
-                            bias(1),
-                            bias(2),
-                            qk_norm(0),
-                            qk_norm(1),
-                            Value::Ptr(at.k_cache[l]),
-                            Value::Ptr(at.v_cache[l]),
-                            Value::I32(pos0 as i32),
-                            Value::I32(r.n_head as i32),
-                            Value::I32(r.n_head_kv as i32),
-                            Value::I32(r.head_dim as i32),
-                            Value::I32(r.n_dims as i32),
-                            Value::I32(i32::from(r.neox)),
-                            Value::F32(crate::schedule::theta_scale(r.freq_base, r.n_dims)),
-                            Value::F32(r.freq_scale),
-                            opt(r.freq_factors),
-                            eps,
-                        ],
+                        &rope_args(&[Value::I32(pos0 as i32)]),
                     )?;
                     // attn_mma_HD(q, kc, vc, out, pos0, n, n_head, n_head_kv, scale, window);
                     // attn_tile takes the head width before the scale.
@@ -652,32 +660,13 @@ impl Prefill {
                         "rope_rows_slots",
                         ((r.n_head + r.n_head_kv) as u32, n as u32),
                         128,
-                        &[
-                            Value::Ptr(q),
-                            Value::Ptr(k),
-                            Value::Ptr(v),
-                            bias(0),
-                            bias(1),
-                            bias(2),
-                            qk_norm(0),
-                            qk_norm(1),
-                            Value::Ptr(at.k_cache[l]),
-                            Value::Ptr(at.v_cache[l]),
+                        &rope_args(&[
                             Value::Ptr(slots),
                             Value::Ptr(pos),
                             Value::I64(slot_stride[l] as i64),
                             Value::I32(q_stride as i32),
                             Value::I32(kv_stride as i32),
-                            Value::I32(r.n_head as i32),
-                            Value::I32(r.n_head_kv as i32),
-                            Value::I32(r.head_dim as i32),
-                            Value::I32(r.n_dims as i32),
-                            Value::I32(i32::from(r.neox)),
-                            Value::F32(crate::schedule::theta_scale(r.freq_base, r.n_dims)),
-                            Value::F32(r.freq_scale),
-                            opt(r.freq_factors),
-                            eps,
-                        ],
+                        ]),
                     )?;
                     self.run(
                         "attn_rows",
@@ -955,11 +944,23 @@ impl Prefill {
         slot_stride: &[usize],
     ) -> Result<(), CudaError> {
         self.launch_layers(p, at, n, Rows::Slots { slot_stride })?;
+        self.logits_rows(p, at, n).map(|_| ())
+    }
+
+    /// The output head over the `n` rows of the residual stream: their logits in
+    /// `all_logits` (allocated here on first use, so before any capture), whose address it
+    /// returns.
+    fn logits_rows(&mut self, p: &DecodePlan, at: &Addresses, n: usize) -> Result<u64, CudaError> {
         let head = p
             .head
-            .ok_or_else(|| CudaError::Model("batched decode needs the whole model".into()))?;
+            .ok_or_else(|| CudaError::Model("the output head is on the CPU".into()))?;
         let s = self.stream.clone();
-        let d = p.n_embd;
+        if self.all_logits.is_none() {
+            self.all_logits = Some(
+                s.alloc_zeros::<f32>(MAX_BATCH * p.n_vocab)
+                    .map_err(driver("logits of every row"))?,
+            );
+        }
         let (x, h) = (ptr(&self.x, &s), ptr(&self.h, &s));
         let logits = ptr(self.all_logits.as_ref().expect("allocated"), &s);
         self.run(
@@ -970,11 +971,12 @@ impl Prefill {
                 Value::Ptr(x),
                 Value::Ptr(at.vectors[head.out_norm]),
                 Value::Ptr(h),
-                Value::I32(d as i32),
+                Value::I32(p.n_embd as i32),
                 Value::F32(p.norm_eps),
             ],
         )?;
-        self.product(p, at, head.output, h, n, logits, 0.0)
+        self.product(p, at, head.output, h, n, logits, 0.0)?;
+        Ok(logits)
     }
 
     /// Evaluates `ids` at positions `pos0..` (at most [`MAX_BATCH`]): the KV cache gets their
@@ -999,7 +1001,7 @@ impl Prefill {
         let s = self.stream.clone();
         let d = p.n_embd;
         let eps = Value::F32(p.norm_eps);
-        let (x, h) = (ptr(&self.x, &s), ptr(&self.h, &s));
+        let x = ptr(&self.x, &s);
         let Some(head) = p.head else {
             // The first layers only: the residual stream goes on on the CPU.
             let mut hidden = vec![0f32; n * d];
@@ -1010,26 +1012,7 @@ impl Prefill {
         let vocab = p.n_vocab;
         let mut out = Vec::new();
         if all {
-            if self.all_logits.is_none() {
-                self.all_logits = Some(
-                    s.alloc_zeros::<f32>(MAX_BATCH * vocab)
-                        .map_err(driver("logits of every position"))?,
-                );
-            }
-            let logits = ptr(self.all_logits.as_ref().expect("allocated"), &s);
-            self.run(
-                "rms_norm_rows",
-                (n as u32, 1),
-                256,
-                &[
-                    Value::Ptr(x),
-                    Value::Ptr(at.vectors[head.out_norm]),
-                    Value::Ptr(h),
-                    Value::I32(d as i32),
-                    eps,
-                ],
-            )?;
-            self.product(p, at, head.output, h, n, logits, 0.0)?;
+            let logits = self.logits_rows(p, at, n)?;
             out = vec![0f32; n * vocab];
             let all_logits = self.all_logits.as_ref().expect("allocated");
             s.memcpy_dtoh(&all_logits.slice(..n * vocab), &mut out)
