@@ -14,10 +14,10 @@ use ferrolm_model::{Logits, Model, ModelError, Session};
 use rand::{Rng, SeedableRng};
 
 use crate::schedule::SAMPLE_MAX_K;
-use crate::{CudaError, CudaModel, DeviceSampling, Rows, RowsWant, Stats, TOP_MAX};
+use crate::{CudaError, CudaModel, CudaTuning, DeviceSampling, Rows, RowsWant, Stats, TOP_MAX};
 
 /// What [`open`] makes.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct CudaOptions {
     /// The CUDA device.
     pub ordinal: usize,
@@ -28,6 +28,8 @@ pub struct CudaOptions {
     pub gpu_layers: Option<usize>,
     /// Sequences held at once (the whole model only; at least 1).
     pub slots: usize,
+    /// The backend's switches and sizes.
+    pub tuning: CudaTuning,
 }
 
 /// The backend `options` ask for on `model`: the whole model on the GPU, or its first layers.
@@ -38,16 +40,18 @@ pub fn open<'m>(
     let layers = options.gpu_layers.unwrap_or(usize::MAX);
     let whole = layers >= model.plan().layers.len();
     let (plan, file, ordinal, n_ctx) = (model.plan(), model.file(), options.ordinal, options.n_ctx);
+    let tuning = &options.tuning;
+    let one = || CudaModel::with_slots(plan, file, ordinal, n_ctx, layers, 1, tuning);
     let gpu = if whole && options.slots > 1 {
-        match CudaModel::with_slots(plan, file, ordinal, n_ctx, layers, options.slots) {
+        match CudaModel::with_slots(plan, file, ordinal, n_ctx, layers, options.slots, tuning) {
             Err(CudaError::Model(why)) => {
                 eprintln!("ferrolm: {why}; one sequence at a time");
-                CudaModel::with_layers(plan, file, ordinal, n_ctx, layers)?
+                one()?
             }
             other => other?,
         }
     } else {
-        CudaModel::with_layers(plan, file, ordinal, n_ctx, layers)?
+        one()?
     };
     if gpu.is_whole() {
         return Ok(Box::new(CudaBackend::new(gpu)));

@@ -14,9 +14,9 @@ use ferrolm_model::ModelPlan;
 use crate::kernels;
 use crate::prefill::{self, Addresses, Prefill, RowsOut, RowsWant, MAX_BATCH};
 use crate::schedule::{
-    decode_plan_layers, Activations, Arg, Buf, DecodePlan, SAMPLE_DRAWS, SAMPLE_MAX_K, TOKEN_RING,
+    decode_plan_with, Arg, Buf, DecodePlan, SAMPLE_DRAWS, SAMPLE_MAX_K, TOKEN_RING,
 };
-use crate::CudaError;
+use crate::{CudaError, CudaTuning};
 
 pub(crate) fn driver(what: &str) -> impl FnOnce(cudarc::driver::DriverError) -> CudaError + '_ {
     move |e| CudaError::Driver(format!("{what}: {e}"))
@@ -283,18 +283,9 @@ pub struct CudaModel {
     rows_token: CudaSlice<u32>,
     name: String,
     /// Whether the step's kernels are launched to overlap their predecessors (compute
-    /// capability 9.0 and later, unless FERROLM_CUDA_NO_OVERLAP is set).
+    /// capability 9.0 and later, unless the tuning says otherwise).
     overlap: bool,
     stats: Stats,
-}
-
-/// Quantized activations unless `FERROLM_CUDA_F32_ACT` is set (to compare).
-fn activations_from_env() -> Activations {
-    if std::env::var_os("FERROLM_CUDA_F32_ACT").is_some() {
-        Activations::F32
-    } else {
-        Activations::Quantized
-    }
 }
 
 /// Bytes each symbolic buffer needs, with caches for `slots` sequences.
@@ -336,6 +327,17 @@ impl CudaModel {
         CudaModel::with_layers(plan, file, ordinal, n_ctx, usize::MAX)
     }
 
+    /// [`CudaModel::new`] as `tuning` says (its switches and sizes, to compare variants).
+    pub fn with_tuning(
+        plan: &ModelPlan,
+        file: &GgufFile,
+        ordinal: usize,
+        n_ctx: usize,
+        tuning: &CudaTuning,
+    ) -> Result<CudaModel, CudaError> {
+        CudaModel::with_slots(plan, file, ordinal, n_ctx, usize::MAX, 1, tuning)
+    }
+
     /// [`CudaModel::new`] for the first `gpu_layers` layers only (`--gpu-layers`): the device
     /// holds their weights and cache and the embedding, and [`CudaModel::eval_hidden`] returns
     /// the residual stream they leave for the CPU's layers and output head. As many layers as
@@ -347,7 +349,15 @@ impl CudaModel {
         n_ctx: usize,
         gpu_layers: usize,
     ) -> Result<CudaModel, CudaError> {
-        CudaModel::with_slots(plan, file, ordinal, n_ctx, gpu_layers, 1)
+        CudaModel::with_slots(
+            plan,
+            file,
+            ordinal,
+            n_ctx,
+            gpu_layers,
+            1,
+            &CudaTuning::default(),
+        )
     }
 
     /// [`CudaModel::with_layers`] with caches for `slots` sequences (at least 1): slot 0 is
@@ -362,12 +372,13 @@ impl CudaModel {
         n_ctx: usize,
         gpu_layers: usize,
         slots: usize,
+        tuning: &CudaTuning,
     ) -> Result<CudaModel, CudaError> {
         let slots = slots.max(1);
         // The plan first: a model the path declines says so (and runs on the CPU) wherever it
         // is, with or without CUDA.
         let types = |name: &str| file.tensor(name).map(|t| t.ty);
-        let dp = decode_plan_layers(plan, n_ctx, &types, gpu_layers, activations_from_env())
+        let dp = decode_plan_with(plan, n_ctx, &types, gpu_layers, tuning)
             .map_err(CudaError::Declined)?;
         let count = device_count()?;
         if ordinal >= count {
@@ -391,7 +402,7 @@ impl CudaModel {
         let (major, minor) = ctx
             .compute_capability()
             .map_err(driver("reading the compute capability"))?;
-        let module = load_module(&ctx, major, minor)?;
+        let module = load_module(&ctx, major, minor, tuning)?;
         // Bulk copies into shared memory need compute capability 9.0.
         let dp = if major >= 9 { dp } else { dp.unstaged() };
 
@@ -519,8 +530,8 @@ impl CudaModel {
                 args,
             });
         }
-        let prefill = if std::env::var_os("FERROLM_CUDA_NO_BATCH").is_none() {
-            Prefill::new(&stream, &module, &dp)?
+        let prefill = if tuning.batched_prompts {
+            Prefill::new(&stream, &module, &dp, tuning)?
         } else {
             None
         };
@@ -564,10 +575,10 @@ impl CudaModel {
             rows_logits,
             rows_token,
             name,
-            overlap: major >= 9 && std::env::var_os("FERROLM_CUDA_NO_OVERLAP").is_none(),
+            overlap: major >= 9 && tuning.overlap,
             stats: Stats::default(),
         };
-        if std::env::var_os("FERROLM_CUDA_NO_GRAPH").is_none() {
+        if tuning.graphs {
             model.capture()?;
         }
         if slots > 1 {
@@ -1268,12 +1279,13 @@ fn load_module(
     ctx: &Arc<CudaContext>,
     major: i32,
     minor: i32,
+    tuning: &CudaTuning,
 ) -> Result<Arc<cudarc::driver::CudaModule>, CudaError> {
     let arch = kernels::arch_name(major, minor);
-    let dir = kernels::cache_dir();
-    let source = kernels::source_with_defines(std::env::var("FERROLM_CUDA_DEFINES").ok());
+    let dir = tuning.kernel_cache.as_deref();
+    let source = kernels::source_with_defines(tuning.defines.clone());
     let source = source.as_str();
-    let ptx = match kernels::read_cached(&dir, source, &arch) {
+    let ptx = match dir.and_then(|dir| kernels::read_cached(dir, source, &arch)) {
         Some(text) => cudarc::nvrtc::Ptx::from_src(text),
         None => {
             // NVRTC wants a `'static` name; there are few architectures, leaked once each.
@@ -1285,7 +1297,9 @@ fn load_module(
             };
             let ptx = cudarc::nvrtc::compile_ptx_with_opts(source, opts)
                 .map_err(|e| CudaError::Compile(e.to_string()))?;
-            kernels::write_cached(&dir, source, &arch, &ptx.to_src());
+            if let Some(dir) = dir {
+                kernels::write_cached(dir, source, &arch, &ptx.to_src());
+            }
             ptx
         }
     };

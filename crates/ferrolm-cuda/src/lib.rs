@@ -22,11 +22,13 @@ pub mod kernels;
 mod prefill;
 pub mod repack;
 pub mod schedule;
+mod tuning;
 
 pub use backend::{device_sampling, open, CudaBackend, CudaOptions, SplitBackend};
 pub use device::{device_count, CudaModel, DeviceSampling, Rows, Selections, Stats};
 pub use prefill::{RowsWant, TOP_MAX};
 pub use schedule::Decline;
+pub use tuning::CudaTuning;
 
 /// Why the CUDA path cannot run (or stopped).
 #[derive(Debug)]

@@ -20,7 +20,7 @@ use ferrolm_gguf::TensorType;
 
 use crate::device::{driver, launch, Value};
 use crate::schedule::{DecodePlan, MatrixSpec, MATVEC_ROWS};
-use crate::CudaError;
+use crate::{CudaError, CudaTuning};
 
 /// Tokens in one batch: longer prompts go through in batches of this many.
 pub const MAX_BATCH: usize = 512;
@@ -130,15 +130,15 @@ pub(crate) struct Prefill {
     qkv_rows: Option<CudaSlice<f32>>,
     gate_up_rows: Option<CudaSlice<f32>>,
     /// The batched decode step's graph per padded row count (`None`: run once, not captured
-    /// yet), and whether graphs are used (not with `FERROLM_CUDA_NO_GRAPH`, nor after a
-    /// capture failed).
+    /// yet), and whether graphs are used (as the tuning says, and not after a capture failed).
     row_graphs: HashMap<usize, Option<CudaGraph>>,
     graphs: bool,
     /// Events around each launch, when profiling.
     profile: Option<Vec<(String, CudaEvent, CudaEvent)>>,
-    /// Attention on the tensor cores where the head width allows (not with
-    /// `FERROLM_CUDA_ATTN_TILE` set, to compare).
+    /// Attention on the tensor cores where the head width allows (as the tuning says).
     tensor_cores: bool,
+    /// The switches and sizes it was made with (the matrix-vector blocks' threads).
+    tuning: CudaTuning,
 }
 
 /// Bytes of device memory the batch buffers take (besides the logits of every position).
@@ -169,6 +169,7 @@ impl Prefill {
         stream: &Arc<CudaStream>,
         module: &Arc<CudaModule>,
         p: &DecodePlan,
+        tuning: &CudaTuning,
     ) -> Result<Option<Prefill>, CudaError> {
         // SAFETY: only tries to open the library by its usual names.
         if !unsafe { blas_sys::is_culib_present() } {
@@ -228,9 +229,10 @@ impl Prefill {
             qkv_rows: None,
             gate_up_rows: None,
             row_graphs: HashMap::new(),
-            graphs: std::env::var_os("FERROLM_CUDA_NO_GRAPH").is_none(),
+            graphs: tuning.graphs,
             profile: None,
-            tensor_cores: std::env::var_os("FERROLM_CUDA_ATTN_TILE").is_none(),
+            tensor_cores: tuning.tensor_core_attention,
+            tuning: tuning.clone(),
         }))
     }
 
@@ -1045,7 +1047,7 @@ impl Prefill {
             self.run(
                 &format!("matvec_{}", spec.kernel),
                 (spec.rows.div_ceil(MATVEC_ROWS) as u32, 1),
-                crate::schedule::matvec_threads(chunks, spec.rows),
+                self.tuning.matvec_threads(chunks, spec.rows),
                 &[
                     Value::Ptr(at.matrices[head.output]),
                     Value::I32(spec.row_bytes() as i32),

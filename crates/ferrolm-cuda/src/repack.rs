@@ -21,14 +21,11 @@ fn fields(ty: TensorType) -> Option<(usize, &'static [(usize, usize)])> {
 }
 
 /// The kernels' name for rows of `ty` and `cols` values when they are uploaded regrouped
-/// (`FERROLM_CUDA_NO_REPACK` set: never, to compare).
+/// (where `CudaTuning::repack` allows it).
 pub fn repacked_type(ty: TensorType, cols: usize) -> Option<&'static str> {
     let (block, _) = fields(ty)?;
     let row_bytes = cols / ty.block_size() * block;
-    if !cols.is_multiple_of(ty.block_size())
-        || !row_bytes.is_multiple_of(16)
-        || std::env::var_os("FERROLM_CUDA_NO_REPACK").is_some()
-    {
+    if !cols.is_multiple_of(ty.block_size()) || !row_bytes.is_multiple_of(16) {
         return None;
     }
     Some(match ty {

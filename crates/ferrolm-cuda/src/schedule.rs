@@ -6,6 +6,8 @@
 //! to addresses once and captures into one CUDA graph.
 
 use ferrolm_gguf::TensorType;
+
+use crate::CudaTuning;
 use ferrolm_model::plan::{
     Activation, Attention, Ffn, LayerPlan, Mixer, ModelPlan, Rope, RopeLayout,
 };
@@ -284,38 +286,6 @@ pub const SAMPLE_MAX_K: usize = 256;
 /// Rows of a matrix-vector block (`ROWS` in the kernels; the gate/up kernel: 2 of each).
 pub const MATVEC_ROWS: usize = 4;
 
-/// Threads of a matrix-vector block over `rows` rows of `n_chunks` chunks of 32: a thread a
-/// chunk, from one warp to four; eight warps for few (at most 2048), wide (256 chunks or more)
-/// rows, a down product's: with four, a 1B-shaped file's left an H200 at 21% occupancy (ncu),
-/// and eight decoded 1B Q8_0 1093 -> 1127 and Q4_K_M 981 -> 1029 tok/s, while the 8B's 4096
-/// rows of 448 chunks went 317 -> 310. `FERROLM_CUDA_MATVEC_128`: at most four warps;
-/// `FERROLM_CUDA_MATVEC_MAX_THREADS=N`: at most N (whole warps, 32 to 128), to compare.
-pub fn matvec_threads(n_chunks: usize, rows: usize) -> u32 {
-    if n_chunks >= 256 && rows <= 2048 && std::env::var_os("FERROLM_CUDA_MATVEC_128").is_none() {
-        return 256;
-    }
-    // Whole warps: the kernels' reductions count on them.
-    let most = std::env::var("FERROLM_CUDA_MATVEC_MAX_THREADS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(128usize)
-        .clamp(32, 128)
-        / 32
-        * 32;
-    (n_chunks.next_multiple_of(32)).clamp(32, most) as u32
-}
-
-/// The largest residual product (rows x columns) whose blocks quantize its f32 input as they
-/// load it: 1 Mi. Every block then reads all of the input from L2: on an H200 that paid on a
-/// 135M's products (576 x 576, 576 x 1536: tg128 +4%) and cost 2% on a 1B's 2048 x 2048
-/// (PERFORMANCE.md). `FERROLM_CUDA_QUANTIZE_ON_LOAD_MAX` overrides it (0: never).
-fn quantize_on_load_max() -> usize {
-    std::env::var("FERROLM_CUDA_QUANTIZE_ON_LOAD_MAX")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(1 << 20)
-}
-
 /// A product kernel's name: `NAME_TYPE` for f32 inputs, `NAMEq_TYPE` for quantized ones.
 fn product_kernel(name: &str, spec: &MatrixSpec, x: Buf) -> String {
     let q = if x == Buf::Xq { "q" } else { "" };
@@ -366,12 +336,9 @@ struct Builder {
     vectors: Vec<VectorSpec>,
     launches: Vec<Launch>,
     activations: Activations,
-    /// The largest residual product (rows x columns) that quantizes its input as it loads it
-    /// ([`Builder::residual_product`]).
-    on_load_max: usize,
-    /// Whether products whose type can stage their rows in shared memory do
-    /// ([`staged_product`]; `FERROLM_CUDA_NO_STAGE` to compare).
-    stage: bool,
+    /// The switches and sizes (the largest residual product that quantizes its input as it
+    /// loads it, [`Builder::residual_product`]; staging, [`staged_product`]; repacking).
+    tuning: CudaTuning,
 }
 
 /// Dynamic shared memory a block may use without asking for more.
@@ -414,7 +381,12 @@ impl Builder {
             ty,
             rows,
             cols,
-            kernel: crate::repack::repacked_type(ty, cols).unwrap_or(plain),
+            kernel: self
+                .tuning
+                .repack
+                .then(|| crate::repack::repacked_type(ty, cols))
+                .flatten()
+                .unwrap_or(plain),
         });
         Ok(self.matrices.len() - 1)
     }
@@ -448,6 +420,7 @@ impl Builder {
         args: Vec<Arg>,
     ) {
         let staged = self
+            .tuning
             .stage
             .then(|| staged_product(&kernel, row_bytes))
             .flatten();
@@ -473,7 +446,9 @@ impl Builder {
     /// launch; else quantize_act, then the product.
     fn residual_product(&mut self, m: usize, x: Buf) {
         let spec = &self.matrices[m];
-        if self.shared_format(&[m]).is_some() && spec.rows * spec.cols <= self.on_load_max {
+        if self.shared_format(&[m]).is_some()
+            && spec.rows * spec.cols <= self.tuning.quantize_on_load_max
+        {
             let kernel = format!("matvecf_{}", spec.kernel);
             self.push_product(kernel, m, x, None, Some(Buf::X), Buf::X);
         } else {
@@ -499,7 +474,7 @@ impl Builder {
             kernel,
             rb,
             (rows.div_ceil(MATVEC_ROWS) as u32, 1),
-            matvec_threads(cols / 32, rows),
+            self.tuning.matvec_threads(cols / 32, rows),
             vec![
                 Arg::Buf(Buf::Matrix(m)),
                 Arg::I32(rb as i32),
@@ -547,7 +522,7 @@ impl Builder {
             kernel,
             rb,
             (total.div_ceil(MATVEC_ROWS) as u32, 1),
-            matvec_threads(cols / 32, total),
+            self.tuning.matvec_threads(cols / 32, total),
             args,
         );
     }
@@ -561,7 +536,7 @@ impl Builder {
             kernel,
             rb,
             (rows.div_ceil(MATVEC_ROWS / 2) as u32, 1),
-            matvec_threads(cols / 32, 2 * rows),
+            self.tuning.matvec_threads(cols / 32, 2 * rows),
             vec![
                 Arg::Buf(Buf::Matrix(g)),
                 Arg::Buf(Buf::Matrix(u)),
@@ -630,7 +605,7 @@ impl Builder {
                 kernel,
                 rb,
                 (total.div_ceil(MATVEC_ROWS) as u32, 1),
-                matvec_threads(cols / 32, total),
+                self.tuning.matvec_threads(cols / 32, total),
                 args,
             );
             start = end;
@@ -728,20 +703,27 @@ pub fn decode_plan_layers(
     gpu_layers: usize,
     activations: Activations,
 ) -> Result<DecodePlan, Decline> {
-    let on_load_max = quantize_on_load_max();
-    decode_plan_with(plan, n_ctx, types, gpu_layers, activations, on_load_max)
+    let tuning = CudaTuning {
+        quantized_activations: activations == Activations::Quantized,
+        ..CudaTuning::default()
+    };
+    decode_plan_with(plan, n_ctx, types, gpu_layers, &tuning)
 }
 
-/// [`decode_plan_layers`] with the largest residual product that quantizes its input as it
-/// loads it given (rows x columns; 0: none, a quantize_act launch each).
+/// [`decode_plan_layers`] as `tuning` says (the activations' format, the largest residual
+/// product that quantizes its input as it loads it, staging, repacking, block sizes).
 pub fn decode_plan_with(
     plan: &ModelPlan,
     n_ctx: usize,
     types: &dyn Fn(&str) -> Option<TensorType>,
     gpu_layers: usize,
-    activations: Activations,
-    on_load_max: usize,
+    tuning: &CudaTuning,
 ) -> Result<DecodePlan, Decline> {
+    let activations = if tuning.quantized_activations {
+        Activations::Quantized
+    } else {
+        Activations::F32
+    };
     // Every field, no `..`: a field added to the plan stops this from compiling until someone
     // decides whether the CUDA path serves it.
     let ModelPlan {
@@ -781,8 +763,7 @@ pub fn decode_plan_with(
         vectors: Vec::new(),
         launches: Vec::new(),
         activations,
-        on_load_max,
-        stage: std::env::var_os("FERROLM_CUDA_NO_STAGE").is_none(),
+        tuning: tuning.clone(),
     };
     let embd = b.matrix(types, "token_embd.weight", n_vocab, d)?;
     let embd_ty = b.matrices[embd].kernel;

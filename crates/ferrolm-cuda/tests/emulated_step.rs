@@ -12,6 +12,7 @@ use std::sync::Arc;
 use ferrolm_cuda::schedule::{
     decode_plan_layers, decode_plan_with, Activations, Arg, Buf, DecodePlan, Launch, TOKEN_RING,
 };
+use ferrolm_cuda::CudaTuning;
 use ferrolm_gguf::{GgufFile, TensorType};
 use ferrolm_model::synthetic::{self, SyntheticSpec};
 use ferrolm_model::{Logits, Model};
@@ -454,15 +455,12 @@ fn emulate(
     let model = Model::from_file(file.clone(), 1).unwrap();
     let types = |name: &str| file.tensor(name).map(|t| t.ty);
     let n_layer = model.plan().layers.len();
-    let plan = decode_plan_with(
-        model.plan(),
-        ids.len() + 1,
-        &types,
-        n_layer,
-        activations,
-        on_load_max,
-    )
-    .unwrap();
+    let tuning = CudaTuning {
+        quantized_activations: activations == Activations::Quantized,
+        quantize_on_load_max: on_load_max,
+        ..CudaTuning::default()
+    };
+    let plan = decode_plan_with(model.plan(), ids.len() + 1, &types, n_layer, &tuning).unwrap();
     let mut e = Emulator::new(&file, &plan);
     let mut logits = Vec::new();
     for (p, &id) in ids.iter().enumerate() {

@@ -29,7 +29,7 @@
 mod open;
 mod stream;
 
-pub use ferrolm_cuda::Device;
+pub use ferrolm_cuda::{CudaTuning, Device};
 pub use ferrolm_engine::{
     eval_one, generate, Backend, BackendError, CpuBackend, FinishReason, GenerateError,
     GenerateParams, Generation, SamplerParams, SlotInput, SlotOutput,

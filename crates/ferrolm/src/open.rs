@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
-use ferrolm_cuda::{CudaError, CudaOptions, Device};
+use ferrolm_cuda::{CudaError, CudaOptions, CudaTuning, Device};
 use ferrolm_engine::{Backend, CpuBackend, GenerateParams};
 use ferrolm_gguf::GgufFile;
 use ferrolm_model::{LoadOptions, Model};
@@ -70,6 +70,8 @@ pub struct BackendOptions {
     pub gpu_layers: Option<usize>,
     /// Say on stderr where the model runs.
     pub verbose: bool,
+    /// The CUDA backend's switches and sizes.
+    pub cuda: CudaTuning,
 }
 
 impl Default for BackendOptions {
@@ -80,6 +82,7 @@ impl Default for BackendOptions {
             slots: 1,
             gpu_layers: None,
             verbose: false,
+            cuda: CudaTuning::default(),
         }
     }
 }
@@ -122,6 +125,7 @@ pub fn open_backend<'m>(
         n_ctx,
         gpu_layers: options.gpu_layers,
         slots,
+        tuning: options.cuda.clone(),
     };
     match ferrolm_cuda::open(model, &cuda) {
         Ok(backend) => {

@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result};
 use clap::Args;
-use ferrolm::{Backend, BackendOptions, Device};
+use ferrolm::{Backend, BackendOptions, CudaTuning, Device};
 use ferrolm_engine::SamplerParams;
 use ferrolm_gguf::GgufFile;
 use ferrolm_model::{ExpertMode, LoadOptions, Model};
@@ -111,6 +111,7 @@ pub fn open_backend<'m>(
             slots,
             gpu_layers: args.gpu_layers,
             verbose: true,
+            cuda: CudaTuning::from_env(),
         },
     )
 }

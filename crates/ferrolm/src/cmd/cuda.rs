@@ -5,7 +5,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Result};
 use clap::Args;
-use ferrolm_cuda::{CudaModel, CudaOptions, Device};
+use ferrolm_cuda::{CudaModel, CudaOptions, CudaTuning, Device};
 use ferrolm_engine::{eval_one, GenerateParams, Sampler};
 use ferrolm_model::{Logits, Model};
 use rand::{Rng, SeedableRng};
@@ -214,8 +214,14 @@ fn check_batched(args: &CheckArgs, model: &Model, cuda: CudaOptions) -> Result<(
 /// a few levels so that many values tie (the first of equal values wins, as on the host).
 fn check_selections(model: &Model, rows: &[f32], cuda: CudaOptions) -> Result<()> {
     let n_vocab = model.plan().n_vocab;
-    let mut gpu = CudaModel::new(model.plan(), model.file(), cuda.ordinal, cuda.n_ctx)
-        .map_err(|e| anyhow::anyhow!("cuda:{}: {e}", cuda.ordinal))?;
+    let mut gpu = CudaModel::with_tuning(
+        model.plan(),
+        model.file(),
+        cuda.ordinal,
+        cuda.n_ctx,
+        &cuda.tuning,
+    )
+    .map_err(|e| anyhow::anyhow!("cuda:{}: {e}", cuda.ordinal))?;
     let n = (rows.len() / n_vocab).min(64);
     let rows = &rows[..n * n_vocab];
     let tied: Vec<f32> = rows.iter().map(|v| (v * 2.0).round() / 2.0).collect();
@@ -358,6 +364,7 @@ pub fn check(args: CheckArgs) -> Result<()> {
             n_ctx,
             gpu_layers: None,
             slots: b.max(2),
+            tuning: CudaTuning::from_env(),
         };
         return check_batched(&args, &model, cuda);
     }
@@ -367,11 +374,18 @@ pub fn check(args: CheckArgs) -> Result<()> {
             n_ctx,
             gpu_layers: Some(gpu_layers),
             slots: 1,
+            tuning: CudaTuning::from_env(),
         };
         return check_split(&args, &model, cuda);
     }
-    let mut gpu = CudaModel::new(model.plan(), model.file(), ordinal, n_ctx)
-        .map_err(|e| anyhow::anyhow!("cuda:{ordinal}: {e}"))?;
+    let mut gpu = CudaModel::with_tuning(
+        model.plan(),
+        model.file(),
+        ordinal,
+        n_ctx,
+        &CudaTuning::from_env(),
+    )
+    .map_err(|e| anyhow::anyhow!("cuda:{ordinal}: {e}"))?;
     eprintln!(
         "ferrolm: comparing {} (cuda:{ordinal}, graph: {}) with the CPU ({} threads)",
         gpu.device_name(),
@@ -473,8 +487,14 @@ pub fn check(args: CheckArgs) -> Result<()> {
     if args.profile > 0 {
         // Room for the profiled steps.
         let n_ctx = (args.profile + 32).max(ids.len() + 1);
-        let mut gpu = CudaModel::new(model.plan(), model.file(), ordinal, n_ctx)
-            .map_err(|e| anyhow::anyhow!("cuda:{ordinal}: {e}"))?;
+        let mut gpu = CudaModel::with_tuning(
+            model.plan(),
+            model.file(),
+            ordinal,
+            n_ctx,
+            &CudaTuning::from_env(),
+        )
+        .map_err(|e| anyhow::anyhow!("cuda:{ordinal}: {e}"))?;
         gpu.push(ids[0])?;
         let t = Instant::now();
         let n = 16.min(args.profile);

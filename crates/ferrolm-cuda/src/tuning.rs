@@ -1,0 +1,119 @@
+//! The CUDA backend's switches and sizes. The defaults are what measured fastest
+//! (docs/PERFORMANCE.md); the others exist to compare variants on a GPU machine. Library code
+//! takes them as a value ([`crate::CudaOptions::tuning`]); only [`CudaTuning::from_env`], which
+//! the `ferrolm` binary calls, reads the `FERROLM_CUDA_*` variables.
+
+use std::path::PathBuf;
+
+/// How the CUDA backend builds and runs its steps.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CudaTuning {
+    /// Decode steps (and batched steps) replayed from CUDA graphs (`FERROLM_CUDA_NO_GRAPH`
+    /// unsets it: kernel by kernel).
+    pub graphs: bool,
+    /// Prompts as batches of GEMMs through cuBLAS (`FERROLM_CUDA_NO_BATCH`: decode steps).
+    pub batched_prompts: bool,
+    /// Kernels launched to overlap their predecessors on compute capability 9.0 and later
+    /// (`FERROLM_CUDA_NO_OVERLAP`).
+    pub overlap: bool,
+    /// Products on 8-bit activations as the CPU quantizes them (`FERROLM_CUDA_F32_ACT`: f32).
+    pub quantized_activations: bool,
+    /// Prompt attention on the tensor cores where the head width allows
+    /// (`FERROLM_CUDA_ATTN_TILE`: the f32 tiles).
+    pub tensor_core_attention: bool,
+    /// Products that can copy their rows into shared memory before waiting do
+    /// (`FERROLM_CUDA_NO_STAGE`).
+    pub stage: bool,
+    /// Q8_0 and Q6_K rows uploaded regrouped for 16-byte loads (`FERROLM_CUDA_NO_REPACK`).
+    pub repack: bool,
+    /// Eight warps for few, wide rows (`FERROLM_CUDA_MATVEC_128`: at most four).
+    pub wide_matvec: bool,
+    /// Most threads of a matrix-vector block, whole warps from 32 to 128
+    /// (`FERROLM_CUDA_MATVEC_MAX_THREADS`).
+    pub matvec_max_threads: usize,
+    /// The largest residual product (rows x columns) whose blocks quantize their f32 input as
+    /// they load it (`FERROLM_CUDA_QUANTIZE_ON_LOAD_MAX`; 0: none).
+    pub quantize_on_load_max: usize,
+    /// `#define` lines put ahead of the kernel source, `NAME=VALUE,...`
+    /// (`FERROLM_CUDA_DEFINES`).
+    pub defines: Option<String>,
+    /// Where compiled kernels are cached (`None`: compiled at every start); by default
+    /// `$FERROLM_HOME/kernels`, or `~/.cache/ferrolm/kernels`.
+    pub kernel_cache: Option<PathBuf>,
+}
+
+impl Default for CudaTuning {
+    fn default() -> Self {
+        CudaTuning {
+            graphs: true,
+            batched_prompts: true,
+            overlap: true,
+            quantized_activations: true,
+            tensor_core_attention: true,
+            stage: true,
+            repack: true,
+            wide_matvec: true,
+            matvec_max_threads: 128,
+            quantize_on_load_max: 1 << 20,
+            defines: None,
+            kernel_cache: Some(crate::kernels::cache_dir()),
+        }
+    }
+}
+
+impl CudaTuning {
+    /// The defaults, changed by the `FERROLM_CUDA_*` variables set (for binaries; see the
+    /// field docs).
+    pub fn from_env() -> CudaTuning {
+        let unset = |name: &str| std::env::var_os(name).is_none();
+        let number = |name: &str| std::env::var(name).ok().and_then(|v| v.parse().ok());
+        let d = CudaTuning::default();
+        CudaTuning {
+            graphs: unset("FERROLM_CUDA_NO_GRAPH"),
+            batched_prompts: unset("FERROLM_CUDA_NO_BATCH"),
+            overlap: unset("FERROLM_CUDA_NO_OVERLAP"),
+            quantized_activations: unset("FERROLM_CUDA_F32_ACT"),
+            tensor_core_attention: unset("FERROLM_CUDA_ATTN_TILE"),
+            stage: unset("FERROLM_CUDA_NO_STAGE"),
+            repack: unset("FERROLM_CUDA_NO_REPACK"),
+            wide_matvec: unset("FERROLM_CUDA_MATVEC_128"),
+            matvec_max_threads: number("FERROLM_CUDA_MATVEC_MAX_THREADS")
+                .unwrap_or(d.matvec_max_threads),
+            quantize_on_load_max: number("FERROLM_CUDA_QUANTIZE_ON_LOAD_MAX")
+                .unwrap_or(d.quantize_on_load_max),
+            defines: std::env::var("FERROLM_CUDA_DEFINES").ok(),
+            kernel_cache: d.kernel_cache.clone(),
+        }
+    }
+
+    /// Threads of a matrix-vector block over `rows` rows of `n_chunks` chunks of 32: a thread
+    /// a chunk, from one warp to four; eight warps for few (at most 2048), wide (256 chunks or
+    /// more) rows, a down product's (measured: docs/PERFORMANCE.md, issue 6).
+    pub fn matvec_threads(&self, n_chunks: usize, rows: usize) -> u32 {
+        if n_chunks >= 256 && rows <= 2048 && self.wide_matvec {
+            return 256;
+        }
+        // Whole warps: the kernels' reductions count on them.
+        let most = self.matvec_max_threads.clamp(32, 128) / 32 * 32;
+        (n_chunks.next_multiple_of(32)).clamp(32, most) as u32
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn matvec_blocks_are_whole_warps_within_the_bounds() {
+        let t = CudaTuning::default();
+        assert_eq!(t.matvec_threads(448, 4096), 128);
+        assert_eq!(t.matvec_threads(448, 2048), 256);
+        assert_eq!(t.matvec_threads(3, 100), 32);
+        let narrow = CudaTuning {
+            wide_matvec: false,
+            matvec_max_threads: 100,
+            ..CudaTuning::default()
+        };
+        assert_eq!(narrow.matvec_threads(448, 2048), 96);
+    }
+}
