@@ -12,7 +12,7 @@ use ferrolm_gguf::GgufFile;
 use ferrolm_model::ModelPlan;
 
 use crate::kernels;
-use crate::prefill::{self, Addresses, Prefill, RowsOut, RowsWant, MAX_BATCH};
+use crate::prefill::{self, Addresses, Prefill, RowsWant, MAX_BATCH};
 use crate::schedule::{
     decode_plan_with, Arg, Buf, DecodePlan, SAMPLE_DRAWS, SAMPLE_MAX_K, TOKEN_RING,
 };
@@ -776,11 +776,7 @@ impl CudaModel {
                 ring.last = None;
             }
         }
-        Ok(match out {
-            RowsOut::Logits(l) => Rows::Logits(l),
-            RowsOut::Greedy(g) => Rows::Greedy(g),
-            RowsOut::Top(t) => Rows::Top(t),
-        })
+        Ok(out)
     }
 
     fn launch_one(&self, r: &Resolved) -> Result<(), CudaError> {

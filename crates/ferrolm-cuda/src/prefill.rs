@@ -18,6 +18,7 @@ use cudarc::driver::{
 };
 use ferrolm_gguf::TensorType;
 
+use crate::device::Rows;
 use crate::device::{driver, launch, Value};
 use crate::schedule::{DecodePlan, MatrixSpec, MATVEC_ROWS};
 use crate::{CudaError, CudaTuning};
@@ -56,7 +57,7 @@ pub(crate) struct Addresses {
 
 /// How a batch's tokens meet the caches.
 #[derive(Clone, Copy)]
-enum Rows<'a> {
+enum Placement<'a> {
     /// One sequence's ids at positions `pos0..`, attending causally within the batch.
     Prompt { pos0: usize },
     /// One id of each of several slots: token t at the slot and position uploaded to
@@ -77,16 +78,6 @@ pub enum RowsWant {
     Greedy,
     /// Every row's `k` largest logits with their ids (at most [`TOP_MAX`]).
     Top(usize),
-}
-
-/// What the batched decode step returned for its rows.
-pub(crate) enum RowsOut {
-    /// Every row's logits, `n_vocab` each.
-    Logits(Vec<f32>),
-    /// Every row's greedy choice (the first largest logit).
-    Greedy(Vec<u32>),
-    /// Every row's `k` largest logits as (id, logit), in no order.
-    Top(Vec<Vec<(u32, f32)>>),
 }
 
 /// The batched prompt pass of one model: cuBLAS, the kernels and the batch buffers.
@@ -135,9 +126,8 @@ pub(crate) struct Prefill {
     graphs: bool,
     /// Events around each launch, when profiling.
     profile: Option<Vec<(String, CudaEvent, CudaEvent)>>,
-    /// Attention on the tensor cores where the head width allows (as the tuning says).
-    tensor_cores: bool,
-    /// The switches and sizes it was made with (the matrix-vector blocks' threads).
+    /// The switches and sizes it was made with (tensor-core attention, the matrix-vector
+    /// blocks' threads).
     tuning: CudaTuning,
 }
 
@@ -231,7 +221,6 @@ impl Prefill {
             row_graphs: HashMap::new(),
             graphs: tuning.graphs,
             profile: None,
-            tensor_cores: tuning.tensor_core_attention,
             tuning: tuning.clone(),
         }))
     }
@@ -502,7 +491,7 @@ impl Prefill {
         p: &DecodePlan,
         at: &Addresses,
         ids: &[u32],
-        rows: Rows<'_>,
+        rows: Placement<'_>,
     ) -> Result<(), CudaError> {
         let n = ids.len();
         assert!(n > 0 && n <= MAX_BATCH, "batch of {n}");
@@ -519,7 +508,7 @@ impl Prefill {
         p: &DecodePlan,
         at: &Addresses,
         n: usize,
-        rows: Rows<'_>,
+        rows: Placement<'_>,
     ) -> Result<(), CudaError> {
         let s = self.stream.clone();
         let d = p.n_embd;
@@ -568,8 +557,8 @@ impl Prefill {
             let q_dim = r.n_head * r.head_dim;
             let kv_dim = r.n_head_kv * r.head_dim;
             let fused_qkv = match rows {
-                Rows::Slots { .. } => self.qkv_kept.get(l).copied().flatten(),
-                Rows::Prompt { .. } => None,
+                Placement::Slots { .. } => self.qkv_kept.get(l).copied().flatten(),
+                Placement::Prompt { .. } => None,
             };
             let (q, k, v, q_stride, kv_stride) = match (fused_qkv, &self.qkv_rows) {
                 (Some(w), Some(rows_buf)) => {
@@ -618,7 +607,7 @@ impl Prefill {
                 a
             };
             match rows {
-                Rows::Prompt { pos0 } => {
+                Placement::Prompt { pos0 } => {
                     self.run(
                         "rope_rows",
                         ((r.n_head + r.n_head_kv) as u32, n as u32),
@@ -638,7 +627,8 @@ impl Prefill {
                         Value::I32(r.n_head_kv as i32),
                     ];
                     let mma = self
-                        .tensor_cores
+                        .tuning
+                        .tensor_core_attention
                         .then(|| mma_attention(r.head_dim))
                         .flatten();
                     let (kernel, tile) = match mma {
@@ -656,7 +646,7 @@ impl Prefill {
                         &args,
                     )?;
                 }
-                Rows::Slots { slot_stride } => {
+                Placement::Slots { slot_stride } => {
                     let (slots, pos) = (ptr(&self.row_slots, &s), ptr(&self.row_pos, &s));
                     self.run(
                         "rope_rows_slots",
@@ -698,8 +688,8 @@ impl Prefill {
             let n_ff = p.matrices[g].rows;
             let total = (n * n_ff) as u64;
             let fused_gu = match rows {
-                Rows::Slots { .. } => self.gate_up_kept.get(l).copied().flatten(),
-                Rows::Prompt { .. } => None,
+                Placement::Slots { .. } => self.gate_up_kept.get(l).copied().flatten(),
+                Placement::Prompt { .. } => None,
             };
             match (fused_gu, &self.gate_up_rows) {
                 (Some(w), Some(rows_buf)) => {
@@ -759,7 +749,7 @@ impl Prefill {
         slot_stride: &[usize],
         spare: u32,
         want: RowsWant,
-    ) -> Result<RowsOut, CudaError> {
+    ) -> Result<Rows, CudaError> {
         let n = ids.len();
         assert!(
             n == slots.len() && n == pos.len(),
@@ -831,12 +821,7 @@ impl Prefill {
     }
 
     /// What `want` asks of the `n` rows of logits a step left on the device.
-    fn after_rows(
-        &mut self,
-        p: &DecodePlan,
-        n: usize,
-        want: RowsWant,
-    ) -> Result<RowsOut, CudaError> {
+    fn after_rows(&mut self, p: &DecodePlan, n: usize, want: RowsWant) -> Result<Rows, CudaError> {
         let s = self.stream.clone();
         let vocab = p.n_vocab;
         let logits = ptr(self.all_logits.as_ref().expect("allocated"), &s);
@@ -857,7 +842,7 @@ impl Prefill {
                 s.memcpy_dtoh(&self.row_ids.slice(..n), &mut chosen)
                     .map_err(driver("reading the choices"))?;
                 s.synchronize().map_err(driver("reading the choices"))?;
-                Ok(RowsOut::Greedy(chosen))
+                Ok(Rows::Greedy(chosen))
             }
             RowsWant::Top(k) => {
                 let k = k.clamp(1, TOP_MAX.min(vocab));
@@ -881,7 +866,7 @@ impl Prefill {
                 s.memcpy_dtoh(&self.top_vals.slice(..n * k), &mut top_vals)
                     .map_err(driver("reading the candidates"))?;
                 s.synchronize().map_err(driver("reading the candidates"))?;
-                Ok(RowsOut::Top(
+                Ok(Rows::Top(
                     top_ids
                         .chunks_exact(k)
                         .zip(top_vals.chunks_exact(k))
@@ -895,7 +880,7 @@ impl Prefill {
                 s.memcpy_dtoh(&all_logits.slice(..n * vocab), &mut out)
                     .map_err(driver("reading the logits"))?;
                 s.synchronize().map_err(driver("reading the logits"))?;
-                Ok(RowsOut::Logits(out))
+                Ok(Rows::Logits(out))
             }
         }
     }
@@ -926,11 +911,11 @@ impl Prefill {
         s.memcpy_htod(rows, &mut all.slice_mut(..n * vocab))
             .map_err(driver("uploading rows"))?;
         let greedy = match self.after_rows(p, n, RowsWant::Greedy)? {
-            RowsOut::Greedy(g) => g,
+            Rows::Greedy(g) => g,
             _ => unreachable!("greedy asked for"),
         };
         let top = match self.after_rows(p, n, RowsWant::Top(k))? {
-            RowsOut::Top(t) => t,
+            Rows::Top(t) => t,
             _ => unreachable!("candidates asked for"),
         };
         Ok((greedy, top))
@@ -945,7 +930,7 @@ impl Prefill {
         n: usize,
         slot_stride: &[usize],
     ) -> Result<(), CudaError> {
-        self.launch_layers(p, at, n, Rows::Slots { slot_stride })?;
+        self.launch_layers(p, at, n, Placement::Slots { slot_stride })?;
         self.logits_rows(p, at, n).map(|_| ())
     }
 
@@ -998,7 +983,7 @@ impl Prefill {
         all: bool,
         last: bool,
     ) -> Result<Vec<f32>, CudaError> {
-        self.layers(p, at, ids, Rows::Prompt { pos0 })?;
+        self.layers(p, at, ids, Placement::Prompt { pos0 })?;
         let n = ids.len();
         let s = self.stream.clone();
         let d = p.n_embd;

@@ -571,14 +571,19 @@ mod tests {
     use ferrolm_engine::{SamplerParams, SlotOutput};
     use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
-    /// The default model's tokenizer (the model is fetched by `scripts/test` before the tests).
-    fn tokenizer() -> Tokenizer {
+    /// The default model's file (fetched by `scripts/test` before the tests).
+    fn model_path() -> std::path::PathBuf {
         let home = std::env::var_os("FERROLM_HOME")
             .map(std::path::PathBuf::from)
             .unwrap_or_else(|| {
                 std::path::PathBuf::from(std::env::var_os("HOME").unwrap()).join(".cache/ferrolm")
             });
-        let path = home.join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
+        home.join("models/SmolLM2-135M-Instruct.Q4_1.gguf")
+    }
+
+    /// The default model's tokenizer.
+    fn tokenizer() -> Tokenizer {
+        let path = model_path();
         let file = ferrolm_gguf::GgufFile::open(&path)
             .unwrap_or_else(|e| panic!("{}: {e} (run `ferrolm pull`)", path.display()));
         Tokenizer::from_metadata(file.metadata()).unwrap()
@@ -906,14 +911,7 @@ mod tests {
     /// same greedy text as the first time.
     #[test]
     fn a_cached_prefix_gives_the_tokens_of_a_full_evaluation() {
-        let home = std::env::var_os("FERROLM_HOME")
-            .map(std::path::PathBuf::from)
-            .unwrap_or_else(|| {
-                std::path::PathBuf::from(std::env::var_os("HOME").unwrap()).join(".cache/ferrolm")
-            });
-        let model =
-            ferrolm_model::Model::load(home.join("models/SmolLM2-135M-Instruct.Q4_1.gguf"), 1)
-                .unwrap();
+        let model = ferrolm_model::Model::load(model_path(), 1).unwrap();
         let tok = tokenizer();
         let system = tok.encode_prompt("You are a helpful assistant. Answer briefly and well.");
         let ask = |q: &str| {

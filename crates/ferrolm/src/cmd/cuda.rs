@@ -357,6 +357,7 @@ pub fn check(args: CheckArgs) -> Result<()> {
         Some(Err(e)) => bail!(e),
     };
     let n_layer = model.plan().layers.len();
+    let tuning = CudaTuning::from_env();
     let gpu_layers = args.model.gpu_layers.unwrap_or(n_layer);
     if let Some(b) = args.batch {
         let cuda = CudaOptions {
@@ -364,7 +365,7 @@ pub fn check(args: CheckArgs) -> Result<()> {
             n_ctx,
             gpu_layers: None,
             slots: b.max(2),
-            tuning: CudaTuning::from_env(),
+            tuning: tuning.clone(),
         };
         return check_batched(&args, &model, cuda);
     }
@@ -374,18 +375,12 @@ pub fn check(args: CheckArgs) -> Result<()> {
             n_ctx,
             gpu_layers: Some(gpu_layers),
             slots: 1,
-            tuning: CudaTuning::from_env(),
+            tuning: tuning.clone(),
         };
         return check_split(&args, &model, cuda);
     }
-    let mut gpu = CudaModel::with_tuning(
-        model.plan(),
-        model.file(),
-        ordinal,
-        n_ctx,
-        &CudaTuning::from_env(),
-    )
-    .map_err(|e| anyhow::anyhow!("cuda:{ordinal}: {e}"))?;
+    let mut gpu = CudaModel::with_tuning(model.plan(), model.file(), ordinal, n_ctx, &tuning)
+        .map_err(|e| anyhow::anyhow!("cuda:{ordinal}: {e}"))?;
     eprintln!(
         "ferrolm: comparing {} (cuda:{ordinal}, graph: {}) with the CPU ({} threads)",
         gpu.device_name(),
@@ -487,14 +482,8 @@ pub fn check(args: CheckArgs) -> Result<()> {
     if args.profile > 0 {
         // Room for the profiled steps.
         let n_ctx = (args.profile + 32).max(ids.len() + 1);
-        let mut gpu = CudaModel::with_tuning(
-            model.plan(),
-            model.file(),
-            ordinal,
-            n_ctx,
-            &CudaTuning::from_env(),
-        )
-        .map_err(|e| anyhow::anyhow!("cuda:{ordinal}: {e}"))?;
+        let mut gpu = CudaModel::with_tuning(model.plan(), model.file(), ordinal, n_ctx, &tuning)
+            .map_err(|e| anyhow::anyhow!("cuda:{ordinal}: {e}"))?;
         gpu.push(ids[0])?;
         let t = Instant::now();
         let n = 16.min(args.profile);
