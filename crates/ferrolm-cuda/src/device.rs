@@ -517,6 +517,7 @@ impl CudaModel {
                     Arg::Null => Value::Ptr(0),
                     Arg::I32(v) => Value::I32(v),
                     Arg::F32(v) => Value::F32(v),
+                    Arg::I64(v) => Value::I64(v),
                 })
                 .collect();
             launches.push(Resolved {

@@ -1691,6 +1691,13 @@ extern "C" __global__ void rope_store(float* q, const float* k, const float* v,
 }
 
 #define MAX_EPL 8
+
+// An attention score `s` (already scaled) under Gemma 2's soft cap: tanh(s / cap) * cap, the
+// division a multiplication by 1 / cap as the CPU does it; cap 0: no cap.
+__device__ __forceinline__ float soft_cap(float s, float cap) {
+    return cap > 0.f ? tanhf(s * (1.f / cap)) * cap : s;
+}
+
 // The positions a decode attention block takes at a time, one a thread (128 threads).
 #define ATTN_TILE 128
 
@@ -1730,8 +1737,8 @@ __device__ __forceinline__ void cache_words8(const u16* cache, int stride, int k
 // the unnormalized output lands in so[0..hd].
 __device__ __forceinline__ void attend_tiles(const float* qh, const u16* kc, const u16* vc,
                                              int stride, int kv_off, int hd, int start, int end,
-                                             float scale, float& m_out, float& l_out,
-                                             float* so) {
+                                             float scale, float cap, float& m_out,
+                                             float& l_out, float* so) {
     __shared__ float sp[ATTN_TILE], red[4];
     __shared__ float parts[ATTN_TILE * 8];
     int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
@@ -1757,7 +1764,7 @@ __device__ __forceinline__ void attend_tiles(const float* qh, const u16* kc, con
                 float d = dot8_half(qv, w[b]);
                 for (int o = G / 2; o > 0; o >>= 1) d += __shfl_xor_sync(0xffffffffu, d, o);
                 int j = pg + P * (i0 + b);
-                if (g == 0 && i0 + b < G && j < n) sp[j] = d * scale;
+                if (g == 0 && i0 + b < G && j < n) sp[j] = soft_cap(d * scale, cap);
             }
         }
         __syncthreads();
@@ -1821,7 +1828,7 @@ __device__ __forceinline__ void attend_tiles(const float* qh, const u16* kc, con
 extern "C" __global__ void attn_split(const float* q, const u16* kc, const u16* vc,
                                       const u32* pos, float* part_o, float* part_ml, u32* done,
                                       float* out, int n_head, int n_head_kv, int hd,
-                                      int n_splits, float scale, int window) {
+                                      int n_splits, float scale, float cap, int window) {
     step_begin();
     __shared__ float so[256];
     __shared__ bool last;
@@ -1834,7 +1841,8 @@ extern "C" __global__ void attn_split(const float* q, const u16* kc, const u16* 
     int chunk = (len - lo + ns - 1) / ns;
     int start = lo + s * chunk, end = min(start + chunk, len);
     float M, L;
-    attend_tiles(q + h * hd, kc, vc, n_head_kv * hd, kvh * hd, hd, start, end, scale, M, L, so);
+    attend_tiles(q + h * hd, kc, vc, n_head_kv * hd, kvh * hd, hd, start, end, scale, cap, M, L,
+                 so);
     if (ns == 1) {
         for (int i = threadIdx.x; i < hd; i += blockDim.x) out[h * hd + i] = so[i] / L;
     } else {
@@ -2237,7 +2245,7 @@ extern "C" __global__ void rope_rows(float* q, const float* k, const float* v, c
 #define KT 32
 extern "C" __global__ void attn_tile(const float* q, const u16* kc, const u16* vc, u16* out,
                                      int pos0, int n_tok, int n_head, int n_head_kv, int hd,
-                                     float scale, int window) {
+                                     float scale, float cap, int window) {
     __shared__ u32 ks[KT * 129];
     __shared__ u32 vs[KT * 128];
     __shared__ u32 qs[QT * 128];
@@ -2300,7 +2308,7 @@ extern "C" __global__ void attn_tile(const float* q, const u16* kc, const u16* v
         for (int r = 0; r < 4; r++) {
             int p = pos0 + t0 + warp * 4 + r;
             bool ok = key < hi && key <= p && (window == 0 || key > p - window);
-            float v = ok ? sc[r] * scale : -INFINITY;
+            float v = ok ? soft_cap(sc[r] * scale, cap) : -INFINITY;
             float mn = fmaxf(m[r], warp_max(v));
             // A query past the batch, or one that sees no key of this tile, keeps its state.
             if (mn == -INFINITY) {
@@ -2370,7 +2378,7 @@ __device__ __forceinline__ u32 pack_h2(float lo, float hi) {
 template <int HD>
 __device__ __forceinline__ void attn_mma(const float* q, const u16* kc, const u16* vc, u16* out,
                                          int pos0, int n_tok, int n_head, int n_head_kv,
-                                         float scale, int window) {
+                                         float scale, float cap, int window) {
     constexpr int ST = HD + FPAD;  // shared row stride in halfs (rows 16-byte aligned, no
                                    // bank conflicts between the 8 rows a fragment reads)
     __shared__ __align__(16) u16 qs[FQ * ST];
@@ -2440,8 +2448,8 @@ __device__ __forceinline__ void attn_mma(const float* q, const u16* kc, const u1
                 bool in = key < hi;
                 bool ok0 = in && key <= p0 && (window == 0 || key > p0 - window);
                 bool ok1 = in && key <= p1 && (window == 0 || key > p1 - window);
-                s[n][e] = ok0 ? s[n][e] * scale : -INFINITY;
-                s[n][2 + e] = ok1 ? s[n][2 + e] * scale : -INFINITY;
+                s[n][e] = ok0 ? soft_cap(s[n][e] * scale, cap) : -INFINITY;
+                s[n][2 + e] = ok1 ? soft_cap(s[n][2 + e] * scale, cap) : -INFINITY;
                 mx0 = fmaxf(mx0, s[n][e]);
                 mx1 = fmaxf(mx1, s[n][2 + e]);
             }
@@ -2513,8 +2521,9 @@ __device__ __forceinline__ void attn_mma(const float* q, const u16* kc, const u1
 #define ATTN_MMA(HD)                                                                             \
     extern "C" __global__ void __launch_bounds__(128)                                            \
         attn_mma_##HD(const float* q, const u16* kc, const u16* vc, u16* out, int pos0,          \
-                      int n_tok, int n_head, int n_head_kv, float scale, int window) {           \
-        attn_mma<HD>(q, kc, vc, out, pos0, n_tok, n_head, n_head_kv, scale, window);             \
+                      int n_tok, int n_head, int n_head_kv, float scale, float cap,            \
+                      int window) {                                                              \
+        attn_mma<HD>(q, kc, vc, out, pos0, n_tok, n_head, n_head_kv, scale, cap, window);        \
     }
 ATTN_MMA(64)
 ATTN_MMA(128)
@@ -2558,7 +2567,7 @@ extern "C" __global__ void rope_rows_slots(float* q, const float* k, const float
 extern "C" __global__ void attn_rows(const float* q, const u16* kc, const u16* vc, u16* out,
                                      const u32* slot, const u32* pos, long long slot_stride,
                                      int q_stride, int n_head, int n_head_kv, int hd, float scale,
-                                     int window) {
+                                     float cap, int window) {
     __shared__ float so[256];
     int h = blockIdx.x, t = blockIdx.y;
     int kvh = h / (n_head / n_head_kv);
@@ -2568,7 +2577,7 @@ extern "C" __global__ void attn_rows(const float* q, const u16* kc, const u16* v
     size_t row = ((size_t)t * n_head + h) * hd;
     float M, L;
     attend_tiles(q + (size_t)t * q_stride + (size_t)h * hd, kc + base, vc + base, n_head_kv * hd,
-                 kvh * hd, hd, lo, len, scale, M, L, so);
+                 kvh * hd, hd, lo, len, scale, cap, M, L, so);
     for (int i = threadIdx.x; i < hd; i += blockDim.x) out[row + i] = f2h(so[i] / L);
 }
 
@@ -2702,5 +2711,80 @@ extern "C" __global__ void swiglu_pairs_f16(const float* gu, u16* act, int ff, l
         long long t = i / ff, j = i - t * ff;
         float x = gu[t * 2 * ff + j];
         act[i] = f2h(x / (1.f + __expf(-x)) * gu[t * 2 * ff + ff + j]);
+    }
+}
+
+// ---- Past the llama family: Gemma's and Granite's plan fields --------------------------------
+
+// x *= s over n values (the embedding scale, applied to the embedded rows as the CPU does).
+extern "C" __global__ void scale_f32(float* x, long long n, float s) {
+    step_begin();
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] *= s;
+}
+
+// GELU as the CPU computes it (ggml's f16 table, GGML_GELU_FP16): 0 at or below -10, x at or
+// above 10, otherwise the tanh approximation of x rounded to f16, rounded to f16.
+__device__ __forceinline__ float gelu_table(float g) {
+    if (g <= -10.f) return 0.f;
+    if (g >= 10.f) return g;
+    float x = h2f(f2h(g));
+    float inner = fmaf(0.044715f * x, x, 1.f);
+    float t = (float)tanh((double)(0.7978846f * x * inner));
+    return h2f(f2h(0.5f * x * (1.f + t)));
+}
+
+// out = gelu(g) * u over n values (Gemma's gated feed-forward, one token).
+extern "C" __global__ void geglu(const float* g, const float* u, float* out, int n) {
+    step_begin();
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = gelu_table(g[i]) * u[i];
+}
+
+// geglu over n values of a batch, as f16 (the down product's GEMM input).
+extern "C" __global__ void geglu_f16(const float* g, const float* u, u16* out, long long n) {
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = f2h(gelu_table(g[i]) * u[i]);
+}
+
+// geglu_f16 where row t of gu holds its gate then its up values (one fused product).
+extern "C" __global__ void geglu_pairs_f16(const float* gu, u16* act, int ff, long long n) {
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) {
+        long long t = i / ff, j = i - t * ff;
+        act[i] = f2h(gelu_table(gu[t * 2 * ff + j]) * gu[t * 2 * ff + ff + j]);
+    }
+}
+
+// x[r] += (y[r] / rms(y[r]) * w) * scale for row r = blockIdx.x of n values: a block's output
+// through Gemma's post-norm (w; null: none) and Granite's residual scale, then the residual
+// add, in the CPU's order and with its f64 sum of squares.
+extern "C" __global__ void post_norm_add(const float* y, const float* w, float* x, int n,
+                                         float eps, float scale) {
+    step_begin();
+    const float* yr = y + (size_t)blockIdx.x * n;
+    float* xr = x + (size_t)blockIdx.x * n;
+    float r = 1.f;
+    if (w) {
+        double s = 0.0;
+        for (int i = threadIdx.x; i < n; i += blockDim.x) s += (double)(yr[i] * yr[i]);
+        r = rms_scale(s, n, eps);
+    }
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        float v = w ? (yr[i] * r) * w[i] : yr[i];
+        xr[i] += v * scale;
+    }
+}
+
+// The logits through Gemma 2's final soft cap (cap 0: none; inv_cap = 1 / cap as the CPU
+// rounds it) and Granite's logit scale (multiplied by inv_scale = 1 / scale), over n values.
+extern "C" __global__ void adjust_logits(float* x, long long n, float inv_cap, float cap,
+                                         float inv_scale) {
+    step_begin();
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) {
+        float v = x[i];
+        if (cap > 0.f) v = tanhf(v * inv_cap) * cap;
+        x[i] = v * inv_scale;
     }
 }

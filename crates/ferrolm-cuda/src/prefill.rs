@@ -20,7 +20,7 @@ use ferrolm_gguf::TensorType;
 
 use crate::device::Rows;
 use crate::device::{driver, launch, Value};
-use crate::schedule::{DecodePlan, MatrixSpec, MATVEC_ROWS};
+use crate::schedule::{DecodePlan, GateActivation, MatrixSpec, MATVEC_ROWS};
 use crate::{CudaError, CudaTuning};
 
 /// Tokens in one batch: longer prompts go through in batches of this many.
@@ -134,7 +134,7 @@ pub(crate) struct Prefill {
 /// Bytes of device memory the batch buffers take (besides the logits of every position).
 pub fn scratch_bytes(p: &DecodePlan) -> u64 {
     let widest = widest_matrix(p);
-    let per_token = 4 * (p.n_embd + 2 * p.max_q + 2 * p.max_kv + 2 * p.max_ff)
+    let per_token = 4 * (p.n_embd + 2 * p.max_q + 2 * p.max_kv + 2 * p.max_ff.max(p.n_embd))
         + 2 * (p.n_embd.max(p.max_q).max(p.max_ff) + p.max_q + p.max_ff);
     (MAX_BATCH * per_token + 2 * widest + 4 * p.n_embd) as u64
 }
@@ -191,8 +191,9 @@ impl Prefill {
             k: f32s(b * p.max_kv)?,
             v: f32s(b * p.max_kv)?,
             attn: f16s(b * p.max_q)?,
-            gate: f32s(b * p.max_ff)?,
-            up: f32s(b * p.max_ff)?,
+            // (also a block's output before its post-norm: n_embd wide)
+            gate: f32s(b * p.max_ff.max(p.n_embd))?,
+            up: f32s(b * p.max_ff.max(p.n_embd))?,
             act: f16s(b * p.max_ff)?,
             w16: f16s(widest)?,
             last: f32s(p.n_embd)?,
@@ -540,6 +541,15 @@ impl Prefill {
                 Value::Ptr(x),
             ],
         )?;
+        if let Some(scale) = p.embedding_scale {
+            let total = (n * d) as u64;
+            self.run(
+                "scale_f32",
+                (total.div_ceil(256) as u32, 1),
+                256,
+                &[Value::Ptr(x), Value::I64(total as i64), Value::F32(scale)],
+            )?;
+        }
         let opt = |i: Option<usize>| Value::Ptr(i.map_or(0, |i| at.vectors[i]));
         for (l, r) in p.layers.iter().enumerate() {
             let norm = |w: usize| {
@@ -638,7 +648,11 @@ impl Prefill {
                             ("attn_tile", ATTN_TILE)
                         }
                     };
-                    args.extend([Value::F32(r.scale), Value::I32(r.window as i32)]);
+                    args.extend([
+                        Value::F32(r.scale),
+                        Value::F32(r.softcap),
+                        Value::I32(r.window as i32),
+                    ]);
                     self.run(
                         kernel,
                         (r.n_head as u32, n.div_ceil(tile) as u32),
@@ -677,12 +691,13 @@ impl Prefill {
                             Value::I32(r.n_head_kv as i32),
                             Value::I32(r.head_dim as i32),
                             Value::F32(r.scale),
+                            Value::F32(r.softcap),
                             Value::I32(r.window as i32),
                         ],
                     )?;
                 }
             }
-            self.product(p, at, r.wo, attn, n, x, 1.0)?;
+            self.block_output(p, at, r.wo, attn, n, r.post_attn_norm, r.residual_scale)?;
             self.run("rms_norm_rows", (n as u32, 1), 256, &norm(r.ffn_norm))?;
             let [g, u, down] = r.ffn;
             let n_ff = p.matrices[g].rows;
@@ -697,7 +712,10 @@ impl Prefill {
                     let out = ptr(rows_buf, &s);
                     self.gemm(w, 2 * n_ff, d, h, n, out, 0.0)?;
                     self.run(
-                        "swiglu_pairs_f16",
+                        match r.activation {
+                            GateActivation::Silu => "swiglu_pairs_f16",
+                            GateActivation::Gelu => "geglu_pairs_f16",
+                        },
                         (total.div_ceil(256) as u32, 1),
                         256,
                         &[
@@ -712,7 +730,10 @@ impl Prefill {
                     self.product(p, at, g, h, n, gate, 0.0)?;
                     self.product(p, at, u, h, n, up, 0.0)?;
                     self.run(
-                        "swiglu_f16",
+                        match r.activation {
+                            GateActivation::Silu => "swiglu_f16",
+                            GateActivation::Gelu => "geglu_f16",
+                        },
                         (total.div_ceil(256) as u32, 1),
                         256,
                         &[
@@ -724,9 +745,70 @@ impl Prefill {
                     )?;
                 }
             }
-            self.product(p, at, down, act, n, x, 1.0)?;
+            self.block_output(p, at, down, act, n, r.post_ffn_norm, r.residual_scale)?;
         }
         Ok(())
+    }
+
+    /// A block's output (matrix `m` over the `n` rows at `input`) into the residual stream:
+    /// added by the GEMM, or, with a post-norm (Gemma) or a residual scale (Granite), written
+    /// to `gate` (free by then) and added by `post_norm_add`.
+    #[allow(clippy::too_many_arguments)]
+    fn block_output(
+        &mut self,
+        p: &DecodePlan,
+        at: &Addresses,
+        m: usize,
+        input: u64,
+        n: usize,
+        post_norm: Option<usize>,
+        scale: f32,
+    ) -> Result<(), CudaError> {
+        let x = ptr(&self.x, &self.stream);
+        if post_norm.is_none() && scale == 1.0 {
+            return self.product(p, at, m, input, n, x, 1.0);
+        }
+        let y = ptr(&self.gate, &self.stream);
+        self.product(p, at, m, input, n, y, 0.0)?;
+        self.run(
+            "post_norm_add",
+            (n as u32, 1),
+            256,
+            &[
+                Value::Ptr(y),
+                Value::Ptr(post_norm.map_or(0, |w| at.vectors[w])),
+                Value::Ptr(x),
+                Value::I32(p.n_embd as i32),
+                Value::F32(p.norm_eps),
+                Value::F32(scale),
+            ],
+        )
+    }
+
+    /// The final soft cap and the logit scale over `count` logits at `logits`, where the
+    /// model has them.
+    fn adjust_logits(
+        &mut self,
+        p: &DecodePlan,
+        logits: u64,
+        count: usize,
+    ) -> Result<(), CudaError> {
+        if p.logits.is_none() {
+            return Ok(());
+        }
+        let [inv_cap, cap, inv_scale] = p.logits.args();
+        self.run(
+            "adjust_logits",
+            ((count as u64).div_ceil(256) as u32, 1),
+            256,
+            &[
+                Value::Ptr(logits),
+                Value::I64(count as i64),
+                Value::F32(inv_cap),
+                Value::F32(cap),
+                Value::F32(inv_scale),
+            ],
+        )
     }
 
     /// One decode step of several sequences: `ids[t]` of slot `slots[t]` at position
@@ -963,6 +1045,7 @@ impl Prefill {
             ],
         )?;
         self.product(p, at, head.output, h, n, logits, 0.0)?;
+        self.adjust_logits(p, logits, n * p.n_vocab)?;
         Ok(logits)
     }
 
@@ -1044,6 +1127,7 @@ impl Prefill {
                     Value::Ptr(at.logits),
                 ],
             )?;
+            self.adjust_logits(p, at.logits, vocab)?;
         }
         self.choose(at, at.logits, vocab)?;
         Ok(out)

@@ -129,6 +129,8 @@ pub enum Arg {
     I32(i32),
     /// A `float`.
     F32(f32),
+    /// A `long long`.
+    I64(i64),
 }
 
 /// One kernel launch.
@@ -221,6 +223,25 @@ pub struct LayerRefs {
     pub scale: f32,
     /// Sliding window (0: none).
     pub window: usize,
+    /// The attention scores' soft cap (0: none; Gemma 2), applied after the scale.
+    pub softcap: f32,
+    /// The RMS norm of the attention block's output before the residual add (Gemma).
+    pub post_attn_norm: Option<usize>,
+    /// The RMS norm of the feed-forward block's output before the residual add (Gemma).
+    pub post_ffn_norm: Option<usize>,
+    /// Each block's output times this before the residual add (1: none; Granite).
+    pub residual_scale: f32,
+    /// The feed-forward gate's activation.
+    pub activation: GateActivation,
+}
+
+/// The activation of a gated feed-forward block the CUDA path serves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GateActivation {
+    /// `silu(gate) * up` (the llama family).
+    Silu,
+    /// `gelu(gate) * up` with the CPU's f16-table GELU (Gemma).
+    Gelu,
 }
 
 /// The output head of a whole model on the device.
@@ -270,6 +291,34 @@ pub struct DecodePlan {
     pub max_heads_splits: usize,
     /// Key/value width per layer (f16 cache rows).
     pub kv_dims: Vec<usize>,
+    /// What the embedded rows are multiplied by (Gemma, Granite).
+    pub embedding_scale: Option<f32>,
+    /// What the logits go through: the final soft cap (Gemma 2) and the logit scale they are
+    /// divided by (Granite).
+    pub logits: LogitAdjust,
+}
+
+/// The final soft cap and the logit scale, as the `adjust_logits` kernel takes them.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct LogitAdjust {
+    /// `tanh(x / cap) * cap` first (`None`: no cap).
+    pub softcap: Option<f32>,
+    /// Then `x / scale` (`None`: no scale).
+    pub scale: Option<f32>,
+}
+
+impl LogitAdjust {
+    /// Whether the logits are left as the output product gives them.
+    pub fn is_none(&self) -> bool {
+        self.softcap.is_none() && self.scale.is_none()
+    }
+
+    /// The kernel's arguments after the logits and their count: `inv_cap, cap, inv_scale`,
+    /// the reciprocals rounded to f32 as the CPU rounds them.
+    pub fn args(&self) -> [f32; 3] {
+        let (inv_cap, cap) = self.softcap.map_or((0.0, 0.0), |c| (1.0 / c, c));
+        [inv_cap, cap, self.scale.map_or(1.0, |s| 1.0 / s)]
+    }
 }
 
 /// Draws the device holds at a time.
@@ -456,6 +505,32 @@ impl Builder {
             let x = self.input_for(x, cols, &[m]);
             self.matvec(m, x, None, Some(Buf::X), Buf::X);
         }
+    }
+
+    /// A block's output `W x` into the residual stream: added by the product itself, or, with
+    /// a post-norm (Gemma) or a residual scale (Granite), written to [`Buf::H`] (free by then:
+    /// the block's products have read their input) and added by `post_norm_add`.
+    fn block_output(&mut self, m: usize, x: Buf, post_norm: Option<usize>, scale: f32, eps: f32) {
+        if post_norm.is_none() && scale == 1.0 {
+            return self.residual_product(m, x);
+        }
+        let d = self.matrices[m].rows;
+        let x = self.input_for(x, self.matrices[m].cols, &[m]);
+        self.matvec(m, x, None, None, Buf::H);
+        let warps = d.div_ceil(256).clamp(1, 32) as u32;
+        self.push(
+            "post_norm_add",
+            (1, 1),
+            32 * warps,
+            vec![
+                Arg::Buf(Buf::H),
+                post_norm.map_or(Arg::Null, |w| Arg::Buf(Buf::Vector(w))),
+                Arg::Buf(Buf::X),
+                Arg::I32(d as i32),
+                Arg::F32(eps),
+                Arg::F32(scale),
+            ],
+        );
     }
 
     /// A launch of the product kernel `kernel` (matvec's arguments).
@@ -738,14 +813,14 @@ pub fn decode_plan_with(
         final_logit_softcap,
         logit_scale,
     } = plan;
-    if let Some(v) = embedding_scale {
-        return Err(decline("embedding_scale", v));
-    }
-    if let Some(v) = final_logit_softcap {
-        return Err(decline("final_logit_softcap", v));
-    }
-    if let Some(v) = logit_scale {
-        return Err(decline("logit_scale", v));
+    for (field, v) in [
+        ("embedding_scale", embedding_scale),
+        ("final_logit_softcap", final_logit_softcap),
+        ("logit_scale", logit_scale),
+    ] {
+        if let Some(v) = v.filter(|v| !v.is_finite() || *v == 0.0) {
+            return Err(decline(field, v));
+        }
     }
     let (d, n_vocab, eps) = (*n_embd, *n_vocab, *norm_eps);
     if !d.is_multiple_of(32) {
@@ -780,6 +855,14 @@ pub fn decode_plan_with(
             Arg::Buf(Buf::X),
         ],
     );
+    if let Some(s) = *embedding_scale {
+        b.push(
+            "scale_f32",
+            (d.div_ceil(256) as u32, 1),
+            256,
+            vec![Arg::Buf(Buf::X), Arg::I64(d as i64), Arg::F32(s)],
+        );
+    }
     let (mut max_q, mut max_kv, mut max_ff, mut max_part, mut max_hs) = (0, 0, 0, 0, 0);
     let mut kv_dims = Vec::new();
     let mut refs = Vec::new();
@@ -796,13 +879,7 @@ pub fn decode_plan_with(
         if let Mixer::GatedDeltaNet(_) = mixer {
             return Err(decline("mixer", "gated delta-net"));
         }
-        if *post_attention_norm {
-            return Err(decline("post_attention_norm", true));
-        }
-        if *post_ffn_norm {
-            return Err(decline("post_ffn_norm", true));
-        }
-        if let Some(v) = residual_scale {
+        if let Some(v) = residual_scale.filter(|v| !v.is_finite()) {
             return Err(decline("residual_scale", v));
         }
         let Attention {
@@ -813,8 +890,9 @@ pub fn decode_plan_with(
             qk_norm,
             rope,
             scale,
-            // Scaling the queries or the scores is the same product in f32.
-            scale_queries: _,
+            // Scaling the queries or the scores is the same product in f32 (but not under a
+            // soft cap, below).
+            scale_queries,
             softcap,
             sliding_window,
             gated_output,
@@ -824,9 +902,13 @@ pub fn decode_plan_with(
         if *gated_output {
             return Err(decline("attention.gated_output", true));
         }
-        if let Some(v) = softcap {
-            return Err(decline("attention.softcap", v));
-        }
+        // The kernels cap the scaled score, as the CPU does when the queries are scaled.
+        let softcap = match *softcap {
+            Some(c) if !*scale_queries || !c.is_finite() || c <= 0.0 => {
+                return Err(decline("attention.softcap", c));
+            }
+            c => c.unwrap_or(0.0),
+        };
         if *sinks {
             return Err(decline("attention.sinks", sinks));
         }
@@ -870,10 +952,10 @@ pub fn decode_plan_with(
             RopeLayout::Normal => 0,
             RopeLayout::Neox => 1,
         };
-        let n_ff = match ffn {
+        let (n_ff, activation) = match ffn {
             Ffn::Gated { n_ff, activation } => match activation {
-                Activation::Silu => *n_ff,
-                Activation::GeluTanh => return Err(decline("ffn.activation", "GeluTanh")),
+                Activation::Silu => (*n_ff, GateActivation::Silu),
+                Activation::GeluTanh => (*n_ff, GateActivation::Gelu),
                 Activation::SwigluOai => return Err(decline("ffn.activation", "SwigluOai")),
             },
             Ffn::Moe(_) => return Err(decline("ffn", "mixture of experts")),
@@ -970,14 +1052,19 @@ pub fn decode_plan_with(
                 Arg::I32(hd as i32),
                 Arg::I32(splits as i32),
                 Arg::F32(*scale),
+                Arg::F32(softcap),
                 Arg::I32(window as i32),
             ],
         );
+        let post_attn_norm =
+            post_attention_norm.then(|| b.vector(&n("post_attention_norm.weight"), d));
+        let post_ffn = post_ffn_norm.then(|| b.vector(&n("post_ffw_norm.weight"), d));
+        let residual_scale = residual_scale.unwrap_or(1.0);
         // The attention's output is quantized by the output product's blocks or by a launch of
         // its own: with overlapped launches either costs less than the attention quantizing
         // it (counters and fences in every block, the completing block's work in series;
         // measured, PERFORMANCE.md).
-        b.residual_product(wo, Buf::Attn);
+        b.block_output(wo, Buf::Attn, post_attn_norm, residual_scale, eps);
 
         let ffn_norm = b.vector(&n("ffn_norm.weight"), d);
         if !n_ff.is_multiple_of(32) {
@@ -987,7 +1074,21 @@ pub fn decode_plan_with(
         let up = b.matrix(types, &n("ffn_up.weight"), n_ff, d)?;
         let down = b.matrix(types, &n("ffn_down.weight"), d, n_ff)?;
         let h = b.norm_for(Buf::X, ffn_norm, d, eps, &[gate, up]);
-        if b.matrices[gate].ty == b.matrices[up].ty {
+        if activation == GateActivation::Gelu {
+            b.matvec(gate, h, None, None, Buf::Gate);
+            b.matvec(up, h, None, None, Buf::Up);
+            b.push(
+                "geglu",
+                (n_ff.div_ceil(256) as u32, 1),
+                256,
+                vec![
+                    Arg::Buf(Buf::Gate),
+                    Arg::Buf(Buf::Up),
+                    Arg::Buf(Buf::Act),
+                    Arg::I32(n_ff as i32),
+                ],
+            );
+        } else if b.matrices[gate].ty == b.matrices[up].ty {
             b.matvec_glu(gate, up, h, Buf::Act);
         } else {
             b.matvec(gate, h, None, None, Buf::Gate);
@@ -1004,7 +1105,7 @@ pub fn decode_plan_with(
                 ],
             );
         }
-        b.residual_product(down, Buf::Act);
+        b.block_output(down, Buf::Act, post_ffn, residual_scale, eps);
         let vector_of = |a: Arg| match a {
             Arg::Buf(Buf::Vector(i)) => Some(i),
             _ => None,
@@ -1027,8 +1128,17 @@ pub fn decode_plan_with(
             freq_factors: ff_index,
             scale: *scale,
             window,
+            softcap,
+            post_attn_norm,
+            post_ffn_norm: post_ffn,
+            residual_scale,
+            activation,
         });
     }
+    let logits = LogitAdjust {
+        softcap: *final_logit_softcap,
+        scale: *logit_scale,
+    };
     let head = if gpu_layers >= layers.len() {
         let out_norm = b.vector("output_norm.weight", d);
         let output = if *tied_output {
@@ -1038,6 +1148,21 @@ pub fn decode_plan_with(
         };
         let h = b.norm_for(Buf::X, out_norm, d, eps, &[output]);
         b.matvec(output, h, None, None, Buf::Logits);
+        if !logits.is_none() {
+            let [inv_cap, cap, inv_scale] = logits.args();
+            b.push(
+                "adjust_logits",
+                (n_vocab.div_ceil(256) as u32, 1),
+                256,
+                vec![
+                    Arg::Buf(Buf::Logits),
+                    Arg::I64(n_vocab as i64),
+                    Arg::F32(inv_cap),
+                    Arg::F32(cap),
+                    Arg::F32(inv_scale),
+                ],
+            );
+        }
         b.push(
             "choose_token",
             (1, 1),
@@ -1077,6 +1202,8 @@ pub fn decode_plan_with(
         max_part,
         max_heads_splits: max_hs,
         kv_dims,
+        embedding_scale: *embedding_scale,
+        logits,
     })
 }
 
@@ -1431,20 +1558,52 @@ mod tests {
                 .field,
             "n_embd"
         );
+        // Gemma's and Granite's fields plan: post-norms, a GELU gate, the scales and caps.
         let mut gemma_like = plan(1, 32);
+        gemma_like.layers[0].post_attention_norm = true;
         gemma_like.layers[0].post_ffn_norm = true;
-        let e = decode_plan(&gemma_like, 256, &all(TensorType::F32)).unwrap_err();
-        assert_eq!(e.field, "post_ffn_norm");
-        let mut capped = plan(1, 32);
-        capped.final_logit_softcap = Some(30.0);
-        let e = decode_plan(&capped, 256, &all(TensorType::F32)).unwrap_err();
-        assert_eq!(e.field, "final_logit_softcap");
-        let mut gelu = plan(1, 32);
-        gelu.layers[0].ffn = Ffn::Gated {
+        gemma_like.layers[0].residual_scale = Some(0.22);
+        gemma_like.layers[0].attention.softcap = Some(50.0);
+        gemma_like.layers[0].attention.scale_queries = true;
+        gemma_like.layers[0].ffn = Ffn::Gated {
             n_ff: 512,
             activation: Activation::GeluTanh,
         };
-        let e = decode_plan(&gelu, 256, &all(TensorType::F32)).unwrap_err();
+        gemma_like.embedding_scale = Some(8.0);
+        gemma_like.final_logit_softcap = Some(30.0);
+        gemma_like.logit_scale = Some(8.0);
+        let dp = decode_plan(&gemma_like, 256, &all(TensorType::F32)).unwrap();
+        let kernels: Vec<&str> = dp.launches.iter().map(|l| l.kernel.as_str()).collect();
+        for k in ["scale_f32", "geglu", "post_norm_add", "adjust_logits"] {
+            assert!(kernels.contains(&k), "no {k} in {kernels:?}");
+        }
+        assert_eq!(
+            kernels.iter().filter(|k| **k == "post_norm_add").count(),
+            2,
+            "one per block"
+        );
+        assert_eq!(
+            dp.layers[0]
+                .post_attn_norm
+                .map(|v| dp.vectors[v].name.as_str()),
+            Some("blk.0.post_attention_norm.weight")
+        );
+        assert_eq!(dp.logits.args(), [1.0 / 30.0, 30.0, 0.125]);
+        // A cap on scores the queries' scale has not reached is not what the kernels compute.
+        let mut unscaled = gemma_like.clone();
+        unscaled.layers[0].attention.scale_queries = false;
+        let e = decode_plan(&unscaled, 256, &all(TensorType::F32)).unwrap_err();
+        assert_eq!(e.field, "attention.softcap");
+        let mut zero = plan(1, 32);
+        zero.logit_scale = Some(0.0);
+        let e = decode_plan(&zero, 256, &all(TensorType::F32)).unwrap_err();
+        assert_eq!(e.field, "logit_scale");
+        let mut oai = plan(1, 32);
+        oai.layers[0].ffn = Ffn::Gated {
+            n_ff: 512,
+            activation: Activation::SwigluOai,
+        };
+        let e = decode_plan(&oai, 256, &all(TensorType::F32)).unwrap_err();
         assert_eq!(e.field, "ffn.activation");
         let mut long_rope = plan(1, 32);
         long_rope.layers[0].attention.rope.long_rope = Some(ferrolm_model::plan::LongRope {

@@ -79,6 +79,13 @@ impl<'f> Emulator<'f> {
         }
     }
 
+    fn i64(a: &Arg) -> usize {
+        match a {
+            Arg::I64(v) => usize::try_from(*v).expect("a size"),
+            other => panic!("a long argument, found {other:?}"),
+        }
+    }
+
     fn f(a: &Arg) -> f32 {
         match a {
             Arg::F32(v) => *v,
@@ -260,6 +267,50 @@ impl<'f> Emulator<'f> {
                 .map(|i| g[i] / (1.0 + (-g[i]).exp()) * u[i])
                 .collect();
             self.write(Self::buf(&a[2]).unwrap(), 0, &out);
+        } else if name == "geglu" {
+            let n = Self::i(&a[3]);
+            let (g, u) = (
+                self.read(Self::buf(&a[0]).unwrap()),
+                self.read(Self::buf(&a[1]).unwrap()),
+            );
+            let mut out = vec![0f32; n];
+            ferrolm_quant::ggml_vec::geglu(&g[..n], &u[..n], &mut out);
+            self.write(Self::buf(&a[2]).unwrap(), 0, &out);
+        } else if name == "scale_f32" {
+            let (x, n, s) = (Self::buf(&a[0]).unwrap(), Self::i64(&a[1]), Self::f(&a[2]));
+            let v: Vec<f32> = self.read(x)[..n].iter().map(|v| v * s).collect();
+            self.write(x, 0, &v);
+        } else if name == "post_norm_add" {
+            // post_norm_add(y, w, x, n, eps, scale): x += (norm(y) * w) * scale
+            let (n, eps, scale) = (Self::i(&a[3]), Self::f(&a[4]), Self::f(&a[5]));
+            let y = Self::buf(&a[0]).unwrap();
+            let o = match Self::buf(&a[1]) {
+                Some(w) => self.rms_norm(y, w, n, eps),
+                None => self.read(y)[..n].to_vec(),
+            };
+            let xb = Self::buf(&a[2]).unwrap();
+            let x: Vec<f32> = self.read(xb)[..n]
+                .iter()
+                .zip(&o)
+                .map(|(x, o)| x + o * scale)
+                .collect();
+            self.write(xb, 0, &x);
+        } else if name == "adjust_logits" {
+            // adjust_logits(x, n, inv_cap, cap, inv_scale)
+            let (x, n) = (Self::buf(&a[0]).unwrap(), Self::i64(&a[1]));
+            let (inv_cap, cap, inv_scale) = (Self::f(&a[2]), Self::f(&a[3]), Self::f(&a[4]));
+            let v: Vec<f32> = self.read(x)[..n]
+                .iter()
+                .map(|&v| {
+                    let v = if cap > 0.0 {
+                        (v * inv_cap).tanh() * cap
+                    } else {
+                        v
+                    };
+                    v * inv_scale
+                })
+                .collect();
+            self.write(x, 0, &v);
         } else if name == "rope_store" {
             self.rope_store(a);
         } else if name == "attn_split" {
@@ -376,10 +427,18 @@ impl<'f> Emulator<'f> {
     }
 
     /// attn_split(q, kc, vc, pos, part_o, part_ml, done, out, n_head, n_head_kv, hd, n_splits,
-    /// scale, window): plain softmax attention over the visible positions.
+    /// scale, cap, window): plain softmax attention over the visible positions, the scaled
+    /// scores soft-capped where cap > 0.
     fn attention(&mut self, a: &[Arg]) {
         let (nh, nkv, hd) = (Self::i(&a[8]), Self::i(&a[9]), Self::i(&a[10]));
-        let (scale, window) = (Self::f(&a[12]), Self::i(&a[13]));
+        let (scale, cap, window) = (Self::f(&a[12]), Self::f(&a[13]), Self::i(&a[14]));
+        let capped = |s: f32| {
+            if cap > 0.0 {
+                (s * (1.0 / cap)).tanh() * cap
+            } else {
+                s
+            }
+        };
         let q = f16_round(&self.read(Self::buf(&a[0]).unwrap())[..nh * hd]);
         let (kc, vc) = (
             self.read(Self::buf(&a[1]).unwrap()),
@@ -396,7 +455,7 @@ impl<'f> Emulator<'f> {
             let kvh = h / (nh / nkv);
             let at = |t: usize, i: usize| t * nkv * hd + kvh * hd + i;
             let scores: Vec<f32> = (lo..len)
-                .map(|t| (0..hd).map(|i| q[h * hd + i] * kc[at(t, i)]).sum::<f32>() * scale)
+                .map(|t| capped((0..hd).map(|i| q[h * hd + i] * kc[at(t, i)]).sum::<f32>() * scale))
                 .collect();
             let max = scores.iter().fold(f32::NEG_INFINITY, |m, &s| m.max(s));
             let e: Vec<f32> = scores.iter().map(|&s| (s - max).exp()).collect();
@@ -528,6 +587,14 @@ fn the_decode_step_computes_what_the_cpu_computes() {
         s.n_layer = 2;
         // (the CUDA path serves heads of a multiple of 32 dimensions)
         s.head_dim = 64;
+        cases.push(s);
+    }
+    // Past the llama family: Gemma 2 (soft caps), Gemma 3 (Q/K norms, local RoPE base) with
+    // post-norms, GELU, the embedding scale and sliding windows; Granite's four scales.
+    for arch in ["gemma2", "gemma3", "granite"] {
+        let mut s = SyntheticSpec::small(arch);
+        s.head_dim = 64;
+        s.sliding_window = s.sliding_window.map(|_| 8);
         cases.push(s);
     }
     let mut freqs = SyntheticSpec::small("llama");
