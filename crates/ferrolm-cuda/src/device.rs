@@ -423,14 +423,15 @@ impl CudaModel {
                 .tensor(&m.name)
                 .ok_or_else(|| CudaError::Model(format!("tensor {} is missing", m.name)))?;
             let data = file.tensor_data(info);
-            if data.len() != m.rows * m.row_bytes() {
+            let rows = m.first_row..m.first_row + m.rows;
+            let Some(data) = data.get(rows.start * m.row_bytes()..rows.end * m.row_bytes()) else {
                 return Err(CudaError::Model(format!(
-                    "tensor {} holds {} bytes, {} expected",
+                    "tensor {} holds {} bytes, rows {rows:?} of {} bytes expected",
                     m.name,
                     data.len(),
-                    m.rows * m.row_bytes()
+                    m.row_bytes()
                 )));
-            }
+            };
             // Regrouped for aligned loads where the plan's kernels read a regrouped layout.
             let packed = m
                 .repacked()

@@ -1466,11 +1466,26 @@ __device__ __forceinline__ void matvec3_rope(int bx, const u8* W0, const u8* W1,
     }
 }
 
-// out[r] = silu(G[r] . x) * (U[r] . x): the gate and up products and the gated activation in
-// one launch (a warp per row of both matrices).
+// The gated products' activations (matvec_glu's `act`).
+#define GLU_SILU 0
+#define GLU_GELU 1
+
+// GELU as the CPU computes it (ggml's f16 table, GGML_GELU_FP16): 0 at or below -10, x at or
+// above 10, otherwise the tanh approximation of x rounded to f16, rounded to f16.
+__device__ __forceinline__ float gelu_table(float g) {
+    if (g <= -10.f) return 0.f;
+    if (g >= 10.f) return g;
+    float x = h2f(f2h(g));
+    float inner = fmaf(0.044715f * x, x, 1.f);
+    float t = (float)tanh((double)(0.7978846f * x * inner));
+    return h2f(f2h(0.5f * x * (1.f + t)));
+}
+
+// out[r] = act(G[r] . x) * (U[r] . x), act silu or GELU: the gate and up products and the
+// gated activation in one launch (a warp per row of both matrices).
 template <typename T, bool Q, bool STAGE = false>
 __device__ __forceinline__ void matvec_glu(const u8* G, const u8* U, int row_bytes, int n_chunks,
-                                           int n_rows, const void* x, float* out) {
+                                           int n_rows, const void* x, float* out, int act) {
     int r0 = blockIdx.x * (ROWS / 2), tid = threadIdx.x;
     // Rows r0, r0+1 of the gate, then the same of up.
     const u8* rows[ROWS];
@@ -1486,7 +1501,7 @@ __device__ __forceinline__ void matvec_glu(const u8* G, const u8* U, int row_byt
     for (int r = 0; r < ROWS / 2; r++) {
         if (tid == r && rows[r]) {
             float g = tot[r], u = tot[ROWS / 2 + r];
-            out[r0 + r] = g / (1.f + expf(-g)) * u;
+            out[r0 + r] = (act == GLU_GELU ? gelu_table(g) : g / (1.f + expf(-g))) * u;
         }
     }
 }
@@ -1513,8 +1528,8 @@ __device__ __forceinline__ void matvec_glu(const u8* G, const u8* U, int row_byt
     }                                                                                            \
     extern "C" __global__ void matvec_glu##S(const u8* G, const u8* U, int row_bytes,           \
                                              int n_chunks, int n_rows, const void* x,            \
-                                             float* out) {                                       \
-        matvec_glu<T, Q, ST>(G, U, row_bytes, n_chunks, n_rows, x, out);                             \
+                                             float* out, int act) {                              \
+        matvec_glu<T, Q, ST>(G, U, row_bytes, n_chunks, n_rows, x, out, act);                    \
     }                                                                                            \
     extern "C" __global__ void matvec##S(const u8* W, int row_bytes, int n_chunks, int n_rows,  \
                                          const void* x, const float* bias, const float* res,     \
@@ -2723,17 +2738,6 @@ extern "C" __global__ void scale_f32(float* x, long long n, float s) {
     if (i < n) x[i] *= s;
 }
 
-// GELU as the CPU computes it (ggml's f16 table, GGML_GELU_FP16): 0 at or below -10, x at or
-// above 10, otherwise the tanh approximation of x rounded to f16, rounded to f16.
-__device__ __forceinline__ float gelu_table(float g) {
-    if (g <= -10.f) return 0.f;
-    if (g >= 10.f) return g;
-    float x = h2f(f2h(g));
-    float inner = fmaf(0.044715f * x, x, 1.f);
-    float t = (float)tanh((double)(0.7978846f * x * inner));
-    return h2f(f2h(0.5f * x * (1.f + t)));
-}
-
 // out = gelu(g) * u over n values (Gemma's gated feed-forward, one token).
 extern "C" __global__ void geglu(const float* g, const float* u, float* out, int n) {
     step_begin();
@@ -2759,9 +2763,8 @@ extern "C" __global__ void geglu_pairs_f16(const float* gu, u16* act, int ff, lo
 // x[r] += (y[r] / rms(y[r]) * w) * scale for row r = blockIdx.x of n values: a block's output
 // through Gemma's post-norm (w; null: none) and Granite's residual scale, then the residual
 // add, in the CPU's order and with its f64 sum of squares.
-extern "C" __global__ void post_norm_add(const float* y, const float* w, float* x, int n,
-                                         float eps, float scale) {
-    step_begin();
+__device__ __forceinline__ void post_norm_add_row(const float* y, const float* w, float* x,
+                                                  int n, float eps, float scale) {
     const float* yr = y + (size_t)blockIdx.x * n;
     float* xr = x + (size_t)blockIdx.x * n;
     float r = 1.f;
@@ -2774,6 +2777,33 @@ extern "C" __global__ void post_norm_add(const float* y, const float* w, float* 
         float v = w ? (yr[i] * r) * w[i] : yr[i];
         xr[i] += v * scale;
     }
+}
+
+extern "C" __global__ void post_norm_add(const float* y, const float* w, float* x, int n,
+                                         float eps, float scale) {
+    step_begin();
+    post_norm_add_row(y, w, x, n, eps, scale);
+}
+
+// post_norm_add (one token), then the next block's RMS norm of the residual stream (weights
+// nw) as rms_norm or rms_norm_q writes it: one launch instead of two. The norm may write
+// where y was: y is read before the block's threads meet.
+extern "C" __global__ void post_norm_add_norm(const float* y, const float* w, float* x, int n,
+                                              float eps, float scale, const float* nw,
+                                              float* out) {
+    step_begin();
+    post_norm_add_row(y, w, x, n, eps, scale);
+    __syncthreads();
+    rms_norm_groups<false>(x, nw, out, nullptr, n, eps, 0);
+}
+
+extern "C" __global__ void post_norm_add_norm_q(const float* y, const float* w, float* x, int n,
+                                                float eps, float scale, const float* nw, u8* xq,
+                                                int mode) {
+    step_begin();
+    post_norm_add_row(y, w, x, n, eps, scale);
+    __syncthreads();
+    rms_norm_groups<true>(x, nw, nullptr, xq, n, eps, mode);
 }
 
 // The logits through Gemma 2's final soft cap (cap 0: none; inv_cap = 1 / cap as the CPU

@@ -153,6 +153,9 @@ pub struct Launch {
 pub struct MatrixSpec {
     /// Tensor name.
     pub name: String,
+    /// Its first row in the tensor: a row view of a fused tensor (Phi-3's `attn_qkv` and
+    /// `ffn_up` of gate then up rows), 0 for a whole one.
+    pub first_row: usize,
     /// Block type.
     pub ty: TensorType,
     /// Rows (output features).
@@ -418,6 +421,18 @@ impl Builder {
         rows: usize,
         cols: usize,
     ) -> Result<usize, Decline> {
+        self.matrix_rows(types, name, 0, rows, cols)
+    }
+
+    /// Rows `first_row..first_row + rows` of tensor `name` as a matrix of their own.
+    fn matrix_rows(
+        &mut self,
+        types: &dyn Fn(&str) -> Option<TensorType>,
+        name: &str,
+        first_row: usize,
+        rows: usize,
+        cols: usize,
+    ) -> Result<usize, Decline> {
         let ty = types(name).ok_or_else(|| decline(name, "missing"))?;
         let Some(plain) = kernel_type(ty) else {
             return Err(decline(name, ty.name()));
@@ -427,6 +442,7 @@ impl Builder {
         }
         self.matrices.push(MatrixSpec {
             name: name.to_string(),
+            first_row,
             ty,
             rows,
             cols,
@@ -494,16 +510,22 @@ impl Builder {
     /// all of x, rows x columns bytes from L2 in all), which costs less than a quantize_act
     /// launch; else quantize_act, then the product.
     fn residual_product(&mut self, m: usize, x: Buf) {
+        self.product_of_f32(m, x, Some(Buf::X), Buf::X);
+    }
+
+    /// `y = W x (+ res)` for f32 `x`, the input of no other product, quantized as
+    /// [`Builder::residual_product`] says.
+    fn product_of_f32(&mut self, m: usize, x: Buf, res: Option<Buf>, y: Buf) {
         let spec = &self.matrices[m];
         if self.shared_format(&[m]).is_some()
             && spec.rows * spec.cols <= self.tuning.quantize_on_load_max
         {
             let kernel = format!("matvecf_{}", spec.kernel);
-            self.push_product(kernel, m, x, None, Some(Buf::X), Buf::X);
+            self.push_product(kernel, m, x, None, res, y);
         } else {
             let cols = spec.cols;
             let x = self.input_for(x, cols, &[m]);
-            self.matvec(m, x, None, Some(Buf::X), Buf::X);
+            self.matvec(m, x, None, res, y);
         }
     }
 
@@ -515,8 +537,7 @@ impl Builder {
             return self.residual_product(m, x);
         }
         let d = self.matrices[m].rows;
-        let x = self.input_for(x, self.matrices[m].cols, &[m]);
-        self.matvec(m, x, None, None, Buf::H);
+        self.product_of_f32(m, x, None, Buf::H);
         let warps = d.div_ceil(256).clamp(1, 32) as u32;
         self.push(
             "post_norm_add",
@@ -602,8 +623,8 @@ impl Builder {
         );
     }
 
-    /// `out = silu(G x) * (U x)` in one launch (G and U of one type).
-    fn matvec_glu(&mut self, g: usize, u: usize, x: Buf, out: Buf) {
+    /// `out = act(G x) * (U x)` in one launch (G and U of one type).
+    fn matvec_glu(&mut self, g: usize, u: usize, x: Buf, out: Buf, act: GateActivation) {
         let spec = &self.matrices[g];
         let kernel = product_kernel("matvec_glu", spec, x);
         let (rows, cols, rb) = (spec.rows, spec.cols, spec.row_bytes());
@@ -620,6 +641,10 @@ impl Builder {
                 Arg::I32(rows as i32),
                 Arg::Buf(x),
                 Arg::Buf(out),
+                Arg::I32(match act {
+                    GateActivation::Silu => 0,
+                    GateActivation::Gelu => 1,
+                }),
             ],
         );
     }
@@ -701,9 +726,26 @@ impl Builder {
 
     /// The RMS norm of `x` (weights `w`) as the input of the products of `mats`: quantized
     /// into [`Buf::Xq`] in the same launch when they share a format, else f32 in [`Buf::H`].
+    /// After a block's `post_norm_add` the norm of the residual stream joins that launch
+    /// (`post_norm_add_norm`, `_q`).
     fn norm_for(&mut self, x: Buf, w: usize, n: usize, eps: f32, mats: &[usize]) -> Buf {
         let format = self.shared_format(mats);
         let out = if format.is_some() { Buf::Xq } else { Buf::H };
+        let after_post_norm = self
+            .launches
+            .last()
+            .is_some_and(|l| l.kernel == "post_norm_add" && l.args[2] == Arg::Buf(x));
+        if after_post_norm {
+            let l = self.launches.last_mut().expect("a launch");
+            l.kernel = match format {
+                Some(_) => "post_norm_add_norm_q",
+                None => "post_norm_add_norm",
+            }
+            .into();
+            l.args.extend([Arg::Buf(Buf::Vector(w)), Arg::Buf(out)]);
+            l.args.extend(format.map(Arg::I32));
+            return out;
+        }
         self.rms_norm(x, w, out, n, eps, format);
         out
     }
@@ -970,9 +1012,22 @@ pub fn decode_plan_with(
         let n = |s: &str| format!("blk.{l}.{s}");
 
         let attn_norm = b.vector(&n("attn_norm.weight"), d);
-        let wq = b.matrix(types, &n("attn_q.weight"), q_dim, d)?;
-        let wk = b.matrix(types, &n("attn_k.weight"), kv_dim, d)?;
-        let wv = b.matrix(types, &n("attn_v.weight"), kv_dim, d)?;
+        // Fused Q/K/V (Phi-3: `attn_qkv` without `attn_q`) as row views, as the CPU binds
+        // them.
+        let (wq, wk, wv) = if types(&n("attn_q.weight")).is_none() {
+            let qkv = n("attn_qkv.weight");
+            (
+                b.matrix_rows(types, &qkv, 0, q_dim, d)?,
+                b.matrix_rows(types, &qkv, q_dim, kv_dim, d)?,
+                b.matrix_rows(types, &qkv, q_dim + kv_dim, kv_dim, d)?,
+            )
+        } else {
+            (
+                b.matrix(types, &n("attn_q.weight"), q_dim, d)?,
+                b.matrix(types, &n("attn_k.weight"), kv_dim, d)?,
+                b.matrix(types, &n("attn_v.weight"), kv_dim, d)?,
+            )
+        };
         let h = b.norm_for(Buf::X, attn_norm, d, eps, &[wq, wk, wv]);
         let (bq, bk, bv) = if *qkv_bias {
             (
@@ -1070,31 +1125,32 @@ pub fn decode_plan_with(
         if !n_ff.is_multiple_of(32) {
             return Err(decline("ffn.n_ff", n_ff));
         }
-        let gate = b.matrix(types, &n("ffn_gate.weight"), n_ff, d)?;
-        let up = b.matrix(types, &n("ffn_up.weight"), n_ff, d)?;
+        // Without ffn_gate, ffn_up holds the gate's rows then up's (Phi-3; the CPU refuses
+        // a file where it does not).
+        let (gate, up) = if types(&n("ffn_gate.weight")).is_none() {
+            let fused = n("ffn_up.weight");
+            (
+                b.matrix_rows(types, &fused, 0, n_ff, d)?,
+                b.matrix_rows(types, &fused, n_ff, n_ff, d)?,
+            )
+        } else {
+            (
+                b.matrix(types, &n("ffn_gate.weight"), n_ff, d)?,
+                b.matrix(types, &n("ffn_up.weight"), n_ff, d)?,
+            )
+        };
         let down = b.matrix(types, &n("ffn_down.weight"), d, n_ff)?;
         let h = b.norm_for(Buf::X, ffn_norm, d, eps, &[gate, up]);
-        if activation == GateActivation::Gelu {
-            b.matvec(gate, h, None, None, Buf::Gate);
-            b.matvec(up, h, None, None, Buf::Up);
-            b.push(
-                "geglu",
-                (n_ff.div_ceil(256) as u32, 1),
-                256,
-                vec![
-                    Arg::Buf(Buf::Gate),
-                    Arg::Buf(Buf::Up),
-                    Arg::Buf(Buf::Act),
-                    Arg::I32(n_ff as i32),
-                ],
-            );
-        } else if b.matrices[gate].ty == b.matrices[up].ty {
-            b.matvec_glu(gate, up, h, Buf::Act);
+        if b.matrices[gate].ty == b.matrices[up].ty {
+            b.matvec_glu(gate, up, h, Buf::Act, activation);
         } else {
             b.matvec(gate, h, None, None, Buf::Gate);
             b.matvec(up, h, None, None, Buf::Up);
             b.push(
-                "swiglu",
+                match activation {
+                    GateActivation::Silu => "swiglu",
+                    GateActivation::Gelu => "geglu",
+                },
                 (n_ff.div_ceil(256) as u32, 1),
                 256,
                 vec![
@@ -1574,13 +1630,21 @@ mod tests {
         gemma_like.logit_scale = Some(8.0);
         let dp = decode_plan(&gemma_like, 256, &all(TensorType::F32)).unwrap();
         let kernels: Vec<&str> = dp.launches.iter().map(|l| l.kernel.as_str()).collect();
-        for k in ["scale_f32", "geglu", "post_norm_add", "adjust_logits"] {
+        for k in ["scale_f32", "post_norm_add_norm", "adjust_logits"] {
             assert!(kernels.contains(&k), "no {k} in {kernels:?}");
         }
+        let glu = dp
+            .launches
+            .iter()
+            .find(|l| l.kernel.starts_with("matvec_glu"));
+        assert_eq!(glu.and_then(|l| l.args.last()), Some(&Arg::I32(1)), "GELU");
         assert_eq!(
-            kernels.iter().filter(|k| **k == "post_norm_add").count(),
+            kernels
+                .iter()
+                .filter(|k| k.starts_with("post_norm_add"))
+                .count(),
             2,
-            "one per block"
+            "one per block, each with the norm after it"
         );
         assert_eq!(
             dp.layers[0]

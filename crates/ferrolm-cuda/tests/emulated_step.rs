@@ -131,7 +131,7 @@ impl<'f> Emulator<'f> {
             spec.rows
         );
         let info = self.file.tensor(&spec.name).unwrap();
-        let rb = spec.row_bytes();
+        let (rb, r) = (spec.row_bytes(), spec.first_row + r);
         (info.ty, &self.file.tensor_data(info)[r * rb..(r + 1) * rb])
     }
 
@@ -236,11 +236,19 @@ impl<'f> Emulator<'f> {
             let x = Self::buf(&a[5]).unwrap();
             let g = self.products(Self::buf(&a[0]).unwrap(), rows, cols, x);
             let u = self.products(Self::buf(&a[1]).unwrap(), rows, cols, x);
-            let out: Vec<f32> = g
-                .iter()
-                .zip(&u)
-                .map(|(&g, &u)| g / (1.0 + (-g).exp()) * u)
-                .collect();
+            let out: Vec<f32> = match Self::i(&a[7]) {
+                0 => g
+                    .iter()
+                    .zip(&u)
+                    .map(|(&g, &u)| g / (1.0 + (-g).exp()) * u)
+                    .collect(),
+                1 => {
+                    let mut out = vec![0f32; rows];
+                    ferrolm_quant::ggml_vec::geglu(&g, &u, &mut out);
+                    out
+                }
+                act => panic!("activation {act}"),
+            };
             self.write(Self::buf(&a[6]).unwrap(), 0, &out);
         } else if product("matvec") || product("matvecf") {
             // (matvecf: f32 input, quantized as the CPU quantizes it, as `products` does)
@@ -280,8 +288,9 @@ impl<'f> Emulator<'f> {
             let (x, n, s) = (Self::buf(&a[0]).unwrap(), Self::i64(&a[1]), Self::f(&a[2]));
             let v: Vec<f32> = self.read(x)[..n].iter().map(|v| v * s).collect();
             self.write(x, 0, &v);
-        } else if name == "post_norm_add" {
-            // post_norm_add(y, w, x, n, eps, scale): x += (norm(y) * w) * scale
+        } else if name.starts_with("post_norm_add") {
+            // post_norm_add(y, w, x, n, eps, scale): x += (norm(y) * w) * scale; _norm and
+            // _norm_q then norm x (nw, out[, format]) as rms_norm and rms_norm_q do
             let (n, eps, scale) = (Self::i(&a[3]), Self::f(&a[4]), Self::f(&a[5]));
             let y = Self::buf(&a[0]).unwrap();
             let o = match Self::buf(&a[1]) {
@@ -295,6 +304,20 @@ impl<'f> Emulator<'f> {
                 .map(|(x, o)| x + o * scale)
                 .collect();
             self.write(xb, 0, &x);
+            if name != "post_norm_add" {
+                let y = self.rms_norm(xb, Self::buf(&a[6]).unwrap(), n, eps);
+                match name {
+                    "post_norm_add_norm" => self.write(Self::buf(&a[7]).unwrap(), 0, &y),
+                    "post_norm_add_norm_q" => {
+                        let code = match a[8] {
+                            Arg::I32(c) => c,
+                            ref o => panic!("{o:?}"),
+                        };
+                        self.quantize_into(Self::buf(&a[7]).unwrap(), &y, code);
+                    }
+                    other => panic!("no emulation of {other}"),
+                }
+            }
         } else if name == "adjust_logits" {
             // adjust_logits(x, n, inv_cap, cap, inv_scale)
             let (x, n) = (Self::buf(&a[0]).unwrap(), Self::i64(&a[1]));
@@ -591,7 +614,7 @@ fn the_decode_step_computes_what_the_cpu_computes() {
     }
     // Past the llama family: Gemma 2 (soft caps), Gemma 3 (Q/K norms, local RoPE base) with
     // post-norms, GELU, the embedding scale and sliding windows; Granite's four scales.
-    for arch in ["gemma2", "gemma3", "granite"] {
+    for arch in ["gemma2", "gemma3", "granite", "phi3"] {
         let mut s = SyntheticSpec::small(arch);
         s.head_dim = 64;
         s.sliding_window = s.sliding_window.map(|_| 8);
