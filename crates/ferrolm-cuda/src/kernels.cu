@@ -1409,9 +1409,10 @@ __device__ __forceinline__ float rope_angle(int p, int i, float theta_scale, flo
     return freq_scale * theta;
 }
 
-// (x0, x1) rotated by angle a, with the CPU's fused multiply-adds.
-__device__ __forceinline__ void rotate_pair(float& x0, float& x1, float a) {
-    float cs = cosf(a), sn = sinf(a);
+// (x0, x1) rotated by angle a, with the CPU's fused multiply-adds; the cosine and sine
+// multiplied by mscale (the attention factor, YaRN's magnitude; 1: none).
+__device__ __forceinline__ void rotate_pair(float& x0, float& x1, float a, float mscale = 1.f) {
+    float cs = cosf(a) * mscale, sn = sinf(a) * mscale;
     float r0 = fmaf(x0, cs, -(x1 * sn)), r1 = fmaf(x0, sn, x1 * cs);
     x0 = r0;
     x1 = r1;
@@ -1649,13 +1650,25 @@ extern "C" __global__ void rms_norm_q(const float* x, const float* w, u8* xq, in
 // key head h = b - n_head and stores it, and value head h, as f16 at position p of the caches
 // ([pos][n_head_kv * hd]). Biases (optional) are added first, then the optional per-head RMS
 // norm (Q/K norm), then the rotation.
+// YaRN's angle of pair i (plan.rs, YarnRamp): the unscaled angle `extrap` mixed with the
+// scaled one by the ramp between the correction dimensions low and high, times ext.
+__device__ __forceinline__ float yarn_angle(float extrap, float freq_scale, int i, float ext,
+                                            float low, float high) {
+    float interp = freq_scale * extrap;
+    if (ext == 0.f) return interp;
+    float y = ((float)i - low) / fmaxf(high - low, 0.001f);
+    float mix = (1.f - fminf(fmaxf(y, 0.f), 1.f)) * ext;
+    return fmaf(interp, 1.f - mix, extrap * mix);
+}
+
 __device__ __forceinline__ void rope_head(float* q, const float* k, const float* v,
                                           const float* q_bias, const float* k_bias,
                                           const float* v_bias, const float* q_norm,
                                           const float* k_norm, u16* kc, u16* vc, int p, int b,
                                           int n_head, int n_head_kv, int hd, int n_dims, int neox,
                                           float theta_scale, float freq_scale,
-                                          const float* freq_factors, float eps) {
+                                          const float* freq_factors, float eps, float mscale,
+                                          float ext, float low, float high) {
     __shared__ float head[512];
     bool is_q = b < n_head;
     int h = is_q ? b : b - n_head;
@@ -1675,10 +1688,11 @@ __device__ __forceinline__ void rope_head(float* q, const float* k, const float*
     __syncthreads();
     int half = n_dims / 2;
     for (int i = threadIdx.x; i < half; i += blockDim.x) {
-        float a = rope_angle(p, i, theta_scale, freq_scale, freq_factors);
+        float a = yarn_angle(rope_angle(p, i, theta_scale, 1.f, freq_factors), freq_scale, i,
+                             ext, low, high);
         int i0 = neox ? i : 2 * i, i1 = neox ? i + half : 2 * i + 1;
         float x0 = head[i0], x1 = head[i1];
-        rotate_pair(x0, x1, a);
+        rotate_pair(x0, x1, a, mscale);
         head[i0] = x0;
         head[i1] = x1;
     }
@@ -1699,10 +1713,12 @@ extern "C" __global__ void rope_store(float* q, const float* k, const float* v,
                                       const float* q_norm, const float* k_norm, u16* kc, u16* vc,
                                       const u32* pos, int n_head, int n_head_kv, int hd,
                                       int n_dims, int neox, float theta_scale, float freq_scale,
-                                      const float* freq_factors, float eps) {
+                                      const float* freq_factors, float eps, float mscale,
+                                      float ext, float low, float high) {
     step_begin();
     rope_head(q, k, v, 0, 0, 0, q_norm, k_norm, kc, vc, (int)*pos, blockIdx.x, n_head, n_head_kv,
-              hd, n_dims, neox, theta_scale, freq_scale, freq_factors, eps);
+              hd, n_dims, neox, theta_scale, freq_scale, freq_factors, eps, mscale, ext, low,
+              high);
 }
 
 #define MAX_EPL 8
@@ -2243,12 +2259,13 @@ extern "C" __global__ void rope_rows(float* q, const float* k, const float* v, c
                                      const float* q_norm, const float* k_norm, u16* kc, u16* vc,
                                      int pos0, int n_head, int n_head_kv, int hd, int n_dims,
                                      int neox, float theta_scale, float freq_scale,
-                                     const float* freq_factors, float eps) {
+                                     const float* freq_factors, float eps, float mscale,
+                                     float ext, float low, float high) {
     int t = blockIdx.y;
     size_t qo = (size_t)t * n_head * hd, ko = (size_t)t * n_head_kv * hd;
     rope_head(q + qo, k + ko, v + ko, q_bias, k_bias, v_bias, q_norm, k_norm, kc, vc, pos0 + t,
               blockIdx.x, n_head, n_head_kv, hd, n_dims, neox, theta_scale, freq_scale,
-              freq_factors, eps);
+              freq_factors, eps, mscale, ext, low, high);
 }
 
 // Causal attention of a batch, QT tokens per block: block (h, tile) attends query head h of
@@ -2567,13 +2584,14 @@ extern "C" __global__ void rope_rows_slots(float* q, const float* k, const float
                                            int kv_stride, int n_head, int n_head_kv, int hd,
                                            int n_dims, int neox, float theta_scale,
                                            float freq_scale, const float* freq_factors,
-                                           float eps) {
+                                           float eps, float mscale, float ext, float low,
+                                           float high) {
     int t = blockIdx.y;
     size_t qo = (size_t)t * q_stride, ko = (size_t)t * kv_stride;
     size_t base = (size_t)slot[t] * (size_t)slot_stride;
     rope_head(q + qo, k + ko, v + ko, q_bias, k_bias, v_bias, q_norm, k_norm, kc + base,
               vc + base, (int)pos[t], blockIdx.x, n_head, n_head_kv, hd, n_dims, neox,
-              theta_scale, freq_scale, freq_factors, eps);
+              theta_scale, freq_scale, freq_factors, eps, mscale, ext, low, high);
 }
 
 // Block (h, t): query head h of token t over its slot's positions 0..pos[t] (the decode step's

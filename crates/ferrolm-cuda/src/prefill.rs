@@ -614,6 +614,7 @@ impl Prefill {
                     opt(r.freq_factors),
                     eps,
                 ]);
+                a.extend(r.rope_scaling.args().map(Value::F32));
                 a
             };
             match rows {

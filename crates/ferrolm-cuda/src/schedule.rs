@@ -9,7 +9,7 @@ use ferrolm_gguf::TensorType;
 
 use crate::CudaTuning;
 use ferrolm_model::plan::{
-    Activation, Attention, Ffn, LayerPlan, Mixer, ModelPlan, Rope, RopeLayout,
+    Activation, Attention, Ffn, LayerPlan, Mixer, ModelPlan, Rope, RopeLayout, YarnRamp,
 };
 
 /// Why the CUDA path does not take a model: the plan field (or tensor) it does not serve.
@@ -220,8 +220,11 @@ pub struct LayerRefs {
     pub freq_base: f32,
     /// RoPE linear scale.
     pub freq_scale: f32,
-    /// `rope_freqs.weight`, if used.
+    /// The frequency divisors (`rope_freqs.weight`, or LongRoPE's set for the context), if
+    /// used.
     pub freq_factors: Option<usize>,
+    /// The attention factor and YaRN's ramp.
+    pub rope_scaling: RopeScaling,
     /// Score scale.
     pub scale: f32,
     /// Sliding window (0: none).
@@ -236,6 +239,51 @@ pub struct LayerRefs {
     pub residual_scale: f32,
     /// The feed-forward gate's activation.
     pub activation: GateActivation,
+}
+
+/// What the rotation kernels take past the plain angle: the cosines' and sines' magnitude
+/// (the attention factor, or YaRN's) and YaRN's ramp (`ext_factor` 0: none).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RopeScaling {
+    /// Multiplies every cosine and sine.
+    pub mscale: f32,
+    /// YaRN's extrapolation mix (0: the plain angle).
+    pub ext_factor: f32,
+    /// YaRN's correction dimensions.
+    pub low: f32,
+    /// See `low`.
+    pub high: f32,
+}
+
+impl RopeScaling {
+    /// The scaling of `rope`, from the one definition of YaRN's ramp.
+    pub fn of(rope: &Rope) -> RopeScaling {
+        match YarnRamp::of(rope) {
+            Some(r) => RopeScaling {
+                mscale: r.mscale,
+                ext_factor: r.ext_factor,
+                low: r.low,
+                high: r.high,
+            },
+            None => RopeScaling {
+                mscale: rope.attn_factor,
+                ext_factor: 0.0,
+                low: 0.0,
+                high: 0.0,
+            },
+        }
+    }
+
+    /// Whether the rotation is the plain angle at magnitude 1 (what the fused Q/K/V rotation
+    /// computes).
+    pub fn is_plain(&self) -> bool {
+        self.mscale == 1.0 && self.ext_factor == 0.0
+    }
+
+    /// The kernels' trailing arguments: `mscale, ext, low, high`.
+    pub fn args(&self) -> [f32; 4] {
+        [self.mscale, self.ext_factor, self.low, self.high]
+    }
 }
 
 /// The activation of a gated feed-forward block the CUDA path serves.
@@ -971,13 +1019,10 @@ pub fn decode_plan_with(
             attn_factor,
             yarn,
         } = rope;
-        if let Some(y) = yarn {
-            return Err(decline("attention.rope.yarn", format!("{y:?}")));
-        }
-        if long_rope.is_some() {
-            return Err(decline("attention.rope.long_rope", "LongRoPE factors"));
-        }
-        if *attn_factor != 1.0 {
+        // (the scaling's fields are read together, by RopeScaling::of)
+        let _ = (yarn, attn_factor);
+        let rope_scaling = RopeScaling::of(rope);
+        if !rope_scaling.args().iter().all(|v| v.is_finite()) {
             return Err(decline("attention.rope.attn_factor", attn_factor));
         }
         let (nh, nkv, hd) = (*n_head, *n_head_kv, *head_dim);
@@ -1038,8 +1083,15 @@ pub fn decode_plan_with(
         } else {
             (None, None, None)
         };
-        let ff_index = freq_factors
-            .then(|| *rope_freqs.get_or_insert_with(|| b.vector("rope_freqs.weight", n_dims / 2)));
+        // The divisors the CPU reads for this context: LongRoPE's long or short set, or Llama
+        // 3's factors.
+        let divisors = match long_rope {
+            Some(lr) if lr.uses_long(n_ctx) => Some("rope_factors_long.weight"),
+            Some(_) => Some("rope_factors_short.weight"),
+            None => freq_factors.then_some("rope_freqs.weight"),
+        };
+        let ff_index =
+            divisors.map(|name| *rope_freqs.get_or_insert_with(|| b.vector(name, n_dims / 2)));
         let ff = ff_index.map_or(Arg::Null, |i| Arg::Buf(Buf::Vector(i)));
         let theta = Arg::F32(theta_scale(*freq_base, *n_dims));
         let (qn, kn) = if *qk_norm {
@@ -1050,7 +1102,7 @@ pub fn decode_plan_with(
         } else {
             (Arg::Null, Arg::Null)
         };
-        if !*qk_norm && neox == 0 {
+        if !*qk_norm && neox == 0 && rope_scaling.is_plain() {
             // Adjacent rows are rotation pairs: the products rotate and store themselves.
             let rope = [
                 Arg::I32(kv_dim as i32),
@@ -1085,7 +1137,10 @@ pub fn decode_plan_with(
                     Arg::F32(*freq_scale),
                     ff,
                     Arg::F32(eps),
-                ],
+                ]
+                .into_iter()
+                .chain(rope_scaling.args().map(Arg::F32))
+                .collect(),
             );
         }
         let wo = b.matrix(types, &n("attn_output.weight"), d, q_dim)?;
@@ -1182,6 +1237,7 @@ pub fn decode_plan_with(
             freq_base: *freq_base,
             freq_scale: *freq_scale,
             freq_factors: ff_index,
+            rope_scaling,
             scale: *scale,
             window,
             softcap,
@@ -1669,16 +1725,28 @@ mod tests {
         };
         let e = decode_plan(&oai, 256, &all(TensorType::F32)).unwrap_err();
         assert_eq!(e.field, "ffn.activation");
+        // RoPE scalings plan: LongRoPE's divisors for the context and its attention factor.
         let mut long_rope = plan(1, 32);
         long_rope.layers[0].attention.rope.long_rope = Some(ferrolm_model::plan::LongRope {
             original_context: 4096,
         });
-        let e = decode_plan(&long_rope, 256, &all(TensorType::F32)).unwrap_err();
-        assert_eq!(e.field, "attention.rope.long_rope");
-        let mut scaled = plan(1, 32);
-        scaled.layers[0].attention.rope.attn_factor = 1.19;
-        let e = decode_plan(&scaled, 256, &all(TensorType::F32)).unwrap_err();
-        assert_eq!(e.field, "attention.rope.attn_factor");
+        long_rope.layers[0].attention.rope.attn_factor = 1.19;
+        let short = decode_plan(&long_rope, 256, &all(TensorType::F32)).unwrap();
+        let long = decode_plan(&long_rope, 8192, &all(TensorType::F32)).unwrap();
+        let divisors = |p: &DecodePlan| p.vectors[p.layers[0].freq_factors.unwrap()].name.clone();
+        assert_eq!(divisors(&short), "rope_factors_short.weight");
+        assert_eq!(divisors(&long), "rope_factors_long.weight");
+        assert_eq!(short.layers[0].rope_scaling.args(), [1.19, 0.0, 0.0, 0.0]);
+        let rope = short
+            .launches
+            .iter()
+            .find(|l| l.kernel == "rope_store")
+            .unwrap();
+        assert_eq!(
+            rope.args[17],
+            Arg::F32(1.19),
+            "the magnitude reaches the rotation"
+        );
     }
 
     #[test]

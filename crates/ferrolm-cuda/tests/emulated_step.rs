@@ -358,7 +358,7 @@ impl<'f> Emulator<'f> {
     }
 
     /// rope_store(q, k, v, q_norm, k_norm, kc, vc, pos, n_head, n_head_kv, hd, n_dims, neox,
-    /// theta_scale, freq_scale, freq_factors, eps).
+    /// theta_scale, freq_scale, freq_factors, eps, mscale, ext_factor, low, high).
     fn rope_store(&mut self, a: &[Arg]) {
         let (nh, nkv, hd, n_dims) = (
             Self::i(&a[8]),
@@ -387,6 +387,7 @@ impl<'f> Emulator<'f> {
             theta_scale,
             freq_scale,
             ff,
+            scaling: [17, 18, 19, 20].map(|i| Self::f(&a[i])),
         };
         let rotate = |head: &mut [f32], norm: &Option<Vec<f32>>| {
             if let Some(w) = norm {
@@ -428,6 +429,7 @@ impl<'f> Emulator<'f> {
             theta_scale: Self::f(&a[19]),
             freq_scale: Self::f(&a[20]),
             ff: Self::buf(&a[21]).map(|b| self.read(b)),
+            scaling: [1.0, 0.0, 0.0, 0.0],
         };
         for part in 0..3 {
             let Some(m) = Self::buf(&a[part]) else {
@@ -494,7 +496,9 @@ impl<'f> Emulator<'f> {
 }
 
 /// A RoPE rotation as the kernels compute it: pair i's angle is the position times
-/// theta_scale i times (multiplied up pair by pair), over the frequency factor.
+/// theta_scale i times (multiplied up pair by pair), over the frequency factor; YaRN's ramp
+/// mixes it with the scaled angle, and the cosines and sines are multiplied by the magnitude
+/// (`scaling`: mscale, ext_factor, low, high).
 struct Rope {
     p: usize,
     n_dims: usize,
@@ -502,6 +506,7 @@ struct Rope {
     theta_scale: f32,
     freq_scale: f32,
     ff: Option<Vec<f32>>,
+    scaling: [f32; 4],
 }
 
 impl Rope {
@@ -509,8 +514,18 @@ impl Rope {
         let half = self.n_dims / 2;
         let mut theta = self.p as f32;
         for i in 0..half {
-            let t = self.ff.as_ref().map_or(theta, |f| theta / f[i]);
-            let (s, c) = (self.freq_scale * t).sin_cos();
+            let extrap = self.ff.as_ref().map_or(theta, |f| theta / f[i]);
+            let [mscale, ext, low, high] = self.scaling;
+            let interp = self.freq_scale * extrap;
+            let angle = if ext == 0.0 {
+                interp
+            } else {
+                let y = (i as f32 - low) / (high - low).max(0.001);
+                let mix = (1.0 - y.clamp(0.0, 1.0)) * ext;
+                interp.mul_add(1.0 - mix, extrap * mix)
+            };
+            let (s, c) = angle.sin_cos();
+            let (s, c) = (s * mscale, c * mscale);
             let (i0, i1) = if self.neox {
                 (i, i + half)
             } else {
@@ -620,6 +635,17 @@ fn the_decode_step_computes_what_the_cpu_computes() {
         s.sliding_window = s.sliding_window.map(|_| 8);
         cases.push(s);
     }
+    // RoPE scalings: Phi-3's LongRoPE (its short factors at this context, and the attention
+    // factor), YaRN on a llama file.
+    let mut long_rope = SyntheticSpec::small("phi3");
+    long_rope.head_dim = 64;
+    long_rope.long_rope = Some(16);
+    cases.push(long_rope);
+    let mut yarn = SyntheticSpec::small("llama");
+    yarn.n_layer = 2;
+    yarn.head_dim = 64;
+    yarn.yarn = Some((4.0, 512));
+    cases.push(yarn);
     let mut freqs = SyntheticSpec::small("llama");
     freqs.n_layer = 2;
     freqs.rope_freqs = true;

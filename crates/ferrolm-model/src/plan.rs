@@ -55,6 +55,51 @@ pub struct Yarn {
     pub beta_slow: f32,
 }
 
+/// YaRN's per-dimension ramp and magnitude for one layer's rotation, as ggml's rope computes
+/// them (every executor derives its angles from this one definition).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct YarnRamp {
+    /// The first rotated pair the ramp leaves (below it: extrapolated).
+    pub low: f32,
+    /// The pair past which every pair is interpolated.
+    pub high: f32,
+    /// The extrapolation mix.
+    pub ext_factor: f32,
+    /// What every cosine and sine is multiplied by.
+    pub mscale: f32,
+}
+
+impl YarnRamp {
+    /// The ramp of `rope`, when it scales by YaRN.
+    pub fn of(rope: &Rope) -> Option<YarnRamp> {
+        let y = rope.yarn?;
+        // The dimension at which `beta` rotations fit in the original context.
+        let corr_dim = |beta: f32| {
+            let n_dims = rope.n_dims as f32;
+            n_dims * (y.n_ctx_orig as f32 / (beta * 2.0 * std::f32::consts::PI)).ln()
+                / (2.0 * rope.freq_base.ln())
+        };
+        let low = corr_dim(y.beta_fast).floor().max(0.0);
+        let high = corr_dim(y.beta_slow).ceil().min(rope.n_dims as f32 - 1.0);
+        let mut mscale = y.attn_factor * rope.attn_factor;
+        if y.ext_factor != 0.0 {
+            mscale *= 1.0 + 0.1 * (1.0 / rope.freq_scale).ln();
+        }
+        Some(YarnRamp {
+            low,
+            high,
+            ext_factor: y.ext_factor,
+            mscale,
+        })
+    }
+
+    /// 1 for the fast dimensions (extrapolated), 0 for the slow ones (interpolated).
+    pub fn ramp(&self, pair: usize) -> f32 {
+        let y = (pair as f32 - self.low) / (self.high - self.low).max(0.001);
+        1.0 - y.clamp(0.0, 1.0)
+    }
+}
+
 /// LongRoPE's choice of divisors (`rope_factors_long.weight` / `rope_factors_short.weight`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LongRope {

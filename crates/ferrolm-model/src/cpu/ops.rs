@@ -1,6 +1,6 @@
 //! Element-wise and row operations, with llama.cpp's arithmetic (f64 sums where ggml uses them).
 
-use crate::plan::{Rope, RopeLayout, Yarn};
+use crate::plan::{Rope, RopeLayout, YarnRamp};
 
 /// Rows whose sums of squares are taken side by side: each row's f64 sum is one sequential
 /// chain (ggml's order, so its rounding), and several independent chains hide the latency of
@@ -76,7 +76,7 @@ impl RopeAngles {
     pub fn new(rope: &Rope, freq_factors: Option<&[f32]>, pos: usize) -> RopeAngles {
         let theta_scale = rope.freq_base.powf(-2.0 / rope.n_dims as f32);
         let mut theta = pos as f32;
-        let yarn = rope.yarn.map(|y| YarnRamp::new(y, rope));
+        let yarn = YarnRamp::of(rope);
         let cos_sin = (0..rope.n_dims / 2)
             .map(|i| {
                 let ff = freq_factors.map_or(1.0, |f| f[i]);
@@ -103,43 +103,6 @@ impl RopeAngles {
     pub fn apply(&self, layout: RopeLayout, head: &mut [f32]) {
         let neox = matches!(layout, RopeLayout::Neox);
         ferrolm_quant::ggml_vec::rope_rotate(head, &self.cos_sin, neox);
-    }
-}
-
-/// YaRN's per-dimension ramp and magnitude, as ggml's rope computes them.
-struct YarnRamp {
-    low: f32,
-    high: f32,
-    ext_factor: f32,
-    mscale: f32,
-}
-
-impl YarnRamp {
-    fn new(y: Yarn, rope: &Rope) -> YarnRamp {
-        // The dimension at which `beta` rotations fit in the original context.
-        let corr_dim = |beta: f32| {
-            let n_dims = rope.n_dims as f32;
-            n_dims * (y.n_ctx_orig as f32 / (beta * 2.0 * std::f32::consts::PI)).ln()
-                / (2.0 * rope.freq_base.ln())
-        };
-        let low = corr_dim(y.beta_fast).floor().max(0.0);
-        let high = corr_dim(y.beta_slow).ceil().min(rope.n_dims as f32 - 1.0);
-        let mut mscale = y.attn_factor * rope.attn_factor;
-        if y.ext_factor != 0.0 {
-            mscale *= 1.0 + 0.1 * (1.0 / rope.freq_scale).ln();
-        }
-        YarnRamp {
-            low,
-            high,
-            ext_factor: y.ext_factor,
-            mscale,
-        }
-    }
-
-    /// 1 for the fast dimensions (extrapolated), 0 for the slow ones (interpolated).
-    fn ramp(&self, pair: usize) -> f32 {
-        let y = (pair as f32 - self.low) / (self.high - self.low).max(0.001);
-        1.0 - y.clamp(0.0, 1.0)
     }
 }
 
