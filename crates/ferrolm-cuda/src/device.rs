@@ -296,6 +296,11 @@ fn buffer_bytes(p: &DecodePlan, b: Buf, slots: usize) -> usize {
         Buf::K | Buf::V => p.max_kv,
         Buf::Gate | Buf::Up | Buf::Act => p.max_ff,
         Buf::PartO => p.max_part,
+        Buf::Router => p.max_experts,
+        Buf::ExpertIds | Buf::ExpertWeights => p.max_used,
+        Buf::ExpertOut => p.max_used * p.n_embd,
+        Buf::SharedOut => p.n_embd,
+        Buf::SharedGate => 1,
         Buf::PartMl => 2 * p.max_heads_splits,
         Buf::Done => p.max_heads_splits,
         Buf::SampleCfg => 8,
@@ -586,7 +591,8 @@ impl CudaModel {
         if slots > 1 {
             if model.prefill.is_none() || !model.is_whole() {
                 return Err(CudaError::Model(
-                    "more than one sequence on the GPU needs the whole model there and cuBLAS"
+                    "more than one sequence on the GPU needs the batched pass (the whole model \
+                     there, cuBLAS, no mixture-of-experts layers)"
                         .into(),
                 ));
             }

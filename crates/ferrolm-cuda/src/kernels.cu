@@ -1536,6 +1536,14 @@ __device__ __forceinline__ void matvec_glu(const u8* G, const u8* U, int row_byt
                                          const void* x, const float* bias, const float* res,     \
                                          float* y) {                                             \
         matvec<T, Q, false, ST>(W, row_bytes, n_chunks, n_rows, x, bias, res, y);                           \
+    }                                                                                            \
+    extern "C" __global__ void moe_glu##S(const u8* G, const u8* U, long long expert_bytes,     \
+                                          int row_bytes, int n_chunks, int n_rows, const void* x, \
+                                          const u32* ids, float* out, int act) {                 \
+        step_begin();                                                                            \
+        size_t e = (size_t)ids[blockIdx.y] * (size_t)expert_bytes;                               \
+        matvec_glu<T, Q, ST>(G + e, U + e, row_bytes, n_chunks, n_rows, x,                       \
+                             out + (size_t)blockIdx.y * n_rows, act);                            \
     }
 
 #define FOR_TYPE(T)                                                                              \
@@ -1544,6 +1552,16 @@ __device__ __forceinline__ void matvec_glu(const u8* G, const u8* U, int row_byt
                                          const u32* token, float* x) {                           \
         step_begin();                                                                            \
         embed<T>(table, row_bytes, n_chunks, token, x);                                          \
+    }                                                                                            \
+    extern "C" __global__ void moe_matvec_##T(const u8* W, long long expert_bytes,             \
+                                              int row_bytes, int n_chunks, int n_rows,           \
+                                              const float* x, int x_stride, const u32* ids,      \
+                                              float* y) {                                        \
+        step_begin();                                                                            \
+        size_t e = (size_t)ids[blockIdx.y] * (size_t)expert_bytes;                               \
+        matvec<T, false>(W + e, row_bytes, n_chunks, n_rows,                                     \
+                         x + (size_t)blockIdx.y * x_stride, nullptr, nullptr,                    \
+                         y + (size_t)blockIdx.y * n_rows);                                       \
     }
 
 // matvecf_T: matvec with f32 activations x quantized chunk by chunk as the blocks load them.
@@ -1553,6 +1571,16 @@ __device__ __forceinline__ void matvec_glu(const u8* G, const u8* U, int row_byt
                                            int n_rows, const void* x, const float* bias,         \
                                            const float* res, float* y) {                         \
         matvec<T, true, true>(W, row_bytes, n_chunks, n_rows, x, bias, res, y);                  \
+    }                                                                                            \
+    extern "C" __global__ void moe_matvecf_##T(const u8* W, long long expert_bytes,            \
+                                               int row_bytes, int n_chunks, int n_rows,          \
+                                               const float* x, int x_stride, const u32* ids,     \
+                                               float* y) {                                       \
+        step_begin();                                                                            \
+        size_t e = (size_t)ids[blockIdx.y] * (size_t)expert_bytes;                               \
+        matvec<T, true, true>(W + e, row_bytes, n_chunks, n_rows,                                \
+                              x + (size_t)blockIdx.y * x_stride, nullptr, nullptr,               \
+                              y + (size_t)blockIdx.y * n_rows);                                  \
     }
 
 // ---- block-wide sum (blockDim a multiple of 32, at most 1024) ----
@@ -2793,7 +2821,7 @@ __device__ __forceinline__ void post_norm_add_row(const float* y, const float* w
     }
     for (int i = threadIdx.x; i < n; i += blockDim.x) {
         float v = w ? (yr[i] * r) * w[i] : yr[i];
-        xr[i] += v * scale;
+        xr[i] = __fadd_rn(xr[i], __fmul_rn(v, scale));
     }
 }
 
@@ -2835,4 +2863,125 @@ extern "C" __global__ void adjust_logits(float* x, long long n, float inv_cap, f
         if (cap > 0.f) v = tanhf(v * inv_cap) * cap;
         x[i] = v * inv_scale;
     }
+}
+
+// ---- Mixture of experts: routing on the device, only the chosen experts read ----------------
+
+// The routing of one token (ferrolm-model's cpu/routing.rs, step by step): probabilities from
+// the ne router logits (gating 0 softmax, 1 sigmoid, 2 the logits themselves, softmaxed after
+// the top-k), the selection bias added for choosing, experts outside the n_group_used best
+// groups masked (n_group 0: no groups), the k best by selection score (ties: the lower index,
+// as the CPU's stable sort), their probabilities as weights, renormalized (norm, the sum in
+// f64 clamped to 2^-14) and scaled (scale 1: none). One block of at most 1024 threads, thread
+// i on expert i; the sums run in one thread, in the CPU's order.
+extern "C" __global__ void moe_route(const float* logits, const float* sel_bias, u32* ids,
+                                     float* weights, int ne, int k, int gating, int n_group,
+                                     int n_group_used, int norm, float scale) {
+    step_begin();
+    __shared__ float p[1024], sel[1024], gscore[64];
+    __shared__ float mx;
+    __shared__ double sum;
+    int i = threadIdx.x;
+    float l = i < ne ? logits[i] : -INFINITY;
+    if (gating == 0) {
+        float m = warp_max(l);
+        __shared__ float wm[32];
+        if ((i & 31) == 0) wm[i >> 5] = m;
+        __syncthreads();
+        if (i == 0) {
+            float t = -INFINITY;
+            for (int w = 0; w < (int)(blockDim.x >> 5); w++) t = fmaxf(t, wm[w]);
+            mx = t;
+        }
+        __syncthreads();
+        if (i < ne) p[i] = expf(l - mx);
+        __syncthreads();
+        if (i == 0) {
+            double s = 0.0;
+            for (int j = 0; j < ne; j++) s += (double)p[j];
+            sum = s;
+        }
+        __syncthreads();
+        if (i < ne) p[i] *= (float)(1.0 / sum);
+    } else if (gating == 1) {
+        if (i < ne) p[i] = 1.f / (1.f + expf(-l));
+    } else if (i < ne) {
+        p[i] = l;
+    }
+    __syncthreads();
+    if (i < ne) sel[i] = p[i] + (sel_bias ? sel_bias[i] : 0.f);
+    __syncthreads();
+    if (n_group > 0) {
+        int per = ne / n_group;
+        if (i < n_group) {
+            // The group's two best, summed in f64 (ties: the lower index).
+            int b0 = -1, b1 = -1;
+            for (int j = i * per; j < (i + 1) * per; j++) {
+                if (b0 < 0 || sel[j] > sel[b0]) { b1 = b0; b0 = j; }
+                else if (b1 < 0 || sel[j] > sel[b1]) b1 = j;
+            }
+            double t = (double)sel[b0] + (b1 >= 0 ? (double)sel[b1] : 0.0);
+            gscore[i] = (float)t;
+        }
+        __syncthreads();
+        if (i < ne) {
+            int g = i / per, rank = 0;
+            for (int h = 0; h < n_group; h++)
+                rank += gscore[h] > gscore[g] || (gscore[h] == gscore[g] && h < g);
+            if (rank >= n_group_used) sel[i] = -INFINITY;
+        }
+        __syncthreads();
+    }
+    if (i < ne) {
+        float v = sel[i];
+        int rank = 0;
+        for (int j = 0; j < ne; j++) rank += sel[j] > v || (sel[j] == v && j < i);
+        if (rank < k) {
+            ids[rank] = (u32)i;
+            weights[rank] = p[i];
+        }
+    }
+    __syncthreads();
+    if (i == 0) {
+        if (gating == 2) {
+            float m = -INFINITY;
+            for (int j = 0; j < k; j++) m = fmaxf(m, weights[j]);
+            double s = 0.0;
+            for (int j = 0; j < k; j++) {
+                weights[j] = expf(weights[j] - m);
+                s += (double)weights[j];
+            }
+            float inv = (float)(1.0 / s);
+            for (int j = 0; j < k; j++) weights[j] *= inv;
+        }
+        if (norm) {
+            double s = 0.0;
+            for (int j = 0; j < k; j++) s += (double)weights[j];
+            float t = fmaxf((float)s, 6.103515625e-5f);
+            for (int j = 0; j < k; j++) weights[j] /= t;
+        }
+        if (scale != 1.f)
+            for (int j = 0; j < k; j++) weights[j] *= scale;
+    }
+}
+
+// x += the k experts' outputs ys (k rows of d), each times its weight, summed in slot order
+// as the CPU sums them, then the shared expert's output (null: none) times sigmoid of its gate
+// logit (null: 1; computed as silu(g) / g, as llama.cpp's graph does).
+extern "C" __global__ void moe_combine(const float* ys, const float* w, int k, int d,
+                                       const float* shared, const float* shared_gate, float* x) {
+    step_begin();
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= d) return;
+    float o = __fmul_rn(ys[i], w[0]);
+    for (int j = 1; j < k; j++) o = __fadd_rn(o, __fmul_rn(ys[(size_t)j * d + i], w[j]));
+    if (shared) {
+        float y = shared[i];
+        if (shared_gate) {
+            float g = *shared_gate;
+            y = __fmul_rn(y, (g / (1.f + expf(-g))) / g);
+        }
+        o = __fadd_rn(o, y);
+    }
+    x[i] = __fadd_rn(x[i], o);
 }

@@ -153,8 +153,8 @@ fn ptr<T>(s: &CudaSlice<T>, stream: &CudaStream) -> u64 {
 }
 
 impl Prefill {
-    /// Allocates the batch buffers, or `None` when cuBLAS is not on this machine (prompts
-    /// then run as decode steps).
+    /// Allocates the batch buffers, or `None` when cuBLAS is not on this machine or the
+    /// model has mixture-of-experts layers (prompts then run as decode steps).
     pub fn new(
         stream: &Arc<CudaStream>,
         module: &Arc<CudaModule>,
@@ -163,6 +163,10 @@ impl Prefill {
     ) -> Result<Option<Prefill>, CudaError> {
         // SAFETY: only tries to open the library by its usual names.
         if !unsafe { blas_sys::is_culib_present() } {
+            return Ok(None);
+        }
+        // The batched passes do not route experts yet: such prompts run as decode steps.
+        if p.layers.iter().any(|l| l.moe) {
             return Ok(None);
         }
         let blas = CudaBlas::new(stream.clone())

@@ -9,7 +9,8 @@ use ferrolm_gguf::TensorType;
 
 use crate::CudaTuning;
 use ferrolm_model::plan::{
-    Activation, Attention, Ffn, LayerPlan, Mixer, ModelPlan, Rope, RopeLayout, YarnRamp,
+    Activation, Attention, Ffn, Gating, LayerPlan, Mixer, ModelPlan, Moe, Rope, RopeLayout,
+    YarnRamp,
 };
 
 /// Why the CUDA path does not take a model: the plan field (or tensor) it does not serve.
@@ -112,6 +113,18 @@ pub enum Buf {
     /// The chosen ids again, in mapped host memory: [`TOKEN_RING`] u32, the step at position p
     /// writing slot `p % TOKEN_RING`, so that the host reads a step's id while the next runs.
     TokenRing,
+    /// A mixture-of-experts layer's router logits, `max_experts` f32.
+    Router,
+    /// The experts a token's routing chose, best first, `max_used` u32.
+    ExpertIds,
+    /// Their weights, `max_used` f32.
+    ExpertWeights,
+    /// Each chosen expert's output, `max_used x n_embd` f32.
+    ExpertOut,
+    /// The shared expert's output, `n_embd` f32.
+    SharedOut,
+    /// The shared expert's gate logit, one f32.
+    SharedGate,
     /// Layer `l`'s keys, `n_ctx x kv_dim` f16.
     KCache(usize),
     /// Layer `l`'s values, `n_ctx x kv_dim` f16.
@@ -239,6 +252,9 @@ pub struct LayerRefs {
     pub residual_scale: f32,
     /// The feed-forward gate's activation.
     pub activation: GateActivation,
+    /// A mixture of experts instead of one feed-forward block (`ffn` then holds the expert
+    /// tensors); the batched passes do not serve those yet.
+    pub moe: bool,
 }
 
 /// What the rotation kernels take past the plain angle: the cosines' and sines' magnitude
@@ -295,6 +311,16 @@ pub enum GateActivation {
     Gelu,
 }
 
+impl GateActivation {
+    /// The kernels' code for it (`GLU_SILU`, `GLU_GELU`).
+    pub fn code(self) -> i32 {
+        match self {
+            GateActivation::Silu => 0,
+            GateActivation::Gelu => 1,
+        }
+    }
+}
+
 /// The output head of a whole model on the device.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Head {
@@ -342,6 +368,10 @@ pub struct DecodePlan {
     pub max_heads_splits: usize,
     /// Key/value width per layer (f16 cache rows).
     pub kv_dims: Vec<usize>,
+    /// Most experts of a layer (the router's width; 0: no experts).
+    pub max_experts: usize,
+    /// Most experts a token uses in a layer.
+    pub max_used: usize,
     /// What the embedded rows are multiplied by (Gemma, Granite).
     pub embedding_scale: Option<f32>,
     /// What the logits go through: the final soft cap (Gemma 2) and the logit scale they are
@@ -602,6 +632,242 @@ impl Builder {
         );
     }
 
+    /// `n_expert` matrices of `rows x cols` stacked in one tensor (`ffn_*_exps`), read in
+    /// their file layout (an expert's rows `rows x row_bytes` from the previous one's).
+    fn experts(
+        &mut self,
+        types: &dyn Fn(&str) -> Option<TensorType>,
+        name: &str,
+        n_expert: usize,
+        rows: usize,
+        cols: usize,
+    ) -> Result<usize, Decline> {
+        let m = self.matrix(types, name, n_expert * rows, cols)?;
+        let spec = &mut self.matrices[m];
+        spec.kernel = kernel_type(spec.ty).expect("checked by matrix");
+        Ok(m)
+    }
+
+    /// Layer `l`'s mixture of experts, from its norm to the residual add: the router, the
+    /// routing (`moe_route`), the chosen experts' gate/up and down products (a grid row per
+    /// chosen expert, its rows found from the ids on the device), the shared expert, and the
+    /// weighted sum into the residual stream (`moe_combine`). Returns the gate, up and down
+    /// expert tensors.
+    #[allow(clippy::too_many_arguments)]
+    fn moe(
+        &mut self,
+        types: &dyn Fn(&str) -> Option<TensorType>,
+        m: &Moe,
+        l: usize,
+        d: usize,
+        ffn_norm: usize,
+        eps: f32,
+        act: GateActivation,
+    ) -> Result<[usize; 3], Decline> {
+        let Moe {
+            n_expert: ne,
+            n_expert_used: k,
+            n_ff,
+            activation: _,
+            gating,
+            selection_bias,
+            groups,
+            biases,
+            norm_weights,
+            weights_scale,
+            shared,
+        } = *m;
+        let n = |s: &str| format!("blk.{l}.{s}");
+        if biases {
+            return Err(decline("ffn.moe.biases", true));
+        }
+        if ne == 0 || ne > 1024 || k == 0 || k > ne {
+            return Err(decline("ffn.moe.n_expert_used", format!("{k} of {ne}")));
+        }
+        let (n_group, n_group_used) = groups.map_or((0, 0), |g| (g.n_group, g.n_group_used));
+        if n_group > 64 {
+            return Err(decline("ffn.moe.groups", n_group));
+        }
+        let router = self.matrix(types, &n("ffn_gate_inp.weight"), ne, d)?;
+        let gate = self.experts(types, &n("ffn_gate_exps.weight"), ne, n_ff, d)?;
+        let up = self.experts(types, &n("ffn_up_exps.weight"), ne, n_ff, d)?;
+        let down = self.experts(types, &n("ffn_down_exps.weight"), ne, d, n_ff)?;
+        let bias = selection_bias.then(|| self.vector(&n("exp_probs_b.bias"), ne));
+        // The normed input in f32 (H); each product's quantized copy in Xq, made again only
+        // when the format changes (`held`: what Xq holds now).
+        self.rms_norm(Buf::X, ffn_norm, Buf::H, d, eps, None);
+        let mut held = None;
+        let mut input = |b: &mut Builder, mats: &[usize]| match b.shared_format(mats) {
+            None => Buf::H,
+            Some(f) if held == Some(f) => Buf::Xq,
+            Some(f) => {
+                held = Some(f);
+                b.input_for(Buf::H, d, mats)
+            }
+        };
+        let x = input(self, &[router]);
+        self.matvec(router, x, None, None, Buf::Router);
+        let gating = match gating {
+            Gating::Softmax => 0,
+            Gating::Sigmoid => 1,
+            Gating::SoftmaxAfterTopK => 2,
+        };
+        self.push(
+            "moe_route",
+            (1, 1),
+            ne.next_multiple_of(32) as u32,
+            vec![
+                Arg::Buf(Buf::Router),
+                bias.map_or(Arg::Null, |v| Arg::Buf(Buf::Vector(v))),
+                Arg::Buf(Buf::ExpertIds),
+                Arg::Buf(Buf::ExpertWeights),
+                Arg::I32(ne as i32),
+                Arg::I32(k as i32),
+                Arg::I32(gating),
+                Arg::I32(n_group as i32),
+                Arg::I32(n_group_used as i32),
+                Arg::I32(i32::from(norm_weights)),
+                Arg::F32(weights_scale.unwrap_or(1.0)),
+            ],
+        );
+        if self.matrices[gate].ty == self.matrices[up].ty {
+            let x = input(self, &[gate, up]);
+            self.expert_glu(gate, up, x, n_ff, k, act);
+        } else {
+            // Gate and up apart, each quantizing the normed input as it loads it.
+            self.expert_product(gate, n_ff, Buf::H, 0, k, Buf::Gate);
+            self.expert_product(up, n_ff, Buf::H, 0, k, Buf::Up);
+            let total = k * n_ff;
+            let kernel = match act {
+                GateActivation::Silu => "swiglu",
+                GateActivation::Gelu => "geglu",
+            };
+            let args = vec![
+                Arg::Buf(Buf::Gate),
+                Arg::Buf(Buf::Up),
+                Arg::Buf(Buf::Act),
+                Arg::I32(total as i32),
+            ];
+            self.push(kernel, (total.div_ceil(256) as u32, 1), 256, args);
+        }
+        // The down products quantize their f32 inputs as they load them.
+        self.expert_product(down, d, Buf::Act, n_ff, k, Buf::ExpertOut);
+        let (mut shared_out, mut shared_gate) = (Arg::Null, Arg::Null);
+        if let Some(sh) = shared {
+            let sg = self.matrix(types, &n("ffn_gate_shexp.weight"), sh.n_ff, d)?;
+            let su = self.matrix(types, &n("ffn_up_shexp.weight"), sh.n_ff, d)?;
+            let sd = self.matrix(types, &n("ffn_down_shexp.weight"), d, sh.n_ff)?;
+            if self.matrices[sg].ty == self.matrices[su].ty {
+                let x = input(self, &[sg, su]);
+                self.matvec_glu(sg, su, x, Buf::Gate, act);
+            } else {
+                // (Act is free: the routed experts' down products have read it)
+                let x = input(self, &[sg]);
+                self.matvec(sg, x, None, None, Buf::Up);
+                let x = input(self, &[su]);
+                self.matvec(su, x, None, None, Buf::Act);
+                let kernel = match act {
+                    GateActivation::Silu => "swiglu",
+                    GateActivation::Gelu => "geglu",
+                };
+                let args = vec![
+                    Arg::Buf(Buf::Up),
+                    Arg::Buf(Buf::Act),
+                    Arg::Buf(Buf::Gate),
+                    Arg::I32(sh.n_ff as i32),
+                ];
+                self.push(kernel, (sh.n_ff.div_ceil(256) as u32, 1), 256, args);
+            }
+            if sh.gated {
+                // (before the down product, which may quantize its own input into Xq)
+                let gi = self.matrix(types, &n("ffn_gate_inp_shexp.weight"), 1, d)?;
+                let x = input(self, &[gi]);
+                self.matvec(gi, x, None, None, Buf::SharedGate);
+                shared_gate = Arg::Buf(Buf::SharedGate);
+            }
+            self.product_of_f32(sd, Buf::Gate, None, Buf::SharedOut);
+            shared_out = Arg::Buf(Buf::SharedOut);
+        }
+        self.push(
+            "moe_combine",
+            (d.div_ceil(256) as u32, 1),
+            256,
+            vec![
+                Arg::Buf(Buf::ExpertOut),
+                Arg::Buf(Buf::ExpertWeights),
+                Arg::I32(k as i32),
+                Arg::I32(d as i32),
+                shared_out,
+                shared_gate,
+                Arg::Buf(Buf::X),
+            ],
+        );
+        Ok([gate, up, down])
+    }
+
+    /// The `k` chosen experts' products of stacked matrix `m` (`rows` a expert) with the f32
+    /// input `x` (`x_stride` values apart per expert; 0: one input for all), quantized as
+    /// they load it where the rows take quantized activations; expert `j`'s rows into `y`
+    /// from `j * rows` on.
+    fn expert_product(&mut self, m: usize, rows: usize, x: Buf, x_stride: usize, k: usize, y: Buf) {
+        let spec = &self.matrices[m];
+        let (rb, cols) = (spec.row_bytes(), spec.cols);
+        let kernel = match self.shared_format(&[m]) {
+            Some(_) => format!("moe_matvecf_{}", spec.kernel),
+            None => format!("moe_matvec_{}", spec.kernel),
+        };
+        self.push(
+            kernel,
+            (rows.div_ceil(MATVEC_ROWS) as u32, k as u32),
+            self.tuning.matvec_threads(cols / 32, rows * k),
+            vec![
+                Arg::Buf(Buf::Matrix(m)),
+                Arg::I64((rows * rb) as i64),
+                Arg::I32(rb as i32),
+                Arg::I32((cols / 32) as i32),
+                Arg::I32(rows as i32),
+                Arg::Buf(x),
+                Arg::I32(x_stride as i32),
+                Arg::Buf(Buf::ExpertIds),
+                Arg::Buf(y),
+            ],
+        );
+    }
+
+    /// The `k` chosen experts' gate and up products (one type) and the gated activation,
+    /// expert `j`'s into `Act` from `j * n_ff` on.
+    fn expert_glu(
+        &mut self,
+        g: usize,
+        u: usize,
+        x: Buf,
+        n_ff: usize,
+        k: usize,
+        act: GateActivation,
+    ) {
+        let spec = &self.matrices[g];
+        let (rb, cols) = (spec.row_bytes(), spec.cols);
+        let kernel = product_kernel("moe_glu", spec, x);
+        self.push_rows(
+            kernel,
+            rb,
+            (n_ff.div_ceil(MATVEC_ROWS / 2) as u32, k as u32),
+            self.tuning.matvec_threads(cols / 32, 2 * n_ff * k),
+            vec![
+                Arg::Buf(Buf::Matrix(g)),
+                Arg::Buf(Buf::Matrix(u)),
+                Arg::I64((n_ff * rb) as i64),
+                Arg::I32(rb as i32),
+                Arg::I32((cols / 32) as i32),
+                Arg::I32(n_ff as i32),
+                Arg::Buf(x),
+                Arg::Buf(Buf::ExpertIds),
+                Arg::Buf(Buf::Act),
+                Arg::I32(act.code()),
+            ],
+        );
+    }
+
     /// A launch of the product kernel `kernel` (matvec's arguments).
     fn push_product(
         &mut self,
@@ -689,10 +955,7 @@ impl Builder {
                 Arg::I32(rows as i32),
                 Arg::Buf(x),
                 Arg::Buf(out),
-                Arg::I32(match act {
-                    GateActivation::Silu => 0,
-                    GateActivation::Gelu => 1,
-                }),
+                Arg::I32(act.code()),
             ],
         );
     }
@@ -954,6 +1217,7 @@ pub fn decode_plan_with(
         );
     }
     let (mut max_q, mut max_kv, mut max_ff, mut max_part, mut max_hs) = (0, 0, 0, 0, 0);
+    let (mut max_experts, mut max_used) = (0, 0);
     let mut kv_dims = Vec::new();
     let mut refs = Vec::new();
     let mut rope_freqs: Option<usize> = None;
@@ -1039,13 +1303,20 @@ pub fn decode_plan_with(
             RopeLayout::Normal => 0,
             RopeLayout::Neox => 1,
         };
+        let gate_activation = |a: &Activation| match a {
+            Activation::Silu => Ok(GateActivation::Silu),
+            Activation::GeluTanh => Ok(GateActivation::Gelu),
+            Activation::SwigluOai => Err(decline("ffn.activation", "SwigluOai")),
+        };
         let (n_ff, activation) = match ffn {
-            Ffn::Gated { n_ff, activation } => match activation {
-                Activation::Silu => (*n_ff, GateActivation::Silu),
-                Activation::GeluTanh => (*n_ff, GateActivation::Gelu),
-                Activation::SwigluOai => return Err(decline("ffn.activation", "SwigluOai")),
-            },
-            Ffn::Moe(_) => return Err(decline("ffn", "mixture of experts")),
+            Ffn::Gated { n_ff, activation } => (*n_ff, gate_activation(activation)?),
+            Ffn::Moe(m) => {
+                // The routed experts' activations side by side; the shared expert's in Gate.
+                max_experts = max_experts.max(m.n_expert);
+                max_used = max_used.max(m.n_expert_used);
+                max_ff = max_ff.max(m.shared.map_or(0, |s| s.n_ff));
+                (m.n_expert_used * m.n_ff, gate_activation(&m.activation)?)
+            }
         };
         let (q_dim, kv_dim) = (nh * hd, nkv * hd);
         max_q = max_q.max(q_dim);
@@ -1176,9 +1447,49 @@ pub fn decode_plan_with(
         // measured, PERFORMANCE.md).
         b.block_output(wo, Buf::Attn, post_attn_norm, residual_scale, eps);
 
+        let vector_of = |a: Arg| match a {
+            Arg::Buf(Buf::Vector(i)) => Some(i),
+            _ => None,
+        };
         let ffn_norm = b.vector(&n("ffn_norm.weight"), d);
         if !n_ff.is_multiple_of(32) {
             return Err(decline("ffn.n_ff", n_ff));
+        }
+        if let Ffn::Moe(m) = ffn {
+            if post_ffn.is_some() || residual_scale != 1.0 {
+                return Err(decline(
+                    "ffn",
+                    "mixture of experts with a post-norm or scale",
+                ));
+            }
+            let experts = b.moe(types, m, l, d, ffn_norm, eps, activation)?;
+            refs.push(LayerRefs {
+                attn_norm,
+                qkv: [wq, wk, wv],
+                qkv_bias: bq.zip(bk).zip(bv).map(|((q, k), v)| [q, k, v]),
+                qk_norm: vector_of(qn).zip(vector_of(kn)).map(|(q, k)| [q, k]),
+                wo,
+                ffn_norm,
+                ffn: experts,
+                n_head: nh,
+                n_head_kv: nkv,
+                head_dim: hd,
+                n_dims: *n_dims,
+                neox: neox == 1,
+                freq_base: *freq_base,
+                freq_scale: *freq_scale,
+                freq_factors: ff_index,
+                rope_scaling,
+                scale: *scale,
+                window,
+                softcap,
+                post_attn_norm,
+                post_ffn_norm: None,
+                residual_scale,
+                activation,
+                moe: true,
+            });
+            continue;
         }
         // Without ffn_gate, ffn_up holds the gate's rows then up's (Phi-3; the CPU refuses
         // a file where it does not).
@@ -1217,10 +1528,6 @@ pub fn decode_plan_with(
             );
         }
         b.block_output(down, Buf::Act, post_ffn, residual_scale, eps);
-        let vector_of = |a: Arg| match a {
-            Arg::Buf(Buf::Vector(i)) => Some(i),
-            _ => None,
-        };
         refs.push(LayerRefs {
             attn_norm,
             qkv: [wq, wk, wv],
@@ -1245,6 +1552,7 @@ pub fn decode_plan_with(
             post_ffn_norm: post_ffn,
             residual_scale,
             activation,
+            moe: false,
         });
     }
     let logits = LogitAdjust {
@@ -1314,6 +1622,8 @@ pub fn decode_plan_with(
         max_part,
         max_heads_splits: max_hs,
         kv_dims,
+        max_experts,
+        max_used,
         embedding_scale: *embedding_scale,
         logits,
     })
@@ -1589,8 +1899,36 @@ mod tests {
         ] {
             let mut pl = plan(2, 64);
             pl.n_embd = 512;
-            let p = decode_plan(&pl, 4096, &all(ty)).unwrap();
-            for l in &p.launches {
+            // Layer 1 a mixture of experts, with a gated shared expert; Gemma's fields.
+            let mut moe = pl.clone();
+            moe.layers[1].ffn = Ffn::Moe(ferrolm_model::plan::Moe {
+                n_expert: 8,
+                n_expert_used: 2,
+                n_ff: 256,
+                activation: Activation::Silu,
+                gating: Gating::Softmax,
+                selection_bias: true,
+                groups: None,
+                biases: false,
+                norm_weights: true,
+                weights_scale: None,
+                shared: Some(ferrolm_model::plan::SharedExpert {
+                    n_ff: 256,
+                    gated: true,
+                }),
+            });
+            let mut gemma = pl.clone();
+            gemma.embedding_scale = Some(4.0);
+            gemma.final_logit_softcap = Some(30.0);
+            for layer in &mut gemma.layers {
+                layer.post_attention_norm = true;
+                layer.post_ffn_norm = true;
+            }
+            let launches: Vec<Launch> = [pl, moe, gemma]
+                .iter()
+                .flat_map(|pl| decode_plan(pl, 4096, &all(ty)).unwrap().launches)
+                .collect();
+            for l in &launches {
                 let needle = format!("void {}(", l.kernel);
                 // NAME_T from a macro over a type list: `void NAME_##T(` or, for the products,
                 // `void NAME##S(` with S = `_##T` (ALL_TYPES) or `q_##T` (QUANTIZED_TYPES).
@@ -1617,8 +1955,8 @@ mod tests {
                                 src.contains(&format!("FOR_PRODUCTS({t}, true, s_{t}, true)"))
                                     && l.shared > 0
                             }
-                            _ if base == "matvecf" => {
-                                src.contains("void matvecf_##T(")
+                            _ if base.ends_with("matvecf") => {
+                                src.contains(&format!("void {base}_##T("))
                                     && list("QUANTIZED_TYPES").contains(&entry)
                             }
                             _ => {

@@ -138,20 +138,35 @@ impl<'f> Emulator<'f> {
     /// Rows `rows` of `m` dotted with input `x` (f32, or the quantized activations), as the
     /// CPU multiplies them: the activations in the row type's partner format.
     fn products(&self, m: Buf, rows: usize, cols: usize, x: Buf) -> Vec<f32> {
+        self.products_at(m, 0, rows, cols, x, 0)
+    }
+
+    /// [`Emulator::products`] of rows `first..first + rows`, with an f32 input read from value
+    /// `offset` of `x` on.
+    fn products_at(
+        &self,
+        m: Buf,
+        first: usize,
+        rows: usize,
+        cols: usize,
+        x: Buf,
+        offset: usize,
+    ) -> Vec<f32> {
         let (ty, _) = self.row(m, 0);
         let kernel = ferrolm_quant::dot_kernel(ty).unwrap();
         let act_ty = kernel.activation_type();
         let act = if x == Buf::Xq {
+            assert_eq!(offset, 0, "quantized activations are read whole");
             let (fmt, bytes) = self.xq.get(&x).expect("Xq read before written");
             assert_eq!(*fmt, act_ty, "activations quantized for another row type");
             bytes.clone()
         } else {
             let xs = self.read(x);
             let mut a = vec![0u8; ferrolm_quant::row_bytes(act_ty, cols).unwrap()];
-            ferrolm_quant::quantize_activation(act_ty, &xs[..cols], &mut a).unwrap();
+            ferrolm_quant::quantize_activation(act_ty, &xs[offset..offset + cols], &mut a).unwrap();
             a
         };
-        (0..rows)
+        (first..first + rows)
             .map(|r| kernel.dot(cols, self.row(m, r).1, &act))
             .collect()
     }
@@ -275,6 +290,60 @@ impl<'f> Emulator<'f> {
                 .map(|i| g[i] / (1.0 + (-g[i]).exp()) * u[i])
                 .collect();
             self.write(Self::buf(&a[2]).unwrap(), 0, &out);
+        } else if name == "moe_route" {
+            self.route(a);
+        } else if product("moe_glu") {
+            // moe_glu(G, U, expert_bytes, row_bytes, n_chunks, n_rows, x, ids, out, act): a
+            // grid row per chosen expert
+            let (cols, rows) = (32 * Self::i(&a[4]), Self::i(&a[5]));
+            let x = Self::buf(&a[6]).unwrap();
+            let ids = self.u32s[&Buf::ExpertIds].clone();
+            for (j, &e) in ids.iter().enumerate().take(l.grid.1 as usize) {
+                let first = e as usize * rows;
+                let g = self.products_at(Self::buf(&a[0]).unwrap(), first, rows, cols, x, 0);
+                let u = self.products_at(Self::buf(&a[1]).unwrap(), first, rows, cols, x, 0);
+                let mut out = vec![0f32; rows];
+                match Self::i(&a[9]) {
+                    0 => ferrolm_quant::ggml_vec::swiglu(&g, &u, &mut out),
+                    _ => ferrolm_quant::ggml_vec::geglu(&g, &u, &mut out),
+                }
+                self.write(Self::buf(&a[8]).unwrap(), j * rows, &out);
+            }
+        } else if name.starts_with("moe_matvec") {
+            // moe_matvec(W, expert_bytes, row_bytes, n_chunks, n_rows, x, x_stride, ids, y)
+            let (cols, rows) = (32 * Self::i(&a[3]), Self::i(&a[4]));
+            let (x, stride) = (Self::buf(&a[5]).unwrap(), Self::i(&a[6]));
+            let ids = self.u32s[&Buf::ExpertIds].clone();
+            for (j, &e) in ids.iter().enumerate().take(l.grid.1 as usize) {
+                let w = Self::buf(&a[0]).unwrap();
+                let y = self.products_at(w, e as usize * rows, rows, cols, x, j * stride);
+                self.write(Self::buf(&a[8]).unwrap(), j * rows, &y);
+            }
+        } else if name == "moe_combine" {
+            // moe_combine(ys, w, k, d, shared, shared_gate, x)
+            let (k, d) = (Self::i(&a[2]), Self::i(&a[3]));
+            let (ys, w) = (
+                self.read(Self::buf(&a[0]).unwrap()),
+                self.read(Self::buf(&a[1]).unwrap()),
+            );
+            let shared = Self::buf(&a[4]).map(|b| self.read(b));
+            let gate = Self::buf(&a[5]).map(|b| {
+                let g = self.read(b)[0];
+                g / (1.0 + (-g).exp()) / g
+            });
+            let xb = Self::buf(&a[6]).unwrap();
+            let mut x = self.read(xb)[..d].to_vec();
+            for (i, x) in x.iter_mut().enumerate() {
+                let mut o = ys[i] * w[0];
+                for j in 1..k {
+                    o += ys[j * d + i] * w[j];
+                }
+                if let Some(sh) = &shared {
+                    o += gate.map_or(sh[i], |g| sh[i] * g);
+                }
+                *x += o;
+            }
+            self.write(xb, 0, &x);
         } else if name == "geglu" {
             let n = Self::i(&a[3]);
             let (g, u) = (
@@ -355,6 +424,78 @@ impl<'f> Emulator<'f> {
         } else {
             panic!("no emulation of {name}");
         }
+    }
+
+    /// moe_route(logits, sel_bias, ids, weights, ne, k, gating, n_group, n_group_used, norm,
+    /// scale): the CPU's routing (routing.rs), written out again.
+    fn route(&mut self, a: &[Arg]) {
+        let (ne, k, gating) = (Self::i(&a[4]), Self::i(&a[5]), Self::i(&a[6]));
+        let (n_group, n_used, norm, scale) = (
+            Self::i(&a[7]),
+            Self::i(&a[8]),
+            Self::i(&a[9]) == 1,
+            Self::f(&a[10]),
+        );
+        let logits = self.read(Self::buf(&a[0]).unwrap())[..ne].to_vec();
+        let softmax = |x: &mut [f32]| {
+            let max = x.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+            let sum: f64 = x
+                .iter_mut()
+                .map(|v| {
+                    *v = (*v - max).exp();
+                    f64::from(*v)
+                })
+                .sum();
+            let inv = (1.0 / sum) as f32;
+            x.iter_mut().for_each(|v| *v *= inv);
+        };
+        let mut p = logits.clone();
+        match gating {
+            0 => softmax(&mut p),
+            1 => p.iter_mut().for_each(|v| *v = 1.0 / (1.0 + (-*v).exp())),
+            _ => {}
+        }
+        let mut sel = p.clone();
+        if let Some(b) = Self::buf(&a[1]) {
+            sel.iter_mut().zip(self.read(b)).for_each(|(s, b)| *s += b);
+        }
+        let desc = |v: &[f32]| {
+            let mut order: Vec<usize> = (0..v.len()).collect();
+            order.sort_by(|&x, &y| v[y].total_cmp(&v[x]));
+            order
+        };
+        if let Some(per) = ne.checked_div(n_group) {
+            let scores: Vec<f32> = sel
+                .chunks(per)
+                .map(|g| {
+                    desc(g)
+                        .iter()
+                        .take(2)
+                        .map(|&i| f64::from(g[i]))
+                        .sum::<f64>() as f32
+                })
+                .collect();
+            for &dropped in &desc(&scores)[n_used..] {
+                sel[dropped * per..(dropped + 1) * per].fill(f32::NEG_INFINITY);
+            }
+        }
+        let ids: Vec<usize> = desc(&sel)[..k].to_vec();
+        let mut w: Vec<f32> = ids.iter().map(|&e| p[e]).collect();
+        if gating == 2 {
+            softmax(&mut w);
+        }
+        if norm {
+            let sum = (w.iter().map(|&v| f64::from(v)).sum::<f64>() as f32).max(6.103_515_6e-5);
+            w.iter_mut().for_each(|v| *v /= sum);
+        }
+        if scale != 1.0 {
+            w.iter_mut().for_each(|v| *v *= scale);
+        }
+        self.u32s.insert(
+            Self::buf(&a[2]).unwrap(),
+            ids.iter().map(|&e| e as u32).collect(),
+        );
+        self.write(Self::buf(&a[3]).unwrap(), 0, &w);
     }
 
     /// rope_store(q, k, v, q_norm, k_norm, kc, vc, pos, n_head, n_head_kv, hd, n_dims, neox,
@@ -641,6 +782,18 @@ fn the_decode_step_computes_what_the_cpu_computes() {
     long_rope.head_dim = 64;
     long_rope.long_rope = Some(16);
     cases.push(long_rope);
+    // Mixtures of experts: qwen3moe (softmax, renormalized), qwen2moe (a gated shared
+    // expert, not renormalized), Mixtral-style llama; dots1 below.
+    for arch in ["qwen3moe", "qwen2moe", "llama"] {
+        let mut s = SyntheticSpec::small(arch);
+        s.head_dim = 64;
+        if arch == "llama" {
+            s.n_expert = 8;
+            s.n_expert_used = 2;
+            s.n_ff = 256;
+        }
+        cases.push(s);
+    }
     let mut yarn = SyntheticSpec::small("llama");
     yarn.n_layer = 2;
     yarn.head_dim = 64;
@@ -670,49 +823,62 @@ fn the_decode_step_computes_what_the_cpu_computes() {
     ];
     cases.push(mixed);
     for spec in &cases {
-        for (act, on_load_max) in [
-            (Activations::Quantized, usize::MAX),
-            (Activations::Quantized, 0),
-            (Activations::F32, usize::MAX),
-        ] {
-            let (gpu, cpu, kernels) = emulate(spec, act, on_load_max, &ids(24));
-            if spec.types.iter().any(|(t, _)| t == "attn_k") && act == Activations::Quantized {
-                // the mixed file: K's input f32 (Q8_K against Q8_0), the activation separate,
-                // quantized by the down product as it loads it or by a launch of its own
-                let down = if on_load_max == 0 {
-                    "quantize_act"
-                } else {
-                    "matvecf_Q4_0"
-                };
-                for k in ["matvec3r_Q4_K", "matvecq_Q4_0", "swiglu", down] {
-                    // (a quantized-input product may be its staged twin, `s` for `q`)
-                    let staged = k.replace("q_", "s_");
-                    assert!(
-                        kernels.iter().any(|n| n == k || *n == staged),
-                        "no {k} in {kernels:?}"
-                    );
-                }
+        check_emulated(spec, 24);
+    }
+    // dots1: sigmoid routing with a selection bias, grouped top-k, scaled weights, an ungated
+    // shared expert, a leading dense layer. Its group scores (sums of two sigmoids) sit close
+    // enough that at the fourth position the emulator's 1% difference in the first layer's
+    // output (f16 attention) flips a group, and from there its tokens differ as any two
+    // backends' would: the positions before it are compared.
+    let mut dots1 = SyntheticSpec::small("dots1");
+    dots1.head_dim = 64;
+    check_emulated(&dots1, 3);
+}
+
+/// [`emulate`] of `spec` over `n` positions in each activation mode, against the CPU.
+fn check_emulated(spec: &SyntheticSpec, n: usize) {
+    for (act, on_load_max) in [
+        (Activations::Quantized, usize::MAX),
+        (Activations::Quantized, 0),
+        (Activations::F32, usize::MAX),
+    ] {
+        let (gpu, cpu, kernels) = emulate(spec, act, on_load_max, &ids(n));
+        if spec.types.iter().any(|(t, _)| t == "attn_k") && act == Activations::Quantized {
+            // the mixed file: K's input f32 (Q8_K against Q8_0), the activation separate,
+            // quantized by the down product as it loads it or by a launch of its own
+            let down = if on_load_max == 0 {
+                "quantize_act"
+            } else {
+                "matvecf_Q4_0"
+            };
+            for k in ["matvec3r_Q4_K", "matvecq_Q4_0", "swiglu", down] {
+                // (a quantized-input product may be its staged twin, `s` for `q`)
+                let staged = k.replace("q_", "s_");
+                assert!(
+                    kernels.iter().any(|n| n == k || *n == staged),
+                    "no {k} in {kernels:?}"
+                );
             }
-            if spec.types.is_empty() && act == Activations::Quantized {
-                let (present, absent) = if on_load_max == 0 {
-                    ("quantize_act", "matvecf_Q4_0")
-                } else {
-                    ("matvecf_Q4_0", "quantize_act")
-                };
-                assert!(kernels.iter().any(|n| n == present), "{kernels:?}");
-                assert!(kernels.iter().all(|n| n != absent), "{kernels:?}");
-            }
-            let n_vocab = cpu.len() / 24;
-            let kl = mean_kl(&cpu, &gpu, n_vocab);
-            let rel = relative_difference(&cpu, &gpu);
-            eprintln!(
-                "{} {act:?} (on load up to {on_load_max}): mean KL {kl:.3e}, logits {rel:.2e} apart",
-                spec.arch
-            );
-            assert!(kl < 1e-3, "{} {act:?}: mean KL {kl:.3e}", spec.arch);
-            // (a file whose logits are large has a KL near 0 whatever happens)
-            assert!(rel < 2e-2, "{} {act:?}: logits {rel:.3e} apart", spec.arch);
         }
+        if spec.types.is_empty() && act == Activations::Quantized {
+            let (present, absent) = if on_load_max == 0 {
+                ("quantize_act", "matvecf_Q4_0")
+            } else {
+                ("matvecf_Q4_0", "quantize_act")
+            };
+            assert!(kernels.iter().any(|n| n == present), "{kernels:?}");
+            assert!(kernels.iter().all(|n| n != absent), "{kernels:?}");
+        }
+        let n_vocab = cpu.len() / n;
+        let kl = mean_kl(&cpu, &gpu, n_vocab);
+        let rel = relative_difference(&cpu, &gpu);
+        eprintln!(
+            "{} {act:?} (on load up to {on_load_max}): mean KL {kl:.3e}, logits {rel:.2e} apart",
+            spec.arch
+        );
+        assert!(kl < 1e-3, "{} {act:?}: mean KL {kl:.3e}", spec.arch);
+        // (a file whose logits are large has a KL near 0 whatever happens)
+        assert!(rel < 2e-2, "{} {act:?}: logits {rel:.3e} apart", spec.arch);
     }
 }
 
