@@ -1555,12 +1555,12 @@ __device__ __forceinline__ void matvec_glu(const u8* G, const u8* U, int row_byt
     }                                                                                            \
     extern "C" __global__ void moe_matvec_##T(const u8* W, long long expert_bytes,             \
                                               int row_bytes, int n_chunks, int n_rows,           \
-                                              const float* x, int x_stride, const u32* ids,      \
-                                              float* y) {                                        \
+                                              const float* x, int x_stride, int x_per,           \
+                                              const u32* ids, float* y) {                        \
         step_begin();                                                                            \
         size_t e = (size_t)ids[blockIdx.y] * (size_t)expert_bytes;                               \
         matvec<T, false>(W + e, row_bytes, n_chunks, n_rows,                                     \
-                         x + (size_t)blockIdx.y * x_stride, nullptr, nullptr,                    \
+                         x + (size_t)(blockIdx.y / x_per) * x_stride, nullptr, nullptr,          \
                          y + (size_t)blockIdx.y * n_rows);                                       \
     }
 
@@ -1574,12 +1574,12 @@ __device__ __forceinline__ void matvec_glu(const u8* G, const u8* U, int row_byt
     }                                                                                            \
     extern "C" __global__ void moe_matvecf_##T(const u8* W, long long expert_bytes,            \
                                                int row_bytes, int n_chunks, int n_rows,          \
-                                               const float* x, int x_stride, const u32* ids,     \
-                                               float* y) {                                       \
+                                               const float* x, int x_stride, int x_per,          \
+                                               const u32* ids, float* y) {                       \
         step_begin();                                                                            \
         size_t e = (size_t)ids[blockIdx.y] * (size_t)expert_bytes;                               \
         matvec<T, true, true>(W + e, row_bytes, n_chunks, n_rows,                                \
-                              x + (size_t)blockIdx.y * x_stride, nullptr, nullptr,               \
+                              x + (size_t)(blockIdx.y / x_per) * x_stride, nullptr, nullptr,     \
                               y + (size_t)blockIdx.y * n_rows);                                  \
     }
 
@@ -2867,7 +2867,7 @@ extern "C" __global__ void adjust_logits(float* x, long long n, float inv_cap, f
 
 // ---- Mixture of experts: routing on the device, only the chosen experts read ----------------
 
-// The routing of one token (ferrolm-model's cpu/routing.rs, step by step): probabilities from
+// The routing of one token, a block per token (ferrolm-model's cpu/routing.rs, step by step): probabilities from
 // the ne router logits (gating 0 softmax, 1 sigmoid, 2 the logits themselves, softmaxed after
 // the top-k), the selection bias added for choosing, experts outside the n_group_used best
 // groups masked (n_group 0: no groups), the k best by selection score (ties: the lower index,
@@ -2878,6 +2878,10 @@ extern "C" __global__ void moe_route(const float* logits, const float* sel_bias,
                                      float* weights, int ne, int k, int gating, int n_group,
                                      int n_group_used, int norm, float scale) {
     step_begin();
+    // Row blockIdx.x of a batch (a decode step has one).
+    logits += (size_t)blockIdx.x * ne;
+    ids += (size_t)blockIdx.x * k;
+    weights += (size_t)blockIdx.x * k;
     __shared__ float p[1024], sel[1024], gscore[64];
     __shared__ float mx;
     __shared__ double sum;
@@ -2965,23 +2969,62 @@ extern "C" __global__ void moe_route(const float* logits, const float* sel_bias,
     }
 }
 
-// x += the k experts' outputs ys (k rows of d), each times its weight, summed in slot order
-// as the CPU sums them, then the shared expert's output (null: none) times sigmoid of its gate
-// logit (null: 1; computed as silu(g) / g, as llama.cpp's graph does).
+// x += the k experts' outputs (rows of d), each times its weight, summed in slot order as the
+// CPU sums them, then the shared expert's output (null: none) times sigmoid of its gate logit
+// (null: 1; computed as silu(g) / g, as llama.cpp's graph does). Token t = blockIdx.y: its
+// slot j's output is row at[t * k + j] of ys (at null: row t * k + j), its weights, shared row
+// and residual row t's.
 extern "C" __global__ void moe_combine(const float* ys, const float* w, int k, int d,
-                                       const float* shared, const float* shared_gate, float* x) {
+                                       const float* shared, const float* shared_gate, float* x,
+                                       const u32* at) {
     step_begin();
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= d) return;
-    float o = __fmul_rn(ys[i], w[0]);
-    for (int j = 1; j < k; j++) o = __fadd_rn(o, __fmul_rn(ys[(size_t)j * d + i], w[j]));
+    size_t t = blockIdx.y;
+    w += t * k;
+    x += t * d;
+    auto row = [&](int j) { return (size_t)(at ? at[t * k + j] : t * k + j) * d; };
+    float o = __fmul_rn(ys[row(0) + i], w[0]);
+    for (int j = 1; j < k; j++) o = __fadd_rn(o, __fmul_rn(ys[row(j) + i], w[j]));
     if (shared) {
-        float y = shared[i];
+        float y = shared[t * d + i];
         if (shared_gate) {
-            float g = *shared_gate;
+            float g = shared_gate[t];
             y = __fmul_rn(y, (g / (1.f + expf(-g))) / g);
         }
         o = __fadd_rn(o, y);
     }
     x[i] = __fadd_rn(x[i], o);
+}
+
+// A batch's (token, slot) pairs grouped by expert, in pair order within each expert (one
+// thread: the order is the same every run): counts[e] pairs chose expert e, its group starts
+// at offsets[e], and pair i lands at row at[i] of the grouped rows.
+extern "C" __global__ void moe_group(const u32* ids, int n_pairs, int ne, u32* counts,
+                                     u32* offsets, u32* at) {
+    if (threadIdx.x != 0) return;
+    for (int e = 0; e < ne; e++) counts[e] = 0;
+    for (int i = 0; i < n_pairs; i++) counts[ids[i]]++;
+    u32 o = 0;
+    for (int e = 0; e < ne; e++) {
+        offsets[e] = o;
+        o += counts[e];
+    }
+    for (int i = 0; i < n_pairs; i++) at[i] = offsets[ids[i]]++;
+    for (int e = 0; e < ne; e++) offsets[e] -= counts[e];
+}
+
+// Row at[i] of dst = row i / k of src (f16 rows of d): each pair's input in its expert's group.
+extern "C" __global__ void moe_gather_f16(const u16* src, const u32* at, int k, int d, u16* dst) {
+    size_t i = blockIdx.x;
+    const u16* s = src + (i / k) * (size_t)d;
+    u16* o = dst + (size_t)at[i] * d;
+    for (int j = threadIdx.x; j < d; j += blockDim.x) o[j] = s[j];
+}
+
+// rms_norm over row blockIdx.x of a batch (n values each; f32, the CPU's f64 sum of squares).
+extern "C" __global__ void rms_norm_rows_f32(const float* x, const float* w, float* out, int n,
+                                             float eps) {
+    rms_norm_groups<false>(x + (size_t)blockIdx.x * n, w, out + (size_t)blockIdx.x * n, nullptr,
+                           n, eps, 0);
 }

@@ -20,7 +20,7 @@ use ferrolm_gguf::TensorType;
 
 use crate::device::Rows;
 use crate::device::{driver, launch, Value};
-use crate::schedule::{DecodePlan, GateActivation, MatrixSpec, MATVEC_ROWS};
+use crate::schedule::{DecodePlan, GateActivation, LayerRefs, MatrixSpec, MoeRefs, MATVEC_ROWS};
 use crate::{CudaError, CudaTuning};
 
 /// Tokens in one batch: longer prompts go through in batches of this many.
@@ -129,6 +129,71 @@ pub(crate) struct Prefill {
     /// The switches and sizes it was made with (tensor-core attention, the matrix-vector
     /// blocks' threads).
     tuning: CudaTuning,
+    /// The mixture-of-experts layers' buffers (`None`: a dense model).
+    moe: Option<MoeBuffers>,
+}
+
+/// What a batch's mixture-of-experts layers hold between launches: each token's router
+/// logits, chosen experts and weights; the (token, slot) pairs grouped by expert (counts,
+/// offsets, each pair's grouped row, the gathered inputs); each pair's expert output; the
+/// normed rows in f32 (the batched step's per-pair products read them); the shared expert's
+/// output and gate logit.
+struct MoeBuffers {
+    logits: CudaSlice<f32>,
+    ids: CudaSlice<u32>,
+    weights: CudaSlice<f32>,
+    counts: CudaSlice<u32>,
+    offsets: CudaSlice<u32>,
+    at: CudaSlice<u32>,
+    gathered: CudaSlice<u16>,
+    outputs: CudaSlice<f32>,
+    normed: CudaSlice<f32>,
+    shared_out: CudaSlice<f32>,
+    shared_gate: CudaSlice<f32>,
+}
+
+/// Elements of each of [`MoeBuffers`]' per-pair buffers (`MAX_BATCH` tokens' pairs).
+fn moe_pairs(p: &DecodePlan) -> usize {
+    MAX_BATCH * p.max_used
+}
+
+impl MoeBuffers {
+    fn new(stream: &Arc<CudaStream>, p: &DecodePlan) -> Result<MoeBuffers, CudaError> {
+        let f32s = |n: usize| {
+            stream
+                .alloc_zeros::<f32>(n.max(1))
+                .map_err(driver("expert buffers"))
+        };
+        let u32s = |n: usize| {
+            stream
+                .alloc_zeros::<u32>(n.max(1))
+                .map_err(driver("expert buffers"))
+        };
+        let (pairs, d) = (moe_pairs(p), p.n_embd);
+        Ok(MoeBuffers {
+            logits: f32s(MAX_BATCH * p.max_experts)?,
+            ids: u32s(pairs)?,
+            weights: f32s(pairs)?,
+            counts: u32s(p.max_experts)?,
+            offsets: u32s(p.max_experts)?,
+            at: u32s(pairs)?,
+            gathered: stream
+                .alloc_zeros::<u16>(pairs * d)
+                .map_err(driver("expert buffers"))?,
+            outputs: f32s(pairs * d)?,
+            normed: f32s(MAX_BATCH * d)?,
+            shared_out: f32s(MAX_BATCH * d)?,
+            shared_gate: f32s(MAX_BATCH)?,
+        })
+    }
+
+    /// Their bytes.
+    fn bytes(p: &DecodePlan) -> usize {
+        let (pairs, d) = (moe_pairs(p), p.n_embd);
+        4 * (MAX_BATCH * p.max_experts + 3 * pairs + 2 * p.max_experts + pairs * d)
+            + 2 * pairs * d
+            + 4 * (2 * MAX_BATCH * d + MAX_BATCH)
+    }
 }
 
 /// Bytes of device memory the batch buffers take (besides the logits of every position).
@@ -136,7 +201,12 @@ pub fn scratch_bytes(p: &DecodePlan) -> u64 {
     let widest = widest_matrix(p);
     let per_token = 4 * (p.n_embd + 2 * p.max_q + 2 * p.max_kv + 2 * p.max_ff.max(p.n_embd))
         + 2 * (p.n_embd.max(p.max_q).max(p.max_ff) + p.max_q + p.max_ff);
-    (MAX_BATCH * per_token + 2 * widest + 4 * p.n_embd) as u64
+    let moe = if p.max_experts > 0 {
+        MoeBuffers::bytes(p)
+    } else {
+        0
+    };
+    (MAX_BATCH * per_token + 2 * widest + 4 * p.n_embd + moe) as u64
 }
 
 /// Elements of the largest matrix (the f16 scratch holds one at a time).
@@ -153,8 +223,8 @@ fn ptr<T>(s: &CudaSlice<T>, stream: &CudaStream) -> u64 {
 }
 
 impl Prefill {
-    /// Allocates the batch buffers, or `None` when cuBLAS is not on this machine or the
-    /// model has mixture-of-experts layers (prompts then run as decode steps).
+    /// Allocates the batch buffers, or `None` when cuBLAS is not on this machine (prompts
+    /// then run as decode steps).
     pub fn new(
         stream: &Arc<CudaStream>,
         module: &Arc<CudaModule>,
@@ -163,10 +233,6 @@ impl Prefill {
     ) -> Result<Option<Prefill>, CudaError> {
         // SAFETY: only tries to open the library by its usual names.
         if !unsafe { blas_sys::is_culib_present() } {
-            return Ok(None);
-        }
-        // The batched passes do not route experts yet: such prompts run as decode steps.
-        if p.layers.iter().any(|l| l.moe) {
             return Ok(None);
         }
         let blas = CudaBlas::new(stream.clone())
@@ -227,6 +293,11 @@ impl Prefill {
             graphs: tuning.graphs,
             profile: None,
             tuning: tuning.clone(),
+            moe: if p.max_experts > 0 {
+                Some(MoeBuffers::new(stream, p)?)
+            } else {
+                None
+            },
         }))
     }
 
@@ -419,7 +490,7 @@ impl Prefill {
     pub fn f16_weight_bytes(p: &DecodePlan) -> u64 {
         p.matrices
             .iter()
-            .filter(|m| m.ty != TensorType::F16)
+            .filter(|m| m.ty != TensorType::F16 && m.experts == 1)
             .map(|m| 2 * (m.rows * m.cols) as u64)
             .sum()
     }
@@ -461,10 +532,17 @@ impl Prefill {
         let mut gate_up = Vec::with_capacity(p.layers.len());
         for r in &p.layers {
             qkv.push(stack(self, &r.qkv, &mut kept)?);
-            gate_up.push(stack(self, &r.ffn[..2], &mut kept)?);
+            // (experts are read by the per-pair products in their blocks)
+            let dense = r.moe.is_none();
+            gate_up.push(if dense {
+                stack(self, &r.ffn[..2], &mut kept)?
+            } else {
+                None
+            });
         }
         for m in 0..p.matrices.len() {
-            if kept[m].is_none() && p.matrices[m].ty != TensorType::F16 {
+            let spec = &p.matrices[m];
+            if kept[m].is_none() && spec.ty != TensorType::F16 && spec.experts == 1 {
                 kept[m] = stack(self, &[m], &mut kept)?;
             }
         }
@@ -703,6 +781,11 @@ impl Prefill {
                 }
             }
             self.block_output(p, at, r.wo, attn, n, r.post_attn_norm, r.residual_scale)?;
+            if let Some(m) = &r.moe {
+                self.run("rms_norm_rows", (n as u32, 1), 256, &norm(r.ffn_norm))?;
+                self.experts(p, at, r, m, n, rows)?;
+                continue;
+            }
             self.run("rms_norm_rows", (n as u32, 1), 256, &norm(r.ffn_norm))?;
             let [g, u, down] = r.ffn;
             let n_ff = p.matrices[g].rows;
@@ -753,6 +836,261 @@ impl Prefill {
             self.block_output(p, at, down, act, n, r.post_ffn_norm, r.residual_scale)?;
         }
         Ok(())
+    }
+
+    /// Layer `r`'s mixture of experts over the batch's `n` rows (their f16 norms in `h`),
+    /// into the residual stream: the router's GEMM and each token's routing on the device;
+    /// then for a prompt the (token, slot) pairs grouped by expert (the counts read back, a
+    /// sync per layer) and each used expert's three products one GEMM over its rows, or for a
+    /// batched decode step (captured as a graph: no sync) each pair's products as the decode
+    /// step's kernels compute them; the shared expert's GEMMs; the weighted sum.
+    fn experts(
+        &mut self,
+        p: &DecodePlan,
+        at: &Addresses,
+        r: &LayerRefs,
+        m: &MoeRefs,
+        n: usize,
+        rows: Placement<'_>,
+    ) -> Result<(), CudaError> {
+        let s = self.stream.clone();
+        let (d, ne, k, ff) = (p.n_embd, m.n_expert, m.n_used, m.n_ff);
+        let pairs = n * k;
+        let b = self
+            .moe
+            .as_ref()
+            .expect("allocated for a plan with experts");
+        let (logits, ids, weights) = (ptr(&b.logits, &s), ptr(&b.ids, &s), ptr(&b.weights, &s));
+        let (counts, offsets, at_rows) = (ptr(&b.counts, &s), ptr(&b.offsets, &s), ptr(&b.at, &s));
+        let (gathered, outputs, normed) = (
+            ptr(&b.gathered, &s),
+            ptr(&b.outputs, &s),
+            ptr(&b.normed, &s),
+        );
+        let (shared_out, shared_gate) = (ptr(&b.shared_out, &s), ptr(&b.shared_gate, &s));
+        let (x, h, gate, up, act) = (
+            ptr(&self.x, &s),
+            ptr(&self.h, &s),
+            ptr(&self.gate, &s),
+            ptr(&self.up, &s),
+            ptr(&self.act, &s),
+        );
+        let opt = |i: Option<usize>| Value::Ptr(i.map_or(0, |i| at.vectors[i]));
+        self.product(p, at, m.router, h, n, logits, 0.0)?;
+        self.run(
+            "moe_route",
+            (n as u32, 1),
+            ne.next_multiple_of(32) as u32,
+            &[
+                Value::Ptr(logits),
+                opt(m.selection_bias),
+                Value::Ptr(ids),
+                Value::Ptr(weights),
+                Value::I32(ne as i32),
+                Value::I32(k as i32),
+                Value::I32(m.gating),
+                Value::I32(m.groups.0 as i32),
+                Value::I32(m.groups.1 as i32),
+                Value::I32(i32::from(m.norm_weights)),
+                Value::F32(m.weights_scale),
+            ],
+        )?;
+        let (glu_f16, glu_f32) = match r.activation {
+            GateActivation::Silu => ("swiglu_f16", "swiglu"),
+            GateActivation::Gelu => ("geglu_f16", "geglu"),
+        };
+        let [wg, wu, wd] = m.experts;
+        let grouped = matches!(rows, Placement::Prompt { .. });
+        if grouped {
+            self.run(
+                "moe_group",
+                (1, 1),
+                32,
+                &[
+                    Value::Ptr(ids),
+                    Value::I32(pairs as i32),
+                    Value::I32(ne as i32),
+                    Value::Ptr(counts),
+                    Value::Ptr(offsets),
+                    Value::Ptr(at_rows),
+                ],
+            )?;
+            self.run(
+                "moe_gather_f16",
+                (pairs as u32, 1),
+                128,
+                &[
+                    Value::Ptr(h),
+                    Value::Ptr(at_rows),
+                    Value::I32(k as i32),
+                    Value::I32(d as i32),
+                    Value::Ptr(gathered),
+                ],
+            )?;
+            let mut used = vec![0u32; ne];
+            let b = self.moe.as_ref().expect("allocated");
+            s.memcpy_dtoh(&b.counts.slice(..ne), &mut used)
+                .map_err(driver("reading the experts' counts"))?;
+            s.synchronize()
+                .map_err(driver("reading the experts' counts"))?;
+            // Each used expert's rows, one GEMM per matrix over its group of pairs.
+            let groups: Vec<(usize, usize, usize)> = used
+                .iter()
+                .scan(0usize, |o, &c| {
+                    let g = (*o, c as usize);
+                    *o += c as usize;
+                    Some(g)
+                })
+                .enumerate()
+                .filter(|(_, (_, c))| *c > 0)
+                .map(|(e, (o, c))| (e, o, c))
+                .collect();
+            let each = |this: &mut Prefill,
+                        mat: usize,
+                        (rows_out, cols): (usize, usize),
+                        input: (u64, usize),
+                        out: u64|
+             -> Result<(), CudaError> {
+                let spec = &p.matrices[mat];
+                let w16 = if spec.ty == TensorType::F16 {
+                    at.matrices[mat]
+                } else {
+                    let dst = ptr(&this.w16, &this.stream);
+                    this.dequantize(spec, at.matrices[mat], dst)?;
+                    dst
+                };
+                for &(e, o, c) in &groups {
+                    let w = w16 + 2 * (e * rows_out * cols) as u64;
+                    let a = input.0 + (o * cols * input.1) as u64;
+                    this.gemm(
+                        w,
+                        rows_out,
+                        cols,
+                        a,
+                        c,
+                        out + (4 * o * rows_out) as u64,
+                        0.0,
+                    )?;
+                }
+                Ok(())
+            };
+            each(self, wg, (ff, d), (gathered, 2), gate)?;
+            each(self, wu, (ff, d), (gathered, 2), up)?;
+            let total = (pairs * ff) as u64;
+            self.run(
+                glu_f16,
+                (total.div_ceil(256) as u32, 1),
+                256,
+                &[
+                    Value::Ptr(gate),
+                    Value::Ptr(up),
+                    Value::Ptr(act),
+                    Value::I64(total as i64),
+                ],
+            )?;
+            each(self, wd, (d, ff), (act, 2), outputs)?;
+        } else {
+            // Each pair's products as the decode step computes them, from the f32 norms.
+            let warps = d.div_ceil(256).clamp(1, 32) as u32;
+            self.run(
+                "rms_norm_rows_f32",
+                (n as u32, 1),
+                32 * warps,
+                &[
+                    Value::Ptr(x),
+                    Value::Ptr(at.vectors[r.ffn_norm]),
+                    Value::Ptr(normed),
+                    Value::I32(d as i32),
+                    Value::F32(p.norm_eps),
+                ],
+            )?;
+            let per_pair = |this: &mut Prefill,
+                            mat: usize,
+                            rows_out: usize,
+                            (input, stride, per): (u64, usize, usize),
+                            out: u64| {
+                let spec = &p.matrices[mat];
+                let (rb, cols) = (spec.row_bytes(), spec.cols);
+                let on_load = crate::schedule::activation_format(spec.ty).is_some()
+                    && this.tuning.quantized_activations;
+                let kernel = if on_load {
+                    format!("moe_matvecf_{}", spec.kernel)
+                } else {
+                    format!("moe_matvec_{}", spec.kernel)
+                };
+                this.run(
+                    &kernel,
+                    (rows_out.div_ceil(MATVEC_ROWS) as u32, pairs as u32),
+                    this.tuning.matvec_threads(cols / 32, rows_out * pairs),
+                    &[
+                        Value::Ptr(at.matrices[mat]),
+                        Value::I64((rows_out * rb) as i64),
+                        Value::I32(rb as i32),
+                        Value::I32((cols / 32) as i32),
+                        Value::I32(rows_out as i32),
+                        Value::Ptr(input),
+                        Value::I32(stride as i32),
+                        Value::I32(per as i32),
+                        Value::Ptr(ids),
+                        Value::Ptr(out),
+                    ],
+                )
+            };
+            per_pair(self, wg, ff, (normed, d, k), gate)?;
+            per_pair(self, wu, ff, (normed, d, k), up)?;
+            let total = pairs * ff;
+            self.run(
+                glu_f32,
+                (total.div_ceil(256) as u32, 1),
+                256,
+                &[
+                    Value::Ptr(gate),
+                    Value::Ptr(up),
+                    Value::Ptr(gate),
+                    Value::I32(total as i32),
+                ],
+            )?;
+            per_pair(self, wd, d, (gate, ff, 1), outputs)?;
+        }
+        // The shared expert over every row, as a dense block's GEMMs.
+        let (mut sh_out, mut sh_gate) = (0u64, 0u64);
+        if let Some(sh) = &m.shared {
+            self.product(p, at, sh.gate, h, n, gate, 0.0)?;
+            self.product(p, at, sh.up, h, n, up, 0.0)?;
+            let total = (n * sh.n_ff) as u64;
+            self.run(
+                glu_f16,
+                (total.div_ceil(256) as u32, 1),
+                256,
+                &[
+                    Value::Ptr(gate),
+                    Value::Ptr(up),
+                    Value::Ptr(act),
+                    Value::I64(total as i64),
+                ],
+            )?;
+            self.product(p, at, sh.down, act, n, shared_out, 0.0)?;
+            sh_out = shared_out;
+            if let Some(gi) = sh.gate_inp {
+                self.product(p, at, gi, h, n, shared_gate, 0.0)?;
+                sh_gate = shared_gate;
+            }
+        }
+        self.run(
+            "moe_combine",
+            (d.div_ceil(256) as u32, n as u32),
+            256,
+            &[
+                Value::Ptr(outputs),
+                Value::Ptr(weights),
+                Value::I32(k as i32),
+                Value::I32(d as i32),
+                Value::Ptr(sh_out),
+                Value::Ptr(sh_gate),
+                Value::Ptr(x),
+                Value::Ptr(if grouped { at_rows } else { 0 }),
+            ],
+        )
     }
 
     /// A block's output (matrix `m` over the `n` rows at `input`) into the residual stream:

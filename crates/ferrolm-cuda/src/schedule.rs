@@ -169,6 +169,8 @@ pub struct MatrixSpec {
     /// Its first row in the tensor: a row view of a fused tensor (Phi-3's `attn_qkv` and
     /// `ffn_up` of gate then up rows), 0 for a whole one.
     pub first_row: usize,
+    /// How many experts' matrices it stacks (1: a plain matrix).
+    pub experts: usize,
     /// Block type.
     pub ty: TensorType,
     /// Rows (output features).
@@ -253,8 +255,51 @@ pub struct LayerRefs {
     /// The feed-forward gate's activation.
     pub activation: GateActivation,
     /// A mixture of experts instead of one feed-forward block (`ffn` then holds the expert
-    /// tensors); the batched passes do not serve those yet.
-    pub moe: bool,
+    /// tensors).
+    pub moe: Option<MoeRefs>,
+}
+
+/// A mixture-of-experts layer as the batched passes read it (the decode step's
+/// `moe_route` arguments and the matrices).
+#[derive(Clone, Debug, PartialEq)]
+pub struct MoeRefs {
+    /// `ffn_gate_inp.weight`.
+    pub router: usize,
+    /// The stacked gate, up and down expert tensors.
+    pub experts: [usize; 3],
+    /// Experts.
+    pub n_expert: usize,
+    /// Experts a token uses.
+    pub n_used: usize,
+    /// Each expert's feed-forward width.
+    pub n_ff: usize,
+    /// `moe_route`'s gating code.
+    pub gating: i32,
+    /// `exp_probs_b.bias`, if any.
+    pub selection_bias: Option<usize>,
+    /// Groups and groups used (0, 0: none).
+    pub groups: (usize, usize),
+    /// Whether the weights are renormalized.
+    pub norm_weights: bool,
+    /// What they are scaled by (1: not).
+    pub weights_scale: f32,
+    /// The shared expert, if any.
+    pub shared: Option<SharedRefs>,
+}
+
+/// A shared expert's matrices.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SharedRefs {
+    /// Gate, up and down.
+    pub gate: usize,
+    /// See `gate`.
+    pub up: usize,
+    /// See `gate`.
+    pub down: usize,
+    /// Its gate's logit row, when gated.
+    pub gate_inp: Option<usize>,
+    /// Its feed-forward width.
+    pub n_ff: usize,
 }
 
 /// What the rotation kernels take past the plain angle: the cosines' and sines' magnitude
@@ -521,6 +566,7 @@ impl Builder {
         self.matrices.push(MatrixSpec {
             name: name.to_string(),
             first_row,
+            experts: 1,
             ty,
             rows,
             cols,
@@ -645,14 +691,15 @@ impl Builder {
         let m = self.matrix(types, name, n_expert * rows, cols)?;
         let spec = &mut self.matrices[m];
         spec.kernel = kernel_type(spec.ty).expect("checked by matrix");
+        spec.experts = n_expert;
         Ok(m)
     }
 
     /// Layer `l`'s mixture of experts, from its norm to the residual add: the router, the
     /// routing (`moe_route`), the chosen experts' gate/up and down products (a grid row per
     /// chosen expert, its rows found from the ids on the device), the shared expert, and the
-    /// weighted sum into the residual stream (`moe_combine`). Returns the gate, up and down
-    /// expert tensors.
+    /// weighted sum into the residual stream (`moe_combine`). Returns what the batched
+    /// passes read of it.
     #[allow(clippy::too_many_arguments)]
     fn moe(
         &mut self,
@@ -663,7 +710,7 @@ impl Builder {
         ffn_norm: usize,
         eps: f32,
         act: GateActivation,
-    ) -> Result<[usize; 3], Decline> {
+    ) -> Result<MoeRefs, Decline> {
         let Moe {
             n_expert: ne,
             n_expert_used: k,
@@ -753,7 +800,9 @@ impl Builder {
         // The down products quantize their f32 inputs as they load them.
         self.expert_product(down, d, Buf::Act, n_ff, k, Buf::ExpertOut);
         let (mut shared_out, mut shared_gate) = (Arg::Null, Arg::Null);
+        let mut shared_refs = None;
         if let Some(sh) = shared {
+            let mut gate_inp = None;
             let sg = self.matrix(types, &n("ffn_gate_shexp.weight"), sh.n_ff, d)?;
             let su = self.matrix(types, &n("ffn_up_shexp.weight"), sh.n_ff, d)?;
             let sd = self.matrix(types, &n("ffn_down_shexp.weight"), d, sh.n_ff)?;
@@ -784,9 +833,17 @@ impl Builder {
                 let x = input(self, &[gi]);
                 self.matvec(gi, x, None, None, Buf::SharedGate);
                 shared_gate = Arg::Buf(Buf::SharedGate);
+                gate_inp = Some(gi);
             }
             self.product_of_f32(sd, Buf::Gate, None, Buf::SharedOut);
             shared_out = Arg::Buf(Buf::SharedOut);
+            shared_refs = Some(SharedRefs {
+                gate: sg,
+                up: su,
+                down: sd,
+                gate_inp,
+                n_ff: sh.n_ff,
+            });
         }
         self.push(
             "moe_combine",
@@ -800,9 +857,22 @@ impl Builder {
                 shared_out,
                 shared_gate,
                 Arg::Buf(Buf::X),
+                Arg::Null,
             ],
         );
-        Ok([gate, up, down])
+        Ok(MoeRefs {
+            router,
+            experts: [gate, up, down],
+            n_expert: ne,
+            n_used: k,
+            n_ff,
+            gating,
+            selection_bias: bias,
+            groups: (n_group, n_group_used),
+            norm_weights,
+            weights_scale: weights_scale.unwrap_or(1.0),
+            shared: shared_refs,
+        })
     }
 
     /// The `k` chosen experts' products of stacked matrix `m` (`rows` a expert) with the f32
@@ -828,6 +898,7 @@ impl Builder {
                 Arg::I32(rows as i32),
                 Arg::Buf(x),
                 Arg::I32(x_stride as i32),
+                Arg::I32(1),
                 Arg::Buf(Buf::ExpertIds),
                 Arg::Buf(y),
             ],
@@ -1462,7 +1533,7 @@ pub fn decode_plan_with(
                     "mixture of experts with a post-norm or scale",
                 ));
             }
-            let experts = b.moe(types, m, l, d, ffn_norm, eps, activation)?;
+            let moe = b.moe(types, m, l, d, ffn_norm, eps, activation)?;
             refs.push(LayerRefs {
                 attn_norm,
                 qkv: [wq, wk, wv],
@@ -1470,7 +1541,7 @@ pub fn decode_plan_with(
                 qk_norm: vector_of(qn).zip(vector_of(kn)).map(|(q, k)| [q, k]),
                 wo,
                 ffn_norm,
-                ffn: experts,
+                ffn: moe.experts,
                 n_head: nh,
                 n_head_kv: nkv,
                 head_dim: hd,
@@ -1487,7 +1558,7 @@ pub fn decode_plan_with(
                 post_ffn_norm: None,
                 residual_scale,
                 activation,
-                moe: true,
+                moe: Some(moe),
             });
             continue;
         }
@@ -1552,7 +1623,7 @@ pub fn decode_plan_with(
             post_ffn_norm: post_ffn,
             residual_scale,
             activation,
-            moe: false,
+            moe: None,
         });
     }
     let logits = LogitAdjust {

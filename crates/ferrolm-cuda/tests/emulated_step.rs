@@ -310,14 +310,15 @@ impl<'f> Emulator<'f> {
                 self.write(Self::buf(&a[8]).unwrap(), j * rows, &out);
             }
         } else if name.starts_with("moe_matvec") {
-            // moe_matvec(W, expert_bytes, row_bytes, n_chunks, n_rows, x, x_stride, ids, y)
+            // moe_matvec(W, expert_bytes, row_bytes, n_chunks, n_rows, x, x_stride, x_per, ids,
+            // y): grid row j reads input j / x_per
             let (cols, rows) = (32 * Self::i(&a[3]), Self::i(&a[4]));
-            let (x, stride) = (Self::buf(&a[5]).unwrap(), Self::i(&a[6]));
+            let (x, stride, per) = (Self::buf(&a[5]).unwrap(), Self::i(&a[6]), Self::i(&a[7]));
             let ids = self.u32s[&Buf::ExpertIds].clone();
             for (j, &e) in ids.iter().enumerate().take(l.grid.1 as usize) {
                 let w = Self::buf(&a[0]).unwrap();
-                let y = self.products_at(w, e as usize * rows, rows, cols, x, j * stride);
-                self.write(Self::buf(&a[8]).unwrap(), j * rows, &y);
+                let y = self.products_at(w, e as usize * rows, rows, cols, x, j / per * stride);
+                self.write(Self::buf(&a[9]).unwrap(), j * rows, &y);
             }
         } else if name == "moe_combine" {
             // moe_combine(ys, w, k, d, shared, shared_gate, x)
