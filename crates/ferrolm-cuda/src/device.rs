@@ -1294,13 +1294,7 @@ fn load_module(
         None => {
             // NVRTC wants a `'static` name; there are few architectures, leaked once each.
             let arch_static: &'static str = Box::leak(arch.clone().into_boxed_str());
-            let opts = cudarc::nvrtc::CompileOptions {
-                arch: Some(arch_static),
-                options: vec!["-std=c++17".into()],
-                ..Default::default()
-            };
-            let ptx = cudarc::nvrtc::compile_ptx_with_opts(source, opts)
-                .map_err(|e| CudaError::Compile(e.to_string()))?;
+            let ptx = kernels::compile(source, arch_static).map_err(CudaError::Compile)?;
             if let Some(dir) = dir {
                 kernels::write_cached(dir, source, &arch, &ptx.to_src());
             }

@@ -25,6 +25,17 @@ pub fn source_with_defines(defines: Option<String>) -> String {
     out
 }
 
+/// `source` compiled by NVRTC for `arch` (`sm_90`), as the device loads it (needs the NVRTC
+/// library only, no GPU).
+pub fn compile(source: &str, arch: &'static str) -> Result<cudarc::nvrtc::Ptx, String> {
+    let opts = cudarc::nvrtc::CompileOptions {
+        arch: Some(arch),
+        options: vec!["-std=c++17".into()],
+        ..Default::default()
+    };
+    cudarc::nvrtc::compile_ptx_with_opts(source, opts).map_err(|e| e.to_string())
+}
+
 /// FNV-1a, 64 bits: stable across Rust versions and platforms (unlike `DefaultHasher`).
 pub fn fnv1a64(bytes: &[u8]) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
@@ -84,6 +95,24 @@ pub fn write_cached(dir: &Path, source: &str, arch: &str, ptx: &str) {
 
 #[cfg(test)]
 mod tests {
+    /// The kernels compile for the H100/H200's sm_90 wherever NVRTC is on the machine (CI
+    /// installs it: scripts/test; FERROLM_REQUIRE_NVRTC makes its absence a failure).
+    #[test]
+    fn the_kernels_compile_with_nvrtc() {
+        // SAFETY: only tries to open the library by its usual names.
+        if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+            assert!(
+                std::env::var_os("FERROLM_REQUIRE_NVRTC").is_none(),
+                "FERROLM_REQUIRE_NVRTC is set and libnvrtc was not found"
+            );
+            eprintln!("skipped: libnvrtc is not on this machine");
+            return;
+        }
+        if let Err(e) = super::compile(&super::source_with_defines(None), "sm_90") {
+            panic!("the kernels do not compile: {e}");
+        }
+    }
+
     use super::*;
 
     #[test]
