@@ -7,7 +7,8 @@ use ferrolm_model::{Logits, Model};
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
-    let model = Model::load(&args[1], 1).expect("model");
+    let mut model = Model::load(&args[1], 1).expect("model");
+    model.set_dump_dir(std::env::var_os("FERROLM_DUMP").map(Into::into));
     let ids: Vec<u32> = args[2].split(',').map(|s| s.parse().unwrap()).collect();
     let mut s = model.session(1024);
     let logits = s.eval(&ids, Logits::All).expect("eval");

@@ -38,6 +38,8 @@ pub struct Model {
     experts: experts::ExpertStore,
     /// Per layer, how many times each expert was selected (empty for dense layers).
     expert_counts: Vec<Vec<std::sync::atomic::AtomicU64>>,
+    /// Where forward passes write their intermediate tensors ([`Model::set_dump_dir`]).
+    dump_dir: Option<std::path::PathBuf>,
 }
 
 impl Model {
@@ -89,7 +91,16 @@ impl Model {
             pool,
             experts,
             expert_counts,
+            dump_dir: None,
         })
+    }
+
+    /// Makes every forward pass write its intermediate tensors into `dir`, one little-endian
+    /// f32 file each under llama.cpp's names (`attn_norm-0.f32`, `ffn_out-3.f32`...), for a
+    /// tensor-by-tensor comparison with llama.cpp (scripts/dump_compare.py); `None`: off.
+    /// A later pass overwrites an earlier one's files.
+    pub fn set_dump_dir(&mut self, dir: Option<std::path::PathBuf>) {
+        self.dump_dir = dir;
     }
 
     /// The streamed-expert cache's counters, or `None` when the experts are resident (or the

@@ -30,18 +30,22 @@ pub enum Logits {
     All,
 }
 
-/// Where `FERROLM_DUMP` asks intermediate tensors to be written (a developer's tool for
-/// comparing with llama.cpp's eval callback, tensor by tensor, under llama.cpp's names).
-fn dump_dir() -> Option<&'static std::path::Path> {
-    static DIR: std::sync::OnceLock<Option<std::path::PathBuf>> = std::sync::OnceLock::new();
-    DIR.get_or_init(|| std::env::var_os("FERROLM_DUMP").map(Into::into))
-        .as_deref()
-}
+/// Where a forward pass writes its intermediate tensors (`Model::set_dump_dir`; `None`: off),
+/// a developer's tool for comparing with llama.cpp's eval callback tensor by tensor.
+#[derive(Clone, Copy)]
+struct Dump<'a>(Option<&'a std::path::Path>);
 
-fn dump(name: &str, layer: usize, data: &[f32]) {
-    if let Some(dir) = dump_dir() {
-        let bytes: Vec<u8> = data.iter().flat_map(|v| v.to_le_bytes()).collect();
-        let _ = std::fs::write(dir.join(format!("{name}-{layer}.f32")), bytes);
+impl Dump<'_> {
+    fn of(model: &Model) -> Dump<'_> {
+        Dump(model.dump_dir.as_deref())
+    }
+
+    /// `data` as `{name}-{layer}.f32`.
+    fn put(self, name: &str, layer: usize, data: &[f32]) {
+        if let Some(dir) = self.0 {
+            let bytes: Vec<u8> = data.iter().flat_map(|v| v.to_le_bytes()).collect();
+            let _ = std::fs::write(dir.join(format!("{name}-{layer}.f32")), bytes);
+        }
     }
 }
 
@@ -115,6 +119,7 @@ pub(crate) fn forward(
     let w = &model.weights;
     let file = model.file.file_bytes();
     let d = plan.n_embd;
+    let dump = Dump::of(model);
     // Token t of the batch: its sequence and position.
     let mut pos_of = Vec::new();
     let mut offsets = Vec::with_capacity(seqs.len());
@@ -152,7 +157,7 @@ pub(crate) fn forward(
     for (l, (lp, lw)) in plan.layers.iter().zip(&w.layers).enumerate().skip(first) {
         // Token mixer.
         norm_rows(pool, &x, &lw.attn_norm, plan.norm_eps, &mut h, d);
-        dump("attn_norm", l, &h);
+        dump.put("attn_norm", l, &h);
         let mut o = match (&lp.mixer, &lw.mixer) {
             (Mixer::Attention, MixerWeights::Attention(aw)) => {
                 let batch = Batch {
@@ -189,7 +194,7 @@ pub(crate) fn forward(
             }
             _ => unreachable!("weights are bound from the plan"),
         };
-        dump("attn_out", l, &o);
+        dump.put("attn_out", l, &o);
         finish_block(
             pool,
             &mut o,
@@ -198,14 +203,14 @@ pub(crate) fn forward(
             plan.norm_eps,
             d,
         );
-        dump("attn_post_norm", l, &o);
+        dump.put("attn_post_norm", l, &o);
         add_rows(pool, &mut x, &o, d);
-        dump("ffn_inp", l, &x);
-        dump("sa_out", l, &x);
+        dump.put("ffn_inp", l, &x);
+        dump.put("sa_out", l, &x);
 
         // Feed-forward block.
         norm_rows(pool, &x, &lw.ffn_norm, plan.norm_eps, &mut h, d);
-        dump("ffn_norm", l, &h);
+        dump.put("ffn_norm", l, &h);
         match (&lp.ffn, &lw.ffn) {
             (
                 &Ffn::Gated { n_ff, activation },
@@ -223,7 +228,7 @@ pub(crate) fn forward(
                     (n_ff, activation),
                     (wg, wu, wd),
                     ExpertBias::default(),
-                    Some(l),
+                    Some((dump, l)),
                 );
                 // y is the block's output: it takes o's place, o goes back to the buffers
                 scratch.floats.give(std::mem::replace(&mut o, y));
@@ -251,12 +256,22 @@ pub(crate) fn forward(
                 };
                 let counts = model.expert_counts.get(l).map(Vec::as_slice);
                 moe(
-                    pool, file, scratch, m, &experts, &h, n, d, l, counts, &mut o,
+                    pool,
+                    file,
+                    scratch,
+                    m,
+                    &experts,
+                    &h,
+                    n,
+                    d,
+                    (dump, l),
+                    counts,
+                    &mut o,
                 )?;
             }
             _ => unreachable!("weights are bound from the plan"),
         }
-        dump("ffn_out", l, &o);
+        dump.put("ffn_out", l, &o);
         finish_block(
             pool,
             &mut o,
@@ -267,7 +282,7 @@ pub(crate) fn forward(
         );
         add_rows(pool, &mut x, &o, d);
         scratch.floats.give(o);
-        dump("l_out", l, &x);
+        dump.put("l_out", l, &x);
     }
     scratch.floats.give(h);
 
@@ -349,6 +364,7 @@ fn attention_block(
     let file = model.file.file_bytes();
     let d = plan.n_embd;
     let n = h.len() / d;
+    let dump = Dump::of(model);
     let Batch {
         seqs,
         offsets,
@@ -424,9 +440,9 @@ fn attention_block(
             }
         });
     }
-    dump("Qcur", l, &q);
-    dump("Kcur", l, &k);
-    dump("Vcur", l, &v);
+    dump.put("Qcur", l, &q);
+    dump.put("Kcur", l, &k);
+    dump.put("Vcur", l, &v);
     if a.scale_queries {
         rows_mut(pool, &mut q, NORM_ROWS * q_dim, |_, rows| {
             rows.iter_mut().for_each(|v| *v *= a.scale)
@@ -456,13 +472,13 @@ fn attention_block(
             &mut attn[span],
         );
     }
-    dump("kqv_out", l, &attn);
+    dump.put("kqv_out", l, &attn);
     if let Some(gate) = gate {
         // ggml's sigmoid: 1 / (1 + e^-x).
         attn.iter_mut()
             .zip(&gate)
             .for_each(|(x, &g)| *x *= 1.0 / (1.0 + (-g).exp()));
-        dump("attn_gated", l, &attn);
+        dump.put("attn_gated", l, &attn);
     }
     scratch.input.reset();
     let mut o = scratch.floats.take(n * d);
@@ -504,7 +520,7 @@ fn gated_ffn(
     (n_ff, activation): (usize, Activation),
     (wg, wu, wd): (&Matrix, &Matrix, &Matrix),
     biases: ExpertBias<'_>,
-    layer: Option<usize>,
+    dump: Option<(Dump<'_>, usize)>,
 ) -> Vec<f32> {
     input.reset();
     input.prepare(pool, x, n, d, &[wg.ty, wu.ty]);
@@ -522,10 +538,10 @@ fn gated_ffn(
     add_bias(&mut u, biases.up);
     let mut gated = floats.take(g.len());
     activate(pool, activation, &g, &u, n_ff, &mut gated);
-    if let Some(l) = layer {
-        dump("ffn_gate", l, &g);
-        dump("ffn_up", l, &u);
-        dump("ffn_geglu", l, &gated);
+    if let Some((dump, l)) = dump {
+        dump.put("ffn_gate", l, &g);
+        dump.put("ffn_up", l, &u);
+        dump.put("ffn_geglu", l, &gated);
     }
     input.reset();
     let mut y = floats.take(n * d);
@@ -641,7 +657,7 @@ fn moe(
     h: &[f32],
     n: usize,
     d: usize,
-    layer: usize,
+    (dump, layer): (Dump<'_>, usize),
     counts: Option<&[std::sync::atomic::AtomicU64]>,
     out: &mut [f32],
 ) -> Result<()> {
@@ -667,13 +683,13 @@ fn moe(
         scratch.input.get(pool, h, n, d, w.router.ty),
         &mut logits,
     );
-    dump("ffn_moe_logits", layer, &logits);
+    dump.put("ffn_moe_logits", layer, &logits);
     add_bias(&mut logits, w.biases.router.as_deref());
     let mut probs = vec![0f32; n * ne];
     let routes = route(m, &logits, w.biases.selection.as_deref(), &mut probs);
     let (selected, weights) = (routes.selected, routes.weights);
-    dump("ffn_moe_probs", layer, &probs);
-    dump("ffn_moe_weights_norm", layer, &weights);
+    dump.put("ffn_moe_probs", layer, &probs);
+    dump.put("ffn_moe_weights_norm", layer, &weights);
     if let Some(c) = counts {
         for &e in &selected {
             c[e].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -759,10 +775,20 @@ fn moe(
                 .for_each(|(o, e)| *o += e);
         }
     }
-    dump("ffn_moe_out", layer, out);
+    dump.put("ffn_moe_out", layer, out);
     if let (Some(sp), Some(sw)) = (shared_plan, w.shared) {
         shared_expert(
-            pool, file, &mut input, sp.n_ff, activation, sw, h, n, d, layer, out,
+            pool,
+            file,
+            &mut input,
+            sp.n_ff,
+            activation,
+            sw,
+            h,
+            n,
+            d,
+            (dump, layer),
+            out,
         );
     }
     Ok(())
@@ -782,14 +808,14 @@ fn shared_expert(
     h: &[f32],
     n: usize,
     d: usize,
-    layer: usize,
+    (dump, layer): (Dump<'_>, usize),
     out: &mut [f32],
 ) {
     let scale = sw.gate_inp.as_ref().map(|wi| {
         input.reset();
         let mut logit = vec![0f32; n];
         matmul(pool, wi, file, input.get(pool, h, n, d, wi.ty), &mut logit);
-        dump("ffn_shexp_gate_inp", layer, &logit);
+        dump.put("ffn_shexp_gate_inp", layer, &logit);
         // One row of one element per token: ggml's scalar silu, never its 16-lane one.
         let gate: Vec<f32> = logit
             .iter()
@@ -799,7 +825,7 @@ fn shared_expert(
                 s[0] / x
             })
             .collect();
-        dump("ffn_shexp_gate", layer, &gate);
+        dump.put("ffn_shexp_gate", layer, &gate);
         gate
     });
     let weights = (&sw.gate, &sw.up, &sw.down);
@@ -813,7 +839,7 @@ fn shared_expert(
         ExpertBias::default(),
         None,
     );
-    dump("ffn_shexp", layer, &y);
+    dump.put("ffn_shexp", layer, &y);
     for (t, (o, y)) in out.chunks_mut(d).zip(y.chunks(d)).enumerate() {
         match &scale {
             Some(s) => o.iter_mut().zip(y).for_each(|(o, y)| *o += y * s[t]),

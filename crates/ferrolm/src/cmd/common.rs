@@ -61,8 +61,11 @@ impl ModelArgs {
     }
 
     fn model_from(&self, file: Arc<GgufFile>, path: &std::path::Path) -> Result<Model> {
-        let model = Model::from_file_with(file, &self.load_options())
+        let mut model = Model::from_file_with(file, &self.load_options())
             .with_context(|| format!("loading {}", path.display()))?;
+        // FERROLM_DUMP=dir: every forward pass's intermediate tensors, for
+        // scripts/dump_compare.py.
+        model.set_dump_dir(std::env::var_os("FERROLM_DUMP").map(Into::into));
         let streamed = model.expert_cache_stats();
         if streamed.is_none() && self.expert_cache.is_some_and(|mb| mb > 0) {
             eprintln!("ferrolm: --expert-cache: the model has no experts to stream; ignored");
