@@ -1526,7 +1526,7 @@ pub fn decode_plan_with(
         if !n_ff.is_multiple_of(32) {
             return Err(decline("ffn.n_ff", n_ff));
         }
-        if let Ffn::Moe(m) = ffn {
+        let (ffn_mats, moe) = if let Ffn::Moe(m) = ffn {
             if post_ffn.is_some() || residual_scale != 1.0 {
                 return Err(decline(
                     "ffn",
@@ -1534,71 +1534,47 @@ pub fn decode_plan_with(
                 ));
             }
             let moe = b.moe(types, m, l, d, ffn_norm, eps, activation)?;
-            refs.push(LayerRefs {
-                attn_norm,
-                qkv: [wq, wk, wv],
-                qkv_bias: bq.zip(bk).zip(bv).map(|((q, k), v)| [q, k, v]),
-                qk_norm: vector_of(qn).zip(vector_of(kn)).map(|(q, k)| [q, k]),
-                wo,
-                ffn_norm,
-                ffn: moe.experts,
-                n_head: nh,
-                n_head_kv: nkv,
-                head_dim: hd,
-                n_dims: *n_dims,
-                neox: neox == 1,
-                freq_base: *freq_base,
-                freq_scale: *freq_scale,
-                freq_factors: ff_index,
-                rope_scaling,
-                scale: *scale,
-                window,
-                softcap,
-                post_attn_norm,
-                post_ffn_norm: None,
-                residual_scale,
-                activation,
-                moe: Some(moe),
-            });
-            continue;
-        }
-        // Without ffn_gate, ffn_up holds the gate's rows then up's (Phi-3; the CPU refuses
-        // a file where it does not).
-        let (gate, up) = if types(&n("ffn_gate.weight")).is_none() {
-            let fused = n("ffn_up.weight");
-            (
-                b.matrix_rows(types, &fused, 0, n_ff, d)?,
-                b.matrix_rows(types, &fused, n_ff, n_ff, d)?,
-            )
+            (moe.experts, Some(moe))
         } else {
-            (
-                b.matrix(types, &n("ffn_gate.weight"), n_ff, d)?,
-                b.matrix(types, &n("ffn_up.weight"), n_ff, d)?,
-            )
+            // Without ffn_gate, ffn_up holds the gate's rows then up's (Phi-3; the CPU refuses
+            // a file where it does not).
+            let (gate, up) = if types(&n("ffn_gate.weight")).is_none() {
+                let fused = n("ffn_up.weight");
+                (
+                    b.matrix_rows(types, &fused, 0, n_ff, d)?,
+                    b.matrix_rows(types, &fused, n_ff, n_ff, d)?,
+                )
+            } else {
+                (
+                    b.matrix(types, &n("ffn_gate.weight"), n_ff, d)?,
+                    b.matrix(types, &n("ffn_up.weight"), n_ff, d)?,
+                )
+            };
+            let down = b.matrix(types, &n("ffn_down.weight"), d, n_ff)?;
+            let h = b.norm_for(Buf::X, ffn_norm, d, eps, &[gate, up]);
+            if b.matrices[gate].ty == b.matrices[up].ty {
+                b.matvec_glu(gate, up, h, Buf::Act, activation);
+            } else {
+                b.matvec(gate, h, None, None, Buf::Gate);
+                b.matvec(up, h, None, None, Buf::Up);
+                b.push(
+                    match activation {
+                        GateActivation::Silu => "swiglu",
+                        GateActivation::Gelu => "geglu",
+                    },
+                    (n_ff.div_ceil(256) as u32, 1),
+                    256,
+                    vec![
+                        Arg::Buf(Buf::Gate),
+                        Arg::Buf(Buf::Up),
+                        Arg::Buf(Buf::Act),
+                        Arg::I32(n_ff as i32),
+                    ],
+                );
+            }
+            b.block_output(down, Buf::Act, post_ffn, residual_scale, eps);
+            ([gate, up, down], None)
         };
-        let down = b.matrix(types, &n("ffn_down.weight"), d, n_ff)?;
-        let h = b.norm_for(Buf::X, ffn_norm, d, eps, &[gate, up]);
-        if b.matrices[gate].ty == b.matrices[up].ty {
-            b.matvec_glu(gate, up, h, Buf::Act, activation);
-        } else {
-            b.matvec(gate, h, None, None, Buf::Gate);
-            b.matvec(up, h, None, None, Buf::Up);
-            b.push(
-                match activation {
-                    GateActivation::Silu => "swiglu",
-                    GateActivation::Gelu => "geglu",
-                },
-                (n_ff.div_ceil(256) as u32, 1),
-                256,
-                vec![
-                    Arg::Buf(Buf::Gate),
-                    Arg::Buf(Buf::Up),
-                    Arg::Buf(Buf::Act),
-                    Arg::I32(n_ff as i32),
-                ],
-            );
-        }
-        b.block_output(down, Buf::Act, post_ffn, residual_scale, eps);
         refs.push(LayerRefs {
             attn_norm,
             qkv: [wq, wk, wv],
@@ -1606,7 +1582,7 @@ pub fn decode_plan_with(
             qk_norm: vector_of(qn).zip(vector_of(kn)).map(|(q, k)| [q, k]),
             wo,
             ffn_norm,
-            ffn: [gate, up, down],
+            ffn: ffn_mats,
             n_head: nh,
             n_head_kv: nkv,
             head_dim: hd,
@@ -1623,7 +1599,7 @@ pub fn decode_plan_with(
             post_ffn_norm: post_ffn,
             residual_scale,
             activation,
-            moe: None,
+            moe,
         });
     }
     let logits = LogitAdjust {
