@@ -15,7 +15,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use ferrolm_engine::constraint::{Constraint, Constraints, Grammar};
-use ferrolm_tokenizer::{ChatMessage, ChatTemplate, Tokenizer};
+use ferrolm_tokenizer::{ChatMessage, Tokenizer};
 use futures_util::StreamExt;
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
@@ -36,7 +36,7 @@ pub struct AppState {
     pub config: Arc<ServerConfig>,
     pub allowed_hosts: Arc<AllowedHosts>,
     pub tokenizer: Arc<Tokenizer>,
-    pub template: Option<Arc<ChatTemplate>>,
+    pub template: Option<Arc<crate::template::ServedTemplate>>,
     pub scheduler: SchedulerHandle,
     pub metrics: Arc<Metrics>,
     /// Built at the first request with a grammar (it indexes the whole vocabulary).

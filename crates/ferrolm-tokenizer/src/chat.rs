@@ -159,6 +159,16 @@ impl ChatTemplate {
         })
     }
 
+    /// The texts of `bos_token` and `eos_token`.
+    pub fn special_texts(&self) -> (&str, &str) {
+        (&self.bos, &self.eos)
+    }
+
+    /// The bounds each rendering runs under.
+    pub fn limits(&self) -> TemplateLimits {
+        self.limits
+    }
+
     /// The template's Jinja source (a server picks the tool-call format it writes from it).
     pub fn source(&self) -> &str {
         &self.source
@@ -180,12 +190,17 @@ impl ChatTemplate {
     /// then the generation prompt): run once at load, so that a template that fails or runs
     /// past its bounds is refused before any request.
     pub fn check(&self) -> Result<(), TokenizerError> {
-        let messages = [
+        self.render(&ChatTemplate::check_conversation(), true, None)
+            .map(drop)
+    }
+
+    /// The conversation [`ChatTemplate::check`] renders (for a caller that renders elsewhere).
+    pub fn check_conversation() -> Vec<ChatMessage> {
+        vec![
             ChatMessage::new("user", "Hello."),
             ChatMessage::new("assistant", "Hi. How can I help?"),
             ChatMessage::new("user", "Say hello."),
-        ];
-        self.render(&messages, true, None).map(drop)
+        ]
     }
 
     /// Renders a conversation. `tools` (a JSON array of tool schemas) is passed as `tools`.
@@ -236,6 +251,25 @@ impl ChatTemplate {
         add_generation_prompt: bool,
         tools: Option<&serde_json::Value>,
     ) -> Result<Vec<u32>, TokenizerError> {
+        self.render_ids_with(tok, messages, add_generation_prompt, tools, |m, g, t| {
+            self.render(m, g, t)
+        })
+    }
+
+    /// [`ChatTemplate::render_ids`] with the rendering itself done by `render` (given the
+    /// messages with their control-token texts hidden), e.g. in another process.
+    pub fn render_ids_with(
+        &self,
+        tok: &Tokenizer,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+        tools: Option<&serde_json::Value>,
+        render: impl FnOnce(
+            &[ChatMessage],
+            bool,
+            Option<&serde_json::Value>,
+        ) -> Result<String, TokenizerError>,
+    ) -> Result<Vec<u32>, TokenizerError> {
         let mut hidden = Vec::new();
         let escaped = messages
             .iter()
@@ -246,7 +280,7 @@ impl ChatTemplate {
                 })
             })
             .collect::<Result<Vec<_>, TokenizerError>>()?;
-        let rendered = self.render(&escaped, add_generation_prompt, tools)?;
+        let rendered = render(&escaped, add_generation_prompt, tools)?;
         let (text, literal) = restore_spans(&rendered, &hidden);
         Ok(tok.encode_prompt_with_literals(&text, &literal))
     }

@@ -1190,6 +1190,15 @@ fn bad_flags_and_templates_are_refused_at_start_naming_them() {
         "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",
     )
     .unwrap();
+    // Doubles a string 64 times without writing it: neither fuel nor the output bound stop it.
+    let doubling = dir.join("doubling.jinja");
+    std::fs::write(
+        &doubling,
+        "{% set ns = namespace(s='ab') %}{% for i in range(64) %}{% set ns.s = ns.s ~ ns.s %}\
+         {% endfor %}{{ ns.s | length }}",
+    )
+    .unwrap();
+    let doubling_arg = doubling.to_str().unwrap();
     let empty_key = dir.join("empty.key");
     std::fs::write(&empty_key, "\n").unwrap();
     let looping_arg = looping.to_str().unwrap();
@@ -1203,6 +1212,7 @@ fn bad_flags_and_templates_are_refused_at_start_naming_them() {
         (&["--max-body-bytes", "1"][..], "--max-body-bytes"),
         (&["--api-key-file", empty_key_arg][..], "holds no key"),
         (&["--chat-template", looping_arg][..], "fuel"),
+        (&["--chat-template", doubling_arg][..], "MiB of memory"),
     ] {
         let out = Command::new(env!("CARGO_BIN_EXE_ferrolm"))
             .args(["serve", "--port", "0", "-c", "512", "-t", "2"])
@@ -1213,10 +1223,43 @@ fn bad_flags_and_templates_are_refused_at_start_naming_them() {
         assert!(!out.status.success(), "{args:?} was accepted");
         assert!(err.contains(want), "{args:?}: {err}");
         assert!(!err.contains("panicked"), "{args:?}: {err}");
+        // An error the server reports, not a process killed by a signal (an abort).
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
         if want == "fuel" {
             assert!(err.contains("looping.jinja"), "{err}");
         }
+        if want == "MiB of memory" {
+            assert!(err.contains("doubling.jinja"), "{err}");
+        }
     }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_template_that_explodes_on_one_request_fails_that_request_only() {
+    let dir = std::env::temp_dir().join(format!("ferrolm-serve-explode-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("explode.jinja");
+    // Safe at load; a message that says "explode" makes it double a string 64 times.
+    std::fs::write(
+        &file,
+        "{% set ns = namespace(s='ab') %}{% for m in messages %}{% if 'explode' in m.content %}\
+         {% for i in range(64) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}{% endif %}\
+         {{ m.content }}{% endfor %} =>",
+    )
+    .unwrap();
+    let server = Server::start(&["--parallel", "1", "--chat-template", file.to_str().unwrap()]);
+    let body = |text: &str| chat_body(text, json!({"max_tokens": 1}));
+    let r = server.post("/v1/chat/completions", &body("please explode"));
+    assert_eq!(r.status, 400, "{}", r.text());
+    let message = r.json()["error"]["message"].as_str().unwrap().to_string();
+    assert!(message.contains("MiB of memory"), "{message}");
+    // The server, and its other requests, carry on.
+    for text in ["2+2", "3+3"] {
+        let r = server.post("/v1/chat/completions", &body(text));
+        assert_eq!(r.status, 200, "{}", r.text());
+    }
+    assert_eq!(server.get("/health").status, 200);
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
