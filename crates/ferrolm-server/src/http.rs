@@ -380,7 +380,13 @@ pub fn prepare_chat(state: &AppState, req: api::ChatRequest) -> Result<Prepared,
     let template = state.template.as_ref().ok_or_else(|| {
         ApiError::invalid("the model has no usable chat template; use /v1/completions")
     })?;
-    let plan = api::tool_plan(&req, template.source())?;
+    let tokenizer = &state.tokenizer;
+    let control = |text: &str| {
+        tokenizer
+            .token_id(text)
+            .filter(|&id| tokenizer.is_special(id))
+    };
+    let plan = api::tool_plan(&req, template.source(), &control)?;
     let templated = template.renders_tools();
     let mut messages = api::chat_messages(&req.messages, templated)?;
     let tools = plan.as_ref().map(|t| Value::Array(t.tools.clone()));

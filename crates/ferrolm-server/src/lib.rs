@@ -21,6 +21,7 @@ mod metrics;
 mod scheduler;
 mod template;
 pub mod template_process;
+mod tool_grammar;
 mod tools;
 
 pub use scheduler::BackendSource;
