@@ -327,6 +327,7 @@ fn readable_within(_pipe: &ChildStdout, _wait: Duration) -> std::io::Result<bool
 /// A worker's life: `PROGRAM __template-worker` calls this and exits with what it returns.
 /// It reads its setup, limits its own address space, then answers one rendering per line.
 pub fn run_worker() -> ExitCode {
+    end_with_the_server();
     let stdin = std::io::stdin();
     let mut input = stdin.lock();
     let mut line = String::new();
@@ -379,6 +380,24 @@ fn message(e: &TokenizerError) -> String {
     match e {
         TokenizerError::Template(m) => m.clone(),
         other => other.to_string(),
+    }
+}
+
+/// A worker mid-rendering when the server goes would run on alone: a thread ends it once it
+/// has another parent. (Not `PR_SET_PDEATHSIG`, which fires when the thread that started the
+/// worker ends, and the server's rendering threads come and go.)
+fn end_with_the_server() {
+    #[cfg(unix)]
+    {
+        let parent = std::os::unix::process::parent_id();
+        let _ = std::thread::Builder::new()
+            .name("parent-watch".into())
+            .spawn(move || loop {
+                std::thread::sleep(Duration::from_millis(500));
+                if std::os::unix::process::parent_id() != parent {
+                    std::process::exit(1);
+                }
+            });
     }
 }
 
