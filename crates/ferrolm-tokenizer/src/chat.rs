@@ -270,17 +270,23 @@ impl ChatTemplate {
             Option<&serde_json::Value>,
         ) -> Result<String, TokenizerError>,
     ) -> Result<Vec<u32>, TokenizerError> {
+        // Every text the client wrote: contents, names, ids, calls' arguments, tools' schemas.
         let mut hidden = Vec::new();
-        let escaped = messages
-            .iter()
-            .map(|m| {
-                Ok(ChatMessage {
-                    content: hide_spans(tok, &m.content, &mut hidden)?,
-                    ..m.clone()
-                })
-            })
-            .collect::<Result<Vec<_>, TokenizerError>>()?;
-        let rendered = render(&escaped, add_generation_prompt, tools)?;
+        let mut hide = |text: &str| hide_spans(tok, text, &mut hidden);
+        let mut escaped = Vec::with_capacity(messages.len());
+        for m in messages {
+            escaped.push(ChatMessage {
+                role: m.role.clone(),
+                content: hide(&m.content)?,
+                tool_calls: (m.tool_calls.iter())
+                    .map(|c| hide_in_json(c, &mut hide))
+                    .collect::<Result<_, _>>()?,
+                tool_call_id: m.tool_call_id.as_deref().map(&mut hide).transpose()?,
+                name: m.name.as_deref().map(&mut hide).transpose()?,
+            });
+        }
+        let tools = tools.map(|t| hide_in_json(t, &mut hide)).transpose()?;
+        let rendered = render(&escaped, add_generation_prompt, tools.as_ref())?;
         let (text, literal) = restore_spans(&rendered, &hidden);
         Ok(tok.encode_prompt_with_literals(&text, &literal))
     }
@@ -337,6 +343,31 @@ fn hide_spans(
     }
     out.push_str(&content[at..]);
     Ok(out)
+}
+
+/// `value` with `hide` applied to every string in it, object keys included.
+fn hide_in_json(
+    value: &serde_json::Value,
+    hide: &mut impl FnMut(&str) -> Result<String, TokenizerError>,
+) -> Result<serde_json::Value, TokenizerError> {
+    use serde_json::Value as J;
+    Ok(match value {
+        J::String(s) => J::String(hide(s)?),
+        J::Array(items) => J::Array(
+            items
+                .iter()
+                .map(|v| hide_in_json(v, hide))
+                .collect::<Result<_, _>>()?,
+        ),
+        J::Object(o) => {
+            let mut out = serde_json::Map::with_capacity(o.len());
+            for (k, v) in o {
+                out.insert(hide(k)?, hide_in_json(v, hide)?);
+            }
+            J::Object(out)
+        }
+        other => other.clone(),
+    })
 }
 
 /// The rendered text with each placeholder replaced by what it hid, and where those land.
