@@ -138,18 +138,26 @@ impl TemplateProcesses {
         let mut line = serde_json::to_vec(&request)
             .map_err(|e| TokenizerError::Template(format!("the messages cannot be sent: {e}")))?;
         line.push(b'\n');
-        let mut worker = self.take()?;
-        let started = Instant::now();
-        let answer = worker.ask(&line, started + self.limits.deadline);
-        let reply = match answer {
-            Ok(reply) => {
-                self.give_back(Some(worker));
-                reply
-            }
-            Err(failure) => {
-                let why = worker.end(failure, &self.limits, started.elapsed());
-                self.give_back(None);
-                return Err(TokenizerError::Template(why));
+        let mut retried = false;
+        let reply = loop {
+            let mut worker = self.take()?;
+            let started = Instant::now();
+            match worker.ask(&line, started + self.limits.deadline) {
+                Ok(reply) => {
+                    self.give_back(Some(worker));
+                    break reply;
+                }
+                // An idle worker that has gone (killed from outside): once more, on a new one.
+                Err(Failure::Unsent(_)) if !retried => {
+                    worker.kill();
+                    self.give_back(None);
+                    retried = true;
+                }
+                Err(failure) => {
+                    let why = worker.end(failure, &self.limits, started.elapsed());
+                    self.give_back(None);
+                    return Err(TokenizerError::Template(why));
+                }
             }
         };
         match serde_json::from_slice::<Reply>(&reply) {
@@ -159,6 +167,13 @@ impl TemplateProcesses {
                 "the template worker answered something unreadable: {e}"
             ))),
         }
+    }
+
+    /// The process ids of the idle workers (for tests).
+    #[doc(hidden)]
+    pub fn idle_worker_ids(&self) -> Vec<u32> {
+        let pool = self.pool.lock().unwrap_or_else(|p| p.into_inner());
+        pool.idle.iter().map(|w| w.child.id()).collect()
     }
 
     /// An idle worker, a new one if fewer than the limit are alive, else the next one given back.
@@ -226,14 +241,15 @@ impl Drop for TemplateProcesses {
     fn drop(&mut self) {
         let pool = self.pool.get_mut().unwrap_or_else(|p| p.into_inner());
         for mut w in pool.idle.drain(..) {
-            let _ = w.child.kill();
-            let _ = w.child.wait();
+            w.kill();
         }
     }
 }
 
 /// Why a worker gave no reply.
 enum Failure {
+    /// The request could not be written: the worker had already ended.
+    Unsent(std::io::Error),
     TimedOut,
     Io(std::io::Error),
 }
@@ -244,7 +260,7 @@ impl Worker {
         self.stdin
             .write_all(line)
             .and_then(|()| self.stdin.flush())
-            .map_err(Failure::Io)?;
+            .map_err(Failure::Unsent)?;
         let mut chunk = [0u8; 64 << 10];
         loop {
             if let Some(end) = self.pending.iter().position(|&b| b == b'\n') {
@@ -270,6 +286,11 @@ impl Worker {
         }
     }
 
+    fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
     /// Kills the worker and says why it failed, in the template's terms.
     fn end(mut self, failure: Failure, limits: &ProcessLimits, took: Duration) -> String {
         let _ = self.child.kill();
@@ -289,7 +310,7 @@ impl Worker {
                 "rendering needed more than {mib} MiB of memory (the template builds too large \
                  a value: {last_words})"
             ),
-            Failure::Io(e) => {
+            Failure::Io(e) | Failure::Unsent(e) => {
                 let status = status.map_or_else(|e| e.to_string(), |s| s.to_string());
                 format!(
                     "the template worker ended after {:.1} s ({status}; {e}{}{last_words}): \

@@ -837,36 +837,51 @@ fn official_anthropic_python_client_works() {
 #[test]
 fn load_script_32_concurrent_clients_lose_nothing() {
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts/load_test.py");
-    let mut child = Command::new("python3")
-        .args([script, "--binary", env!("CARGO_BIN_EXE_ferrolm")])
-        .args([
+    // Then again with every answer constrained to a JSON schema (structured outputs' masks at
+    // every token of every sequence in the batch).
+    for args in [
+        &[
             "--concurrency",
             "32",
             "--requests",
             "256",
             "--max-tokens",
             "8",
-        ])
-        .args(["--timeout", "300"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(420);
-    while child.try_wait().unwrap().is_none() {
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            panic!("the load test timed out");
+        ][..],
+        &[
+            "--concurrency",
+            "8",
+            "--requests",
+            "32",
+            "--max-tokens",
+            "8",
+            "--schema",
+        ][..],
+    ] {
+        let mut child = Command::new("python3")
+            .args([script, "--binary", env!("CARGO_BIN_EXE_ferrolm")])
+            .args(args)
+            .args(["--timeout", "300"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(420);
+        while child.try_wait().unwrap().is_none() {
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                panic!("the load test {args:?} timed out");
+            }
+            std::thread::sleep(Duration::from_millis(100));
         }
-        std::thread::sleep(Duration::from_millis(100));
+        let out = child.wait_with_output().unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && stdout.contains("load test: ok"),
+            "{args:?}: {stdout}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
-    let out = child.wait_with_output().unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success() && stdout.contains("load test: ok"),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
 }
 
 /// A mixture-of-experts model: `/metrics` counts, per layer and expert, the tokens routed to

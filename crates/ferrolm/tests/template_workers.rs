@@ -56,6 +56,16 @@ fn a_template_that_builds_a_huge_value_fails_that_rendering_only() {
     for _ in 0..3 {
         assert_eq!(w.render(&user("again"), true, None).unwrap(), "again2");
     }
+    // So is an idle one killed from outside.
+    let ids = w.idle_worker_ids();
+    assert_eq!(ids.len(), 1, "{ids:?}");
+    let killed = std::process::Command::new("kill")
+        .args(["-9", &ids[0].to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(w.render(&user("after"), true, None).unwrap(), "after2");
     // `* n` past minijinja's own bound is its error, not a crash.
     let e = workers("{{ 'x' * 1000000000 }}")
         .render(&user("hi"), true, None)
