@@ -775,6 +775,19 @@ fn concurrent_greedy_answers_equal_single_client_answers_and_ferrolm_run() {
 /// FERROLM_REQUIRE_OPENAI=1; without the package elsewhere, this test says so and passes.
 /// Runs one of the official Python clients' scripts against a server with key "test-key";
 /// skipped (unless CI, which installs them) where python3 cannot import the package.
+/// What `child` printed, once it has ended; killed (and the test failed) past `limit`.
+fn output_within(mut child: Child, limit: Duration, what: &str) -> std::process::Output {
+    let deadline = Instant::now() + limit;
+    while child.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("{what} timed out");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    child.wait_with_output().unwrap()
+}
+
 fn python_client(package: &str, script: &str) {
     let have = Command::new("python3")
         .args(["-c", &format!("import {package}")])
@@ -791,7 +804,7 @@ fn python_client(package: &str, script: &str) {
     }
     let server = Server::start(&["--parallel", "2", "--api-key", "test-key"]);
     let script = format!("{}/tests/{script}", env!("CARGO_MANIFEST_DIR"));
-    let mut child = Command::new("python3")
+    let child = Command::new("python3")
         .arg(script)
         .arg(format!(
             "http://127.0.0.1:{}{}",
@@ -802,15 +815,7 @@ fn python_client(package: &str, script: &str) {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while child.try_wait().unwrap().is_none() {
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            panic!("the python client timed out");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let out = child.wait_with_output().unwrap();
+    let out = output_within(child, Duration::from_secs(120), "the python client");
     assert!(
         out.status.success(),
         "{}\n{}\n{}",
@@ -858,7 +863,7 @@ fn load_script_32_concurrent_clients_lose_nothing() {
             "--schema",
         ][..],
     ] {
-        let mut child = Command::new("python3")
+        let child = Command::new("python3")
             .args([script, "--binary", env!("CARGO_BIN_EXE_ferrolm")])
             .args(args)
             .args(["--timeout", "300"])
@@ -866,15 +871,8 @@ fn load_script_32_concurrent_clients_lose_nothing() {
             .stderr(Stdio::piped())
             .spawn()
             .unwrap();
-        let deadline = Instant::now() + Duration::from_secs(420);
-        while child.try_wait().unwrap().is_none() {
-            if Instant::now() > deadline {
-                let _ = child.kill();
-                panic!("the load test {args:?} timed out");
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        let out = child.wait_with_output().unwrap();
+        let what = format!("the load test {args:?}");
+        let out = output_within(child, Duration::from_secs(420), &what);
         let stdout = String::from_utf8_lossy(&out.stdout);
         assert!(
             out.status.success() && stdout.contains("load test: ok"),
