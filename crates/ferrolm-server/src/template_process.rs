@@ -425,9 +425,11 @@ fn end_with_the_server() {
 /// Caps this process's address space at what it holds now plus `extra` bytes.
 #[cfg(unix)]
 fn limit_memory(extra: u64) -> std::io::Result<()> {
-    use rustix::process::{setrlimit, Resource, Rlimit};
+    use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
     let held = address_space_bytes().unwrap_or(1 << 30);
-    let cap = held.saturating_add(extra);
+    // Never above a limit the process already has (raising it is not allowed).
+    let already = getrlimit(Resource::As).maximum.unwrap_or(u64::MAX);
+    let cap = held.saturating_add(extra).min(already);
     setrlimit(
         Resource::As,
         Rlimit {
