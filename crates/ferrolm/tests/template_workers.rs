@@ -228,3 +228,46 @@ fn workers_render_side_by_side_and_time_a_rendering() {
     let in_process = started.elapsed() / 200;
     eprintln!("one rendering: {in_worker:?} in a worker, {in_process:?} in-process");
 }
+
+/// Whether process `pid` still runs (a zombie, waiting for a parent to reap it, does not).
+fn running(pid: &str) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
+        !s.rsplit(')')
+            .next()
+            .unwrap_or("")
+            .trim_start()
+            .starts_with('Z')
+    })
+}
+
+#[test]
+fn a_worker_ends_when_its_server_is_gone() {
+    use std::io::BufRead;
+    // A worker whose parent (a shell standing in for the server) exits after two seconds,
+    // while the worker still waits for its setup on a pipe that stays open for 30 s.
+    let mut shell = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "sleep 30 2>/dev/null | {} __template-worker >/dev/null 2>&1 & echo $!; sleep 2",
+            program().display()
+        ))
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut pid = String::new();
+    std::io::BufReader::new(shell.stdout.take().unwrap())
+        .read_line(&mut pid)
+        .unwrap();
+    let pid = pid.trim().to_string();
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(running(&pid), "the worker {pid} did not start");
+    shell.wait().unwrap();
+    let gone = Instant::now();
+    while running(&pid) && gone.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(
+        !running(&pid),
+        "the worker {pid} outlived its parent by 10 s"
+    );
+}
