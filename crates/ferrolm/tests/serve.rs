@@ -1277,6 +1277,83 @@ fn a_template_that_explodes_on_one_request_fails_that_request_only() {
 }
 
 #[test]
+fn required_calls_in_mistral_and_gpt_oss_formats_come_back_as_valid_tool_calls() {
+    let dir = std::env::temp_dir().join(format!("ferrolm-serve-formats-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    // Templates in each format's style (the markers are text in SmolLM2's vocabulary).
+    let turns = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n\
+                 {% endfor %}";
+    let formats = [
+        (
+            "mistral.jinja",
+            format!(
+                "[AVAILABLE_TOOLS]{{{{ tools | tojson }}}}[/AVAILABLE_TOOLS]{turns}\
+                     {{# answers: [TOOL_CALLS]name[ARGS]{{...}} #}}<|im_start|>assistant\n"
+            ),
+        ),
+        (
+            "harmony.jinja",
+            format!(
+                "{{{{ tools | tojson }}}}{turns}{{# answers: <|channel|>commentary #}}\
+                     <|im_start|>assistant\n"
+            ),
+        ),
+    ];
+    let tools = json!([{"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object",
+        "properties": {"unit": {"enum": ["c", "f"]}, "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+        "required": ["unit", "days"],
+        "additionalProperties": false,
+    }}}]);
+    for (name, source) in formats {
+        let file = dir.join(name);
+        std::fs::write(&file, source).unwrap();
+        let server = Server::start(&["--parallel", "1", "--chat-template", file.to_str().unwrap()]);
+        for stream in [false, true] {
+            let body = chat_body(
+                "What is the weather in Paris?",
+                json!({"tools": tools, "tool_choice": "required", "max_tokens": 48,
+                       "temperature": 1.0, "stream": stream}),
+            );
+            let r = server.post("/v1/chat/completions", &body);
+            assert_eq!(r.status, 200, "{name}: {}", r.text());
+            let (calls, finish) = if stream {
+                let events = r.events();
+                let calls: Vec<Value> = events
+                    .iter()
+                    .flat_map(|e| e["choices"][0]["delta"]["tool_calls"].as_array().cloned())
+                    .flatten()
+                    .collect();
+                (calls, streamed_text(&events, true).1)
+            } else {
+                let choice = &r.json()["choices"][0];
+                let calls = choice["message"]["tool_calls"].as_array().cloned();
+                (
+                    calls.unwrap_or_default(),
+                    choice["finish_reason"].as_str().unwrap().into(),
+                )
+            };
+            assert_eq!(finish, "tool_calls", "{name} stream={stream}: {}", r.text());
+            assert!(!calls.is_empty(), "{name} stream={stream}: {}", r.text());
+            for call in &calls {
+                assert_eq!(call["function"]["name"], "get_weather", "{name}: {call}");
+                let args: Value =
+                    serde_json::from_str(call["function"]["arguments"].as_str().unwrap()).unwrap();
+                assert!(
+                    matches!(args["unit"].as_str(), Some("c" | "f")),
+                    "{name}: {args}"
+                );
+                assert!(
+                    args["days"].as_i64().is_some_and(|d| (1..=7).contains(&d)),
+                    "{name}: {args}"
+                );
+            }
+        }
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
 fn chat_template_file_replaces_the_models() {
     let dir = std::env::temp_dir().join(format!("ferrolm-serve-template-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
