@@ -33,12 +33,20 @@ struct Setup {
     memory_bytes: u64,
 }
 
-/// One rendering asked of a worker: a line on its stdin.
-#[derive(Serialize, Deserialize)]
+/// One rendering asked of a worker: a line on its stdin, as the worker reads it...
+#[derive(Deserialize)]
 struct RenderRequest {
     messages: Vec<ChatMessage>,
     add_generation_prompt: bool,
     tools: Option<Value>,
+}
+
+/// ... and as the server writes it, without copying the conversation.
+#[derive(Serialize)]
+struct RenderRequestRef<'a> {
+    messages: &'a [ChatMessage],
+    add_generation_prompt: bool,
+    tools: Option<&'a Value>,
 }
 
 /// A worker's answer: a line on its stdout.
@@ -130,10 +138,10 @@ impl TemplateProcesses {
         add_generation_prompt: bool,
         tools: Option<&Value>,
     ) -> Result<String, TokenizerError> {
-        let request = RenderRequest {
-            messages: messages.to_vec(),
+        let request = RenderRequestRef {
+            messages,
             add_generation_prompt,
-            tools: tools.cloned(),
+            tools,
         };
         let mut line = serde_json::to_vec(&request)
             .map_err(|e| TokenizerError::Template(format!("the messages cannot be sent: {e}")))?;
