@@ -1,7 +1,8 @@
 //! Any template source: compiling and rendering it (under small bounds) gives text or an
-//! error, and never panics or runs unbounded. Known gap: a template that builds a huge string
-//! in a few steps (doubling it) without writing it is bounded by neither fuel nor the output
-//! limit; libFuzzer's memory limit reports such inputs.
+//! error, and never panics. This renders in-process: a template that builds a huge string in
+//! a few steps (doubling it) without writing it is bounded by neither fuel nor the output
+//! limit, and libFuzzer's memory limit reports such inputs; the server renders in worker
+//! processes under a memory limit for that reason (ferrolm-server's `template_process`).
 #![no_main]
 
 use ferrolm_tokenizer::{ChatMessage, ChatTemplate, TemplateLimits};

@@ -319,7 +319,11 @@ const MAX_TOOLS: usize = 128;
 
 /// The tools of a chat request and what `tool_choice` asks; None without tools or with
 /// `tool_choice: "none"`.
-pub fn tool_plan(req: &ChatRequest, template_source: &str) -> Result<Option<ToolPlan>, ApiError> {
+pub fn tool_plan(
+    req: &ChatRequest,
+    template_source: &str,
+    control: crate::tool_grammar::ControlTokens<'_>,
+) -> Result<Option<ToolPlan>, ApiError> {
     let tools = match &req.tools {
         None => return Ok(None),
         Some(t) if t.is_empty() => return Ok(None),
@@ -381,7 +385,8 @@ pub fn tool_plan(req: &ChatRequest, template_source: &str) -> Result<Option<Tool
             ))
         }
     };
-    let grammar = required.and_then(|r| crate::tools::required_call(format, &r, parallel));
+    let grammar =
+        required.map(|r| crate::tool_grammar::required_call(format, &r, parallel, control));
     Ok(Some(ToolPlan {
         tools: tools.clone(),
         format,

@@ -14,10 +14,11 @@ pub fn parse_request(body: &[u8]) {
             "",
             "<tool_call>",
             "[TOOL_CALLS]",
+            "[TOOL_CALLS][ARGS]",
             "<|python_tag|>",
             "<|channel|>",
         ] {
-            let _ = api::tool_plan(&req, template);
+            let _ = api::tool_plan(&req, template, &|_| None);
         }
         let _ = api::chat_messages(&req.messages, true);
         let _ = api::chat_messages(&req.messages, false);
@@ -28,17 +29,22 @@ pub fn parse_request(body: &[u8]) {
     }
     let _ = crate::anthropic::parse_request(body);
     let text = String::from_utf8_lossy(body);
-    for format in [
-        crate::tools::ToolFormat::Hermes,
-        crate::tools::ToolFormat::Llama3,
-        crate::tools::ToolFormat::Mistral,
-        crate::tools::ToolFormat::GptOss,
-    ] {
+    use crate::tools::ToolFormat;
+    const FORMATS: [ToolFormat; 5] = [
+        ToolFormat::Hermes,
+        ToolFormat::Llama3,
+        ToolFormat::Mistral,
+        ToolFormat::MistralArgs,
+        ToolFormat::GptOss,
+    ];
+    for format in FORMATS {
         let _ = crate::tools::parse(format, &text);
     }
     if let Ok(Value::Array(tools)) = serde_json::from_slice::<Value>(body) {
         let refs: Vec<&Value> = tools.iter().collect();
-        let _ = crate::tools::required_call(crate::tools::ToolFormat::Hermes, &refs, true);
+        for format in FORMATS {
+            let _ = crate::tool_grammar::required_call(format, &refs, true, &|_| Some(7));
+        }
         let _ = crate::tools::describe(&tools);
     }
 }

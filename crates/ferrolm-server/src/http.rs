@@ -15,7 +15,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use ferrolm_engine::constraint::{Constraint, Constraints, Grammar};
-use ferrolm_tokenizer::{ChatMessage, ChatTemplate, Tokenizer};
+use ferrolm_tokenizer::{ChatMessage, Tokenizer};
 use futures_util::StreamExt;
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
@@ -36,7 +36,7 @@ pub struct AppState {
     pub config: Arc<ServerConfig>,
     pub allowed_hosts: Arc<AllowedHosts>,
     pub tokenizer: Arc<Tokenizer>,
-    pub template: Option<Arc<ChatTemplate>>,
+    pub template: Option<Arc<crate::template::ServedTemplate>>,
     pub scheduler: SchedulerHandle,
     pub metrics: Arc<Metrics>,
     /// Built at the first request with a grammar (it indexes the whole vocabulary).
@@ -380,7 +380,13 @@ pub fn prepare_chat(state: &AppState, req: api::ChatRequest) -> Result<Prepared,
     let template = state.template.as_ref().ok_or_else(|| {
         ApiError::invalid("the model has no usable chat template; use /v1/completions")
     })?;
-    let plan = api::tool_plan(&req, template.source())?;
+    let tokenizer = &state.tokenizer;
+    let control = |text: &str| {
+        tokenizer
+            .token_id(text)
+            .filter(|&id| tokenizer.is_special(id))
+    };
+    let plan = api::tool_plan(&req, template.source(), &control)?;
     let templated = template.renders_tools();
     let mut messages = api::chat_messages(&req.messages, templated)?;
     let tools = plan.as_ref().map(|t| Value::Array(t.tools.clone()));

@@ -19,6 +19,9 @@ mod guard;
 mod http;
 mod metrics;
 mod scheduler;
+mod template;
+pub mod template_process;
+mod tool_grammar;
 mod tools;
 
 pub use scheduler::BackendSource;
@@ -64,52 +67,11 @@ pub struct ServerConfig {
     /// A chat template that replaces the model file's (`--chat-template FILE`): its path and
     /// source.
     pub chat_template: Option<(String, String)>,
-}
-
-/// The chat template the server renders: `--chat-template`'s, else the model's, else a
-/// fallback; checked once here, so that one that fails or runs past its bounds is an error at
-/// start naming it, not at every request.
-fn chat_template(
-    tokenizer: &Tokenizer,
-    config: &ServerConfig,
-) -> std::io::Result<Option<ferrolm_tokenizer::ChatTemplate>> {
-    use ferrolm_tokenizer::{ChatTemplate, TemplateLimits};
-    let limits = TemplateLimits {
-        // A rendering writes the request's text and the template's own: room for both.
-        max_output_bytes: TemplateLimits::default()
-            .max_output_bytes
-            .max(config.max_body_bytes.saturating_mul(2)),
-        ..TemplateLimits::default()
-    };
-    let text = |id: Option<u32>| {
-        id.and_then(|i| tokenizer.token_text(i))
-            .unwrap_or("")
-            .to_string()
-    };
-    let (template, name) = match &config.chat_template {
-        Some((path, source)) => (
-            ChatTemplate::new(source, &text(tokenizer.bos()), &text(tokenizer.eos())),
-            format!("the chat template {path}"),
-        ),
-        None => match ChatTemplate::for_tokenizer(tokenizer) {
-            Ok(t) => (
-                Ok(t),
-                "the model's chat template (tokenizer.chat_template)".into(),
-            ),
-            Err(e) => {
-                eprintln!("ferrolm: warning: no chat template: {e}; /v1/chat/completions is off");
-                return Ok(None);
-            }
-        },
-    };
-    let template = template
-        .map(|t| t.with_limits(limits))
-        .and_then(|t| t.check().map(|()| t))
-        .map_err(|e| std::io::Error::other(format!("{name} cannot be used: {e}")))?;
-    if let Some(w) = template.warning() {
-        eprintln!("ferrolm: warning: {w}");
-    }
-    Ok(Some(template))
+    /// The program to re-execute as `PROGRAM __template-worker`
+    /// ([`template_process::WORKER_ARG`], which must call [`template_process::run_worker`]) so
+    /// that chat templates render in child processes under memory and time bounds; None
+    /// renders in this process, where a hostile template's values can exhaust its memory.
+    pub template_worker: Option<std::path::PathBuf>,
 }
 
 /// Serves the backend `source` opens until SIGINT or SIGTERM, then finishes (or, after the
@@ -129,7 +91,7 @@ pub fn serve(
         &config,
         metrics.clone(),
     )?;
-    let template = match chat_template(&tokenizer, &config) {
+    let template = match template::ServedTemplate::load(&tokenizer, &config) {
         Ok(t) => t,
         Err(e) => {
             handle.shut_down();

@@ -566,13 +566,13 @@ impl<'t> Scheduler<'t> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use ferrolm_engine::{SamplerParams, SlotOutput};
     use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
     /// The default model's file (fetched by `scripts/test` before the tests).
-    fn model_path() -> std::path::PathBuf {
+    pub(crate) fn model_path() -> std::path::PathBuf {
         let home = std::env::var_os("FERROLM_HOME")
             .map(std::path::PathBuf::from)
             .unwrap_or_else(|| {

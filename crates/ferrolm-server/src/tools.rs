@@ -1,11 +1,9 @@
 //! Tool calls: the request's tools rendered by the model's chat template (or described in a
 //! system message when the template has no place for them), the model's output parsed back
-//! into calls in the format that template teaches, and, when the request requires a call, a
-//! grammar that makes the call's arguments valid against the tool's parameter schema.
+//! into calls in the format that template teaches (the grammar of a required call is in
+//! [`crate::tool_grammar`]).
 
 use serde_json::{json, Value};
-
-use ferrolm_engine::constraint::Grammar;
 
 /// How a model writes a tool call, chosen from its chat template.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -17,6 +15,9 @@ pub enum ToolFormat {
     Llama3,
     /// Mistral: `[TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]`.
     Mistral,
+    /// Mistral's newer form (templates that write `[ARGS]`): `[TOOL_CALLS]NAME[ARGS]{...}`,
+    /// one marker per call.
+    MistralArgs,
     /// gpt-oss (harmony): `to=functions.NAME ... <|message|>{...}<|call|>`.
     GptOss,
 }
@@ -24,7 +25,9 @@ pub enum ToolFormat {
 impl ToolFormat {
     /// The format a template's source teaches (Hermes when it names none).
     pub fn of_template(source: &str) -> ToolFormat {
-        if source.contains("[TOOL_CALLS]") {
+        if source.contains("[TOOL_CALLS]") && source.contains("[ARGS]") {
+            ToolFormat::MistralArgs
+        } else if source.contains("[TOOL_CALLS]") {
             ToolFormat::Mistral
         } else if source.contains("<|channel|>") {
             ToolFormat::GptOss
@@ -39,7 +42,10 @@ impl ToolFormat {
 
     /// Whether the format's markers are control tokens, so the text must show them.
     pub fn needs_special_text(self) -> bool {
-        matches!(self, ToolFormat::Mistral | ToolFormat::GptOss)
+        matches!(
+            self,
+            ToolFormat::Mistral | ToolFormat::MistralArgs | ToolFormat::GptOss
+        )
     }
 }
 
@@ -115,22 +121,23 @@ pub fn parse(format: ToolFormat, text: &str) -> (String, Vec<ToolCall>) {
                 (String::new(), calls)
             }
         }
-        ToolFormat::Mistral => {
+        ToolFormat::Mistral | ToolFormat::MistralArgs => {
             let Some(start) = text.find("[TOOL_CALLS]") else {
                 return (text.trim().to_string(), Vec::new());
             };
-            let body = text[start + "[TOOL_CALLS]".len()..].trim();
             let mut calls = Vec::new();
-            if let Some((name, args)) = body.split_once("[ARGS]") {
-                // The newer form: `[TOOL_CALLS]name[ARGS]{...}`.
-                if let Some(arguments) = json_values(args.trim()).into_iter().next() {
-                    calls.push(ToolCall {
-                        name: name.trim().to_string(),
-                        arguments,
-                    });
+            for segment in text[start..].split("[TOOL_CALLS]").skip(1) {
+                if let Some((name, args)) = segment.split_once("[ARGS]") {
+                    // The newer form: `[TOOL_CALLS]name[ARGS]{...}`, a marker per call.
+                    if let Some(arguments) = json_values(args.trim()).into_iter().next() {
+                        calls.push(ToolCall {
+                            name: name.trim().to_string(),
+                            arguments,
+                        });
+                    }
+                    continue;
                 }
-            } else {
-                for v in json_values(body) {
+                for v in json_values(segment) {
                     match &v {
                         Value::Array(items) => calls.extend(items.iter().filter_map(call_of)),
                         other => calls.extend(call_of(other)),
@@ -205,7 +212,7 @@ impl CallSplitter {
         }
         let marker = match self.format {
             ToolFormat::Hermes => "<tool_call>",
-            ToolFormat::Mistral => "[TOOL_CALLS]",
+            ToolFormat::Mistral | ToolFormat::MistralArgs => "[TOOL_CALLS]",
             ToolFormat::GptOss => return String::new(),
             ToolFormat::Llama3 => {
                 if self.decided {
@@ -291,52 +298,6 @@ pub fn render_calls(calls: &[Value]) -> String {
         })
         .collect::<Vec<_>>()
         .join("\n")
-}
-
-/// The grammar of a required call to one of `tools` (each `{"type": "function", "function":
-/// {"name", "parameters"}}`): the call's arguments validate against the tool's parameters.
-/// None for formats whose markers are control tokens (Mistral, gpt-oss): those are parsed,
-/// not constrained.
-pub fn required_call(format: ToolFormat, tools: &[&Value], parallel: bool) -> Option<Grammar> {
-    let args_key = match format {
-        ToolFormat::Hermes => "arguments",
-        ToolFormat::Llama3 => "parameters",
-        ToolFormat::Mistral | ToolFormat::GptOss => return None,
-    };
-    let options: Vec<Value> = tools
-        .iter()
-        .map(|t| {
-            let f = t.get("function").unwrap_or(t);
-            let params = f
-                .get("parameters")
-                .cloned()
-                .unwrap_or_else(|| json!({"type": "object"}));
-            json!({
-                "type": "object",
-                "properties": {"name": {"const": f.get("name")}, args_key: params},
-                "required": ["name", args_key],
-                "additionalProperties": false,
-            })
-        })
-        .collect();
-    let schema = json!({
-        "anyOf": options,
-        "x-guidance": {"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": "},
-    });
-    let call = match format {
-        ToolFormat::Hermes => "\"<tool_call>\\n\" json_call \"\\n</tool_call>\"",
-        _ => "json_call",
-    };
-    let sep = match format {
-        ToolFormat::Hermes => "\"\\n\"",
-        _ => "\"; \"",
-    };
-    let start = if parallel {
-        format!("start: call ({sep} call)*\ncall: {call}\n")
-    } else {
-        format!("start: {call}\n")
-    };
-    Some(Grammar::Lark(format!("{start}json_call: %json {schema}\n")))
 }
 
 #[cfg(test)]
@@ -425,6 +386,18 @@ mod tests {
         assert_eq!(calls, vec![want("f", 1)]);
         let (_, calls) = parse(ToolFormat::Mistral, "[TOOL_CALLS]g[ARGS]{\"n\": 2}");
         assert_eq!(calls, vec![want("g", 2)]);
+        let (text, calls) = parse(
+            ToolFormat::MistralArgs,
+            "Sure.[TOOL_CALLS]f[ARGS]{\"n\": 1}[TOOL_CALLS]g[ARGS]{\"n\": 2}",
+        );
+        assert_eq!(
+            (text.as_str(), calls),
+            ("Sure.", vec![want("f", 1), want("g", 2)])
+        );
+        assert_eq!(
+            ToolFormat::of_template("[TOOL_CALLS]{{ name }}[ARGS]"),
+            ToolFormat::MistralArgs
+        );
         let (_, calls) = parse(
             ToolFormat::GptOss,
             "<|start|>assistant<|channel|>commentary to=functions.f <|constrain|>json<|message|>{\"n\": 1}<|call|>",

@@ -159,6 +159,16 @@ impl ChatTemplate {
         })
     }
 
+    /// The texts of `bos_token` and `eos_token`.
+    pub fn special_texts(&self) -> (&str, &str) {
+        (&self.bos, &self.eos)
+    }
+
+    /// The bounds each rendering runs under.
+    pub fn limits(&self) -> TemplateLimits {
+        self.limits
+    }
+
     /// The template's Jinja source (a server picks the tool-call format it writes from it).
     pub fn source(&self) -> &str {
         &self.source
@@ -180,12 +190,17 @@ impl ChatTemplate {
     /// then the generation prompt): run once at load, so that a template that fails or runs
     /// past its bounds is refused before any request.
     pub fn check(&self) -> Result<(), TokenizerError> {
-        let messages = [
+        self.render(&ChatTemplate::check_conversation(), true, None)
+            .map(drop)
+    }
+
+    /// The conversation [`ChatTemplate::check`] renders (for a caller that renders elsewhere).
+    pub fn check_conversation() -> Vec<ChatMessage> {
+        vec![
             ChatMessage::new("user", "Hello."),
             ChatMessage::new("assistant", "Hi. How can I help?"),
             ChatMessage::new("user", "Say hello."),
-        ];
-        self.render(&messages, true, None).map(drop)
+        ]
     }
 
     /// Renders a conversation. `tools` (a JSON array of tool schemas) is passed as `tools`.
@@ -236,17 +251,42 @@ impl ChatTemplate {
         add_generation_prompt: bool,
         tools: Option<&serde_json::Value>,
     ) -> Result<Vec<u32>, TokenizerError> {
+        self.render_ids_with(tok, messages, add_generation_prompt, tools, |m, g, t| {
+            self.render(m, g, t)
+        })
+    }
+
+    /// [`ChatTemplate::render_ids`] with the rendering itself done by `render` (given the
+    /// messages with their control-token texts hidden), e.g. in another process.
+    pub fn render_ids_with(
+        &self,
+        tok: &Tokenizer,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+        tools: Option<&serde_json::Value>,
+        render: impl FnOnce(
+            &[ChatMessage],
+            bool,
+            Option<&serde_json::Value>,
+        ) -> Result<String, TokenizerError>,
+    ) -> Result<Vec<u32>, TokenizerError> {
+        // Every text the client wrote: contents, names, ids, calls' arguments, tools' schemas.
         let mut hidden = Vec::new();
-        let escaped = messages
-            .iter()
-            .map(|m| {
-                Ok(ChatMessage {
-                    content: hide_spans(tok, &m.content, &mut hidden)?,
-                    ..m.clone()
-                })
-            })
-            .collect::<Result<Vec<_>, TokenizerError>>()?;
-        let rendered = self.render(&escaped, add_generation_prompt, tools)?;
+        let mut hide = |text: &str| hide_spans(tok, text, &mut hidden);
+        let mut escaped = Vec::with_capacity(messages.len());
+        for m in messages {
+            escaped.push(ChatMessage {
+                role: m.role.clone(),
+                content: hide(&m.content)?,
+                tool_calls: (m.tool_calls.iter())
+                    .map(|c| hide_in_json(c, &mut hide))
+                    .collect::<Result<_, _>>()?,
+                tool_call_id: m.tool_call_id.as_deref().map(&mut hide).transpose()?,
+                name: m.name.as_deref().map(&mut hide).transpose()?,
+            });
+        }
+        let tools = tools.map(|t| hide_in_json(t, &mut hide)).transpose()?;
+        let rendered = render(&escaped, add_generation_prompt, tools.as_ref())?;
         let (text, literal) = restore_spans(&rendered, &hidden);
         Ok(tok.encode_prompt_with_literals(&text, &literal))
     }
@@ -303,6 +343,31 @@ fn hide_spans(
     }
     out.push_str(&content[at..]);
     Ok(out)
+}
+
+/// `value` with `hide` applied to every string in it, object keys included.
+fn hide_in_json(
+    value: &serde_json::Value,
+    hide: &mut impl FnMut(&str) -> Result<String, TokenizerError>,
+) -> Result<serde_json::Value, TokenizerError> {
+    use serde_json::Value as J;
+    Ok(match value {
+        J::String(s) => J::String(hide(s)?),
+        J::Array(items) => J::Array(
+            items
+                .iter()
+                .map(|v| hide_in_json(v, hide))
+                .collect::<Result<_, _>>()?,
+        ),
+        J::Object(o) => {
+            let mut out = serde_json::Map::with_capacity(o.len());
+            for (k, v) in o {
+                out.insert(hide(k)?, hide_in_json(v, hide)?);
+            }
+            J::Object(out)
+        }
+        other => other.clone(),
+    })
 }
 
 /// The rendered text with each placeholder replaced by what it hid, and where those land.

@@ -102,6 +102,14 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    // `ferrolm serve` renders chat templates in copies of itself started this way.
+    if std::env::args_os().nth(1).as_deref()
+        == Some(std::ffi::OsStr::new(
+            ferrolm_server::template_process::WORKER_ARG,
+        ))
+    {
+        return ferrolm_server::template_process::run_worker();
+    }
     let cli = Cli::parse();
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,

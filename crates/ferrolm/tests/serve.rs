@@ -775,6 +775,19 @@ fn concurrent_greedy_answers_equal_single_client_answers_and_ferrolm_run() {
 /// FERROLM_REQUIRE_OPENAI=1; without the package elsewhere, this test says so and passes.
 /// Runs one of the official Python clients' scripts against a server with key "test-key";
 /// skipped (unless CI, which installs them) where python3 cannot import the package.
+/// What `child` printed, once it has ended; killed (and the test failed) past `limit`.
+fn output_within(mut child: Child, limit: Duration, what: &str) -> std::process::Output {
+    let deadline = Instant::now() + limit;
+    while child.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("{what} timed out");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    child.wait_with_output().unwrap()
+}
+
 fn python_client(package: &str, script: &str) {
     let have = Command::new("python3")
         .args(["-c", &format!("import {package}")])
@@ -791,7 +804,7 @@ fn python_client(package: &str, script: &str) {
     }
     let server = Server::start(&["--parallel", "2", "--api-key", "test-key"]);
     let script = format!("{}/tests/{script}", env!("CARGO_MANIFEST_DIR"));
-    let mut child = Command::new("python3")
+    let child = Command::new("python3")
         .arg(script)
         .arg(format!(
             "http://127.0.0.1:{}{}",
@@ -802,15 +815,7 @@ fn python_client(package: &str, script: &str) {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while child.try_wait().unwrap().is_none() {
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            panic!("the python client timed out");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let out = child.wait_with_output().unwrap();
+    let out = output_within(child, Duration::from_secs(120), "the python client");
     assert!(
         out.status.success(),
         "{}\n{}\n{}",
@@ -837,36 +842,44 @@ fn official_anthropic_python_client_works() {
 #[test]
 fn load_script_32_concurrent_clients_lose_nothing() {
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts/load_test.py");
-    let mut child = Command::new("python3")
-        .args([script, "--binary", env!("CARGO_BIN_EXE_ferrolm")])
-        .args([
+    // Then again with every answer constrained to a JSON schema (structured outputs' masks at
+    // every token of every sequence in the batch).
+    for args in [
+        &[
             "--concurrency",
             "32",
             "--requests",
             "256",
             "--max-tokens",
             "8",
-        ])
-        .args(["--timeout", "300"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(420);
-    while child.try_wait().unwrap().is_none() {
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            panic!("the load test timed out");
-        }
-        std::thread::sleep(Duration::from_millis(100));
+        ][..],
+        &[
+            "--concurrency",
+            "8",
+            "--requests",
+            "32",
+            "--max-tokens",
+            "8",
+            "--schema",
+        ][..],
+    ] {
+        let child = Command::new("python3")
+            .args([script, "--binary", env!("CARGO_BIN_EXE_ferrolm")])
+            .args(args)
+            .args(["--timeout", "300"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let what = format!("the load test {args:?}");
+        let out = output_within(child, Duration::from_secs(420), &what);
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && stdout.contains("load test: ok"),
+            "{args:?}: {stdout}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
-    let out = child.wait_with_output().unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success() && stdout.contains("load test: ok"),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
 }
 
 /// A mixture-of-experts model: `/metrics` counts, per layer and expert, the tokens routed to
@@ -1190,6 +1203,15 @@ fn bad_flags_and_templates_are_refused_at_start_naming_them() {
         "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",
     )
     .unwrap();
+    // Doubles a string 64 times without writing it: neither fuel nor the output bound stop it.
+    let doubling = dir.join("doubling.jinja");
+    std::fs::write(
+        &doubling,
+        "{% set ns = namespace(s='ab') %}{% for i in range(64) %}{% set ns.s = ns.s ~ ns.s %}\
+         {% endfor %}{{ ns.s | length }}",
+    )
+    .unwrap();
+    let doubling_arg = doubling.to_str().unwrap();
     let empty_key = dir.join("empty.key");
     std::fs::write(&empty_key, "\n").unwrap();
     let looping_arg = looping.to_str().unwrap();
@@ -1203,6 +1225,7 @@ fn bad_flags_and_templates_are_refused_at_start_naming_them() {
         (&["--max-body-bytes", "1"][..], "--max-body-bytes"),
         (&["--api-key-file", empty_key_arg][..], "holds no key"),
         (&["--chat-template", looping_arg][..], "fuel"),
+        (&["--chat-template", doubling_arg][..], "MiB of memory"),
     ] {
         let out = Command::new(env!("CARGO_BIN_EXE_ferrolm"))
             .args(["serve", "--port", "0", "-c", "512", "-t", "2"])
@@ -1213,8 +1236,118 @@ fn bad_flags_and_templates_are_refused_at_start_naming_them() {
         assert!(!out.status.success(), "{args:?} was accepted");
         assert!(err.contains(want), "{args:?}: {err}");
         assert!(!err.contains("panicked"), "{args:?}: {err}");
+        // An error the server reports, not a process killed by a signal (an abort).
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
         if want == "fuel" {
             assert!(err.contains("looping.jinja"), "{err}");
+        }
+        if want == "MiB of memory" {
+            assert!(err.contains("doubling.jinja"), "{err}");
+        }
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_template_that_explodes_on_one_request_fails_that_request_only() {
+    let dir = std::env::temp_dir().join(format!("ferrolm-serve-explode-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("explode.jinja");
+    // Safe at load; a message that says "explode" makes it double a string 64 times.
+    std::fs::write(
+        &file,
+        "{% set ns = namespace(s='ab') %}{% for m in messages %}{% if 'explode' in m.content %}\
+         {% for i in range(64) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}{% endif %}\
+         {{ m.content }}{% endfor %} =>",
+    )
+    .unwrap();
+    let server = Server::start(&["--parallel", "1", "--chat-template", file.to_str().unwrap()]);
+    let body = |text: &str| chat_body(text, json!({"max_tokens": 1}));
+    let r = server.post("/v1/chat/completions", &body("please explode"));
+    assert_eq!(r.status, 400, "{}", r.text());
+    let message = r.json()["error"]["message"].as_str().unwrap().to_string();
+    assert!(message.contains("MiB of memory"), "{message}");
+    // The server, and its other requests, carry on.
+    for text in ["2+2", "3+3"] {
+        let r = server.post("/v1/chat/completions", &body(text));
+        assert_eq!(r.status, 200, "{}", r.text());
+    }
+    assert_eq!(server.get("/health").status, 200);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn required_calls_in_mistral_and_gpt_oss_formats_come_back_as_valid_tool_calls() {
+    let dir = std::env::temp_dir().join(format!("ferrolm-serve-formats-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    // Templates in each format's style (the markers are text in SmolLM2's vocabulary).
+    let turns = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n\
+                 {% endfor %}";
+    let formats = [
+        (
+            "mistral.jinja",
+            format!(
+                "[AVAILABLE_TOOLS]{{{{ tools | tojson }}}}[/AVAILABLE_TOOLS]{turns}\
+                     {{# answers: [TOOL_CALLS]name[ARGS]{{...}} #}}<|im_start|>assistant\n"
+            ),
+        ),
+        (
+            "harmony.jinja",
+            format!(
+                "{{{{ tools | tojson }}}}{turns}{{# answers: <|channel|>commentary #}}\
+                     <|im_start|>assistant\n"
+            ),
+        ),
+    ];
+    let tools = json!([{"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object",
+        "properties": {"unit": {"enum": ["c", "f"]}, "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+        "required": ["unit", "days"],
+        "additionalProperties": false,
+    }}}]);
+    for (name, source) in formats {
+        let file = dir.join(name);
+        std::fs::write(&file, source).unwrap();
+        let server = Server::start(&["--parallel", "1", "--chat-template", file.to_str().unwrap()]);
+        for stream in [false, true] {
+            let body = chat_body(
+                "What is the weather in Paris?",
+                json!({"tools": tools, "tool_choice": "required", "max_tokens": 48,
+                       "temperature": 1.0, "stream": stream}),
+            );
+            let r = server.post("/v1/chat/completions", &body);
+            assert_eq!(r.status, 200, "{name}: {}", r.text());
+            let (calls, finish) = if stream {
+                let events = r.events();
+                let calls: Vec<Value> = events
+                    .iter()
+                    .flat_map(|e| e["choices"][0]["delta"]["tool_calls"].as_array().cloned())
+                    .flatten()
+                    .collect();
+                (calls, streamed_text(&events, true).1)
+            } else {
+                let choice = &r.json()["choices"][0];
+                let calls = choice["message"]["tool_calls"].as_array().cloned();
+                (
+                    calls.unwrap_or_default(),
+                    choice["finish_reason"].as_str().unwrap().into(),
+                )
+            };
+            assert_eq!(finish, "tool_calls", "{name} stream={stream}: {}", r.text());
+            assert!(!calls.is_empty(), "{name} stream={stream}: {}", r.text());
+            for call in &calls {
+                assert_eq!(call["function"]["name"], "get_weather", "{name}: {call}");
+                let args: Value =
+                    serde_json::from_str(call["function"]["arguments"].as_str().unwrap()).unwrap();
+                assert!(
+                    matches!(args["unit"].as_str(), Some("c" | "f")),
+                    "{name}: {args}"
+                );
+                assert!(
+                    args["days"].as_i64().is_some_and(|d| (1..=7).contains(&d)),
+                    "{name}: {args}"
+                );
+            }
         }
     }
     std::fs::remove_dir_all(&dir).unwrap();

@@ -174,6 +174,10 @@ pub fn run(args: ServeArgs) -> Result<()> {
         max_connections: args.max_connections,
         allowed_hosts: args.allowed_hosts,
         chat_template,
+        // Templates render in copies of this program, under memory and time bounds.
+        template_worker: Some(
+            std::env::current_exe().context("finding this program, to run template workers")?,
+        ),
     };
     let addr = config.addr;
     let source = Source {
