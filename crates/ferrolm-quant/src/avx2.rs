@@ -177,8 +177,7 @@ unsafe fn tiled_block_step_avx2(
         );
         let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b01_00_11_10>(s));
         let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b10_11_00_01>(s));
-        let s = _mm_cvtsi128_si32(s);
-        *a = (s as f32 * x.d).mul_add(y.d(), *a);
+        crate::tiled::accumulate(x, _mm_cvtsi128_si32(s), y, a);
     }
 }
 

@@ -40,6 +40,7 @@ mod kernel;
 mod legacy;
 mod low_bit;
 mod random_blocks;
+mod repack;
 mod ternary;
 mod tiled;
 pub mod vecops;
@@ -52,7 +53,9 @@ mod avx2;
 mod neon;
 
 pub use ferrolm_gguf::TensorType;
-pub use kernel::{dot_kernel, dot_kernel_scalar, DotKernel};
+pub use kernel::{
+    dot_kernel, dot_kernel_scalar, dot_kernel_with, matrix_kernel, DotKernel, KernelOptions,
+};
 pub use random_blocks::random_blocks;
 
 /// What went wrong converting or multiplying blocks.
@@ -216,7 +219,7 @@ pub fn quantize_activation(ty: TensorType, src: &[f32], dst: &mut [u8]) -> Resul
         Rounding::Reference
     };
     #[cfg(target_arch = "x86_64")]
-    if matches!(ty, TensorType::Q8_0 | TensorType::Q8_K) && kernel::simd_enabled() {
+    if matches!(ty, TensorType::Q8_0 | TensorType::Q8_K) {
         check_buffer(ty, src.len(), dst.len())?;
         if std::arch::is_x86_feature_detected!("avx2")
             && std::arch::is_x86_feature_detected!("fma")
