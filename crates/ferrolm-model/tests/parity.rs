@@ -4,7 +4,8 @@
 
 use std::path::PathBuf;
 
-use ferrolm_model::{Logits, Model};
+use ferrolm_model::{LoadOptions, Logits, Model};
+use ferrolm_quant::KernelOptions;
 
 mod common;
 use common::{golden, kl_and_top1};
@@ -25,9 +26,15 @@ fn model_path(file: &str) -> PathBuf {
     path
 }
 
-fn check(file: &str, name: &str) {
+/// Compares the model in `file` with the golden data `name`, with the kernels `kernels` say
+/// (the llama.cpp configuration the data was made with).
+fn check(file: &str, name: &str, kernels: KernelOptions) {
     let g = golden(name);
-    let model = Model::load(model_path(file), 0).unwrap();
+    let options = LoadOptions {
+        kernels,
+        ..Default::default()
+    };
+    let model = Model::load_with(model_path(file), &options).unwrap();
     let n_vocab = model.plan().n_vocab;
     let row_bytes = 4 + g.k * 8;
     let (mut kl_sum, mut top1, mut positions, mut offset) = (0.0, 0usize, 0usize, 0usize);
@@ -83,13 +90,32 @@ fn check(file: &str, name: &str) {
 
 #[test]
 fn smollm2_matches_llama_cpp() {
-    check("SmolLM2-135M-Instruct.Q4_1.gguf", "smollm2");
+    check(
+        "SmolLM2-135M-Instruct.Q4_1.gguf",
+        "smollm2",
+        KernelOptions::default(),
+    );
 }
 
 /// Gemma 3 270M (Q4_K_M): sliding-window layers (two prompts cross the 512-token window),
-/// GELU, post-norms, Q/K norms, query scaling. The golden data is llama.cpp's without weight
-/// repacking (scripts/gemma_golden.py, docs/PARITY.md).
+/// GELU, post-norms, Q/K norms, query scaling. The golden data is llama.cpp's default: its Q4_K
+/// matrices repacked, its tiled K-quant batches (scripts/gemma_golden.py, docs/PARITY.md).
 #[test]
 fn gemma3_270m_matches_llama_cpp() {
-    check("gemma-3-270m-q4_k_m.gguf", "gemma3");
+    check(
+        "gemma-3-270m-q4_k_m.gguf",
+        "gemma3",
+        KernelOptions::default(),
+    );
+}
+
+/// The same file against llama.cpp with both its repacking and its tiled matmul off, which
+/// sums every K-quant product in `vec_dot`'s order.
+#[test]
+fn gemma3_270m_matches_plain_llama_cpp() {
+    check(
+        "gemma-3-270m-q4_k_m.gguf",
+        "gemma3-plain",
+        KernelOptions::PLAIN,
+    );
 }

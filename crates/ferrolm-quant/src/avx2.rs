@@ -181,6 +181,50 @@ unsafe fn tiled_block_step_avx2(
     }
 }
 
+/// `repack::pair_sums` with AVX2 (the same exact integers): per 64 elements, the two
+/// sub-blocks' nibbles against the activation by `maddubs` and `madd`, summed across lanes.
+/// Handed out only after run-time detection (`kernel::build_repacked`).
+pub(crate) fn repack_pair_sums(
+    x: &crate::k_quants::BlockQ4K,
+    y: &crate::k_quants::BlockQ8K,
+) -> [(i32, i32); 4] {
+    // SAFETY: avx2 was detected before this function was handed out; the loads read 32 of
+    // the 128 bytes of `x.qs` and of the 256 of `y.qs`.
+    unsafe { repack_pair_sums_avx2(x, y) }
+}
+
+#[target_feature(enable = "avx2")]
+unsafe fn repack_pair_sums_avx2(
+    x: &crate::k_quants::BlockQ4K,
+    y: &crate::k_quants::BlockQ8K,
+) -> [(i32, i32); 4] {
+    let nibble = _mm256_set1_epi8(0x0f);
+    let ones = _mm256_set1_epi16(1);
+    let hsum = |v: __m256i| {
+        let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
+        let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b01_00_11_10>(s));
+        let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b10_11_00_01>(s));
+        _mm_cvtsi128_si32(s)
+    };
+    std::array::from_fn(|p| {
+        let raw = load(x.qs.as_ptr().add(32 * p));
+        let lo = _mm256_and_si256(raw, nibble);
+        let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(raw), nibble);
+        let dot = |w: __m256i, at: usize| {
+            let q = load(y.qs.as_ptr().add(at));
+            hsum(_mm256_madd_epi16(_mm256_maddubs_epi16(w, q), ones))
+        };
+        let (a, b) = (dot(lo, 64 * p), dot(hi, 64 * p + 32));
+        let (sa, ma) = crate::k_quants::scale_min_k4(2 * p, &x.scales);
+        let (sb, mb) = crate::k_quants::scale_min_k4(2 * p + 1, &x.scales);
+        let bsum32 = |j: usize| y.bsum(2 * j) + y.bsum(2 * j + 1);
+        (
+            sa as i32 * a + sb as i32 * b,
+            ma as i32 * bsum32(2 * p) + mb as i32 * bsum32(2 * p + 1),
+        )
+    })
+}
+
 /// llama.cpp's x86 activation quantizers (Q8_0 with `127 / amax` and round half to even;
 /// Q8_K) compiled for AVX2, so that their element loops vectorize 8 wide: the same scalar
 /// code and arithmetic, so the same bytes. `ty` must be Q8_0 or Q8_K, `dst` exactly the

@@ -596,12 +596,22 @@ fn build(ty: TensorType, options: &KernelOptions) -> Result<DotKernel, QuantErro
 /// The kernel of a repacked Q4_K matrix (`repack`).
 fn build_repacked(ty: TensorType, options: &KernelOptions) -> Result<DotKernel, QuantError> {
     let plain = build(ty, options)?;
-    let (dot, multi): (DotFn, MultiFn) = (
-        |n, row, act| repack::dot_q4_k(repack::pair_sums, n, row, act),
-        |n, rows, rs, nr, acts, as_, nc, out| {
-            repack::multi_q4_k(repack::pair_sums, n, rows, rs, nr, acts, as_, nc, out)
-        },
-    );
+    let (dot, multi): (DotFn, MultiFn) = match plain.isa {
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => (
+            |n, row, act| repack::dot_q4_k(crate::avx2::repack_pair_sums, n, row, act),
+            |n, rows, rs, nr, acts, as_, nc, out| {
+                let sums = crate::avx2::repack_pair_sums;
+                repack::multi_q4_k(sums, n, rows, rs, nr, acts, as_, nc, out)
+            },
+        ),
+        _ => (
+            |n, row, act| repack::dot_q4_k(repack::pair_sums, n, row, act),
+            |n, rows, rs, nr, acts, as_, nc, out| {
+                repack::multi_q4_k(repack::pair_sums, n, rows, rs, nr, acts, as_, nc, out)
+            },
+        ),
+    };
     Ok(DotKernel {
         dot,
         rows: None,
