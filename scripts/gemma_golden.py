@@ -17,8 +17,6 @@ batches) (written as gemma3-plain.*). ferrolm mirrors either (`KernelOptions`, d
 import json, struct, sys
 import os
 PLAIN = "--plain" in sys.argv
-if PLAIN:
-    os.environ["GGML_CPU_TILED_MM"] = "0"  # llama.cpp's tiled K-quant path for >= 8 tokens, off
 import numpy as np
 import llama_cpp
 from llama_cpp import Llama
@@ -34,9 +32,18 @@ def _no_repack():
     p = _default_params()
     p.use_extra_bufts = False
     return p
-if PLAIN:
+
+
+def use_plain_reference():
+    """llama.cpp with its weight repacking and its tiled K-quant products off, for every model
+    loaded from here on (also used by perplexity_golden.py)."""
+    os.environ["GGML_CPU_TILED_MM"] = "0"  # read by ggml at its first matrix product
     llama_cpp.llama_model_default_params = _no_repack
     llama_cpp.llama.llama_cpp.llama_model_default_params = _no_repack
+
+
+if PLAIN:
+    use_plain_reference()
 
 def prompts():
     out = pg.prompts("gemma")
