@@ -181,48 +181,172 @@ unsafe fn tiled_block_step_avx2(
     }
 }
 
-/// `repack::pair_sums` with AVX2 (the same exact integers): per 64 elements, the two
-/// sub-blocks' nibbles against the activation by `maddubs` and `madd`, summed across lanes.
-/// Handed out only after run-time detection (`kernel::build_repacked`).
-pub(crate) fn repack_pair_sums(
-    x: &crate::k_quants::BlockQ4K,
-    y: &crate::k_quants::BlockQ8K,
-) -> [(i32, i32); 4] {
-    // SAFETY: avx2 was detected before this function was handed out; the loads read 32 of
-    // the 128 bytes of `x.qs` and of the 256 of `y.qs`.
-    unsafe { repack_pair_sums_avx2(x, y) }
+/// `DotKernel::dot` of a repacked Q4_K row with AVX2: `repack::gemv`'s arithmetic. Handed
+/// out only after run-time detection (`kernel::build_repacked`); `row` and `act` are exactly
+/// the blocks of `n` elements.
+pub(crate) fn repack_dot_q4_k(_n: usize, row: &[u8], act: &[u8]) -> f32 {
+    let (xs, ys) = (bytemuck::cast_slice(row), bytemuck::cast_slice(act));
+    // SAFETY: avx2 and fma were detected before this function was handed out; the loads read
+    // within the blocks.
+    unsafe { repack_gemv_avx2(xs, ys) }
 }
 
-#[target_feature(enable = "avx2")]
-unsafe fn repack_pair_sums_avx2(
-    x: &crate::k_quants::BlockQ4K,
-    y: &crate::k_quants::BlockQ8K,
-) -> [(i32, i32); 4] {
-    let nibble = _mm256_set1_epi8(0x0f);
-    let ones = _mm256_set1_epi16(1);
-    let hsum = |v: __m256i| {
-        let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
-        let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b01_00_11_10>(s));
-        let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b10_11_00_01>(s));
-        _mm_cvtsi128_si32(s)
-    };
-    std::array::from_fn(|p| {
-        let raw = load(x.qs.as_ptr().add(32 * p));
-        let lo = _mm256_and_si256(raw, nibble);
-        let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(raw), nibble);
-        let dot = |w: __m256i, at: usize| {
-            let q = load(y.qs.as_ptr().add(at));
-            hsum(_mm256_madd_epi16(_mm256_maddubs_epi16(w, q), ones))
+#[target_feature(enable = "avx2,fma")]
+unsafe fn repack_gemv_avx2(
+    row: &[crate::k_quants::BlockQ4K],
+    col: &[crate::k_quants::BlockQ8K],
+) -> f32 {
+    let (mut acc, mut acc_min) = (0f32, 0f32);
+    for (x, y) in row.iter().zip(col) {
+        let (s, m) = Q4KPairs::decode(x).sums(y);
+        let s = s.iter().sum::<i32>() as f32;
+        acc = s.mul_add(crate::common::f16_to_f32(x.d) * y.d(), acc);
+        let m = m.iter().sum::<i32>() as f32;
+        acc_min = m.mul_add(crate::common::f16_to_f32(x.dmin) * y.d(), acc_min);
+    }
+    acc - acc_min
+}
+
+/// One Q4_K block decoded for the repacked products: per 64-element pair its two sub-blocks'
+/// nibbles and scales, and the eight minimums.
+struct Q4KPairs {
+    lo: [__m256i; 4],
+    hi: [__m256i; 4],
+    scale_lo: [__m256i; 4],
+    scale_hi: [__m256i; 4],
+    mins: __m128i,
+}
+
+impl Q4KPairs {
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn decode(x: &crate::k_quants::BlockQ4K) -> Q4KPairs {
+        let nibble = _mm256_set1_epi8(0x0f);
+        let zero = _mm256_setzero_si256();
+        let mut t = Q4KPairs {
+            lo: [zero; 4],
+            hi: [zero; 4],
+            scale_lo: [zero; 4],
+            scale_hi: [zero; 4],
+            mins: _mm_setzero_si128(),
         };
-        let (a, b) = (dot(lo, 64 * p), dot(hi, 64 * p + 32));
-        let (sa, ma) = crate::k_quants::scale_min_k4(2 * p, &x.scales);
-        let (sb, mb) = crate::k_quants::scale_min_k4(2 * p + 1, &x.scales);
-        let bsum32 = |j: usize| y.bsum(2 * j) + y.bsum(2 * j + 1);
-        (
-            sa as i32 * a + sb as i32 * b,
-            ma as i32 * bsum32(2 * p) + mb as i32 * bsum32(2 * p + 1),
-        )
-    })
+        let mut mins = [0i16; 8];
+        for p in 0..4 {
+            let raw = load(x.qs.as_ptr().add(32 * p));
+            t.lo[p] = _mm256_and_si256(raw, nibble);
+            t.hi[p] = _mm256_and_si256(_mm256_srli_epi16::<4>(raw), nibble);
+            let (sa, ma) = crate::k_quants::scale_min_k4(2 * p, &x.scales);
+            let (sb, mb) = crate::k_quants::scale_min_k4(2 * p + 1, &x.scales);
+            t.scale_lo[p] = _mm256_set1_epi16(sa as i16);
+            t.scale_hi[p] = _mm256_set1_epi16(sb as i16);
+            (mins[2 * p], mins[2 * p + 1]) = (ma as i16, mb as i16);
+        }
+        t.mins = _mm_loadu_si128(mins.as_ptr() as *const __m128i);
+        t
+    }
+
+    /// Per pair `p`: the exact `S_p` (scales times quants times the activation) and `M_p`
+    /// (minimums times the activation's sums of 32, which fit in i16).
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn sums(&self, y: &crate::k_quants::BlockQ8K) -> ([i32; 4], [i32; 4]) {
+        let q = y.qs.as_ptr();
+        let pair: [__m256i; 4] = std::array::from_fn(|p| {
+            let pa = _mm256_maddubs_epi16(self.lo[p], load(q.add(64 * p)));
+            let pb = _mm256_maddubs_epi16(self.hi[p], load(q.add(64 * p + 32)));
+            _mm256_add_epi32(
+                _mm256_madd_epi16(pa, self.scale_lo[p]),
+                _mm256_madd_epi16(pb, self.scale_hi[p]),
+            )
+        });
+        // after two hadds, lane p of the two halves' sum is pair p's
+        let h = _mm256_hadd_epi32(
+            _mm256_hadd_epi32(pair[0], pair[1]),
+            _mm256_hadd_epi32(pair[2], pair[3]),
+        );
+        let h = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256::<1>(h));
+        let bsums = y.bsums.as_ptr();
+        let bsum32 = _mm_hadd_epi16(
+            _mm_loadu_si128(bsums as *const __m128i),
+            _mm_loadu_si128(bsums.add(16) as *const __m128i),
+        );
+        let m = _mm_madd_epi16(self.mins, bsum32);
+        let (mut s_out, mut m_out) = ([0i32; 4], [0i32; 4]);
+        _mm_storeu_si128(s_out.as_mut_ptr() as *mut __m128i, h);
+        _mm_storeu_si128(m_out.as_mut_ptr() as *mut __m128i, m);
+        (s_out, m_out)
+    }
+}
+
+/// `repack::multi_q4_k` with AVX2, the same arithmetic: each block of a row decoded once and
+/// met by every column. Handed out only after run-time detection (`kernel::build_repacked`);
+/// lengths as `DotKernel::dot_rows_multi` checked them.
+#[allow(clippy::too_many_arguments)] // two strided matrices and their shapes
+pub(crate) fn repack_multi_q4_k(
+    n: usize,
+    rows: &[u8],
+    row_stride: usize,
+    n_rows: usize,
+    acts: &[u8],
+    act_stride: usize,
+    n_cols: usize,
+    out: &mut [f32],
+) {
+    use crate::k_quants::{BlockQ4K, BlockQ8K, QK_K};
+    let nb = n / QK_K;
+    let (rb, ab) = (
+        nb * std::mem::size_of::<BlockQ4K>(),
+        nb * std::mem::size_of::<BlockQ8K>(),
+    );
+    assert!(n_rows == 0 || rows.len() >= (n_rows - 1) * row_stride + rb);
+    assert!(n_cols == 0 || acts.len() >= (n_cols - 1) * act_stride + ab);
+    assert!(out.len() >= n_rows * n_cols);
+    let cols: Vec<&[BlockQ8K]> = (0..n_cols)
+        .map(|c| bytemuck::cast_slice(&acts[c * act_stride..c * act_stride + ab]))
+        .collect();
+    let gemm_cols = n_cols - n_cols % 4;
+    let mut acc = vec![(0f32, 0f32); n_cols];
+    for i in 0..n_rows {
+        let row: &[BlockQ4K] = bytemuck::cast_slice(&rows[i * row_stride..i * row_stride + rb]);
+        // SAFETY: avx2 and fma were detected before this function was handed out; the loads
+        // read within the row's blocks and the columns' blocks.
+        unsafe { repack_row_avx2(row, &cols, gemm_cols, &mut acc) };
+        for (c, &(a, m)) in acc.iter().enumerate() {
+            out[c * n_rows + i] = a - m;
+        }
+    }
+}
+
+/// One row of [`repack_multi_q4_k`] into each column's `(acc, acc_min)`.
+#[target_feature(enable = "avx2,fma")]
+unsafe fn repack_row_avx2(
+    row: &[crate::k_quants::BlockQ4K],
+    cols: &[&[crate::k_quants::BlockQ8K]],
+    gemm_cols: usize,
+    acc: &mut [(f32, f32)],
+) {
+    acc.fill((0.0, 0.0));
+    for (b, x) in row.iter().enumerate() {
+        let block = Q4KPairs::decode(x);
+        let (d, dmin) = (
+            crate::common::f16_to_f32(x.d),
+            crate::common::f16_to_f32(x.dmin),
+        );
+        for (c, (col, a)) in cols.iter().zip(acc.iter_mut()).enumerate() {
+            let y = &col[b];
+            let (s, m) = block.sums(y);
+            let (dd, dm) = (d * y.d(), dmin * y.d());
+            if c < gemm_cols {
+                for p in 0..4 {
+                    a.0 = (s[p] as f32).mul_add(dd, a.0);
+                    a.1 = (m[p] as f32).mul_add(dm, a.1);
+                }
+            } else {
+                a.0 = (s.iter().sum::<i32>() as f32).mul_add(dd, a.0);
+                a.1 = (m.iter().sum::<i32>() as f32).mul_add(dm, a.1);
+            }
+        }
+    }
 }
 
 /// llama.cpp's x86 activation quantizers (Q8_0 with `127 / amax` and round half to even;

@@ -598,13 +598,7 @@ fn build_repacked(ty: TensorType, options: &KernelOptions) -> Result<DotKernel, 
     let plain = build(ty, options)?;
     let (dot, multi): (DotFn, MultiFn) = match plain.isa {
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => (
-            |n, row, act| repack::dot_q4_k(crate::avx2::repack_pair_sums, n, row, act),
-            |n, rows, rs, nr, acts, as_, nc, out| {
-                let sums = crate::avx2::repack_pair_sums;
-                repack::multi_q4_k(sums, n, rows, rs, nr, acts, as_, nc, out)
-            },
-        ),
+        Isa::Avx2 => (crate::avx2::repack_dot_q4_k, crate::avx2::repack_multi_q4_k),
         _ => (
             |n, row, act| repack::dot_q4_k(repack::pair_sums, n, row, act),
             |n, rows, rs, nr, acts, as_, nc, out| {
