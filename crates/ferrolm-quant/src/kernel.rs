@@ -240,9 +240,12 @@ impl DotKernel {
     ///   `vdpbf16ps` pairs for BF16, then `_mm512_reduce_add_ps`); otherwise `vec_dot`. A
     ///   caller splitting a matrix between threads must keep the row count of each part a
     ///   multiple of 4 to get llama.cpp's choice, which is made for the whole matrix;
+    /// * with [`KernelOptions::tiled`], Q2_K..Q6_K, the 256-element i-quants and IQ4_XS with >= 8
+    ///   columns: llama.cpp's tiled matmul (crate docs); a repacked kernel
+    ///   ([`DotKernel::repacked`]): llama.cpp's CPU_REPACK gemm for the first `n_cols - n_cols %
+    ///   4` columns and its gemv for the rest;
     /// * every other type: `vec_dot` per element (Q4_1, Q5_1 and the K-quants are not taken by
-    ///   llamafile_sgemm; see the crate README for the repack and tiled paths llama.cpp takes
-    ///   for some of them when it repacks weights or has >= 8 columns).
+    ///   llamafile_sgemm).
     #[allow(clippy::too_many_arguments)] // two strided matrices and their shapes
     pub fn dot_rows_multi(
         &self,
