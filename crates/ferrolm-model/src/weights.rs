@@ -114,6 +114,7 @@ pub(crate) enum DeltaNetGates {
 
 /// The matrices of a feed-forward block.
 #[derive(Debug)]
+#[allow(clippy::large_enum_variant)] // one per layer, read every token: inline beats a box
 pub(crate) enum FfnWeights {
     /// One gated FFN.
     Dense {
