@@ -250,6 +250,17 @@ impl Q4KPairs {
     #[inline]
     #[target_feature(enable = "avx2")]
     unsafe fn sums(&self, y: &crate::k_quants::BlockQ8K) -> ([i32; 4], [i32; 4]) {
+        let (s, m) = self.sums_vec(y);
+        let (mut s_out, mut m_out) = ([0i32; 4], [0i32; 4]);
+        _mm_storeu_si128(s_out.as_mut_ptr() as *mut __m128i, s);
+        _mm_storeu_si128(m_out.as_mut_ptr() as *mut __m128i, m);
+        (s_out, m_out)
+    }
+
+    /// [`Q4KPairs::sums`] as vectors of the four pairs.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn sums_vec(&self, y: &crate::k_quants::BlockQ8K) -> (__m128i, __m128i) {
         let q = y.qs.as_ptr();
         let pair: [__m256i; 4] = std::array::from_fn(|p| {
             let pa = _mm256_maddubs_epi16(self.lo[p], load(q.add(64 * p)));
@@ -270,11 +281,7 @@ impl Q4KPairs {
             _mm_loadu_si128(bsums as *const __m128i),
             _mm_loadu_si128(bsums.add(16) as *const __m128i),
         );
-        let m = _mm_madd_epi16(self.mins, bsum32);
-        let (mut s_out, mut m_out) = ([0i32; 4], [0i32; 4]);
-        _mm_storeu_si128(s_out.as_mut_ptr() as *mut __m128i, h);
-        _mm_storeu_si128(m_out.as_mut_ptr() as *mut __m128i, m);
-        (s_out, m_out)
+        (h, _mm_madd_epi16(self.mins, bsum32))
     }
 }
 
@@ -305,48 +312,97 @@ pub(crate) fn repack_multi_q4_k(
         .map(|c| bytemuck::cast_slice(&acts[c * act_stride..c * act_stride + ab]))
         .collect();
     let gemm_cols = n_cols - n_cols % 4;
-    let mut acc = vec![(0f32, 0f32); n_cols];
+    let (mut acc, mut acc_min) = (vec![0f32; n_cols], vec![0f32; n_cols]);
     for i in 0..n_rows {
         let row: &[BlockQ4K] = bytemuck::cast_slice(&rows[i * row_stride..i * row_stride + rb]);
+        acc.fill(0.0);
+        acc_min.fill(0.0);
         // SAFETY: avx2 and fma were detected before this function was handed out; the loads
-        // read within the row's blocks and the columns' blocks.
-        unsafe { repack_row_avx2(row, &cols, gemm_cols, &mut acc) };
-        for (c, &(a, m)) in acc.iter().enumerate() {
-            out[c * n_rows + i] = a - m;
+        // read within the row's blocks, the columns' blocks and the accumulators.
+        unsafe { repack_row_avx2(row, &cols, gemm_cols, &mut acc, &mut acc_min) };
+        for c in 0..n_cols {
+            out[c * n_rows + i] = acc[c] - acc_min[c];
         }
     }
 }
 
-/// One row of [`repack_multi_q4_k`] into each column's `(acc, acc_min)`.
+/// One row of [`repack_multi_q4_k`] into each column's `acc` and `acc_min`: gemm columns eight
+/// at a time in vectors (each lane its own column's chain of fmas, in the same order), the
+/// rest one by one.
 #[target_feature(enable = "avx2,fma")]
 unsafe fn repack_row_avx2(
     row: &[crate::k_quants::BlockQ4K],
     cols: &[&[crate::k_quants::BlockQ8K]],
     gemm_cols: usize,
-    acc: &mut [(f32, f32)],
+    acc: &mut [f32],
+    acc_min: &mut [f32],
 ) {
-    acc.fill((0.0, 0.0));
+    let wide = gemm_cols - gemm_cols % 8;
     for (b, x) in row.iter().enumerate() {
         let block = Q4KPairs::decode(x);
         let (d, dmin) = (
             crate::common::f16_to_f32(x.d),
             crate::common::f16_to_f32(x.dmin),
         );
-        for (c, (col, a)) in cols.iter().zip(acc.iter_mut()).enumerate() {
-            let y = &col[b];
+        for c0 in (0..wide).step_by(8) {
+            let mut s = [_mm_setzero_si128(); 8];
+            let mut m = [_mm_setzero_si128(); 8];
+            let mut yd = [0f32; 8];
+            for j in 0..8 {
+                let y = &cols[c0 + j][b];
+                (s[j], m[j]) = block.sums_vec(y);
+                yd[j] = y.d();
+            }
+            let yd = _mm256_loadu_ps(yd.as_ptr());
+            let (dd, dm) = (
+                _mm256_mul_ps(_mm256_set1_ps(d), yd),
+                _mm256_mul_ps(_mm256_set1_ps(dmin), yd),
+            );
+            let (s, m) = (pairs_by_column(&s), pairs_by_column(&m));
+            let mut a = _mm256_loadu_ps(acc.as_ptr().add(c0));
+            let mut am = _mm256_loadu_ps(acc_min.as_ptr().add(c0));
+            for p in 0..4 {
+                a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[p]), dd, a);
+                am = _mm256_fmadd_ps(_mm256_cvtepi32_ps(m[p]), dm, am);
+            }
+            _mm256_storeu_ps(acc.as_mut_ptr().add(c0), a);
+            _mm256_storeu_ps(acc_min.as_mut_ptr().add(c0), am);
+        }
+        for c in wide..cols.len() {
+            let y = &cols[c][b];
             let (s, m) = block.sums(y);
             let (dd, dm) = (d * y.d(), dmin * y.d());
+            let (a, am) = (&mut acc[c], &mut acc_min[c]);
             if c < gemm_cols {
                 for p in 0..4 {
-                    a.0 = (s[p] as f32).mul_add(dd, a.0);
-                    a.1 = (m[p] as f32).mul_add(dm, a.1);
+                    *a = (s[p] as f32).mul_add(dd, *a);
+                    *am = (m[p] as f32).mul_add(dm, *am);
                 }
             } else {
-                a.0 = (s.iter().sum::<i32>() as f32).mul_add(dd, a.0);
-                a.1 = (m.iter().sum::<i32>() as f32).mul_add(dm, a.1);
+                *a = (s.iter().sum::<i32>() as f32).mul_add(dd, *a);
+                *am = (m.iter().sum::<i32>() as f32).mul_add(dm, *am);
             }
         }
     }
+}
+
+/// Eight columns' four pair sums (`v[j]` lane `p`: column `j`, pair `p`) as four vectors of
+/// eight columns (`out[p]` lane `j`).
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn pairs_by_column(v: &[__m128i; 8]) -> [__m256i; 4] {
+    // columns j and j + 4 side by side, then a 4 x 4 transpose in each 128-bit half
+    let r: [__m256i; 4] = std::array::from_fn(|j| _mm256_set_m128i(v[j + 4], v[j]));
+    let t0 = _mm256_unpacklo_epi32(r[0], r[1]);
+    let t1 = _mm256_unpackhi_epi32(r[0], r[1]);
+    let t2 = _mm256_unpacklo_epi32(r[2], r[3]);
+    let t3 = _mm256_unpackhi_epi32(r[2], r[3]);
+    [
+        _mm256_unpacklo_epi64(t0, t2),
+        _mm256_unpackhi_epi64(t0, t2),
+        _mm256_unpacklo_epi64(t1, t3),
+        _mm256_unpackhi_epi64(t1, t3),
+    ]
 }
 
 /// llama.cpp's x86 activation quantizers (Q8_0 with `127 / amax` and round half to even;
