@@ -198,76 +198,30 @@ unsafe fn repack_gemv_avx2(
 ) -> f32 {
     let (mut acc, mut acc_min) = (0f32, 0f32);
     for (x, y) in row.iter().zip(col) {
-        let (s, m) = Q4KPairs::decode(x).sums(y);
-        let s = s.iter().sum::<i32>() as f32;
-        acc = s.mul_add(crate::common::f16_to_f32(x.d) * y.d(), acc);
-        let m = m.iter().sum::<i32>() as f32;
-        acc_min = m.mul_add(crate::common::f16_to_f32(x.dmin) * y.d(), acc_min);
+        let w = <Q4K as Block>::decode((x as *const crate::k_quants::BlockQ4K).cast());
+        let (s, m) = w.block_sums(y);
+        acc = (s as f32).mul_add(w.d * y.d(), acc);
+        acc_min = (m as f32).mul_add(w.dmin * y.d(), acc_min);
     }
     acc - acc_min
 }
 
-/// One Q4_K block decoded for the repacked products: per 64-element pair its two sub-blocks'
-/// nibbles and scales, and the eight minimums.
-struct Q4KPairs {
-    lo: [__m256i; 4],
-    hi: [__m256i; 4],
-    scale_lo: [__m256i; 4],
-    scale_hi: [__m256i; 4],
-    mins: __m128i,
-}
-
-impl Q4KPairs {
+/// The repacked products' exact sums of one Q4_K block (decoded as for `vec_dot`: `K4`, its
+/// sub-block `j`'s nibbles in `q[j]`) against one column.
+impl K4 {
+    /// Per 64-element pair `p` (sub-blocks `2p`, `2p + 1`): `S_p` (scales times quants times the
+    /// activation) in lane `p` of the first vector, `M_p` (minimums times the activation's sums
+    /// of 32, which fit in i16) in lane `p` of the second.
     #[inline]
     #[target_feature(enable = "avx2")]
-    unsafe fn decode(x: &crate::k_quants::BlockQ4K) -> Q4KPairs {
-        let nibble = _mm256_set1_epi8(0x0f);
-        let zero = _mm256_setzero_si256();
-        let mut t = Q4KPairs {
-            lo: [zero; 4],
-            hi: [zero; 4],
-            scale_lo: [zero; 4],
-            scale_hi: [zero; 4],
-            mins: _mm_setzero_si128(),
-        };
-        let mut mins = [0i16; 8];
-        for p in 0..4 {
-            let raw = load(x.qs.as_ptr().add(32 * p));
-            t.lo[p] = _mm256_and_si256(raw, nibble);
-            t.hi[p] = _mm256_and_si256(_mm256_srli_epi16::<4>(raw), nibble);
-            let (sa, ma) = crate::k_quants::scale_min_k4(2 * p, &x.scales);
-            let (sb, mb) = crate::k_quants::scale_min_k4(2 * p + 1, &x.scales);
-            t.scale_lo[p] = _mm256_set1_epi16(sa as i16);
-            t.scale_hi[p] = _mm256_set1_epi16(sb as i16);
-            (mins[2 * p], mins[2 * p + 1]) = (ma as i16, mb as i16);
-        }
-        t.mins = _mm_loadu_si128(mins.as_ptr() as *const __m128i);
-        t
-    }
-
-    /// Per pair `p`: the exact `S_p` (scales times quants times the activation) and `M_p`
-    /// (minimums times the activation's sums of 32, which fit in i16).
-    #[inline]
-    #[target_feature(enable = "avx2")]
-    unsafe fn sums(&self, y: &crate::k_quants::BlockQ8K) -> ([i32; 4], [i32; 4]) {
-        let (s, m) = self.sums_vec(y);
-        let (mut s_out, mut m_out) = ([0i32; 4], [0i32; 4]);
-        _mm_storeu_si128(s_out.as_mut_ptr() as *mut __m128i, s);
-        _mm_storeu_si128(m_out.as_mut_ptr() as *mut __m128i, m);
-        (s_out, m_out)
-    }
-
-    /// [`Q4KPairs::sums`] as vectors of the four pairs.
-    #[inline]
-    #[target_feature(enable = "avx2")]
-    unsafe fn sums_vec(&self, y: &crate::k_quants::BlockQ8K) -> (__m128i, __m128i) {
+    unsafe fn pair_sums(&self, y: &crate::k_quants::BlockQ8K) -> (__m128i, __m128i) {
         let q = y.qs.as_ptr();
         let pair: [__m256i; 4] = std::array::from_fn(|p| {
-            let pa = _mm256_maddubs_epi16(self.lo[p], load(q.add(64 * p)));
-            let pb = _mm256_maddubs_epi16(self.hi[p], load(q.add(64 * p + 32)));
+            let pa = _mm256_maddubs_epi16(self.q[2 * p], load(q.add(64 * p)));
+            let pb = _mm256_maddubs_epi16(self.q[2 * p + 1], load(q.add(64 * p + 32)));
             _mm256_add_epi32(
-                _mm256_madd_epi16(pa, self.scale_lo[p]),
-                _mm256_madd_epi16(pb, self.scale_hi[p]),
+                _mm256_madd_epi16(pa, self.scv[2 * p]),
+                _mm256_madd_epi16(pb, self.scv[2 * p + 1]),
             )
         });
         // after two hadds, lane p of the two halves' sum is pair p's
@@ -276,12 +230,44 @@ impl Q4KPairs {
             _mm256_hadd_epi32(pair[2], pair[3]),
         );
         let h = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256::<1>(h));
+        (h, self.min_sums(y))
+    }
+
+    /// `M_p` per pair, as in [`K4::pair_sums`].
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn min_sums(&self, y: &crate::k_quants::BlockQ8K) -> __m128i {
         let bsums = y.bsums.as_ptr();
         let bsum32 = _mm_hadd_epi16(
             _mm_loadu_si128(bsums as *const __m128i),
             _mm_loadu_si128(bsums.add(16) as *const __m128i),
         );
-        (h, _mm_madd_epi16(self.mins, bsum32))
+        _mm_madd_epi16(self.mins, bsum32)
+    }
+
+    /// Eight lanes whose sum is the whole block's `S`.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn scaled_lanes(&self, y: &crate::k_quants::BlockQ8K) -> __m256i {
+        let q = y.qs.as_ptr();
+        let mut s = _mm256_setzero_si256();
+        for j in 0..8 {
+            let p16 = _mm256_maddubs_epi16(self.q[j], load(q.add(32 * j)));
+            s = _mm256_add_epi32(s, _mm256_madd_epi16(p16, self.scv[j]));
+        }
+        s
+    }
+
+    /// The whole block's `S` and `M` (the sums of [`K4::pair_sums`], in fewer reductions).
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn block_sums(&self, y: &crate::k_quants::BlockQ8K) -> (i32, i32) {
+        let s = self.scaled_lanes(y);
+        let s = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256::<1>(s));
+        // lanes 0 and 1 after two hadds: the sums of s's and of the minimums' four lanes
+        let h = _mm_hadd_epi32(s, self.min_sums(y));
+        let h = _mm_hadd_epi32(h, h);
+        (_mm_cvtsi128_si32(h), _mm_extract_epi32::<1>(h))
     }
 }
 
@@ -339,18 +325,15 @@ unsafe fn repack_row_avx2(
 ) {
     let wide = gemm_cols - gemm_cols % 8;
     for (b, x) in row.iter().enumerate() {
-        let block = Q4KPairs::decode(x);
-        let (d, dmin) = (
-            crate::common::f16_to_f32(x.d),
-            crate::common::f16_to_f32(x.dmin),
-        );
+        let block = <Q4K as Block>::decode((x as *const crate::k_quants::BlockQ4K).cast());
+        let (d, dmin) = (block.d, block.dmin);
         for c0 in (0..wide).step_by(8) {
             let mut s = [_mm_setzero_si128(); 8];
             let mut m = [_mm_setzero_si128(); 8];
             let mut yd = [0f32; 8];
             for j in 0..8 {
                 let y = &cols[c0 + j][b];
-                (s[j], m[j]) = block.sums_vec(y);
+                (s[j], m[j]) = block.pair_sums(y);
                 yd[j] = y.d();
             }
             let yd = _mm256_loadu_ps(yd.as_ptr());
@@ -370,7 +353,10 @@ unsafe fn repack_row_avx2(
         }
         for c in wide..cols.len() {
             let y = &cols[c][b];
-            let (s, m) = block.sums(y);
+            let (sv, mv) = block.pair_sums(y);
+            let (mut s, mut m) = ([0i32; 4], [0i32; 4]);
+            _mm_storeu_si128(s.as_mut_ptr() as *mut __m128i, sv);
+            _mm_storeu_si128(m.as_mut_ptr() as *mut __m128i, mv);
             let (dd, dm) = (d * y.d(), dmin * y.d());
             let (a, am) = (&mut acc[c], &mut acc_min[c]);
             if c < gemm_cols {
