@@ -206,6 +206,97 @@ unsafe fn repack_gemv_avx2(
     acc - acc_min
 }
 
+/// `DotKernel::dot_rows` of repacked Q4_K rows with AVX2: `repack::gemv`'s arithmetic, four
+/// rows at a time (the column's quants loaded once per block for the four, their sums reduced
+/// together). Handed out only after run-time detection (`kernel::build_repacked`).
+pub(crate) fn repack_rows_q4_k(
+    n: usize,
+    rows: &[u8],
+    row_stride: usize,
+    act: &[u8],
+    out: &mut [f32],
+) {
+    use crate::k_quants::{BlockQ4K, BlockQ8K, QK_K};
+    let nb = n / QK_K;
+    let rb = nb * std::mem::size_of::<BlockQ4K>();
+    assert!(act.len() >= nb * std::mem::size_of::<BlockQ8K>());
+    assert!(out.is_empty() || rows.len() >= (out.len() - 1) * row_stride + rb);
+    let col: &[BlockQ8K] = bytemuck::cast_slice(&act[..nb * std::mem::size_of::<BlockQ8K>()]);
+    let row = |i: usize| -> &[BlockQ4K] {
+        bytemuck::cast_slice(&rows[i * row_stride..i * row_stride + rb])
+    };
+    let quads = out.len() / 4;
+    for g in 0..quads {
+        let four = [row(4 * g), row(4 * g + 1), row(4 * g + 2), row(4 * g + 3)];
+        // SAFETY: avx2 and fma were detected before this function was handed out; the loads
+        // read within the four rows' blocks and the column's.
+        let sums = unsafe { repack_gemv4_avx2(four, col) };
+        out[4 * g..4 * g + 4].copy_from_slice(&sums);
+    }
+    for i in 4 * quads..out.len() {
+        // SAFETY: as above.
+        out[i] = unsafe { repack_gemv_avx2(row(i), col) };
+    }
+}
+
+#[target_feature(enable = "avx2,fma")]
+unsafe fn repack_gemv4_avx2(
+    rows: [&[crate::k_quants::BlockQ4K]; 4],
+    col: &[crate::k_quants::BlockQ8K],
+) -> [f32; 4] {
+    let (mut acc, mut acc_min) = ([0f32; 4], [0f32; 4]);
+    let nibble = _mm256_set1_epi8(0x0f);
+    for (b, y) in col.iter().enumerate() {
+        let q = y.qs.as_ptr();
+        let ys: [__m256i; 8] = std::array::from_fn(|j| load(q.add(32 * j)));
+        let bsums = y.bsums.as_ptr();
+        let bsum32 = _mm_hadd_epi16(
+            _mm_loadu_si128(bsums as *const __m128i),
+            _mm_loadu_si128(bsums.add(16) as *const __m128i),
+        );
+        let mut v = [_mm256_setzero_si256(); 4];
+        let mut m = [_mm_setzero_si128(); 4];
+        let mut dd = [(0f32, 0f32); 4];
+        for r in 0..4 {
+            let x = &rows[r][b];
+            let (sc, mn) = k4_scale_min_bytes(x.scales.as_ptr());
+            let mut s = _mm256_setzero_si256();
+            for c in 0..4 {
+                let raw = load(x.qs.as_ptr().add(32 * c));
+                let lo = _mm256_and_si256(raw, nibble);
+                let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(raw), nibble);
+                let plo = _mm256_maddubs_epi16(lo, ys[2 * c]);
+                let phi = _mm256_maddubs_epi16(hi, ys[2 * c + 1]);
+                s = _mm256_add_epi32(
+                    s,
+                    _mm256_madd_epi16(plo, _mm256_set1_epi16(sc[2 * c] as i16)),
+                );
+                s = _mm256_add_epi32(
+                    s,
+                    _mm256_madd_epi16(phi, _mm256_set1_epi16(sc[2 * c + 1] as i16)),
+                );
+            }
+            v[r] = s;
+            let mins = _mm_cvtepu8_epi16(_mm_loadl_epi64(mn.as_ptr() as *const __m128i));
+            m[r] = _mm_madd_epi16(mins, bsum32);
+            let (d, dmin) = f16_pair((x as *const crate::k_quants::BlockQ4K).cast());
+            dd[r] = (d * y.d(), dmin * y.d());
+        }
+        // lane r of each: row r's exact S and M
+        let h = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
+        let h = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256::<1>(h));
+        let hm = _mm_hadd_epi32(_mm_hadd_epi32(m[0], m[1]), _mm_hadd_epi32(m[2], m[3]));
+        let (mut s4, mut m4) = ([0i32; 4], [0i32; 4]);
+        _mm_storeu_si128(s4.as_mut_ptr() as *mut __m128i, h);
+        _mm_storeu_si128(m4.as_mut_ptr() as *mut __m128i, hm);
+        for r in 0..4 {
+            acc[r] = (s4[r] as f32).mul_add(dd[r].0, acc[r]);
+            acc_min[r] = (m4[r] as f32).mul_add(dd[r].1, acc_min[r]);
+        }
+    }
+    std::array::from_fn(|r| acc[r] - acc_min[r])
+}
+
 /// The repacked products' exact sums of one Q4_K block (decoded as for `vec_dot`: `K4`, its
 /// sub-block `j`'s nibbles in `q[j]`) against one column.
 impl K4 {

@@ -599,11 +599,16 @@ fn build(ty: TensorType, options: &KernelOptions) -> Result<DotKernel, QuantErro
 /// The kernel of a repacked Q4_K matrix (`repack`).
 fn build_repacked(ty: TensorType, options: &KernelOptions) -> Result<DotKernel, QuantError> {
     let plain = build(ty, options)?;
-    let (dot, multi): (DotFn, MultiFn) = match plain.isa {
+    let (dot, rows, multi): (DotFn, Option<RowsFn>, MultiFn) = match plain.isa {
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => (crate::avx2::repack_dot_q4_k, crate::avx2::repack_multi_q4_k),
+        Isa::Avx2 => (
+            crate::avx2::repack_dot_q4_k,
+            Some(crate::avx2::repack_rows_q4_k),
+            crate::avx2::repack_multi_q4_k,
+        ),
         _ => (
             |n, row, act| repack::dot_q4_k(repack::pair_sums, n, row, act),
+            None,
             |n, rows, rs, nr, acts, as_, nc, out| {
                 repack::multi_q4_k(repack::pair_sums, n, rows, rs, nr, acts, as_, nc, out)
             },
@@ -611,7 +616,7 @@ fn build_repacked(ty: TensorType, options: &KernelOptions) -> Result<DotKernel, 
     };
     Ok(DotKernel {
         dot,
-        rows: None,
+        rows,
         multi: Some(multi),
         tiled: None,
         splits: true,
