@@ -233,9 +233,9 @@ pub(crate) fn repack_rows_q4_k(
         let sums = unsafe { repack_gemv4_avx2(four, col) };
         out[4 * g..4 * g + 4].copy_from_slice(&sums);
     }
-    for i in 4 * quads..out.len() {
+    for (i, o) in out.iter_mut().enumerate().skip(4 * quads) {
         // SAFETY: as above.
-        out[i] = unsafe { repack_gemv_avx2(row(i), col) };
+        *o = unsafe { repack_gemv_avx2(row(i), col) };
     }
 }
 
