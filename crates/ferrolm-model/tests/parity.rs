@@ -27,8 +27,8 @@ fn model_path(file: &str) -> PathBuf {
 }
 
 /// Compares the model in `file` with the golden data `name`, with the kernels `kernels` say
-/// (the llama.cpp configuration the data was made with).
-fn check(file: &str, name: &str, kernels: KernelOptions) {
+/// (the llama.cpp configuration the data was made with), on every `every`-th case.
+fn check(file: &str, name: &str, kernels: KernelOptions, every: usize) {
     let g = golden(name);
     let options = LoadOptions {
         kernels,
@@ -39,8 +39,13 @@ fn check(file: &str, name: &str, kernels: KernelOptions) {
     let row_bytes = 4 + g.k * 8;
     let (mut kl_sum, mut top1, mut positions, mut offset) = (0.0, 0usize, 0usize, 0usize);
     let mut worst = (0.0f64, 0usize);
-    let mut same_greedy = 0;
+    let (mut same_greedy, mut checked) = (0, 0);
     for (case, (ids, greedy)) in g.cases.iter().enumerate() {
+        if case % every != 0 {
+            offset += ids.len() * row_bytes;
+            continue;
+        }
+        checked += 1;
         let mut s = model.session(1024);
         let logits = s.eval(ids, Logits::All).unwrap();
         for row in logits.chunks(n_vocab) {
@@ -76,15 +81,14 @@ fn check(file: &str, name: &str, kernels: KernelOptions) {
     let mean_kl = kl_sum / positions as f64;
     let top1_rate = top1 as f64 / positions as f64;
     eprintln!(
-        "{name}: {positions} positions, mean KL {mean_kl:.3e} (worst {:.3e} in case {}), top-1 {:.2}%, greedy identical {same_greedy}/{}",
-        worst.0, worst.1, 100.0 * top1_rate, g.cases.len()
+        "{name}: {positions} positions, mean KL {mean_kl:.3e} (worst {:.3e} in case {}), top-1 {:.2}%, greedy identical {same_greedy}/{checked}",
+        worst.0, worst.1, 100.0 * top1_rate
     );
     assert!(mean_kl <= 1e-3, "mean KL {mean_kl:.3e} > 1e-3");
     assert!(top1_rate >= 0.99, "top-1 agreement {top1_rate:.4} < 0.99");
     assert!(
-        same_greedy * 10 >= g.cases.len() * 9,
-        "greedy identical on {same_greedy}/{}",
-        g.cases.len()
+        same_greedy * 10 >= checked * 9,
+        "greedy identical on {same_greedy}/{checked}"
     );
 }
 
@@ -94,6 +98,7 @@ fn smollm2_matches_llama_cpp() {
         "SmolLM2-135M-Instruct.Q4_1.gguf",
         "smollm2",
         KernelOptions::default(),
+        1,
     );
 }
 
@@ -106,16 +111,19 @@ fn gemma3_270m_matches_llama_cpp() {
         "gemma-3-270m-q4_k_m.gguf",
         "gemma3",
         KernelOptions::default(),
+        1,
     );
 }
 
 /// The same file against llama.cpp with both its repacking and its tiled matmul off, which
-/// sums every K-quant product in `vec_dot`'s order.
+/// sums every K-quant product in `vec_dot`'s order: every third case (short prompts and the
+/// longest, past the window), to keep CI short.
 #[test]
 fn gemma3_270m_matches_plain_llama_cpp() {
     check(
         "gemma-3-270m-q4_k_m.gguf",
         "gemma3-plain",
         KernelOptions::PLAIN,
+        3,
     );
 }
