@@ -244,7 +244,8 @@ unsafe fn repack_gemv4_avx2(
     rows: [&[crate::k_quants::BlockQ4K]; 4],
     col: &[crate::k_quants::BlockQ8K],
 ) -> [f32; 4] {
-    let (mut acc, mut acc_min) = ([0f32; 4], [0f32; 4]);
+    // lane r: row r's accumulators, each its own chain of fmas in block order
+    let (mut acc, mut acc_min) = (_mm_setzero_ps(), _mm_setzero_ps());
     let nibble = _mm256_set1_epi8(0x0f);
     for (b, y) in col.iter().enumerate() {
         let q = y.qs.as_ptr();
@@ -256,10 +257,19 @@ unsafe fn repack_gemv4_avx2(
         );
         let mut v = [_mm256_setzero_si256(); 4];
         let mut m = [_mm_setzero_si128(); 4];
-        let mut dd = [(0f32, 0f32); 4];
+        let (mut d, mut dmin) = ([0f32; 4], [0f32; 4]);
         for r in 0..4 {
             let x = &rows[r][b];
             let (sc, mn) = k4_scale_min_bytes(x.scales.as_ptr());
+            // the eight scales as i16 in both halves; sub-block j's broadcast by a shuffle
+            let sc16 = _mm_cvtepu8_epi16(_mm_loadl_epi64(sc.as_ptr() as *const __m128i));
+            let sc16 = _mm256_set_m128i(sc16, sc16);
+            let scale = |j: i8| {
+                _mm256_shuffle_epi8(
+                    sc16,
+                    _mm256_set1_epi16(i16::from_le_bytes([(2 * j) as u8, (2 * j + 1) as u8])),
+                )
+            };
             let mut s = _mm256_setzero_si256();
             for c in 0..4 {
                 let raw = load(x.qs.as_ptr().add(32 * c));
@@ -267,34 +277,27 @@ unsafe fn repack_gemv4_avx2(
                 let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(raw), nibble);
                 let plo = _mm256_maddubs_epi16(lo, ys[2 * c]);
                 let phi = _mm256_maddubs_epi16(hi, ys[2 * c + 1]);
-                s = _mm256_add_epi32(
-                    s,
-                    _mm256_madd_epi16(plo, _mm256_set1_epi16(sc[2 * c] as i16)),
-                );
-                s = _mm256_add_epi32(
-                    s,
-                    _mm256_madd_epi16(phi, _mm256_set1_epi16(sc[2 * c + 1] as i16)),
-                );
+                s = _mm256_add_epi32(s, _mm256_madd_epi16(plo, scale(2 * c as i8)));
+                s = _mm256_add_epi32(s, _mm256_madd_epi16(phi, scale(2 * c as i8 + 1)));
             }
             v[r] = s;
             let mins = _mm_cvtepu8_epi16(_mm_loadl_epi64(mn.as_ptr() as *const __m128i));
             m[r] = _mm_madd_epi16(mins, bsum32);
-            let (d, dmin) = f16_pair((x as *const crate::k_quants::BlockQ4K).cast());
-            dd[r] = (d * y.d(), dmin * y.d());
+            (d[r], dmin[r]) = f16_pair((x as *const crate::k_quants::BlockQ4K).cast());
         }
         // lane r of each: row r's exact S and M
         let h = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
         let h = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256::<1>(h));
         let hm = _mm_hadd_epi32(_mm_hadd_epi32(m[0], m[1]), _mm_hadd_epi32(m[2], m[3]));
-        let (mut s4, mut m4) = ([0i32; 4], [0i32; 4]);
-        _mm_storeu_si128(s4.as_mut_ptr() as *mut __m128i, h);
-        _mm_storeu_si128(m4.as_mut_ptr() as *mut __m128i, hm);
-        for r in 0..4 {
-            acc[r] = (s4[r] as f32).mul_add(dd[r].0, acc[r]);
-            acc_min[r] = (m4[r] as f32).mul_add(dd[r].1, acc_min[r]);
-        }
+        let yd = _mm_set1_ps(y.d());
+        let dd = _mm_mul_ps(_mm_loadu_ps(d.as_ptr()), yd);
+        let dm = _mm_mul_ps(_mm_loadu_ps(dmin.as_ptr()), yd);
+        acc = _mm_fmadd_ps(_mm_cvtepi32_ps(h), dd, acc);
+        acc_min = _mm_fmadd_ps(_mm_cvtepi32_ps(hm), dm, acc_min);
     }
-    std::array::from_fn(|r| acc[r] - acc_min[r])
+    let mut out = [0f32; 4];
+    _mm_storeu_ps(out.as_mut_ptr(), _mm_sub_ps(acc, acc_min));
+    out
 }
 
 /// The repacked products' exact sums of one Q4_K block (decoded as for `vec_dot`: `K4`, its
