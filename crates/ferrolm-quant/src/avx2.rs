@@ -379,6 +379,26 @@ pub(crate) fn repack_multi_q4_k(
     n_cols: usize,
     out: &mut [f32],
 ) {
+    let vnni = has_avx512_vnni();
+    repack_multi_with(
+        vnni, n, rows, row_stride, n_rows, acts, act_stride, n_cols, out,
+    )
+}
+
+/// [`repack_multi_q4_k`], its pair sums by AVX512-VNNI (`vnni`, which the CPU must have) or
+/// AVX2.
+#[allow(clippy::too_many_arguments)] // two strided matrices and their shapes
+fn repack_multi_with(
+    vnni: bool,
+    n: usize,
+    rows: &[u8],
+    row_stride: usize,
+    n_rows: usize,
+    acts: &[u8],
+    act_stride: usize,
+    n_cols: usize,
+    out: &mut [f32],
+) {
     use crate::k_quants::{BlockQ4K, BlockQ8K, QK_K};
     let nb = n / QK_K;
     let (rb, ab) = (
@@ -393,13 +413,19 @@ pub(crate) fn repack_multi_q4_k(
         .collect();
     let gemm_cols = n_cols - n_cols % 4;
     let (mut acc, mut acc_min) = (vec![0f32; n_cols], vec![0f32; n_cols]);
+    assert!(!vnni || has_avx512_vnni());
     for i in 0..n_rows {
         let row: &[BlockQ4K] = bytemuck::cast_slice(&rows[i * row_stride..i * row_stride + rb]);
         acc.fill(0.0);
         acc_min.fill(0.0);
-        // SAFETY: avx2 and fma were detected before this function was handed out; the loads
-        // read within the row's blocks, the columns' blocks and the accumulators.
-        unsafe { repack_row_avx2(row, &cols, gemm_cols, &mut acc, &mut acc_min) };
+        if vnni {
+            // SAFETY: the AVX512 features were detected above; the loads as below.
+            unsafe { repack_row_vnni(row, &cols, gemm_cols, &mut acc, &mut acc_min) };
+        } else {
+            // SAFETY: avx2 and fma were detected before this function was handed out; the
+            // loads read within the row's blocks, the columns' blocks and the accumulators.
+            unsafe { repack_row_avx2(row, &cols, gemm_cols, &mut acc, &mut acc_min) };
+        }
         for c in 0..n_cols {
             out[c * n_rows + i] = acc[c] - acc_min[c];
         }
@@ -417,51 +443,117 @@ unsafe fn repack_row_avx2(
     acc: &mut [f32],
     acc_min: &mut [f32],
 ) {
-    let wide = gemm_cols - gemm_cols % 8;
     for (b, x) in row.iter().enumerate() {
         let block = <Q4K as Block>::decode((x as *const crate::k_quants::BlockQ4K).cast());
-        let (d, dmin) = (block.d, block.dmin);
-        for c0 in (0..wide).step_by(8) {
-            let mut s = [_mm_setzero_si128(); 8];
-            let mut m = [_mm_setzero_si128(); 8];
-            let mut yd = [0f32; 8];
-            for j in 0..8 {
-                let y = &cols[c0 + j][b];
-                (s[j], m[j]) = block.pair_sums(y);
-                yd[j] = y.d();
-            }
-            let yd = _mm256_loadu_ps(yd.as_ptr());
-            let (dd, dm) = (
-                _mm256_mul_ps(_mm256_set1_ps(d), yd),
-                _mm256_mul_ps(_mm256_set1_ps(dmin), yd),
+        let sums = |y: &crate::k_quants::BlockQ8K| block.pair_sums(y);
+        repack_block_fmas(&block, cols, b, gemm_cols, acc, acc_min, sums);
+    }
+}
+
+/// [`repack_row_avx2`] with the pair sums by AVX512-VNNI (`vpdpbusd` over each 64-element
+/// pair, then the scales by `vpmulld`): the same exact integers, the same fmas.
+#[target_feature(enable = "avx2,fma,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn repack_row_vnni(
+    row: &[crate::k_quants::BlockQ4K],
+    cols: &[&[crate::k_quants::BlockQ8K]],
+    gemm_cols: usize,
+    acc: &mut [f32],
+    acc_min: &mut [f32],
+) {
+    let nibble = _mm512_set1_epi8(0x0f);
+    for (b, x) in row.iter().enumerate() {
+        let block = <Q4K as Block>::decode((x as *const crate::k_quants::BlockQ4K).cast());
+        // pair p: sub-block 2p's nibbles then 2p + 1's, and their scales as i32 lanes
+        let (sc, _) = k4_scale_min_bytes(x.scales.as_ptr());
+        let w: [__m512i; 4] = std::array::from_fn(|p| {
+            let raw = _mm256_loadu_si256(x.qs.as_ptr().add(32 * p) as *const __m256i);
+            let raw = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(raw), raw);
+            let hi = _mm512_srli_epi16::<4>(raw);
+            _mm512_and_si512(_mm512_mask_blend_epi64(0xf0, raw, hi), nibble)
+        });
+        let scale: [__m512i; 4] = std::array::from_fn(|p| {
+            _mm512_inserti64x4::<1>(
+                _mm512_castsi256_si512(_mm256_set1_epi32(sc[2 * p] as i32)),
+                _mm256_set1_epi32(sc[2 * p + 1] as i32),
+            )
+        });
+        let sums = |y: &crate::k_quants::BlockQ8K| -> (__m128i, __m128i) {
+            let q = y.qs.as_ptr();
+            let pair: [__m256i; 4] = std::array::from_fn(|p| {
+                let y64 = _mm512_loadu_si512(q.add(64 * p) as *const _);
+                let v = _mm512_mullo_epi32(
+                    _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[p], y64),
+                    scale[p],
+                );
+                _mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64::<1>(v))
+            });
+            let h = _mm256_hadd_epi32(
+                _mm256_hadd_epi32(pair[0], pair[1]),
+                _mm256_hadd_epi32(pair[2], pair[3]),
             );
-            let (s, m) = (pairs_by_column(&s), pairs_by_column(&m));
-            let mut a = _mm256_loadu_ps(acc.as_ptr().add(c0));
-            let mut am = _mm256_loadu_ps(acc_min.as_ptr().add(c0));
-            for p in 0..4 {
-                a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[p]), dd, a);
-                am = _mm256_fmadd_ps(_mm256_cvtepi32_ps(m[p]), dm, am);
-            }
-            _mm256_storeu_ps(acc.as_mut_ptr().add(c0), a);
-            _mm256_storeu_ps(acc_min.as_mut_ptr().add(c0), am);
+            let h = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256::<1>(h));
+            (h, block.min_sums(y))
+        };
+        repack_block_fmas(&block, cols, b, gemm_cols, acc, acc_min, sums);
+    }
+}
+
+/// The fmas of one block of a row into every column's accumulators, given its pair sums:
+/// gemm columns eight at a time in vectors (each lane its own column's chain, in order), the
+/// rest one by one.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)] // a block, the columns and their accumulators
+unsafe fn repack_block_fmas(
+    block: &K4,
+    cols: &[&[crate::k_quants::BlockQ8K]],
+    b: usize,
+    gemm_cols: usize,
+    acc: &mut [f32],
+    acc_min: &mut [f32],
+    sums: impl Fn(&crate::k_quants::BlockQ8K) -> (__m128i, __m128i),
+) {
+    let wide = gemm_cols - gemm_cols % 8;
+    let (d, dmin) = (block.d, block.dmin);
+    for c0 in (0..wide).step_by(8) {
+        let mut s = [_mm_setzero_si128(); 8];
+        let mut m = [_mm_setzero_si128(); 8];
+        let mut yd = [0f32; 8];
+        for j in 0..8 {
+            let y = &cols[c0 + j][b];
+            (s[j], m[j]) = sums(y);
+            yd[j] = y.d();
         }
-        for c in wide..cols.len() {
-            let y = &cols[c][b];
-            let (sv, mv) = block.pair_sums(y);
-            let (mut s, mut m) = ([0i32; 4], [0i32; 4]);
-            _mm_storeu_si128(s.as_mut_ptr() as *mut __m128i, sv);
-            _mm_storeu_si128(m.as_mut_ptr() as *mut __m128i, mv);
-            let (dd, dm) = (d * y.d(), dmin * y.d());
-            let (a, am) = (&mut acc[c], &mut acc_min[c]);
-            if c < gemm_cols {
-                for p in 0..4 {
-                    *a = (s[p] as f32).mul_add(dd, *a);
-                    *am = (m[p] as f32).mul_add(dm, *am);
-                }
-            } else {
-                *a = (s.iter().sum::<i32>() as f32).mul_add(dd, *a);
-                *am = (m.iter().sum::<i32>() as f32).mul_add(dm, *am);
+        let yd = _mm256_loadu_ps(yd.as_ptr());
+        let (dd, dm) = (
+            _mm256_mul_ps(_mm256_set1_ps(d), yd),
+            _mm256_mul_ps(_mm256_set1_ps(dmin), yd),
+        );
+        let (s, m) = (pairs_by_column(&s), pairs_by_column(&m));
+        let mut a = _mm256_loadu_ps(acc.as_ptr().add(c0));
+        let mut am = _mm256_loadu_ps(acc_min.as_ptr().add(c0));
+        for p in 0..4 {
+            a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[p]), dd, a);
+            am = _mm256_fmadd_ps(_mm256_cvtepi32_ps(m[p]), dm, am);
+        }
+        _mm256_storeu_ps(acc.as_mut_ptr().add(c0), a);
+        _mm256_storeu_ps(acc_min.as_mut_ptr().add(c0), am);
+    }
+    for c in wide..cols.len() {
+        let y = &cols[c][b];
+        let (sv, mv) = sums(y);
+        let (mut s, mut m) = ([0i32; 4], [0i32; 4]);
+        _mm_storeu_si128(s.as_mut_ptr() as *mut __m128i, sv);
+        _mm_storeu_si128(m.as_mut_ptr() as *mut __m128i, mv);
+        let (dd, dm) = (d * y.d(), dmin * y.d());
+        let (a, am) = (&mut acc[c], &mut acc_min[c]);
+        if c < gemm_cols {
+            for p in 0..4 {
+                *a = (s[p] as f32).mul_add(dd, *a);
+                *am = (m[p] as f32).mul_add(dm, *am);
             }
+        } else {
+            *a = (s.iter().sum::<i32>() as f32).mul_add(dd, *a);
+            *am = (m.iter().sum::<i32>() as f32).mul_add(dm, *am);
         }
     }
 }
@@ -2056,4 +2148,69 @@ fn dot_bf16(n: usize, row: &[u8], act: &[u8]) -> f32 {
     assert!(row.len() >= 2 * n && act.len() >= 2 * n);
     // SAFETY: detected features as in `dot_entry`; `n` bf16 fit in both slices (assert above).
     unsafe { crate::ggml_vec::x86::dot_bf16(n, row.as_ptr(), act.as_ptr()) }
+}
+
+#[cfg(test)]
+mod repack_tests {
+    use crate::k_quants::{quantize_q4_k, quantize_q8_k};
+
+    /// The repacked Q4_K batch's two instruction sets give the scalar reference's bits (the
+    /// oracle goldens check the one this CPU picks against llama.cpp).
+    #[test]
+    fn repacked_batches_agree_across_instruction_sets() {
+        if !(std::arch::is_x86_feature_detected!("avx2")
+            && std::arch::is_x86_feature_detected!("fma"))
+        {
+            return;
+        }
+        let (n, n_rows, n_cols) = (512, 5, 13);
+        let mut seed = 7u32;
+        let mut next = || {
+            seed = seed.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+            (seed >> 8) as f32 / (1u32 << 24) as f32 - 0.5
+        };
+        let mut quantized = |count: usize, bytes: usize, q: fn(&[f32], &mut [u8])| {
+            let mut out = vec![0u8; count * bytes];
+            for c in out.chunks_exact_mut(bytes) {
+                let x: Vec<f32> = (0..n).map(|_| next()).collect();
+                q(&x, c);
+            }
+            out
+        };
+        let (rb, ab) = (n / 256 * 144, n / 256 * 292);
+        let rows = quantized(n_rows, rb, quantize_q4_k);
+        let acts = quantized(n_cols, ab, quantize_q8_k);
+        let mut want = vec![0f32; n_rows * n_cols];
+        crate::repack::multi_q4_k(
+            crate::repack::pair_sums,
+            n,
+            &rows,
+            rb,
+            n_rows,
+            &acts,
+            ab,
+            n_cols,
+            &mut want,
+        );
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        for vnni in [false, true] {
+            if vnni && !super::has_avx512_vnni() {
+                continue;
+            }
+            let mut got = vec![0f32; n_rows * n_cols];
+            super::repack_multi_with(vnni, n, &rows, rb, n_rows, &acts, ab, n_cols, &mut got);
+            assert_eq!(bits(&got), bits(&want), "vnni {vnni}");
+        }
+        let mut gemv = vec![0f32; n_rows];
+        super::repack_rows_q4_k(n, &rows, rb, &acts[..ab], &mut gemv);
+        for (i, g) in gemv.iter().enumerate() {
+            let one = crate::repack::dot_q4_k(
+                crate::repack::pair_sums,
+                n,
+                &rows[i * rb..(i + 1) * rb],
+                &acts[..ab],
+            );
+            assert_eq!(g.to_bits(), one.to_bits(), "gemv row {i}");
+        }
+    }
 }
