@@ -505,7 +505,11 @@ fn tiled_fn(ty: TensorType, fast: bool) -> Option<MultiFn> {
 fn simd_block_step() -> tiled::BlockStep {
     #[cfg(target_arch = "x86_64")]
     if matches!(detected_isa(), Isa::Avx2) {
-        return crate::avx2::tiled_block_step;
+        return if crate::avx2::has_avx512_vnni() {
+            crate::avx2::tiled_block_step_512
+        } else {
+            crate::avx2::tiled_block_step
+        };
     }
     tiled::block_step
 }
