@@ -3,8 +3,9 @@
 intermediates from its eval callback (through ctypes), ferrolm's from FERROLM_DUMP, under the
 same names; prints, per layer and tensor, how many values differ and by how much.
 
-usage: scripts/dump_compare.py MODEL.gguf 2,106,1234 [LAYERS] [--repack]
-(without --repack, llama.cpp runs with use_extra_bufts=False, as the Gemma goldens are made)
+usage: scripts/dump_compare.py MODEL.gguf 2,106,1234 [LAYERS] [--repack] [--tiled]
+(without --repack, llama.cpp runs with use_extra_bufts=False, without --tiled with
+GGML_CPU_TILED_MM=0, and ferrolm mirrors the same configuration; both flags: llama.cpp's default)
 """
 import ctypes, glob, os, subprocess, sys
 import os
@@ -53,8 +54,11 @@ d = "/tmp/fdump"
 os.makedirs(d, exist_ok=True)
 for f in glob.glob(d + "/*"):
     os.remove(f)
+flags = [f for f, on in (("--no-repack", "--repack" not in sys.argv),
+                         ("--no-tiled", "--tiled" not in sys.argv)) if on]
 subprocess.run(["cargo", "run", "--release", "-q", "-p", "ferrolm-model", "--example", "eval_ids",
-                "--", path, ids_s], check=True, env=dict(os.environ, FERROLM_DUMP=d))
+                "--", path, ids_s, "/tmp/fdump_logits.f32"] + flags, check=True,
+               env=dict(os.environ, FERROLM_DUMP=d))
 names = ["attn_norm", "Qcur", "Kcur", "Vcur", "kqv_out", "attn_post_norm", "sa_out", "ffn_inp",
          "ffn_norm", "ffn_gate", "ffn_up", "ffn_geglu", "ffn_out", "l_out"]
 for l in range(layers):
@@ -72,3 +76,7 @@ for l in range(layers):
         row.append(f"{nm}:{(r != o).sum()}/{r.size} max{np.abs(r - o).max():.1e}")
     print(l, " ".join(row))
 print(sorted(k for k in dumps if k.endswith("-0")))
+n_vocab = llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(llm.model))
+ref = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(ctx, -1), shape=(n_vocab,)).copy()
+ours = np.fromfile("/tmp/fdump_logits.f32", dtype=np.float32)[-n_vocab:]
+print("last logits:", (ref != ours).sum(), "/", ref.size, "differ, max", np.abs(ref - ours).max())

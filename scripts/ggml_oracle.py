@@ -31,6 +31,14 @@ Files and records:
                   matrix for some of them):
                   "to_float" [type, n] [block bytes, f32 out]: ggml_get_type_traits(type)->to_float
                   "vec_dot" as in vec_dot.bin
+  products.bin    (python3 scripts/ggml_oracle.py products) whole matrix products through
+                  ggml_mul_mat and the CPU backend's graph compute, the paths llama.cpp's
+                  default configuration takes on this CPU:
+                  "mul_mat" [weight type, k elements, m rows, n columns, repacked 0/1]
+                  [weights (m rows), the activations (n random f32 columns) quantized by the
+                  vec_dot_type's from_float, out f32 (n x m, column j at j*m)]: with repacked
+                  the weights live in the CPU_REPACK buffer (Q4_K: ggml_gemv/gemm_q4_K_8x8_q8_K),
+                  otherwise in a plain one (K-quants with >= 8 columns: the tiled matmul).
 
 Run from the repository root:  python3 scripts/ggml_oracle.py
 """
@@ -402,6 +410,74 @@ def gen_more():
     w.close()
 
 
+class InitParams(ctypes.Structure):
+    _fields_ = [("mem_size", ctypes.c_size_t), ("mem_buffer", ctypes.c_void_p),
+                ("no_alloc", ctypes.c_bool)]
+
+
+def _graph_api():
+    vp = ctypes.c_void_p
+    for f, res, args in [("ggml_init", vp, [InitParams]), ("ggml_free", None, [vp]),
+                         ("ggml_new_tensor_2d", vp, [vp, ctypes.c_int, ctypes.c_int64,
+                                                     ctypes.c_int64]),
+                         ("ggml_mul_mat", vp, [vp, vp, vp]), ("ggml_new_graph", vp, [vp]),
+                         ("ggml_build_forward_expand", None, [vp, vp]),
+                         ("ggml_get_data", vp, [vp]),
+                         ("ggml_backend_alloc_ctx_tensors_from_buft", vp, [vp, vp]),
+                         ("ggml_backend_tensor_set", None, [vp, vp, ctypes.c_size_t,
+                                                            ctypes.c_size_t]),
+                         ("ggml_backend_buffer_free", None, [vp])]:
+        getattr(base, f).restype, getattr(base, f).argtypes = res, args
+    cpu.ggml_graph_compute_with_ctx.argtypes = [vp, vp, ctypes.c_int]
+    cpu.ggml_backend_cpu_buffer_type.restype = vp
+    # a C++ symbol: ggml_backend_cpu_repack_buffer_type()
+    repack = getattr(cpu, "_Z35ggml_backend_cpu_repack_buffer_typev")
+    repack.restype = vp
+    return repack
+
+
+def mul_mat(t, k, m, w, x, repacked):
+    """ggml_mul_mat of m rows of k elements of type t (bytes w) by the columns of x (f32, k
+    each), one thread, weights in the CPU_REPACK buffer or a plain one: out[j * m + i]."""
+    repack_buft = _graph_api()
+    n = len(x) // k
+    wctx = base.ggml_init(InitParams(1 << 16, None, True))
+    a = base.ggml_new_tensor_2d(wctx, t, k, m)
+    buft = repack_buft() if repacked else cpu.ggml_backend_cpu_buffer_type()
+    buf = base.ggml_backend_alloc_ctx_tensors_from_buft(wctx, buft)
+    base.ggml_backend_tensor_set(a, ptr(w), 0, len(w))  # the repack happens here
+    ctx = base.ggml_init(InitParams(64 << 20, None, False))
+    b = base.ggml_new_tensor_2d(ctx, T["F32"], k, n)
+    ctypes.memmove(base.ggml_get_data(b), ptr(x), x.nbytes)
+    c = base.ggml_mul_mat(ctx, a, b)
+    graph = base.ggml_new_graph(ctx)
+    base.ggml_build_forward_expand(graph, c)
+    cpu.ggml_graph_compute_with_ctx(ctx, graph, 1)
+    out = np.ctypeslib.as_array((ctypes.c_float * (n * m)).from_address(base.ggml_get_data(c)))
+    out = out.copy()
+    base.ggml_free(ctx)
+    base.ggml_backend_buffer_free(buf)
+    base.ggml_free(wctx)
+    return out
+
+
+def gen_products():
+    w = Writer("products.bin")
+    # Q4_K: 24 rows take the AVX512 gemm for 16 and its AVX2 loop for the last 8
+    cases = [("Q4_K", 1, m, n) for m in (16, 24) for n in (1, 4, 5, 9)]
+    cases += [(t, 0, 8, n) for t in ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K") for n in (7, 13)]
+    for tname, repacked, m, n in cases:
+        t = T[tname]
+        k = 2 * 256
+        rows = np.concatenate([quantize_weights(t, weights(k)) for _ in range(m)])
+        cols = [activations(k) for _ in range(n)]
+        x = np.concatenate(cols).astype(np.float32)
+        q = np.concatenate([from_float(traits(t).vec_dot_type, c) for c in cols])
+        out = mul_mat(t, k, m, rows, x, repacked)
+        w.rec("mul_mat", [t, k, m, n, repacked], [rows, q, out])
+    w.close()
+
+
 if __name__ == "__main__":
     import sys
     if sys.argv[1:] == ["gelu"]:
@@ -409,6 +485,9 @@ if __name__ == "__main__":
         sys.exit(0)
     if sys.argv[1:] == ["more"]:
         gen_more()
+        sys.exit(0)
+    if sys.argv[1:] == ["products"]:
+        gen_products()
         sys.exit(0)
     gen_from_float()
     gen_vec_dot()

@@ -13,8 +13,9 @@ form (ferrolm quantize makes the same bytes), two chunks of 512, scored as llama
 (the base's distributions rounded to its u16 rows).
 
 For Gemma 3 the figure is also made with llama.cpp's weight repacking and tiled K-quant products
-off ("no_repack"): ferrolm mirrors the plain kernels, and the repacked ones sum in another order
-(docs/PARITY.md), which moves this perplexity by about 0.3%.
+off ("no_repack"): their kernels sum in another order than the plain ones (docs/PARITY.md), which
+moves this perplexity by about 0.3%; ferrolm mirrors both (`perplexity` with and without
+`--no-repack --no-tiled`).
 
 Usage: scripts/perplexity_golden.py [OUT.json]  (models from ~/.cache/ferrolm/models, one thread)
 """
@@ -26,9 +27,10 @@ import sys
 
 NO_REPACK = "--no-repack-case" in sys.argv
 if NO_REPACK:
-    # Importing it turns off the tiled products and the repacking, as for the Gemma parity data.
+    # The tiled products and the repacking off, as for the Gemma parity data made with --plain.
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    import gemma_golden  # noqa: F401
+    import gemma_golden
+    gemma_golden.use_plain_reference()
 
 import numpy as np
 from llama_cpp import Llama

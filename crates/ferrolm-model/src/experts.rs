@@ -51,6 +51,9 @@ pub struct LoadOptions {
     pub threads: usize,
     /// Where the experts' weights come from.
     pub experts: ExpertMode,
+    /// The dot-product kernels, and which of llama.cpp's CPU paths they mirror (its default:
+    /// both).
+    pub kernels: ferrolm_quant::KernelOptions,
 }
 
 /// A streamed store's counters, for telemetry.

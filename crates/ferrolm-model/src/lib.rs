@@ -66,7 +66,7 @@ impl Model {
     /// Loads a model from an open file as `options` say.
     pub fn from_file_with(file: Arc<GgufFile>, options: &LoadOptions) -> Result<Model> {
         let plan = arch::describe(&file)?;
-        let weights = weights::bind(&file, &plan)?;
+        let weights = weights::bind(&file, &plan, &options.kernels)?;
         let experts = experts::ExpertStore::new(options.experts, &file, &plan, &weights)?;
         let threads = options.threads;
         let threads = if threads == 0 {

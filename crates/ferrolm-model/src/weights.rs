@@ -4,6 +4,7 @@
 use std::ops::Range;
 
 use ferrolm_gguf::{GgufFile, TensorType};
+use ferrolm_quant::{DotKernel, KernelOptions};
 
 use crate::error::{ModelError, Result};
 use crate::plan::{DeltaNet, Ffn, Mixer, ModelPlan, Rope};
@@ -23,6 +24,9 @@ pub struct Matrix {
     pub row_bytes: usize,
     /// Where the data is in the file.
     pub(crate) range: Range<usize>,
+    /// The dot-product kernel of its products, chosen at load (`ferrolm_quant::matrix_kernel`:
+    /// whether llama.cpp repacks the tensor on this CPU).
+    pub(crate) kernel: DotKernel,
 }
 
 impl Matrix {
@@ -110,6 +114,7 @@ pub(crate) enum DeltaNetGates {
 
 /// The matrices of a feed-forward block.
 #[derive(Debug)]
+#[allow(clippy::large_enum_variant)] // one per layer, read every token: inline beats a box
 pub(crate) enum FfnWeights {
     /// One gated FFN.
     Dense {
@@ -176,6 +181,7 @@ impl Weights {
 
 struct Binder<'a> {
     file: &'a GgufFile,
+    kernels: &'a KernelOptions,
 }
 
 impl Binder<'_> {
@@ -202,14 +208,28 @@ impl Binder<'_> {
         Ok(t)
     }
 
-    fn matrix(&self, name: &str, cols: usize, rows: usize) -> Result<Matrix> {
-        let t = self.info(name, &[cols as u64, rows as u64])?;
-        if ferrolm_quant::dot_kernel(t.ty).is_err() {
-            return Err(ModelError::UnsupportedTensorType {
-                name: name.into(),
-                ty: t.ty,
-            });
+    /// The kernel of a tensor of `ty`: a 2-D weight's of `rows` rows, or (`None`) one that
+    /// llama.cpp does not repack.
+    fn kernel(&self, name: &str, ty: TensorType, rows: Option<usize>) -> Result<DotKernel> {
+        match rows {
+            Some(rows) => ferrolm_quant::matrix_kernel(ty, rows, self.kernels),
+            None => ferrolm_quant::dot_kernel_with(ty, self.kernels),
         }
+        .map_err(|_| ModelError::UnsupportedTensorType {
+            name: name.into(),
+            ty,
+        })
+    }
+
+    fn matrix(&self, name: &str, cols: usize, rows: usize) -> Result<Matrix> {
+        self.matrix_as(name, cols, rows, true)
+    }
+
+    /// A matrix whose kernel mirrors llama.cpp's repacked products where it would repack the
+    /// tensor (`repackable`: not the token embedding, which it keeps for its row lookups).
+    fn matrix_as(&self, name: &str, cols: usize, rows: usize, repackable: bool) -> Result<Matrix> {
+        let t = self.info(name, &[cols as u64, rows as u64])?;
+        let kernel = self.kernel(name, t.ty, repackable.then_some(rows))?;
         let start = (self.file.data_offset() + t.offset) as usize;
         Ok(Matrix {
             name: name.into(),
@@ -218,18 +238,14 @@ impl Binder<'_> {
             cols,
             row_bytes: t.size as usize / rows.max(1),
             range: start..start + t.size as usize,
+            kernel,
         })
     }
 
     /// A one-row matrix of `cols` stored as a vector (`[cols]`, or `[cols, 1]`).
     fn row(&self, name: &str, cols: usize) -> Result<Matrix> {
         let t = self.info(name, &[cols as u64])?;
-        if ferrolm_quant::dot_kernel(t.ty).is_err() {
-            return Err(ModelError::UnsupportedTensorType {
-                name: name.into(),
-                ty: t.ty,
-            });
-        }
+        let kernel = self.kernel(name, t.ty, None)?;
         let start = (self.file.data_offset() + t.offset) as usize;
         Ok(Matrix {
             name: name.into(),
@@ -238,6 +254,7 @@ impl Binder<'_> {
             cols,
             row_bytes: t.size as usize,
             range: start..start + t.size as usize,
+            kernel,
         })
     }
 
@@ -251,12 +268,8 @@ impl Binder<'_> {
         n_expert: usize,
     ) -> Result<Vec<Matrix>> {
         let t = self.info(name, &[cols as u64, rows as u64, n_expert as u64])?;
-        if ferrolm_quant::dot_kernel(t.ty).is_err() {
-            return Err(ModelError::UnsupportedTensorType {
-                name: name.into(),
-                ty: t.ty,
-            });
-        }
+        // llama.cpp repacks 3-D expert tensors too (`mul_mat_id`); not mirrored
+        let kernel = self.kernel(name, t.ty, None)?;
         let start = (self.file.data_offset() + t.offset) as usize;
         let per_expert = t.size as usize / n_expert.max(1);
         Ok((0..n_expert)
@@ -267,6 +280,7 @@ impl Binder<'_> {
                 cols,
                 row_bytes: per_expert / rows.max(1),
                 range: start + e * per_expert..start + (e + 1) * per_expert,
+                kernel,
             })
             .collect())
     }
@@ -285,6 +299,7 @@ impl Binder<'_> {
                 row_bytes: whole.row_bytes,
                 range: whole.range.start + r0 * whole.row_bytes
                     ..whole.range.start + (r0 + n) * whole.row_bytes,
+                kernel: whole.kernel,
             })
             .collect())
     }
@@ -333,11 +348,12 @@ impl Binder<'_> {
     }
 }
 
-/// Binds every tensor `plan` needs from `file`.
-pub fn bind(file: &GgufFile, plan: &ModelPlan) -> Result<Weights> {
-    let b = Binder { file };
+/// Binds every tensor `plan` needs from `file`, with the kernels `kernels` say.
+pub fn bind(file: &GgufFile, plan: &ModelPlan, kernels: &KernelOptions) -> Result<Weights> {
+    let b = Binder { file, kernels };
     let d = plan.n_embd;
-    let token_embd = b.matrix("token_embd.weight", d, plan.n_vocab)?;
+    // a tied output head is this same tensor, which llama.cpp does not repack either
+    let token_embd = b.matrix_as("token_embd.weight", d, plan.n_vocab, false)?;
     if ferrolm_quant::dequantize(token_embd.ty, &[], &mut []).is_err() {
         return Err(ModelError::UnsupportedTensorType {
             name: token_embd.name,

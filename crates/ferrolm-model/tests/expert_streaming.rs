@@ -32,7 +32,12 @@ fn write_spec(spec: &SyntheticSpec, tag: &str) -> TempFile {
 }
 
 fn load(path: &PathBuf, experts: ExpertMode, threads: usize) -> Model {
-    Model::load_with(path, &LoadOptions { threads, experts }).unwrap()
+    let options = LoadOptions {
+        threads,
+        experts,
+        ..Default::default()
+    };
+    Model::load_with(path, &options).unwrap()
 }
 
 /// The smallest cache the file allows, read from the error a one-byte cache gets.
@@ -42,6 +47,7 @@ fn minimum_cache(path: &PathBuf, top_k: usize) -> (usize, usize) {
         &LoadOptions {
             threads: 1,
             experts: ExpertMode::Streamed { cache_bytes: 1 },
+            ..Default::default()
         },
     )
     .err()
@@ -224,6 +230,7 @@ fn dense_models_ignore_the_expert_cache() {
         &LoadOptions {
             threads: 1,
             experts: ExpertMode::Streamed { cache_bytes: 1 },
+            ..Default::default()
         },
     )
     .unwrap();

@@ -1,6 +1,10 @@
 //! Matrix-vector throughput of every weight type's dot kernel.
 //!
-//! `cargo run --release -p ferrolm-quant --example dot_bench [rows cols] [TYPE ...]`
+//! `cargo run --release -p ferrolm-quant --example dot_bench [rows cols] [TYPE ...] [--plain]`
+//!
+//! The kernels are those of a weight tensor of `rows` rows (`matrix_kernel`): with llama.cpp's
+//! default paths mirrored (Q4_K repacked on x86-64 with AVX2, the tiled batches), or with
+//! `--plain` without them (`KernelOptions::PLAIN`).
 //!
 //! For each weight type: a random `rows x cols` matrix (default 4096 x 4096) in that type, a
 //! random activation vector quantized to its `vec_dot_type`, and timed matrix-vector products
@@ -15,7 +19,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::{random_act, random_row, Rng};
-use ferrolm_quant::{dot_kernel, dot_kernel_scalar, row_bytes, DotKernel, TensorType};
+use ferrolm_quant::{matrix_kernel, row_bytes, DotKernel, KernelOptions, TensorType};
 
 /// Activation columns in the prompt-processing measurement.
 const COLS: usize = 8;
@@ -98,8 +102,17 @@ fn main() {
     // Type names among the arguments keep only those types.
     let only: Vec<String> = std::env::args()
         .skip(1)
-        .filter(|a| a.parse::<usize>().is_err())
+        .filter(|a| a.parse::<usize>().is_err() && !a.starts_with("--"))
         .collect();
+    let options = if std::env::args().any(|a| a == "--plain") {
+        KernelOptions::PLAIN
+    } else {
+        KernelOptions::default()
+    };
+    let scalar = KernelOptions {
+        scalar: true,
+        ..options
+    };
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     let mut rng = Rng::new(2024);
     println!("matrix {rows} x {cols}, {threads} threads, best of repeated runs\n");
@@ -112,8 +125,8 @@ fn main() {
         if !only.is_empty() && !only.iter().any(|o| o.eq_ignore_ascii_case(ty.name())) {
             continue;
         }
-        let fast = dot_kernel(ty).unwrap();
-        let slow = dot_kernel_scalar(ty).unwrap();
+        let fast = matrix_kernel(ty, rows, &options).unwrap();
+        let slow = matrix_kernel(ty, rows, &scalar).unwrap();
         let rb = row_bytes(ty, cols).unwrap();
         let mut w = Vec::with_capacity(rows * rb);
         let row_rng = &mut rng;
@@ -152,7 +165,11 @@ fn main() {
             "| {} | {} | {} | {:.1} | {:.2} | {:.2} | {:.2} | {:.1}x | {:.1} | {:.1} |",
             ty,
             fast.activation_type(),
-            fast.isa(),
+            if fast.repacked() {
+                format!("{} repacked", fast.isa())
+            } else {
+                fast.isa().to_string()
+            },
             bytes / 1e6,
             gbs(t_scalar),
             gbs(t1),

@@ -136,6 +136,61 @@ pub(crate) fn kernel(ty: TensorType) -> Option<Simd> {
     })
 }
 
+/// `tiled::block_step` with AVX512-VNNI: the values biased to `w + 128` (unsigned) met by the
+/// activations with `vpdpbusd` 64 at a time, each lane times its 16 values' multiplier, the
+/// bias taken off with the activation's sums of 16 (the same exact integer, wrapping as
+/// i32 arithmetic does, as the scalar sum), then the same fma into each column's accumulator.
+/// Handed out only after run-time detection (`kernel::simd_block_step`).
+pub(crate) fn tiled_block_step_512(
+    x: &crate::tiled::TiledBlock,
+    ys: &[&crate::k_quants::BlockQ8K],
+    acc: &mut [f32],
+) {
+    // SAFETY: the AVX512 features were detected before this function was handed out; the loads
+    // read 64 of the 256 bytes of `x.w` or of a column's `qs`, and its 32 bytes of sums.
+    unsafe { tiled_block_step_vnni(x, ys, acc) }
+}
+
+#[target_feature(enable = "avx2,fma,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn tiled_block_step_vnni(
+    x: &crate::tiled::TiledBlock,
+    ys: &[&crate::k_quants::BlockQ8K],
+    acc: &mut [f32],
+) {
+    let bias = _mm512_set1_epi8(-128);
+    let w: [__m512i; 4] = std::array::from_fn(|k| {
+        _mm512_xor_si512(
+            _mm512_loadu_si512(x.w.as_ptr().add(64 * k) as *const _),
+            bias,
+        )
+    });
+    // lane l of chunk k holds elements 64k + 4l .. + 4, of the 16 numbered 4k + l / 4
+    let scale: [__m512i; 4] = std::array::from_fn(|k| {
+        let lanes: [i32; 16] = std::array::from_fn(|l| x.scale16[4 * k + l / 4]);
+        _mm512_loadu_si512(lanes.as_ptr() as *const _)
+    });
+    let scale16: [i16; 16] = std::array::from_fn(|j| x.scale16[j] as i16);
+    let scale16 = _mm256_loadu_si256(scale16.as_ptr() as *const __m256i);
+    for (y, a) in ys.iter().zip(acc) {
+        let q = y.qs.as_ptr();
+        let mut sum = _mm512_setzero_si512();
+        for k in 0..4 {
+            let p = _mm512_dpbusd_epi32(
+                _mm512_setzero_si512(),
+                w[k],
+                _mm512_loadu_si512(q.add(64 * k) as *const _),
+            );
+            sum = _mm512_add_epi32(sum, _mm512_mullo_epi32(p, scale[k]));
+        }
+        // 128 * sum over the 16s of multiplier * activation sum
+        let bsums = _mm256_loadu_si256(y.bsums.as_ptr() as *const __m256i);
+        let corr = _mm256_madd_epi16(scale16, bsums);
+        let corr = _mm512_castsi256_si512(_mm256_slli_epi32::<7>(corr));
+        let s = _mm512_reduce_add_epi32(_mm512_sub_epi32(sum, corr));
+        crate::tiled::accumulate(x, s, y, a);
+    }
+}
+
 /// `tiled::block_step` with AVX2: `maddubs` of `|w|` with the signed activations, `madd` by
 /// the multipliers of each 16 values, the lanes summed (exact integers, like the scalar sums),
 /// then the same fma into each column's accumulator; the block stays in registers across the
@@ -177,9 +232,404 @@ unsafe fn tiled_block_step_avx2(
         );
         let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b01_00_11_10>(s));
         let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b10_11_00_01>(s));
-        let s = _mm_cvtsi128_si32(s);
-        *a = (s as f32 * x.d).mul_add(y.d(), *a);
+        crate::tiled::accumulate(x, _mm_cvtsi128_si32(s), y, a);
     }
+}
+
+/// `DotKernel::dot` of a repacked Q4_K row with AVX2: `repack::gemv`'s arithmetic. Handed
+/// out only after run-time detection (`kernel::build_repacked`); `row` and `act` are exactly
+/// the blocks of `n` elements.
+pub(crate) fn repack_dot_q4_k(_n: usize, row: &[u8], act: &[u8]) -> f32 {
+    let (xs, ys) = (bytemuck::cast_slice(row), bytemuck::cast_slice(act));
+    // SAFETY: avx2 and fma were detected before this function was handed out; the loads read
+    // within the blocks.
+    unsafe { repack_gemv_avx2(xs, ys) }
+}
+
+#[target_feature(enable = "avx2,fma")]
+unsafe fn repack_gemv_avx2(
+    row: &[crate::k_quants::BlockQ4K],
+    col: &[crate::k_quants::BlockQ8K],
+) -> f32 {
+    let (mut acc, mut acc_min) = (0f32, 0f32);
+    for (x, y) in row.iter().zip(col) {
+        let w = <Q4K as Block>::decode((x as *const crate::k_quants::BlockQ4K).cast());
+        let (s, m) = w.block_sums(y);
+        acc = (s as f32).mul_add(w.d * y.d(), acc);
+        acc_min = (m as f32).mul_add(w.dmin * y.d(), acc_min);
+    }
+    acc - acc_min
+}
+
+/// `DotKernel::dot_rows` of repacked Q4_K rows with AVX2: `repack::gemv`'s arithmetic, four
+/// rows at a time (the column's quants loaded once per block for the four, their sums reduced
+/// together). Handed out only after run-time detection (`kernel::build_repacked`).
+pub(crate) fn repack_rows_q4_k(
+    n: usize,
+    rows: &[u8],
+    row_stride: usize,
+    act: &[u8],
+    out: &mut [f32],
+) {
+    use crate::k_quants::{BlockQ4K, BlockQ8K, QK_K};
+    let nb = n / QK_K;
+    let rb = nb * std::mem::size_of::<BlockQ4K>();
+    assert!(act.len() >= nb * std::mem::size_of::<BlockQ8K>());
+    assert!(out.is_empty() || rows.len() >= (out.len() - 1) * row_stride + rb);
+    let col: &[BlockQ8K] = bytemuck::cast_slice(&act[..nb * std::mem::size_of::<BlockQ8K>()]);
+    let row = |i: usize| -> &[BlockQ4K] {
+        bytemuck::cast_slice(&rows[i * row_stride..i * row_stride + rb])
+    };
+    let quads = out.len() / 4;
+    for g in 0..quads {
+        let four = [row(4 * g), row(4 * g + 1), row(4 * g + 2), row(4 * g + 3)];
+        // SAFETY: avx2 and fma were detected before this function was handed out; the loads
+        // read within the four rows' blocks and the column's.
+        let sums = unsafe { repack_gemv4_avx2(four, col) };
+        out[4 * g..4 * g + 4].copy_from_slice(&sums);
+    }
+    for (i, o) in out.iter_mut().enumerate().skip(4 * quads) {
+        // SAFETY: as above.
+        *o = unsafe { repack_gemv_avx2(row(i), col) };
+    }
+}
+
+#[target_feature(enable = "avx2,fma")]
+unsafe fn repack_gemv4_avx2(
+    rows: [&[crate::k_quants::BlockQ4K]; 4],
+    col: &[crate::k_quants::BlockQ8K],
+) -> [f32; 4] {
+    // lane r: row r's accumulators, each its own chain of fmas in block order
+    let (mut acc, mut acc_min) = (_mm_setzero_ps(), _mm_setzero_ps());
+    let nibble = _mm256_set1_epi8(0x0f);
+    for (b, y) in col.iter().enumerate() {
+        let q = y.qs.as_ptr();
+        let ys: [__m256i; 8] = std::array::from_fn(|j| load(q.add(32 * j)));
+        let bsums = y.bsums.as_ptr();
+        let bsum32 = _mm_hadd_epi16(
+            _mm_loadu_si128(bsums as *const __m128i),
+            _mm_loadu_si128(bsums.add(16) as *const __m128i),
+        );
+        let mut v = [_mm256_setzero_si256(); 4];
+        let mut m = [_mm_setzero_si128(); 4];
+        let (mut d, mut dmin) = ([0f32; 4], [0f32; 4]);
+        for r in 0..4 {
+            let x = &rows[r][b];
+            let (sc, mn) = k4_scale_min_bytes(x.scales.as_ptr());
+            // the eight scales as i16 in both halves; sub-block j's broadcast by a shuffle
+            let sc16 = _mm_cvtepu8_epi16(_mm_loadl_epi64(sc.as_ptr() as *const __m128i));
+            let sc16 = _mm256_set_m128i(sc16, sc16);
+            let scale = |j: i8| {
+                _mm256_shuffle_epi8(
+                    sc16,
+                    _mm256_set1_epi16(i16::from_le_bytes([(2 * j) as u8, (2 * j + 1) as u8])),
+                )
+            };
+            let mut s = _mm256_setzero_si256();
+            for c in 0..4 {
+                let raw = load(x.qs.as_ptr().add(32 * c));
+                let lo = _mm256_and_si256(raw, nibble);
+                let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(raw), nibble);
+                let plo = _mm256_maddubs_epi16(lo, ys[2 * c]);
+                let phi = _mm256_maddubs_epi16(hi, ys[2 * c + 1]);
+                s = _mm256_add_epi32(s, _mm256_madd_epi16(plo, scale(2 * c as i8)));
+                s = _mm256_add_epi32(s, _mm256_madd_epi16(phi, scale(2 * c as i8 + 1)));
+            }
+            v[r] = s;
+            let mins = _mm_cvtepu8_epi16(_mm_loadl_epi64(mn.as_ptr() as *const __m128i));
+            m[r] = _mm_madd_epi16(mins, bsum32);
+            (d[r], dmin[r]) = f16_pair((x as *const crate::k_quants::BlockQ4K).cast());
+        }
+        // lane r of each: row r's exact S and M
+        let h = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
+        let h = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256::<1>(h));
+        let hm = _mm_hadd_epi32(_mm_hadd_epi32(m[0], m[1]), _mm_hadd_epi32(m[2], m[3]));
+        let yd = _mm_set1_ps(y.d());
+        let dd = _mm_mul_ps(_mm_loadu_ps(d.as_ptr()), yd);
+        let dm = _mm_mul_ps(_mm_loadu_ps(dmin.as_ptr()), yd);
+        acc = _mm_fmadd_ps(_mm_cvtepi32_ps(h), dd, acc);
+        acc_min = _mm_fmadd_ps(_mm_cvtepi32_ps(hm), dm, acc_min);
+    }
+    let mut out = [0f32; 4];
+    _mm_storeu_ps(out.as_mut_ptr(), _mm_sub_ps(acc, acc_min));
+    out
+}
+
+/// The repacked products' exact sums of one Q4_K block (decoded as for `vec_dot`: `K4`, its
+/// sub-block `j`'s nibbles in `q[j]`) against one column.
+impl K4 {
+    /// Per 64-element pair `p` (sub-blocks `2p`, `2p + 1`): `S_p` (scales times quants times the
+    /// activation) in lane `p` of the first vector, `M_p` (minimums times the activation's sums
+    /// of 32, which fit in i16) in lane `p` of the second.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn pair_sums(&self, y: &crate::k_quants::BlockQ8K) -> (__m128i, __m128i) {
+        let q = y.qs.as_ptr();
+        let pair: [__m256i; 4] = std::array::from_fn(|p| {
+            let pa = _mm256_maddubs_epi16(self.q[2 * p], load(q.add(64 * p)));
+            let pb = _mm256_maddubs_epi16(self.q[2 * p + 1], load(q.add(64 * p + 32)));
+            _mm256_add_epi32(
+                _mm256_madd_epi16(pa, self.scv[2 * p]),
+                _mm256_madd_epi16(pb, self.scv[2 * p + 1]),
+            )
+        });
+        // after two hadds, lane p of the two halves' sum is pair p's
+        let h = _mm256_hadd_epi32(
+            _mm256_hadd_epi32(pair[0], pair[1]),
+            _mm256_hadd_epi32(pair[2], pair[3]),
+        );
+        let h = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256::<1>(h));
+        (h, self.min_sums(y))
+    }
+
+    /// `M_p` per pair, as in [`K4::pair_sums`].
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn min_sums(&self, y: &crate::k_quants::BlockQ8K) -> __m128i {
+        let bsums = y.bsums.as_ptr();
+        let bsum32 = _mm_hadd_epi16(
+            _mm_loadu_si128(bsums as *const __m128i),
+            _mm_loadu_si128(bsums.add(16) as *const __m128i),
+        );
+        _mm_madd_epi16(self.mins, bsum32)
+    }
+
+    /// Eight lanes whose sum is the whole block's `S`.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn scaled_lanes(&self, y: &crate::k_quants::BlockQ8K) -> __m256i {
+        let q = y.qs.as_ptr();
+        let mut s = _mm256_setzero_si256();
+        for j in 0..8 {
+            let p16 = _mm256_maddubs_epi16(self.q[j], load(q.add(32 * j)));
+            s = _mm256_add_epi32(s, _mm256_madd_epi16(p16, self.scv[j]));
+        }
+        s
+    }
+
+    /// The whole block's `S` and `M` (the sums of [`K4::pair_sums`], in fewer reductions).
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn block_sums(&self, y: &crate::k_quants::BlockQ8K) -> (i32, i32) {
+        let s = self.scaled_lanes(y);
+        let s = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256::<1>(s));
+        // lanes 0 and 1 after two hadds: the sums of s's and of the minimums' four lanes
+        let h = _mm_hadd_epi32(s, self.min_sums(y));
+        let h = _mm_hadd_epi32(h, h);
+        (_mm_cvtsi128_si32(h), _mm_extract_epi32::<1>(h))
+    }
+}
+
+/// `repack::multi_q4_k` with AVX2, the same arithmetic: each block of a row decoded once and
+/// met by every column. Handed out only after run-time detection (`kernel::build_repacked`);
+/// lengths as `DotKernel::dot_rows_multi` checked them.
+#[allow(clippy::too_many_arguments)] // two strided matrices and their shapes
+pub(crate) fn repack_multi_q4_k(
+    n: usize,
+    rows: &[u8],
+    row_stride: usize,
+    n_rows: usize,
+    acts: &[u8],
+    act_stride: usize,
+    n_cols: usize,
+    out: &mut [f32],
+) {
+    let vnni = has_avx512_vnni();
+    repack_multi_with(
+        vnni, n, rows, row_stride, n_rows, acts, act_stride, n_cols, out,
+    )
+}
+
+/// [`repack_multi_q4_k`], its pair sums by AVX512-VNNI (`vnni`, which the CPU must have) or
+/// AVX2.
+#[allow(clippy::too_many_arguments)] // two strided matrices and their shapes
+fn repack_multi_with(
+    vnni: bool,
+    n: usize,
+    rows: &[u8],
+    row_stride: usize,
+    n_rows: usize,
+    acts: &[u8],
+    act_stride: usize,
+    n_cols: usize,
+    out: &mut [f32],
+) {
+    use crate::k_quants::{BlockQ4K, BlockQ8K, QK_K};
+    let nb = n / QK_K;
+    let (rb, ab) = (
+        nb * std::mem::size_of::<BlockQ4K>(),
+        nb * std::mem::size_of::<BlockQ8K>(),
+    );
+    assert!(n_rows == 0 || rows.len() >= (n_rows - 1) * row_stride + rb);
+    assert!(n_cols == 0 || acts.len() >= (n_cols - 1) * act_stride + ab);
+    assert!(out.len() >= n_rows * n_cols);
+    let cols: Vec<&[BlockQ8K]> = (0..n_cols)
+        .map(|c| bytemuck::cast_slice(&acts[c * act_stride..c * act_stride + ab]))
+        .collect();
+    let gemm_cols = n_cols - n_cols % 4;
+    let (mut acc, mut acc_min) = (vec![0f32; n_cols], vec![0f32; n_cols]);
+    assert!(!vnni || has_avx512_vnni());
+    for i in 0..n_rows {
+        let row: &[BlockQ4K] = bytemuck::cast_slice(&rows[i * row_stride..i * row_stride + rb]);
+        acc.fill(0.0);
+        acc_min.fill(0.0);
+        if vnni {
+            // SAFETY: the AVX512 features were detected above; the loads as below.
+            unsafe { repack_row_vnni(row, &cols, gemm_cols, &mut acc, &mut acc_min) };
+        } else {
+            // SAFETY: avx2 and fma were detected before this function was handed out; the
+            // loads read within the row's blocks, the columns' blocks and the accumulators.
+            unsafe { repack_row_avx2(row, &cols, gemm_cols, &mut acc, &mut acc_min) };
+        }
+        for c in 0..n_cols {
+            out[c * n_rows + i] = acc[c] - acc_min[c];
+        }
+    }
+}
+
+/// One row of [`repack_multi_q4_k`] into each column's `acc` and `acc_min`: gemm columns eight
+/// at a time in vectors (each lane its own column's chain of fmas, in the same order), the
+/// rest one by one.
+#[target_feature(enable = "avx2,fma")]
+unsafe fn repack_row_avx2(
+    row: &[crate::k_quants::BlockQ4K],
+    cols: &[&[crate::k_quants::BlockQ8K]],
+    gemm_cols: usize,
+    acc: &mut [f32],
+    acc_min: &mut [f32],
+) {
+    for (b, x) in row.iter().enumerate() {
+        let block = <Q4K as Block>::decode((x as *const crate::k_quants::BlockQ4K).cast());
+        let sums = |y: &crate::k_quants::BlockQ8K| block.pair_sums(y);
+        repack_block_fmas(&block, cols, b, gemm_cols, acc, acc_min, sums);
+    }
+}
+
+/// [`repack_row_avx2`] with the pair sums by AVX512-VNNI (`vpdpbusd` over each 64-element
+/// pair, then the scales by `vpmulld`): the same exact integers, the same fmas.
+#[target_feature(enable = "avx2,fma,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn repack_row_vnni(
+    row: &[crate::k_quants::BlockQ4K],
+    cols: &[&[crate::k_quants::BlockQ8K]],
+    gemm_cols: usize,
+    acc: &mut [f32],
+    acc_min: &mut [f32],
+) {
+    let nibble = _mm512_set1_epi8(0x0f);
+    for (b, x) in row.iter().enumerate() {
+        let block = <Q4K as Block>::decode((x as *const crate::k_quants::BlockQ4K).cast());
+        // pair p: sub-block 2p's nibbles then 2p + 1's, and their scales as i32 lanes
+        let (sc, _) = k4_scale_min_bytes(x.scales.as_ptr());
+        let w: [__m512i; 4] = std::array::from_fn(|p| {
+            let raw = _mm256_loadu_si256(x.qs.as_ptr().add(32 * p) as *const __m256i);
+            let raw = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(raw), raw);
+            let hi = _mm512_srli_epi16::<4>(raw);
+            _mm512_and_si512(_mm512_mask_blend_epi64(0xf0, raw, hi), nibble)
+        });
+        let scale: [__m512i; 4] = std::array::from_fn(|p| {
+            _mm512_inserti64x4::<1>(
+                _mm512_castsi256_si512(_mm256_set1_epi32(sc[2 * p] as i32)),
+                _mm256_set1_epi32(sc[2 * p + 1] as i32),
+            )
+        });
+        let sums = |y: &crate::k_quants::BlockQ8K| -> (__m128i, __m128i) {
+            let q = y.qs.as_ptr();
+            let pair: [__m256i; 4] = std::array::from_fn(|p| {
+                let y64 = _mm512_loadu_si512(q.add(64 * p) as *const _);
+                let v = _mm512_mullo_epi32(
+                    _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[p], y64),
+                    scale[p],
+                );
+                _mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64::<1>(v))
+            });
+            let h = _mm256_hadd_epi32(
+                _mm256_hadd_epi32(pair[0], pair[1]),
+                _mm256_hadd_epi32(pair[2], pair[3]),
+            );
+            let h = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256::<1>(h));
+            (h, block.min_sums(y))
+        };
+        repack_block_fmas(&block, cols, b, gemm_cols, acc, acc_min, sums);
+    }
+}
+
+/// The fmas of one block of a row into every column's accumulators, given its pair sums:
+/// gemm columns eight at a time in vectors (each lane its own column's chain, in order), the
+/// rest one by one.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)] // a block, the columns and their accumulators
+unsafe fn repack_block_fmas(
+    block: &K4,
+    cols: &[&[crate::k_quants::BlockQ8K]],
+    b: usize,
+    gemm_cols: usize,
+    acc: &mut [f32],
+    acc_min: &mut [f32],
+    sums: impl Fn(&crate::k_quants::BlockQ8K) -> (__m128i, __m128i),
+) {
+    let wide = gemm_cols - gemm_cols % 8;
+    let (d, dmin) = (block.d, block.dmin);
+    for c0 in (0..wide).step_by(8) {
+        let mut s = [_mm_setzero_si128(); 8];
+        let mut m = [_mm_setzero_si128(); 8];
+        let mut yd = [0f32; 8];
+        for j in 0..8 {
+            let y = &cols[c0 + j][b];
+            (s[j], m[j]) = sums(y);
+            yd[j] = y.d();
+        }
+        let yd = _mm256_loadu_ps(yd.as_ptr());
+        let (dd, dm) = (
+            _mm256_mul_ps(_mm256_set1_ps(d), yd),
+            _mm256_mul_ps(_mm256_set1_ps(dmin), yd),
+        );
+        let (s, m) = (pairs_by_column(&s), pairs_by_column(&m));
+        let mut a = _mm256_loadu_ps(acc.as_ptr().add(c0));
+        let mut am = _mm256_loadu_ps(acc_min.as_ptr().add(c0));
+        for p in 0..4 {
+            a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[p]), dd, a);
+            am = _mm256_fmadd_ps(_mm256_cvtepi32_ps(m[p]), dm, am);
+        }
+        _mm256_storeu_ps(acc.as_mut_ptr().add(c0), a);
+        _mm256_storeu_ps(acc_min.as_mut_ptr().add(c0), am);
+    }
+    for c in wide..cols.len() {
+        let y = &cols[c][b];
+        let (sv, mv) = sums(y);
+        let (mut s, mut m) = ([0i32; 4], [0i32; 4]);
+        _mm_storeu_si128(s.as_mut_ptr() as *mut __m128i, sv);
+        _mm_storeu_si128(m.as_mut_ptr() as *mut __m128i, mv);
+        let (dd, dm) = (d * y.d(), dmin * y.d());
+        let (a, am) = (&mut acc[c], &mut acc_min[c]);
+        if c < gemm_cols {
+            for p in 0..4 {
+                *a = (s[p] as f32).mul_add(dd, *a);
+                *am = (m[p] as f32).mul_add(dm, *am);
+            }
+        } else {
+            *a = (s.iter().sum::<i32>() as f32).mul_add(dd, *a);
+            *am = (m.iter().sum::<i32>() as f32).mul_add(dm, *am);
+        }
+    }
+}
+
+/// Eight columns' four pair sums (`v[j]` lane `p`: column `j`, pair `p`) as four vectors of
+/// eight columns (`out[p]` lane `j`).
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn pairs_by_column(v: &[__m128i; 8]) -> [__m256i; 4] {
+    // columns j and j + 4 side by side, then a 4 x 4 transpose in each 128-bit half
+    let r: [__m256i; 4] = std::array::from_fn(|j| _mm256_set_m128i(v[j + 4], v[j]));
+    let t0 = _mm256_unpacklo_epi32(r[0], r[1]);
+    let t1 = _mm256_unpackhi_epi32(r[0], r[1]);
+    let t2 = _mm256_unpacklo_epi32(r[2], r[3]);
+    let t3 = _mm256_unpackhi_epi32(r[2], r[3]);
+    [
+        _mm256_unpacklo_epi64(t0, t2),
+        _mm256_unpackhi_epi64(t0, t2),
+        _mm256_unpacklo_epi64(t1, t3),
+        _mm256_unpackhi_epi64(t1, t3),
+    ]
 }
 
 /// llama.cpp's x86 activation quantizers (Q8_0 with `127 / amax` and round half to even;
@@ -412,7 +862,7 @@ unsafe fn multi_blocks<B: Block>(
 }
 
 /// Whether the AVX-512 parts that `multi_blocks_512` uses are available.
-fn has_avx512_vnni() -> bool {
+pub(crate) fn has_avx512_vnni() -> bool {
     std::arch::is_x86_feature_detected!("avx512f")
         && std::arch::is_x86_feature_detected!("avx512bw")
         && std::arch::is_x86_feature_detected!("avx512vl")
@@ -1753,4 +2203,111 @@ fn dot_bf16(n: usize, row: &[u8], act: &[u8]) -> f32 {
     assert!(row.len() >= 2 * n && act.len() >= 2 * n);
     // SAFETY: detected features as in `dot_entry`; `n` bf16 fit in both slices (assert above).
     unsafe { crate::ggml_vec::x86::dot_bf16(n, row.as_ptr(), act.as_ptr()) }
+}
+
+#[cfg(test)]
+mod batch_tests {
+    use crate::k_quants::{quantize_q4_k, quantize_q6_k, quantize_q8_k, BlockQ8K};
+
+    /// The tiled kernel's block step in AVX2 and in AVX512-VNNI gives the scalar one's bits, on
+    /// a format with minimums (Q4_K) and one with signed values and int8 multipliers (Q6_K).
+    #[test]
+    fn tiled_block_steps_agree_across_instruction_sets() {
+        if !(std::arch::is_x86_feature_detected!("avx2")
+            && std::arch::is_x86_feature_detected!("fma"))
+        {
+            return;
+        }
+        let x: Vec<f32> = (0..256)
+            .map(|i| ((i * 37 % 101) as f32 - 50.0) / 17.0)
+            .collect();
+        let mut ys = Vec::new();
+        for c in 0..5 {
+            let a: Vec<f32> = (0..256)
+                .map(|i| ((i * (c + 3) % 89) as f32 - 44.0) * 0.3)
+                .collect();
+            let mut b = vec![0u8; 292];
+            quantize_q8_k(&a, &mut b);
+            ys.push(*bytemuck::from_bytes::<BlockQ8K>(&b));
+        }
+        let ys: Vec<&BlockQ8K> = ys.iter().collect();
+        let (mut q4, mut q6) = (vec![0u8; 144], vec![0u8; 210]);
+        quantize_q4_k(&x, &mut q4);
+        quantize_q6_k(&x, &mut q6);
+        for block in [
+            crate::k_quants::tiled_q4_k(&q4),
+            crate::k_quants::tiled_q6_k(&q6),
+        ] {
+            let run = |step: crate::tiled::BlockStep| {
+                let mut acc = vec![0.5f32; ys.len()];
+                step(&block, &ys, &mut acc);
+                acc.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+            };
+            let want = run(crate::tiled::block_step);
+            assert_eq!(run(super::tiled_block_step), want, "AVX2");
+            if super::has_avx512_vnni() {
+                assert_eq!(run(super::tiled_block_step_512), want, "AVX512-VNNI");
+            }
+        }
+    }
+
+    /// The repacked Q4_K batch's two instruction sets give the scalar reference's bits (the
+    /// oracle goldens check the one this CPU picks against llama.cpp).
+    #[test]
+    fn repacked_batches_agree_across_instruction_sets() {
+        if !(std::arch::is_x86_feature_detected!("avx2")
+            && std::arch::is_x86_feature_detected!("fma"))
+        {
+            return;
+        }
+        let (n, n_rows, n_cols) = (512, 5, 13);
+        let mut seed = 7u32;
+        let mut next = || {
+            seed = seed.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+            (seed >> 8) as f32 / (1u32 << 24) as f32 - 0.5
+        };
+        let mut quantized = |count: usize, bytes: usize, q: fn(&[f32], &mut [u8])| {
+            let mut out = vec![0u8; count * bytes];
+            for c in out.chunks_exact_mut(bytes) {
+                let x: Vec<f32> = (0..n).map(|_| next()).collect();
+                q(&x, c);
+            }
+            out
+        };
+        let (rb, ab) = (n / 256 * 144, n / 256 * 292);
+        let rows = quantized(n_rows, rb, quantize_q4_k);
+        let acts = quantized(n_cols, ab, quantize_q8_k);
+        let mut want = vec![0f32; n_rows * n_cols];
+        crate::repack::multi_q4_k(
+            crate::repack::pair_sums,
+            n,
+            &rows,
+            rb,
+            n_rows,
+            &acts,
+            ab,
+            n_cols,
+            &mut want,
+        );
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        for vnni in [false, true] {
+            if vnni && !super::has_avx512_vnni() {
+                continue;
+            }
+            let mut got = vec![0f32; n_rows * n_cols];
+            super::repack_multi_with(vnni, n, &rows, rb, n_rows, &acts, ab, n_cols, &mut got);
+            assert_eq!(bits(&got), bits(&want), "vnni {vnni}");
+        }
+        let mut gemv = vec![0f32; n_rows];
+        super::repack_rows_q4_k(n, &rows, rb, &acts[..ab], &mut gemv);
+        for (i, g) in gemv.iter().enumerate() {
+            let one = crate::repack::dot_q4_k(
+                crate::repack::pair_sums,
+                n,
+                &rows[i * rb..(i + 1) * rb],
+                &acts[..ab],
+            );
+            assert_eq!(g.to_bits(), one.to_bits(), "gemv row {i}");
+        }
+    }
 }

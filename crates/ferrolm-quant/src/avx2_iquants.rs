@@ -108,6 +108,7 @@ macro_rules! lattice_block {
                 d: f16_at(x) * $factor,
                 w: [0; 256],
                 scale16: [0; 16],
+                mins: None,
             };
             for ib in 0..8 {
                 let c = chunk_of(x, ib);

@@ -282,6 +282,7 @@ unsafe fn unpack_iq1_s(x: *const u8) -> crate::tiled::TiledBlock {
         d: f16_at(x) * 0.125,
         w: [0; 256],
         scale16: [0; 16],
+        mins: None,
     };
     for ib in 0..8 {
         let qh = u16::from_le_bytes([*x.add(34 + 2 * ib), *x.add(35 + 2 * ib)]) as usize;
@@ -322,6 +323,7 @@ unsafe fn unpack_iq1_m(x: *const u8) -> crate::tiled::TiledBlock {
         d: half::f16::from_bits(bits).to_f32() * 0.125,
         w: [0; 256],
         scale16: [0; 16],
+        mins: None,
     };
     for ib in 0..8 {
         let low = u32::from_le_bytes([

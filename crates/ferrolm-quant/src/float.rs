@@ -392,8 +392,7 @@ pub(crate) fn tinyblas(
     out: &mut [f32],
 ) {
     #[cfg(target_arch = "x86_64")]
-    if crate::kernel::simd_enabled()
-        && kind != FloatKind::Bf16
+    if kind != FloatKind::Bf16
         && std::arch::is_x86_feature_detected!("avx512f")
         && std::arch::is_x86_feature_detected!("avx2")
         && std::arch::is_x86_feature_detected!("fma")
@@ -409,8 +408,7 @@ pub(crate) fn tinyblas(
         return;
     }
     #[cfg(target_arch = "x86_64")]
-    if crate::kernel::simd_enabled()
-        && std::arch::is_x86_feature_detected!("avx2")
+    if std::arch::is_x86_feature_detected!("avx2")
         && std::arch::is_x86_feature_detected!("fma")
         && std::arch::is_x86_feature_detected!("f16c")
     {

@@ -105,8 +105,7 @@ fn soft_max_body(x: &[f32], out: &mut [f32], max: f32) -> f64 {
 fn use_simd() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        crate::kernel::simd_enabled()
-            && std::arch::is_x86_feature_detected!("avx2")
+        std::arch::is_x86_feature_detected!("avx2")
             && std::arch::is_x86_feature_detected!("fma")
             && std::arch::is_x86_feature_detected!("f16c")
     }

@@ -276,6 +276,7 @@ pub(crate) fn tiled_iq4_xs(b: &[u8]) -> TiledBlock {
         d: f16_to_f32(b.d),
         w: iq4_xs_values(b),
         scale16: std::array::from_fn(|j| iq4_xs_scale(b, j / 2)),
+        mins: None,
     }
 }
 

@@ -136,6 +136,7 @@ fn tiled_view(d: f32, u: Unpacked) -> TiledBlock {
         d: d * 0.125,
         w: std::array::from_fn(|k| 8 * u.v[k] + u.sign[k / 8] as i8),
         scale16: u.m,
+        mins: None,
     }
 }
 

@@ -182,6 +182,7 @@ fn tiled_view(d: [u8; 2], u: Unpacked) -> TiledBlock {
         d: f16_to_f32(d) * 0.125,
         w: u.v,
         scale16: u.s.map(|s| 2 * s as i32 + 1),
+        mins: None,
     }
 }
 

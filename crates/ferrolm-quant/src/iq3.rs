@@ -139,6 +139,7 @@ fn tiled_view(d: f32, u: Unpacked) -> TiledBlock {
         d,
         w: u.v,
         scale16: std::array::from_fn(|j| 2 * u.s[j / 2] as i32 + 1),
+        mins: None,
     }
 }
 

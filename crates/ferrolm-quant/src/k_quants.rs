@@ -7,6 +7,7 @@
 use bytemuck::{Pod, Zeroable};
 
 use crate::common::{f16_to_f32, f32_to_f16, nearest_int};
+use crate::tiled::{TiledBlock, TiledMins};
 
 /// Elements per super-block.
 pub(crate) const QK_K: usize = 256;
@@ -728,4 +729,64 @@ pub(crate) fn dot_q6_k_q8_k(_n: usize, row: &[u8], act: &[u8]) -> f32 {
         crate::common::fma8(&mut acc, d, &lanes.map(|v| v as f32));
     }
     crate::common::reduce8(&acc)
+}
+
+// ---------------------------------------------------------------------------------------------
+// The tiled matmul's view of each block (`tiled`): values with the format's offset taken off,
+// the scale (and minimum) of every 16 elements.
+
+pub(crate) fn tiled_q2_k(b: &[u8]) -> TiledBlock {
+    let b: &BlockQ2K = bytemuck::from_bytes(b);
+    TiledBlock {
+        d: f16_to_f32(b.d),
+        w: q2k_values(b),
+        scale16: b.scales.map(|s| (s & 0x0f) as i32),
+        mins: Some(TiledMins {
+            dmin: f16_to_f32(b.dmin),
+            min16: b.scales.map(|s| (s >> 4) as i32),
+        }),
+    }
+}
+
+pub(crate) fn tiled_q3_k(b: &[u8]) -> TiledBlock {
+    let b: &BlockQ3K = bytemuck::from_bytes(b);
+    TiledBlock {
+        d: f16_to_f32(b.d),
+        w: q3k_values(b),
+        scale16: q3k_scales(&b.scales).map(|s| s as i32),
+        mins: None,
+    }
+}
+
+/// Q4_K and Q5_K: a scale and a minimum per 32 elements.
+fn tiled_k4(d: [u8; 2], dmin: [u8; 2], scales: &[u8; K_SCALE_SIZE], w: [i8; QK_K]) -> TiledBlock {
+    TiledBlock {
+        d: f16_to_f32(d),
+        w,
+        scale16: std::array::from_fn(|j| scale_min_k4(j / 2, scales).0 as i32),
+        mins: Some(TiledMins {
+            dmin: f16_to_f32(dmin),
+            min16: std::array::from_fn(|j| scale_min_k4(j / 2, scales).1 as i32),
+        }),
+    }
+}
+
+pub(crate) fn tiled_q4_k(b: &[u8]) -> TiledBlock {
+    let b: &BlockQ4K = bytemuck::from_bytes(b);
+    tiled_k4(b.d, b.dmin, &b.scales, q4k_values(b))
+}
+
+pub(crate) fn tiled_q5_k(b: &[u8]) -> TiledBlock {
+    let b: &BlockQ5K = bytemuck::from_bytes(b);
+    tiled_k4(b.d, b.dmin, &b.scales, q5k_values(b))
+}
+
+pub(crate) fn tiled_q6_k(b: &[u8]) -> TiledBlock {
+    let b: &BlockQ6K = bytemuck::from_bytes(b);
+    TiledBlock {
+        d: f16_to_f32(b.d),
+        w: q6k_values(b),
+        scale16: b.scales.map(|s| s as i8 as i32),
+        mins: None,
+    }
 }

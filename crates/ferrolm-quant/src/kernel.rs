@@ -4,8 +4,8 @@ use std::fmt;
 use std::sync::OnceLock;
 
 use crate::{
-    float, iq, iq1, iq2, iq3, k_quants, legacy, low_bit, ternary, tiled, vec_dot_type, QuantError,
-    TensorType,
+    float, iq, iq1, iq2, iq3, k_quants, legacy, low_bit, repack, ternary, tiled, vec_dot_type,
+    QuantError, TensorType,
 };
 
 /// `dot(n, row, act)`: `row` and `act` are exactly the bytes of `n` elements.
@@ -44,14 +44,10 @@ impl Isa {
     }
 }
 
-/// The best instruction set of this CPU, detected once per process. Setting the environment
-/// variable `FERROLM_FORCE_SCALAR` (to anything) before the first call forces the scalar kernels.
+/// The best instruction set of this CPU, detected once per process.
 fn detected_isa() -> Isa {
     static ISA: OnceLock<Isa> = OnceLock::new();
     *ISA.get_or_init(|| {
-        if std::env::var_os("FERROLM_FORCE_SCALAR").is_some() {
-            return Isa::Scalar;
-        }
         #[cfg(target_arch = "x86_64")]
         {
             if std::arch::is_x86_feature_detected!("avx2")
@@ -71,10 +67,51 @@ fn detected_isa() -> Isa {
     })
 }
 
-/// False when `FERROLM_FORCE_SCALAR` forces the scalar code paths.
-pub(crate) fn simd_enabled() -> bool {
-    static ON: OnceLock<bool> = OnceLock::new();
-    *ON.get_or_init(|| std::env::var_os("FERROLM_FORCE_SCALAR").is_none())
+/// Which kernels to hand out: the scalar references or this CPU's, and which of llama.cpp's
+/// CPU matrix-product paths to mirror. llama.cpp takes both paths by default; its two
+/// switches turn them off (`use_extra_bufts = false` in `llama_model_params`, the environment
+/// variable `GGML_CPU_TILED_MM=0`), and ferrolm's goldens exist for both configurations
+/// (docs/PARITY.md).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KernelOptions {
+    /// Only the scalar reference kernels (the same bits, slower): what every SIMD kernel is
+    /// tested against.
+    pub scalar: bool,
+    /// Mirror llama.cpp's CPU_REPACK products where it repacks a weight on this CPU (Q4_K
+    /// matrices with a multiple of 8 rows, on x86-64 with AVX2; see [`matrix_kernel`]).
+    pub repack: bool,
+    /// Mirror llama.cpp's tiled matmul for products of 8 or more activation columns (Q2_K..Q6_K,
+    /// the 256-element i-quants and IQ4_XS, when not repacked).
+    pub tiled: bool,
+}
+
+impl Default for KernelOptions {
+    /// This CPU's kernels, both of llama.cpp's paths mirrored, as llama.cpp runs by default.
+    fn default() -> Self {
+        KernelOptions {
+            scalar: false,
+            repack: true,
+            tiled: true,
+        }
+    }
+}
+
+impl KernelOptions {
+    /// llama.cpp with both its repacking and its tiled matmul off: `vec_dot` (and llamafile's
+    /// tinyBLAS where it applies) for every product.
+    pub const PLAIN: KernelOptions = KernelOptions {
+        scalar: false,
+        repack: false,
+        tiled: false,
+    };
+
+    fn isa(&self) -> Isa {
+        if self.scalar {
+            Isa::Scalar
+        } else {
+            detected_isa()
+        }
+    }
 }
 
 /// A dot-product kernel for rows of one weight type against activations of its
@@ -95,7 +132,11 @@ pub struct DotKernel {
     dot: DotFn,
     rows: Option<RowsFn>,
     multi: Option<MultiFn>,
+    /// llama.cpp's tiled matmul, for batches of [`tiled::MIN_COLUMNS`] columns or more.
+    tiled: Option<MultiFn>,
     isa: Isa,
+    splits: bool,
+    repacked: bool,
 }
 
 impl fmt::Debug for DotKernel {
@@ -104,6 +145,7 @@ impl fmt::Debug for DotKernel {
             .field("ty", &self.ty)
             .field("act_ty", &self.act_ty)
             .field("isa", &self.isa.name())
+            .field("repacked", &self.repacked)
             .finish()
     }
 }
@@ -198,9 +240,12 @@ impl DotKernel {
     ///   `vdpbf16ps` pairs for BF16, then `_mm512_reduce_add_ps`); otherwise `vec_dot`. A
     ///   caller splitting a matrix between threads must keep the row count of each part a
     ///   multiple of 4 to get llama.cpp's choice, which is made for the whole matrix;
+    /// * with [`KernelOptions::tiled`], Q2_K..Q6_K, the 256-element i-quants and IQ4_XS with >= 8
+    ///   columns: llama.cpp's tiled matmul (crate docs); a repacked kernel
+    ///   ([`DotKernel::repacked`]): llama.cpp's CPU_REPACK gemm for the first `n_cols - n_cols %
+    ///   4` columns and its gemv for the rest;
     /// * every other type: `vec_dot` per element (Q4_1, Q5_1 and the K-quants are not taken by
-    ///   llamafile_sgemm; see the crate README for the repack and tiled paths llama.cpp takes
-    ///   for some of them when it repacks weights or has >= 8 columns).
+    ///   llamafile_sgemm).
     #[allow(clippy::too_many_arguments)] // two strided matrices and their shapes
     pub fn dot_rows_multi(
         &self,
@@ -264,7 +309,11 @@ impl DotKernel {
                 );
             }
         }
-        if let Some(f) = self.multi {
+        let batch = match self.tiled {
+            Some(tiled) if n_cols >= tiled::MIN_COLUMNS => Some(tiled),
+            _ => self.multi,
+        };
+        if let Some(f) = batch {
             return f(
                 n,
                 &rows[..need_r],
@@ -288,6 +337,19 @@ impl DotKernel {
     /// Name of the implementation picked ("avx2", "neon", "scalar") for benchmarks and logs.
     pub fn isa(&self) -> &'static str {
         self.isa.name()
+    }
+
+    /// Whether a batch may be split by columns between threads, each part starting at a
+    /// multiple of 4 columns and given to [`DotKernel::dot_rows_multi`] alone, with the same
+    /// results as the whole batch; false where llama.cpp's choice depends on the whole batch
+    /// (the tiled kernels, the float and IQ4_NL tiles).
+    pub fn splits_by_column(&self) -> bool {
+        self.splits
+    }
+
+    /// Whether this kernel mirrors llama.cpp's repacked (CPU_REPACK) products ([`matrix_kernel`]).
+    pub fn repacked(&self) -> bool {
+        self.repacked
     }
 
     /// The weight type of the rows.
@@ -336,10 +398,9 @@ fn scalar_fn(ty: TensorType) -> Option<DotFn> {
     })
 }
 
-/// Batch kernels whose per-element arithmetic differs from `vec_dot`: IQ4_NL's (llamafile's
-/// order) and the tiled types' (llama.cpp's tiled matmul from 8 columns, see `tiled`), whose
-/// exact integer block sums `fast` computes with AVX2 where the CPU has it.
-fn batch_fn(ty: TensorType, fast: bool) -> Option<MultiFn> {
+/// The tiled matmul's batch kernel for `ty` (llama.cpp's from 8 columns, see `tiled`), if it
+/// has one; `fast` computes the exact integer block sums with AVX2 where the CPU has it.
+fn tiled_fn(ty: TensorType, fast: bool) -> Option<MultiFn> {
     use TensorType as T;
     #[cfg(target_arch = "x86_64")]
     let fast = fast && matches!(detected_isa(), Isa::Avx2);
@@ -382,7 +443,12 @@ fn batch_fn(ty: TensorType, fast: bool) -> Option<MultiFn> {
         };
     }
     Some(match ty {
-        T::IQ4_NL => iq::multi_iq4_nl_q8_0,
+        // below 8 columns these use the scalar `vec_dot`, as the tiled kernels are rare there
+        T::Q2_K => tiled!(T::Q2_K, k_quants::tiled_q2_k, k_quants::dot_q2_k_q8_k),
+        T::Q3_K => tiled!(T::Q3_K, k_quants::tiled_q3_k, k_quants::dot_q3_k_q8_k),
+        T::Q4_K => tiled!(T::Q4_K, k_quants::tiled_q4_k, k_quants::dot_q4_k_q8_k),
+        T::Q5_K => tiled!(T::Q5_K, k_quants::tiled_q5_k, k_quants::dot_q5_k_q8_k),
+        T::Q6_K => tiled!(T::Q6_K, k_quants::tiled_q6_k, k_quants::dot_q6_k_q8_k),
         T::IQ4_XS => tiled!(
             T::IQ4_XS,
             iq::tiled_iq4_xs,
@@ -439,18 +505,50 @@ fn batch_fn(ty: TensorType, fast: bool) -> Option<MultiFn> {
 fn simd_block_step() -> tiled::BlockStep {
     #[cfg(target_arch = "x86_64")]
     if matches!(detected_isa(), Isa::Avx2) {
-        return crate::avx2::tiled_block_step;
+        return if crate::avx2::has_avx512_vnni() {
+            crate::avx2::tiled_block_step_512
+        } else {
+            crate::avx2::tiled_block_step
+        };
     }
     tiled::block_step
 }
 
-fn build(ty: TensorType, isa: Isa) -> Result<DotKernel, QuantError> {
+/// Whether a batch of `ty` may be split by columns (tokens) between threads: the quantized
+/// types whose batched outputs equal their single dots bit for bit; not the float and IQ4_NL
+/// ones (llamafile's tiles over the rows), nor a tiled kernel (its choice is made on the whole
+/// batch).
+fn splits_by_column(ty: TensorType, tiled: bool) -> bool {
+    use TensorType as T;
+    !tiled
+        && matches!(
+            ty,
+            T::Q4_0
+                | T::Q4_1
+                | T::Q5_0
+                | T::Q5_1
+                | T::Q8_0
+                | T::Q2_K
+                | T::Q3_K
+                | T::Q4_K
+                | T::Q5_K
+                | T::Q6_K
+                | T::TQ1_0
+                | T::TQ2_0
+                | T::Q1_0
+                | T::Q2_0
+                | T::NVFP4
+        )
+}
+
+fn build(ty: TensorType, options: &KernelOptions) -> Result<DotKernel, QuantError> {
     let unsupported = QuantError::Unsupported {
         ty,
         op: "dot product",
     };
     let act_ty = vec_dot_type(ty)?;
     let scalar = scalar_fn(ty).ok_or(unsupported)?;
+    let isa = options.isa();
     let simd: Option<Simd> = match isa {
         Isa::Scalar => None,
         #[cfg(target_arch = "x86_64")]
@@ -460,12 +558,17 @@ fn build(ty: TensorType, isa: Isa) -> Result<DotKernel, QuantError> {
         #[allow(unreachable_patterns)]
         _ => None,
     };
+    let tiled = if options.tiled {
+        tiled_fn(ty, simd.is_some())
+    } else {
+        None
+    };
+    // IQ4_NL's batches follow llamafile's order, not its vec_dot's
+    let plain_batch = (ty == TensorType::IQ4_NL).then_some(iq::multi_iq4_nl_q8_0 as MultiFn);
     let (Simd { dot, rows, multi }, isa) = match simd {
-        // A SIMD module without a batch kernel for a type keeps the scalar one, if any (the
-        // i-quants' tiled sums).
         Some(simd) => (
             Simd {
-                multi: simd.multi.or(batch_fn(ty, true)),
+                multi: simd.multi.or(plain_batch),
                 ..simd
             },
             isa,
@@ -474,7 +577,7 @@ fn build(ty: TensorType, isa: Isa) -> Result<DotKernel, QuantError> {
             Simd {
                 dot: scalar,
                 rows: None,
-                multi: batch_fn(ty, false),
+                multi: plain_batch,
             },
             Isa::Scalar,
         ),
@@ -490,19 +593,80 @@ fn build(ty: TensorType, isa: Isa) -> Result<DotKernel, QuantError> {
         dot,
         rows,
         multi,
+        tiled,
         isa,
+        splits: splits_by_column(ty, tiled.is_some()),
+        repacked: false,
+    })
+}
+
+/// The kernel of a repacked Q4_K matrix (`repack`).
+fn build_repacked(ty: TensorType, options: &KernelOptions) -> Result<DotKernel, QuantError> {
+    let plain = build(ty, options)?;
+    let (dot, rows, multi): (DotFn, Option<RowsFn>, MultiFn) = match plain.isa {
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => (
+            crate::avx2::repack_dot_q4_k,
+            Some(crate::avx2::repack_rows_q4_k),
+            crate::avx2::repack_multi_q4_k,
+        ),
+        _ => (
+            |n, row, act| repack::dot_q4_k(repack::pair_sums, n, row, act),
+            None,
+            |n, rows, rs, nr, acts, as_, nc, out| {
+                repack::multi_q4_k(repack::pair_sums, n, rows, rs, nr, acts, as_, nc, out)
+            },
+        ),
+    };
+    Ok(DotKernel {
+        dot,
+        rows,
+        multi: Some(multi),
+        tiled: None,
+        splits: true,
+        repacked: true,
+        ..plain
     })
 }
 
 /// A dot-product kernel for rows of `ty`, chosen once at run time for this CPU (AVX2+FMA+F16C
 /// on x86-64 when detected, NEON on aarch64, scalar otherwise or for types without a SIMD
-/// kernel). [`DotKernel::isa`] says which.
+/// kernel), mirroring llama.cpp's tiled matmul by default. [`DotKernel::isa`] says which.
 pub fn dot_kernel(ty: TensorType) -> Result<DotKernel, QuantError> {
-    build(ty, detected_isa())
+    build(ty, &KernelOptions::default())
 }
 
 /// The scalar reference kernel for the same contract, following ggml's integer arithmetic;
 /// what the SIMD kernels are tested against.
 pub fn dot_kernel_scalar(ty: TensorType) -> Result<DotKernel, QuantError> {
-    build(ty, Isa::Scalar)
+    build(
+        ty,
+        &KernelOptions {
+            scalar: true,
+            ..Default::default()
+        },
+    )
+}
+
+/// A kernel for rows of `ty` as `options` say, for products whose weights llama.cpp keeps as
+/// they are (a token embedding, a 3-D expert tensor): no repacking.
+pub fn dot_kernel_with(ty: TensorType, options: &KernelOptions) -> Result<DotKernel, QuantError> {
+    build(ty, options)
+}
+
+/// The kernel for the products of a 2-D weight tensor of `ty` with `rows` rows (its whole
+/// row count, also for a view of some of its rows), as `options` say: where llama.cpp built
+/// for this CPU repacks such a tensor at load and ferrolm mirrors it ([`KernelOptions::repack`];
+/// Q4_K with AVX2), its gemv/gemm arithmetic ([`DotKernel::repacked`]); otherwise
+/// [`dot_kernel_with`].
+pub fn matrix_kernel(
+    ty: TensorType,
+    rows: usize,
+    options: &KernelOptions,
+) -> Result<DotKernel, QuantError> {
+    if options.repack && repack::mirrors(ty, rows) {
+        build_repacked(ty, options)
+    } else {
+        build(ty, options)
+    }
 }

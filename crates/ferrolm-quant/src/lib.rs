@@ -17,12 +17,14 @@
 //! AVX512 x86-64 CPU (GGML_NATIVE, gcc 12): the scalar code emulates its SIMD lane structure
 //! with `f32::mul_add`, so this holds on any CPU (the aarch64 NEON kernels are not yet ported
 //! to that structure). `tests/ggml_oracle.rs` checks it against goldens made by
-//! `scripts/ggml_oracle.py` with llama.cpp's own compiled functions. Not mirrored: llama.cpp's
-//! CPU_REPACK kernels (by default it repacks Q4_0, Q4_K, IQ4_NL, MXFP4 and, with AVX512, Q2_K
-//! weights with a row count divisible by 8, and then uses `ggml_gemv/gemm_*` for every batch
-//! size) and its tiled K-quant matmul (Q2_K..Q6_K, batches of >= 8 columns). The same tiled
-//! matmul's arithmetic for the i-quants and IQ4_XS is mirrored (`tiled`): their
-//! [`DotKernel::dot_rows_multi`] follows it from 8 columns, as llama.cpp's AVX512-VNNI build does.
+//! `scripts/ggml_oracle.py` with llama.cpp's own compiled functions.
+//!
+//! llama.cpp's other CPU paths are mirrored as its default configuration takes them, each
+//! behind a switch of [`KernelOptions`]: its CPU_REPACK products of Q4_K weights (`repack`,
+//! for the tensors [`matrix_kernel`] is asked about: 2-D, a multiple of 8 rows, x86-64 with
+//! AVX2) and its tiled matmul for batches of 8 or more columns (`tiled`: Q2_K..Q6_K, the
+//! i-quants, IQ4_XS; the AVX512-VNNI microkernel's arithmetic). Not mirrored: the repacked
+//! Q4_0, IQ4_NL, MXFP4 and (AVX512) Q2_K products, nor llama.cpp's aarch64 tiles.
 #![deny(missing_docs)]
 // `unsafe` lives only in the SIMD modules (`avx2`, `neon`), around the intrinsics.
 #![deny(unsafe_code)]
@@ -40,6 +42,7 @@ mod kernel;
 mod legacy;
 mod low_bit;
 mod random_blocks;
+mod repack;
 mod ternary;
 mod tiled;
 pub mod vecops;
@@ -52,7 +55,9 @@ mod avx2;
 mod neon;
 
 pub use ferrolm_gguf::TensorType;
-pub use kernel::{dot_kernel, dot_kernel_scalar, DotKernel};
+pub use kernel::{
+    dot_kernel, dot_kernel_scalar, dot_kernel_with, matrix_kernel, DotKernel, KernelOptions,
+};
 pub use random_blocks::random_blocks;
 
 /// What went wrong converting or multiplying blocks.
@@ -216,7 +221,7 @@ pub fn quantize_activation(ty: TensorType, src: &[f32], dst: &mut [u8]) -> Resul
         Rounding::Reference
     };
     #[cfg(target_arch = "x86_64")]
-    if matches!(ty, TensorType::Q8_0 | TensorType::Q8_K) && kernel::simd_enabled() {
+    if matches!(ty, TensorType::Q8_0 | TensorType::Q8_K) {
         check_buffer(ty, src.len(), dst.len())?;
         if std::arch::is_x86_feature_detected!("avx2")
             && std::arch::is_x86_feature_detected!("fma")

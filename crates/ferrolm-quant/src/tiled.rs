@@ -1,9 +1,11 @@
-//! llama.cpp's tiled matmul (ggml-cpu/tiled, taken for the i-quants and IQ4_XS, as for the
-//! K-quants, when a product has at least 8 activation columns), as its AVX512-VNNI
-//! microkernel computes each output: per 256-element block an exact integer
-//! `S = sum over sub-blocks of scale * sum(w * y)` of the weight's integer values `w` and the
-//! Q8_K activation, then `acc += (S * d_row) * d_y` in block order (the add and the last
-//! multiply contracted to an fma by gcc), from `acc = 0`.
+//! llama.cpp's tiled matmul (ggml-cpu/tiled, taken for the K-quants Q2_K..Q6_K, the i-quants
+//! and IQ4_XS when a product has at least 8 activation columns and its weights are not
+//! repacked), as its AVX512-VNNI microkernel computes each output: per 256-element block an
+//! exact integer `S = sum over sub-blocks of scale * sum(w * y)` of the weight's integer values
+//! `w` and the Q8_K activation, then `r = S * d_row`, for the formats with minimums
+//! `r = fma(-dmin, M, S * d_row)` with the exact `M = sum(min * bsum)`, and
+//! `acc = fma(r, d_y, acc)` in block order (the add and the last multiply contracted by gcc),
+//! from `acc = 0`.
 
 use crate::k_quants::{BlockQ8K, QK_K};
 use crate::kernel::DotFn;
@@ -17,6 +19,29 @@ pub(crate) struct TiledBlock {
     pub d: f32,
     pub w: [i8; QK_K],
     pub scale16: [i32; QK_K / 16],
+    /// The minimums of Q2_K, Q4_K and Q5_K.
+    pub mins: Option<TiledMins>,
+}
+
+/// A format's minimums: `dmin` and an integer minimum per 16 elements (a 32-element
+/// sub-block's repeated), met by the activation's sums of 16.
+pub(crate) struct TiledMins {
+    pub dmin: f32,
+    pub min16: [i32; QK_K / 16],
+}
+
+/// `acc = fma(r, d_y, acc)` for the block's exact integer sum `s` against column `y`, `r` as
+/// the module comment says.
+#[inline(always)]
+pub(crate) fn accumulate(x: &TiledBlock, s: i32, y: &BlockQ8K, acc: &mut f32) {
+    let r = match &x.mins {
+        None => s as f32 * x.d,
+        Some(m) => {
+            let sums: i32 = (0..QK_K / 16).map(|j| m.min16[j] * y.bsum(j)).sum();
+            (-m.dmin).mul_add(sums as f32, s as f32 * x.d)
+        }
+    };
+    *acc = r.mul_add(y.d(), *acc);
 }
 
 /// One block against the same block of several activation columns, into their accumulators:
@@ -35,7 +60,7 @@ pub(crate) fn block_step(x: &TiledBlock, ys: &[&BlockQ8K], acc: &mut [f32]) {
                 .sum();
             s += scale * t;
         }
-        *a = (s as f32 * x.d).mul_add(y.d(), *a);
+        accumulate(x, s, y, a);
     }
 }
 

@@ -15,7 +15,7 @@ pub fn axpy_many(y: &mut [f32], coeffs: &[f32], rows: &[f32]) {
         rows.len()
     );
     #[cfg(target_arch = "x86_64")]
-    if crate::kernel::simd_enabled() {
+    {
         if std::arch::is_x86_feature_detected!("avx512f") {
             // SAFETY: avx512f was detected just above.
             #[allow(unsafe_code)]

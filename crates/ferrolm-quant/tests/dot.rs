@@ -4,7 +4,10 @@
 mod common;
 
 use common::{random_act, random_row, Rng, LATER_TYPES};
-use ferrolm_quant::{dequantize, dot_kernel, dot_kernel_scalar, vec_dot_type, TensorType};
+use ferrolm_quant::{
+    dequantize, dot_kernel, dot_kernel_scalar, dot_kernel_with, vec_dot_type, KernelOptions,
+    TensorType,
+};
 
 const SIMD_TYPES: &[TensorType] = &[
     TensorType::F32,
@@ -97,9 +100,7 @@ fn simd_kernels_equal_the_scalar_reference() {
         }
     }
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2")
-        && std::env::var_os("FERROLM_FORCE_SCALAR").is_none()
-    {
+    if std::arch::is_x86_feature_detected!("avx2") {
         assert_eq!(
             simd,
             weight_types().len(),
@@ -107,7 +108,7 @@ fn simd_kernels_equal_the_scalar_reference() {
         );
     }
     #[cfg(target_arch = "aarch64")]
-    if std::env::var_os("FERROLM_FORCE_SCALAR").is_none() {
+    {
         // F16 rows stay scalar on NEON (f16 vector types are unstable in Rust).
         assert_eq!(
             simd,
@@ -232,6 +233,11 @@ fn multi_full_tiles_match_single_dots() {
 
 /// The types llama.cpp's tiled matmul takes from 8 activation columns.
 const TILED: &[TensorType] = &[
+    TensorType::Q2_K,
+    TensorType::Q3_K,
+    TensorType::Q4_K,
+    TensorType::Q5_K,
+    TensorType::Q6_K,
     TensorType::IQ1_S,
     TensorType::IQ1_M,
     TensorType::IQ2_XXS,
@@ -307,8 +313,8 @@ fn dot_panics_on_short_rows() {
     k.dot(64, &[0u8; 67], &[0u8; 68]);
 }
 
-/// The batched Q4_K and Q6_K products (the AVX-512 VNNI tile where the CPU has one: 4 rows x
-/// 8 columns) against single dots, with random and extreme blocks: every quant at its
+/// The batched Q4_K and Q6_K products without the tiled matmul (the AVX-512 VNNI tile where
+/// the CPU has one: 4 rows x 8 columns) against single dots, with random and extreme blocks: every quant at its
 /// largest, activations at -128 and 127, all 6-bit scales, and shapes with whole tiles and
 /// remainders of rows and columns.
 #[test]
@@ -316,7 +322,7 @@ fn k_quant_batches_with_extreme_blocks_match_single_dots() {
     let mut rng = Rng::new(11);
     let f16 = |v: f32| half::f16::from_f32(v).to_bits().to_le_bytes();
     for ty in [TensorType::Q4_K, TensorType::Q6_K] {
-        let k = dot_kernel(ty).unwrap();
+        let k = dot_kernel_with(ty, &KernelOptions::PLAIN).unwrap();
         let n = 2 * 256;
         let rb = ferrolm_quant::row_bytes(ty, n).unwrap();
         let ab = ferrolm_quant::row_bytes(k.activation_type(), n).unwrap();

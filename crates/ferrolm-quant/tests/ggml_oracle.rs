@@ -8,7 +8,8 @@
 use std::path::PathBuf;
 
 use ferrolm_quant::{
-    dequantize, dot_kernel, dot_kernel_scalar, ggml_vec, quantize_activation, TensorType,
+    dequantize, dot_kernel, dot_kernel_scalar, ggml_vec, matrix_kernel, quantize_activation,
+    KernelOptions, TensorType,
 };
 use half::f16;
 
@@ -228,6 +229,58 @@ fn dot_rows_multi_matches_llama_cpp_sgemm() {
                     || format!("{t} {} multi m={m} n={nc} k={k} [{i}]", kern.isa()),
                     o.to_bits(),
                     w.to_bits(),
+                );
+            }
+        }
+    }
+    fails.finish(total);
+}
+
+/// Whole products through llama.cpp's mul_mat in its default configuration: Q4_K weights
+/// repacked (its gemm for the first `n - n % 4` columns, its gemv for the rest) and the
+/// K-quants' tiled matmul from 8 columns; each compared with the kernel [`matrix_kernel`]
+/// hands out for such a tensor (scalar and this CPU's), and column by column for the batch
+/// split the CPU backend makes between threads (parts starting at multiples of 4).
+#[test]
+fn products_match_llama_cpp_default_paths() {
+    let recs = read("products.bin");
+    let mut fails = Failures::default();
+    let mut total = 0;
+    for r in &recs {
+        assert_eq!(r.kind, "mul_mat");
+        let t = ty(r.ints[0]);
+        let [k, m, nc, repacked] = [1, 2, 3, 4].map(|i| r.ints[i] as usize);
+        let (w, q) = (&r.arrays[0], &r.arrays[1]);
+        let want = f32s(&r.arrays[2]);
+        let (rb, ab) = (w.len() / m, q.len() / nc);
+        for scalar in [true, false] {
+            let options = KernelOptions {
+                scalar,
+                ..Default::default()
+            };
+            // a tensor of 3 rows is never repacked; one of m (a multiple of 8) is, with AVX2
+            let kern = matrix_kernel(t, if repacked == 1 { m } else { 3 }, &options).unwrap();
+            if repacked == 1 && !kern.repacked() {
+                assert!(!std::arch::is_x86_feature_detected!("avx2"));
+                continue; // llama.cpp does not repack without AVX2 either
+            }
+            let mut out = vec![0f32; m * nc];
+            kern.dot_rows_multi(k, w, rb, m, q, ab, nc, &mut out);
+            if kern.splits_by_column() {
+                // the first part of 4 columns alone, as a thread of the CPU backend takes it
+                let part = 4.min(nc);
+                let mut head = vec![0f32; m * part];
+                kern.dot_rows_multi(k, w, rb, m, q, ab, part, &mut head);
+                if nc >= 4 {
+                    assert_eq!(head, out[..m * part], "{t}: a part of 4 columns");
+                }
+            }
+            for (i, (o, want)) in out.iter().zip(&want).enumerate() {
+                total += 1;
+                fails.check(
+                    || format!("{t} {} repacked={repacked} m={m} n={nc} [{i}]", kern.isa()),
+                    o.to_bits(),
+                    want.to_bits(),
                 );
             }
         }

@@ -35,6 +35,7 @@ pub use ferrolm_engine::{
     GenerateParams, Generation, SamplerParams, SlotInput, SlotOutput,
 };
 pub use ferrolm_model::{ExpertMode, LoadOptions, Logits, Model};
+pub use ferrolm_quant::KernelOptions;
 pub use ferrolm_tokenizer::Tokenizer;
 pub use open::{context_size, open_backend, BackendOptions, LoadedModel};
 pub use stream::TokenStream;

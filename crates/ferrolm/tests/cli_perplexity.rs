@@ -57,25 +57,33 @@ fn smollm2_perplexity_is_llama_cpp_s() {
     assert_close(unc, g["ppl_uncertainty"].as_f64().unwrap(), "uncertainty");
 }
 
+/// Gemma 3 270M with llama.cpp's default kernels (its Q4_K matrices repacked, its tiled K-quant
+/// batches) and, with `--no-repack --no-tiled`, with both off.
 #[test]
-fn gemma3_perplexity_is_llama_cpp_s_without_repacking() {
-    let g = &golden()["models"]["gemma3"]["no_repack"];
-    let out = ok(ferrolm(&[
-        "perplexity",
-        "-m",
-        "gemma3",
-        "-f",
-        TEXT,
-        "-c",
-        "256",
-        "--chunks",
-        "4",
-        "-t",
-        "2",
-    ]));
-    let (ppl, unc) = estimate(&out);
-    assert_close(ppl, g["ppl"].as_f64().unwrap(), "PPL");
-    assert_close(unc, g["ppl_uncertainty"].as_f64().unwrap(), "uncertainty");
+fn gemma3_perplexity_is_llama_cpp_s_with_and_without_repacking() {
+    let gemma = &golden()["models"]["gemma3"];
+    for (g, flags) in [
+        (gemma, &[][..]),
+        (&gemma["no_repack"], &["--no-repack", "--no-tiled"][..]),
+    ] {
+        let mut args = vec![
+            "perplexity",
+            "-m",
+            "gemma3",
+            "-f",
+            TEXT,
+            "-c",
+            "256",
+            "--chunks",
+            "4",
+            "-t",
+            "2",
+        ];
+        args.extend(flags);
+        let (ppl, unc) = estimate(&ok(ferrolm(&args)));
+        assert_close(ppl, g["ppl"].as_f64().unwrap(), "PPL");
+        assert_close(unc, g["ppl_uncertainty"].as_f64().unwrap(), "uncertainty");
+    }
 }
 
 #[test]

@@ -135,7 +135,7 @@ pub fn matmul_group(
     let mut mats = Vec::with_capacity(jobs.len());
     for (j, (w, input, out)) in jobs.into_iter().enumerate() {
         assert_eq!(out.len(), w.rows);
-        kernels.push(ferrolm_quant::dot_kernel(w.ty).expect("checked at load"));
+        kernels.push(w.kernel);
         mats.push((w, &input.data[..input.stride]));
         for (c, chunk) in out.chunks_mut(ROWS_PER_TASK).enumerate() {
             tasks.push(std::sync::Mutex::new((j, c * ROWS_PER_TASK, chunk)));
@@ -159,7 +159,7 @@ const ROWS_PER_TASK: usize = 32;
 
 /// `out[t * w.rows + r] = dot(row r of w, input row t)` for every token `t`.
 pub fn matmul(pool: &ThreadPool, w: &Matrix, file: &[u8], input: &QuantizedRows, out: &mut [f32]) {
-    let kernel: DotKernel = ferrolm_quant::dot_kernel(w.ty).expect("checked at load");
+    let kernel: DotKernel = w.kernel;
     let data = w.data(file);
     let n_tok = input.n;
     assert_eq!(out.len(), n_tok * w.rows);
@@ -172,10 +172,11 @@ pub fn matmul(pool: &ThreadPool, w: &Matrix, file: &[u8], input: &QuantizedRows,
         });
         return;
     }
-    if splits_by_token(w.ty) {
+    if kernel.splits_by_column() {
         // Every output of these kernels is its own row-by-column dot, whatever the tile, so the
-        // batch can be split by tokens: each task writes whole output rows in place (no tile
-        // copies) and its activations stay in cache while the weight rows stream past.
+        // batch can be split by tokens (parts of a multiple of 4): each task writes whole
+        // output rows in place (no tile copies) and its activations stay in cache while the
+        // weight rows stream past.
         let per_task = n_tok
             .div_ceil(4 * pool.n_threads().max(1))
             .next_multiple_of(8)
@@ -222,30 +223,4 @@ pub fn matmul(pool: &ThreadPool, w: &Matrix, file: &[u8], input: &QuantizedRows,
                 .copy_from_slice(&tile[t * n_rows..(t + 1) * n_rows]);
         }
     }
-}
-
-/// Whether batches of `ty` may be split by tokens: the quantized types, whose batched outputs
-/// equal their single dots bit for bit (tests/dot.rs in ferrolm-quant); not the float and
-/// IQ4_NL ones, whose batches follow llamafile_sgemm's tiles over the 32-row tasks, nor the
-/// i-quants, whose kernel (llama.cpp's tiled matmul from 8 columns) must see the whole batch.
-fn splits_by_token(ty: TensorType) -> bool {
-    use TensorType as T;
-    matches!(
-        ty,
-        T::Q4_0
-            | T::Q4_1
-            | T::Q5_0
-            | T::Q5_1
-            | T::Q8_0
-            | T::Q2_K
-            | T::Q3_K
-            | T::Q4_K
-            | T::Q5_K
-            | T::Q6_K
-            | T::TQ1_0
-            | T::TQ2_0
-            | T::Q1_0
-            | T::Q2_0
-            | T::NVFP4
-    )
 }

@@ -76,6 +76,19 @@ pub fn kl_and_top1(reference: &[u8], k: usize, ours: &[f32]) -> (f64, bool) {
     (kl, argmax(ours) == ref_best)
 }
 
+/// Whether each of the reference's top `k` logits (a row as `kl_and_top1` reads it) has the same
+/// f32 bits in `ours`: bit-level agreement, which the KL cannot show (the reference's
+/// log-sum-exp is stored rounded to f32, which alone gives KLs up to about 1e-5).
+#[allow(dead_code)] // not every test binary that includes this module compares bits
+pub fn same_top_logits(reference: &[u8], k: usize, ours: &[f32]) -> bool {
+    (0..k).all(|i| {
+        let o = 4 + i * 8;
+        let id = u32::from_le_bytes(reference[o..o + 4].try_into().unwrap()) as usize;
+        let want = f32::from_le_bytes(reference[o + 4..o + 8].try_into().unwrap());
+        ours[id].to_bits() == want.to_bits()
+    })
+}
+
 /// Whether our pick is within `tolerance` of the reference's best logit (MODELS.md: random
 /// weights give near-ties), judged by the reference's own logits; a pick outside the
 /// reference's top-k disagrees.

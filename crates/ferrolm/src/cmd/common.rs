@@ -8,6 +8,7 @@ use ferrolm::{Backend, BackendOptions, CudaTuning, Device};
 use ferrolm_engine::SamplerParams;
 use ferrolm_gguf::GgufFile;
 use ferrolm_model::{ExpertMode, LoadOptions, Model};
+use ferrolm_quant::KernelOptions;
 use ferrolm_tokenizer::Tokenizer;
 
 use crate::models;
@@ -36,13 +37,28 @@ pub struct ModelArgs {
     /// (a model larger than the GPU's memory); default: every layer. 0: the CPU alone.
     #[arg(long, value_name = "N")]
     pub gpu_layers: Option<usize>,
+    /// On the CPU, sum the products as llama.cpp does with `--no-repack` (its weights kept as
+    /// in the file) instead of as its default, which repacks Q4_K matrices on x86-64 CPUs
+    /// with AVX2 and sums them in another order.
+    #[arg(long)]
+    pub no_repack: bool,
+    /// On the CPU, sum batches of 8 or more tokens as llama.cpp does with
+    /// `GGML_CPU_TILED_MM=0` (no tiled matmul for the K-quants and i-quants).
+    #[arg(long)]
+    pub no_tiled: bool,
 }
 
 impl ModelArgs {
-    /// How to load the model these flags name.
+    /// How to load the model these flags name; `FERROLM_FORCE_SCALAR` (set to anything) picks
+    /// the scalar reference kernels.
     pub fn load_options(&self) -> LoadOptions {
         LoadOptions {
             threads: self.threads,
+            kernels: KernelOptions {
+                scalar: std::env::var_os("FERROLM_FORCE_SCALAR").is_some(),
+                repack: !self.no_repack,
+                tiled: !self.no_tiled,
+            },
             experts: match self.expert_cache {
                 None => ExpertMode::Auto,
                 Some(0) => ExpertMode::Resident,

@@ -1,0 +1,126 @@
+//! llama.cpp's CPU_REPACK products for Q4_K (`ggml_gemv/gemm_q4_K_8x8_q8_K`), which its x86
+//! build takes whenever the CPU has AVX2 and a 2-D weight has a multiple of 8 rows: the
+//! weights are re-laid in tiles of 8 rows at load, and the sums run in another order than
+//! `vec_dot`'s. Only the arithmetic matters here (each output is one row against one column),
+//! so the rows stay as they are in the file.
+//!
+//! Per 256-element block, with exact integers `S` (the scaled quants against the activation)
+//! and `M` (the minimums against the activation's sums):
+//! * gemv (a batch's last `n % 4` columns, and every single column):
+//!   `acc = fma(S, d * d_y, acc)`, `acc_min = fma(M, dmin * d_y, acc_min)` once per block;
+//! * gemm (the batch's first `n - n % 4` columns): the same two fmas once per 64 elements
+//!   (a pair of sub-blocks), with `S` and `M` of those 64;
+//!
+//! and the output is `acc - acc_min`. The AVX2 and AVX512 builds of both agree element for
+//! element (their lanes hold different outputs, never parts of one).
+
+use crate::common::f16_to_f32;
+use crate::k_quants::{scale_min_k4, BlockQ4K, BlockQ8K, QK_K};
+use crate::TensorType;
+
+/// Whether llama.cpp b11312, built for this CPU, repacks a 2-D weight of `ty` with `rows` rows
+/// (`ggml_repack_get_optimal_repack_type`) and ferrolm mirrors its product. Q4_0, IQ4_NL,
+/// MXFP4 and (with AVX512) Q2_K are repacked too but not mirrored; on aarch64 llama.cpp's
+/// Q4_K tiles are other ones (8x4 with dotprod), not mirrored either.
+pub(crate) fn mirrors(ty: TensorType, rows: usize) -> bool {
+    ty == TensorType::Q4_K && rows.is_multiple_of(8) && cpu_has_avx2()
+}
+
+fn cpu_has_avx2() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avx2")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// Exact integer sums of one block against one column, per 64 elements: `(S, M)`.
+pub(crate) type PairSums = fn(&BlockQ4K, &BlockQ8K) -> [(i32, i32); 4];
+
+/// [`PairSums`] in scalar code.
+pub(crate) fn pair_sums(x: &BlockQ4K, y: &BlockQ8K) -> [(i32, i32); 4] {
+    let q = y.q();
+    std::array::from_fn(|p| {
+        let (mut s, mut m) = (0, 0);
+        for j in [2 * p, 2 * p + 1] {
+            let (scale, min) = scale_min_k4(j, &x.scales);
+            // sub-block j: low nibbles of bytes 32p.. for even j, high nibbles for odd j
+            let dot: i32 = (0..32)
+                .map(|l| {
+                    let byte = x.qs[32 * p + l];
+                    let w = if j % 2 == 0 { byte & 0x0f } else { byte >> 4 };
+                    w as i32 * q[32 * j + l] as i32
+                })
+                .sum();
+            s += scale as i32 * dot;
+            m += min as i32 * (y.bsum(2 * j) + y.bsum(2 * j + 1));
+        }
+        (s, m)
+    })
+}
+
+/// One row against one column as the gemv computes it.
+pub(crate) fn gemv(sums: PairSums, row: &[BlockQ4K], col: &[BlockQ8K]) -> f32 {
+    let (mut acc, mut acc_min) = (0f32, 0f32);
+    for (x, y) in row.iter().zip(col) {
+        let (s, m) = sums(x, y)
+            .iter()
+            .fold((0, 0), |(s, m), &(ps, pm)| (s + ps, m + pm));
+        acc = (s as f32).mul_add(f16_to_f32(x.d) * y.d(), acc);
+        acc_min = (m as f32).mul_add(f16_to_f32(x.dmin) * y.d(), acc_min);
+    }
+    acc - acc_min
+}
+
+/// One row against one column as the gemm computes it.
+pub(crate) fn gemm(sums: PairSums, row: &[BlockQ4K], col: &[BlockQ8K]) -> f32 {
+    let (mut acc, mut acc_min) = (0f32, 0f32);
+    for (x, y) in row.iter().zip(col) {
+        let (d, dmin) = (f16_to_f32(x.d) * y.d(), f16_to_f32(x.dmin) * y.d());
+        for (s, m) in sums(x, y) {
+            acc = (s as f32).mul_add(d, acc);
+            acc_min = (m as f32).mul_add(dmin, acc_min);
+        }
+    }
+    acc - acc_min
+}
+
+/// `DotKernel::dot` of a repacked Q4_K row: the gemv.
+pub(crate) fn dot_q4_k(sums: PairSums, n: usize, row: &[u8], act: &[u8]) -> f32 {
+    debug_assert!(n.is_multiple_of(QK_K));
+    gemv(sums, bytemuck::cast_slice(row), bytemuck::cast_slice(act))
+}
+
+/// `DotKernel::dot_rows_multi` of repacked Q4_K rows: the gemm for the first
+/// `n_cols - n_cols % 4` columns, the gemv for the rest (`forward_mul_mat_one_chunk`). A caller
+/// splitting a batch by columns must start every part at a multiple of 4.
+#[allow(clippy::too_many_arguments)] // two strided matrices and their shapes
+pub(crate) fn multi_q4_k(
+    sums: PairSums,
+    n: usize,
+    rows: &[u8],
+    row_stride: usize,
+    n_rows: usize,
+    acts: &[u8],
+    act_stride: usize,
+    n_cols: usize,
+    out: &mut [f32],
+) {
+    let nb = n / QK_K;
+    let (rb, ab) = (
+        nb * std::mem::size_of::<BlockQ4K>(),
+        nb * std::mem::size_of::<BlockQ8K>(),
+    );
+    let tiled_cols = n_cols - n_cols % 4;
+    for c in 0..n_cols {
+        let col: &[BlockQ8K] = bytemuck::cast_slice(&acts[c * act_stride..c * act_stride + ab]);
+        let product = if c < tiled_cols { gemm } else { gemv };
+        for i in 0..n_rows {
+            let row: &[BlockQ4K] = bytemuck::cast_slice(&rows[i * row_stride..i * row_stride + rb]);
+            out[c * n_rows + i] = product(sums, row, col);
+        }
+    }
+}
