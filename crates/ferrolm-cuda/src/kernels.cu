@@ -959,6 +959,9 @@ struct Q6_K {
     }
 };
 
+// @IQUANTS: kernels.rs puts the i-quant block types here (kernels_iquants.cu, with ferrolm-quant's
+// lattice tables before them).
+
 // ---- repacked rows (ferrolm_cuda::repack): a row's blocks with each field gathered into its
 // own array, the same bytes in another order, so that the quants load 16 bytes at a time
 // (GGUF's 34- and 210-byte blocks are only 2-byte aligned). nc: the row's chunks. ----
@@ -2237,6 +2240,19 @@ __device__ __forceinline__ void embed_rows(const u8* __restrict__ table, int row
     X(Q2_K) \
     X(Q3_K) \
     X(Q5_K) \
+    X(IQ2_XXS) \
+    X(IQ2_XS) \
+    X(IQ2_S) \
+    X(IQ3_XXS) \
+    X(IQ3_S) \
+    X(IQ1_S) \
+    X(IQ1_M) \
+    X(IQ4_XS) \
+    X(TQ1_0) \
+    X(TQ2_0) \
+    X(Q1_0) \
+    X(Q2_0) \
+    X(NVFP4) \
     X(Q8_0R) \
     X(Q6_KR)
 
@@ -2258,6 +2274,19 @@ ALL_TYPES(FOR_TYPE_BATCH)
     X(Q2_K) \
     X(Q3_K) \
     X(Q5_K) \
+    X(IQ2_XXS) \
+    X(IQ2_XS) \
+    X(IQ2_S) \
+    X(IQ3_XXS) \
+    X(IQ3_S) \
+    X(IQ1_S) \
+    X(IQ1_M) \
+    X(IQ4_XS) \
+    X(TQ1_0) \
+    X(TQ2_0) \
+    X(Q1_0) \
+    X(Q2_0) \
+    X(NVFP4) \
     X(Q8_0R) \
     X(Q6_KR)
 

@@ -4,9 +4,25 @@
 //! different GPU never loads stale code; the cache lives under `$FERROLM_HOME/kernels/`.
 
 use std::path::{Path, PathBuf};
+use std::sync::LazyLock;
 
-/// The kernels, CUDA C (no headers: NVRTC compiles it as is).
-pub const SOURCE: &str = include_str!("kernels.cu");
+/// The kernels, CUDA C (no headers: NVRTC compiles it as is): kernels.cu with the i-quant
+/// block types of kernels_iquants.cu at its `@IQUANTS` line, after the lattice tables they
+/// read, rendered from ferrolm-quant's (the CPU's own).
+pub static SOURCE: LazyLock<String> = LazyLock::new(|| {
+    let main = include_str!("kernels.cu");
+    let at = main
+        .find("// @IQUANTS")
+        .expect("kernels.cu marks where the i-quants go");
+    let mut s = String::with_capacity(main.len() + (1 << 17));
+    s.push_str(&main[..at]);
+    s.push_str(&ferrolm_quant::lattice_tables_c());
+    s.push('\n');
+    s.push_str(include_str!("kernels_iquants.cu"));
+    s.push('\n');
+    s.push_str(&main[at..]);
+    s
+});
 
 /// [`SOURCE`] after a `#define` line for each comma-separated `NAME` or `NAME=VALUE` of
 /// `defines` (`FERROLM_CUDA_DEFINES`: kernel variants compared on the GPU machine without a
@@ -21,7 +37,7 @@ pub fn source_with_defines(defines: Option<String>) -> String {
         let (name, value) = d.split_once('=').unwrap_or((d, ""));
         out.push_str(&format!("#define {} {}\n", name.trim(), value.trim()));
     }
-    out.push_str(SOURCE);
+    out.push_str(&SOURCE);
     out
 }
 
@@ -149,10 +165,10 @@ mod tests {
 
     #[test]
     fn defines_go_before_the_source() {
-        assert_eq!(source_with_defines(None), SOURCE);
+        assert_eq!(source_with_defines(None), *SOURCE);
         let s = source_with_defines(Some("A=2, B ,".into()));
         assert!(s.starts_with("#define A 2\n#define B \n"));
-        assert!(s.ends_with(SOURCE));
+        assert!(s.ends_with(SOURCE.as_str()));
     }
 
     #[test]

@@ -4,14 +4,13 @@
 // format: Q8_K for the 256-value types, Q8_0 for the others, as on the CPU) and `dot` (the
 // chunk against its quantized activations with dp4a).
 //
-// NOT INCLUDED ANYWHERE YET, AND NEVER COMPILED OR RUN ON A GPU: written while kernels.cu was
-// being reworked; to be appended to kernels.cu's source (it uses its Act, LD, h2f, ld_u16x2,
-// lookup16 and codebook_dot), with the lattice tables prepended by the host, as
-// `ferrolm_quant::lattice_tables_c()` renders them:
-//   __device__ const u64 IQ2XXS_GRID[256], IQ2XS_GRID[512], IQ2S_GRID[1024], IQ1S_GRID[2048];
-//   __device__ const u32 IQ3XXS_GRID[256], IQ3S_GRID[512];
-// and the X-macro lists of kernels.cu extended with these names. The CPU twin of every formula
-// here is ferrolm-quant's dequantize (the same integer values and scales).
+// Compiled with the rest (kernels.rs puts this file at kernels.cu's `@IQUANTS` line, after the
+// lattice tables `ferrolm_quant::lattice_tables_c()` renders: IQ2XXS_GRID, IQ2XS_GRID,
+// IQ2S_GRID, IQ1S_GRID, IQ3XXS_GRID, IQ3S_GRID; CI compiles it with NVRTC), and instantiated
+// by kernels.cu's type lists, but NOT YET RUN ON A GPU: `schedule::kernel_type` does not list
+// these types, so a file with them declines on CUDA until `cuda-check` has compared each with
+// the CPU. The CPU twin of every formula here is ferrolm-quant's dequantize (the same integer
+// values and scales).
 //
 // Every type decodes a chunk into 32 signed byte values, four to a word (word k: values
 // 4k..4k+4), and one float scale per 16 values: value i = s[i / 16] * v[i]. The i-quants' IQ1

@@ -1483,7 +1483,7 @@ mod tests {
 
     #[test]
     fn the_tensor_core_attention_kernels_are_in_the_source() {
-        let src = crate::kernels::SOURCE;
+        let src = crate::kernels::SOURCE.as_str();
         assert!(src.contains("void __launch_bounds__(128)                                            \\\n        attn_mma_##HD("));
         for hd in [64, 128] {
             let name = mma_attention(hd).expect("served");

@@ -39,7 +39,9 @@ fn decline(field: impl Into<String>, value: impl std::fmt::Display) -> Decline {
     }
 }
 
-/// The kernel-name suffix of the block types the matrix-vector kernels read.
+/// The kernel-name suffix of the block types the matrix-vector kernels read. (The types of
+/// kernels_iquants.cu compile and are instantiated, but are listed here only once `cuda-check`
+/// has compared them with the CPU on a GPU.)
 pub fn kernel_type(ty: TensorType) -> Option<&'static str> {
     Some(match ty {
         TensorType::F32 => "F32",
@@ -1979,7 +1981,7 @@ mod tests {
                 let needle = format!("void {}(", l.kernel);
                 // NAME_T from a macro over a type list: `void NAME_##T(` or, for the products,
                 // `void NAME##S(` with S = `_##T` (ALL_TYPES) or `q_##T` (QUANTIZED_TYPES).
-                let src = crate::kernels::SOURCE;
+                let src = crate::kernels::SOURCE.as_str();
                 let list = |name: &str| {
                     let start = src.find(&format!("#define {name}(X)")).expect("type list");
                     &src[start..start + src[start..].find("\n\n").expect("list end")]
@@ -2197,7 +2199,7 @@ mod tests {
         assert_eq!(choose.kernel, "choose_token");
         assert_eq!(choose.args.last(), Some(&Arg::Buf(Buf::TokenRing)));
         assert!(TOKEN_RING.is_power_of_two());
-        let src = crate::kernels::SOURCE;
+        let src = crate::kernels::SOURCE.as_str();
         assert!(src.contains(&format!("#define TOKEN_RING {TOKEN_RING}\n")));
         assert!(src.contains("u32* draw_idx, u32* ring)"));
         // The first layers alone choose nothing: no ring.
