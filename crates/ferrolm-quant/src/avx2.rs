@@ -261,10 +261,24 @@ unsafe fn repack_gemv_avx2(
     acc - acc_min
 }
 
-/// `DotKernel::dot_rows` of repacked Q4_K rows with AVX2: `repack::gemv`'s arithmetic, four
-/// rows at a time (the column's quants loaded once per block for the four, their sums reduced
-/// together). Handed out only after run-time detection (`kernel::build_repacked`).
+/// `DotKernel::dot_rows` of repacked Q4_K rows: `repack::gemv`'s arithmetic, eight rows at a
+/// time by AVX512-VNNI where the CPU has it, four at a time by AVX2 (the column's quants loaded
+/// once per block for the group, their sums reduced together). Handed out only after run-time
+/// detection of AVX2 and FMA (`kernel::build_repacked`).
 pub(crate) fn repack_rows_q4_k(
+    n: usize,
+    rows: &[u8],
+    row_stride: usize,
+    act: &[u8],
+    out: &mut [f32],
+) {
+    repack_rows_with(has_avx512_vnni(), n, rows, row_stride, act, out)
+}
+
+/// [`repack_rows_q4_k`], eight rows at a time by AVX512-VNNI when `vnni` (which the CPU must
+/// have), the rest (or all, without it) by AVX2.
+fn repack_rows_with(
+    vnni: bool,
     n: usize,
     rows: &[u8],
     row_stride: usize,
@@ -276,22 +290,139 @@ pub(crate) fn repack_rows_q4_k(
     let rb = nb * std::mem::size_of::<BlockQ4K>();
     assert!(act.len() >= nb * std::mem::size_of::<BlockQ8K>());
     assert!(out.is_empty() || rows.len() >= (out.len() - 1) * row_stride + rb);
+    assert!(!vnni || has_avx512_vnni());
     let col: &[BlockQ8K] = bytemuck::cast_slice(&act[..nb * std::mem::size_of::<BlockQ8K>()]);
     let row = |i: usize| -> &[BlockQ4K] {
         bytemuck::cast_slice(&rows[i * row_stride..i * row_stride + rb])
     };
-    let quads = out.len() / 4;
+    let mut done = 0;
+    if vnni {
+        let octets = out.len() / 8;
+        for g in 0..octets {
+            // SAFETY: the AVX512 features were detected (asserted above), avx2, fma and f16c
+            // before this function was handed out; the loads read within rows 8g..8g + 8's
+            // blocks (the length check above) and the column's.
+            let sums = unsafe {
+                repack_gemv8_vnni(rows.as_ptr().add(8 * g * row_stride), row_stride, col)
+            };
+            out[8 * g..8 * g + 8].copy_from_slice(&sums);
+        }
+        done = 8 * octets;
+    }
+    let quads = (out.len() - done) / 4;
     for g in 0..quads {
-        let four = [row(4 * g), row(4 * g + 1), row(4 * g + 2), row(4 * g + 3)];
+        let i = done + 4 * g;
+        let four = [row(i), row(i + 1), row(i + 2), row(i + 3)];
         // SAFETY: avx2 and fma were detected before this function was handed out; the loads
         // read within the four rows' blocks and the column's.
         let sums = unsafe { repack_gemv4_avx2(four, col) };
-        out[4 * g..4 * g + 4].copy_from_slice(&sums);
+        out[i..i + 4].copy_from_slice(&sums);
     }
-    for (i, o) in out.iter_mut().enumerate().skip(4 * quads) {
+    for (i, o) in out.iter_mut().enumerate().skip(done + 4 * quads) {
         // SAFETY: as above.
         *o = unsafe { repack_gemv_avx2(row(i), col) };
     }
+}
+
+/// Eight consecutive rows (`rows`, `row_stride` bytes apart, each `col.len()` Q4_K blocks)
+/// against one column, `repack::gemv`'s arithmetic: per block each row's exact `S` (pairs of
+/// sub-blocks side by side in 512 bits: `vpmaddubsw`, then the scales by `vpdpwssd`) and `M`,
+/// reduced into lane r of two vectors, then one fma per accumulator, lane r row r's chain in
+/// block order.
+///
+/// # Safety
+/// The CPU must have AVX2, FMA, F16C, AVX512 F/BW/VL/VNNI; the eight rows' blocks must be
+/// readable.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn repack_gemv8_vnni(
+    rows: *const u8,
+    row_stride: usize,
+    col: &[crate::k_quants::BlockQ8K],
+) -> [f32; 8] {
+    let nibble = _mm512_set1_epi8(0x0f);
+    // vpshufb controls over the eight scale bytes (in every 128-bit lane): i16 lanes of the
+    // low 256 bits take scale a, of the high 256 bits scale b
+    let ctrl = |a: i8, b: i8| {
+        let (a, b) = (a as u8 as i32 | 0x8000, b as u8 as i32 | 0x8000);
+        let (a, b) = ((a | a << 16), (b | b << 16));
+        _mm512_setr_epi32(a, a, a, a, a, a, a, a, b, b, b, b, b, b, b, b)
+    };
+    // k = 2h + odd: the 64 bytes h of the quants, low (odd = 0) or high nibbles, hold
+    // sub-blocks (4h + odd | 4h + 2 + odd)
+    let ctl = [ctrl(0, 2), ctrl(1, 3), ctrl(4, 6), ctrl(5, 7)];
+    let order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 0, 0, 0, 0, 0, 0, 0, 0);
+    let (mut acc, mut acc_min) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+    for (b, y) in col.iter().enumerate() {
+        let q = y.qs.as_ptr();
+        let ys: [__m512i; 4] = std::array::from_fn(|k| {
+            let (h, odd) = (k / 2, k % 2);
+            let a = load(q.add(128 * h + 32 * odd));
+            let c = load(q.add(128 * h + 64 + 32 * odd));
+            _mm512_inserti64x4::<1>(_mm512_castsi256_si512(a), c)
+        });
+        let bsums = y.bsums.as_ptr();
+        let bsum32 = _mm_hadd_epi16(
+            _mm_loadu_si128(bsums as *const __m128i),
+            _mm_loadu_si128(bsums.add(16) as *const __m128i),
+        );
+        let mut sv = [_mm512_setzero_si512(); 8];
+        let mut mv = [_mm_setzero_si128(); 8];
+        let mut dm = [0i32; 8];
+        for r in 0..8 {
+            let x = rows.add(r * row_stride + 144 * b);
+            let (sc, mn) = k4_scale_min_bytes(x.add(4));
+            let scb = _mm512_broadcast_i32x4(_mm_cvtsi64_si128(i64::from_le_bytes(sc)));
+            let mut s = _mm512_setzero_si512();
+            for h in 0..2 {
+                let raw = _mm512_loadu_si512(x.add(16 + 64 * h) as *const _);
+                let lo = _mm512_and_si512(raw, nibble);
+                let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(raw), nibble);
+                let plo = _mm512_maddubs_epi16(lo, ys[2 * h]);
+                let phi = _mm512_maddubs_epi16(hi, ys[2 * h + 1]);
+                s = _mm512_dpwssd_epi32(s, plo, _mm512_shuffle_epi8(scb, ctl[2 * h]));
+                s = _mm512_dpwssd_epi32(s, phi, _mm512_shuffle_epi8(scb, ctl[2 * h + 1]));
+            }
+            sv[r] = s;
+            let mins = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(i64::from_le_bytes(mn)));
+            mv[r] = _mm_madd_epi16(mins, bsum32);
+            dm[r] = (x as *const i32).read_unaligned();
+        }
+        // S: eight rows' 16 lanes to lane r of one vector, halving twice by 128-bit lanes
+        let t: [__m512i; 4] = std::array::from_fn(|i| {
+            let (a, c) = (sv[2 * i], sv[2 * i + 1]);
+            _mm512_add_epi32(
+                _mm512_shuffle_i64x2::<0x44>(a, c),
+                _mm512_shuffle_i64x2::<0xee>(a, c),
+            )
+        });
+        // 128-bit lane k of u[j]: row 4j + k's four partial sums
+        let u: [__m512i; 2] = std::array::from_fn(|j| {
+            let (a, c) = (t[2 * j], t[2 * j + 1]);
+            _mm512_add_epi32(
+                _mm512_shuffle_i64x2::<0x88>(a, c),
+                _mm512_shuffle_i64x2::<0xdd>(a, c),
+            )
+        });
+        let c = _mm512_add_epi32(
+            _mm512_unpacklo_epi32(u[0], u[1]),
+            _mm512_unpackhi_epi32(u[0], u[1]),
+        );
+        // lane k: (row k, row 4 + k) in its first two i32
+        let e = _mm512_add_epi32(c, _mm512_shuffle_epi32::<0b01_00_11_10>(c));
+        let s8 = _mm512_castsi512_si256(_mm512_permutexvar_epi32(order, e));
+        let m_lo = _mm_hadd_epi32(_mm_hadd_epi32(mv[0], mv[1]), _mm_hadd_epi32(mv[2], mv[3]));
+        let m_hi = _mm_hadd_epi32(_mm_hadd_epi32(mv[4], mv[5]), _mm_hadd_epi32(mv[6], mv[7]));
+        let m8 = _mm256_set_m128i(m_hi, m_lo);
+        let dm = _mm256_loadu_si256(dm.as_ptr() as *const __m256i);
+        let d = _mm256_cvtph_ps(_mm256_cvtepi32_epi16(dm));
+        let dmin = _mm256_cvtph_ps(_mm256_cvtepi32_epi16(_mm256_srli_epi32::<16>(dm)));
+        let yd = _mm256_set1_ps(y.d());
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s8), _mm256_mul_ps(d, yd), acc);
+        acc_min = _mm256_fmadd_ps(_mm256_cvtepi32_ps(m8), _mm256_mul_ps(dmin, yd), acc_min);
+    }
+    let mut out = [0f32; 8];
+    _mm256_storeu_ps(out.as_mut_ptr(), _mm256_sub_ps(acc, acc_min));
+    out
 }
 
 #[target_feature(enable = "avx2,fma")]
@@ -2298,16 +2429,26 @@ mod batch_tests {
             super::repack_multi_with(vnni, n, &rows, rb, n_rows, &acts, ab, n_cols, &mut got);
             assert_eq!(bits(&got), bits(&want), "vnni {vnni}");
         }
-        let mut gemv = vec![0f32; n_rows];
-        super::repack_rows_q4_k(n, &rows, rb, &acts[..ab], &mut gemv);
-        for (i, g) in gemv.iter().enumerate() {
-            let one = crate::repack::dot_q4_k(
-                crate::repack::pair_sums,
-                n,
-                &rows[i * rb..(i + 1) * rb],
-                &acts[..ab],
-            );
-            assert_eq!(g.to_bits(), one.to_bits(), "gemv row {i}");
+        // the gemv: eight rows at a time (VNNI), four, one
+        let (n_rows, n) = (29, 1024);
+        let (rb, ab) = (n / 256 * 144, n / 256 * 292);
+        let rows = quantized(n_rows, rb, quantize_q4_k);
+        let act = quantized(1, ab, quantize_q8_k);
+        for vnni in [false, true] {
+            if vnni && !super::has_avx512_vnni() {
+                continue;
+            }
+            let mut gemv = vec![0f32; n_rows];
+            super::repack_rows_with(vnni, n, &rows, rb, &act, &mut gemv);
+            for (i, g) in gemv.iter().enumerate() {
+                let one = crate::repack::dot_q4_k(
+                    crate::repack::pair_sums,
+                    n,
+                    &rows[i * rb..(i + 1) * rb],
+                    &act,
+                );
+                assert_eq!(g.to_bits(), one.to_bits(), "gemv row {i}, vnni {vnni}");
+            }
         }
     }
 }
