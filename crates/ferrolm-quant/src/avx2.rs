@@ -370,6 +370,14 @@ unsafe fn repack_gemv8_vnni(
         let mut dm = [0i32; 8];
         for r in 0..8 {
             let x = rows.add(r * row_stride + 144 * b);
+            // the row's block four ahead (its three cache lines): eight streams at once are
+            // more than the hardware prefetchers keep ahead of (about 3% here)
+            if b + 4 < col.len() {
+                let f = x.add(4 * 144) as *const i8;
+                _mm_prefetch::<_MM_HINT_T0>(f);
+                _mm_prefetch::<_MM_HINT_T0>(f.add(64));
+                _mm_prefetch::<_MM_HINT_T0>(f.add(128));
+            }
             let (sc, mn) = k4_scale_min_bytes(x.add(4));
             let scb = _mm512_broadcast_i32x4(_mm_cvtsi64_si128(i64::from_le_bytes(sc)));
             let mut s = _mm512_setzero_si512();
