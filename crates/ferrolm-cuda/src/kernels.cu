@@ -2222,6 +2222,22 @@ __device__ __forceinline__ void embed_rows(const u8* __restrict__ table, int row
         embed_rows<T>(table, row_bytes, n_chunks, ids, x);                                       \
     }
 
+// The block types of kernels_iquants.cu (both lists below take them).
+#define IQUANT_TYPES(X) \
+    X(IQ2_XXS) \
+    X(IQ2_XS) \
+    X(IQ2_S) \
+    X(IQ3_XXS) \
+    X(IQ3_S) \
+    X(IQ1_S) \
+    X(IQ1_M) \
+    X(IQ4_XS) \
+    X(TQ1_0) \
+    X(TQ2_0) \
+    X(Q1_0) \
+    X(Q2_0) \
+    X(NVFP4)
+
 // Every block type the kernels read, once: each instantiates the decode kernels (FOR_TYPE)
 // and the prompt-batch kernels (FOR_TYPE_BATCH); `schedule::kernel_type` names the same list.
 #define ALL_TYPES(X) \
@@ -2240,19 +2256,7 @@ __device__ __forceinline__ void embed_rows(const u8* __restrict__ table, int row
     X(Q2_K) \
     X(Q3_K) \
     X(Q5_K) \
-    X(IQ2_XXS) \
-    X(IQ2_XS) \
-    X(IQ2_S) \
-    X(IQ3_XXS) \
-    X(IQ3_S) \
-    X(IQ1_S) \
-    X(IQ1_M) \
-    X(IQ4_XS) \
-    X(TQ1_0) \
-    X(TQ2_0) \
-    X(Q1_0) \
-    X(Q2_0) \
-    X(NVFP4) \
+    IQUANT_TYPES(X) \
     X(Q8_0R) \
     X(Q6_KR)
 
@@ -2274,19 +2278,7 @@ ALL_TYPES(FOR_TYPE_BATCH)
     X(Q2_K) \
     X(Q3_K) \
     X(Q5_K) \
-    X(IQ2_XXS) \
-    X(IQ2_XS) \
-    X(IQ2_S) \
-    X(IQ3_XXS) \
-    X(IQ3_S) \
-    X(IQ1_S) \
-    X(IQ1_M) \
-    X(IQ4_XS) \
-    X(TQ1_0) \
-    X(TQ2_0) \
-    X(Q1_0) \
-    X(Q2_0) \
-    X(NVFP4) \
+    IQUANT_TYPES(X) \
     X(Q8_0R) \
     X(Q6_KR)
 
