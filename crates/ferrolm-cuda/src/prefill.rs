@@ -20,7 +20,9 @@ use ferrolm_gguf::TensorType;
 
 use crate::device::Rows;
 use crate::device::{driver, launch, Value};
-use crate::schedule::{DecodePlan, GateActivation, LayerRefs, MatrixSpec, MoeRefs, MATVEC_ROWS};
+use crate::schedule::{
+    expert_product_kernel, DecodePlan, LayerRefs, MatrixSpec, MoeRefs, MATVEC_ROWS,
+};
 use crate::{CudaError, CudaTuning};
 
 /// Tokens in one batch: longer prompts go through in batches of this many.
@@ -152,12 +154,26 @@ struct MoeBuffers {
     shared_gate: CudaSlice<f32>,
 }
 
-/// Elements of each of [`MoeBuffers`]' per-pair buffers (`MAX_BATCH` tokens' pairs).
-fn moe_pairs(p: &DecodePlan) -> usize {
-    MAX_BATCH * p.max_used
-}
-
 impl MoeBuffers {
+    /// Each buffer's elements: the 4-byte ones in field order, then the f16 gathered rows
+    /// (`MAX_BATCH` tokens and their pairs).
+    fn lens(p: &DecodePlan) -> ([usize; 10], usize) {
+        let (pairs, d) = (MAX_BATCH * p.max_used, p.n_embd);
+        let four = [
+            MAX_BATCH * p.max_experts,
+            pairs,
+            pairs,
+            p.max_experts,
+            p.max_experts,
+            pairs,
+            pairs * d,
+            MAX_BATCH * d,
+            MAX_BATCH * d,
+            MAX_BATCH,
+        ];
+        (four, pairs * d)
+    }
+
     fn new(stream: &Arc<CudaStream>, p: &DecodePlan) -> Result<MoeBuffers, CudaError> {
         let f32s = |n: usize| {
             stream
@@ -169,30 +185,31 @@ impl MoeBuffers {
                 .alloc_zeros::<u32>(n.max(1))
                 .map_err(driver("expert buffers"))
         };
-        let (pairs, d) = (moe_pairs(p), p.n_embd);
+        let (
+            [logits, ids, weights, counts, offsets, at, outputs, normed, shared_out, shared_gate],
+            gathered,
+        ) = MoeBuffers::lens(p);
         Ok(MoeBuffers {
-            logits: f32s(MAX_BATCH * p.max_experts)?,
-            ids: u32s(pairs)?,
-            weights: f32s(pairs)?,
-            counts: u32s(p.max_experts)?,
-            offsets: u32s(p.max_experts)?,
-            at: u32s(pairs)?,
+            logits: f32s(logits)?,
+            ids: u32s(ids)?,
+            weights: f32s(weights)?,
+            counts: u32s(counts)?,
+            offsets: u32s(offsets)?,
+            at: u32s(at)?,
             gathered: stream
-                .alloc_zeros::<u16>(pairs * d)
+                .alloc_zeros::<u16>(gathered.max(1))
                 .map_err(driver("expert buffers"))?,
-            outputs: f32s(pairs * d)?,
-            normed: f32s(MAX_BATCH * d)?,
-            shared_out: f32s(MAX_BATCH * d)?,
-            shared_gate: f32s(MAX_BATCH)?,
+            outputs: f32s(outputs)?,
+            normed: f32s(normed)?,
+            shared_out: f32s(shared_out)?,
+            shared_gate: f32s(shared_gate)?,
         })
     }
 
     /// Their bytes.
     fn bytes(p: &DecodePlan) -> usize {
-        let (pairs, d) = (moe_pairs(p), p.n_embd);
-        4 * (MAX_BATCH * p.max_experts + 3 * pairs + 2 * p.max_experts + pairs * d)
-            + 2 * pairs * d
-            + 4 * (2 * MAX_BATCH * d + MAX_BATCH)
+        let (four, two) = MoeBuffers::lens(p);
+        4 * four.iter().sum::<usize>() + 2 * two
     }
 }
 
@@ -781,12 +798,11 @@ impl Prefill {
                 }
             }
             self.block_output(p, at, r.wo, attn, n, r.post_attn_norm, r.residual_scale)?;
+            self.run("rms_norm_rows", (n as u32, 1), 256, &norm(r.ffn_norm))?;
             if let Some(m) = &r.moe {
-                self.run("rms_norm_rows", (n as u32, 1), 256, &norm(r.ffn_norm))?;
                 self.experts(p, at, r, m, n, rows)?;
                 continue;
             }
-            self.run("rms_norm_rows", (n as u32, 1), 256, &norm(r.ffn_norm))?;
             let [g, u, down] = r.ffn;
             let n_ff = p.matrices[g].rows;
             let total = (n * n_ff) as u64;
@@ -800,10 +816,7 @@ impl Prefill {
                     let out = ptr(rows_buf, &s);
                     self.gemm(w, 2 * n_ff, d, h, n, out, 0.0)?;
                     self.run(
-                        match r.activation {
-                            GateActivation::Silu => "swiglu_pairs_f16",
-                            GateActivation::Gelu => "geglu_pairs_f16",
-                        },
+                        &format!("{}_pairs_f16", r.activation.kernel()),
                         (total.div_ceil(256) as u32, 1),
                         256,
                         &[
@@ -817,20 +830,7 @@ impl Prefill {
                 _ => {
                     self.product(p, at, g, h, n, gate, 0.0)?;
                     self.product(p, at, u, h, n, up, 0.0)?;
-                    self.run(
-                        match r.activation {
-                            GateActivation::Silu => "swiglu_f16",
-                            GateActivation::Gelu => "geglu_f16",
-                        },
-                        (total.div_ceil(256) as u32, 1),
-                        256,
-                        &[
-                            Value::Ptr(gate),
-                            Value::Ptr(up),
-                            Value::Ptr(act),
-                            Value::I64(total as i64),
-                        ],
-                    )?;
+                    self.glu_f16(r, [gate, up, act], total)?;
                 }
             }
             self.block_output(p, at, down, act, n, r.post_ffn_norm, r.residual_scale)?;
@@ -895,10 +895,6 @@ impl Prefill {
                 Value::F32(m.weights_scale),
             ],
         )?;
-        let (glu_f16, glu_f32) = match r.activation {
-            GateActivation::Silu => ("swiglu_f16", "swiglu"),
-            GateActivation::Gelu => ("geglu_f16", "geglu"),
-        };
         let [wg, wu, wd] = m.experts;
         let grouped = matches!(rows, Placement::Prompt { .. });
         if grouped {
@@ -976,18 +972,7 @@ impl Prefill {
             };
             each(self, wg, (ff, d), (gathered, 2), gate)?;
             each(self, wu, (ff, d), (gathered, 2), up)?;
-            let total = (pairs * ff) as u64;
-            self.run(
-                glu_f16,
-                (total.div_ceil(256) as u32, 1),
-                256,
-                &[
-                    Value::Ptr(gate),
-                    Value::Ptr(up),
-                    Value::Ptr(act),
-                    Value::I64(total as i64),
-                ],
-            )?;
+            self.glu_f16(r, [gate, up, act], (pairs * ff) as u64)?;
             each(self, wd, (d, ff), (act, 2), outputs)?;
         } else {
             // Each pair's products as the decode step computes them, from the f32 norms.
@@ -1011,13 +996,7 @@ impl Prefill {
                             out: u64| {
                 let spec = &p.matrices[mat];
                 let (rb, cols) = (spec.row_bytes(), spec.cols);
-                let on_load = crate::schedule::activation_format(spec.ty).is_some()
-                    && this.tuning.quantized_activations;
-                let kernel = if on_load {
-                    format!("moe_matvecf_{}", spec.kernel)
-                } else {
-                    format!("moe_matvec_{}", spec.kernel)
-                };
+                let kernel = expert_product_kernel(spec, this.tuning.quantized_activations);
                 this.run(
                     &kernel,
                     (rows_out.div_ceil(MATVEC_ROWS) as u32, pairs as u32),
@@ -1040,7 +1019,7 @@ impl Prefill {
             per_pair(self, wu, ff, (normed, d, k), up)?;
             let total = pairs * ff;
             self.run(
-                glu_f32,
+                r.activation.kernel(),
                 (total.div_ceil(256) as u32, 1),
                 256,
                 &[
@@ -1057,18 +1036,7 @@ impl Prefill {
         if let Some(sh) = &m.shared {
             self.product(p, at, sh.gate, h, n, gate, 0.0)?;
             self.product(p, at, sh.up, h, n, up, 0.0)?;
-            let total = (n * sh.n_ff) as u64;
-            self.run(
-                glu_f16,
-                (total.div_ceil(256) as u32, 1),
-                256,
-                &[
-                    Value::Ptr(gate),
-                    Value::Ptr(up),
-                    Value::Ptr(act),
-                    Value::I64(total as i64),
-                ],
-            )?;
+            self.glu_f16(r, [gate, up, act], (n * sh.n_ff) as u64)?;
             self.product(p, at, sh.down, act, n, shared_out, 0.0)?;
             sh_out = shared_out;
             if let Some(gi) = sh.gate_inp {
@@ -1089,6 +1057,26 @@ impl Prefill {
                 Value::Ptr(sh_gate),
                 Value::Ptr(x),
                 Value::Ptr(if grouped { at_rows } else { 0 }),
+            ],
+        )
+    }
+
+    /// `out = act(gate) * up` as f16 over `total` values, `r`'s activation.
+    fn glu_f16(
+        &mut self,
+        r: &LayerRefs,
+        [g, u, out]: [u64; 3],
+        total: u64,
+    ) -> Result<(), CudaError> {
+        self.run(
+            &format!("{}_f16", r.activation.kernel()),
+            (total.div_ceil(256) as u32, 1),
+            256,
+            &[
+                Value::Ptr(g),
+                Value::Ptr(u),
+                Value::Ptr(out),
+                Value::I64(total as i64),
             ],
         )
     }

@@ -366,6 +366,26 @@ impl GateActivation {
             GateActivation::Gelu => 1,
         }
     }
+
+    /// The element-wise kernel of `act(gate) * up` (`swiglu`, `geglu`; the batches' twins add
+    /// `_f16` and `_pairs_f16`).
+    pub fn kernel(self) -> &'static str {
+        match self {
+            GateActivation::Silu => "swiglu",
+            GateActivation::Gelu => "geglu",
+        }
+    }
+}
+
+/// The expert product kernel for rows of `spec` (`moe_matvecf_T`: quantizing its f32 input
+/// as it loads it, where the rows take quantized activations and the activations are
+/// quantized; else `moe_matvec_T`).
+pub fn expert_product_kernel(spec: &MatrixSpec, quantized_activations: bool) -> String {
+    if quantized_activations && activation_format(spec.ty).is_some() {
+        format!("moe_matvecf_{}", spec.kernel)
+    } else {
+        format!("moe_matvec_{}", spec.kernel)
+    }
 }
 
 /// The output head of a whole model on the device.
@@ -786,22 +806,10 @@ impl Builder {
             // Gate and up apart, each quantizing the normed input as it loads it.
             self.expert_product(gate, n_ff, Buf::H, 0, k, Buf::Gate);
             self.expert_product(up, n_ff, Buf::H, 0, k, Buf::Up);
-            let total = k * n_ff;
-            let kernel = match act {
-                GateActivation::Silu => "swiglu",
-                GateActivation::Gelu => "geglu",
-            };
-            let args = vec![
-                Arg::Buf(Buf::Gate),
-                Arg::Buf(Buf::Up),
-                Arg::Buf(Buf::Act),
-                Arg::I32(total as i32),
-            ];
-            self.push(kernel, (total.div_ceil(256) as u32, 1), 256, args);
+            self.glu(act, [Buf::Gate, Buf::Up, Buf::Act], k * n_ff);
         }
         // The down products quantize their f32 inputs as they load them.
         self.expert_product(down, d, Buf::Act, n_ff, k, Buf::ExpertOut);
-        let (mut shared_out, mut shared_gate) = (Arg::Null, Arg::Null);
         let mut shared_refs = None;
         if let Some(sh) = shared {
             let mut gate_inp = None;
@@ -817,28 +825,16 @@ impl Builder {
                 self.matvec(sg, x, None, None, Buf::Up);
                 let x = input(self, &[su]);
                 self.matvec(su, x, None, None, Buf::Act);
-                let kernel = match act {
-                    GateActivation::Silu => "swiglu",
-                    GateActivation::Gelu => "geglu",
-                };
-                let args = vec![
-                    Arg::Buf(Buf::Up),
-                    Arg::Buf(Buf::Act),
-                    Arg::Buf(Buf::Gate),
-                    Arg::I32(sh.n_ff as i32),
-                ];
-                self.push(kernel, (sh.n_ff.div_ceil(256) as u32, 1), 256, args);
+                self.glu(act, [Buf::Up, Buf::Act, Buf::Gate], sh.n_ff);
             }
             if sh.gated {
                 // (before the down product, which may quantize its own input into Xq)
                 let gi = self.matrix(types, &n("ffn_gate_inp_shexp.weight"), 1, d)?;
                 let x = input(self, &[gi]);
                 self.matvec(gi, x, None, None, Buf::SharedGate);
-                shared_gate = Arg::Buf(Buf::SharedGate);
                 gate_inp = Some(gi);
             }
             self.product_of_f32(sd, Buf::Gate, None, Buf::SharedOut);
-            shared_out = Arg::Buf(Buf::SharedOut);
             shared_refs = Some(SharedRefs {
                 gate: sg,
                 up: su,
@@ -856,8 +852,13 @@ impl Builder {
                 Arg::Buf(Buf::ExpertWeights),
                 Arg::I32(k as i32),
                 Arg::I32(d as i32),
-                shared_out,
-                shared_gate,
+                shared_refs
+                    .as_ref()
+                    .map_or(Arg::Null, |_| Arg::Buf(Buf::SharedOut)),
+                shared_refs
+                    .as_ref()
+                    .and_then(|s| s.gate_inp)
+                    .map_or(Arg::Null, |_| Arg::Buf(Buf::SharedGate)),
                 Arg::Buf(Buf::X),
                 Arg::Null,
             ],
@@ -884,10 +885,7 @@ impl Builder {
     fn expert_product(&mut self, m: usize, rows: usize, x: Buf, x_stride: usize, k: usize, y: Buf) {
         let spec = &self.matrices[m];
         let (rb, cols) = (spec.row_bytes(), spec.cols);
-        let kernel = match self.shared_format(&[m]) {
-            Some(_) => format!("moe_matvecf_{}", spec.kernel),
-            None => format!("moe_matvec_{}", spec.kernel),
-        };
+        let kernel = expert_product_kernel(spec, self.activations == Activations::Quantized);
         self.push(
             kernel,
             (rows.div_ceil(MATVEC_ROWS) as u32, k as u32),
@@ -1030,6 +1028,16 @@ impl Builder {
                 Arg::Buf(out),
                 Arg::I32(act.code()),
             ],
+        );
+    }
+
+    /// `out = act(g) * u` over `n` f32 values.
+    fn glu(&mut self, act: GateActivation, [g, u, out]: [Buf; 3], n: usize) {
+        self.push(
+            act.kernel(),
+            (n.div_ceil(256) as u32, 1),
+            256,
+            vec![Arg::Buf(g), Arg::Buf(u), Arg::Buf(out), Arg::I32(n as i32)],
         );
     }
 
@@ -1559,20 +1567,7 @@ pub fn decode_plan_with(
             } else {
                 b.matvec(gate, h, None, None, Buf::Gate);
                 b.matvec(up, h, None, None, Buf::Up);
-                b.push(
-                    match activation {
-                        GateActivation::Silu => "swiglu",
-                        GateActivation::Gelu => "geglu",
-                    },
-                    (n_ff.div_ceil(256) as u32, 1),
-                    256,
-                    vec![
-                        Arg::Buf(Buf::Gate),
-                        Arg::Buf(Buf::Up),
-                        Arg::Buf(Buf::Act),
-                        Arg::I32(n_ff as i32),
-                    ],
-                );
+                b.glu(activation, [Buf::Gate, Buf::Up, Buf::Act], n_ff);
             }
             b.block_output(down, Buf::Act, post_ffn, residual_scale, eps);
             ([gate, up, down], None)
