@@ -133,7 +133,35 @@ fn name_and_parameters(tool: &Value) -> (String, Value) {
         .get("parameters")
         .cloned()
         .unwrap_or_else(|| json!({"type": "object"}));
-    (name, params)
+    (name, closed(params))
+}
+
+/// `schema` with every object that lists its `properties` but says nothing of others closed
+/// to them (`additionalProperties: false`), as llama.cpp's grammars and OpenAI's strict mode
+/// treat a tool's parameters: a function takes the arguments it names, and a model left free
+/// to add keys can write them until it runs out of tokens. An explicit `additionalProperties`
+/// (or a free-form object with no `properties`) is kept as written.
+fn closed(mut schema: Value) -> Value {
+    close_objects(&mut schema);
+    schema
+}
+
+fn close_objects(schema: &mut Value) {
+    match schema {
+        Value::Object(o) => {
+            if o.contains_key("properties") && !o.contains_key("additionalProperties") {
+                o.insert("additionalProperties".into(), Value::Bool(false));
+            }
+            for (key, sub) in o.iter_mut() {
+                // `const`, `enum`, `default` and `examples` hold values, not schemas.
+                if !matches!(key.as_str(), "const" | "enum" | "default" | "examples") {
+                    close_objects(sub);
+                }
+            }
+        }
+        Value::Array(items) => items.iter_mut().for_each(close_objects),
+        _ => {}
+    }
 }
 
 /// A schema written compactly (one line, `, ` and `: `), as the engine's JSON schemas are.
@@ -311,6 +339,68 @@ mod tests {
                     }
                 }
             }
+        }
+    }
+
+    #[test]
+    fn objects_that_name_their_properties_are_closed_unless_they_say_otherwise() {
+        let schema = json!({
+            "type": "object",
+            "properties": {
+                "where": {"type": "object", "properties": {"city": {"type": "string"}}},
+                "tags": {"type": "array", "items": {"properties": {"k": {}}}},
+                "extra": {"type": "object"},
+                "open": {"properties": {}, "additionalProperties": true},
+                "fixed": {"const": {"properties": {}}},
+            },
+            "$defs": {"P": {"anyOf": [{"properties": {"x": {}}}]}},
+        });
+        let c = closed(schema);
+        assert_eq!(c["additionalProperties"], json!(false));
+        assert_eq!(
+            c["properties"]["where"]["additionalProperties"],
+            json!(false)
+        );
+        assert_eq!(
+            c["properties"]["tags"]["items"]["additionalProperties"],
+            json!(false)
+        );
+        assert_eq!(
+            c["$defs"]["P"]["anyOf"][0]["additionalProperties"],
+            json!(false)
+        );
+        assert!(c["properties"]["extra"]
+            .get("additionalProperties")
+            .is_none());
+        assert_eq!(c["properties"]["open"]["additionalProperties"], json!(true));
+        assert_eq!(
+            c["properties"]["fixed"],
+            json!({"const": {"properties": {}}})
+        );
+    }
+
+    /// A tool whose schema leaves `additionalProperties` out still gets only its own keys.
+    #[test]
+    fn a_schema_that_does_not_close_its_object_gets_only_the_named_keys() {
+        let tools = [
+            json!({"type": "function", "function": {"name": "get_weather", "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string", "maxLength": 8}, "unit": {"enum": ["c", "f"]}},
+                "required": ["city", "unit"],
+            }}}),
+        ];
+        let tok = Arc::new(tokenizer(false));
+        let control = |_: &str| None;
+        let constraints = Constraints::new(tok.clone()).unwrap();
+        let grammar = required_call(ToolFormat::Hermes, &[&tools[0]], false, &control);
+        for seed in 11..15 {
+            let text = tok
+                .decode(&generate(&constraints, &grammar, &tok, seed), true)
+                .unwrap();
+            let (_, calls) = parse(ToolFormat::Hermes, &text);
+            assert_eq!(calls.len(), 1, "{text:?}");
+            let args = calls[0].arguments.as_object().unwrap();
+            assert!(args.keys().all(|k| k == "city" || k == "unit"), "{text:?}");
         }
     }
 
