@@ -460,6 +460,10 @@ impl Backend for SplitBackend<'_> {
         self.gpu
             .truncate(self.cpu.position())
             .map_err(device_error)?;
+        if self.gpu.position() != self.cpu.position() {
+            // The GPU's recurrent layers start over where the CPU's could resume.
+            self.cpu.reset();
+        }
         Ok(self.cpu.position())
     }
 

@@ -14,7 +14,7 @@ use ferrolm_model::ModelPlan;
 use crate::kernels;
 use crate::prefill::{self, Addresses, Prefill, RowsWant, MAX_BATCH};
 use crate::schedule::{
-    decode_plan_with, Arg, Buf, DecodePlan, SAMPLE_DRAWS, SAMPLE_MAX_K, TOKEN_RING,
+    decode_plan_with, Arg, Buf, DecodePlan, MixerRefs, SAMPLE_DRAWS, SAMPLE_MAX_K, TOKEN_RING,
 };
 use crate::{CudaError, CudaTuning};
 
@@ -292,7 +292,20 @@ pub struct CudaModel {
 fn buffer_bytes(p: &DecodePlan, b: Buf, slots: usize) -> usize {
     4 * match b {
         Buf::X | Buf::H => p.n_embd,
-        Buf::Q | Buf::Attn => p.max_q,
+        Buf::Q | Buf::AttnGate => p.max_q,
+        Buf::Attn => p.max_attn,
+        Buf::DeltaIn => p.delta.input,
+        Buf::DeltaZ => p.delta.z,
+        Buf::DeltaBa => p.delta.gates,
+        Buf::DeltaAlpha => p.delta.alpha,
+        Buf::DeltaConv => p.delta.channels,
+        Buf::DeltaOut => p.delta.value,
+        // (one sequence: the batched passes decline recurrent layers)
+        Buf::ConvState(l) | Buf::SsmState(l) => match &p.layers[l].mixer {
+            MixerRefs::DeltaNet(r) if b == Buf::ConvState(l) => r.conv_state(),
+            MixerRefs::DeltaNet(r) => r.ssm_state(),
+            MixerRefs::Attention(_) => 0,
+        },
         Buf::K | Buf::V => p.max_kv,
         Buf::Gate | Buf::Up | Buf::Act => p.max_ff,
         Buf::PartO => p.max_part,
@@ -934,6 +947,14 @@ impl CudaModel {
     /// next token goes to position `pos` (a chat reusing the common start of a conversation).
     pub fn truncate(&mut self, pos: usize) -> Result<(), CudaError> {
         let pos = pos.min(self.pos);
+        // A recurrent state holds only the latest position: going back starts over (the
+        // caller reads the position and evaluates its ids again), as the CPU does without a
+        // checkpoint; at position 0 the step starts the states from zeros.
+        let pos = if self.plan.recurrent() && pos < self.pos {
+            0
+        } else {
+            pos
+        };
         self.stream
             .memcpy_htod(&[pos as u32], &mut self.pos_buf)
             .map_err(driver("setting the position"))?;

@@ -8,7 +8,8 @@ use std::sync::LazyLock;
 
 /// The kernels, CUDA C (no headers: NVRTC compiles it as is): kernels.cu with the i-quant
 /// block types of kernels_iquants.cu at its `@IQUANTS` line, after the lattice tables they
-/// read, rendered from ferrolm-quant's (the CPU's own).
+/// read, rendered from ferrolm-quant's (the CPU's own), and the hybrid models' layers of
+/// kernels_delta_net.cu at its end.
 pub static SOURCE: LazyLock<String> = LazyLock::new(|| {
     let main = include_str!("kernels.cu");
     let at = main
@@ -21,6 +22,8 @@ pub static SOURCE: LazyLock<String> = LazyLock::new(|| {
     s.push_str(include_str!("kernels_iquants.cu"));
     s.push('\n');
     s.push_str(&main[at..]);
+    s.push('\n');
+    s.push_str(include_str!("kernels_delta_net.cu"));
     s
 });
 

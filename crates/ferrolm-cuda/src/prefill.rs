@@ -240,14 +240,18 @@ fn ptr<T>(s: &CudaSlice<T>, stream: &CudaStream) -> u64 {
 }
 
 impl Prefill {
-    /// Allocates the batch buffers, or `None` when cuBLAS is not on this machine (prompts
-    /// then run as decode steps).
+    /// Allocates the batch buffers, or `None` when cuBLAS is not on this machine or the plan
+    /// has layers the batched passes do not serve ([`DecodePlan::batched_passes_serve`]):
+    /// prompts then run as decode steps.
     pub fn new(
         stream: &Arc<CudaStream>,
         module: &Arc<CudaModule>,
         p: &DecodePlan,
         tuning: &CudaTuning,
     ) -> Result<Option<Prefill>, CudaError> {
+        if !p.batched_passes_serve() {
+            return Ok(None);
+        }
         // SAFETY: only tries to open the library by its usual names.
         if !unsafe { blas_sys::is_culib_present() } {
             return Ok(None);
@@ -548,7 +552,10 @@ impl Prefill {
         let mut qkv = Vec::with_capacity(p.layers.len());
         let mut gate_up = Vec::with_capacity(p.layers.len());
         for r in &p.layers {
-            qkv.push(stack(self, &r.qkv, &mut kept)?);
+            let ar = r
+                .attention()
+                .expect("the batched passes serve attention layers only");
+            qkv.push(stack(self, &ar.qkv, &mut kept)?);
             // (experts are read by the per-pair products in their blocks)
             let dense = r.moe.is_none();
             gate_up.push(if dense {
@@ -651,6 +658,9 @@ impl Prefill {
         }
         let opt = |i: Option<usize>| Value::Ptr(i.map_or(0, |i| at.vectors[i]));
         for (l, r) in p.layers.iter().enumerate() {
+            let ar = r
+                .attention()
+                .expect("the batched passes serve attention layers only");
             let norm = |w: usize| {
                 [
                     Value::Ptr(x),
@@ -663,8 +673,8 @@ impl Prefill {
             self.run("rms_norm_rows", (n as u32, 1), 256, &norm(r.attn_norm))?;
             // A batched decode step reads Q, K and V as one stacked matrix where it is kept:
             // each token's row of the product is then (q | k | v).
-            let q_dim = r.n_head * r.head_dim;
-            let kv_dim = r.n_head_kv * r.head_dim;
+            let q_dim = ar.n_head * ar.head_dim;
+            let kv_dim = ar.n_head_kv * ar.head_dim;
             let fused_qkv = match rows {
                 Placement::Slots { .. } => self.qkv_kept.get(l).copied().flatten(),
                 Placement::Prompt { .. } => None,
@@ -678,14 +688,14 @@ impl Prefill {
                     (out, out + f, out + f + 4 * kv_dim as u64, width, width)
                 }
                 _ => {
-                    for (m, out) in r.qkv.iter().zip([q, k, v]) {
+                    for (m, out) in ar.qkv.iter().zip([q, k, v]) {
                         self.product(p, at, *m, h, n, out, 0.0)?;
                     }
                     (q, k, v, q_dim, kv_dim)
                 }
             };
-            let bias = |j: usize| opt(r.qkv_bias.map(|b| b[j]));
-            let qk_norm = |j: usize| opt(r.qk_norm.map(|b| b[j]));
+            let bias = |j: usize| opt(ar.qkv_bias.map(|b| b[j]));
+            let qk_norm = |j: usize| opt(ar.qk_norm.map(|b| b[j]));
             // rope_rows(_slots)'s arguments: the rows, biases, norms and caches, then where
             // the tokens go (`at`), then the layer's rotation.
             let rope_args = |at_args: &[Value]| {
@@ -703,24 +713,24 @@ impl Prefill {
                 ];
                 a.extend_from_slice(at_args);
                 a.extend([
-                    Value::I32(r.n_head as i32),
-                    Value::I32(r.n_head_kv as i32),
-                    Value::I32(r.head_dim as i32),
-                    Value::I32(r.n_dims as i32),
-                    Value::I32(i32::from(r.neox)),
-                    Value::F32(crate::schedule::theta_scale(r.freq_base, r.n_dims)),
-                    Value::F32(r.freq_scale),
-                    opt(r.freq_factors),
+                    Value::I32(ar.n_head as i32),
+                    Value::I32(ar.n_head_kv as i32),
+                    Value::I32(ar.head_dim as i32),
+                    Value::I32(ar.n_dims as i32),
+                    Value::I32(i32::from(ar.neox)),
+                    Value::F32(crate::schedule::theta_scale(ar.freq_base, ar.n_dims)),
+                    Value::F32(ar.freq_scale),
+                    opt(ar.freq_factors),
                     eps,
                 ]);
-                a.extend(r.rope_scaling.args().map(Value::F32));
+                a.extend(ar.rope_scaling.args().map(Value::F32));
                 a
             };
             match rows {
                 Placement::Prompt { pos0 } => {
                     self.run(
                         "rope_rows",
-                        ((r.n_head + r.n_head_kv) as u32, n as u32),
+                        ((ar.n_head + ar.n_head_kv) as u32, n as u32),
                         128,
                         &rope_args(&[Value::I32(pos0 as i32)]),
                     )?;
@@ -733,29 +743,29 @@ impl Prefill {
                         Value::Ptr(attn),
                         Value::I32(pos0 as i32),
                         Value::I32(n as i32),
-                        Value::I32(r.n_head as i32),
-                        Value::I32(r.n_head_kv as i32),
+                        Value::I32(ar.n_head as i32),
+                        Value::I32(ar.n_head_kv as i32),
                     ];
                     let mma = self
                         .tuning
                         .tensor_core_attention
-                        .then(|| mma_attention(r.head_dim))
+                        .then(|| mma_attention(ar.head_dim))
                         .flatten();
                     let (kernel, tile) = match mma {
                         Some(kernel) => (kernel, MMA_QUERIES),
                         None => {
-                            args.push(Value::I32(r.head_dim as i32));
+                            args.push(Value::I32(ar.head_dim as i32));
                             ("attn_tile", ATTN_TILE)
                         }
                     };
                     args.extend([
-                        Value::F32(r.scale),
-                        Value::F32(r.softcap),
-                        Value::I32(r.window as i32),
+                        Value::F32(ar.scale),
+                        Value::F32(ar.softcap),
+                        Value::I32(ar.window as i32),
                     ]);
                     self.run(
                         kernel,
-                        (r.n_head as u32, n.div_ceil(tile) as u32),
+                        (ar.n_head as u32, n.div_ceil(tile) as u32),
                         128,
                         &args,
                     )?;
@@ -764,7 +774,7 @@ impl Prefill {
                     let (slots, pos) = (ptr(&self.row_slots, &s), ptr(&self.row_pos, &s));
                     self.run(
                         "rope_rows_slots",
-                        ((r.n_head + r.n_head_kv) as u32, n as u32),
+                        ((ar.n_head + ar.n_head_kv) as u32, n as u32),
                         128,
                         &rope_args(&[
                             Value::Ptr(slots),
@@ -776,7 +786,7 @@ impl Prefill {
                     )?;
                     self.run(
                         "attn_rows",
-                        (r.n_head as u32, n as u32),
+                        (ar.n_head as u32, n as u32),
                         128,
                         &[
                             Value::Ptr(q),
@@ -787,17 +797,17 @@ impl Prefill {
                             Value::Ptr(pos),
                             Value::I64(slot_stride[l] as i64),
                             Value::I32(q_stride as i32),
-                            Value::I32(r.n_head as i32),
-                            Value::I32(r.n_head_kv as i32),
-                            Value::I32(r.head_dim as i32),
-                            Value::F32(r.scale),
-                            Value::F32(r.softcap),
-                            Value::I32(r.window as i32),
+                            Value::I32(ar.n_head as i32),
+                            Value::I32(ar.n_head_kv as i32),
+                            Value::I32(ar.head_dim as i32),
+                            Value::F32(ar.scale),
+                            Value::F32(ar.softcap),
+                            Value::I32(ar.window as i32),
                         ],
                     )?;
                 }
             }
-            self.block_output(p, at, r.wo, attn, n, r.post_attn_norm, r.residual_scale)?;
+            self.block_output(p, at, ar.wo, attn, n, r.post_attn_norm, r.residual_scale)?;
             self.run("rms_norm_rows", (n as u32, 1), 256, &norm(r.ffn_norm))?;
             if let Some(m) = &r.moe {
                 self.experts(p, at, r, m, n, rows)?;

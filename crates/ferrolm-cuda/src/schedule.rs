@@ -9,8 +9,8 @@ use ferrolm_gguf::TensorType;
 
 use crate::CudaTuning;
 use ferrolm_model::plan::{
-    Activation, Attention, Ffn, Gating, LayerPlan, Mixer, ModelPlan, Moe, Rope, RopeLayout,
-    YarnRamp,
+    Activation, Attention, DeltaNet, Ffn, Gating, KeyHeads, LayerPlan, Mixer, ModelPlan, Moe, Rope,
+    RopeLayout, YarnRamp,
 };
 
 /// Why the CUDA path does not take a model: the plan field (or tensor) it does not serve.
@@ -39,9 +39,40 @@ fn decline(field: impl Into<String>, value: impl std::fmt::Display) -> Decline {
     }
 }
 
-/// The kernel-name suffix of the block types the matrix-vector kernels read. (The types of
-/// kernels_iquants.cu compile and are instantiated, but are listed here only once `cuda-check`
-/// has compared them with the CPU on a GPU.)
+/// What compiles and is emulated on the CPU but has not yet been compared with the CPU on a
+/// GPU: declined unless [`CudaTuning::unverified`] (the decline names it).
+pub const UNVERIFIED: &str =
+    "not yet compared with the CPU on a GPU (FERROLM_CUDA_UNVERIFIED=1 serves it)";
+
+/// The kernel-name suffix of the block types the matrix-vector kernels read, with the
+/// i-quant, ternary and 1-bit types of kernels_iquants.cu when `unverified`.
+pub fn kernel_type_with(ty: TensorType, unverified: bool) -> Option<&'static str> {
+    if let Some(k) = kernel_type(ty) {
+        return Some(k);
+    }
+    if !unverified {
+        return None;
+    }
+    Some(match ty {
+        TensorType::IQ1_S => "IQ1_S",
+        TensorType::IQ1_M => "IQ1_M",
+        TensorType::IQ2_XXS => "IQ2_XXS",
+        TensorType::IQ2_XS => "IQ2_XS",
+        TensorType::IQ2_S => "IQ2_S",
+        TensorType::IQ3_XXS => "IQ3_XXS",
+        TensorType::IQ3_S => "IQ3_S",
+        TensorType::IQ4_XS => "IQ4_XS",
+        TensorType::TQ1_0 => "TQ1_0",
+        TensorType::TQ2_0 => "TQ2_0",
+        TensorType::Q1_0 => "Q1_0",
+        TensorType::Q2_0 => "Q2_0",
+        TensorType::NVFP4 => "NVFP4",
+        _ => return None,
+    })
+}
+
+/// The kernel-name suffix of the block types the matrix-vector kernels read (those
+/// `cuda-check` has compared with the CPU on a GPU).
 pub fn kernel_type(ty: TensorType) -> Option<&'static str> {
     Some(match ty {
         TensorType::F32 => "F32",
@@ -127,6 +158,24 @@ pub enum Buf {
     SharedOut,
     /// The shared expert's gate logit, one f32.
     SharedGate,
+    /// A gated attention output's gates, `max q_dim` f32 (Qwen3-Next).
+    AttnGate,
+    /// A delta-net's input projection (`ssm_in`'s rows, or `attn_qkv`'s channels), f32.
+    DeltaIn,
+    /// Its output gates when projected apart (`attn_gate`), f32.
+    DeltaZ,
+    /// Its rates, with the decay inputs when fused (`ssm_ba`; `ssm_beta`), f32.
+    DeltaBa,
+    /// Its decay inputs when projected apart (`ssm_alpha`), f32.
+    DeltaAlpha,
+    /// The convolution's output (queries, keys, values), f32.
+    DeltaConv,
+    /// Every value head's gated-normed read-out, f32.
+    DeltaOut,
+    /// Layer `l`'s convolution state, `(taps - 1) x channels` f32.
+    ConvState(usize),
+    /// Layer `l`'s delta-rule state, `value heads x head_dim^2` f32.
+    SsmState(usize),
     /// Layer `l`'s keys, `n_ctx x kv_dim` f16.
     KCache(usize),
     /// Layer `l`'s values, `n_ctx x kv_dim` f16.
@@ -192,7 +241,7 @@ impl MatrixSpec {
 
     /// Whether its rows are uploaded regrouped.
     pub fn repacked(&self) -> bool {
-        kernel_type(self.ty) != Some(self.kernel)
+        kernel_type_with(self.ty, true) != Some(self.kernel)
     }
 }
 
@@ -206,11 +255,53 @@ pub struct VectorSpec {
 }
 
 /// One layer as the batched prompt pass reads it: its weights (indices into
-/// [`DecodePlan::matrices`] and [`DecodePlan::vectors`]) and its attention's shape.
+/// [`DecodePlan::matrices`] and [`DecodePlan::vectors`]) and its token mixer's shape.
 #[derive(Clone, Debug, PartialEq)]
 pub struct LayerRefs {
-    /// `attn_norm.weight`.
+    /// `attn_norm.weight` (the mixer's input norm).
     pub attn_norm: usize,
+    /// The token mixer: attention or a gated delta-net.
+    pub mixer: MixerRefs,
+    /// `ffn_norm.weight`.
+    pub ffn_norm: usize,
+    /// Gate, up and down projections.
+    pub ffn: [usize; 3],
+    /// The RMS norm of the attention block's output before the residual add (Gemma).
+    pub post_attn_norm: Option<usize>,
+    /// The RMS norm of the feed-forward block's output before the residual add (Gemma).
+    pub post_ffn_norm: Option<usize>,
+    /// Each block's output times this before the residual add (1: none; Granite).
+    pub residual_scale: f32,
+    /// The feed-forward gate's activation.
+    pub activation: GateActivation,
+    /// A mixture of experts instead of one feed-forward block (`ffn` then holds the expert
+    /// tensors).
+    pub moe: Option<MoeRefs>,
+}
+
+impl LayerRefs {
+    /// The layer's attention, when it mixes tokens by attention.
+    pub fn attention(&self) -> Option<&AttentionRefs> {
+        match &self.mixer {
+            MixerRefs::Attention(a) => Some(a),
+            MixerRefs::DeltaNet(_) => None,
+        }
+    }
+}
+
+/// What mixes a layer's tokens.
+#[derive(Clone, Debug, PartialEq)]
+pub enum MixerRefs {
+    /// Self-attention over the layer's KV cache.
+    Attention(AttentionRefs),
+    /// A gated delta-net over the layer's recurrent state (the decode step only: the batched
+    /// passes decline such a model, whose prompts then run as decode steps).
+    DeltaNet(DeltaNetRefs),
+}
+
+/// An attention layer's weights and shape.
+#[derive(Clone, Debug, PartialEq)]
+pub struct AttentionRefs {
     /// Q, K, V projections.
     pub qkv: [usize; 3],
     /// Their biases, if any.
@@ -219,10 +310,6 @@ pub struct LayerRefs {
     pub qk_norm: Option<[usize; 2]>,
     /// The attention output projection.
     pub wo: usize,
-    /// `ffn_norm.weight`.
-    pub ffn_norm: usize,
-    /// Gate, up and down projections.
-    pub ffn: [usize; 3],
     /// Query heads.
     pub n_head: usize,
     /// Key/value heads.
@@ -248,17 +335,67 @@ pub struct LayerRefs {
     pub window: usize,
     /// The attention scores' soft cap (0: none; Gemma 2), applied after the scale.
     pub softcap: f32,
-    /// The RMS norm of the attention block's output before the residual add (Gemma).
-    pub post_attn_norm: Option<usize>,
-    /// The RMS norm of the feed-forward block's output before the residual add (Gemma).
-    pub post_ffn_norm: Option<usize>,
-    /// Each block's output times this before the residual add (1: none; Granite).
-    pub residual_scale: f32,
-    /// The feed-forward gate's activation.
-    pub activation: GateActivation,
-    /// A mixture of experts instead of one feed-forward block (`ffn` then holds the expert
-    /// tensors).
-    pub moe: Option<MoeRefs>,
+    /// The Q projection gives per head the query then as many gate values, and the output is
+    /// multiplied by their sigmoid before `wo` (Qwen3-Next; the decode step only).
+    pub gated_output: bool,
+}
+
+/// A gated delta-net layer's weights and shape (see `delta_conv` and `delta_rule` in the
+/// kernels, and docs/ARCHITECTURE.md).
+#[derive(Clone, Debug, PartialEq)]
+pub struct DeltaNetRefs {
+    /// `ssm_in` (per key head: its query, key, value heads and their gates), or `attn_qkv`
+    /// and `attn_gate` apart (Qwen3.5).
+    pub input: DeltaNetInput,
+    /// `ssm_ba` (per key head: its value heads' rates, then their decay inputs), or
+    /// `ssm_beta` and `ssm_alpha` apart (Qwen3.5).
+    pub gates: DeltaNetInput,
+    /// `ssm_conv1d.weight`: `conv_kernel` taps per channel, the oldest first.
+    pub conv: usize,
+    /// `ssm_dt.bias` and `ssm_a`, one per value head.
+    pub dt_bias: usize,
+    /// See `dt_bias`.
+    pub a: usize,
+    /// `ssm_norm.weight`, one head wide.
+    pub norm: usize,
+    /// `ssm_out.weight`.
+    pub out: usize,
+    /// Key heads, value heads, the head size, the convolution's taps.
+    pub n_k_heads: usize,
+    /// See `n_k_heads`.
+    pub n_v_heads: usize,
+    /// See `n_k_heads`.
+    pub head_dim: usize,
+    /// See `n_k_heads`.
+    pub conv_kernel: usize,
+    /// Value head `h` reads key head `h % n_k_heads` (Qwen3.5) instead of `h / ratio`.
+    pub tiled_key_heads: bool,
+}
+
+/// A delta-net projection: one fused matrix, or two whose outputs go to two buffers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DeltaNetInput {
+    /// One matrix in the grouped (per key head) layout.
+    Fused(usize),
+    /// Two matrices.
+    Split(usize, usize),
+}
+
+impl DeltaNetRefs {
+    /// Channels of the convolution: queries, keys and values.
+    pub fn channels(&self) -> usize {
+        (2 * self.n_k_heads + self.n_v_heads) * self.head_dim
+    }
+
+    /// Floats of the convolution's state (the last `conv_kernel - 1` inputs of each channel).
+    pub fn conv_state(&self) -> usize {
+        (self.conv_kernel - 1) * self.channels()
+    }
+
+    /// Floats of the delta rule's state (a `head_dim` square per value head).
+    pub fn ssm_state(&self) -> usize {
+        self.n_v_heads * self.head_dim * self.head_dim
+    }
 }
 
 /// A mixture-of-experts layer as the batched passes read it (the decode step's
@@ -425,6 +562,10 @@ pub struct DecodePlan {
     pub splits: usize,
     /// Largest query width over the layers.
     pub max_q: usize,
+    /// Largest [`Buf::Attn`]: the query width, or a gated Q projection's twice that.
+    pub max_attn: usize,
+    /// The delta-net layers' largest buffers (zeros: none).
+    pub delta: DeltaSizes,
     /// Largest key/value width over the layers.
     pub max_kv: usize,
     /// Largest feed-forward width over the layers.
@@ -444,6 +585,23 @@ pub struct DecodePlan {
     /// What the logits go through: the final soft cap (Gemma 2) and the logit scale they are
     /// divided by (Granite).
     pub logits: LogitAdjust,
+}
+
+/// The largest delta-net buffers over the layers, in floats.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DeltaSizes {
+    /// [`Buf::DeltaIn`].
+    pub input: usize,
+    /// [`Buf::DeltaZ`].
+    pub z: usize,
+    /// [`Buf::DeltaBa`].
+    pub gates: usize,
+    /// [`Buf::DeltaAlpha`].
+    pub alpha: usize,
+    /// [`Buf::DeltaConv`].
+    pub channels: usize,
+    /// [`Buf::DeltaOut`].
+    pub value: usize,
 }
 
 /// The final soft cap and the logit scale, as the `adjust_logits` kernel takes them.
@@ -528,6 +686,25 @@ pub fn activation_format(ty: TensorType) -> Option<i32> {
     }
 }
 
+/// How a block's output joins the residual stream: its post-norm (Gemma), its scale (Granite)
+/// and the norms' epsilon.
+#[derive(Clone, Copy)]
+struct BlockEnd {
+    post_norm: Option<usize>,
+    scale: f32,
+    eps: f32,
+}
+
+/// Where an attention layer sits: its index, the model's width, the context, the decode
+/// attention's splits and its input norm's weights.
+struct AttentionAt {
+    layer: usize,
+    d: usize,
+    n_ctx: usize,
+    splits: usize,
+    attn_norm: usize,
+}
+
 struct Builder {
     matrices: Vec<MatrixSpec>,
     vectors: Vec<VectorSpec>,
@@ -579,7 +756,10 @@ impl Builder {
         cols: usize,
     ) -> Result<usize, Decline> {
         let ty = types(name).ok_or_else(|| decline(name, "missing"))?;
-        let Some(plain) = kernel_type(ty) else {
+        let Some(plain) = kernel_type_with(ty, self.tuning.unverified) else {
+            if kernel_type_with(ty, true).is_some() {
+                return Err(decline(name, format!("{} ({UNVERIFIED})", ty.name())));
+            }
             return Err(decline(name, ty.name()));
         };
         if !cols.is_multiple_of(32) || !cols.is_multiple_of(ty.block_size()) {
@@ -678,7 +858,12 @@ impl Builder {
     /// A block's output `W x` into the residual stream: added by the product itself, or, with
     /// a post-norm (Gemma) or a residual scale (Granite), written to [`Buf::H`] (free by then:
     /// the block's products have read their input) and added by `post_norm_add`.
-    fn block_output(&mut self, m: usize, x: Buf, post_norm: Option<usize>, scale: f32, eps: f32) {
+    fn block_output(&mut self, m: usize, x: Buf, end: BlockEnd) {
+        let BlockEnd {
+            post_norm,
+            scale,
+            eps,
+        } = end;
         if post_norm.is_none() && scale == 1.0 {
             return self.residual_product(m, x);
         }
@@ -700,6 +885,398 @@ impl Builder {
         );
     }
 
+    /// Layer `at.layer`'s attention, from its input norm to the residual add: the Q, K and V
+    /// products, the rotation and the cache store, the attention, the gate (Qwen3-Next) and the
+    /// output product. `rope_freqs` holds the frequency divisors' vector once one layer made it.
+    fn attention(
+        &mut self,
+        types: &dyn Fn(&str) -> Option<TensorType>,
+        attention: &Attention,
+        at: &AttentionAt,
+        end: BlockEnd,
+        rope_freqs: &mut Option<usize>,
+    ) -> Result<AttentionRefs, Decline> {
+        let b = self;
+        let Attention {
+            n_head,
+            n_head_kv,
+            head_dim,
+            qkv_bias,
+            qk_norm,
+            rope,
+            scale,
+            // Scaling the queries or the scores is the same product in f32 (but not under a
+            // soft cap, below).
+            scale_queries,
+            softcap,
+            sliding_window,
+            gated_output,
+            sinks,
+            out_bias,
+        } = attention;
+        // The kernels cap the scaled score, as the CPU does when the queries are scaled.
+        let softcap = match *softcap {
+            Some(c) if !*scale_queries || !c.is_finite() || c <= 0.0 => {
+                return Err(decline("attention.softcap", c));
+            }
+            c => c.unwrap_or(0.0),
+        };
+        if *sinks {
+            return Err(decline("attention.sinks", sinks));
+        }
+        if *out_bias {
+            return Err(decline("attention.out_bias", out_bias));
+        }
+        let window = sliding_window.unwrap_or(0);
+        if window > i32::MAX as usize {
+            return Err(decline("attention.sliding_window", window));
+        }
+        let Rope {
+            layout,
+            n_dims,
+            freq_base,
+            freq_scale,
+            freq_factors,
+            long_rope,
+            attn_factor,
+            yarn,
+        } = rope;
+        // (the scaling's fields are read together, by RopeScaling::of)
+        let _ = (yarn, attn_factor);
+        let rope_scaling = RopeScaling::of(rope);
+        if !rope_scaling.args().iter().all(|v| v.is_finite()) {
+            return Err(decline("attention.rope.attn_factor", attn_factor));
+        }
+        let (nh, nkv, hd) = (*n_head, *n_head_kv, *head_dim);
+        if hd == 0 || !hd.is_multiple_of(32) || hd > 256 {
+            return Err(decline("attention.head_dim", hd));
+        }
+        if nkv == 0 || !nh.is_multiple_of(nkv) {
+            return Err(decline("attention.n_head_kv", nkv));
+        }
+        if *n_dims > hd || !n_dims.is_multiple_of(2) {
+            return Err(decline("attention.rope.n_dims", n_dims));
+        }
+        let neox = match layout {
+            RopeLayout::Normal => 0,
+            RopeLayout::Neox => 1,
+        };
+        if *gated_output && !b.tuning.unverified {
+            return Err(decline("attention.gated_output", UNVERIFIED));
+        }
+        let (q_dim, kv_dim) = (nh * hd, nkv * hd);
+        // A gated output: the Q projection gives per head the query, then as many gates.
+        let q_rows = if *gated_output { 2 * q_dim } else { q_dim };
+        let AttentionAt {
+            layer: l,
+            d,
+            n_ctx,
+            splits,
+            attn_norm,
+        } = *at;
+        let n = |s: &str| format!("blk.{l}.{s}");
+
+        // Fused Q/K/V (Phi-3: `attn_qkv` without `attn_q`) as row views, as the CPU binds
+        // them.
+        let (wq, wk, wv) = if types(&n("attn_q.weight")).is_none() {
+            let qkv = n("attn_qkv.weight");
+            (
+                b.matrix_rows(types, &qkv, 0, q_rows, d)?,
+                b.matrix_rows(types, &qkv, q_rows, kv_dim, d)?,
+                b.matrix_rows(types, &qkv, q_rows + kv_dim, kv_dim, d)?,
+            )
+        } else {
+            (
+                b.matrix(types, &n("attn_q.weight"), q_rows, d)?,
+                b.matrix(types, &n("attn_k.weight"), kv_dim, d)?,
+                b.matrix(types, &n("attn_v.weight"), kv_dim, d)?,
+            )
+        };
+        let h = b.norm_for(Buf::X, attn_norm, d, end.eps, &[wq, wk, wv]);
+        let (bq, bk, bv) = if *qkv_bias {
+            (
+                Some(b.vector(&n("attn_q.bias"), q_rows)),
+                Some(b.vector(&n("attn_k.bias"), kv_dim)),
+                Some(b.vector(&n("attn_v.bias"), kv_dim)),
+            )
+        } else {
+            (None, None, None)
+        };
+        // The divisors the CPU reads for this context: LongRoPE's long or short set, or Llama
+        // 3's factors.
+        let divisors = match long_rope {
+            Some(lr) if lr.uses_long(n_ctx) => Some("rope_factors_long.weight"),
+            Some(_) => Some("rope_factors_short.weight"),
+            None => freq_factors.then_some("rope_freqs.weight"),
+        };
+        let ff_index =
+            divisors.map(|name| *rope_freqs.get_or_insert_with(|| b.vector(name, n_dims / 2)));
+        let ff = ff_index.map_or(Arg::Null, |i| Arg::Buf(Buf::Vector(i)));
+        let theta = Arg::F32(theta_scale(*freq_base, *n_dims));
+        let (qn, kn) = if *qk_norm {
+            (
+                Arg::Buf(Buf::Vector(b.vector(&n("attn_q_norm.weight"), hd))),
+                Arg::Buf(Buf::Vector(b.vector(&n("attn_k_norm.weight"), hd))),
+            )
+        } else {
+            (Arg::Null, Arg::Null)
+        };
+        if !*qk_norm && neox == 0 && rope_scaling.is_plain() && !*gated_output {
+            // Adjacent rows are rotation pairs: the products rotate and store themselves.
+            let rope = [
+                Arg::I32(kv_dim as i32),
+                Arg::I32(hd as i32),
+                Arg::I32(*n_dims as i32),
+                theta,
+                Arg::F32(*freq_scale),
+                ff,
+            ];
+            b.qkv_rope([(wq, bq), (wk, bk), (wv, bv)], h, l, rope);
+        } else {
+            // A gated projection goes to Attn (free until the attention writes it), then
+            // apart into the queries and the gates.
+            let q_out = if *gated_output { Buf::Attn } else { Buf::Q };
+            b.matvec3([(wq, bq, q_out), (wk, bk, Buf::K), (wv, bv, Buf::V)], h);
+            if *gated_output {
+                b.push(
+                    "split_query_gate",
+                    (q_dim.div_ceil(256) as u32, 1),
+                    256,
+                    vec![
+                        Arg::Buf(Buf::Attn),
+                        Arg::Buf(Buf::Q),
+                        Arg::Buf(Buf::AttnGate),
+                        Arg::I32(nh as i32),
+                        Arg::I32(hd as i32),
+                    ],
+                );
+            }
+            b.push(
+                "rope_store",
+                ((nh + nkv) as u32, 1),
+                128,
+                vec![
+                    Arg::Buf(Buf::Q),
+                    Arg::Buf(Buf::K),
+                    Arg::Buf(Buf::V),
+                    qn,
+                    kn,
+                    Arg::Buf(Buf::KCache(l)),
+                    Arg::Buf(Buf::VCache(l)),
+                    Arg::Buf(Buf::Pos),
+                    Arg::I32(nh as i32),
+                    Arg::I32(nkv as i32),
+                    Arg::I32(hd as i32),
+                    Arg::I32(*n_dims as i32),
+                    Arg::I32(neox),
+                    theta,
+                    Arg::F32(*freq_scale),
+                    ff,
+                    Arg::F32(end.eps),
+                ]
+                .into_iter()
+                .chain(rope_scaling.args().map(Arg::F32))
+                .collect(),
+            );
+        }
+        let wo = b.matrix(types, &n("attn_output.weight"), d, q_dim)?;
+        b.push(
+            "attn_split",
+            (nh as u32, splits as u32),
+            128,
+            vec![
+                Arg::Buf(Buf::Q),
+                Arg::Buf(Buf::KCache(l)),
+                Arg::Buf(Buf::VCache(l)),
+                Arg::Buf(Buf::Pos),
+                Arg::Buf(Buf::PartO),
+                Arg::Buf(Buf::PartMl),
+                Arg::Buf(Buf::Done),
+                Arg::Buf(Buf::Attn),
+                Arg::I32(nh as i32),
+                Arg::I32(nkv as i32),
+                Arg::I32(hd as i32),
+                Arg::I32(splits as i32),
+                Arg::F32(*scale),
+                Arg::F32(softcap),
+                Arg::I32(window as i32),
+            ],
+        );
+        if *gated_output {
+            b.push(
+                "sigmoid_mul",
+                (q_dim.div_ceil(256) as u32, 1),
+                256,
+                vec![
+                    Arg::Buf(Buf::Attn),
+                    Arg::Buf(Buf::AttnGate),
+                    Arg::I32(q_dim as i32),
+                ],
+            );
+        }
+        // The attention's output is quantized by the output product's blocks or by a launch of
+        // its own: with overlapped launches either costs less than the attention quantizing
+        // it (counters and fences in every block, the completing block's work in series;
+        // measured, PERFORMANCE.md).
+        b.block_output(wo, Buf::Attn, end);
+        let vector_of = |a: Arg| match a {
+            Arg::Buf(Buf::Vector(i)) => Some(i),
+            _ => None,
+        };
+        Ok(AttentionRefs {
+            qkv: [wq, wk, wv],
+            qkv_bias: bq.zip(bk).zip(bv).map(|((q, k), v)| [q, k, v]),
+            qk_norm: vector_of(qn).zip(vector_of(kn)).map(|(q, k)| [q, k]),
+            wo,
+            n_head: nh,
+            n_head_kv: nkv,
+            head_dim: hd,
+            n_dims: *n_dims,
+            neox: neox == 1,
+            freq_base: *freq_base,
+            freq_scale: *freq_scale,
+            freq_factors: ff_index,
+            rope_scaling,
+            scale: *scale,
+            window,
+            softcap,
+            gated_output: *gated_output,
+        })
+    }
+
+    /// Layer `l`'s gated delta-net, from its input norm to the residual add: the input and
+    /// gate projections, `delta_conv` (the convolution, its state advanced), `delta_rule`
+    /// (per value head the state's update, read-out and gated norm) and `ssm_out`.
+    fn delta_net(
+        &mut self,
+        types: &dyn Fn(&str) -> Option<TensorType>,
+        net: &DeltaNet,
+        l: usize,
+        attn_norm: usize,
+        end: BlockEnd,
+    ) -> Result<DeltaNetRefs, Decline> {
+        let DeltaNet {
+            n_k_heads: hk,
+            n_v_heads: hv,
+            key_heads,
+            head_dim: s,
+            conv_kernel: taps,
+        } = *net;
+        // A thread per value dimension (the kernel's shared rows hold 256).
+        if s == 0 || !s.is_multiple_of(32) || s > 256 {
+            return Err(decline("delta_net.head_dim", s));
+        }
+        if hk == 0 || !hv.is_multiple_of(hk) || hv == 0 {
+            return Err(decline("delta_net.n_v_heads", format!("{hv} over {hk}")));
+        }
+        if taps == 0 {
+            return Err(decline("delta_net.conv_kernel", taps));
+        }
+        let d = self.matrices[0].cols;
+        let n = |x: &str| format!("blk.{l}.{x}");
+        let (key_dim, value_dim) = (hk * s, hv * s);
+        let channels = net.conv_channels();
+        let input = if types(&n("ssm_in.weight")).is_none() {
+            DeltaNetInput::Split(
+                self.matrix(types, &n("attn_qkv.weight"), channels, d)?,
+                self.matrix(types, &n("attn_gate.weight"), value_dim, d)?,
+            )
+        } else {
+            let rows = 2 * key_dim + 2 * value_dim;
+            DeltaNetInput::Fused(self.matrix(types, &n("ssm_in.weight"), rows, d)?)
+        };
+        let gates = if types(&n("ssm_ba.weight")).is_none() {
+            DeltaNetInput::Split(
+                self.matrix(types, &n("ssm_beta.weight"), hv, d)?,
+                self.matrix(types, &n("ssm_alpha.weight"), hv, d)?,
+            )
+        } else {
+            DeltaNetInput::Fused(self.matrix(types, &n("ssm_ba.weight"), 2 * hv, d)?)
+        };
+        let conv = self.vector(&n("ssm_conv1d.weight"), channels * taps);
+        let dt_bias = self.vector(&n("ssm_dt.bias"), hv);
+        let a = self.vector(&n("ssm_a"), hv);
+        let norm = self.vector(&n("ssm_norm.weight"), s);
+        let out = self.matrix(types, &n("ssm_out.weight"), d, value_dim)?;
+        let products = |p: DeltaNetInput, first: Buf, second: Buf| match p {
+            DeltaNetInput::Fused(m) => vec![(m, first)],
+            DeltaNetInput::Split(m1, m2) => vec![(m1, first), (m2, second)],
+        };
+        let mut all = products(input, Buf::DeltaIn, Buf::DeltaZ);
+        all.extend(products(gates, Buf::DeltaBa, Buf::DeltaAlpha));
+        let mats: Vec<usize> = all.iter().map(|p| p.0).collect();
+        let h = self.norm_for(Buf::X, attn_norm, d, end.eps, &mats);
+        for (m, y) in all {
+            self.matvec(m, h, None, None, y);
+        }
+        let fused = matches!(input, DeltaNetInput::Fused(_));
+        self.push(
+            "delta_conv",
+            (channels.div_ceil(128) as u32, 1),
+            128,
+            vec![
+                Arg::Buf(Buf::DeltaIn),
+                Arg::I32(i32::from(fused)),
+                Arg::Buf(Buf::Vector(conv)),
+                Arg::Buf(Buf::ConvState(l)),
+                Arg::Buf(Buf::Pos),
+                Arg::Buf(Buf::DeltaConv),
+                Arg::I32(channels as i32),
+                Arg::I32(taps as i32),
+                Arg::I32(key_dim as i32),
+                Arg::I32(s as i32),
+                Arg::I32((hv / hk) as i32),
+            ],
+        );
+        let split_gates = matches!(gates, DeltaNetInput::Split(..));
+        self.push(
+            "delta_rule",
+            (hv as u32, 1),
+            s as u32,
+            vec![
+                Arg::Buf(Buf::DeltaConv),
+                Arg::Buf(Buf::DeltaBa),
+                if split_gates {
+                    Arg::Buf(Buf::DeltaAlpha)
+                } else {
+                    Arg::Null
+                },
+                Arg::Buf(Buf::Vector(dt_bias)),
+                Arg::Buf(Buf::Vector(a)),
+                Arg::Buf(Buf::Vector(norm)),
+                Arg::Buf(Buf::DeltaIn),
+                if fused {
+                    Arg::Null
+                } else {
+                    Arg::Buf(Buf::DeltaZ)
+                },
+                Arg::Buf(Buf::SsmState(l)),
+                Arg::Buf(Buf::Pos),
+                Arg::Buf(Buf::DeltaOut),
+                Arg::I32(hk as i32),
+                Arg::I32(hv as i32),
+                Arg::I32(s as i32),
+                Arg::I32(i32::from(key_heads == KeyHeads::Tiled)),
+                Arg::F32(end.eps),
+            ],
+        );
+        self.block_output(out, Buf::DeltaOut, end);
+        Ok(DeltaNetRefs {
+            input,
+            gates,
+            conv,
+            dt_bias,
+            a,
+            norm,
+            out,
+            n_k_heads: hk,
+            n_v_heads: hv,
+            head_dim: s,
+            conv_kernel: taps,
+            tiled_key_heads: key_heads == KeyHeads::Tiled,
+        })
+    }
+
     /// `n_expert` matrices of `rows x cols` stacked in one tensor (`ffn_*_exps`), read in
     /// their file layout (an expert's rows `rows x row_bytes` from the previous one's).
     fn experts(
@@ -712,7 +1289,7 @@ impl Builder {
     ) -> Result<usize, Decline> {
         let m = self.matrix(types, name, n_expert * rows, cols)?;
         let spec = &mut self.matrices[m];
-        spec.kernel = kernel_type(spec.ty).expect("checked by matrix");
+        spec.kernel = kernel_type_with(spec.ty, true).expect("checked by matrix");
         spec.experts = n_expert;
         Ok(m)
     }
@@ -1236,7 +1813,7 @@ pub fn decode_plan_with(
     // Every field, no `..`: a field added to the plan stops this from compiling until someone
     // decides whether the CUDA path serves it.
     let ModelPlan {
-        architecture: _,
+        architecture,
         n_embd,
         n_vocab,
         n_ctx_train: _,
@@ -1298,6 +1875,10 @@ pub fn decode_plan_with(
         );
     }
     let (mut max_q, mut max_kv, mut max_ff, mut max_part, mut max_hs) = (0, 0, 0, 0, 0);
+    let mut max_attn = 0;
+    // (Qwen3-Next names its feed-forward norm `post_attention_norm`)
+    let ffn_norm_name = ferrolm_model::arch::ffn_norm_tensor(architecture);
+    let mut delta = DeltaSizes::default();
     let (mut max_experts, mut max_used) = (0, 0);
     let mut kv_dims = Vec::new();
     let mut refs = Vec::new();
@@ -1311,79 +1892,9 @@ pub fn decode_plan_with(
             post_ffn_norm,
             residual_scale,
         } = layer;
-        if let Mixer::GatedDeltaNet(_) = mixer {
-            return Err(decline("mixer", "gated delta-net"));
-        }
         if let Some(v) = residual_scale.filter(|v| !v.is_finite()) {
             return Err(decline("residual_scale", v));
         }
-        let Attention {
-            n_head,
-            n_head_kv,
-            head_dim,
-            qkv_bias,
-            qk_norm,
-            rope,
-            scale,
-            // Scaling the queries or the scores is the same product in f32 (but not under a
-            // soft cap, below).
-            scale_queries,
-            softcap,
-            sliding_window,
-            gated_output,
-            sinks,
-            out_bias,
-        } = attention;
-        if *gated_output {
-            return Err(decline("attention.gated_output", true));
-        }
-        // The kernels cap the scaled score, as the CPU does when the queries are scaled.
-        let softcap = match *softcap {
-            Some(c) if !*scale_queries || !c.is_finite() || c <= 0.0 => {
-                return Err(decline("attention.softcap", c));
-            }
-            c => c.unwrap_or(0.0),
-        };
-        if *sinks {
-            return Err(decline("attention.sinks", sinks));
-        }
-        if *out_bias {
-            return Err(decline("attention.out_bias", out_bias));
-        }
-        let window = sliding_window.unwrap_or(0);
-        if window > i32::MAX as usize {
-            return Err(decline("attention.sliding_window", window));
-        }
-        let Rope {
-            layout,
-            n_dims,
-            freq_base,
-            freq_scale,
-            freq_factors,
-            long_rope,
-            attn_factor,
-            yarn,
-        } = rope;
-        // (the scaling's fields are read together, by RopeScaling::of)
-        let _ = (yarn, attn_factor);
-        let rope_scaling = RopeScaling::of(rope);
-        if !rope_scaling.args().iter().all(|v| v.is_finite()) {
-            return Err(decline("attention.rope.attn_factor", attn_factor));
-        }
-        let (nh, nkv, hd) = (*n_head, *n_head_kv, *head_dim);
-        if hd == 0 || !hd.is_multiple_of(32) || hd > 256 {
-            return Err(decline("attention.head_dim", hd));
-        }
-        if nkv == 0 || !nh.is_multiple_of(nkv) {
-            return Err(decline("attention.n_head_kv", nkv));
-        }
-        if *n_dims > hd || !n_dims.is_multiple_of(2) {
-            return Err(decline("attention.rope.n_dims", n_dims));
-        }
-        let neox = match layout {
-            RopeLayout::Normal => 0,
-            RopeLayout::Neox => 1,
-        };
         let gate_activation = |a: &Activation| match a {
             Activation::Silu => Ok(GateActivation::Silu),
             Activation::GeluTanh => Ok(GateActivation::Gelu),
@@ -1399,140 +1910,69 @@ pub fn decode_plan_with(
                 (m.n_expert_used * m.n_ff, gate_activation(&m.activation)?)
             }
         };
-        let (q_dim, kv_dim) = (nh * hd, nkv * hd);
-        max_q = max_q.max(q_dim);
-        max_kv = max_kv.max(kv_dim);
         max_ff = max_ff.max(n_ff);
-        max_part = max_part.max(nh * splits * hd);
-        max_hs = max_hs.max(nh * splits);
-        kv_dims.push(kv_dim);
         let n = |s: &str| format!("blk.{l}.{s}");
 
         let attn_norm = b.vector(&n("attn_norm.weight"), d);
-        // Fused Q/K/V (Phi-3: `attn_qkv` without `attn_q`) as row views, as the CPU binds
-        // them.
-        let (wq, wk, wv) = if types(&n("attn_q.weight")).is_none() {
-            let qkv = n("attn_qkv.weight");
-            (
-                b.matrix_rows(types, &qkv, 0, q_dim, d)?,
-                b.matrix_rows(types, &qkv, q_dim, kv_dim, d)?,
-                b.matrix_rows(types, &qkv, q_dim + kv_dim, kv_dim, d)?,
-            )
-        } else {
-            (
-                b.matrix(types, &n("attn_q.weight"), q_dim, d)?,
-                b.matrix(types, &n("attn_k.weight"), kv_dim, d)?,
-                b.matrix(types, &n("attn_v.weight"), kv_dim, d)?,
-            )
-        };
-        let h = b.norm_for(Buf::X, attn_norm, d, eps, &[wq, wk, wv]);
-        let (bq, bk, bv) = if *qkv_bias {
-            (
-                Some(b.vector(&n("attn_q.bias"), q_dim)),
-                Some(b.vector(&n("attn_k.bias"), kv_dim)),
-                Some(b.vector(&n("attn_v.bias"), kv_dim)),
-            )
-        } else {
-            (None, None, None)
-        };
-        // The divisors the CPU reads for this context: LongRoPE's long or short set, or Llama
-        // 3's factors.
-        let divisors = match long_rope {
-            Some(lr) if lr.uses_long(n_ctx) => Some("rope_factors_long.weight"),
-            Some(_) => Some("rope_factors_short.weight"),
-            None => freq_factors.then_some("rope_freqs.weight"),
-        };
-        let ff_index =
-            divisors.map(|name| *rope_freqs.get_or_insert_with(|| b.vector(name, n_dims / 2)));
-        let ff = ff_index.map_or(Arg::Null, |i| Arg::Buf(Buf::Vector(i)));
-        let theta = Arg::F32(theta_scale(*freq_base, *n_dims));
-        let (qn, kn) = if *qk_norm {
-            (
-                Arg::Buf(Buf::Vector(b.vector(&n("attn_q_norm.weight"), hd))),
-                Arg::Buf(Buf::Vector(b.vector(&n("attn_k_norm.weight"), hd))),
-            )
-        } else {
-            (Arg::Null, Arg::Null)
-        };
-        if !*qk_norm && neox == 0 && rope_scaling.is_plain() {
-            // Adjacent rows are rotation pairs: the products rotate and store themselves.
-            let rope = [
-                Arg::I32(kv_dim as i32),
-                Arg::I32(hd as i32),
-                Arg::I32(*n_dims as i32),
-                theta,
-                Arg::F32(*freq_scale),
-                ff,
-            ];
-            b.qkv_rope([(wq, bq), (wk, bk), (wv, bv)], h, l, rope);
-        } else {
-            b.matvec3([(wq, bq, Buf::Q), (wk, bk, Buf::K), (wv, bv, Buf::V)], h);
-            b.push(
-                "rope_store",
-                ((nh + nkv) as u32, 1),
-                128,
-                vec![
-                    Arg::Buf(Buf::Q),
-                    Arg::Buf(Buf::K),
-                    Arg::Buf(Buf::V),
-                    qn,
-                    kn,
-                    Arg::Buf(Buf::KCache(l)),
-                    Arg::Buf(Buf::VCache(l)),
-                    Arg::Buf(Buf::Pos),
-                    Arg::I32(nh as i32),
-                    Arg::I32(nkv as i32),
-                    Arg::I32(hd as i32),
-                    Arg::I32(*n_dims as i32),
-                    Arg::I32(neox),
-                    theta,
-                    Arg::F32(*freq_scale),
-                    ff,
-                    Arg::F32(eps),
-                ]
-                .into_iter()
-                .chain(rope_scaling.args().map(Arg::F32))
-                .collect(),
-            );
-        }
-        let wo = b.matrix(types, &n("attn_output.weight"), d, q_dim)?;
-        b.push(
-            "attn_split",
-            (nh as u32, splits as u32),
-            128,
-            vec![
-                Arg::Buf(Buf::Q),
-                Arg::Buf(Buf::KCache(l)),
-                Arg::Buf(Buf::VCache(l)),
-                Arg::Buf(Buf::Pos),
-                Arg::Buf(Buf::PartO),
-                Arg::Buf(Buf::PartMl),
-                Arg::Buf(Buf::Done),
-                Arg::Buf(Buf::Attn),
-                Arg::I32(nh as i32),
-                Arg::I32(nkv as i32),
-                Arg::I32(hd as i32),
-                Arg::I32(splits as i32),
-                Arg::F32(*scale),
-                Arg::F32(softcap),
-                Arg::I32(window as i32),
-            ],
-        );
         let post_attn_norm =
             post_attention_norm.then(|| b.vector(&n("post_attention_norm.weight"), d));
-        let post_ffn = post_ffn_norm.then(|| b.vector(&n("post_ffw_norm.weight"), d));
         let residual_scale = residual_scale.unwrap_or(1.0);
-        // The attention's output is quantized by the output product's blocks or by a launch of
-        // its own: with overlapped launches either costs less than the attention quantizing
-        // it (counters and fences in every block, the completing block's work in series;
-        // measured, PERFORMANCE.md).
-        b.block_output(wo, Buf::Attn, post_attn_norm, residual_scale, eps);
-
-        let vector_of = |a: Arg| match a {
-            Arg::Buf(Buf::Vector(i)) => Some(i),
-            _ => None,
+        let block = BlockEnd {
+            post_norm: post_attn_norm,
+            scale: residual_scale,
+            eps,
         };
-        let ffn_norm = b.vector(&n("ffn_norm.weight"), d);
+        let mixer = match mixer {
+            Mixer::GatedDeltaNet(_) if !tuning.unverified => {
+                return Err(decline("mixer", format!("gated delta-net ({UNVERIFIED})")));
+            }
+            Mixer::Attention => {
+                let at = AttentionAt {
+                    layer: l,
+                    d,
+                    n_ctx,
+                    splits,
+                    attn_norm,
+                };
+                let a = b.attention(types, attention, &at, block, &mut rope_freqs)?;
+                let (q_dim, kv_dim) = (a.n_head * a.head_dim, a.n_head_kv * a.head_dim);
+                max_q = max_q.max(q_dim);
+                max_attn = max_attn.max(if a.gated_output { 2 * q_dim } else { q_dim });
+                max_kv = max_kv.max(kv_dim);
+                max_part = max_part.max(a.n_head * splits * a.head_dim);
+                max_hs = max_hs.max(a.n_head * splits);
+                kv_dims.push(kv_dim);
+                MixerRefs::Attention(a)
+            }
+            Mixer::GatedDeltaNet(net) => {
+                let r = b.delta_net(types, net, l, attn_norm, block)?;
+                let (channels, value) = (r.channels(), r.n_v_heads * r.head_dim);
+                let key_dim = r.n_k_heads * r.head_dim;
+                delta.channels = delta.channels.max(channels);
+                delta.value = delta.value.max(value);
+                match r.input {
+                    DeltaNetInput::Fused(_) => {
+                        delta.input = delta.input.max(2 * key_dim + 2 * value);
+                    }
+                    DeltaNetInput::Split(..) => {
+                        delta.input = delta.input.max(channels);
+                        delta.z = delta.z.max(value);
+                    }
+                }
+                match r.gates {
+                    DeltaNetInput::Fused(_) => delta.gates = delta.gates.max(2 * r.n_v_heads),
+                    DeltaNetInput::Split(..) => {
+                        delta.gates = delta.gates.max(r.n_v_heads);
+                        delta.alpha = delta.alpha.max(r.n_v_heads);
+                    }
+                }
+                kv_dims.push(0);
+                MixerRefs::DeltaNet(r)
+            }
+        };
+
+        let post_ffn = post_ffn_norm.then(|| b.vector(&n("post_ffw_norm.weight"), d));
+        let ffn_norm = b.vector(&n(&format!("{ffn_norm_name}.weight")), d);
         if !n_ff.is_multiple_of(32) {
             return Err(decline("ffn.n_ff", n_ff));
         }
@@ -1569,29 +2009,18 @@ pub fn decode_plan_with(
                 b.matvec(up, h, None, None, Buf::Up);
                 b.glu(activation, [Buf::Gate, Buf::Up, Buf::Act], n_ff);
             }
-            b.block_output(down, Buf::Act, post_ffn, residual_scale, eps);
+            let end = BlockEnd {
+                post_norm: post_ffn,
+                ..block
+            };
+            b.block_output(down, Buf::Act, end);
             ([gate, up, down], None)
         };
         refs.push(LayerRefs {
             attn_norm,
-            qkv: [wq, wk, wv],
-            qkv_bias: bq.zip(bk).zip(bv).map(|((q, k), v)| [q, k, v]),
-            qk_norm: vector_of(qn).zip(vector_of(kn)).map(|(q, k)| [q, k]),
-            wo,
+            mixer,
             ffn_norm,
             ffn: ffn_mats,
-            n_head: nh,
-            n_head_kv: nkv,
-            head_dim: hd,
-            n_dims: *n_dims,
-            neox: neox == 1,
-            freq_base: *freq_base,
-            freq_scale: *freq_scale,
-            freq_factors: ff_index,
-            rope_scaling,
-            scale: *scale,
-            window,
-            softcap,
             post_attn_norm,
             post_ffn_norm: post_ffn,
             residual_scale,
@@ -1661,6 +2090,8 @@ pub fn decode_plan_with(
         n_ctx,
         splits,
         max_q,
+        max_attn,
+        delta,
         max_kv,
         max_ff,
         max_part,
@@ -1674,6 +2105,15 @@ pub fn decode_plan_with(
 }
 
 impl DecodePlan {
+    /// Whether the batched passes (prompt batches, several sequences a step) serve every layer:
+    /// not the gated delta-nets (recurrent state, decode steps only) nor a gated attention
+    /// output.
+    pub fn batched_passes_serve(&self) -> bool {
+        self.layers
+            .iter()
+            .all(|r| r.attention().is_some_and(|a| !a.gated_output))
+    }
+
     /// The plan for a device without bulk copies (before compute capability 9.0): staged
     /// products become their plain twins (`NAMEs_T` -> `NAMEq_T`, no shared memory).
     pub fn unstaged(mut self) -> DecodePlan {
@@ -1713,20 +2153,41 @@ impl DecodePlan {
             .sum()
     }
 
-    /// Bytes of the whole KV cache (keys and values, f16).
+    /// Bytes of the whole KV cache (keys and values, f16), with the recurrent layers' states.
     pub fn kv_bytes_total(&self) -> u64 {
-        self.kv_dims
+        let keys: u64 = self
+            .kv_dims
             .iter()
             .map(|&kv| 2 * 2 * (kv * self.n_ctx) as u64)
+            .sum();
+        keys + self.state_bytes()
+    }
+
+    /// Bytes of the KV cache read by a token at position `pos` (keys and values, f16), with
+    /// the recurrent layers' states (read and written once a token).
+    pub fn kv_bytes_at(&self, pos: usize) -> u64 {
+        let keys: u64 = self
+            .kv_dims
+            .iter()
+            .map(|&kv| 2 * 2 * kv as u64 * (pos as u64 + 1))
+            .sum();
+        keys + self.state_bytes()
+    }
+
+    /// Bytes of the recurrent layers' states (f32).
+    pub fn state_bytes(&self) -> u64 {
+        self.layers
+            .iter()
+            .map(|r| match &r.mixer {
+                MixerRefs::DeltaNet(d) => 4 * (d.conv_state() + d.ssm_state()) as u64,
+                MixerRefs::Attention(_) => 0,
+            })
             .sum()
     }
 
-    /// Bytes of the KV cache read by a token at position `pos` (keys and values, f16).
-    pub fn kv_bytes_at(&self, pos: usize) -> u64 {
-        self.kv_dims
-            .iter()
-            .map(|&kv| 2 * 2 * kv as u64 * (pos as u64 + 1))
-            .sum()
+    /// Whether some layer keeps a recurrent state (which holds only the latest position).
+    pub fn recurrent(&self) -> bool {
+        self.layers.iter().any(|r| r.attention().is_none())
     }
 }
 
@@ -2115,10 +2576,17 @@ mod tests {
         long_rope.layers[0].attention.rope.attn_factor = 1.19;
         let short = decode_plan(&long_rope, 256, &all(TensorType::F32)).unwrap();
         let long = decode_plan(&long_rope, 8192, &all(TensorType::F32)).unwrap();
-        let divisors = |p: &DecodePlan| p.vectors[p.layers[0].freq_factors.unwrap()].name.clone();
+        let divisors = |p: &DecodePlan| {
+            p.vectors[p.layers[0].attention().unwrap().freq_factors.unwrap()]
+                .name
+                .clone()
+        };
         assert_eq!(divisors(&short), "rope_factors_short.weight");
         assert_eq!(divisors(&long), "rope_factors_long.weight");
-        assert_eq!(short.layers[0].rope_scaling.args(), [1.19, 0.0, 0.0, 0.0]);
+        assert_eq!(
+            short.layers[0].attention().unwrap().rope_scaling.args(),
+            [1.19, 0.0, 0.0, 0.0]
+        );
         let rope = short
             .launches
             .iter()

@@ -40,6 +40,10 @@ pub struct CudaTuning {
     /// Where compiled kernels are cached (`None`: compiled at every start); by default
     /// `$FERROLM_HOME/kernels`, or `~/.cache/ferrolm/kernels`.
     pub kernel_cache: Option<PathBuf>,
+    /// Serve what compiles and is emulated on the CPU but has not yet been compared with the
+    /// CPU on a GPU (`cuda-check`): the i-quant block types and the hybrid models' layers
+    /// ([`crate::schedule::UNVERIFIED`]); declined otherwise (`FERROLM_CUDA_UNVERIFIED`).
+    pub unverified: bool,
 }
 
 impl Default for CudaTuning {
@@ -57,6 +61,7 @@ impl Default for CudaTuning {
             quantize_on_load_max: 1 << 20,
             defines: None,
             kernel_cache: Some(crate::kernels::cache_dir()),
+            unverified: false,
         }
     }
 }
@@ -83,6 +88,7 @@ impl CudaTuning {
                 .unwrap_or(d.quantize_on_load_max),
             defines: std::env::var("FERROLM_CUDA_DEFINES").ok(),
             kernel_cache: d.kernel_cache.clone(),
+            unverified: !unset("FERROLM_CUDA_UNVERIFIED"),
         }
     }
 

@@ -420,11 +420,154 @@ impl<'f> Emulator<'f> {
             if Self::i(&a[4]) == 1 {
                 self.u32s.get_mut(&Buf::Pos).unwrap()[0] += 1;
             }
+        } else if name == "split_query_gate" {
+            // split_query_gate(qg, q, g, n_head, hd): per head hd queries, then hd gates
+            let (nh, hd) = (Self::i(&a[3]), Self::i(&a[4]));
+            let qg = self.read(Self::buf(&a[0]).unwrap());
+            let (mut q, mut g) = (Vec::new(), Vec::new());
+            for h in 0..nh {
+                q.extend_from_slice(&qg[2 * h * hd..(2 * h + 1) * hd]);
+                g.extend_from_slice(&qg[(2 * h + 1) * hd..(2 * h + 2) * hd]);
+            }
+            self.write(Self::buf(&a[1]).unwrap(), 0, &q);
+            self.write(Self::buf(&a[2]).unwrap(), 0, &g);
+        } else if name == "sigmoid_mul" {
+            let (xb, n) = (Self::buf(&a[0]).unwrap(), Self::i(&a[2]));
+            let g = self.read(Self::buf(&a[1]).unwrap());
+            let x: Vec<f32> = self.read(xb)[..n]
+                .iter()
+                .zip(&g)
+                .map(|(x, g)| x * (1.0 / (1.0 + (-g).exp())))
+                .collect();
+            self.write(xb, 0, &x);
+        } else if name == "delta_conv" {
+            self.delta_conv(a);
+        } else if name == "delta_rule" {
+            self.delta_rule(a);
         } else if name == "advance_pos" {
             self.u32s.get_mut(&Buf::Pos).unwrap()[0] += 1;
         } else {
             panic!("no emulation of {name}");
         }
+    }
+
+    /// A recurrent state as the step reads it: zeros at position 0 (and before it is written).
+    fn state(&mut self, b: Buf, len: usize) -> Vec<f32> {
+        let fresh = self.u32s[&Buf::Pos][0] == 0;
+        match self.f32s.get(&b) {
+            Some(v) if !fresh => v.clone(),
+            _ => vec![0.0; len],
+        }
+    }
+
+    /// delta_conv(in, fused, w, state, pos, out, channels, taps, key_dim, s, ratio): the
+    /// convolution of this token's channels (found in the fused ssm_in layout or contiguous)
+    /// with the carried inputs, then SiLU; the state moves on by one.
+    fn delta_conv(&mut self, a: &[Arg]) {
+        let (fused, channels, taps) = (Self::i(&a[1]) == 1, Self::i(&a[6]), Self::i(&a[7]));
+        let (key_dim, s, ratio) = (Self::i(&a[8]), Self::i(&a[9]), Self::i(&a[10]));
+        let input = self.read(Self::buf(&a[0]).unwrap());
+        let w = self.read(Self::buf(&a[2]).unwrap());
+        let sb = Self::buf(&a[3]).unwrap();
+        let mut state = self.state(sb, (taps - 1) * channels);
+        let group = 2 * s + 2 * ratio * s;
+        let source = |c: usize| {
+            if !fused {
+                c
+            } else if c < key_dim {
+                c / s * group + c % s
+            } else if c < 2 * key_dim {
+                (c - key_dim) / s * group + s + (c - key_dim) % s
+            } else {
+                let j = c - 2 * key_dim;
+                j / (ratio * s) * group + 2 * s + j % (ratio * s)
+            }
+        };
+        let x: Vec<f32> = (0..channels).map(|c| input[source(c)]).collect();
+        let mut sums = vec![0f32; channels];
+        for (c, sum) in sums.iter_mut().enumerate() {
+            let mut acc = 0f32;
+            for i in 0..taps - 1 {
+                acc += state[i * channels + c] * w[c * taps + i];
+            }
+            *sum = acc + x[c] * w[c * taps + taps - 1];
+        }
+        if taps > 1 {
+            state.drain(..channels);
+            state.extend_from_slice(&x);
+        }
+        let out: Vec<f32> = sums.iter().map(|&v| v / (1.0 + (-v).exp())).collect();
+        self.write(sb, 0, &state);
+        self.write(Self::buf(&a[5]).unwrap(), 0, &out);
+    }
+
+    /// delta_rule(conv, ba, alpha, dt_bias, ssm_a, norm, in_fused, z, state, pos, out, hk, hv,
+    /// s, tiled, eps): per value head the L2-normed query and key, the decay and rate, the
+    /// state's update and read-out, the gated RMS norm.
+    fn delta_rule(&mut self, a: &[Arg]) {
+        let (hk, hv, s) = (Self::i(&a[11]), Self::i(&a[12]), Self::i(&a[13]));
+        let (tiled, eps) = (Self::i(&a[14]) == 1, Self::f(&a[15]));
+        let ratio = hv / hk;
+        let conv = self.read(Self::buf(&a[0]).unwrap());
+        let ba = self.read(Self::buf(&a[1]).unwrap());
+        let alpha = Self::buf(&a[2]).map(|b| self.read(b));
+        let [dt_bias, ssm_a, norm] = [3, 4, 5].map(|i| self.read(Self::buf(&a[i]).unwrap()));
+        let z = match Self::buf(&a[7]) {
+            Some(z) => self.read(z),
+            None => {
+                let fused = self.read(Self::buf(&a[6]).unwrap());
+                let (group, vw) = (2 * s + 2 * ratio * s, ratio * s);
+                (0..hv * s)
+                    .map(|i| fused[i / vw * group + 2 * s + vw + i % vw])
+                    .collect()
+            }
+        };
+        let sb = Self::buf(&a[8]).unwrap();
+        let mut state = self.state(sb, hv * s * s);
+        let l2 = |x: &[f32]| -> Vec<f32> {
+            let sum: f64 = x.iter().map(|&v| f64::from(v * v)).sum();
+            let scale = 1.0 / ((sum / s as f64) as f32 + eps / s as f32).sqrt();
+            let post = 1.0 / (s as f32).sqrt();
+            x.iter().map(|v| (v * scale) * post).collect()
+        };
+        let key_dim = hk * s;
+        let mut out = vec![0f32; hv * s];
+        for vh in 0..hv {
+            let kh = if tiled { vh % hk } else { vh / ratio };
+            let q = l2(&conv[kh * s..(kh + 1) * s]);
+            let k = l2(&conv[key_dim + kh * s..key_dim + (kh + 1) * s]);
+            let v = &conv[2 * key_dim + vh * s..2 * key_dim + (vh + 1) * s];
+            let (b, al) = match &alpha {
+                Some(al) => (ba[vh], al[vh]),
+                None => (
+                    ba[vh / ratio * 2 * ratio + vh % ratio],
+                    ba[vh / ratio * 2 * ratio + ratio + vh % ratio],
+                ),
+            };
+            let beta = 1.0 / (1.0 + (-b).exp());
+            let x = al + dt_bias[vh];
+            let softplus = if x > 20.0 { x } else { (1.0 + x.exp()).ln() };
+            let decay = (softplus * ssm_a[vh]).exp();
+            let st = &mut state[vh * s * s..(vh + 1) * s * s];
+            st.iter_mut().for_each(|x| *x *= decay);
+            let o = &mut out[vh * s..(vh + 1) * s];
+            for j in 0..s {
+                let sk: f32 = (0..s).map(|i| k[i] * st[i * s + j]).sum();
+                let u = (v[j] - sk) * beta;
+                for i in 0..s {
+                    st[i * s + j] += k[i] * u;
+                }
+                o[j] = (0..s).map(|i| q[i] * st[i * s + j]).sum::<f32>() / (s as f32).sqrt();
+            }
+            let sum: f64 = o.iter().map(|&v| f64::from(v * v)).sum();
+            let r = 1.0 / ((sum / s as f64) as f32 + eps).sqrt();
+            for j in 0..s {
+                let zv = z[vh * s + j];
+                o[j] = (o[j] * r) * norm[j] * (zv / (1.0 + (-zv).exp()));
+            }
+        }
+        self.write(sb, 0, &state);
+        self.write(Self::buf(&a[10]).unwrap(), 0, &out);
     }
 
     /// moe_route(logits, sel_bias, ids, weights, ne, k, gating, n_group, n_group_used, norm,
@@ -697,6 +840,7 @@ fn emulate(
     let tuning = CudaTuning {
         quantized_activations: activations == Activations::Quantized,
         quantize_on_load_max: on_load_max,
+        unverified: true,
         ..CudaTuning::default()
     };
     let plan = decode_plan_with(model.plan(), ids.len() + 1, &types, n_layer, &tuning).unwrap();
@@ -795,6 +939,17 @@ fn the_decode_step_computes_what_the_cpu_computes() {
         }
         cases.push(s);
     }
+    // Hybrids: gated delta-net layers beside attention with a gated output; qwen3next's fused
+    // projections and its split ones, Qwen3.5's (value heads tiling the key heads) with dense
+    // and with expert feed-forward blocks.
+    for arch in ["qwen3next", "qwen35", "qwen35moe"] {
+        cases.push(SyntheticSpec::small(arch));
+    }
+    let mut split = SyntheticSpec::small("qwen3next");
+    if let Some(net) = split.delta_net.as_mut() {
+        net.split_projections = true;
+    }
+    cases.push(split);
     let mut yarn = SyntheticSpec::small("llama");
     yarn.n_layer = 2;
     yarn.head_dim = 64;
@@ -915,6 +1070,92 @@ fn a_misplaced_argument_is_caught() {
         kl > 1e-2 && rel > 2e-2,
         "mean KL {kl:.3e}, logits {rel:.3e} apart"
     );
+}
+
+/// The same for the delta-net's launches: value heads reading the wrong key heads (Qwen3.5's
+/// tiling taken for Qwen3-Next's grouping), the fused projection read as a split one, or
+/// every layer's delta-rule state in one buffer, each moves the logits far from the CPU's.
+#[test]
+fn a_wrong_delta_net_argument_is_caught() {
+    let n = 12;
+    let flip = |kernel: &'static str, arg: usize, value: Arg| {
+        move |p: &mut DecodePlan| {
+            for l in p.launches.iter_mut().filter(|l| l.kernel == kernel) {
+                l.args[arg] = value;
+            }
+        }
+    };
+    let cases: [(&str, Box<dyn Fn(&mut DecodePlan)>); 3] = [
+        ("qwen35", Box::new(flip("delta_rule", 14, Arg::I32(0)))),
+        ("qwen3next", Box::new(flip("delta_conv", 1, Arg::I32(0)))),
+        (
+            "qwen3next",
+            Box::new(flip("delta_rule", 8, Arg::Buf(Buf::DeltaAlpha))),
+        ),
+    ];
+    for (arch, mutate) in cases {
+        let spec = SyntheticSpec::small(arch);
+        let file =
+            Arc::new(GgufFile::from_bytes(synthetic::build(&spec).unwrap().to_bytes()).unwrap());
+        let model = Model::from_file(file.clone(), 1).unwrap();
+        let types = |name: &str| file.tensor(name).map(|t| t.ty);
+        let layers = model.plan().layers.len();
+        let tuning = CudaTuning {
+            unverified: true,
+            ..CudaTuning::default()
+        };
+        let mut plan = decode_plan_with(model.plan(), n + 1, &types, layers, &tuning).unwrap();
+        mutate(&mut plan);
+        let mut e = Emulator::new(&file, &plan);
+        let mut logits = Vec::new();
+        for (p, &id) in ids(n).iter().enumerate() {
+            e.step(id, p);
+            logits.extend_from_slice(&e.f32s[&Buf::Logits][..plan.n_vocab]);
+        }
+        let cpu = model.session(n + 1).eval(&ids(n), Logits::All).unwrap();
+        let rel = relative_difference(&cpu, &logits);
+        assert!(rel > 2e-2, "{arch}: logits {rel:.3e} apart");
+    }
+}
+
+/// Until `cuda-check` has compared them on a GPU, the hybrid layers and the i-quant types are
+/// declined by default, the decline saying how to serve them.
+#[test]
+fn unverified_launches_are_declined_by_default() {
+    let spec = SyntheticSpec::small("qwen3next");
+    let file = Arc::new(GgufFile::from_bytes(synthetic::build(&spec).unwrap().to_bytes()).unwrap());
+    let model = Model::from_file(file.clone(), 1).unwrap();
+    let types = |name: &str| file.tensor(name).map(|t| t.ty);
+    let layers = model.plan().layers.len();
+    let declined =
+        decode_plan_layers(model.plan(), 64, &types, layers, Activations::Quantized).unwrap_err();
+    assert_eq!(declined.field, "mixer");
+    assert!(
+        declined.value.contains(ferrolm_cuda::schedule::UNVERIFIED),
+        "{declined}"
+    );
+    let mut llama = SyntheticSpec::small("llama");
+    llama.n_layer = 1;
+    let file =
+        Arc::new(GgufFile::from_bytes(synthetic::build(&llama).unwrap().to_bytes()).unwrap());
+    let model = Model::from_file(file.clone(), 1).unwrap();
+    let iq = |name: &str| {
+        if name.ends_with("ffn_down.weight") {
+            Some(TensorType::IQ4_XS)
+        } else {
+            file.tensor(name).map(|t| t.ty)
+        }
+    };
+    let declined =
+        decode_plan_layers(model.plan(), 64, &iq, 1, Activations::Quantized).unwrap_err();
+    assert_eq!(declined.field, "blk.0.ffn_down.weight");
+    assert!(declined.value.starts_with("IQ4_XS ("), "{declined}");
+    let tuning = CudaTuning {
+        unverified: true,
+        ..CudaTuning::default()
+    };
+    let plan = decode_plan_with(model.plan(), 64, &iq, 1, &tuning).unwrap();
+    assert!(plan.launches.iter().any(|l| l.kernel.ends_with("_IQ4_XS")));
 }
 
 /// `--gpu-layers`: the first layers' step ends with the residual stream (and the position

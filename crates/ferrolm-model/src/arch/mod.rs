@@ -47,7 +47,7 @@ const FFN_NORM_TENSORS: &[(&str, &str)] = &[
 ];
 
 /// The name (without `blk.N.` and `.weight`) of the norm before each feed-forward block.
-pub(crate) fn ffn_norm_tensor(arch: &str) -> &'static str {
+pub fn ffn_norm_tensor(arch: &str) -> &'static str {
     FFN_NORM_TENSORS
         .iter()
         .find(|(a, _)| *a == arch)
