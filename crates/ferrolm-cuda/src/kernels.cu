@@ -1473,6 +1473,13 @@ __device__ __forceinline__ void matvec3_rope(int bx, const u8* W0, const u8* W1,
 // The gated products' activations (matvec_glu's `act`).
 #define GLU_SILU 0
 #define GLU_GELU 1
+#define GLU_OAI 2
+
+// gpt-oss's clamped SwiGLU as ggml's swiglu_oai computes it (alpha 1.702, limit 7).
+__device__ __forceinline__ float swiglu_oai_f(float g, float u) {
+    float x = fminf(g, 7.f), y = fminf(fmaxf(u, -7.f), 7.f);
+    return x / (1.f + expf(1.702f * -x)) * (y + 1.f);
+}
 
 // GELU as the CPU computes it (ggml's f16 table, GGML_GELU_FP16): 0 at or below -10, x at or
 // above 10, otherwise the tanh approximation of x rounded to f16, rounded to f16.
@@ -1505,7 +1512,9 @@ __device__ __forceinline__ void matvec_glu(const u8* G, const u8* U, int row_byt
     for (int r = 0; r < ROWS / 2; r++) {
         if (tid == r && rows[r]) {
             float g = tot[r], u = tot[ROWS / 2 + r];
-            out[r0 + r] = (act == GLU_GELU ? gelu_table(g) : g / (1.f + expf(-g))) * u;
+            out[r0 + r] = act == GLU_OAI    ? swiglu_oai_f(g, u)
+                          : act == GLU_GELU ? gelu_table(g) * u
+                                            : g / (1.f + expf(-g)) * u;
         }
     }
 }
@@ -1890,7 +1899,8 @@ __device__ __forceinline__ void attend_tiles(const float* qh, const u16* kc, con
 extern "C" __global__ void attn_split(const float* q, const u16* kc, const u16* vc,
                                       const u32* pos, float* part_o, float* part_ml, u32* done,
                                       float* out, int n_head, int n_head_kv, int hd,
-                                      int n_splits, float scale, float cap, int window) {
+                                      int n_splits, float scale, float cap, int window,
+                                      const float* sinks) {
     step_begin();
     __shared__ float so[256];
     __shared__ bool last;
@@ -1905,7 +1915,9 @@ extern "C" __global__ void attn_split(const float* q, const u16* kc, const u16* 
     float M, L;
     attend_tiles(q + h * hd, kc, vc, n_head_kv * hd, kvh * hd, hd, start, end, scale, cap, M, L,
                  so);
+    // A sink (gpt-oss) joins the softmax as one more column with no value.
     if (ns == 1) {
+        if (sinks) L += expf(sinks[h] - M);
         for (int i = threadIdx.x; i < hd; i += blockDim.x) out[h * hd + i] = so[i] / L;
     } else {
         size_t part = (size_t)h * n_splits + s;
@@ -1929,6 +1941,7 @@ extern "C" __global__ void attn_split(const float* q, const u16* kc, const u16* 
             float m = __ldcg(ml + 2 * j);
             if (m != -INFINITY) LL += __ldcg(ml + 2 * j + 1) * expf(m - MM);
         }
+        if (sinks) LL += expf(sinks[h] - MM);
         for (int i = threadIdx.x; i < hd; i += blockDim.x) {
             float o = 0.f;
             for (int j = 0; j < ns; j++) {
@@ -1940,6 +1953,21 @@ extern "C" __global__ void attn_split(const float* q, const u16* kc, const u16* 
         }
         if (threadIdx.x == 0) done[h] = 0;
     }
+}
+
+// out = swiglu_oai(g, u) (gpt-oss).
+extern "C" __global__ void swiglu_oai(const float* g, const float* u, float* out, int n) {
+    step_begin();
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = swiglu_oai_f(g[i], u[i]);
+}
+
+// y[j * rows + r] += bias[ids[j] * rows + r]: each chosen expert's bias (gpt-oss) added to its
+// product's rows; grid (ceil(rows / 256), k).
+extern "C" __global__ void moe_add_bias(float* y, const float* bias, const u32* ids, int rows) {
+    step_begin();
+    int r = blockIdx.x * blockDim.x + threadIdx.x, j = blockIdx.y;
+    if (r < rows) y[(size_t)j * rows + r] += bias[(size_t)ids[j] * rows + r];
 }
 
 // out = silu(g) * u.

@@ -338,6 +338,11 @@ pub struct AttentionRefs {
     /// The Q projection gives per head the query then as many gate values, and the output is
     /// multiplied by their sigmoid before `wo` (Qwen3-Next; the decode step only).
     pub gated_output: bool,
+    /// One logit per head joining each softmax as a column with no value (gpt-oss's
+    /// `attn_sinks`; the decode step only).
+    pub sinks: Option<usize>,
+    /// The output projection's bias (gpt-oss; the decode step only).
+    pub out_bias: Option<usize>,
 }
 
 /// A gated delta-net layer's weights and shape (see `delta_conv` and `delta_rule` in the
@@ -424,6 +429,9 @@ pub struct MoeRefs {
     pub weights_scale: f32,
     /// The shared expert, if any.
     pub shared: Option<SharedRefs>,
+    /// The router's bias and the stacked gate, up and down biases (gpt-oss; the decode step
+    /// only).
+    pub biases: Option<(usize, [usize; 3])>,
 }
 
 /// A shared expert's matrices.
@@ -493,6 +501,8 @@ pub enum GateActivation {
     Silu,
     /// `gelu(gate) * up` with the CPU's f16-table GELU (Gemma).
     Gelu,
+    /// gpt-oss's clamped SwiGLU (the decode step only).
+    SwigluOai,
 }
 
 impl GateActivation {
@@ -501,6 +511,7 @@ impl GateActivation {
         match self {
             GateActivation::Silu => 0,
             GateActivation::Gelu => 1,
+            GateActivation::SwigluOai => 2,
         }
     }
 
@@ -510,6 +521,7 @@ impl GateActivation {
         match self {
             GateActivation::Silu => "swiglu",
             GateActivation::Gelu => "geglu",
+            GateActivation::SwigluOai => "swiglu_oai",
         }
     }
 }
@@ -711,7 +723,7 @@ struct Builder {
     launches: Vec<Launch>,
     activations: Activations,
     /// The switches and sizes (the largest residual product that quantizes its input as it
-    /// loads it, [`Builder::residual_product`]; staging, [`staged_product`]; repacking).
+    /// loads it, [`Builder::product_of_f32`]; staging, [`staged_product`]; repacking).
     tuning: CudaTuning,
 }
 
@@ -831,44 +843,38 @@ impl Builder {
         self.push_product(kernel, m, x, bias, res, y);
     }
 
-    /// `X += W x` for f32 `x`, the input of no other product: W's blocks quantize x as they load
-    /// it (`matvecf`) when W is small (rows x columns at most `on_load_max`; every block reads
-    /// all of x, rows x columns bytes from L2 in all), which costs less than a quantize_act
-    /// launch; else quantize_act, then the product.
-    fn residual_product(&mut self, m: usize, x: Buf) {
-        self.product_of_f32(m, x, Some(Buf::X), Buf::X);
-    }
-
-    /// `y = W x (+ res)` for f32 `x`, the input of no other product, quantized as
-    /// [`Builder::residual_product`] says.
-    fn product_of_f32(&mut self, m: usize, x: Buf, res: Option<Buf>, y: Buf) {
+    /// `y = W x (+ bias) (+ res)` for f32 `x`, the input of no other product: W's blocks
+    /// quantize x as they load it (`matvecf`) when W is small (rows x columns at most
+    /// `on_load_max`; every block reads all of x, rows x columns bytes from L2 in all), which
+    /// costs less than a quantize_act launch; else quantize_act, then the product.
+    fn product_of_f32(&mut self, m: usize, x: Buf, bias: Option<usize>, res: Option<Buf>, y: Buf) {
         let spec = &self.matrices[m];
         if self.shared_format(&[m]).is_some()
             && spec.rows * spec.cols <= self.tuning.quantize_on_load_max
         {
             let kernel = format!("matvecf_{}", spec.kernel);
-            self.push_product(kernel, m, x, None, res, y);
+            self.push_product(kernel, m, x, bias, res, y);
         } else {
             let cols = spec.cols;
             let x = self.input_for(x, cols, &[m]);
-            self.matvec(m, x, None, res, y);
+            self.matvec(m, x, bias, res, y);
         }
     }
 
     /// A block's output `W x` into the residual stream: added by the product itself, or, with
     /// a post-norm (Gemma) or a residual scale (Granite), written to [`Buf::H`] (free by then:
     /// the block's products have read their input) and added by `post_norm_add`.
-    fn block_output(&mut self, m: usize, x: Buf, end: BlockEnd) {
+    fn block_output(&mut self, m: usize, x: Buf, bias: Option<usize>, end: BlockEnd) {
         let BlockEnd {
             post_norm,
             scale,
             eps,
         } = end;
         if post_norm.is_none() && scale == 1.0 {
-            return self.residual_product(m, x);
+            return self.product_of_f32(m, x, bias, Some(Buf::X), Buf::X);
         }
         let d = self.matrices[m].rows;
-        self.product_of_f32(m, x, None, Buf::H);
+        self.product_of_f32(m, x, bias, None, Buf::H);
         let warps = d.div_ceil(256).clamp(1, 32) as u32;
         self.push(
             "post_norm_add",
@@ -921,11 +927,10 @@ impl Builder {
             }
             c => c.unwrap_or(0.0),
         };
-        if *sinks {
-            return Err(decline("attention.sinks", sinks));
-        }
-        if *out_bias {
-            return Err(decline("attention.out_bias", out_bias));
+        for (field, on) in [("attention.sinks", sinks), ("attention.out_bias", out_bias)] {
+            if *on && !b.tuning.unverified {
+                return Err(decline(field, UNVERIFIED));
+            }
         }
         let window = sliding_window.unwrap_or(0);
         if window > i32::MAX as usize {
@@ -1080,6 +1085,8 @@ impl Builder {
             );
         }
         let wo = b.matrix(types, &n("attn_output.weight"), d, q_dim)?;
+        let sink_logits = sinks.then(|| b.vector(&n("attn_sinks.weight"), nh));
+        let wo_bias = out_bias.then(|| b.vector(&n("attn_output.bias"), d));
         b.push(
             "attn_split",
             (nh as u32, splits as u32),
@@ -1100,6 +1107,7 @@ impl Builder {
                 Arg::F32(*scale),
                 Arg::F32(softcap),
                 Arg::I32(window as i32),
+                sink_logits.map_or(Arg::Null, |v| Arg::Buf(Buf::Vector(v))),
             ],
         );
         if *gated_output {
@@ -1118,7 +1126,7 @@ impl Builder {
         // its own: with overlapped launches either costs less than the attention quantizing
         // it (counters and fences in every block, the completing block's work in series;
         // measured, PERFORMANCE.md).
-        b.block_output(wo, Buf::Attn, end);
+        b.block_output(wo, Buf::Attn, wo_bias, end);
         let vector_of = |a: Arg| match a {
             Arg::Buf(Buf::Vector(i)) => Some(i),
             _ => None,
@@ -1141,6 +1149,8 @@ impl Builder {
             window,
             softcap,
             gated_output: *gated_output,
+            sinks: sink_logits,
+            out_bias: wo_bias,
         })
     }
 
@@ -1260,7 +1270,7 @@ impl Builder {
                 Arg::F32(end.eps),
             ],
         );
-        self.block_output(out, Buf::DeltaOut, end);
+        self.block_output(out, Buf::DeltaOut, None, end);
         Ok(DeltaNetRefs {
             input,
             gates,
@@ -1324,8 +1334,8 @@ impl Builder {
             shared,
         } = *m;
         let n = |s: &str| format!("blk.{l}.{s}");
-        if biases {
-            return Err(decline("ffn.moe.biases", true));
+        if biases && !self.tuning.unverified {
+            return Err(decline("ffn.moe.biases", UNVERIFIED));
         }
         if ne == 0 || ne > 1024 || k == 0 || k > ne {
             return Err(decline("ffn.moe.n_expert_used", format!("{k} of {ne}")));
@@ -1339,6 +1349,15 @@ impl Builder {
         let up = self.experts(types, &n("ffn_up_exps.weight"), ne, n_ff, d)?;
         let down = self.experts(types, &n("ffn_down_exps.weight"), ne, d, n_ff)?;
         let bias = selection_bias.then(|| self.vector(&n("exp_probs_b.bias"), ne));
+        // gpt-oss's router and experts' biases.
+        let router_bias = biases.then(|| self.vector(&n("ffn_gate_inp.bias"), ne));
+        let expert_biases = biases.then(|| {
+            [
+                self.vector(&n("ffn_gate_exps.bias"), ne * n_ff),
+                self.vector(&n("ffn_up_exps.bias"), ne * n_ff),
+                self.vector(&n("ffn_down_exps.bias"), ne * d),
+            ]
+        });
         // The normed input in f32 (H); each product's quantized copy in Xq, made again only
         // when the format changes (`held`: what Xq holds now).
         self.rms_norm(Buf::X, ffn_norm, Buf::H, d, eps, None);
@@ -1352,7 +1371,7 @@ impl Builder {
             }
         };
         let x = input(self, &[router]);
-        self.matvec(router, x, None, None, Buf::Router);
+        self.matvec(router, x, router_bias, None, Buf::Router);
         let gating = match gating {
             Gating::Softmax => 0,
             Gating::Sigmoid => 1,
@@ -1376,17 +1395,25 @@ impl Builder {
                 Arg::F32(weights_scale.unwrap_or(1.0)),
             ],
         );
-        if self.matrices[gate].ty == self.matrices[up].ty {
+        if self.matrices[gate].ty == self.matrices[up].ty && expert_biases.is_none() {
             let x = input(self, &[gate, up]);
             self.expert_glu(gate, up, x, n_ff, k, act);
         } else {
-            // Gate and up apart, each quantizing the normed input as it loads it.
+            // Gate and up apart, each quantizing the normed input as it loads it, their
+            // biases added before the activation.
             self.expert_product(gate, n_ff, Buf::H, 0, k, Buf::Gate);
             self.expert_product(up, n_ff, Buf::H, 0, k, Buf::Up);
+            if let Some([gb, ub, _]) = expert_biases {
+                self.expert_bias(Buf::Gate, gb, n_ff, k);
+                self.expert_bias(Buf::Up, ub, n_ff, k);
+            }
             self.glu(act, [Buf::Gate, Buf::Up, Buf::Act], k * n_ff);
         }
         // The down products quantize their f32 inputs as they load them.
         self.expert_product(down, d, Buf::Act, n_ff, k, Buf::ExpertOut);
+        if let Some([_, _, db]) = expert_biases {
+            self.expert_bias(Buf::ExpertOut, db, d, k);
+        }
         let mut shared_refs = None;
         if let Some(sh) = shared {
             let mut gate_inp = None;
@@ -1411,7 +1438,7 @@ impl Builder {
                 self.matvec(gi, x, None, None, Buf::SharedGate);
                 gate_inp = Some(gi);
             }
-            self.product_of_f32(sd, Buf::Gate, None, Buf::SharedOut);
+            self.product_of_f32(sd, Buf::Gate, None, None, Buf::SharedOut);
             shared_refs = Some(SharedRefs {
                 gate: sg,
                 up: su,
@@ -1452,6 +1479,7 @@ impl Builder {
             norm_weights,
             weights_scale: weights_scale.unwrap_or(1.0),
             shared: shared_refs,
+            biases: router_bias.zip(expert_biases),
         })
     }
 
@@ -1478,6 +1506,22 @@ impl Builder {
                 Arg::I32(1),
                 Arg::Buf(Buf::ExpertIds),
                 Arg::Buf(y),
+            ],
+        );
+    }
+
+    /// Each of the `k` chosen experts' rows of the stacked bias `v` (`rows` an expert) added to
+    /// its product's rows in `y`.
+    fn expert_bias(&mut self, y: Buf, v: usize, rows: usize, k: usize) {
+        self.push(
+            "moe_add_bias",
+            (rows.div_ceil(256) as u32, k as u32),
+            256,
+            vec![
+                Arg::Buf(y),
+                Arg::Buf(Buf::Vector(v)),
+                Arg::Buf(Buf::ExpertIds),
+                Arg::I32(rows as i32),
             ],
         );
     }
@@ -1898,7 +1942,8 @@ pub fn decode_plan_with(
         let gate_activation = |a: &Activation| match a {
             Activation::Silu => Ok(GateActivation::Silu),
             Activation::GeluTanh => Ok(GateActivation::Gelu),
-            Activation::SwigluOai => Err(decline("ffn.activation", "SwigluOai")),
+            Activation::SwigluOai if tuning.unverified => Ok(GateActivation::SwigluOai),
+            Activation::SwigluOai => Err(decline("ffn.activation", UNVERIFIED)),
         };
         let (n_ff, activation) = match ffn {
             Ffn::Gated { n_ff, activation } => (*n_ff, gate_activation(activation)?),
@@ -2013,7 +2058,7 @@ pub fn decode_plan_with(
                 post_norm: post_ffn,
                 ..block
             };
-            b.block_output(down, Buf::Act, end);
+            b.block_output(down, Buf::Act, None, end);
             ([gate, up, down], None)
         };
         refs.push(LayerRefs {
@@ -2106,12 +2151,15 @@ pub fn decode_plan_with(
 
 impl DecodePlan {
     /// Whether the batched passes (prompt batches, several sequences a step) serve every layer:
-    /// not the gated delta-nets (recurrent state, decode steps only) nor a gated attention
-    /// output.
+    /// not the gated delta-nets (recurrent state, decode steps only), a gated attention output,
+    /// nor gpt-oss's sinks, biases and clamped SwiGLU (its prompts run as decode steps).
     pub fn batched_passes_serve(&self) -> bool {
-        self.layers
-            .iter()
-            .all(|r| r.attention().is_some_and(|a| !a.gated_output))
+        self.layers.iter().all(|r| {
+            r.activation != GateActivation::SwigluOai
+                && r.moe.as_ref().is_none_or(|m| m.biases.is_none())
+                && r.attention()
+                    .is_some_and(|a| !a.gated_output && a.sinks.is_none() && a.out_bias.is_none())
+        })
     }
 
     /// The plan for a device without bulk copies (before compute capability 9.0): staged
@@ -2503,8 +2551,12 @@ mod tests {
         };
         let e = decode_plan(&plan(1, 32), 256, &q5).unwrap_err();
         assert_eq!(e.field, "blk.0.ffn_up.weight");
-        assert_eq!(e.value, "IQ4_XS");
+        assert_eq!(e.value, format!("IQ4_XS ({UNVERIFIED})"));
         assert!(e.to_string().contains("blk.0.ffn_up.weight"));
+        let e = decode_plan(&plan(1, 32), 256, &all(TensorType::IQ1_S)).unwrap_err();
+        assert!(e.value.starts_with("IQ1_S ("), "{e}");
+        let e = decode_plan(&plan(1, 32), 256, &all(TensorType::Q8_1)).unwrap_err();
+        assert_eq!(e.value, "Q8_1");
         let mut odd = plan(1, 32);
         odd.n_embd = 100;
         assert_eq!(
@@ -2568,6 +2620,17 @@ mod tests {
         };
         let e = decode_plan(&oai, 256, &all(TensorType::F32)).unwrap_err();
         assert_eq!(e.field, "ffn.activation");
+        // Served when asked for (not yet compared on a GPU): the clamped SwiGLU's code.
+        let unverified = CudaTuning {
+            unverified: true,
+            ..CudaTuning::default()
+        };
+        let dp = decode_plan_with(&oai, 256, &all(TensorType::F32), 1, &unverified).unwrap();
+        let glu = dp
+            .launches
+            .iter()
+            .find(|l| l.kernel.starts_with("matvec_glu"));
+        assert_eq!(glu.and_then(|l| l.args.last()), Some(&Arg::I32(2)));
         // RoPE scalings plan: LongRoPE's divisors for the context and its attention factor.
         let mut long_rope = plan(1, 32);
         long_rope.layers[0].attention.rope.long_rope = Some(ferrolm_model::plan::LongRope {

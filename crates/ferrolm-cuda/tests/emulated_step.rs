@@ -27,6 +27,13 @@ struct Emulator<'f> {
     xq: HashMap<Buf, (TensorType, Vec<u8>)>,
 }
 
+/// gpt-oss's clamped SwiGLU (alpha 1.702, limit 7), as the CPU computes it.
+fn swiglu_oai(g: f32, u: f32) -> f32 {
+    let x = g.min(7.0);
+    let y = u.clamp(-7.0, 7.0);
+    x / (1.0 + (1.702 * -x).exp()) * (y + 1.0)
+}
+
 fn f16_round(x: &[f32]) -> Vec<f32> {
     let mut h = vec![0u8; 2 * x.len()];
     ferrolm_quant::quantize(TensorType::F16, x, &mut h).unwrap();
@@ -262,6 +269,7 @@ impl<'f> Emulator<'f> {
                     ferrolm_quant::ggml_vec::geglu(&g, &u, &mut out);
                     out
                 }
+                2 => g.iter().zip(&u).map(|(&g, &u)| swiglu_oai(g, u)).collect(),
                 act => panic!("activation {act}"),
             };
             self.write(Self::buf(&a[6]).unwrap(), 0, &out);
@@ -420,6 +428,26 @@ impl<'f> Emulator<'f> {
             if Self::i(&a[4]) == 1 {
                 self.u32s.get_mut(&Buf::Pos).unwrap()[0] += 1;
             }
+        } else if name == "swiglu_oai" {
+            let n = Self::i(&a[3]);
+            let (g, u) = (
+                self.read(Self::buf(&a[0]).unwrap()),
+                self.read(Self::buf(&a[1]).unwrap()),
+            );
+            let out: Vec<f32> = (0..n).map(|i| swiglu_oai(g[i], u[i])).collect();
+            self.write(Self::buf(&a[2]).unwrap(), 0, &out);
+        } else if name == "moe_add_bias" {
+            // moe_add_bias(y, bias, ids, rows): grid row j adds expert ids[j]'s rows
+            let (yb, rows) = (Self::buf(&a[0]).unwrap(), Self::i(&a[3]));
+            let bias = self.read(Self::buf(&a[1]).unwrap());
+            let ids = self.u32s[&Buf::ExpertIds].clone();
+            let mut y = self.read(yb);
+            for (j, &e) in ids.iter().enumerate().take(l.grid.1 as usize) {
+                for r in 0..rows {
+                    y[j * rows + r] += bias[e as usize * rows + r];
+                }
+            }
+            self.write(yb, 0, &y);
         } else if name == "split_query_gate" {
             // split_query_gate(qg, q, g, n_head, hd): per head hd queries, then hd gates
             let (nh, hd) = (Self::i(&a[3]), Self::i(&a[4]));
@@ -749,6 +777,7 @@ impl<'f> Emulator<'f> {
                 s
             }
         };
+        let sinks = Self::buf(&a[15]).map(|b| self.read(b));
         let q = f16_round(&self.read(Self::buf(&a[0]).unwrap())[..nh * hd]);
         let (kc, vc) = (
             self.read(Self::buf(&a[1]).unwrap()),
@@ -769,7 +798,9 @@ impl<'f> Emulator<'f> {
                 .collect();
             let max = scores.iter().fold(f32::NEG_INFINITY, |m, &s| m.max(s));
             let e: Vec<f32> = scores.iter().map(|&s| (s - max).exp()).collect();
-            let sum: f32 = e.iter().sum();
+            // A sink (gpt-oss): one more column of the softmax, with no value.
+            let sink = sinks.as_ref().map_or(0.0, |s| (s[h] - max).exp());
+            let sum: f32 = e.iter().sum::<f32>() + sink;
             for (j, t) in (lo..len).enumerate() {
                 for i in 0..hd {
                     out[h * hd + i] += e[j] / sum * vc[at(t, i)];
@@ -945,6 +976,7 @@ fn the_decode_step_computes_what_the_cpu_computes() {
     for arch in ["qwen3next", "qwen35", "qwen35moe"] {
         cases.push(SyntheticSpec::small(arch));
     }
+
     let mut split = SyntheticSpec::small("qwen3next");
     if let Some(net) = split.delta_net.as_mut() {
         net.split_projections = true;
@@ -989,6 +1021,15 @@ fn the_decode_step_computes_what_the_cpu_computes() {
     let mut dots1 = SyntheticSpec::small("dots1");
     dots1.head_dim = 64;
     check_emulated(&dots1, 3);
+    // gpt-oss: attention sinks, Q/K/V and output biases, alternating sliding windows, YaRN,
+    // MXFP4 experts with biases under softmax-after-top-k routing, the clamped SwiGLU. Its
+    // sinks leave the keys small probabilities, which the CPU rounds to f16 and the kernels
+    // keep in f32: positions sit near 5e-4 apart (dropping the sinks or the experts' biases
+    // puts them at 1e-1), and at the tenth an expert's choice flips; the nine before it are
+    // compared.
+    let mut gpt_oss = SyntheticSpec::small("gpt-oss");
+    gpt_oss.sliding_window = Some(8);
+    check_emulated(&gpt_oss, 9);
 }
 
 /// [`emulate`] of `spec` over `n` positions in each activation mode, against the CPU.
