@@ -5,7 +5,8 @@
 # Usage (on the GPU machine, with a release binary built elsewhere):
 #   [QUANT_DIR=DIR] scripts/gpu-check.sh [BIN] [TOKENIZER_GGUF]
 # TOKENIZER_GGUF: a GGUF holding the default model's tokenizer.* keys (the GPU machine cannot
-# fetch the default model); the real-shape files borrow it. Env: SECTIONS="small shapes".
+# fetch the default model); the real-shape files borrow it. Env: SECTIONS="small shapes"
+# (and "unverified": what waits for a first comparison on a GPU).
 set -uo pipefail
 BIN=${1:-target/release/ferrolm}
 TOK=${2:-}
@@ -85,6 +86,21 @@ for section in ${SECTIONS:-small shapes}; do
     done
     FERROLM_CUDA_NO_GRAPH=1 "$BIN" cuda-check -m "$W/small-q8_0.gguf" -p 16 -n 8 >/dev/null \
       && echo "no-graph mode agrees" || { echo "no-graph mode FAILED"; fail=1; }
+  fi
+  if [ "$section" = unverified ]; then
+    # What compiles and runs emulated on the CPU (tests/emulated_step.rs) but is declined until
+    # this comparison has been made on a GPU (`schedule::UNVERIFIED`): the i-quant, ternary,
+    # 1-bit and NVFP4 block types, the hybrids' gated delta-nets and gated attention, gpt-oss.
+    export FERROLM_CUDA_UNVERIFIED=1
+    for t in iq1_s iq1_m iq2_xxs iq2_xs iq2_s iq3_xxs iq3_s iq4_xs tq1_0 tq2_0 q1_0 q2_0 nvfp4; do
+      "$BIN" synth --arch llama --layers 2 --type "$t" -o "$W/small-$t.gguf" >/dev/null && check "small-$t" 256 64
+    done
+    for a in qwen3next qwen35 qwen35moe gpt-oss; do
+      "$BIN" synth --arch "$a" -o "$W/small-$a.gguf" >/dev/null && check "small-$a" 128 32
+    done
+    "$BIN" synth --arch qwen3next --ssm-split -o "$W/small-qwen3next-split.gguf" >/dev/null \
+      && check small-qwen3next-split 128 32
+    unset FERROLM_CUDA_UNVERIFIED
   fi
   if [ "$section" = shapes ]; then
     # Real models' shapes and llama-quantize's type mixes (issue 6's table).
