@@ -125,3 +125,111 @@ extern "C" __global__ void sigmoid_mul(float* x, const float* g, int n) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) x[i] *= 1.f / (1.f + expf(-g[i]));
 }
+
+// ---- The same over a prompt's n tokens (the batched pass) -----------------------------------
+//
+// The projections are GEMMs over the batch's rows (row t of `in` is token t's, in_stride
+// floats apart); the convolution runs a thread per channel along the tokens; the delta rule a
+// block per value head along the tokens, its state in shared memory for the whole batch (read
+// from and written back to the layer's state once), which is the recurrence of the decode step
+// token after token, not the chunked form.
+
+// delta_conv over n tokens at positions pos0.. (pos0 == 0: the state starts from zeros).
+extern "C" __global__ void delta_conv_rows(const float* in, int in_stride, int fused,
+                                           const float* w, float* state, int pos0, float* out,
+                                           int channels, int taps, int key_dim, int s, int ratio,
+                                           int n) {
+    int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= channels) return;
+    const float* wc = w + (size_t)c * taps;
+    int src = conv_source(c, fused, key_dim, s, ratio);
+    // The window's older inputs, oldest first (taps is small: at most 8 here).
+    float hist[8];
+    for (int i = 0; i < taps - 1; i++) hist[i] = pos0 == 0 ? 0.f : state[(size_t)i * channels + c];
+    for (int t = 0; t < n; t++) {
+        float x = in[(size_t)t * in_stride + src];
+        float acc = 0.f;
+        for (int i = 0; i < taps - 1; i++) acc += hist[i] * wc[i];
+        acc += x * wc[taps - 1];
+        for (int i = 0; i + 1 < taps - 1; i++) hist[i] = hist[i + 1];
+        if (taps > 1) hist[taps - 2] = x;
+        out[(size_t)t * channels + c] = silu_f(acc);
+    }
+    for (int i = 0; i < taps - 1; i++) state[(size_t)i * channels + c] = hist[i];
+}
+
+// delta_rule over n tokens (block vh, s threads, s * s floats of dynamic shared memory for the
+// state): row t of conv holds token t's channels, of ba (ba_stride) its gates, of z or in_fused
+// (z_stride) its output gates; out's row t (value_dim halfs) the gated norm as f16 for the
+// output GEMM.
+extern "C" __global__ void delta_rule_rows(const float* conv, const float* ba, int ba_stride,
+                                           const float* alpha, const float* dt_bias,
+                                           const float* ssm_a, const float* norm,
+                                           const float* in_fused, const float* z, int z_stride,
+                                           float* state, int pos0, u16* out, int n_k_heads,
+                                           int n_v_heads, int s, int tiled, float eps, int n) {
+    extern __shared__ float S[];
+    __shared__ float qs[256], ks[256];
+    int vh = blockIdx.x, j = threadIdx.x;
+    int ratio = n_v_heads / n_k_heads, key_dim = n_k_heads * s, value_dim = n_v_heads * s;
+    int channels = 2 * key_dim + value_dim;
+    int kh = tiled ? vh % n_k_heads : vh / ratio;
+    float* G = state + (size_t)vh * s * s;
+    for (int i = 0; i < s; i++) S[i * s + j] = pos0 == 0 ? 0.f : G[(size_t)i * s + j];
+    float scale = 1.f / sqrtf((float)s);
+    for (int t = 0; t < n; t++) {
+        const float* c = conv + (size_t)t * channels;
+        __syncthreads();
+        qs[j] = l2_normalized(c[kh * s + j], s, eps);
+        ks[j] = l2_normalized(c[key_dim + kh * s + j], s, eps);
+        float v = c[2 * key_dim + vh * s + j];
+        const float* g = ba + (size_t)t * ba_stride;
+        float b, a;
+        if (alpha) {
+            b = g[vh];
+            a = alpha[(size_t)t * n_v_heads + vh];
+        } else {
+            int kg = vh / ratio, r = vh % ratio;
+            b = g[kg * 2 * ratio + r];
+            a = g[kg * 2 * ratio + ratio + r];
+        }
+        float beta = 1.f / (1.f + expf(-b));
+        float decay = expf(softplus_f(a + dt_bias[vh]) * ssm_a[vh]);
+        __syncthreads();
+        float sk = 0.f;
+        for (int i = 0; i < s; i++) sk += ks[i] * (S[i * s + j] * decay);
+        float u = (v - sk) * beta;
+        float o = 0.f;
+        for (int i = 0; i < s; i++) {
+            float x = S[i * s + j] * decay + ks[i] * u;
+            S[i * s + j] = x;
+            o += qs[i] * x;
+        }
+        o *= scale;
+        float r = rms_scale((double)(o * o), s, eps);
+        int zi = vh * s + j;
+        float zv = z ? z[(size_t)t * z_stride + zi]
+                     : in_fused[(size_t)t * z_stride + (zi / (ratio * s)) * (2 * s + 2 * ratio * s) +
+                                2 * s + ratio * s + zi % (ratio * s)];
+        out[(size_t)t * value_dim + zi] = f2h((o * r) * norm[j] * silu_f(zv));
+    }
+    for (int i = 0; i < s; i++) G[(size_t)i * s + j] = S[i * s + j];
+}
+
+// The gated attention output over a batch's rows: split_query_gate per token (row t of qg is
+// 2 * n_head * hd floats; q and g rows of n_head * hd), and attention rows (f16) times sigmoid
+// of their gates.
+extern "C" __global__ void split_query_gate_rows(const float* qg, float* q, float* g, int n_head,
+                                                 int hd) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x, t = blockIdx.y, w = n_head * hd;
+    if (i >= w) return;
+    int h = i / hd, e = i % hd;
+    const float* row = qg + (size_t)t * 2 * w;
+    q[(size_t)t * w + i] = row[h * 2 * hd + e];
+    g[(size_t)t * w + i] = row[h * 2 * hd + hd + e];
+}
+
+extern "C" __global__ void sigmoid_mul_f16(u16* x, const float* g, long long n) {
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] = f2h(h2f(x[i]) * (1.f / (1.f + expf(-g[i]))));
+}
