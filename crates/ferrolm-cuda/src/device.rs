@@ -286,6 +286,10 @@ pub struct CudaModel {
     /// capability 9.0 and later, unless the tuning says otherwise).
     overlap: bool,
     stats: Stats,
+    /// A model with recurrent layers: their states as they were at the end of the last prompt
+    /// (the position, copies of the state buffers in layer order), so that going back to a
+    /// position at or after it (a chat's next turn) resumes there instead of starting over.
+    checkpoint: Option<(usize, Vec<CudaSlice<u8>>)>,
 }
 
 /// Bytes each symbolic buffer needs, with caches for `slots` sequences.
@@ -597,6 +601,7 @@ impl CudaModel {
             name,
             overlap: major >= 9 && tuning.overlap,
             stats: Stats::default(),
+            checkpoint: None,
         };
         if tuning.graphs {
             model.capture()?;
@@ -933,8 +938,35 @@ impl CudaModel {
         self.plan.n_ctx
     }
 
+    /// The recurrent layers' state buffers, in layer order (none for a model without them).
+    fn state_buffers(&self) -> Vec<usize> {
+        (0..self.plan.layers.len())
+            .flat_map(|l| [Buf::ConvState(l), Buf::SsmState(l)])
+            .filter_map(|b| self.buf_index.get(&b).copied())
+            .collect()
+    }
+
+    /// After a prompt on a model with recurrent layers: their states become the checkpoint
+    /// [`CudaModel::truncate`] can go back to.
+    fn checkpoint_prompt(&mut self, n_ids: usize) -> Result<(), CudaError> {
+        if n_ids < 2 || !self.plan.recurrent() {
+            return Ok(());
+        }
+        let mut copies = Vec::new();
+        for i in self.state_buffers() {
+            let copy = self
+                .stream
+                .clone_dtod(&self._buffers[i])
+                .map_err(driver("saving the recurrent states"))?;
+            copies.push(copy);
+        }
+        self.checkpoint = Some((self.pos, copies));
+        Ok(())
+    }
+
     /// Forgets the sequence (the next token goes to position 0).
     pub fn reset(&mut self) -> Result<(), CudaError> {
+        self.checkpoint = None;
         self.stream
             .memcpy_htod(&[0u32], &mut self.pos_buf)
             .map_err(driver("resetting the position"))?;
@@ -947,11 +979,23 @@ impl CudaModel {
     /// next token goes to position `pos` (a chat reusing the common start of a conversation).
     pub fn truncate(&mut self, pos: usize) -> Result<(), CudaError> {
         let pos = pos.min(self.pos);
-        // A recurrent state holds only the latest position: going back starts over (the
-        // caller reads the position and evaluates its ids again), as the CPU does without a
-        // checkpoint; at position 0 the step starts the states from zeros.
+        // A recurrent state holds only the latest position: going back resumes from the
+        // checkpoint where it lies at or before `pos`, and starts over otherwise (the caller
+        // reads the position and evaluates its ids again), as the CPU does; at position 0 the
+        // step starts the states from zeros.
         let pos = if self.plan.recurrent() && pos < self.pos {
-            0
+            match self.checkpoint.take() {
+                Some((at, copies)) if at > 0 && at <= pos => {
+                    for (i, copy) in self.state_buffers().into_iter().zip(&copies) {
+                        self.stream
+                            .memcpy_dtod(copy, &mut self._buffers[i])
+                            .map_err(driver("restoring the recurrent states"))?;
+                    }
+                    self.checkpoint = Some((at, copies));
+                    at
+                }
+                _ => 0,
+            }
         } else {
             pos
         };
@@ -1088,6 +1132,7 @@ impl CudaModel {
                     .map(|b| f32::from_ne_bytes([b[0], b[1], b[2], b[3]])),
             );
         }
+        self.checkpoint_prompt(ids.len())?;
         Ok(out)
     }
 
@@ -1231,6 +1276,7 @@ impl CudaModel {
                 out.extend(self.logits()?);
             }
         }
+        self.checkpoint_prompt(ids.len())?;
         Ok(out)
     }
 
