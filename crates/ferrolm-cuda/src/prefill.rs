@@ -292,6 +292,11 @@ impl<D: BatchDevice> Prefill<D> {
         })
     }
 
+    /// The device it runs on.
+    pub fn device(&self) -> &D {
+        &self.dev
+    }
+
     fn run(
         &mut self,
         kernel: &str,

@@ -161,7 +161,7 @@ pub fn run(dev: &HostDevice, name: &str, grid: (u32, u32), block: u32, args: &[V
         let (g, u) = (mem.f32s(a.ptr(0), n), mem.f32s(a.ptr(1), n));
         mem.write(a.ptr(2), &math::gated(name, &g, &u));
     } else if name == "moe_route" {
-        route(mem, rows, &a);
+        route(dev, mem, rows, &a);
     } else if name == "moe_group" {
         // moe_group(ids, n_pairs, ne, counts, offsets, at)
         let (pairs, ne) = (a.int(1), a.int(2));
@@ -497,9 +497,13 @@ fn f16_round(x: &[f32]) -> Vec<f32> {
     x.iter().map(|&v| half::f16::from_f32(v).to_f32()).collect()
 }
 
+/// Router logits this close at the k-th choice may choose differently on any two backends:
+/// the batched passes' router is an f16 GEMM, the CPU's a product on quantized activations.
+const NEAR_TIE: f32 = 1e-2;
+
 /// moe_route(logits, sel_bias, ids, weights, ne, k, gating, n_group, n_group_used, norm,
-/// scale): a block per token.
-fn route(mem: &mut Memory, rows: usize, a: &Args) {
+/// scale): a block per token; the tokens whose choice is a near tie are noted.
+fn route(dev: &HostDevice, mem: &mut Memory, rows: usize, a: &Args) {
     let (ne, k) = (a.int(4), a.int(5));
     let routing = Routing {
         k,
@@ -512,6 +516,9 @@ fn route(mem: &mut Memory, rows: usize, a: &Args) {
     for t in 0..rows {
         let logits = mem.f32s(a.ptr(0) + (4 * t * ne) as u64, ne);
         let (ids, w) = routing.route(&logits, bias.as_deref());
+        if routing.margin(&logits) < NEAR_TIE {
+            dev.near_ties.borrow_mut().push(t);
+        }
         mem.write(a.ptr(2) + (4 * t * k) as u64, &ids);
         mem.write(a.ptr(3) + (4 * t * k) as u64, &w);
     }

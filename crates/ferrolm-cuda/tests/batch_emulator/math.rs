@@ -122,6 +122,14 @@ pub struct Routing {
 }
 
 impl Routing {
+    /// How far apart the router logits of the k-th and the next expert are (the order of a
+    /// softmax or a sigmoid is the logits'; a selection bias or groups are not looked at).
+    pub fn margin(&self, logits: &[f32]) -> f32 {
+        let mut sorted = logits.to_vec();
+        sorted.sort_by(|a, b| b.total_cmp(a));
+        sorted[self.k - 1] - sorted[self.k]
+    }
+
     /// One token's experts and weights from its router logits (and selection bias): the
     /// CPU's routing (routing.rs), written out again.
     pub fn route(&self, logits: &[f32], bias: Option<&[f32]>) -> (Vec<u32>, Vec<f32>) {

@@ -120,6 +120,8 @@ pub struct HostDevice<'f> {
     /// Each matrix's address: its plan index.
     matrix_at: BTreeMap<u64, usize>,
     pub launched: Vec<String>,
+    /// The rows of `moe_route` launches whose choice was a near tie, since last taken.
+    pub near_ties: RefCell<Vec<usize>>,
     /// Addresses of everything outside the batch buffers, `slots` sequences (and a spare).
     matrices: Vec<u64>,
     vectors: Vec<u64>,
@@ -172,6 +174,7 @@ impl<'f> HostDevice<'f> {
             plan,
             matrix_at,
             launched: Vec::new(),
+            near_ties: RefCell::new(Vec::new()),
             matrices,
             vectors,
             k_cache,
