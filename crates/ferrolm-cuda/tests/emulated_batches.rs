@@ -10,7 +10,7 @@ mod batch_emulator;
 
 use std::sync::Arc;
 
-use batch_emulator::{math, HostDevice};
+use batch_emulator::{math, HostDevice, Swap};
 use ferrolm_cuda::prefill::{Addresses, Prefill, RowsWant};
 use ferrolm_cuda::schedule::{decode_plan_with, DecodePlan};
 use ferrolm_cuda::{CudaTuning, Rows};
@@ -31,10 +31,14 @@ fn load(spec: &SyntheticSpec, tuning: &CudaTuning) -> (Arc<GgufFile>, Model, Dec
     (file, model, plan)
 }
 
-/// Sequence `s`'s first `n` ids.
+/// Sequence `s`'s first `n` ids (none starts with id 0, the padding rows' id).
 fn ids(s: usize, n: usize) -> Vec<u32> {
     (0..n as u32)
-        .map(|i| i.wrapping_mul(2654435761).wrapping_add(i + 7919 * s as u32) % 900)
+        .map(|i| {
+            i.wrapping_mul(2654435761)
+                .wrapping_add(i + 7919 * s as u32 + 11)
+                % 900
+        })
         .collect()
 }
 
@@ -48,9 +52,40 @@ fn cpu_logits(model: &Model, ids: &[u32]) -> Vec<f32> {
     model.session(N_CTX).eval(ids, Logits::All).unwrap()
 }
 
-/// Emulated against CPU logits, in emulated_step.rs's terms: mean KL and relative difference,
-/// over the positions whose experts were not a near tie (`near_ties`; at most a quarter).
-fn assert_close(what: &str, cpu: &[f32], emulated: &[f32], n_vocab: usize, near_ties: &[usize]) {
+/// How far emulated logits are from the CPU's, in emulated_step.rs's terms.
+struct Distance {
+    what: String,
+    mean_kl: f64,
+    relative: f64,
+}
+
+impl Distance {
+    /// Within emulated_step.rs's tolerances.
+    fn is_close(&self) -> bool {
+        // (a file whose logits are large has a KL near 0 whatever happens)
+        self.mean_kl < 1e-3 && self.relative < 2e-2
+    }
+
+    fn assert_close(&self) {
+        assert!(
+            self.is_close(),
+            "{}: mean KL {:.3e}, logits {:.3e} apart",
+            self.what,
+            self.mean_kl,
+            self.relative
+        );
+    }
+}
+
+/// Emulated against CPU logits: mean KL and relative difference, over the positions whose
+/// experts were not a near tie (`near_ties`; at most a quarter).
+fn distance(
+    what: &str,
+    cpu: &[f32],
+    emulated: &[f32],
+    n_vocab: usize,
+    near_ties: &[usize],
+) -> Distance {
     assert_eq!(
         cpu.len(),
         emulated.len(),
@@ -76,26 +111,31 @@ fn assert_close(what: &str, cpu: &[f32], emulated: &[f32], n_vocab: usize, near_
     let kl = math::mean_kl(cpu, emulated, n_vocab);
     let rel = math::relative_difference(cpu, emulated);
     eprintln!("{what}: mean KL {kl:.3e}, logits {rel:.2e} apart");
-    assert!(kl < 1e-3, "{what}: mean KL {kl:.3e}");
-    // (a file whose logits are large has a KL near 0 whatever happens)
-    assert!(rel < 2e-2, "{what}: logits {rel:.3e} apart");
+    Distance {
+        what: what.to_string(),
+        mean_kl: kl,
+        relative: rel,
+    }
 }
 
 /// The emulated passes of one file: `batch` sequences in slots 0.. (a spare slot after them
 /// for the padding rows), their prompts (of different lengths) through the prompt pass, then
 /// `steps` batched decode steps of all of them at their different positions; each sequence's
 /// logits (prompt and steps) against the CPU's. With `keep_f16`, the decode steps read the
-/// kept f16 copies (Q, K, V and gate, up stacked: the fused products).
-fn check_batched_steps(
+/// kept f16 copies (Q, K, V and gate, up stacked: the fused products). `swap` exchanges two
+/// arguments of a kernel's launches (a wiring mistake, to see the comparison fail).
+fn batched_steps(
     what: &str,
     spec: &SyntheticSpec,
     tuning: &CudaTuning,
     batch: usize,
     keep_f16: bool,
-) {
+    swap: Option<Swap>,
+) -> Vec<Distance> {
     let steps = 3;
     let (file, model, plan) = load(spec, tuning);
-    let dev = HostDevice::new(&file, &plan, batch);
+    let mut dev = HostDevice::new(&file, &plan, batch);
+    dev.swap = swap;
     let slots: Vec<Addresses> = (0..batch).map(|s| dev.addresses(s)).collect();
     let stride = dev.slot_stride();
     let mut prefill = Prefill::on(dev, &plan, tuning).unwrap();
@@ -143,11 +183,15 @@ fn check_batched_steps(
         }
         last = out;
     }
-    for (s, seq) in seqs.iter().enumerate() {
-        let what = format!("{what}, batch {batch}, sequence {s} ({} ids)", seq.len());
-        let cpu = cpu_logits(&model, seq);
-        assert_close(&what, &cpu, &logits[s], plan.n_vocab, &ties[s]);
-    }
+    let distances = seqs
+        .iter()
+        .enumerate()
+        .map(|(s, seq)| {
+            let what = format!("{what}, batch {batch}, sequence {s} ({} ids)", seq.len());
+            let cpu = cpu_logits(&model, seq);
+            distance(&what, &cpu, &logits[s], plan.n_vocab, &ties[s])
+        })
+        .collect();
     // The steps took the batched step's own kernels: each row at its slot and position, the
     // per-pair expert products, the fused products of the kept copies.
     let launched = &prefill.device().launched;
@@ -182,6 +226,7 @@ fn check_batched_steps(
             );
         }
     }
+    distances
 }
 
 /// The files the batched passes serve, as emulated_step.rs covers them: the llama family
@@ -258,10 +303,13 @@ fn the_batched_step_computes_what_the_cpu_computes() {
         ..CudaTuning::default()
     };
     for (name, spec) in files() {
+        let mut distances = Vec::new();
         for batch in [1, 3, 8] {
-            check_batched_steps(&name, &spec, &tuning, batch, false);
+            distances.extend(batched_steps(&name, &spec, &tuning, batch, false, None));
         }
-        check_batched_steps(&format!("{name} (f16 copies)"), &spec, &tuning, 3, true);
+        let copies = format!("{name} (f16 copies)");
+        distances.extend(batched_steps(&copies, &spec, &tuning, 3, true, None));
+        distances.iter().for_each(Distance::assert_close);
     }
 }
 
@@ -293,7 +341,7 @@ fn check_prompt(what: &str, spec: &SyntheticSpec, tuning: &CudaTuning, n: usize)
         rest.len()
     );
     let cpu = cpu_logits(&model, &seq);
-    assert_close(&what, &cpu, &logits, plan.n_vocab, &ties);
+    distance(&what, &cpu, &logits, plan.n_vocab, &ties).assert_close();
     let short = ids(2, 9);
     let out = prefill.eval(&plan, &at[0], &short, 0, false, true).unwrap();
     assert!(
@@ -307,7 +355,7 @@ fn check_prompt(what: &str, spec: &SyntheticSpec, tuning: &CudaTuning, n: usize)
         let cpu = cpu_logits(&model, &short);
         let cpu_last = &cpu[(short.len() - 1) * plan.n_vocab..];
         let what = format!("{what}: the last token alone");
-        assert_close(&what, cpu_last, &last, plan.n_vocab, &[]);
+        distance(&what, cpu_last, &last, plan.n_vocab, &[]).assert_close();
     }
     assert_eq!(
         memory.u32s(at[0].token, 1)[0] as usize,
@@ -347,4 +395,34 @@ fn the_prompt_pass_computes_what_the_cpu_computes() {
     wide.n_head = 4;
     wide.head_dim = 128;
     check_prompt("llama, heads of 128", &wide, &tensor_cores, 80);
+}
+
+/// The comparison can fail: the batched step with the key and value caches of its attention
+/// swapped, or the key and value rows it stores, is far from the CPU.
+#[test]
+fn a_swapped_argument_is_caught() {
+    let tuning = CudaTuning {
+        graphs: false,
+        ..CudaTuning::default()
+    };
+    let mut spec = SyntheticSpec::small("llama");
+    spec.n_layer = 2;
+    spec.head_dim = 64;
+    for swap in [
+        Swap {
+            kernel: "attn_rows",
+            args: (1, 2),
+        },
+        Swap {
+            kernel: "rope_rows_slots",
+            args: (1, 2),
+        },
+    ] {
+        let what = format!("{} with arguments {:?} swapped", swap.kernel, swap.args);
+        let distances = batched_steps(&what, &spec, &tuning, 3, false, Some(swap));
+        assert!(
+            distances.iter().any(|d| !d.is_close()),
+            "{what}: still close to the CPU"
+        );
+    }
 }

@@ -105,6 +105,13 @@ impl Memory {
     }
 }
 
+/// Two arguments of `kernel`'s launches to exchange.
+#[derive(Clone, Copy, Debug)]
+pub struct Swap {
+    pub kernel: &'static str,
+    pub args: (usize, usize),
+}
+
 /// A buffer of the host device: where it starts and its length.
 pub struct HostBuffer<T> {
     addr: u64,
@@ -122,6 +129,8 @@ pub struct HostDevice<'f> {
     pub launched: Vec<String>,
     /// The rows of `moe_route` launches whose choice was a near tie, since last taken.
     pub near_ties: RefCell<Vec<usize>>,
+    /// A wiring mistake made on purpose: two arguments of a kernel's launches exchanged.
+    pub swap: Option<Swap>,
     /// Addresses of everything outside the batch buffers, `slots` sequences (and a spare).
     matrices: Vec<u64>,
     vectors: Vec<u64>,
@@ -175,6 +184,7 @@ impl<'f> HostDevice<'f> {
             matrix_at,
             launched: Vec::new(),
             near_ties: RefCell::new(Vec::new()),
+            swap: None,
             matrices,
             vectors,
             k_cache,
@@ -282,7 +292,11 @@ impl BatchDevice for HostDevice<'_> {
         args: &[Value],
     ) -> Result<(), CudaError> {
         self.launched.push(kernel.to_string());
-        kernels::run(self, kernel, grid, block, args);
+        let mut args = args.to_vec();
+        if let Some(swap) = self.swap.filter(|s| s.kernel == kernel) {
+            args.swap(swap.args.0, swap.args.1);
+        }
+        kernels::run(self, kernel, grid, block, &args);
         Ok(())
     }
 
