@@ -47,6 +47,26 @@ macro_rules! element {
 }
 element!(u16, u32, f32);
 
+/// A GEMM: `c[t][r] = a[t] . w[r] (+ beta * c[t][r])` for the `n` rows `t` of `a` (f16,
+/// `cols` wide) and the `rows` rows of `w16` (f16); `c` is f32, `rows` wide. Addresses.
+#[derive(Clone, Copy, Debug)]
+pub struct Gemm {
+    /// The weights.
+    pub w16: u64,
+    /// Their rows (the outputs per input row).
+    pub rows: usize,
+    /// Their columns (the inputs' width).
+    pub cols: usize,
+    /// The inputs.
+    pub a: u64,
+    /// Input rows.
+    pub n: usize,
+    /// The outputs.
+    pub c: u64,
+    /// What the outputs keep of their values before (0: overwritten, 1: added to).
+    pub beta: f32,
+}
+
 /// The device operations of the batched passes. Addresses are the `u64`s kernels take: a
 /// buffer's start plus a byte offset.
 pub trait BatchDevice {
@@ -84,19 +104,8 @@ pub trait BatchDevice {
         block: u32,
         args: &[Value],
     ) -> Result<(), CudaError>;
-    /// `c[t][r] = a[t] . w[r] (+ beta * c[t][r])` for `n` rows `t` of `a` (f16, `cols` wide)
-    /// and the `rows` rows of `w` (f16); `c` is f32, `rows` wide.
-    #[allow(clippy::too_many_arguments)]
-    fn gemm(
-        &mut self,
-        w16: u64,
-        rows: usize,
-        cols: usize,
-        a: u64,
-        n: usize,
-        c: u64,
-        beta: f32,
-    ) -> Result<(), CudaError>;
+    /// Runs a GEMM.
+    fn gemm(&mut self, g: Gemm) -> Result<(), CudaError>;
     /// Starts capturing the launches that follow into a graph.
     fn begin_capture(&self) -> Result<(), CudaError>;
     /// Ends the capture: its graph, or `None` when nothing was captured.
@@ -235,16 +244,16 @@ impl BatchDevice for CudaBatch {
         self.record(kernel, start)
     }
 
-    fn gemm(
-        &mut self,
-        w16: u64,
-        rows: usize,
-        cols: usize,
-        a: u64,
-        n: usize,
-        c: u64,
-        beta: f32,
-    ) -> Result<(), CudaError> {
+    fn gemm(&mut self, g: Gemm) -> Result<(), CudaError> {
+        let Gemm {
+            w16,
+            rows,
+            cols,
+            a,
+            n,
+            c,
+            beta,
+        } = g;
         let alpha = 1f32;
         let start = self.mark()?;
         // Column-major view: C (rows x n) = W^T-stored (cols x rows)^T * A (cols x n).

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use cudarc::driver::{CudaModule, CudaStream};
 use ferrolm_gguf::TensorType;
 
-use crate::batch_device::{BatchDevice, CudaBatch, Value};
+use crate::batch_device::{BatchDevice, CudaBatch, Gemm, Value};
 use crate::device::Rows;
 use crate::schedule::{
     expert_product_kernel, DecodePlan, LayerRefs, MatrixSpec, MoeRefs, MATVEC_ROWS,
@@ -362,7 +362,15 @@ impl<D: BatchDevice> Prefill<D> {
         c: u64,
         beta: f32,
     ) -> Result<(), CudaError> {
-        self.dev.gemm(w16, rows, cols, a, n, c, beta)
+        self.dev.gemm(Gemm {
+            w16,
+            rows,
+            cols,
+            a,
+            n,
+            c,
+            beta,
+        })
     }
 
     /// Starts (or stops and returns) timing each launch of the next batches with events:

@@ -4,7 +4,7 @@
 //! per-pair expert products, the prompt's last-token output) use the CPU's own quantization
 //! and dot kernels; the GEMMs multiply f16 operands as cuBLAS does, in f32.
 
-use ferrolm_cuda::batch_device::Value;
+use ferrolm_cuda::batch_device::{Gemm, Value};
 use ferrolm_cuda::schedule::MATVEC_ROWS;
 
 use super::math::{self, Rope, Routing};
@@ -106,9 +106,9 @@ pub fn run(dev: &HostDevice, name: &str, grid: (u32, u32), block: u32, args: &[V
             }
         }
     } else if name == "rope_rows" {
-        rope_rows(mem, grid, &a, None);
+        rope_rows(mem, grid, &a, false);
     } else if name == "rope_rows_slots" {
-        rope_rows(mem, grid, &a, Some(()));
+        rope_rows(mem, grid, &a, true);
     } else if let Some(hd) = name.strip_prefix("attn_mma_") {
         // attn_mma_HD(q, kc, vc, out, pos0, n, n_head, n_head_kv, scale, cap, window)
         let hd: usize = hd.parse().expect("a head width");
@@ -295,17 +295,16 @@ fn dequantize(
 }
 
 /// The GEMM: `c[t][r] = a[t] . w[r] (+ beta * c[t][r])`, f16 operands, f32 sums.
-#[allow(clippy::too_many_arguments)]
-pub fn gemm(
-    mem: &mut Memory,
-    w16: u64,
-    rows: usize,
-    cols: usize,
-    a: u64,
-    n: usize,
-    c: u64,
-    beta: f32,
-) {
+pub fn gemm(mem: &mut Memory, g: Gemm) {
+    let Gemm {
+        w16,
+        rows,
+        cols,
+        a,
+        n,
+        c,
+        beta,
+    } = g;
     let (w, x) = (mem.f16s(w16, rows * cols), mem.f16s(a, n * cols));
     let mut out = if beta == 0.0 {
         vec![0f32; n * rows]
@@ -345,13 +344,13 @@ fn products(
         .collect()
 }
 
-/// rope_rows (`slots` none: token t at position pos0 + t, its q, k, v rows packed) or
+/// rope_rows (token t at position pos0 + t, its q, k, v rows packed) or, `by_slot`,
 /// rope_rows_slots (token t at slot[t], pos[t], its rows q_stride and kv_stride apart): a
 /// block per (head, token), queries rotated in place, keys rotated and values stored as f16
 /// at the position in the cache.
-fn rope_rows(mem: &mut Memory, grid: (u32, u32), a: &Args, slots: Option<()>) {
+fn rope_rows(mem: &mut Memory, grid: (u32, u32), a: &Args, by_slot: bool) {
     // The rotation's arguments follow the placement's: 1 (pos0) or 5 of them.
-    let r = if slots.is_some() { 15 } else { 11 };
+    let r = if by_slot { 15 } else { 11 };
     let (nh, nkv, hd, n_dims) = (a.int(r), a.int(r + 1), a.int(r + 2), a.int(r + 3));
     let neox = a.int(r + 4) == 1;
     let (theta_scale, freq_scale, eps) = (a.float(r + 5), a.float(r + 6), a.float(r + 8));
@@ -365,13 +364,12 @@ fn rope_rows(mem: &mut Memory, grid: (u32, u32), a: &Args, slots: Option<()>) {
     ];
     let norms = [vec_of(mem, 6, hd), vec_of(mem, 7, hd)];
     for t in 0..grid.1 as usize {
-        let (p, cache, q_row, kv_row) = match slots {
-            None => (a.int(10) + t, 0, t * nh * hd, t * nkv * hd),
-            Some(()) => {
-                let slot = mem.u32s(a.ptr(10) + 4 * t as u64, 1)[0] as usize;
-                let p = mem.u32s(a.ptr(11) + 4 * t as u64, 1)[0] as usize;
-                (p, slot * a.long(12), t * a.int(13), t * a.int(14))
-            }
+        let (p, cache, q_row, kv_row) = if by_slot {
+            let slot = mem.u32s(a.ptr(10) + 4 * t as u64, 1)[0] as usize;
+            let p = mem.u32s(a.ptr(11) + 4 * t as u64, 1)[0] as usize;
+            (p, slot * a.long(12), t * a.int(13), t * a.int(14))
+        } else {
+            (a.int(10) + t, 0, t * nh * hd, t * nkv * hd)
         };
         let rope = Rope {
             p,

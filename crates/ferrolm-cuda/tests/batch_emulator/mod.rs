@@ -10,7 +10,7 @@ use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::marker::PhantomData;
 
-use ferrolm_cuda::batch_device::{BatchDevice, Element, Value};
+use ferrolm_cuda::batch_device::{BatchDevice, Element, Gemm, Value};
 use ferrolm_cuda::prefill::Addresses;
 use ferrolm_cuda::schedule::DecodePlan;
 use ferrolm_cuda::CudaError;
@@ -300,27 +300,9 @@ impl BatchDevice for HostDevice<'_> {
         Ok(())
     }
 
-    fn gemm(
-        &mut self,
-        w16: u64,
-        rows: usize,
-        cols: usize,
-        a: u64,
-        n: usize,
-        c: u64,
-        beta: f32,
-    ) -> Result<(), CudaError> {
+    fn gemm(&mut self, g: Gemm) -> Result<(), CudaError> {
         self.launched.push("gemm".into());
-        kernels::gemm(
-            &mut self.memory.borrow_mut(),
-            w16,
-            rows,
-            cols,
-            a,
-            n,
-            c,
-            beta,
-        );
+        kernels::gemm(&mut self.memory.borrow_mut(), g);
         Ok(())
     }
 
