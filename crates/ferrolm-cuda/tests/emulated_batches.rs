@@ -7,16 +7,18 @@
 //! arithmetic is `cuda-check`'s on a GPU.
 
 mod batch_emulator;
+mod host_math;
 
 use std::sync::Arc;
 
-use batch_emulator::{math, HostDevice, Swap};
+use batch_emulator::{HostDevice, Swap};
 use ferrolm_cuda::prefill::{Addresses, Prefill, RowsWant};
 use ferrolm_cuda::schedule::{decode_plan_with, DecodePlan};
 use ferrolm_cuda::{CudaTuning, Rows};
 use ferrolm_gguf::{GgufFile, TensorType};
 use ferrolm_model::synthetic::{self, SyntheticSpec};
 use ferrolm_model::{Logits, Model};
+use host_math as math;
 
 /// Positions each cache holds.
 const N_CTX: usize = 128;

@@ -7,8 +7,8 @@
 use ferrolm_cuda::batch_device::{Gemm, Value};
 use ferrolm_cuda::schedule::MATVEC_ROWS;
 
-use super::math::{self, Rope, Routing};
 use super::{HostDevice, Memory};
+use crate::host_math::{self as math, Rope, Routing};
 
 /// A launch's arguments, read by position.
 struct Args<'a>(&'a [Value]);

@@ -4,7 +4,6 @@
 //! the CPU holds them (not regrouped: the products read them with the CPU's own kernels).
 
 pub mod kernels;
-pub mod math;
 
 use std::cell::RefCell;
 use std::collections::BTreeMap;

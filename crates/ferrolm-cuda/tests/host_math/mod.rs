@@ -1,5 +1,8 @@
-//! The arithmetic the batched kernels share, as plain host functions: the RMS norm, RoPE,
-//! attention over a cache, the expert routing, and the comparisons of logits.
+//! The kernels' arithmetic as plain host functions, for the emulations of the launch lists
+//! (`emulated_step.rs`, `emulated_batches.rs`): the RMS norm, RoPE, attention over a cache,
+//! the expert routing, and the comparisons of logits.
+// (each test crate uses a part)
+#![allow(dead_code)]
 
 /// `x / rms(x) * w` (the sum of squares in f64, as the CPU sums it; `w` none: 1).
 pub fn rms_norm(x: &[f32], w: Option<&[f32]>, eps: f32) -> Vec<f32> {
