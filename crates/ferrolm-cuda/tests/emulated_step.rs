@@ -395,17 +395,10 @@ impl<'f> Emulator<'f> {
         } else if name == "adjust_logits" {
             // adjust_logits(x, n, inv_cap, cap, inv_scale)
             let (x, n) = (Self::buf(&a[0]).unwrap(), Self::i64(&a[1]));
-            let (inv_cap, cap, inv_scale) = (Self::f(&a[2]), Self::f(&a[3]), Self::f(&a[4]));
+            let adjust = [Self::f(&a[2]), Self::f(&a[3]), Self::f(&a[4])];
             let v: Vec<f32> = self.read(x)[..n]
                 .iter()
-                .map(|&v| {
-                    let v = if cap > 0.0 {
-                        (v * inv_cap).tanh() * cap
-                    } else {
-                        v
-                    };
-                    v * inv_scale
-                })
+                .map(|&v| host_math::adjust_logit(v, adjust))
                 .collect();
             self.write(x, 0, &v);
         } else if name == "rope_store" {

@@ -201,18 +201,11 @@ pub fn run(dev: &HostDevice, name: &str, grid: (u32, u32), block: u32, args: &[V
     } else if name == "adjust_logits" {
         // adjust_logits(x, n, inv_cap, cap, inv_scale)
         let n = covered(grid, block, a.long(1));
-        let (inv_cap, cap, inv_scale) = (a.float(2), a.float(3), a.float(4));
+        let adjust = [a.float(2), a.float(3), a.float(4)];
         let v: Vec<f32> = mem
             .f32s(a.ptr(0), n)
             .iter()
-            .map(|&v| {
-                let v = if cap > 0.0 {
-                    (v * inv_cap).tanh() * cap
-                } else {
-                    v
-                };
-                v * inv_scale
-            })
+            .map(|&v| math::adjust_logit(v, adjust))
             .collect();
         mem.write(a.ptr(0), &v);
     } else if name == "argmax_rows" {
@@ -296,20 +289,12 @@ fn dequantize(
 
 /// The GEMM: `c[t][r] = a[t] . w[r] (+ beta * c[t][r])`, f16 operands, f32 sums.
 pub fn gemm(mem: &mut Memory, g: Gemm) {
-    let Gemm {
-        w16,
-        rows,
-        cols,
-        a,
-        n,
-        c,
-        beta,
-    } = g;
-    let (w, x) = (mem.f16s(w16, rows * cols), mem.f16s(a, n * cols));
-    let mut out = if beta == 0.0 {
+    let (rows, cols, n) = (g.rows, g.cols, g.n);
+    let (w, x) = (mem.f16s(g.w16, rows * cols), mem.f16s(g.a, n * cols));
+    let mut out = if g.beta == 0.0 {
         vec![0f32; n * rows]
     } else {
-        mem.f32s(c, n * rows).iter().map(|v| v * beta).collect()
+        mem.f32s(g.c, n * rows).iter().map(|v| v * g.beta).collect()
     };
     for t in 0..n {
         let xt = &x[t * cols..][..cols];
@@ -318,7 +303,7 @@ pub fn gemm(mem: &mut Memory, g: Gemm) {
             out[t * rows + r] += xt.iter().zip(wr).map(|(x, w)| x * w).sum::<f32>();
         }
     }
-    mem.write(c, &out);
+    mem.write(g.c, &out);
 }
 
 /// Rows `first..first + n` of the matrix at `addr` dotted with `x`, as the CPU multiplies

@@ -14,6 +14,17 @@ pub fn rms_norm(x: &[f32], w: Option<&[f32]>, eps: f32) -> Vec<f32> {
     }
 }
 
+/// A logit through the final soft cap (`cap` 0: none; `inv_cap` = 1 / cap as the CPU rounds
+/// it) and the logit scale (times `inv_scale`), as adjust_logits computes it.
+pub fn adjust_logit(v: f32, [inv_cap, cap, inv_scale]: [f32; 3]) -> f32 {
+    let v = if cap > 0.0 {
+        (v * inv_cap).tanh() * cap
+    } else {
+        v
+    };
+    v * inv_scale
+}
+
 /// `silu(g) * u`.
 pub fn swiglu(g: f32, u: f32) -> f32 {
     g / (1.0 + (-g).exp()) * u
