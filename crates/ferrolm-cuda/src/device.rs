@@ -38,11 +38,15 @@ pub fn device_count() -> Result<usize, CudaError> {
 }
 
 /// A kernel argument with its value resolved.
-#[derive(Clone, Copy)]
-pub(crate) enum Value {
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Value {
+    /// A device address (0: none).
     Ptr(u64),
+    /// An `int`.
     I32(i32),
+    /// A `long long`.
     I64(i64),
+    /// A `float`.
     F32(f32),
 }
 

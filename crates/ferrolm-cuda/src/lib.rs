@@ -17,9 +17,10 @@
 #![deny(missing_docs)]
 
 mod backend;
+pub mod batch_device;
 mod device;
 pub mod kernels;
-mod prefill;
+pub mod prefill;
 pub mod repack;
 pub mod schedule;
 mod tuning;

@@ -11,15 +11,11 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use cudarc::cublas::{result as blas, sys as blas_sys, CudaBlas};
-use cudarc::driver::{
-    sys, CudaEvent, CudaFunction, CudaGraph, CudaModule, CudaSlice, CudaStream, DevicePtr,
-    LaunchConfig,
-};
+use cudarc::driver::{CudaModule, CudaStream};
 use ferrolm_gguf::TensorType;
 
+use crate::batch_device::{BatchDevice, CudaBatch, Gemm, Value};
 use crate::device::Rows;
-use crate::device::{driver, launch, Value};
 use crate::schedule::{
     expert_product_kernel, DecodePlan, LayerRefs, MatrixSpec, MoeRefs, MATVEC_ROWS,
 };
@@ -45,13 +41,18 @@ fn mma_attention(head_dim: usize) -> Option<&'static str> {
 }
 
 /// The device addresses the batched pass reads and writes besides its own buffers.
-pub(crate) struct Addresses {
+pub struct Addresses {
+    /// Each matrix of the plan (its first row).
     pub matrices: Vec<u64>,
+    /// Each vector of the plan (f32).
     pub vectors: Vec<u64>,
+    /// Each layer's key and value cache (f16) of the slot evaluated.
     pub k_cache: Vec<u64>,
+    /// See `k_cache`.
     pub v_cache: Vec<u64>,
     /// The decode step's last-token buffers: logits and the chosen token.
     pub logits: u64,
+    /// See `logits`.
     pub token: u64,
     /// The step's sampler: its settings, draws and draw count (0: none, greedy).
     pub sampling: [u64; 3],
@@ -82,33 +83,31 @@ pub enum RowsWant {
     Top(usize),
 }
 
-/// The batched prompt pass of one model: cuBLAS, the kernels and the batch buffers.
-pub(crate) struct Prefill {
-    stream: Arc<CudaStream>,
-    blas: CudaBlas,
-    module: Arc<CudaModule>,
-    funcs: HashMap<String, CudaFunction>,
-    ids: CudaSlice<u32>,
-    x: CudaSlice<f32>,
-    h: CudaSlice<u16>,
-    q: CudaSlice<f32>,
-    k: CudaSlice<f32>,
-    v: CudaSlice<f32>,
-    attn: CudaSlice<u16>,
-    gate: CudaSlice<f32>,
-    up: CudaSlice<f32>,
-    act: CudaSlice<u16>,
-    w16: CudaSlice<u16>,
+/// The batched passes of one model: the device (the GPU, or a test's host emulation), the
+/// kernels' batch buffers on it.
+pub struct Prefill<D: BatchDevice = CudaBatch> {
+    dev: D,
+    ids: D::Buffer<u32>,
+    x: D::Buffer<f32>,
+    h: D::Buffer<u16>,
+    q: D::Buffer<f32>,
+    k: D::Buffer<f32>,
+    v: D::Buffer<f32>,
+    attn: D::Buffer<u16>,
+    gate: D::Buffer<f32>,
+    up: D::Buffer<f32>,
+    act: D::Buffer<u16>,
+    w16: D::Buffer<u16>,
     /// The last token's normed residual stream (the output product's input).
-    last: CudaSlice<f32>,
-    all_logits: Option<CudaSlice<f32>>,
+    last: D::Buffer<f32>,
+    all_logits: Option<D::Buffer<f32>>,
     /// The batched decode step's slot and position of each token, and each row's greedy id.
-    row_slots: CudaSlice<u32>,
-    row_pos: CudaSlice<u32>,
-    row_ids: CudaSlice<u32>,
+    row_slots: D::Buffer<u32>,
+    row_pos: D::Buffer<u32>,
+    row_ids: D::Buffer<u32>,
     /// Each row's largest logits and their ids ([`RowsWant::Top`]).
-    top_ids: CudaSlice<u32>,
-    top_vals: CudaSlice<f32>,
+    top_ids: D::Buffer<u32>,
+    top_vals: D::Buffer<f32>,
     /// Every quantized matrix as f16, kept (`f16_weights`): GEMMs then read them as they are
     /// instead of dequantizing one matrix at a time. Empty: not kept.
     /// Where each matrix's copy starts (`None`: not kept, or f16 in the file).
@@ -118,21 +117,19 @@ pub(crate) struct Prefill {
     qkv_kept: Vec<Option<u64>>,
     gate_up_kept: Vec<Option<u64>>,
     /// The device memory of the copies.
-    w16_owned: Vec<CudaSlice<u16>>,
+    w16_owned: Vec<D::Buffer<u16>>,
     /// The fused products' outputs: each token's (q | k | v), and its (gate | up).
-    qkv_rows: Option<CudaSlice<f32>>,
-    gate_up_rows: Option<CudaSlice<f32>>,
+    qkv_rows: Option<D::Buffer<f32>>,
+    gate_up_rows: Option<D::Buffer<f32>>,
     /// The batched decode step's graph per padded row count (`None`: run once, not captured
     /// yet), and whether graphs are used (as the tuning says, and not after a capture failed).
-    row_graphs: HashMap<usize, Option<CudaGraph>>,
+    row_graphs: HashMap<usize, Option<D::Graph>>,
     graphs: bool,
-    /// Events around each launch, when profiling.
-    profile: Option<Vec<(String, CudaEvent, CudaEvent)>>,
     /// The switches and sizes it was made with (tensor-core attention, the matrix-vector
     /// blocks' threads).
     tuning: CudaTuning,
     /// The mixture-of-experts layers' buffers (`None`: a dense model).
-    moe: Option<MoeBuffers>,
+    moe: Option<MoeBuffers<D>>,
 }
 
 /// What a batch's mixture-of-experts layers hold between launches: each token's router
@@ -140,21 +137,21 @@ pub(crate) struct Prefill {
 /// offsets, each pair's grouped row, the gathered inputs); each pair's expert output; the
 /// normed rows in f32 (the batched step's per-pair products read them); the shared expert's
 /// output and gate logit.
-struct MoeBuffers {
-    logits: CudaSlice<f32>,
-    ids: CudaSlice<u32>,
-    weights: CudaSlice<f32>,
-    counts: CudaSlice<u32>,
-    offsets: CudaSlice<u32>,
-    at: CudaSlice<u32>,
-    gathered: CudaSlice<u16>,
-    outputs: CudaSlice<f32>,
-    normed: CudaSlice<f32>,
-    shared_out: CudaSlice<f32>,
-    shared_gate: CudaSlice<f32>,
+struct MoeBuffers<D: BatchDevice> {
+    logits: D::Buffer<f32>,
+    ids: D::Buffer<u32>,
+    weights: D::Buffer<f32>,
+    counts: D::Buffer<u32>,
+    offsets: D::Buffer<u32>,
+    at: D::Buffer<u32>,
+    gathered: D::Buffer<u16>,
+    outputs: D::Buffer<f32>,
+    normed: D::Buffer<f32>,
+    shared_out: D::Buffer<f32>,
+    shared_gate: D::Buffer<f32>,
 }
 
-impl MoeBuffers {
+impl<D: BatchDevice> MoeBuffers<D> {
     /// Each buffer's elements: the 4-byte ones in field order, then the f16 gathered rows
     /// (`MAX_BATCH` tokens and their pairs).
     fn lens(p: &DecodePlan) -> ([usize; 10], usize) {
@@ -174,21 +171,13 @@ impl MoeBuffers {
         (four, pairs * d)
     }
 
-    fn new(stream: &Arc<CudaStream>, p: &DecodePlan) -> Result<MoeBuffers, CudaError> {
-        let f32s = |n: usize| {
-            stream
-                .alloc_zeros::<f32>(n.max(1))
-                .map_err(driver("expert buffers"))
-        };
-        let u32s = |n: usize| {
-            stream
-                .alloc_zeros::<u32>(n.max(1))
-                .map_err(driver("expert buffers"))
-        };
+    fn new(dev: &D, p: &DecodePlan) -> Result<MoeBuffers<D>, CudaError> {
+        let f32s = |n: usize| dev.alloc_zeros::<f32>(n.max(1), "expert buffers");
+        let u32s = |n: usize| dev.alloc_zeros::<u32>(n.max(1), "expert buffers");
         let (
             [logits, ids, weights, counts, offsets, at, outputs, normed, shared_out, shared_gate],
             gathered,
-        ) = MoeBuffers::lens(p);
+        ) = MoeBuffers::<D>::lens(p);
         Ok(MoeBuffers {
             logits: f32s(logits)?,
             ids: u32s(ids)?,
@@ -196,9 +185,7 @@ impl MoeBuffers {
             counts: u32s(counts)?,
             offsets: u32s(offsets)?,
             at: u32s(at)?,
-            gathered: stream
-                .alloc_zeros::<u16>(gathered.max(1))
-                .map_err(driver("expert buffers"))?,
+            gathered: dev.alloc_zeros::<u16>(gathered.max(1), "expert buffers")?,
             outputs: f32s(outputs)?,
             normed: f32s(normed)?,
             shared_out: f32s(shared_out)?,
@@ -208,7 +195,7 @@ impl MoeBuffers {
 
     /// Their bytes.
     fn bytes(p: &DecodePlan) -> usize {
-        let (four, two) = MoeBuffers::lens(p);
+        let (four, two) = MoeBuffers::<D>::lens(p);
         4 * four.iter().sum::<usize>() + 2 * two
     }
 }
@@ -219,7 +206,7 @@ pub fn scratch_bytes(p: &DecodePlan) -> u64 {
     let per_token = 4 * (p.n_embd + 2 * p.max_q + 2 * p.max_kv + 2 * p.max_ff.max(p.n_embd))
         + 2 * (p.n_embd.max(p.max_q).max(p.max_ff) + p.max_q + p.max_ff);
     let moe = if p.max_experts > 0 {
-        MoeBuffers::bytes(p)
+        MoeBuffers::<CudaBatch>::bytes(p)
     } else {
         0
     };
@@ -235,15 +222,11 @@ fn widest_matrix(p: &DecodePlan) -> usize {
         .unwrap_or(0)
 }
 
-fn ptr<T>(s: &CudaSlice<T>, stream: &CudaStream) -> u64 {
-    s.device_ptr(stream).0
-}
-
 impl Prefill {
     /// Allocates the batch buffers, or `None` when cuBLAS is not on this machine or the plan
     /// has layers the batched passes do not serve ([`DecodePlan::batched_passes_serve`]):
     /// prompts then run as decode steps.
-    pub fn new(
+    pub(crate) fn new(
         stream: &Arc<CudaStream>,
         module: &Arc<CudaModule>,
         p: &DecodePlan,
@@ -252,30 +235,31 @@ impl Prefill {
         if !p.batched_passes_serve() {
             return Ok(None);
         }
-        // SAFETY: only tries to open the library by its usual names.
-        if !unsafe { blas_sys::is_culib_present() } {
-            return Ok(None);
+        match CudaBatch::new(stream, module)? {
+            Some(dev) => Prefill::on(dev, p, tuning).map(Some),
+            None => Ok(None),
         }
-        let blas = CudaBlas::new(stream.clone())
-            .map_err(|e| CudaError::Driver(format!("creating the cuBLAS handle: {e}")))?;
+    }
+
+    /// Bytes an f16 copy of every quantized matrix takes ([`Prefill::keep_f16_weights`]).
+    pub fn f16_weight_bytes(p: &DecodePlan) -> u64 {
+        p.matrices
+            .iter()
+            .filter(|m| m.ty != TensorType::F16 && m.experts == 1)
+            .map(|m| 2 * (m.rows * m.cols) as u64)
+            .sum()
+    }
+}
+
+impl<D: BatchDevice> Prefill<D> {
+    /// The batch buffers of plan `p` allocated on `dev`.
+    pub fn on(dev: D, p: &DecodePlan, tuning: &CudaTuning) -> Result<Prefill<D>, CudaError> {
         let widest = widest_matrix(p);
         let b = MAX_BATCH;
-        let f32s = |n: usize| {
-            stream
-                .alloc_zeros::<f32>(n.max(1))
-                .map_err(driver("batch buffers"))
-        };
-        let f16s = |n: usize| {
-            stream
-                .alloc_zeros::<u16>(n.max(1))
-                .map_err(driver("batch buffers"))
-        };
-        Ok(Some(Prefill {
-            stream: stream.clone(),
-            blas,
-            module: module.clone(),
-            funcs: HashMap::new(),
-            ids: stream.alloc_zeros::<u32>(b).map_err(driver("batch ids"))?,
+        let f32s = |n: usize| dev.alloc_zeros::<f32>(n.max(1), "batch buffers");
+        let f16s = |n: usize| dev.alloc_zeros::<u16>(n.max(1), "batch buffers");
+        Ok(Prefill {
+            ids: dev.alloc_zeros::<u32>(b, "batch ids")?,
             x: f32s(b * p.n_embd)?,
             h: f16s(b * p.n_embd.max(p.max_q).max(p.max_ff))?,
             q: f32s(b * p.max_q)?,
@@ -289,21 +273,11 @@ impl Prefill {
             w16: f16s(widest)?,
             last: f32s(p.n_embd)?,
             all_logits: None,
-            row_slots: stream
-                .alloc_zeros::<u32>(b)
-                .map_err(driver("batch slots"))?,
-            row_pos: stream
-                .alloc_zeros::<u32>(b)
-                .map_err(driver("batch positions"))?,
-            row_ids: stream
-                .alloc_zeros::<u32>(b)
-                .map_err(driver("batch choices"))?,
-            top_ids: stream
-                .alloc_zeros::<u32>(b * TOP_MAX)
-                .map_err(driver("batch candidates"))?,
-            top_vals: stream
-                .alloc_zeros::<f32>(b * TOP_MAX)
-                .map_err(driver("batch candidates"))?,
+            row_slots: dev.alloc_zeros::<u32>(b, "batch slots")?,
+            row_pos: dev.alloc_zeros::<u32>(b, "batch positions")?,
+            row_ids: dev.alloc_zeros::<u32>(b, "batch choices")?,
+            top_ids: dev.alloc_zeros::<u32>(b * TOP_MAX, "batch candidates")?,
+            top_vals: dev.alloc_zeros::<f32>(b * TOP_MAX, "batch candidates")?,
             w16_kept: Vec::new(),
             qkv_kept: Vec::new(),
             gate_up_kept: Vec::new(),
@@ -312,23 +286,19 @@ impl Prefill {
             gate_up_rows: None,
             row_graphs: HashMap::new(),
             graphs: tuning.graphs,
-            profile: None,
             tuning: tuning.clone(),
             moe: if p.max_experts > 0 {
-                Some(MoeBuffers::new(stream, p)?)
+                Some(MoeBuffers::new(&dev, p)?)
             } else {
                 None
             },
-        }))
+            dev,
+        })
     }
 
-    fn func(&mut self, name: &str) -> Result<CudaFunction, CudaError> {
-        if let Some(f) = self.funcs.get(name) {
-            return Ok(f.clone());
-        }
-        let f = self.module.load_function(name).map_err(driver(name))?;
-        self.funcs.insert(name.to_string(), f.clone());
-        Ok(f)
+    /// The device it runs on.
+    pub fn device(&self) -> &D {
+        &self.dev
     }
 
     fn run(
@@ -338,15 +308,7 @@ impl Prefill {
         block: u32,
         args: &[Value],
     ) -> Result<(), CudaError> {
-        let f = self.func(kernel)?;
-        let cfg = LaunchConfig {
-            grid_dim: (grid.0, grid.1, 1),
-            block_dim: (block, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        let start = self.mark()?;
-        launch(&self.stream, &f, cfg, args)?;
-        self.record(kernel, start)
+        self.dev.launch(kernel, grid, block, args)
     }
 
     /// The next token from the `vocab` logits at `logits`, as the decode step chooses it.
@@ -404,80 +366,21 @@ impl Prefill {
         c: u64,
         beta: f32,
     ) -> Result<(), CudaError> {
-        let alpha = 1f32;
-        let start = self.mark()?;
-        // Column-major view: C (rows x n) = W^T-stored (cols x rows)^T * A (cols x n).
-        // SAFETY: the pointers are live device buffers of at least these sizes (allocated
-        // from the same plan); alpha and beta are host values read during the call.
-        unsafe {
-            blas::gemm_ex(
-                *self.blas.handle(),
-                blas_sys::cublasOperation_t::CUBLAS_OP_T,
-                blas_sys::cublasOperation_t::CUBLAS_OP_N,
-                rows as i32,
-                n as i32,
-                cols as i32,
-                (&alpha as *const f32).cast(),
-                w16 as *const std::ffi::c_void,
-                blas_sys::cudaDataType::CUDA_R_16F,
-                cols as i32,
-                a as *const std::ffi::c_void,
-                blas_sys::cudaDataType::CUDA_R_16F,
-                cols as i32,
-                (&beta as *const f32).cast(),
-                c as *mut std::ffi::c_void,
-                blas_sys::cudaDataType::CUDA_R_32F,
-                rows as i32,
-                blas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
-                blas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
-            )
-        }
-        .map_err(|e| CudaError::Driver(format!("cuBLAS GEMM {rows}x{cols}x{n}: {e}")))?;
-        self.record("gemm (cuBLAS)", start)
-    }
-
-    /// An event before a launch, when profiling.
-    fn mark(&self) -> Result<Option<CudaEvent>, CudaError> {
-        if self.profile.is_none() {
-            return Ok(None);
-        }
-        let flags = Some(sys::CUevent_flags::CU_EVENT_DEFAULT);
-        self.stream
-            .record_event(flags)
-            .map(Some)
-            .map_err(driver("event"))
-    }
-
-    /// Files the time since `start` under `name`, when profiling.
-    fn record(&mut self, name: &str, start: Option<CudaEvent>) -> Result<(), CudaError> {
-        if let Some(start) = start {
-            let flags = Some(sys::CUevent_flags::CU_EVENT_DEFAULT);
-            let end = self.stream.record_event(flags).map_err(driver("event"))?;
-            let base = name.split("_Q").next().unwrap_or(name);
-            if let Some(p) = self.profile.as_mut() {
-                p.push((base.to_string(), start, end));
-            }
-        }
-        Ok(())
+        self.dev.gemm(Gemm {
+            w16,
+            rows,
+            cols,
+            a,
+            n,
+            c,
+            beta,
+        })
     }
 
     /// Starts (or stops and returns) timing each launch of the next batches with events:
     /// microseconds per kernel name, slowest first.
     pub fn set_profile(&mut self, on: bool) -> Result<Vec<(String, usize, f64)>, CudaError> {
-        let events = std::mem::replace(&mut self.profile, on.then(Vec::new));
-        let mut per: HashMap<String, (usize, f64)> = HashMap::new();
-        if let Some(events) = events {
-            self.stream.synchronize().map_err(driver("profiling"))?;
-            for (name, start, end) in events {
-                let ms = start.elapsed_ms(&end).map_err(driver("event time"))?;
-                let e = per.entry(name).or_default();
-                e.0 += 1;
-                e.1 += f64::from(ms) * 1e3;
-            }
-        }
-        let mut out: Vec<_> = per.into_iter().map(|(k, (n, us))| (k, n, us)).collect();
-        out.sort_by(|a, b| b.2.total_cmp(&a.2));
-        Ok(out)
+        self.dev.set_profile(on)
     }
 
     /// `c = a W^T (+ beta c)` for matrix `m` of the plan: dequantize, then GEMM.
@@ -500,20 +403,11 @@ impl Prefill {
         } else if let Some(w) = kept {
             w
         } else {
-            let dst = ptr(&self.w16, &self.stream);
+            let dst = self.dev.address(&self.w16);
             self.dequantize(spec, at.matrices[m], dst)?;
             dst
         };
         self.gemm(w16, spec.rows, spec.cols, a, n, c, beta)
-    }
-
-    /// Bytes an f16 copy of every quantized matrix takes ([`Prefill::keep_f16_weights`]).
-    pub fn f16_weight_bytes(p: &DecodePlan) -> u64 {
-        p.matrices
-            .iter()
-            .filter(|m| m.ty != TensorType::F16 && m.experts == 1)
-            .map(|m| 2 * (m.rows * m.cols) as u64)
-            .sum()
     }
 
     /// Keeps an f16 copy of every quantized matrix, so that a batch's GEMMs read each weight
@@ -526,7 +420,7 @@ impl Prefill {
         let mut kept: Vec<Option<u64>> = vec![None; p.matrices.len()];
         // One allocation of the matrices `ms` stacked row after row (its start), or `None`
         // when one is f16 in the file or their widths differ.
-        let stack = |this: &mut Prefill, ms: &[usize], kept: &mut Vec<Option<u64>>| {
+        let stack = |this: &mut Prefill<D>, ms: &[usize], kept: &mut Vec<Option<u64>>| {
             let specs: Vec<&MatrixSpec> = ms.iter().map(|&m| &p.matrices[m]).collect();
             if specs
                 .iter()
@@ -536,10 +430,9 @@ impl Prefill {
             }
             let total: usize = specs.iter().map(|m| m.rows * m.cols).sum();
             let w = this
-                .stream
-                .alloc_zeros::<u16>(total)
-                .map_err(driver("f16 copies of the weights"))?;
-            let base = ptr(&w, &this.stream);
+                .dev
+                .alloc_zeros::<u16>(total, "f16 copies of the weights")?;
+            let base = this.dev.address(&w);
             let mut offset = 0u64;
             for (&m, spec) in ms.iter().zip(&specs) {
                 this.dequantize(spec, at.matrices[m], base + 2 * offset)?;
@@ -572,17 +465,16 @@ impl Prefill {
         }
         let any = |v: &[Option<u64>]| v.iter().any(Option::is_some);
         if any(&qkv) {
-            self.qkv_rows = Some(
-                self.stream
-                    .alloc_zeros::<f32>(MAX_BATCH * (p.max_q + 2 * p.max_kv))
-                    .map_err(driver("fused product rows"))?,
-            );
+            self.qkv_rows =
+                Some(self.dev.alloc_zeros::<f32>(
+                    MAX_BATCH * (p.max_q + 2 * p.max_kv),
+                    "fused product rows",
+                )?);
         }
         if any(&gate_up) {
             self.gate_up_rows = Some(
-                self.stream
-                    .alloc_zeros::<f32>(MAX_BATCH * 2 * p.max_ff)
-                    .map_err(driver("fused product rows"))?,
+                self.dev
+                    .alloc_zeros::<f32>(MAX_BATCH * 2 * p.max_ff, "fused product rows")?,
             );
         }
         self.w16_kept = kept;
@@ -602,9 +494,8 @@ impl Prefill {
     ) -> Result<(), CudaError> {
         let n = ids.len();
         assert!(n > 0 && n <= MAX_BATCH, "batch of {n}");
-        self.stream
-            .memcpy_htod(ids, &mut self.ids.slice_mut(..n))
-            .map_err(driver("uploading the prompt"))?;
+        self.dev
+            .upload(ids, &mut self.ids, "uploading the prompt")?;
         self.launch_layers(p, at, n, rows)
     }
 
@@ -617,21 +508,20 @@ impl Prefill {
         n: usize,
         rows: Placement<'_>,
     ) -> Result<(), CudaError> {
-        let s = self.stream.clone();
         let d = p.n_embd;
         let eps = Value::F32(p.norm_eps);
         let (x, h, q, k, v) = (
-            ptr(&self.x, &s),
-            ptr(&self.h, &s),
-            ptr(&self.q, &s),
-            ptr(&self.k, &s),
-            ptr(&self.v, &s),
+            self.dev.address(&self.x),
+            self.dev.address(&self.h),
+            self.dev.address(&self.q),
+            self.dev.address(&self.k),
+            self.dev.address(&self.v),
         );
         let (attn, gate, up, act) = (
-            ptr(&self.attn, &s),
-            ptr(&self.gate, &s),
-            ptr(&self.up, &s),
-            ptr(&self.act, &s),
+            self.dev.address(&self.attn),
+            self.dev.address(&self.gate),
+            self.dev.address(&self.up),
+            self.dev.address(&self.act),
         );
         let embd = &p.matrices[p.embd];
         let chunks = d / 32;
@@ -643,7 +533,7 @@ impl Prefill {
                 Value::Ptr(at.matrices[p.embd]),
                 Value::I32(embd.row_bytes() as i32),
                 Value::I32(chunks as i32),
-                Value::Ptr(ptr(&self.ids, &s)),
+                Value::Ptr(self.dev.address(&self.ids)),
                 Value::Ptr(x),
             ],
         )?;
@@ -681,7 +571,7 @@ impl Prefill {
             };
             let (q, k, v, q_stride, kv_stride) = match (fused_qkv, &self.qkv_rows) {
                 (Some(w), Some(rows_buf)) => {
-                    let out = ptr(rows_buf, &s);
+                    let out = self.dev.address(rows_buf);
                     let width = q_dim + 2 * kv_dim;
                     self.gemm(w, width, d, h, n, out, 0.0)?;
                     let f = 4 * q_dim as u64;
@@ -771,7 +661,10 @@ impl Prefill {
                     )?;
                 }
                 Placement::Slots { slot_stride } => {
-                    let (slots, pos) = (ptr(&self.row_slots, &s), ptr(&self.row_pos, &s));
+                    let (slots, pos) = (
+                        self.dev.address(&self.row_slots),
+                        self.dev.address(&self.row_pos),
+                    );
                     self.run(
                         "rope_rows_slots",
                         ((ar.n_head + ar.n_head_kv) as u32, n as u32),
@@ -823,7 +716,7 @@ impl Prefill {
             match (fused_gu, &self.gate_up_rows) {
                 (Some(w), Some(rows_buf)) => {
                     // Gate and up as one stacked matrix: each token's row is (gate | up).
-                    let out = ptr(rows_buf, &s);
+                    let out = self.dev.address(rows_buf);
                     self.gemm(w, 2 * n_ff, d, h, n, out, 0.0)?;
                     self.run(
                         &format!("{}_pairs_f16", r.activation.kernel()),
@@ -863,27 +756,37 @@ impl Prefill {
         n: usize,
         rows: Placement<'_>,
     ) -> Result<(), CudaError> {
-        let s = self.stream.clone();
         let (d, ne, k, ff) = (p.n_embd, m.n_expert, m.n_used, m.n_ff);
         let pairs = n * k;
         let b = self
             .moe
             .as_ref()
             .expect("allocated for a plan with experts");
-        let (logits, ids, weights) = (ptr(&b.logits, &s), ptr(&b.ids, &s), ptr(&b.weights, &s));
-        let (counts, offsets, at_rows) = (ptr(&b.counts, &s), ptr(&b.offsets, &s), ptr(&b.at, &s));
-        let (gathered, outputs, normed) = (
-            ptr(&b.gathered, &s),
-            ptr(&b.outputs, &s),
-            ptr(&b.normed, &s),
+        let (logits, ids, weights) = (
+            self.dev.address(&b.logits),
+            self.dev.address(&b.ids),
+            self.dev.address(&b.weights),
         );
-        let (shared_out, shared_gate) = (ptr(&b.shared_out, &s), ptr(&b.shared_gate, &s));
+        let (counts, offsets, at_rows) = (
+            self.dev.address(&b.counts),
+            self.dev.address(&b.offsets),
+            self.dev.address(&b.at),
+        );
+        let (gathered, outputs, normed) = (
+            self.dev.address(&b.gathered),
+            self.dev.address(&b.outputs),
+            self.dev.address(&b.normed),
+        );
+        let (shared_out, shared_gate) = (
+            self.dev.address(&b.shared_out),
+            self.dev.address(&b.shared_gate),
+        );
         let (x, h, gate, up, act) = (
-            ptr(&self.x, &s),
-            ptr(&self.h, &s),
-            ptr(&self.gate, &s),
-            ptr(&self.up, &s),
-            ptr(&self.act, &s),
+            self.dev.address(&self.x),
+            self.dev.address(&self.h),
+            self.dev.address(&self.gate),
+            self.dev.address(&self.up),
+            self.dev.address(&self.act),
         );
         let opt = |i: Option<usize>| Value::Ptr(i.map_or(0, |i| at.vectors[i]));
         self.product(p, at, m.router, h, n, logits, 0.0)?;
@@ -935,10 +838,9 @@ impl Prefill {
             )?;
             let mut used = vec![0u32; ne];
             let b = self.moe.as_ref().expect("allocated");
-            s.memcpy_dtoh(&b.counts.slice(..ne), &mut used)
-                .map_err(driver("reading the experts' counts"))?;
-            s.synchronize()
-                .map_err(driver("reading the experts' counts"))?;
+            self.dev
+                .download(&b.counts, &mut used, "reading the experts' counts")?;
+            self.dev.synchronize("reading the experts' counts")?;
             // Each used expert's rows, one GEMM per matrix over its group of pairs.
             let groups: Vec<(usize, usize, usize)> = used
                 .iter()
@@ -951,7 +853,7 @@ impl Prefill {
                 .filter(|(_, (_, c))| *c > 0)
                 .map(|(e, (o, c))| (e, o, c))
                 .collect();
-            let each = |this: &mut Prefill,
+            let each = |this: &mut Prefill<D>,
                         mat: usize,
                         (rows_out, cols): (usize, usize),
                         input: (u64, usize),
@@ -961,7 +863,7 @@ impl Prefill {
                 let w16 = if spec.ty == TensorType::F16 {
                     at.matrices[mat]
                 } else {
-                    let dst = ptr(&this.w16, &this.stream);
+                    let dst = this.dev.address(&this.w16);
                     this.dequantize(spec, at.matrices[mat], dst)?;
                     dst
                 };
@@ -999,7 +901,7 @@ impl Prefill {
                     Value::F32(p.norm_eps),
                 ],
             )?;
-            let per_pair = |this: &mut Prefill,
+            let per_pair = |this: &mut Prefill<D>,
                             mat: usize,
                             rows_out: usize,
                             (input, stride, per): (u64, usize, usize),
@@ -1105,11 +1007,11 @@ impl Prefill {
         post_norm: Option<usize>,
         scale: f32,
     ) -> Result<(), CudaError> {
-        let x = ptr(&self.x, &self.stream);
+        let x = self.dev.address(&self.x);
         if post_norm.is_none() && scale == 1.0 {
             return self.product(p, at, m, input, n, x, 1.0);
         }
-        let y = ptr(&self.gate, &self.stream);
+        let y = self.dev.address(&self.gate);
         self.product(p, at, m, input, n, y, 0.0)?;
         self.run(
             "post_norm_add",
@@ -1184,40 +1086,34 @@ impl Prefill {
             v.resize(bucket, with);
             v
         };
-        let s = self.stream.clone();
-        s.memcpy_htod(&pad(ids, 0), &mut self.ids.slice_mut(..bucket))
-            .map_err(driver("uploading the ids"))?;
-        s.memcpy_htod(&pad(slots, spare), &mut self.row_slots.slice_mut(..bucket))
-            .map_err(driver("uploading the slots"))?;
-        s.memcpy_htod(&pad(pos, 0), &mut self.row_pos.slice_mut(..bucket))
-            .map_err(driver("uploading the positions"))?;
+        let dev = &self.dev;
+        dev.upload(&pad(ids, 0), &mut self.ids, "uploading the ids")?;
+        dev.upload(
+            &pad(slots, spare),
+            &mut self.row_slots,
+            "uploading the slots",
+        )?;
+        dev.upload(&pad(pos, 0), &mut self.row_pos, "uploading the positions")?;
         if self.all_logits.is_none() {
             self.all_logits = Some(
-                s.alloc_zeros::<f32>(MAX_BATCH * p.n_vocab)
-                    .map_err(driver("logits of every row"))?,
+                self.dev
+                    .alloc_zeros::<f32>(MAX_BATCH * p.n_vocab, "logits of every row")?,
             );
         }
-        let replay = self.graphs && self.profile.is_none();
+        let replay = self.graphs && !self.dev.profiling();
         match self.row_graphs.get(&bucket) {
             Some(Some(graph)) if replay => {
-                graph
-                    .launch()
-                    .map_err(driver("launching the batched step"))?;
+                self.dev.launch_graph(graph)?;
             }
             Some(None) if replay => {
                 // Seen once: capture it now and replay it from here on.
-                s.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
-                    .map_err(driver("beginning the capture"))?;
+                self.dev.begin_capture()?;
                 let launched = self.launch_rows(p, at, bucket, slot_stride);
-                let graph = s
-                    .end_capture(sys::CUgraphInstantiate_flags(0))
-                    .map_err(driver("ending the capture"));
+                let graph = self.dev.end_capture();
                 match (launched, graph) {
                     (Ok(()), Ok(Some(graph))) => {
-                        graph.upload().map_err(driver("uploading the graph"))?;
-                        graph
-                            .launch()
-                            .map_err(driver("launching the batched step"))?;
+                        self.dev.upload_graph(&graph)?;
+                        self.dev.launch_graph(&graph)?;
                         self.row_graphs.insert(bucket, Some(graph));
                     }
                     (launched, graph) => {
@@ -1245,12 +1141,13 @@ impl Prefill {
 
     /// What `want` asks of the `n` rows of logits a step left on the device.
     fn after_rows(&mut self, p: &DecodePlan, n: usize, want: RowsWant) -> Result<Rows, CudaError> {
-        let s = self.stream.clone();
         let vocab = p.n_vocab;
-        let logits = ptr(self.all_logits.as_ref().expect("allocated"), &s);
+        let logits = self
+            .dev
+            .address(self.all_logits.as_ref().expect("allocated"));
         match want {
             RowsWant::Greedy => {
-                let out_ids = ptr(&self.row_ids, &s);
+                let out_ids = self.dev.address(&self.row_ids);
                 self.run(
                     "argmax_rows",
                     (n as u32, 1),
@@ -1262,14 +1159,17 @@ impl Prefill {
                     ],
                 )?;
                 let mut chosen = vec![0u32; n];
-                s.memcpy_dtoh(&self.row_ids.slice(..n), &mut chosen)
-                    .map_err(driver("reading the choices"))?;
-                s.synchronize().map_err(driver("reading the choices"))?;
+                self.dev
+                    .download(&self.row_ids, &mut chosen, "reading the choices")?;
+                self.dev.synchronize("reading the choices")?;
                 Ok(Rows::Greedy(chosen))
             }
             RowsWant::Top(k) => {
                 let k = k.clamp(1, TOP_MAX.min(vocab));
-                let (ids, vals) = (ptr(&self.top_ids, &s), ptr(&self.top_vals, &s));
+                let (ids, vals) = (
+                    self.dev.address(&self.top_ids),
+                    self.dev.address(&self.top_vals),
+                );
                 self.run(
                     "topk_rows",
                     (n as u32, 1),
@@ -1284,11 +1184,11 @@ impl Prefill {
                 )?;
                 let mut top_ids = vec![0u32; n * k];
                 let mut top_vals = vec![0f32; n * k];
-                s.memcpy_dtoh(&self.top_ids.slice(..n * k), &mut top_ids)
-                    .map_err(driver("reading the candidates"))?;
-                s.memcpy_dtoh(&self.top_vals.slice(..n * k), &mut top_vals)
-                    .map_err(driver("reading the candidates"))?;
-                s.synchronize().map_err(driver("reading the candidates"))?;
+                self.dev
+                    .download(&self.top_ids, &mut top_ids, "reading the candidates")?;
+                self.dev
+                    .download(&self.top_vals, &mut top_vals, "reading the candidates")?;
+                self.dev.synchronize("reading the candidates")?;
                 Ok(Rows::Top(
                     top_ids
                         .chunks_exact(k)
@@ -1300,9 +1200,9 @@ impl Prefill {
             RowsWant::Logits => {
                 let mut out = vec![0f32; n * vocab];
                 let all_logits = self.all_logits.as_ref().expect("allocated");
-                s.memcpy_dtoh(&all_logits.slice(..n * vocab), &mut out)
-                    .map_err(driver("reading the logits"))?;
-                s.synchronize().map_err(driver("reading the logits"))?;
+                self.dev
+                    .download(all_logits, &mut out, "reading the logits")?;
+                self.dev.synchronize("reading the logits")?;
                 Ok(Rows::Logits(out))
             }
         }
@@ -1323,16 +1223,14 @@ impl Prefill {
             n <= MAX_BATCH && n * vocab == rows.len(),
             "whole rows, at most MAX_BATCH"
         );
-        let s = self.stream.clone();
         if self.all_logits.is_none() {
             self.all_logits = Some(
-                s.alloc_zeros::<f32>(MAX_BATCH * vocab)
-                    .map_err(driver("logits of every row"))?,
+                self.dev
+                    .alloc_zeros::<f32>(MAX_BATCH * vocab, "logits of every row")?,
             );
         }
         let all = self.all_logits.as_mut().expect("allocated");
-        s.memcpy_htod(rows, &mut all.slice_mut(..n * vocab))
-            .map_err(driver("uploading rows"))?;
+        self.dev.upload(rows, all, "uploading rows")?;
         let greedy = match self.after_rows(p, n, RowsWant::Greedy)? {
             Rows::Greedy(g) => g,
             _ => unreachable!("greedy asked for"),
@@ -1364,15 +1262,16 @@ impl Prefill {
         let head = p
             .head
             .ok_or_else(|| CudaError::Model("the output head is on the CPU".into()))?;
-        let s = self.stream.clone();
         if self.all_logits.is_none() {
             self.all_logits = Some(
-                s.alloc_zeros::<f32>(MAX_BATCH * p.n_vocab)
-                    .map_err(driver("logits of every row"))?,
+                self.dev
+                    .alloc_zeros::<f32>(MAX_BATCH * p.n_vocab, "logits of every row")?,
             );
         }
-        let (x, h) = (ptr(&self.x, &s), ptr(&self.h, &s));
-        let logits = ptr(self.all_logits.as_ref().expect("allocated"), &s);
+        let (x, h) = (self.dev.address(&self.x), self.dev.address(&self.h));
+        let logits = self
+            .dev
+            .address(self.all_logits.as_ref().expect("allocated"));
         self.run(
             "rms_norm_rows",
             (n as u32, 1),
@@ -1409,15 +1308,14 @@ impl Prefill {
     ) -> Result<Vec<f32>, CudaError> {
         self.layers(p, at, ids, Placement::Prompt { pos0 })?;
         let n = ids.len();
-        let s = self.stream.clone();
         let d = p.n_embd;
         let eps = Value::F32(p.norm_eps);
-        let x = ptr(&self.x, &s);
+        let x = self.dev.address(&self.x);
         let Some(head) = p.head else {
             // The first layers only: the residual stream goes on on the CPU.
             let mut hidden = vec![0f32; n * d];
-            s.memcpy_dtoh(&self.x.slice(..n * d), &mut hidden)
-                .map_err(driver("reading the residual stream"))?;
+            self.dev
+                .download(&self.x, &mut hidden, "reading the residual stream")?;
             return Ok(hidden);
         };
         let vocab = p.n_vocab;
@@ -1426,8 +1324,8 @@ impl Prefill {
             let logits = self.logits_rows(p, at, n)?;
             out = vec![0f32; n * vocab];
             let all_logits = self.all_logits.as_ref().expect("allocated");
-            s.memcpy_dtoh(&all_logits.slice(..n * vocab), &mut out)
-                .map_err(driver("reading the logits"))?;
+            self.dev
+                .download(all_logits, &mut out, "reading the logits")?;
             // The choice from the last row (the caller copies it to the step's logits).
             if last {
                 let last_row = logits + (4 * (n - 1) * vocab) as u64;
@@ -1438,7 +1336,7 @@ impl Prefill {
             return Ok(out);
         } else {
             // The last token only: its norm (f32) and the output matrix-vector product.
-            let normed = ptr(&self.last, &s);
+            let normed = self.dev.address(&self.last);
             self.run(
                 "rms_norm",
                 (1, 1),

@@ -6,8 +6,12 @@
 //! swapped, an argument out of place, a norm left out) fails here and not only on the device.
 //! What it cannot check is the kernels' own arithmetic (`cuda-check` on a GPU does that).
 
+mod host_math;
+
 use std::collections::HashMap;
 use std::sync::Arc;
+
+use host_math::{mean_kl, relative_difference, Rope, Routing};
 
 use ferrolm_cuda::schedule::{
     decode_plan_layers, decode_plan_with, Activations, Arg, Buf, DecodePlan, Launch, TOKEN_RING,
@@ -399,17 +403,10 @@ impl<'f> Emulator<'f> {
         } else if name == "adjust_logits" {
             // adjust_logits(x, n, inv_cap, cap, inv_scale)
             let (x, n) = (Self::buf(&a[0]).unwrap(), Self::i64(&a[1]));
-            let (inv_cap, cap, inv_scale) = (Self::f(&a[2]), Self::f(&a[3]), Self::f(&a[4]));
+            let adjust = [Self::f(&a[2]), Self::f(&a[3]), Self::f(&a[4])];
             let v: Vec<f32> = self.read(x)[..n]
                 .iter()
-                .map(|&v| {
-                    let v = if cap > 0.0 {
-                        (v * inv_cap).tanh() * cap
-                    } else {
-                        v
-                    };
-                    v * inv_scale
-                })
+                .map(|&v| host_math::adjust_logit(v, adjust))
                 .collect();
             self.write(x, 0, &v);
         } else if name == "rope_store" {
@@ -601,72 +598,18 @@ impl<'f> Emulator<'f> {
     /// moe_route(logits, sel_bias, ids, weights, ne, k, gating, n_group, n_group_used, norm,
     /// scale): the CPU's routing (routing.rs), written out again.
     fn route(&mut self, a: &[Arg]) {
-        let (ne, k, gating) = (Self::i(&a[4]), Self::i(&a[5]), Self::i(&a[6]));
-        let (n_group, n_used, norm, scale) = (
-            Self::i(&a[7]),
-            Self::i(&a[8]),
-            Self::i(&a[9]) == 1,
-            Self::f(&a[10]),
-        );
+        let ne = Self::i(&a[4]);
+        let routing = Routing {
+            k: Self::i(&a[5]),
+            gating: Self::i(&a[6]),
+            groups: (Self::i(&a[7]), Self::i(&a[8])),
+            norm: Self::i(&a[9]) == 1,
+            scale: Self::f(&a[10]),
+        };
         let logits = self.read(Self::buf(&a[0]).unwrap())[..ne].to_vec();
-        let softmax = |x: &mut [f32]| {
-            let max = x.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
-            let sum: f64 = x
-                .iter_mut()
-                .map(|v| {
-                    *v = (*v - max).exp();
-                    f64::from(*v)
-                })
-                .sum();
-            let inv = (1.0 / sum) as f32;
-            x.iter_mut().for_each(|v| *v *= inv);
-        };
-        let mut p = logits.clone();
-        match gating {
-            0 => softmax(&mut p),
-            1 => p.iter_mut().for_each(|v| *v = 1.0 / (1.0 + (-*v).exp())),
-            _ => {}
-        }
-        let mut sel = p.clone();
-        if let Some(b) = Self::buf(&a[1]) {
-            sel.iter_mut().zip(self.read(b)).for_each(|(s, b)| *s += b);
-        }
-        let desc = |v: &[f32]| {
-            let mut order: Vec<usize> = (0..v.len()).collect();
-            order.sort_by(|&x, &y| v[y].total_cmp(&v[x]));
-            order
-        };
-        if let Some(per) = ne.checked_div(n_group) {
-            let scores: Vec<f32> = sel
-                .chunks(per)
-                .map(|g| {
-                    desc(g)
-                        .iter()
-                        .take(2)
-                        .map(|&i| f64::from(g[i]))
-                        .sum::<f64>() as f32
-                })
-                .collect();
-            for &dropped in &desc(&scores)[n_used..] {
-                sel[dropped * per..(dropped + 1) * per].fill(f32::NEG_INFINITY);
-            }
-        }
-        let ids: Vec<usize> = desc(&sel)[..k].to_vec();
-        let mut w: Vec<f32> = ids.iter().map(|&e| p[e]).collect();
-        if gating == 2 {
-            softmax(&mut w);
-        }
-        if norm {
-            let sum = (w.iter().map(|&v| f64::from(v)).sum::<f64>() as f32).max(6.103_515_6e-5);
-            w.iter_mut().for_each(|v| *v /= sum);
-        }
-        if scale != 1.0 {
-            w.iter_mut().for_each(|v| *v *= scale);
-        }
-        self.u32s.insert(
-            Self::buf(&a[2]).unwrap(),
-            ids.iter().map(|&e| e as u32).collect(),
-        );
+        let bias = Self::buf(&a[1]).map(|b| self.read(b));
+        let (ids, w) = routing.route(&logits, bias.as_deref());
+        self.u32s.insert(Self::buf(&a[2]).unwrap(), ids);
         self.write(Self::buf(&a[3]).unwrap(), 0, &w);
     }
 
@@ -811,50 +754,6 @@ impl<'f> Emulator<'f> {
     }
 }
 
-/// A RoPE rotation as the kernels compute it: pair i's angle is the position times
-/// theta_scale i times (multiplied up pair by pair), over the frequency factor; YaRN's ramp
-/// mixes it with the scaled angle, and the cosines and sines are multiplied by the magnitude
-/// (`scaling`: mscale, ext_factor, low, high).
-struct Rope {
-    p: usize,
-    n_dims: usize,
-    neox: bool,
-    theta_scale: f32,
-    freq_scale: f32,
-    ff: Option<Vec<f32>>,
-    scaling: [f32; 4],
-}
-
-impl Rope {
-    fn rotate(&self, head: &mut [f32]) {
-        let half = self.n_dims / 2;
-        let mut theta = self.p as f32;
-        for i in 0..half {
-            let extrap = self.ff.as_ref().map_or(theta, |f| theta / f[i]);
-            let [mscale, ext, low, high] = self.scaling;
-            let interp = self.freq_scale * extrap;
-            let angle = if ext == 0.0 {
-                interp
-            } else {
-                let y = (i as f32 - low) / (high - low).max(0.001);
-                let mix = (1.0 - y.clamp(0.0, 1.0)) * ext;
-                interp.mul_add(1.0 - mix, extrap * mix)
-            };
-            let (s, c) = angle.sin_cos();
-            let (s, c) = (s * mscale, c * mscale);
-            let (i0, i1) = if self.neox {
-                (i, i + half)
-            } else {
-                (2 * i, 2 * i + 1)
-            };
-            let (x0, x1) = (head[i0], head[i1]);
-            head[i0] = x0.mul_add(c, -(x1 * s));
-            head[i1] = x0.mul_add(s, x1 * c);
-            theta *= self.theta_scale;
-        }
-    }
-}
-
 /// The step's logits for `ids` fed one at a time, the CPU model's for the same prompt, and the
 /// step's kernels; residual products of at most `on_load_max` values quantize their inputs
 /// as they load them.
@@ -894,35 +793,6 @@ fn emulate(
     let cpu = model.session(ids.len() + 1).eval(ids, Logits::All).unwrap();
     let kernels = plan.launches.iter().map(|l| l.kernel.clone()).collect();
     (logits, cpu, kernels)
-}
-
-fn mean_kl(a: &[f32], b: &[f32], n_vocab: usize) -> f64 {
-    let log_softmax = |r: &[f32]| {
-        let max = r.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v)) as f64;
-        let lse = r.iter().map(|&v| (v as f64 - max).exp()).sum::<f64>().ln() + max;
-        r.iter().map(|&v| v as f64 - lse).collect::<Vec<f64>>()
-    };
-    let rows = a.len() / n_vocab;
-    (0..rows)
-        .map(|i| {
-            let (p, q) = (
-                log_softmax(&a[i * n_vocab..][..n_vocab]),
-                log_softmax(&b[i * n_vocab..][..n_vocab]),
-            );
-            p.iter()
-                .zip(&q)
-                .map(|(p, q)| p.exp() * (p - q))
-                .sum::<f64>()
-        })
-        .sum::<f64>()
-        / rows as f64
-}
-
-/// Mean absolute difference of the logits over their mean magnitude.
-fn relative_difference(a: &[f32], b: &[f32]) -> f64 {
-    let diff: f64 = a.iter().zip(b).map(|(x, y)| f64::from((x - y).abs())).sum();
-    let size: f64 = a.iter().map(|x| f64::from(x.abs())).sum();
-    diff / size
 }
 
 fn ids(n: usize) -> Vec<u32> {

@@ -1,0 +1,329 @@
+//! What the batched passes ([`crate::prefill::Prefill`]) ask of a device: buffers, copies to
+//! and from them, kernel launches by name, cuBLAS's GEMM and graph capture.
+//!
+//! [`CudaBatch`] is the GPU: each method is the driver or cuBLAS call the batched passes made
+//! directly before this trait existed, in the same order. A test implements the trait on the
+//! host (`tests/emulated_batches.rs`): device addresses stand for host memory and a launch runs
+//! host code, so that the passes' wiring (which kernels, on which buffers, with which sizes)
+//! is checked without a GPU.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use cudarc::cublas::{result as blas, sys as blas_sys, CudaBlas};
+use cudarc::driver::{
+    sys, CudaEvent, CudaFunction, CudaGraph, CudaModule, CudaSlice, CudaStream, DevicePtr,
+    DeviceRepr, LaunchConfig, ValidAsZeroBits,
+};
+
+use crate::device::{driver, launch};
+use crate::CudaError;
+
+pub use crate::device::Value;
+
+/// An element type of the batched passes' buffers (f32, u32, and f16 as its bits in a u16),
+/// with its little-endian bytes (for a host implementation's memory).
+pub trait Element: DeviceRepr + ValidAsZeroBits + Copy + Unpin + 'static {
+    /// Bytes of one element.
+    const BYTES: usize;
+    /// The element from its `BYTES` little-endian bytes.
+    fn from_le(bytes: &[u8]) -> Self;
+    /// Its little-endian bytes into `out` (`BYTES` long).
+    fn to_le(self, out: &mut [u8]);
+}
+
+macro_rules! element {
+    ($($t:ty),*) => {$(
+        impl Element for $t {
+            const BYTES: usize = std::mem::size_of::<$t>();
+            fn from_le(bytes: &[u8]) -> Self {
+                <$t>::from_le_bytes(bytes.try_into().expect("one element's bytes"))
+            }
+            fn to_le(self, out: &mut [u8]) {
+                out.copy_from_slice(&self.to_le_bytes());
+            }
+        }
+    )*};
+}
+element!(u16, u32, f32);
+
+/// A GEMM: `c[t][r] = a[t] . w[r] (+ beta * c[t][r])` for the `n` rows `t` of `a` (f16,
+/// `cols` wide) and the `rows` rows of `w16` (f16); `c` is f32, `rows` wide. Addresses.
+#[derive(Clone, Copy, Debug)]
+pub struct Gemm {
+    /// The weights.
+    pub w16: u64,
+    /// Their rows (the outputs per input row).
+    pub rows: usize,
+    /// Their columns (the inputs' width).
+    pub cols: usize,
+    /// The inputs.
+    pub a: u64,
+    /// Input rows.
+    pub n: usize,
+    /// The outputs.
+    pub c: u64,
+    /// What the outputs keep of their values before (0: overwritten, 1: added to).
+    pub beta: f32,
+}
+
+/// The device operations of the batched passes. Addresses are the `u64`s kernels take: a
+/// buffer's start plus a byte offset.
+pub trait BatchDevice {
+    /// A buffer of `T`s in device memory.
+    type Buffer<T: Element>;
+    /// A captured sequence of launches, replayed whole.
+    type Graph;
+
+    /// `n` zeroed elements (`what` names them in an error).
+    fn alloc_zeros<T: Element>(&self, n: usize, what: &str) -> Result<Self::Buffer<T>, CudaError>;
+    /// The buffer's device address.
+    fn address<T: Element>(&self, buf: &Self::Buffer<T>) -> u64;
+    /// The first `src.len()` elements of `dst` = `src`.
+    fn upload<T: Element>(
+        &self,
+        src: &[T],
+        dst: &mut Self::Buffer<T>,
+        what: &str,
+    ) -> Result<(), CudaError>;
+    /// `dst` = the first `dst.len()` elements of `src`.
+    fn download<T: Element>(
+        &self,
+        src: &Self::Buffer<T>,
+        dst: &mut [T],
+        what: &str,
+    ) -> Result<(), CudaError>;
+    /// Waits for everything queued.
+    fn synchronize(&self, what: &str) -> Result<(), CudaError>;
+    /// Launches `kernel` on a grid of `grid` blocks of `block` threads with `args` (in the
+    /// kernel's parameter order).
+    fn launch(
+        &mut self,
+        kernel: &str,
+        grid: (u32, u32),
+        block: u32,
+        args: &[Value],
+    ) -> Result<(), CudaError>;
+    /// Runs a GEMM.
+    fn gemm(&mut self, g: Gemm) -> Result<(), CudaError>;
+    /// Starts capturing the launches that follow into a graph.
+    fn begin_capture(&self) -> Result<(), CudaError>;
+    /// Ends the capture: its graph, or `None` when nothing was captured.
+    fn end_capture(&self) -> Result<Option<Self::Graph>, CudaError>;
+    /// Uploads a captured graph ahead of its first launch.
+    fn upload_graph(&self, graph: &Self::Graph) -> Result<(), CudaError>;
+    /// Replays a captured graph.
+    fn launch_graph(&self, graph: &Self::Graph) -> Result<(), CudaError>;
+    /// Whether launches are being timed ([`BatchDevice::set_profile`]).
+    fn profiling(&self) -> bool;
+    /// Starts (or stops and returns) timing each launch: microseconds per kernel name,
+    /// slowest first.
+    fn set_profile(&mut self, on: bool) -> Result<Vec<(String, usize, f64)>, CudaError>;
+}
+
+/// The GPU: a stream, its cuBLAS handle and the compiled kernels.
+pub struct CudaBatch {
+    stream: Arc<CudaStream>,
+    blas: CudaBlas,
+    module: Arc<CudaModule>,
+    funcs: HashMap<String, CudaFunction>,
+    /// Events around each launch, when profiling.
+    profile: Option<Vec<(String, CudaEvent, CudaEvent)>>,
+}
+
+impl CudaBatch {
+    /// `stream`'s device with a new cuBLAS handle, or `None` when cuBLAS is not on this
+    /// machine.
+    pub(crate) fn new(
+        stream: &Arc<CudaStream>,
+        module: &Arc<CudaModule>,
+    ) -> Result<Option<CudaBatch>, CudaError> {
+        // SAFETY: only tries to open the library by its usual names.
+        if !unsafe { blas_sys::is_culib_present() } {
+            return Ok(None);
+        }
+        let blas = CudaBlas::new(stream.clone())
+            .map_err(|e| CudaError::Driver(format!("creating the cuBLAS handle: {e}")))?;
+        Ok(Some(CudaBatch {
+            stream: stream.clone(),
+            blas,
+            module: module.clone(),
+            funcs: HashMap::new(),
+            profile: None,
+        }))
+    }
+
+    fn func(&mut self, name: &str) -> Result<CudaFunction, CudaError> {
+        if let Some(f) = self.funcs.get(name) {
+            return Ok(f.clone());
+        }
+        let f = self.module.load_function(name).map_err(driver(name))?;
+        self.funcs.insert(name.to_string(), f.clone());
+        Ok(f)
+    }
+
+    /// An event before a launch, when profiling.
+    fn mark(&self) -> Result<Option<CudaEvent>, CudaError> {
+        if self.profile.is_none() {
+            return Ok(None);
+        }
+        let flags = Some(sys::CUevent_flags::CU_EVENT_DEFAULT);
+        self.stream
+            .record_event(flags)
+            .map(Some)
+            .map_err(driver("event"))
+    }
+
+    /// Files the time since `start` under `name`, when profiling.
+    fn record(&mut self, name: &str, start: Option<CudaEvent>) -> Result<(), CudaError> {
+        if let Some(start) = start {
+            let flags = Some(sys::CUevent_flags::CU_EVENT_DEFAULT);
+            let end = self.stream.record_event(flags).map_err(driver("event"))?;
+            let base = name.split("_Q").next().unwrap_or(name);
+            if let Some(p) = self.profile.as_mut() {
+                p.push((base.to_string(), start, end));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl BatchDevice for CudaBatch {
+    type Buffer<T: Element> = CudaSlice<T>;
+    type Graph = CudaGraph;
+
+    fn alloc_zeros<T: Element>(&self, n: usize, what: &str) -> Result<CudaSlice<T>, CudaError> {
+        self.stream.alloc_zeros::<T>(n).map_err(driver(what))
+    }
+
+    fn address<T: Element>(&self, buf: &CudaSlice<T>) -> u64 {
+        buf.device_ptr(&self.stream).0
+    }
+
+    fn upload<T: Element>(
+        &self,
+        src: &[T],
+        dst: &mut CudaSlice<T>,
+        what: &str,
+    ) -> Result<(), CudaError> {
+        self.stream
+            .memcpy_htod(src, &mut dst.slice_mut(..src.len()))
+            .map_err(driver(what))
+    }
+
+    fn download<T: Element>(
+        &self,
+        src: &CudaSlice<T>,
+        dst: &mut [T],
+        what: &str,
+    ) -> Result<(), CudaError> {
+        self.stream
+            .memcpy_dtoh(&src.slice(..dst.len()), dst)
+            .map_err(driver(what))
+    }
+
+    fn synchronize(&self, what: &str) -> Result<(), CudaError> {
+        self.stream.synchronize().map_err(driver(what))
+    }
+
+    fn launch(
+        &mut self,
+        kernel: &str,
+        grid: (u32, u32),
+        block: u32,
+        args: &[Value],
+    ) -> Result<(), CudaError> {
+        let f = self.func(kernel)?;
+        let cfg = LaunchConfig {
+            grid_dim: (grid.0, grid.1, 1),
+            block_dim: (block, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let start = self.mark()?;
+        launch(&self.stream, &f, cfg, args)?;
+        self.record(kernel, start)
+    }
+
+    fn gemm(&mut self, g: Gemm) -> Result<(), CudaError> {
+        let Gemm {
+            w16,
+            rows,
+            cols,
+            a,
+            n,
+            c,
+            beta,
+        } = g;
+        let alpha = 1f32;
+        let start = self.mark()?;
+        // Column-major view: C (rows x n) = W^T-stored (cols x rows)^T * A (cols x n).
+        // SAFETY: the pointers are live device buffers of at least these sizes (allocated
+        // from the same plan); alpha and beta are host values read during the call.
+        unsafe {
+            blas::gemm_ex(
+                *self.blas.handle(),
+                blas_sys::cublasOperation_t::CUBLAS_OP_T,
+                blas_sys::cublasOperation_t::CUBLAS_OP_N,
+                rows as i32,
+                n as i32,
+                cols as i32,
+                (&alpha as *const f32).cast(),
+                w16 as *const std::ffi::c_void,
+                blas_sys::cudaDataType::CUDA_R_16F,
+                cols as i32,
+                a as *const std::ffi::c_void,
+                blas_sys::cudaDataType::CUDA_R_16F,
+                cols as i32,
+                (&beta as *const f32).cast(),
+                c as *mut std::ffi::c_void,
+                blas_sys::cudaDataType::CUDA_R_32F,
+                rows as i32,
+                blas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                blas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+            )
+        }
+        .map_err(|e| CudaError::Driver(format!("cuBLAS GEMM {rows}x{cols}x{n}: {e}")))?;
+        self.record("gemm (cuBLAS)", start)
+    }
+
+    fn begin_capture(&self) -> Result<(), CudaError> {
+        self.stream
+            .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+            .map_err(driver("beginning the capture"))
+    }
+
+    fn end_capture(&self) -> Result<Option<CudaGraph>, CudaError> {
+        self.stream
+            .end_capture(sys::CUgraphInstantiate_flags(0))
+            .map_err(driver("ending the capture"))
+    }
+
+    fn upload_graph(&self, graph: &CudaGraph) -> Result<(), CudaError> {
+        graph.upload().map_err(driver("uploading the graph"))
+    }
+
+    fn launch_graph(&self, graph: &CudaGraph) -> Result<(), CudaError> {
+        graph.launch().map_err(driver("launching the batched step"))
+    }
+
+    fn profiling(&self) -> bool {
+        self.profile.is_some()
+    }
+
+    fn set_profile(&mut self, on: bool) -> Result<Vec<(String, usize, f64)>, CudaError> {
+        let events = std::mem::replace(&mut self.profile, on.then(Vec::new));
+        let mut per: HashMap<String, (usize, f64)> = HashMap::new();
+        if let Some(events) = events {
+            self.stream.synchronize().map_err(driver("profiling"))?;
+            for (name, start, end) in events {
+                let ms = start.elapsed_ms(&end).map_err(driver("event time"))?;
+                let e = per.entry(name).or_default();
+                e.0 += 1;
+                e.1 += f64::from(ms) * 1e3;
+            }
+        }
+        let mut out: Vec<_> = per.into_iter().map(|(k, (n, us))| (k, n, us)).collect();
+        out.sort_by(|a, b| b.2.total_cmp(&a.2));
+        Ok(out)
+    }
+}

@@ -1,0 +1,566 @@
+//! The batched passes' kernels as host code: each reads its arguments by position as the
+//! kernel's parameter list has them and does the work of the blocks its grid launches (a row
+//! or token past the grid is left alone, as on the device). Products of quantized rows (the
+//! per-pair expert products, the prompt's last-token output) use the CPU's own quantization
+//! and dot kernels; the GEMMs multiply f16 operands as cuBLAS does, in f32.
+
+use ferrolm_cuda::batch_device::{Gemm, Value};
+use ferrolm_cuda::schedule::MATVEC_ROWS;
+
+use super::{HostDevice, Memory};
+use crate::host_math::{self as math, Rope, Routing};
+
+/// A launch's arguments, read by position.
+struct Args<'a>(&'a [Value]);
+
+impl Args<'_> {
+    fn ptr(&self, i: usize) -> u64 {
+        match self.0[i] {
+            Value::Ptr(p) if p != 0 => p,
+            ref other => panic!("argument {i}: an address, found {other:?}"),
+        }
+    }
+
+    /// An address that may be 0 (none).
+    fn opt(&self, i: usize) -> Option<u64> {
+        match self.0[i] {
+            Value::Ptr(0) => None,
+            Value::Ptr(p) => Some(p),
+            ref other => panic!("argument {i}: an address, found {other:?}"),
+        }
+    }
+
+    fn int(&self, i: usize) -> usize {
+        match self.0[i] {
+            Value::I32(v) => usize::try_from(v).expect("a size"),
+            ref other => panic!("argument {i}: an int, found {other:?}"),
+        }
+    }
+
+    fn long(&self, i: usize) -> usize {
+        match self.0[i] {
+            Value::I64(v) => usize::try_from(v).expect("a size"),
+            ref other => panic!("argument {i}: a long, found {other:?}"),
+        }
+    }
+
+    fn float(&self, i: usize) -> f32 {
+        match self.0[i] {
+            Value::F32(v) => v,
+            ref other => panic!("argument {i}: a float, found {other:?}"),
+        }
+    }
+}
+
+/// The elements an element-wise launch covers of `n`: one thread each.
+fn covered(grid: (u32, u32), block: u32, n: usize) -> usize {
+    n.min(grid.0 as usize * block as usize)
+}
+
+/// Whether `name` is a gated activation's kernel family (`act(gate) * up`).
+fn is_gated(name: &str) -> bool {
+    name == "swiglu" || name == "geglu"
+}
+
+/// Runs kernel `name` on `dev`'s memory.
+pub fn run(dev: &HostDevice, name: &str, grid: (u32, u32), block: u32, args: &[Value]) {
+    let a = Args(args);
+    let mem = &mut *dev.memory.borrow_mut();
+    let rows = grid.0 as usize;
+    if let Some(kernel) = name.strip_prefix("dequant_f16_") {
+        dequantize(dev, mem, kernel, grid, block, &a);
+    } else if let Some(kernel) = name.strip_prefix("embed_rows_") {
+        // embed_rows(table, row_bytes, n_chunks, ids, x): block (chunk group, token)
+        let (chunks, n) = (a.int(2), grid.1 as usize);
+        assert!(
+            grid.0 as usize * block as usize >= chunks,
+            "{name}: chunks left out"
+        );
+        let (m, first) = dev.matrix(a.ptr(0));
+        let spec = &dev.plan.matrices[m];
+        assert_eq!((kernel, a.int(1)), (spec.kernel, spec.row_bytes()));
+        let ids = mem.u32s(a.ptr(3), n);
+        for (t, &id) in ids.iter().enumerate() {
+            let row = dequantized_rows(dev, mem, a.ptr(0), first + id as usize, 1);
+            mem.write(a.ptr(4) + (4 * t * 32 * chunks) as u64, &row);
+        }
+    } else if name == "scale_f32" {
+        let n = covered(grid, block, a.long(1));
+        let x: Vec<f32> = mem
+            .f32s(a.ptr(0), n)
+            .iter()
+            .map(|v| v * a.float(2))
+            .collect();
+        mem.write(a.ptr(0), &x);
+    } else if name == "rms_norm_rows" || name == "rms_norm_rows_f32" || name == "rms_norm" {
+        // (x, w, out, n, eps): a block per row; rms_norm_rows writes f16
+        let n = a.int(3);
+        let w = mem.f32s(a.ptr(1), n);
+        for r in 0..rows {
+            let x = mem.f32s(a.ptr(0) + (4 * r * n) as u64, n);
+            let y = math::rms_norm(&x, Some(&w), a.float(4));
+            if name == "rms_norm_rows" {
+                mem.write_f16s(a.ptr(2) + (2 * r * n) as u64, &y);
+            } else {
+                mem.write(a.ptr(2) + (4 * r * n) as u64, &y);
+            }
+        }
+    } else if name == "rope_rows" {
+        rope_rows(mem, grid, &a, false);
+    } else if name == "rope_rows_slots" {
+        rope_rows(mem, grid, &a, true);
+    } else if let Some(hd) = name.strip_prefix("attn_mma_") {
+        // attn_mma_HD(q, kc, vc, out, pos0, n, n_head, n_head_kv, scale, cap, window)
+        let hd: usize = hd.parse().expect("a head width");
+        prompt_attention(mem, grid, 64, hd, &a, [8, 9, 10]);
+    } else if name == "attn_tile" {
+        // attn_tile(q, kc, vc, out, pos0, n, n_head, n_head_kv, hd, scale, cap, window)
+        prompt_attention(mem, grid, 16, a.int(8), &a, [9, 10, 11]);
+    } else if name == "attn_rows" {
+        rows_attention(mem, grid, &a);
+    } else if name == "post_norm_add" {
+        // post_norm_add(y, w, x, n, eps, scale): x[r] += (norm(y[r]) * w) * scale
+        let (n, eps, scale) = (a.int(3), a.float(4), a.float(5));
+        let w = a.opt(1).map(|w| mem.f32s(w, n));
+        for r in 0..rows {
+            let y = mem.f32s(a.ptr(0) + (4 * r * n) as u64, n);
+            let o = match &w {
+                Some(w) => math::rms_norm(&y, Some(w), eps),
+                None => y,
+            };
+            let xr = a.ptr(2) + (4 * r * n) as u64;
+            let x: Vec<f32> = mem
+                .f32s(xr, n)
+                .iter()
+                .zip(&o)
+                .map(|(x, o)| x + o * scale)
+                .collect();
+            mem.write(xr, &x);
+        }
+    } else if let Some(act) = name.strip_suffix("_pairs_f16").filter(|&a| is_gated(a)) {
+        // (gu, act, ff, n): row t of gu holds its gate, then its up values
+        let (ff, n) = (a.int(2), covered(grid, block, a.long(3)));
+        let gu = mem.f32s(a.ptr(0), 2 * n.div_ceil(ff) * ff);
+        let (g, u): (Vec<f32>, Vec<f32>) = (0..n)
+            .map(|i| {
+                (
+                    gu[i / ff * 2 * ff + i % ff],
+                    gu[i / ff * 2 * ff + ff + i % ff],
+                )
+            })
+            .unzip();
+        mem.write_f16s(a.ptr(1), &math::gated(act, &g, &u));
+    } else if let Some(act) = name.strip_suffix("_f16").filter(|&a| is_gated(a)) {
+        // (g, u, out, n), out f16
+        let n = covered(grid, block, a.long(3));
+        let (g, u) = (mem.f32s(a.ptr(0), n), mem.f32s(a.ptr(1), n));
+        mem.write_f16s(a.ptr(2), &math::gated(act, &g, &u));
+    } else if is_gated(name) {
+        // (g, u, out, n), f32 (the per-pair expert path)
+        let n = covered(grid, block, a.int(3));
+        let (g, u) = (mem.f32s(a.ptr(0), n), mem.f32s(a.ptr(1), n));
+        mem.write(a.ptr(2), &math::gated(name, &g, &u));
+    } else if name == "moe_route" {
+        route(dev, mem, rows, &a);
+    } else if name == "moe_group" {
+        // moe_group(ids, n_pairs, ne, counts, offsets, at)
+        let (pairs, ne) = (a.int(1), a.int(2));
+        let ids = mem.u32s(a.ptr(0), pairs);
+        let mut counts = vec![0u32; ne];
+        ids.iter().for_each(|&e| counts[e as usize] += 1);
+        let offsets: Vec<u32> = counts
+            .iter()
+            .scan(0, |o, &c| {
+                *o += c;
+                Some(*o - c)
+            })
+            .collect();
+        let mut next = offsets.clone();
+        let at: Vec<u32> = ids
+            .iter()
+            .map(|&e| {
+                next[e as usize] += 1;
+                next[e as usize] - 1
+            })
+            .collect();
+        mem.write(a.ptr(3), &counts);
+        mem.write(a.ptr(4), &offsets);
+        mem.write(a.ptr(5), &at);
+    } else if name == "moe_gather_f16" {
+        // moe_gather_f16(src, at, k, d, dst): row at[i] of dst = row i / k of src
+        let (k, d) = (a.int(2), a.int(3));
+        let at = mem.u32s(a.ptr(1), rows);
+        for (i, &to) in at.iter().enumerate() {
+            let row = mem.read::<u16>(a.ptr(0) + (2 * (i / k) * d) as u64, d);
+            mem.write(a.ptr(4) + (2 * to as usize * d) as u64, &row);
+        }
+    } else if name.starts_with("moe_matvec") {
+        expert_products(dev, mem, name, grid, &a);
+    } else if name == "moe_combine" {
+        combine(mem, grid, block, &a);
+    } else if name == "adjust_logits" {
+        // adjust_logits(x, n, inv_cap, cap, inv_scale)
+        let n = covered(grid, block, a.long(1));
+        let adjust = [a.float(2), a.float(3), a.float(4)];
+        let v: Vec<f32> = mem
+            .f32s(a.ptr(0), n)
+            .iter()
+            .map(|&v| math::adjust_logit(v, adjust))
+            .collect();
+        mem.write(a.ptr(0), &v);
+    } else if name == "argmax_rows" {
+        // argmax_rows(x, n, out): a block per row
+        let n = a.int(1);
+        for r in 0..rows {
+            let best = math::argmax(&mem.f32s(a.ptr(0) + (4 * r * n) as u64, n));
+            mem.write(a.ptr(2) + 4 * r as u64, &[best as u32]);
+        }
+    } else if name == "topk_rows" {
+        // topk_rows(x, n, k, ids, vals): a block per row, its k largest (any order)
+        let (n, k) = (a.int(1), a.int(2));
+        for r in 0..rows {
+            let x = mem.f32s(a.ptr(0) + (4 * r * n) as u64, n);
+            let mut order: Vec<usize> = (0..n).collect();
+            order.sort_by(|&i, &j| x[j].total_cmp(&x[i]));
+            let ids: Vec<u32> = order[..k].iter().map(|&i| i as u32).collect();
+            let vals: Vec<f32> = order[..k].iter().map(|&i| x[i]).collect();
+            mem.write(a.ptr(3) + (4 * r * k) as u64, &ids);
+            mem.write(a.ptr(4) + (4 * r * k) as u64, &vals);
+        }
+    } else if name == "choose_token" {
+        // choose_token(logits, n, token, pos, advance, cfg, draws, draw_idx, ring): greedy
+        // (the test's sampling settings are zeros)
+        assert_eq!(a.opt(3), None, "the batched passes keep no position");
+        assert_eq!(a.opt(8), None, "the batched passes write no ring");
+        let logits = mem.f32s(a.ptr(0), a.int(1));
+        a.ptr(5); // (the settings are read on the device: present)
+        mem.write(a.ptr(2), &[math::argmax(&logits) as u32]);
+    } else if let Some(kernel) = name.strip_prefix("matvec_") {
+        // matvec(W, row_bytes, n_chunks, n_rows, x, add0, add1, y): the prompt's last token
+        let (cols, n_rows) = (32 * a.int(2), a.int(3));
+        assert!(rows * MATVEC_ROWS >= n_rows, "{name}: rows left out");
+        let (m, first) = dev.matrix(a.ptr(0));
+        assert_eq!(kernel, dev.plan.matrices[m].kernel);
+        let x = mem.f32s(a.ptr(4), cols);
+        let mut y = products(dev, mem, a.ptr(0), first, n_rows, &x);
+        for add in [5, 6] {
+            if let Some(b) = a.opt(add) {
+                y.iter_mut()
+                    .zip(mem.f32s(b, n_rows))
+                    .for_each(|(y, b)| *y += b);
+            }
+        }
+        mem.write(a.ptr(7), &y);
+    } else {
+        panic!("no emulation of {name}");
+    }
+}
+
+/// Rows `first..first + n` of the matrix at `addr` (read from the memory), dequantized.
+fn dequantized_rows(dev: &HostDevice, mem: &Memory, addr: u64, first: usize, n: usize) -> Vec<f32> {
+    let (m, start) = dev.matrix(addr);
+    let spec = &dev.plan.matrices[m];
+    let rb = spec.row_bytes();
+    let base = addr - (start * rb) as u64;
+    let bytes = mem.bytes(base + (first * rb) as u64, n * rb);
+    let mut out = vec![0f32; n * spec.cols];
+    ferrolm_quant::dequantize(spec.ty, bytes, &mut out).unwrap();
+    out
+}
+
+/// dequant_f16_T(W, row_bytes, n_chunks, total, out): a thread per 32-value chunk.
+fn dequantize(
+    dev: &HostDevice,
+    mem: &mut Memory,
+    kernel: &str,
+    grid: (u32, u32),
+    block: u32,
+    a: &Args,
+) {
+    let (m, first) = dev.matrix(a.ptr(0));
+    let spec = &dev.plan.matrices[m];
+    assert_eq!(kernel, spec.kernel, "dequantized as another type");
+    let (rb, chunks, total) = (a.int(1), a.int(2), a.long(3));
+    assert_eq!((rb, 32 * chunks), (spec.row_bytes(), spec.cols));
+    let done = covered(grid, block, total);
+    let values = dequantized_rows(dev, mem, a.ptr(0), first, total / chunks);
+    mem.write_f16s(a.ptr(4), &values[..32 * done]);
+}
+
+/// The GEMM: `c[t][r] = a[t] . w[r] (+ beta * c[t][r])`, f16 operands, f32 sums.
+pub fn gemm(mem: &mut Memory, g: Gemm) {
+    let (rows, cols, n) = (g.rows, g.cols, g.n);
+    let (w, x) = (mem.f16s(g.w16, rows * cols), mem.f16s(g.a, n * cols));
+    let mut out = if g.beta == 0.0 {
+        vec![0f32; n * rows]
+    } else {
+        mem.f32s(g.c, n * rows).iter().map(|v| v * g.beta).collect()
+    };
+    for t in 0..n {
+        let xt = &x[t * cols..][..cols];
+        for r in 0..rows {
+            let wr = &w[r * cols..][..cols];
+            out[t * rows + r] += xt.iter().zip(wr).map(|(x, w)| x * w).sum::<f32>();
+        }
+    }
+    mem.write(g.c, &out);
+}
+
+/// Rows `first..first + n` of the matrix at `addr` dotted with `x`, as the CPU multiplies
+/// them: `x` quantized to the row type's activation format, the row type's dot kernel.
+fn products(
+    dev: &HostDevice,
+    mem: &Memory,
+    addr: u64,
+    first: usize,
+    n: usize,
+    x: &[f32],
+) -> Vec<f32> {
+    let (m, start) = dev.matrix(addr);
+    let spec = &dev.plan.matrices[m];
+    let rb = spec.row_bytes();
+    let base = addr - (start * rb) as u64;
+    let kernel = ferrolm_quant::dot_kernel(spec.ty).unwrap();
+    let act_ty = kernel.activation_type();
+    let mut act = vec![0u8; ferrolm_quant::row_bytes(act_ty, x.len()).unwrap()];
+    ferrolm_quant::quantize_activation(act_ty, x, &mut act).unwrap();
+    (first..first + n)
+        .map(|r| kernel.dot(x.len(), mem.bytes(base + (r * rb) as u64, rb), &act))
+        .collect()
+}
+
+/// rope_rows (token t at position pos0 + t, its q, k, v rows packed) or, `by_slot`,
+/// rope_rows_slots (token t at slot[t], pos[t], its rows q_stride and kv_stride apart): a
+/// block per (head, token), queries rotated in place, keys rotated and values stored as f16
+/// at the position in the cache.
+fn rope_rows(mem: &mut Memory, grid: (u32, u32), a: &Args, by_slot: bool) {
+    // The rotation's arguments follow the placement's: 1 (pos0) or 5 of them.
+    let r = if by_slot { 15 } else { 11 };
+    let (nh, nkv, hd, n_dims) = (a.int(r), a.int(r + 1), a.int(r + 2), a.int(r + 3));
+    let neox = a.int(r + 4) == 1;
+    let (theta_scale, freq_scale, eps) = (a.float(r + 5), a.float(r + 6), a.float(r + 8));
+    let ff = a.opt(r + 7).map(|f| mem.f32s(f, n_dims / 2));
+    let scaling = [0, 1, 2, 3].map(|i| a.float(r + 9 + i));
+    let vec_of = |mem: &Memory, i: usize, n: usize| a.opt(i).map(|p| mem.f32s(p, n));
+    let biases = [
+        vec_of(mem, 3, nh * hd),
+        vec_of(mem, 4, nkv * hd),
+        vec_of(mem, 5, nkv * hd),
+    ];
+    let norms = [vec_of(mem, 6, hd), vec_of(mem, 7, hd)];
+    for t in 0..grid.1 as usize {
+        let (p, cache, q_row, kv_row) = if by_slot {
+            let slot = mem.u32s(a.ptr(10) + 4 * t as u64, 1)[0] as usize;
+            let p = mem.u32s(a.ptr(11) + 4 * t as u64, 1)[0] as usize;
+            (p, slot * a.long(12), t * a.int(13), t * a.int(14))
+        } else {
+            (a.int(10) + t, 0, t * nh * hd, t * nkv * hd)
+        };
+        let rope = Rope {
+            p,
+            n_dims,
+            neox,
+            theta_scale,
+            freq_scale,
+            ff: ff.clone(),
+            scaling,
+        };
+        for b in 0..grid.0 as usize {
+            let is_q = b < nh;
+            let h = if is_q { b } else { b - nh };
+            let (src, bias, norm) = if is_q {
+                (
+                    a.ptr(0) + 4 * (q_row + h * hd) as u64,
+                    &biases[0],
+                    &norms[0],
+                )
+            } else {
+                (
+                    a.ptr(1) + 4 * (kv_row + h * hd) as u64,
+                    &biases[1],
+                    &norms[1],
+                )
+            };
+            let mut head = mem.f32s(src, hd);
+            if let Some(bias) = bias {
+                head.iter_mut()
+                    .zip(&bias[h * hd..])
+                    .for_each(|(x, b)| *x += b);
+            }
+            if let Some(w) = norm {
+                head = math::rms_norm(&head, Some(w), eps);
+            }
+            rope.rotate(&mut head);
+            if is_q {
+                mem.write(src, &head);
+            } else {
+                let at = 2 * (cache + p * nkv * hd + h * hd) as u64;
+                mem.write_f16s(a.ptr(8) + at, &head);
+                let mut v = mem.f32s(a.ptr(2) + 4 * (kv_row + h * hd) as u64, hd);
+                if let Some(bias) = &biases[2] {
+                    v.iter_mut().zip(&bias[h * hd..]).for_each(|(x, b)| *x += b);
+                }
+                mem.write_f16s(a.ptr(9) + at, &v);
+            }
+        }
+    }
+}
+
+/// The prompt's causal attention, `tile` queries a block: query head h of token t (at
+/// position pos0 + t) over the cache positions it sees; `scalars` index scale, cap, window.
+fn prompt_attention(
+    mem: &mut Memory,
+    grid: (u32, u32),
+    tile: usize,
+    hd: usize,
+    a: &Args,
+    [scale, cap, window]: [usize; 3],
+) {
+    let (pos0, n, nh, nkv) = (a.int(4), a.int(5), a.int(6), a.int(7));
+    let (scale, cap, window) = (a.float(scale), a.float(cap), a.int(window));
+    let len = pos0 + n;
+    let row = nkv * hd;
+    let (keys, values) = (mem.f16s(a.ptr(1), len * row), mem.f16s(a.ptr(2), len * row));
+    let q = mem.f32s(a.ptr(0), n * nh * hd);
+    for t in 0..n.min(grid.1 as usize * tile) {
+        let p = pos0 + t;
+        let lo = if window > 0 {
+            (p + 1).saturating_sub(window)
+        } else {
+            0
+        };
+        for h in 0..grid.0 as usize {
+            let qh = f16_round(&q[(t * nh + h) * hd..][..hd]);
+            let kvh = h / (nh / nkv);
+            let o = math::attend(&qh, &keys, &values, row, kvh * hd, (lo, p + 1), scale, cap);
+            mem.write_f16s(a.ptr(3) + 2 * ((t * nh + h) * hd) as u64, &o);
+        }
+    }
+}
+
+/// attn_rows(q, kc, vc, out, slot, pos, slot_stride, q_stride, n_head, n_head_kv, hd, scale,
+/// cap, window): block (h, t) attends token t's query head over its slot's positions.
+fn rows_attention(mem: &mut Memory, grid: (u32, u32), a: &Args) {
+    let (stride, q_stride) = (a.long(6), a.int(7));
+    let (nh, nkv, hd) = (a.int(8), a.int(9), a.int(10));
+    let (scale, cap, window) = (a.float(11), a.float(12), a.int(13));
+    let row = nkv * hd;
+    for t in 0..grid.1 as usize {
+        let slot = mem.u32s(a.ptr(4) + 4 * t as u64, 1)[0] as usize;
+        let len = mem.u32s(a.ptr(5) + 4 * t as u64, 1)[0] as usize + 1;
+        let lo = if window > 0 {
+            len.saturating_sub(window)
+        } else {
+            0
+        };
+        let base = 2 * (slot * stride) as u64;
+        let (keys, values) = (
+            mem.f16s(a.ptr(1) + base, len * row),
+            mem.f16s(a.ptr(2) + base, len * row),
+        );
+        for h in 0..grid.0 as usize {
+            let q = mem.f32s(a.ptr(0) + 4 * (t * q_stride + h * hd) as u64, hd);
+            let kvh = h / (nh / nkv);
+            let o = math::attend(
+                &f16_round(&q),
+                &keys,
+                &values,
+                row,
+                kvh * hd,
+                (lo, len),
+                scale,
+                cap,
+            );
+            mem.write_f16s(a.ptr(3) + 2 * ((t * nh + h) * hd) as u64, &o);
+        }
+    }
+}
+
+fn f16_round(x: &[f32]) -> Vec<f32> {
+    x.iter().map(|&v| half::f16::from_f32(v).to_f32()).collect()
+}
+
+/// Router logits this close at the k-th choice may choose differently on any two backends:
+/// the batched passes' router is an f16 GEMM, the CPU's a product on quantized activations.
+const NEAR_TIE: f32 = 1e-2;
+
+/// moe_route(logits, sel_bias, ids, weights, ne, k, gating, n_group, n_group_used, norm,
+/// scale): a block per token; the tokens whose choice is a near tie are noted.
+fn route(dev: &HostDevice, mem: &mut Memory, rows: usize, a: &Args) {
+    let (ne, k) = (a.int(4), a.int(5));
+    let routing = Routing {
+        k,
+        gating: a.int(6),
+        groups: (a.int(7), a.int(8)),
+        norm: a.int(9) == 1,
+        scale: a.float(10),
+    };
+    let bias = a.opt(1).map(|b| mem.f32s(b, ne));
+    for t in 0..rows {
+        let logits = mem.f32s(a.ptr(0) + (4 * t * ne) as u64, ne);
+        let (ids, w) = routing.route(&logits, bias.as_deref());
+        if routing.margin(&logits) < NEAR_TIE {
+            dev.near_ties.borrow_mut().push(t);
+        }
+        mem.write(a.ptr(2) + (4 * t * k) as u64, &ids);
+        mem.write(a.ptr(3) + (4 * t * k) as u64, &w);
+    }
+}
+
+/// moe_matvec(f)_T(W, expert_bytes, row_bytes, n_chunks, n_rows, x, x_stride, x_per, ids, y):
+/// grid row j multiplies expert ids[j]'s rows by input j / x_per into output row j.
+fn expert_products(dev: &HostDevice, mem: &mut Memory, name: &str, grid: (u32, u32), a: &Args) {
+    let (expert_bytes, rb, cols, n_rows) = (a.long(1), a.int(2), 32 * a.int(3), a.int(4));
+    let (x, stride, per) = (a.ptr(5), a.int(6), a.int(7));
+    let (m, first) = dev.matrix(a.ptr(0));
+    let spec = &dev.plan.matrices[m];
+    assert!(name.ends_with(spec.kernel), "{name} for {}", spec.kernel);
+    assert_eq!((rb, cols), (spec.row_bytes(), spec.cols));
+    assert_eq!(expert_bytes, n_rows * rb, "an expert's rows");
+    assert!(
+        grid.0 as usize * MATVEC_ROWS >= n_rows,
+        "{name}: rows left out"
+    );
+    for j in 0..grid.1 as usize {
+        let e = mem.u32s(a.ptr(8) + 4 * j as u64, 1)[0] as usize;
+        let input = mem.f32s(x + (4 * (j / per) * stride) as u64, cols);
+        let y = products(dev, mem, a.ptr(0), first + e * n_rows, n_rows, &input);
+        mem.write(a.ptr(9) + (4 * j * n_rows) as u64, &y);
+    }
+}
+
+/// moe_combine(ys, w, k, d, shared, shared_gate, x, at): token t = grid row t adds its k
+/// experts' outputs (row at[t * k + j], or t * k + j) times their weights, in slot order,
+/// then the shared expert's output times sigmoid of its gate.
+fn combine(mem: &mut Memory, grid: (u32, u32), block: u32, a: &Args) {
+    let (k, d) = (a.int(2), a.int(3));
+    let width = covered(grid, block, d);
+    for t in 0..grid.1 as usize {
+        let w = mem.f32s(a.ptr(1) + (4 * t * k) as u64, k);
+        let out_row = |j: usize| match a.opt(7) {
+            Some(at) => mem.u32s(at + (4 * (t * k + j)) as u64, 1)[0] as usize,
+            None => t * k + j,
+        };
+        let ys: Vec<Vec<f32>> = (0..k)
+            .map(|j| mem.f32s(a.ptr(0) + (4 * out_row(j) * d) as u64, d))
+            .collect();
+        let shared = a.opt(4).map(|s| mem.f32s(s + (4 * t * d) as u64, d));
+        let gate = a.opt(5).map(|g| {
+            let g = mem.f32s(g + 4 * t as u64, 1)[0];
+            g / (1.0 + (-g).exp()) / g
+        });
+        let xr = a.ptr(6) + (4 * t * d) as u64;
+        let mut x = mem.f32s(xr, d);
+        for (i, x) in x.iter_mut().enumerate().take(width) {
+            let mut o = ys[0][i] * w[0];
+            for j in 1..k {
+                o += ys[j][i] * w[j];
+            }
+            if let Some(sh) = &shared {
+                o += gate.map_or(sh[i], |g| sh[i] * g);
+            }
+            *x += o;
+        }
+        mem.write(xr, &x);
+    }
+}

@@ -1,0 +1,333 @@
+//! A host [`BatchDevice`] for the batched passes: device addresses stand for host memory
+//! (one byte vector per allocation, so a read or write past an allocation's end panics) and a
+//! launch runs the kernel's work as host code ([`kernels`]). The weights are the file's rows as
+//! the CPU holds them (not regrouped: the products read them with the CPU's own kernels).
+
+pub mod kernels;
+
+use std::cell::RefCell;
+use std::collections::BTreeMap;
+use std::marker::PhantomData;
+
+use ferrolm_cuda::batch_device::{BatchDevice, Element, Gemm, Value};
+use ferrolm_cuda::prefill::Addresses;
+use ferrolm_cuda::schedule::DecodePlan;
+use ferrolm_cuda::CudaError;
+use ferrolm_gguf::GgufFile;
+
+/// Host memory at made-up device addresses.
+#[derive(Default)]
+pub struct Memory {
+    allocations: BTreeMap<u64, Vec<u8>>,
+    next: u64,
+}
+
+impl Memory {
+    /// `bytes` zeroed bytes at a new address (never 0, the kernels' "none").
+    pub fn alloc(&mut self, bytes: usize) -> u64 {
+        let base = self.next.max(1 << 32);
+        self.allocations.insert(base, vec![0; bytes]);
+        // (a gap after each, so that an address past one's end is in none)
+        self.next = (base + bytes as u64 + 4096).next_multiple_of(4096);
+        base
+    }
+
+    /// The allocation holding `len` bytes from `addr`, and `addr`'s offset in it.
+    fn locate(&self, addr: u64, len: usize) -> (u64, usize) {
+        let (&base, bytes) = self
+            .allocations
+            .range(..=addr)
+            .next_back()
+            .unwrap_or_else(|| panic!("address {addr:#x} is in no allocation"));
+        let offset = (addr - base) as usize;
+        assert!(
+            offset + len <= bytes.len(),
+            "{len} bytes at {addr:#x}: past the end of the allocation at {base:#x} ({} bytes)",
+            bytes.len()
+        );
+        (base, offset)
+    }
+
+    /// `len` bytes at `addr`.
+    pub fn bytes(&self, addr: u64, len: usize) -> &[u8] {
+        let (base, at) = self.locate(addr, len);
+        &self.allocations[&base][at..at + len]
+    }
+
+    /// `len` bytes at `addr`, to write.
+    pub fn bytes_mut(&mut self, addr: u64, len: usize) -> &mut [u8] {
+        let (base, at) = self.locate(addr, len);
+        &mut self.allocations.get_mut(&base).expect("located")[at..at + len]
+    }
+
+    /// `n` elements at `addr`.
+    pub fn read<T: Element>(&self, addr: u64, n: usize) -> Vec<T> {
+        self.bytes(addr, n * T::BYTES)
+            .chunks_exact(T::BYTES)
+            .map(T::from_le)
+            .collect()
+    }
+
+    /// `values` at `addr` on.
+    pub fn write<T: Element>(&mut self, addr: u64, values: &[T]) {
+        let out = self.bytes_mut(addr, values.len() * T::BYTES);
+        for (v, o) in values.iter().zip(out.chunks_exact_mut(T::BYTES)) {
+            v.to_le(o);
+        }
+    }
+
+    /// `n` f32s at `addr`.
+    pub fn f32s(&self, addr: u64, n: usize) -> Vec<f32> {
+        self.read(addr, n)
+    }
+
+    /// `n` f16s at `addr`, as f32s.
+    pub fn f16s(&self, addr: u64, n: usize) -> Vec<f32> {
+        self.read::<u16>(addr, n)
+            .into_iter()
+            .map(|h| half::f16::from_bits(h).to_f32())
+            .collect()
+    }
+
+    /// `values` rounded to f16 (to nearest, as the kernels' conversion) at `addr` on.
+    pub fn write_f16s(&mut self, addr: u64, values: &[f32]) {
+        let h: Vec<u16> = values
+            .iter()
+            .map(|&v| half::f16::from_f32(v).to_bits())
+            .collect();
+        self.write(addr, &h);
+    }
+
+    /// `n` u32s at `addr`.
+    pub fn u32s(&self, addr: u64, n: usize) -> Vec<u32> {
+        self.read(addr, n)
+    }
+}
+
+/// Two arguments of `kernel`'s launches to exchange.
+#[derive(Clone, Copy, Debug)]
+pub struct Swap {
+    pub kernel: &'static str,
+    pub args: (usize, usize),
+}
+
+/// A buffer of the host device: where it starts and its length.
+pub struct HostBuffer<T> {
+    addr: u64,
+    len: usize,
+    _element: PhantomData<T>,
+}
+
+/// The batched passes' device on the host: memory (the file's weights in it), the plan, and
+/// the kernels launched (by name, in order).
+pub struct HostDevice<'f> {
+    pub memory: RefCell<Memory>,
+    pub plan: &'f DecodePlan,
+    /// Each matrix's address: its plan index.
+    matrix_at: BTreeMap<u64, usize>,
+    pub launched: Vec<String>,
+    /// The rows of `moe_route` launches whose choice was a near tie, since last taken.
+    pub near_ties: RefCell<Vec<usize>>,
+    /// A wiring mistake made on purpose: two arguments of a kernel's launches exchanged.
+    pub swap: Option<Swap>,
+    /// Addresses of everything outside the batch buffers, `slots` sequences (and a spare).
+    matrices: Vec<u64>,
+    vectors: Vec<u64>,
+    k_cache: Vec<u64>,
+    v_cache: Vec<u64>,
+    logits: u64,
+    token: u64,
+    sample_cfg: u64,
+}
+
+impl<'f> HostDevice<'f> {
+    /// Memory holding `plan`'s matrices (the file's rows, `first_row` on), its vectors (f32),
+    /// and caches for `slots` sequences plus a spare, as the CUDA model lays them out.
+    pub fn new(file: &'f GgufFile, plan: &'f DecodePlan, slots: usize) -> HostDevice<'f> {
+        let mut memory = Memory::default();
+        let mut matrix_at = BTreeMap::new();
+        let mut matrices = Vec::new();
+        for (m, spec) in plan.matrices.iter().enumerate() {
+            let info = file.tensor(&spec.name).expect("the plan's tensor");
+            let rb = spec.row_bytes();
+            let data =
+                &file.tensor_data(info)[spec.first_row * rb..(spec.first_row + spec.rows) * rb];
+            let addr = memory.alloc(data.len());
+            memory.bytes_mut(addr, data.len()).copy_from_slice(data);
+            matrix_at.insert(addr, m);
+            matrices.push(addr);
+        }
+        let mut vectors = Vec::new();
+        for v in &plan.vectors {
+            let info = file.tensor(&v.name).expect("the plan's vector");
+            let mut host = vec![0f32; v.len];
+            ferrolm_quant::dequantize(info.ty, file.tensor_data(info), &mut host).unwrap();
+            let addr = memory.alloc(4 * v.len);
+            memory.write(addr, &host);
+            vectors.push(addr);
+        }
+        let cache = |memory: &mut Memory| -> Vec<u64> {
+            plan.kv_dims
+                .iter()
+                .map(|&kv| memory.alloc(2 * (slots + 1) * plan.n_ctx * kv))
+                .collect()
+        };
+        let (k_cache, v_cache) = (cache(&mut memory), cache(&mut memory));
+        let logits = memory.alloc(4 * plan.n_vocab);
+        let token = memory.alloc(4);
+        // (zeros: k = 0, greedy)
+        let sample_cfg = memory.alloc(64);
+        HostDevice {
+            memory: RefCell::new(memory),
+            plan,
+            matrix_at,
+            launched: Vec::new(),
+            near_ties: RefCell::new(Vec::new()),
+            swap: None,
+            matrices,
+            vectors,
+            k_cache,
+            v_cache,
+            logits,
+            token,
+            sample_cfg,
+        }
+    }
+
+    /// The addresses the passes read for `slot` (its caches), as `CudaModel` gives them.
+    pub fn addresses(&self, slot: usize) -> Addresses {
+        let offset = |base: &[u64]| -> Vec<u64> {
+            base.iter()
+                .zip(self.slot_stride())
+                .map(|(&b, stride)| b + (2 * slot * stride) as u64)
+                .collect()
+        };
+        Addresses {
+            matrices: self.matrices.clone(),
+            vectors: self.vectors.clone(),
+            k_cache: offset(&self.k_cache),
+            v_cache: offset(&self.v_cache),
+            logits: self.logits,
+            token: self.token,
+            sampling: [self.sample_cfg, 0, 0],
+        }
+    }
+
+    /// Halfs between one slot's cache and the next's, per layer.
+    pub fn slot_stride(&self) -> Vec<usize> {
+        self.plan
+            .kv_dims
+            .iter()
+            .map(|&kv| self.plan.n_ctx * kv)
+            .collect()
+    }
+
+    /// The matrix at `addr` and the row `addr` points to.
+    pub fn matrix(&self, addr: u64) -> (usize, usize) {
+        let (&base, &m) = self
+            .matrix_at
+            .range(..=addr)
+            .next_back()
+            .unwrap_or_else(|| panic!("{addr:#x} is not in a matrix"));
+        let spec = &self.plan.matrices[m];
+        let (rb, offset) = (spec.row_bytes() as u64, addr - base);
+        assert!(
+            offset < spec.rows as u64 * rb,
+            "{addr:#x} is not in a matrix"
+        );
+        assert_eq!(offset % rb, 0, "{addr:#x} is not at a row's start");
+        (m, (offset / rb) as usize)
+    }
+}
+
+impl BatchDevice for HostDevice<'_> {
+    type Buffer<T: Element> = HostBuffer<T>;
+    type Graph = ();
+
+    fn alloc_zeros<T: Element>(&self, n: usize, _: &str) -> Result<HostBuffer<T>, CudaError> {
+        let addr = self.memory.borrow_mut().alloc(n * T::BYTES);
+        Ok(HostBuffer {
+            addr,
+            len: n,
+            _element: PhantomData,
+        })
+    }
+
+    fn address<T: Element>(&self, buf: &HostBuffer<T>) -> u64 {
+        buf.addr
+    }
+
+    fn upload<T: Element>(
+        &self,
+        src: &[T],
+        dst: &mut HostBuffer<T>,
+        _: &str,
+    ) -> Result<(), CudaError> {
+        assert!(src.len() <= dst.len, "an upload past the buffer's end");
+        self.memory.borrow_mut().write(dst.addr, src);
+        Ok(())
+    }
+
+    fn download<T: Element>(
+        &self,
+        src: &HostBuffer<T>,
+        dst: &mut [T],
+        _: &str,
+    ) -> Result<(), CudaError> {
+        assert!(dst.len() <= src.len, "a download past the buffer's end");
+        dst.copy_from_slice(&self.memory.borrow().read(src.addr, dst.len()));
+        Ok(())
+    }
+
+    fn synchronize(&self, _: &str) -> Result<(), CudaError> {
+        Ok(())
+    }
+
+    fn launch(
+        &mut self,
+        kernel: &str,
+        grid: (u32, u32),
+        block: u32,
+        args: &[Value],
+    ) -> Result<(), CudaError> {
+        self.launched.push(kernel.to_string());
+        let mut args = args.to_vec();
+        if let Some(swap) = self.swap.filter(|s| s.kernel == kernel) {
+            args.swap(swap.args.0, swap.args.1);
+        }
+        kernels::run(self, kernel, grid, block, &args);
+        Ok(())
+    }
+
+    fn gemm(&mut self, g: Gemm) -> Result<(), CudaError> {
+        self.launched.push("gemm".into());
+        kernels::gemm(&mut self.memory.borrow_mut(), g);
+        Ok(())
+    }
+
+    fn begin_capture(&self) -> Result<(), CudaError> {
+        Err(CudaError::Driver(
+            "the host device captures no graphs".into(),
+        ))
+    }
+
+    fn end_capture(&self) -> Result<Option<()>, CudaError> {
+        Ok(None)
+    }
+
+    fn upload_graph(&self, _: &()) -> Result<(), CudaError> {
+        unreachable!("no graphs are captured")
+    }
+
+    fn launch_graph(&self, _: &()) -> Result<(), CudaError> {
+        unreachable!("no graphs are captured")
+    }
+
+    fn profiling(&self) -> bool {
+        false
+    }
+
+    fn set_profile(&mut self, _: bool) -> Result<Vec<(String, usize, f64)>, CudaError> {
+        Ok(Vec::new())
+    }
+}

@@ -1,0 +1,430 @@
+//! The batched passes (`Prefill`: the prompt pass and the batched decode step) run on the CPU
+//! through a host `BatchDevice` (`batch_emulator`): every kernel launch and GEMM they make is
+//! done by host code on host memory at the addresses they pass, and each sequence's logits
+//! are compared with the CPU model's for that sequence alone. As `emulated_step.rs` does for
+//! the single-sequence step, this checks what the host side decides (kernels, buffers,
+//! offsets, sizes, the slots' caches and positions) without a GPU; the kernels' own
+//! arithmetic is `cuda-check`'s on a GPU.
+
+mod batch_emulator;
+mod host_math;
+
+use std::sync::Arc;
+
+use batch_emulator::{HostDevice, Swap};
+use ferrolm_cuda::prefill::{Addresses, Prefill, RowsWant};
+use ferrolm_cuda::schedule::{decode_plan_with, DecodePlan};
+use ferrolm_cuda::{CudaTuning, Rows};
+use ferrolm_gguf::{GgufFile, TensorType};
+use ferrolm_model::synthetic::{self, SyntheticSpec};
+use ferrolm_model::{Logits, Model};
+use host_math as math;
+
+/// Positions each cache holds.
+const N_CTX: usize = 128;
+
+/// A synthetic file, its CPU model and the CUDA plan of the whole model.
+fn load(spec: &SyntheticSpec, tuning: &CudaTuning) -> (Arc<GgufFile>, Model, DecodePlan) {
+    let file = Arc::new(GgufFile::from_bytes(synthetic::build(spec).unwrap().to_bytes()).unwrap());
+    let model = Model::from_file(file.clone(), 1).unwrap();
+    let types = |name: &str| file.tensor(name).map(|t| t.ty);
+    let n_layer = model.plan().layers.len();
+    let plan = decode_plan_with(model.plan(), N_CTX, &types, n_layer, tuning).unwrap();
+    (file, model, plan)
+}
+
+/// Sequence `s`'s first `n` ids (none starts with id 0, the padding rows' id).
+fn ids(s: usize, n: usize) -> Vec<u32> {
+    (0..n as u32)
+        .map(|i| {
+            i.wrapping_mul(2654435761)
+                .wrapping_add(i + 7919 * s as u32 + 11)
+                % 900
+        })
+        .collect()
+}
+
+/// The rows of the last pass whose experts were chosen by a near tie.
+fn near_ties(prefill: &Prefill<HostDevice>) -> Vec<usize> {
+    prefill.device().near_ties.take()
+}
+
+/// The CPU model's logits at every position of `ids`, evaluated alone.
+fn cpu_logits(model: &Model, ids: &[u32]) -> Vec<f32> {
+    model.session(N_CTX).eval(ids, Logits::All).unwrap()
+}
+
+/// How far emulated logits are from the CPU's, in emulated_step.rs's terms.
+struct Distance {
+    what: String,
+    mean_kl: f64,
+    relative: f64,
+}
+
+impl Distance {
+    /// Within emulated_step.rs's tolerances.
+    fn is_close(&self) -> bool {
+        // (a file whose logits are large has a KL near 0 whatever happens)
+        self.mean_kl < 1e-3 && self.relative < 2e-2
+    }
+
+    fn assert_close(&self) {
+        assert!(
+            self.is_close(),
+            "{}: mean KL {:.3e}, logits {:.3e} apart",
+            self.what,
+            self.mean_kl,
+            self.relative
+        );
+    }
+}
+
+/// Emulated against CPU logits: mean KL and relative difference, over the positions whose
+/// experts were not a near tie (`near_ties`; at most a quarter).
+fn distance(
+    what: &str,
+    cpu: &[f32],
+    emulated: &[f32],
+    n_vocab: usize,
+    near_ties: &[usize],
+) -> Distance {
+    assert_eq!(
+        cpu.len(),
+        emulated.len(),
+        "{what}: logits of every position"
+    );
+    let positions = cpu.len() / n_vocab;
+    assert!(
+        4 * near_ties.len() <= positions,
+        "{what}: {} of {positions} positions chose their experts by a near tie",
+        near_ties.len()
+    );
+    let kept = |x: &[f32]| -> Vec<f32> {
+        x.chunks_exact(n_vocab)
+            .enumerate()
+            .filter(|(p, _)| !near_ties.contains(p))
+            .flat_map(|(_, row)| row.iter().copied())
+            .collect()
+    };
+    let (cpu, emulated) = (&kept(cpu)[..], &kept(emulated)[..]);
+    if !near_ties.is_empty() {
+        eprintln!("{what}: positions {near_ties:?} left out (near ties of the router)");
+    }
+    let kl = math::mean_kl(cpu, emulated, n_vocab);
+    let rel = math::relative_difference(cpu, emulated);
+    eprintln!("{what}: mean KL {kl:.3e}, logits {rel:.2e} apart");
+    Distance {
+        what: what.to_string(),
+        mean_kl: kl,
+        relative: rel,
+    }
+}
+
+/// The emulated passes of one file: `batch` sequences in slots 0.. (a spare slot after them
+/// for the padding rows), their prompts (of different lengths) through the prompt pass, then
+/// `steps` batched decode steps of all of them at their different positions; each sequence's
+/// logits (prompt and steps) against the CPU's. With `keep_f16`, the decode steps read the
+/// kept f16 copies (Q, K, V and gate, up stacked: the fused products). `swap` exchanges two
+/// arguments of a kernel's launches (a wiring mistake, to see the comparison fail).
+fn batched_steps(
+    what: &str,
+    spec: &SyntheticSpec,
+    tuning: &CudaTuning,
+    batch: usize,
+    keep_f16: bool,
+    swap: Option<Swap>,
+) -> Vec<Distance> {
+    let steps = 3;
+    let (file, model, plan) = load(spec, tuning);
+    let mut dev = HostDevice::new(&file, &plan, batch);
+    dev.swap = swap;
+    let slots: Vec<Addresses> = (0..batch).map(|s| dev.addresses(s)).collect();
+    let stride = dev.slot_stride();
+    let mut prefill = Prefill::on(dev, &plan, tuning).unwrap();
+    if keep_f16 {
+        prefill.keep_f16_weights(&plan, &slots[0]).unwrap();
+    }
+    let prompt_len = |s: usize| 2 + (5 * s) % 7;
+    let seqs: Vec<Vec<u32>> = (0..batch).map(|s| ids(s, prompt_len(s) + steps)).collect();
+    let mut logits: Vec<Vec<f32>> = Vec::new();
+    // Each sequence's positions whose experts were a near tie.
+    let mut ties: Vec<Vec<usize>> = vec![Vec::new(); batch];
+    for (s, seq) in seqs.iter().enumerate() {
+        let prompt = &seq[..prompt_len(s)];
+        logits.push(
+            prefill
+                .eval(&plan, &slots[s], prompt, 0, true, true)
+                .unwrap(),
+        );
+        ties[s].extend(near_ties(&prefill));
+    }
+    let rows: Vec<u32> = (0..batch as u32).collect();
+    let spare = batch as u32;
+    let step_rows = |prefill: &mut Prefill<HostDevice>, step: usize, want: RowsWant| {
+        let (ids, pos): (Vec<u32>, Vec<u32>) = (0..batch)
+            .map(|s| {
+                let p = prompt_len(s) + step;
+                (seqs[s][p], p as u32)
+            })
+            .unzip();
+        prefill
+            .decode_rows(&plan, &slots[0], &ids, &rows, &pos, &stride, spare, want)
+            .unwrap()
+    };
+    let mut last = Vec::new();
+    for step in 0..steps {
+        let Rows::Logits(out) = step_rows(&mut prefill, step, RowsWant::Logits) else {
+            panic!("logits asked for")
+        };
+        for (s, row) in out.chunks_exact(plan.n_vocab).enumerate() {
+            logits[s].extend_from_slice(row);
+        }
+        // (rows past the batch are padding)
+        for s in near_ties(&prefill).into_iter().filter(|&s| s < batch) {
+            ties[s].push(prompt_len(s) + step);
+        }
+        last = out;
+    }
+    let distances = seqs
+        .iter()
+        .enumerate()
+        .map(|(s, seq)| {
+            let what = format!("{what}, batch {batch}, sequence {s} ({} ids)", seq.len());
+            let cpu = cpu_logits(&model, seq);
+            distance(&what, &cpu, &logits[s], plan.n_vocab, &ties[s])
+        })
+        .collect();
+    // The steps took the batched step's own kernels: each row at its slot and position, the
+    // per-pair expert products, the fused products of the kept copies.
+    let launched = &prefill.device().launched;
+    let mut expected = vec!["rope_rows_slots", "attn_rows"];
+    if plan.max_experts > 0 {
+        expected.extend(["moe_group", "rms_norm_rows_f32"]);
+    } else if keep_f16 {
+        expected.push("_pairs_f16");
+    }
+    for k in expected {
+        assert!(launched.iter().any(|l| l.contains(k)), "{what}: no {k}");
+    }
+    // The last step again, asking for the greedy ids and the candidates: the same rows'.
+    let Rows::Greedy(greedy) = step_rows(&mut prefill, steps - 1, RowsWant::Greedy) else {
+        panic!("ids asked for")
+    };
+    let best: Vec<u32> = last
+        .chunks_exact(plan.n_vocab)
+        .map(|r| math::argmax(r) as u32)
+        .collect();
+    assert_eq!(greedy, best, "{what}: each row's greedy choice");
+    let Rows::Top(top) = step_rows(&mut prefill, steps - 1, RowsWant::Top(4)) else {
+        panic!("candidates asked for")
+    };
+    for (row, cands) in last.chunks_exact(plan.n_vocab).zip(&top) {
+        assert_eq!(cands.len(), 4);
+        for &(id, v) in cands {
+            assert_eq!(row[id as usize], v);
+            assert!(
+                row.iter().filter(|&&x| x > v).count() < 4,
+                "{what}: not a top value"
+            );
+        }
+    }
+    distances
+}
+
+/// The files the batched passes serve, as emulated_step.rs covers them: the llama family
+/// (Q/K/V biases, Q/K norms), Gemma 2 and 3 (soft caps, post-norms, GELU, the embedding scale,
+/// sliding windows, the local RoPE base), Granite's scales, Phi-3's fused tensors and
+/// LongRoPE, YaRN, frequency factors with a tied output, rows of one type and of mixed types,
+/// and mixtures of experts (qwen3moe; qwen2moe's gated shared expert; Mixtral-style llama).
+fn files() -> Vec<(String, SyntheticSpec)> {
+    let mut cases = Vec::new();
+    for arch in ["llama", "qwen2", "qwen3"] {
+        let mut s = SyntheticSpec::small(arch);
+        s.n_layer = 2;
+        s.head_dim = 64;
+        cases.push((arch.to_string(), s));
+    }
+    for arch in ["gemma2", "gemma3", "granite", "phi3"] {
+        let mut s = SyntheticSpec::small(arch);
+        s.head_dim = 64;
+        s.n_layer = 2;
+        s.sliding_window = s.sliding_window.map(|_| 8);
+        cases.push((arch.to_string(), s));
+    }
+    let mut long_rope = SyntheticSpec::small("phi3");
+    long_rope.head_dim = 64;
+    long_rope.n_layer = 2;
+    long_rope.long_rope = Some(16);
+    cases.push(("phi3 LongRoPE".into(), long_rope));
+    let mut yarn = SyntheticSpec::small("llama");
+    yarn.n_layer = 2;
+    yarn.head_dim = 64;
+    yarn.yarn = Some((4.0, 512));
+    cases.push(("llama YaRN".into(), yarn));
+    let mut freqs = SyntheticSpec::small("llama");
+    freqs.n_layer = 2;
+    freqs.head_dim = 64;
+    freqs.rope_freqs = true;
+    freqs.tied_output = true;
+    freqs.default_type = TensorType::Q4_K;
+    cases.push(("llama Q4_K, frequency factors, tied".into(), freqs));
+    let mut mixed = SyntheticSpec::small("llama");
+    mixed.n_layer = 2;
+    mixed.head_dim = 64;
+    mixed.default_type = TensorType::Q4_0;
+    mixed.types = vec![
+        ("attn_k".into(), TensorType::Q4_K),
+        ("ffn_up".into(), TensorType::Q8_0),
+    ];
+    cases.push(("llama mixed types".into(), mixed));
+    for arch in ["qwen3moe", "qwen2moe", "llama"] {
+        let mut s = SyntheticSpec::small(arch);
+        s.head_dim = 64;
+        s.n_layer = 2;
+        if arch == "llama" {
+            s.n_expert = 8;
+            s.n_expert_used = 2;
+            s.n_ff = 256;
+        }
+        let name = if arch == "llama" {
+            "llama experts"
+        } else {
+            arch
+        };
+        cases.push((name.to_string(), s));
+    }
+    cases
+}
+
+/// The batched decode step at 1, 3 and 8 sequences at different positions (after prompts of
+/// different lengths), with the weights dequantized per product and from kept f16 copies.
+#[test]
+fn the_batched_step_computes_what_the_cpu_computes() {
+    let tuning = CudaTuning {
+        graphs: false,
+        ..CudaTuning::default()
+    };
+    for (name, spec) in files() {
+        let mut distances = Vec::new();
+        for batch in [1, 3, 8] {
+            distances.extend(batched_steps(&name, &spec, &tuning, batch, false, None));
+        }
+        let copies = format!("{name} (f16 copies)");
+        distances.extend(batched_steps(&copies, &spec, &tuning, 3, true, None));
+        distances.iter().for_each(Distance::assert_close);
+    }
+}
+
+/// The prompt pass alone, `n` ids of slot 1 (slot 0's cache left as the step left it): in two
+/// batches (the second continuing at its position; the first longer than a tensor-core
+/// attention block of 64 queries) returning every position's logits, then a prompt of slot 0
+/// in one batch returning only the last token's, in the decode step's logits buffer, and its
+/// greedy choice in the token buffer.
+fn check_prompt(what: &str, spec: &SyntheticSpec, tuning: &CudaTuning, n: usize) {
+    let (file, model, plan) = load(spec, tuning);
+    let dev = HostDevice::new(&file, &plan, 2);
+    let at = [dev.addresses(0), dev.addresses(1)];
+    let mut prefill = Prefill::on(dev, &plan, tuning).unwrap();
+    let seq = ids(1, n);
+    let (first, rest) = seq.split_at(n * 7 / 10);
+    let mut logits = prefill.eval(&plan, &at[1], first, 0, true, false).unwrap();
+    let mut ties = near_ties(&prefill);
+    logits.extend(
+        prefill
+            .eval(&plan, &at[1], rest, first.len(), true, true)
+            .unwrap(),
+    );
+    ties.extend(near_ties(&prefill).iter().map(|t| first.len() + t));
+    ties.sort_unstable();
+    ties.dedup();
+    let what = format!(
+        "{what}, a prompt of {n} in batches of {} and {}",
+        first.len(),
+        rest.len()
+    );
+    let cpu = cpu_logits(&model, &seq);
+    distance(&what, &cpu, &logits, plan.n_vocab, &ties).assert_close();
+    let short = ids(2, 9);
+    let out = prefill.eval(&plan, &at[0], &short, 0, false, true).unwrap();
+    assert!(
+        out.is_empty(),
+        "only the last token's logits, on the device"
+    );
+    let last_tied = near_ties(&prefill).contains(&(short.len() - 1));
+    let memory = prefill.device().memory.borrow();
+    let last = memory.f32s(at[0].logits, plan.n_vocab);
+    if !last_tied {
+        let cpu = cpu_logits(&model, &short);
+        let cpu_last = &cpu[(short.len() - 1) * plan.n_vocab..];
+        let what = format!("{what}: the last token alone");
+        distance(&what, cpu_last, &last, plan.n_vocab, &[]).assert_close();
+    }
+    assert_eq!(
+        memory.u32s(at[0].token, 1)[0] as usize,
+        math::argmax(&last),
+        "{what}: the greedy choice"
+    );
+    let launched = &prefill.device().launched;
+    if plan.max_experts > 0 {
+        assert!(launched.iter().any(|l| l == "moe_gather_f16"), "{what}");
+    }
+}
+
+/// Prompt batches through the tensor-core attention (heads of 64 and 128) and the f32 tiles
+/// (other widths, or the switch off, with f32 expert inputs), against the CPU.
+#[test]
+fn the_prompt_pass_computes_what_the_cpu_computes() {
+    let tensor_cores = CudaTuning {
+        graphs: false,
+        ..CudaTuning::default()
+    };
+    let tiles = CudaTuning {
+        tensor_core_attention: false,
+        quantized_activations: false,
+        ..tensor_cores.clone()
+    };
+    for (name, spec) in files() {
+        check_prompt(&name, &spec, &tensor_cores, 100);
+    }
+    for (name, spec) in files()
+        .into_iter()
+        .filter(|(n, _)| n == "llama" || n == "qwen3moe")
+    {
+        check_prompt(&format!("{name} (f32 tiles)"), &spec, &tiles, 40);
+    }
+    let mut wide = SyntheticSpec::small("llama");
+    wide.n_layer = 2;
+    wide.n_head = 4;
+    wide.head_dim = 128;
+    check_prompt("llama, heads of 128", &wide, &tensor_cores, 80);
+}
+
+/// The comparison can fail: the batched step with the key and value caches of its attention
+/// swapped, or the key and value rows it stores, is far from the CPU.
+#[test]
+fn a_swapped_argument_is_caught() {
+    let tuning = CudaTuning {
+        graphs: false,
+        ..CudaTuning::default()
+    };
+    let mut spec = SyntheticSpec::small("llama");
+    spec.n_layer = 2;
+    spec.head_dim = 64;
+    for swap in [
+        Swap {
+            kernel: "attn_rows",
+            args: (1, 2),
+        },
+        Swap {
+            kernel: "rope_rows_slots",
+            args: (1, 2),
+        },
+    ] {
+        let what = format!("{} with arguments {:?} swapped", swap.kernel, swap.args);
+        let distances = batched_steps(&what, &spec, &tuning, 3, false, Some(swap));
+        assert!(
+            distances.iter().any(|d| !d.is_close()),
+            "{what}: still close to the CPU"
+        );
+    }
+}

@@ -1,0 +1,242 @@
+//! The kernels' arithmetic as plain host functions, for the emulations of the launch lists
+//! (`emulated_step.rs`, `emulated_batches.rs`): the RMS norm, RoPE, attention over a cache,
+//! the expert routing, and the comparisons of logits.
+// (each test crate uses a part)
+#![allow(dead_code)]
+
+/// `x / rms(x) * w` (the sum of squares in f64, as the CPU sums it; `w` none: 1).
+pub fn rms_norm(x: &[f32], w: Option<&[f32]>, eps: f32) -> Vec<f32> {
+    let sum: f64 = x.iter().map(|&v| f64::from(v * v)).sum();
+    let scale = 1.0 / ((sum / x.len() as f64) as f32 + eps).sqrt();
+    match w {
+        Some(w) => x.iter().zip(w).map(|(&x, &w)| (x * scale) * w).collect(),
+        None => x.iter().map(|&x| x * scale).collect(),
+    }
+}
+
+/// A logit through the final soft cap (`cap` 0: none; `inv_cap` = 1 / cap as the CPU rounds
+/// it) and the logit scale (times `inv_scale`), as adjust_logits computes it.
+pub fn adjust_logit(v: f32, [inv_cap, cap, inv_scale]: [f32; 3]) -> f32 {
+    let v = if cap > 0.0 {
+        (v * inv_cap).tanh() * cap
+    } else {
+        v
+    };
+    v * inv_scale
+}
+
+/// `silu(g) * u`.
+pub fn swiglu(g: f32, u: f32) -> f32 {
+    g / (1.0 + (-g).exp()) * u
+}
+
+/// The gated activation of kernel family `act` (`swiglu`, `geglu`) over `g` and `u`.
+pub fn gated(act: &str, g: &[f32], u: &[f32]) -> Vec<f32> {
+    match act {
+        "swiglu" => g.iter().zip(u).map(|(&g, &u)| swiglu(g, u)).collect(),
+        "geglu" => {
+            let mut out = vec![0f32; g.len()];
+            ferrolm_quant::ggml_vec::geglu(g, u, &mut out);
+            out
+        }
+        other => panic!("no activation {other}"),
+    }
+}
+
+/// A RoPE rotation as the kernels compute it: pair i's angle is the position times
+/// theta_scale i times (multiplied up pair by pair), over the frequency factor; YaRN's ramp
+/// mixes it with the scaled angle, and the cosines and sines are multiplied by the magnitude
+/// (`scaling`: mscale, ext_factor, low, high).
+pub struct Rope {
+    pub p: usize,
+    pub n_dims: usize,
+    pub neox: bool,
+    pub theta_scale: f32,
+    pub freq_scale: f32,
+    pub ff: Option<Vec<f32>>,
+    pub scaling: [f32; 4],
+}
+
+impl Rope {
+    pub fn rotate(&self, head: &mut [f32]) {
+        let half = self.n_dims / 2;
+        let mut theta = self.p as f32;
+        for i in 0..half {
+            let extrap = self.ff.as_ref().map_or(theta, |f| theta / f[i]);
+            let [mscale, ext, low, high] = self.scaling;
+            let interp = self.freq_scale * extrap;
+            let angle = if ext == 0.0 {
+                interp
+            } else {
+                let y = (i as f32 - low) / (high - low).max(0.001);
+                let mix = (1.0 - y.clamp(0.0, 1.0)) * ext;
+                interp.mul_add(1.0 - mix, extrap * mix)
+            };
+            let (s, c) = angle.sin_cos();
+            let (s, c) = (s * mscale, c * mscale);
+            let (i0, i1) = if self.neox {
+                (i, i + half)
+            } else {
+                (2 * i, 2 * i + 1)
+            };
+            let (x0, x1) = (head[i0], head[i1]);
+            head[i0] = x0.mul_add(c, -(x1 * s));
+            head[i1] = x0.mul_add(s, x1 * c);
+            theta *= self.theta_scale;
+        }
+    }
+}
+
+/// One query head (`q`, already f16-rounded as the kernels stage it) over cache positions
+/// `lo..hi` of `keys` and `values` (each position's row `hd` values from `offset` on): plain
+/// softmax attention, the scaled scores soft-capped where `cap > 0`.
+#[allow(clippy::too_many_arguments)]
+pub fn attend(
+    q: &[f32],
+    keys: &[f32],
+    values: &[f32],
+    row: usize,
+    offset: usize,
+    (lo, hi): (usize, usize),
+    scale: f32,
+    cap: f32,
+) -> Vec<f32> {
+    let hd = q.len();
+    let at = |t: usize, i: usize| t * row + offset + i;
+    let scores: Vec<f32> = (lo..hi)
+        .map(|t| {
+            let s = (0..hd).map(|i| q[i] * keys[at(t, i)]).sum::<f32>() * scale;
+            if cap > 0.0 {
+                (s * (1.0 / cap)).tanh() * cap
+            } else {
+                s
+            }
+        })
+        .collect();
+    let max = scores.iter().fold(f32::NEG_INFINITY, |m, &s| m.max(s));
+    let e: Vec<f32> = scores.iter().map(|&s| (s - max).exp()).collect();
+    let sum: f32 = e.iter().sum();
+    let mut out = vec![0f32; hd];
+    for (j, t) in (lo..hi).enumerate() {
+        for (i, o) in out.iter_mut().enumerate() {
+            *o += e[j] / sum * values[at(t, i)];
+        }
+    }
+    out
+}
+
+/// How `moe_route` chooses: gating (0 softmax, 1 sigmoid, 2 the logits, softmaxed after the
+/// top-k), groups (count, used; 0: none), whether the weights are renormalized, their scale.
+pub struct Routing {
+    pub k: usize,
+    pub gating: usize,
+    pub groups: (usize, usize),
+    pub norm: bool,
+    pub scale: f32,
+}
+
+impl Routing {
+    /// How far apart the router logits of the k-th and the next expert are (the order of a
+    /// softmax or a sigmoid is the logits'; a selection bias or groups are not looked at).
+    pub fn margin(&self, logits: &[f32]) -> f32 {
+        let mut sorted = logits.to_vec();
+        sorted.sort_by(|a, b| b.total_cmp(a));
+        sorted[self.k - 1] - sorted[self.k]
+    }
+
+    /// One token's experts and weights from its router logits (and selection bias): the
+    /// CPU's routing (routing.rs), written out again.
+    pub fn route(&self, logits: &[f32], bias: Option<&[f32]>) -> (Vec<u32>, Vec<f32>) {
+        let softmax = |x: &mut [f32]| {
+            let max = x.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+            let sum: f64 = x
+                .iter_mut()
+                .map(|v| {
+                    *v = (*v - max).exp();
+                    f64::from(*v)
+                })
+                .sum();
+            let inv = (1.0 / sum) as f32;
+            x.iter_mut().for_each(|v| *v *= inv);
+        };
+        let mut p = logits.to_vec();
+        match self.gating {
+            0 => softmax(&mut p),
+            1 => p.iter_mut().for_each(|v| *v = 1.0 / (1.0 + (-*v).exp())),
+            _ => {}
+        }
+        let mut sel = p.clone();
+        if let Some(b) = bias {
+            sel.iter_mut().zip(b).for_each(|(s, b)| *s += b);
+        }
+        let desc = |v: &[f32]| {
+            let mut order: Vec<usize> = (0..v.len()).collect();
+            order.sort_by(|&x, &y| v[y].total_cmp(&v[x]));
+            order
+        };
+        let (n_group, n_used) = self.groups;
+        if let Some(per) = logits.len().checked_div(n_group) {
+            let scores: Vec<f32> = sel
+                .chunks(per)
+                .map(|g| {
+                    desc(g)
+                        .iter()
+                        .take(2)
+                        .map(|&i| f64::from(g[i]))
+                        .sum::<f64>() as f32
+                })
+                .collect();
+            for &dropped in &desc(&scores)[n_used..] {
+                sel[dropped * per..(dropped + 1) * per].fill(f32::NEG_INFINITY);
+            }
+        }
+        let ids: Vec<usize> = desc(&sel)[..self.k].to_vec();
+        let mut w: Vec<f32> = ids.iter().map(|&e| p[e]).collect();
+        if self.gating == 2 {
+            softmax(&mut w);
+        }
+        if self.norm {
+            let sum = (w.iter().map(|&v| f64::from(v)).sum::<f64>() as f32).max(6.103_515_6e-5);
+            w.iter_mut().for_each(|v| *v /= sum);
+        }
+        if self.scale != 1.0 {
+            w.iter_mut().for_each(|v| *v *= self.scale);
+        }
+        (ids.iter().map(|&e| e as u32).collect(), w)
+    }
+}
+
+/// The mean over rows of `n_vocab` logits of KL(softmax(a) || softmax(b)).
+pub fn mean_kl(a: &[f32], b: &[f32], n_vocab: usize) -> f64 {
+    let log_softmax = |r: &[f32]| {
+        let max = r.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v)) as f64;
+        let lse = r.iter().map(|&v| (v as f64 - max).exp()).sum::<f64>().ln() + max;
+        r.iter().map(|&v| v as f64 - lse).collect::<Vec<f64>>()
+    };
+    let rows = a.len() / n_vocab;
+    (0..rows)
+        .map(|i| {
+            let (p, q) = (
+                log_softmax(&a[i * n_vocab..][..n_vocab]),
+                log_softmax(&b[i * n_vocab..][..n_vocab]),
+            );
+            p.iter()
+                .zip(&q)
+                .map(|(p, q)| p.exp() * (p - q))
+                .sum::<f64>()
+        })
+        .sum::<f64>()
+        / rows as f64
+}
+
+/// Mean absolute difference of the logits over their mean magnitude.
+pub fn relative_difference(a: &[f32], b: &[f32]) -> f64 {
+    let diff: f64 = a.iter().zip(b).map(|(x, y)| f64::from((x - y).abs())).sum();
+    let size: f64 = a.iter().map(|x| f64::from(x.abs())).sum();
+    diff / size
+}
+
+/// The index of the largest value (the first such).
+pub fn argmax(x: &[f32]) -> usize {
+    (0..x.len()).fold(0, |b, i| if x[i] > x[b] { i } else { b })
+}
