@@ -130,9 +130,8 @@ extern "C" __global__ void sigmoid_mul(float* x, const float* g, int n) {
 //
 // The projections are GEMMs over the batch's rows (row t of `in` is token t's, in_stride
 // floats apart); the convolution runs a thread per channel along the tokens; the delta rule a
-// block per value head along the tokens, its state in shared memory for the whole batch (read
-// from and written back to the layer's state once), which is the recurrence of the decode step
-// token after token, not the chunked form.
+// block per value head along the tokens: the recurrence of the decode step token after token
+// in one launch, not yet the chunked form on the tensor cores.
 
 // delta_conv over n tokens at positions pos0.. (pos0 == 0: the state starts from zeros).
 extern "C" __global__ void delta_conv_rows(const float* in, int in_stride, int fused,
@@ -158,26 +157,25 @@ extern "C" __global__ void delta_conv_rows(const float* in, int in_stride, int f
     for (int i = 0; i < taps - 1; i++) state[(size_t)i * channels + c] = hist[i];
 }
 
-// delta_rule over n tokens (block vh, s threads, s * s floats of dynamic shared memory for the
-// state): row t of conv holds token t's channels, of ba (ba_stride) its gates, of z or in_fused
-// (z_stride) its output gates; out's row t (value_dim halfs) the gated norm as f16 for the
-// output GEMM.
+// delta_rule over n tokens (block vh, s threads; the state read and written in place, a
+// thread's column in L2 from token to token): row t of conv holds token t's channels, of ba
+// (ba_stride) its gates, of z or in_fused (z_stride) its output gates; out's row t
+// (value_dim halfs) the gated norm as f16 for the output GEMM.
 extern "C" __global__ void delta_rule_rows(const float* conv, const float* ba, int ba_stride,
                                            const float* alpha, const float* dt_bias,
                                            const float* ssm_a, const float* norm,
                                            const float* in_fused, const float* z, int z_stride,
                                            float* state, int pos0, u16* out, int n_k_heads,
                                            int n_v_heads, int s, int tiled, float eps, int n) {
-    extern __shared__ float S[];
     __shared__ float qs[256], ks[256];
     int vh = blockIdx.x, j = threadIdx.x;
     int ratio = n_v_heads / n_k_heads, key_dim = n_k_heads * s, value_dim = n_v_heads * s;
     int channels = 2 * key_dim + value_dim;
     int kh = tiled ? vh % n_k_heads : vh / ratio;
-    float* G = state + (size_t)vh * s * s;
-    for (int i = 0; i < s; i++) S[i * s + j] = pos0 == 0 ? 0.f : G[(size_t)i * s + j];
+    float* S = state + (size_t)vh * s * s;
     float scale = 1.f / sqrtf((float)s);
     for (int t = 0; t < n; t++) {
+        bool fresh = pos0 == 0 && t == 0;
         const float* c = conv + (size_t)t * channels;
         __syncthreads();
         qs[j] = l2_normalized(c[kh * s + j], s, eps);
@@ -197,12 +195,12 @@ extern "C" __global__ void delta_rule_rows(const float* conv, const float* ba, i
         float decay = expf(softplus_f(a + dt_bias[vh]) * ssm_a[vh]);
         __syncthreads();
         float sk = 0.f;
-        for (int i = 0; i < s; i++) sk += ks[i] * (S[i * s + j] * decay);
+        for (int i = 0; i < s; i++) sk += ks[i] * (fresh ? 0.f : S[(size_t)i * s + j] * decay);
         float u = (v - sk) * beta;
         float o = 0.f;
         for (int i = 0; i < s; i++) {
-            float x = S[i * s + j] * decay + ks[i] * u;
-            S[i * s + j] = x;
+            float x = (fresh ? 0.f : S[(size_t)i * s + j] * decay) + ks[i] * u;
+            S[(size_t)i * s + j] = x;
             o += qs[i] * x;
         }
         o *= scale;
@@ -213,7 +211,6 @@ extern "C" __global__ void delta_rule_rows(const float* conv, const float* ba, i
                                 2 * s + ratio * s + zi % (ratio * s)];
         out[(size_t)t * value_dim + zi] = f2h((o * r) * norm[j] * silu_f(zv));
     }
-    for (int i = 0; i < s; i++) G[(size_t)i * s + j] = S[i * s + j];
 }
 
 // The gated attention output over a batch's rows: split_query_gate per token (row t of qg is
