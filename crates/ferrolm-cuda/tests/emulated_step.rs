@@ -11,7 +11,7 @@ mod host_math;
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use host_math::{mean_kl, relative_difference, Rope, Routing};
+use host_math::{mean_kl, relative_difference, swiglu_oai, DeltaShape, Rope, Routing};
 
 use ferrolm_cuda::schedule::{
     decode_plan_layers, decode_plan_with, Activations, Arg, Buf, DecodePlan, Launch, TOKEN_RING,
@@ -29,13 +29,6 @@ struct Emulator<'f> {
     u32s: HashMap<Buf, Vec<u32>>,
     /// The quantized activations (Xq) as the CPU lays them out: format and blocks.
     xq: HashMap<Buf, (TensorType, Vec<u8>)>,
-}
-
-/// gpt-oss's clamped SwiGLU (alpha 1.702, limit 7), as the CPU computes it.
-fn swiglu_oai(g: f32, u: f32) -> f32 {
-    let x = g.min(7.0);
-    let y = u.clamp(-7.0, 7.0);
-    x / (1.0 + (1.702 * -x).exp()) * (y + 1.0)
 }
 
 fn f16_round(x: &[f32]) -> Vec<f32> {
@@ -491,37 +484,21 @@ impl<'f> Emulator<'f> {
     fn delta_conv(&mut self, a: &[Arg]) {
         let (fused, channels, taps) = (Self::i(&a[1]) == 1, Self::i(&a[6]), Self::i(&a[7]));
         let (key_dim, s, ratio) = (Self::i(&a[8]), Self::i(&a[9]), Self::i(&a[10]));
+        let shape = DeltaShape {
+            hk: key_dim / s,
+            hv: ratio * key_dim / s,
+            s,
+            tiled: false,
+        };
+        assert_eq!(shape.channels(), channels);
         let input = self.read(Self::buf(&a[0]).unwrap());
         let w = self.read(Self::buf(&a[2]).unwrap());
         let sb = Self::buf(&a[3]).unwrap();
         let mut state = self.state(sb, (taps - 1) * channels);
-        let group = 2 * s + 2 * ratio * s;
-        let source = |c: usize| {
-            if !fused {
-                c
-            } else if c < key_dim {
-                c / s * group + c % s
-            } else if c < 2 * key_dim {
-                (c - key_dim) / s * group + s + (c - key_dim) % s
-            } else {
-                let j = c - 2 * key_dim;
-                j / (ratio * s) * group + 2 * s + j % (ratio * s)
-            }
-        };
-        let x: Vec<f32> = (0..channels).map(|c| input[source(c)]).collect();
-        let mut sums = vec![0f32; channels];
-        for (c, sum) in sums.iter_mut().enumerate() {
-            let mut acc = 0f32;
-            for i in 0..taps - 1 {
-                acc += state[i * channels + c] * w[c * taps + i];
-            }
-            *sum = acc + x[c] * w[c * taps + taps - 1];
-        }
-        if taps > 1 {
-            state.drain(..channels);
-            state.extend_from_slice(&x);
-        }
-        let out: Vec<f32> = sums.iter().map(|&v| v / (1.0 + (-v).exp())).collect();
+        let x: Vec<f32> = (0..channels)
+            .map(|c| input[shape.conv_source(c, fused)])
+            .collect();
+        let out = host_math::delta_conv(&mut state, &w, &x, taps);
         self.write(sb, 0, &state);
         self.write(Self::buf(&a[5]).unwrap(), 0, &out);
     }
@@ -530,67 +507,37 @@ impl<'f> Emulator<'f> {
     /// s, tiled, eps): per value head the L2-normed query and key, the decay and rate, the
     /// state's update and read-out, the gated RMS norm.
     fn delta_rule(&mut self, a: &[Arg]) {
-        let (hk, hv, s) = (Self::i(&a[11]), Self::i(&a[12]), Self::i(&a[13]));
-        let (tiled, eps) = (Self::i(&a[14]) == 1, Self::f(&a[15]));
-        let ratio = hv / hk;
+        let shape = DeltaShape {
+            hk: Self::i(&a[11]),
+            hv: Self::i(&a[12]),
+            s: Self::i(&a[13]),
+            tiled: Self::i(&a[14]) == 1,
+        };
+        let (hv, s, eps) = (shape.hv, shape.s, Self::f(&a[15]));
         let conv = self.read(Self::buf(&a[0]).unwrap());
         let ba = self.read(Self::buf(&a[1]).unwrap());
-        let alpha = Self::buf(&a[2]).map(|b| self.read(b));
+        let (b, al): (Vec<f32>, Vec<f32>) = match Self::buf(&a[2]) {
+            Some(alpha) => (ba[..hv].to_vec(), self.read(alpha)[..hv].to_vec()),
+            None => (0..hv).map(|vh| shape.fused_gates(&ba, vh)).unzip(),
+        };
         let [dt_bias, ssm_a, norm] = [3, 4, 5].map(|i| self.read(Self::buf(&a[i]).unwrap()));
         let z = match Self::buf(&a[7]) {
             Some(z) => self.read(z),
             None => {
                 let fused = self.read(Self::buf(&a[6]).unwrap());
-                let (group, vw) = (2 * s + 2 * ratio * s, ratio * s);
-                (0..hv * s)
-                    .map(|i| fused[i / vw * group + 2 * s + vw + i % vw])
-                    .collect()
+                (0..hv * s).map(|i| shape.fused_z(&fused, i)).collect()
             }
         };
         let sb = Self::buf(&a[8]).unwrap();
         let mut state = self.state(sb, hv * s * s);
-        let l2 = |x: &[f32]| -> Vec<f32> {
-            let sum: f64 = x.iter().map(|&v| f64::from(v * v)).sum();
-            let scale = 1.0 / ((sum / s as f64) as f32 + eps / s as f32).sqrt();
-            let post = 1.0 / (s as f32).sqrt();
-            x.iter().map(|v| (v * scale) * post).collect()
-        };
-        let key_dim = hk * s;
-        let mut out = vec![0f32; hv * s];
-        for vh in 0..hv {
-            let kh = if tiled { vh % hk } else { vh / ratio };
-            let q = l2(&conv[kh * s..(kh + 1) * s]);
-            let k = l2(&conv[key_dim + kh * s..key_dim + (kh + 1) * s]);
-            let v = &conv[2 * key_dim + vh * s..2 * key_dim + (vh + 1) * s];
-            let (b, al) = match &alpha {
-                Some(al) => (ba[vh], al[vh]),
-                None => (
-                    ba[vh / ratio * 2 * ratio + vh % ratio],
-                    ba[vh / ratio * 2 * ratio + ratio + vh % ratio],
-                ),
-            };
-            let beta = 1.0 / (1.0 + (-b).exp());
-            let x = al + dt_bias[vh];
-            let softplus = if x > 20.0 { x } else { (1.0 + x.exp()).ln() };
-            let decay = (softplus * ssm_a[vh]).exp();
-            let st = &mut state[vh * s * s..(vh + 1) * s * s];
-            st.iter_mut().for_each(|x| *x *= decay);
-            let o = &mut out[vh * s..(vh + 1) * s];
-            for j in 0..s {
-                let sk: f32 = (0..s).map(|i| k[i] * st[i * s + j]).sum();
-                let u = (v[j] - sk) * beta;
-                for i in 0..s {
-                    st[i * s + j] += k[i] * u;
-                }
-                o[j] = (0..s).map(|i| q[i] * st[i * s + j]).sum::<f32>() / (s as f32).sqrt();
-            }
-            let sum: f64 = o.iter().map(|&v| f64::from(v * v)).sum();
-            let r = 1.0 / ((sum / s as f64) as f32 + eps).sqrt();
-            for j in 0..s {
-                let zv = z[vh * s + j];
-                o[j] = (o[j] * r) * norm[j] * (zv / (1.0 + (-zv).exp()));
-            }
-        }
+        let out = host_math::delta_rule(
+            shape,
+            &mut state,
+            &conv,
+            (&b, &al, &z),
+            (&dt_bias, &ssm_a, &norm),
+            eps,
+        );
         self.write(sb, 0, &state);
         self.write(Self::buf(&a[10]).unwrap(), 0, &out);
     }

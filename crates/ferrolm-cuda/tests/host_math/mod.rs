@@ -240,3 +240,137 @@ pub fn relative_difference(a: &[f32], b: &[f32]) -> f64 {
 pub fn argmax(x: &[f32]) -> usize {
     (0..x.len()).fold(0, |b, i| if x[i] > x[b] { i } else { b })
 }
+
+/// gpt-oss's clamped SwiGLU (alpha 1.702, limit 7), as the CPU computes it.
+pub fn swiglu_oai(g: f32, u: f32) -> f32 {
+    let x = g.min(7.0);
+    let y = u.clamp(-7.0, 7.0);
+    x / (1.0 + (1.702 * -x).exp()) * (y + 1.0)
+}
+
+/// A gated delta-net layer's shape as its kernels take it.
+#[derive(Clone, Copy, Debug)]
+pub struct DeltaShape {
+    /// Key heads, value heads, the head size.
+    pub hk: usize,
+    /// See `hk`.
+    pub hv: usize,
+    /// See `hk`.
+    pub s: usize,
+    /// Value head `h` reads key head `h % hk` instead of `h / (hv / hk)`.
+    pub tiled: bool,
+}
+
+impl DeltaShape {
+    fn ratio(&self) -> usize {
+        self.hv / self.hk
+    }
+
+    /// Channels of the convolution.
+    pub fn channels(&self) -> usize {
+        (2 * self.hk + self.hv) * self.s
+    }
+
+    /// Where channel `c` is in a projection's row: contiguous, or in the fused `ssm_in`
+    /// layout (per key head its query, key, value heads, their gates).
+    pub fn conv_source(&self, c: usize, fused: bool) -> usize {
+        let (s, key_dim, vw) = (self.s, self.hk * self.s, self.ratio() * self.s);
+        let group = 2 * s + 2 * vw;
+        if !fused {
+            c
+        } else if c < key_dim {
+            c / s * group + c % s
+        } else if c < 2 * key_dim {
+            (c - key_dim) / s * group + s + (c - key_dim) % s
+        } else {
+            let j = c - 2 * key_dim;
+            j / vw * group + 2 * s + j % vw
+        }
+    }
+
+    /// Output gate `i` (value-head order) in a fused `ssm_in` row.
+    pub fn fused_z(&self, row: &[f32], i: usize) -> f32 {
+        let (s, vw) = (self.s, self.ratio() * self.s);
+        row[i / vw * (2 * s + 2 * vw) + 2 * s + vw + i % vw]
+    }
+
+    /// Value head `vh`'s rate and decay input in a fused `ssm_ba` row.
+    pub fn fused_gates(&self, row: &[f32], vh: usize) -> (f32, f32) {
+        let r = self.ratio();
+        (
+            row[vh / r * 2 * r + vh % r],
+            row[vh / r * 2 * r + r + vh % r],
+        )
+    }
+}
+
+/// One token of the causal convolution: `x` (each channel's input), `state` the channels'
+/// `taps - 1` older inputs (oldest first, channel-minor), moved on by one; SiLU of the sums.
+pub fn delta_conv(state: &mut Vec<f32>, w: &[f32], x: &[f32], taps: usize) -> Vec<f32> {
+    let channels = x.len();
+    let sums: Vec<f32> = (0..channels)
+        .map(|c| {
+            let mut acc = 0f32;
+            for i in 0..taps - 1 {
+                acc += state[i * channels + c] * w[c * taps + i];
+            }
+            acc + x[c] * w[c * taps + taps - 1]
+        })
+        .collect();
+    if taps > 1 {
+        state.drain(..channels);
+        state.extend_from_slice(x);
+    }
+    sums.iter().map(|&v| v / (1.0 + (-v).exp())).collect()
+}
+
+/// One token of the delta rule over every value head, in place on `state` (`hv` squares of
+/// `s`, key-major): `conv` the convolution's output, `b`, `a` and `z` per value head (and
+/// value dimension), the vectors of the layer; returns the gated-normed read-out.
+#[allow(clippy::too_many_arguments)] // the kernel's arguments, named
+pub fn delta_rule(
+    shape: DeltaShape,
+    state: &mut [f32],
+    conv: &[f32],
+    (b, a, z): (&[f32], &[f32], &[f32]),
+    (dt_bias, ssm_a, norm): (&[f32], &[f32], &[f32]),
+    eps: f32,
+) -> Vec<f32> {
+    let DeltaShape { hk, hv, s, tiled } = shape;
+    let ratio = hv / hk;
+    let l2 = |x: &[f32]| -> Vec<f32> {
+        let sum: f64 = x.iter().map(|&v| f64::from(v * v)).sum();
+        let scale = 1.0 / ((sum / s as f64) as f32 + eps / s as f32).sqrt();
+        let post = 1.0 / (s as f32).sqrt();
+        x.iter().map(|v| (v * scale) * post).collect()
+    };
+    let key_dim = hk * s;
+    let mut out = vec![0f32; hv * s];
+    for vh in 0..hv {
+        let kh = if tiled { vh % hk } else { vh / ratio };
+        let q = l2(&conv[kh * s..(kh + 1) * s]);
+        let k = l2(&conv[key_dim + kh * s..key_dim + (kh + 1) * s]);
+        let v = &conv[2 * key_dim + vh * s..2 * key_dim + (vh + 1) * s];
+        let beta = 1.0 / (1.0 + (-b[vh]).exp());
+        let x = a[vh] + dt_bias[vh];
+        let softplus = if x > 20.0 { x } else { (1.0 + x.exp()).ln() };
+        let decay = (softplus * ssm_a[vh]).exp();
+        let st = &mut state[vh * s * s..(vh + 1) * s * s];
+        st.iter_mut().for_each(|x| *x *= decay);
+        let o = &mut out[vh * s..(vh + 1) * s];
+        for j in 0..s {
+            let sk: f32 = (0..s).map(|i| k[i] * st[i * s + j]).sum();
+            let u = (v[j] - sk) * beta;
+            for i in 0..s {
+                st[i * s + j] += k[i] * u;
+            }
+            o[j] = (0..s).map(|i| q[i] * st[i * s + j]).sum::<f32>() / (s as f32).sqrt();
+        }
+        let normed = rms_norm(o, Some(norm), eps);
+        for j in 0..s {
+            let zv = z[vh * s + j];
+            o[j] = normed[j] * (zv / (1.0 + (-zv).exp()));
+        }
+    }
+    out
+}
