@@ -611,10 +611,11 @@ impl CudaModel {
             model.capture()?;
         }
         if slots > 1 {
-            if model.prefill.is_none() || !model.is_whole() {
+            if model.prefill.is_none() || !model.is_whole() || !model.plan.batched_decode_serves() {
                 return Err(CudaError::Model(
                     "more than one sequence on the GPU needs the batched pass (the whole model \
-                     there, cuBLAS, no mixture-of-experts layers)"
+                     there, cuBLAS, no recurrent layers, gated attention outputs or gpt-oss \
+                     fields)"
                         .into(),
                 ));
             }
@@ -657,6 +658,16 @@ impl CudaModel {
             vectors: self.vector_addrs.clone(),
             k_cache: offset(&self.k_cache),
             v_cache: offset(&self.v_cache),
+            // (one sequence's: the batched decode step declines recurrent layers)
+            states: (0..self.plan.layers.len())
+                .map(|l| {
+                    [Buf::ConvState(l), Buf::SsmState(l)].map(|b| {
+                        self.buf_index
+                            .get(&b)
+                            .map_or(0, |&i| self._buffers[i].device_ptr(&self.stream).0)
+                    })
+                })
+                .collect(),
             logits: logits.device_ptr(&self.stream).0,
             token: token.device_ptr(&self.stream).0,
             sampling: [Buf::SampleCfg, Buf::Draws, Buf::DrawIdx].map(|b| {
@@ -1316,6 +1327,7 @@ impl CudaModel {
             .memcpy_htod(&pos, &mut self.pos_buf)
             .map_err(driver("setting the position"))?;
         self.stats.uploads += 1;
+        self.checkpoint_prompt(ids.len())?;
         if !self.is_whole() {
             return Ok(out);
         }

@@ -17,7 +17,8 @@ use ferrolm_gguf::TensorType;
 use crate::batch_device::{BatchDevice, CudaBatch, Gemm, Value};
 use crate::device::Rows;
 use crate::schedule::{
-    expert_product_kernel, DecodePlan, LayerRefs, MatrixSpec, MoeRefs, MATVEC_ROWS,
+    expert_product_kernel, DecodePlan, DeltaNetInput, DeltaNetRefs, LayerRefs, MatrixSpec,
+    MixerRefs, MoeRefs, MATVEC_ROWS,
 };
 use crate::{CudaError, CudaTuning};
 
@@ -50,6 +51,8 @@ pub struct Addresses {
     pub k_cache: Vec<u64>,
     /// See `k_cache`.
     pub v_cache: Vec<u64>,
+    /// Each layer's recurrent states (convolution, delta rule; f32), zeros for attention.
+    pub states: Vec<[u64; 2]>,
     /// The decode step's last-token buffers: logits and the chosen token.
     pub logits: u64,
     /// See `logits`.
@@ -130,6 +133,66 @@ pub struct Prefill<D: BatchDevice = CudaBatch> {
     tuning: CudaTuning,
     /// The mixture-of-experts layers' buffers (`None`: a dense model).
     moe: Option<MoeBuffers<D>>,
+    /// The hybrids' buffers (`None`: no delta-net layer or gated attention output).
+    hybrid: Option<HybridBuffers<D>>,
+}
+
+/// What a batch's delta-net layers and gated attention outputs hold between launches: the
+/// gated Q projection's rows and their gates; the delta-net's projections (input, output gates,
+/// rates and decay inputs: fused or apart), the convolution's output rows and the gated-normed
+/// read-out (f16, the output GEMM's input).
+struct HybridBuffers<D: BatchDevice> {
+    q_gated: D::Buffer<f32>,
+    attn_gate: D::Buffer<f32>,
+    input: D::Buffer<f32>,
+    z: D::Buffer<f32>,
+    ba: D::Buffer<f32>,
+    alpha: D::Buffer<f32>,
+    conv: D::Buffer<f32>,
+    out: D::Buffer<u16>,
+}
+
+impl<D: BatchDevice> HybridBuffers<D> {
+    /// Each buffer's elements (`MAX_BATCH` tokens): the f32 ones in field order, then the f16.
+    fn lens(p: &DecodePlan) -> ([usize; 7], usize) {
+        let gated = p.max_attn > p.max_q;
+        let b = MAX_BATCH;
+        let f = [
+            if gated { b * p.max_attn } else { 0 },
+            if gated { b * p.max_q } else { 0 },
+            b * p.delta.input,
+            b * p.delta.z,
+            b * p.delta.gates,
+            b * p.delta.alpha,
+            b * p.delta.channels,
+        ];
+        (f, b * p.delta.value)
+    }
+
+    /// The buffers, when the plan has such layers.
+    fn new(dev: &D, p: &DecodePlan) -> Result<Option<HybridBuffers<D>>, CudaError> {
+        let (f, h) = HybridBuffers::<D>::lens(p);
+        if f.iter().sum::<usize>() + h == 0 {
+            return Ok(None);
+        }
+        let f32s = |n: usize| dev.alloc_zeros::<f32>(n.max(1), "hybrid buffers");
+        Ok(Some(HybridBuffers {
+            q_gated: f32s(f[0])?,
+            attn_gate: f32s(f[1])?,
+            input: f32s(f[2])?,
+            z: f32s(f[3])?,
+            ba: f32s(f[4])?,
+            alpha: f32s(f[5])?,
+            conv: f32s(f[6])?,
+            out: dev.alloc_zeros::<u16>(h.max(1), "hybrid buffers")?,
+        }))
+    }
+
+    /// Their bytes.
+    fn bytes(p: &DecodePlan) -> usize {
+        let (f, h) = HybridBuffers::<D>::lens(p);
+        4 * f.iter().sum::<usize>() + 2 * h
+    }
 }
 
 /// What a batch's mixture-of-experts layers hold between launches: each token's router
@@ -210,7 +273,8 @@ pub fn scratch_bytes(p: &DecodePlan) -> u64 {
     } else {
         0
     };
-    (MAX_BATCH * per_token + 2 * widest + 4 * p.n_embd + moe) as u64
+    let hybrid = HybridBuffers::<CudaBatch>::bytes(p);
+    (MAX_BATCH * per_token + 2 * widest + 4 * p.n_embd + moe + hybrid) as u64
 }
 
 /// Elements of the largest matrix (the f16 scratch holds one at a time).
@@ -224,7 +288,7 @@ fn widest_matrix(p: &DecodePlan) -> usize {
 
 impl Prefill {
     /// Allocates the batch buffers, or `None` when cuBLAS is not on this machine or the plan
-    /// has layers the batched passes do not serve ([`DecodePlan::batched_passes_serve`]):
+    /// has layers the prompt pass does not serve ([`DecodePlan::prompt_pass_serves`]):
     /// prompts then run as decode steps.
     pub(crate) fn new(
         stream: &Arc<CudaStream>,
@@ -232,7 +296,7 @@ impl Prefill {
         p: &DecodePlan,
         tuning: &CudaTuning,
     ) -> Result<Option<Prefill>, CudaError> {
-        if !p.batched_passes_serve() {
+        if !p.prompt_pass_serves() {
             return Ok(None);
         }
         match CudaBatch::new(stream, module)? {
@@ -292,6 +356,7 @@ impl<D: BatchDevice> Prefill<D> {
             } else {
                 None
             },
+            hybrid: HybridBuffers::new(&dev, p)?,
             dev,
         })
     }
@@ -445,10 +510,10 @@ impl<D: BatchDevice> Prefill<D> {
         let mut qkv = Vec::with_capacity(p.layers.len());
         let mut gate_up = Vec::with_capacity(p.layers.len());
         for r in &p.layers {
-            let ar = r
-                .attention()
-                .expect("the batched passes serve attention layers only");
-            qkv.push(stack(self, &ar.qkv, &mut kept)?);
+            qkv.push(match r.attention() {
+                Some(ar) => stack(self, &ar.qkv, &mut kept)?,
+                None => None,
+            });
             // (experts are read by the per-pair products in their blocks)
             let dense = r.moe.is_none();
             gate_up.push(if dense {
@@ -517,12 +582,7 @@ impl<D: BatchDevice> Prefill<D> {
             self.dev.address(&self.k),
             self.dev.address(&self.v),
         );
-        let (attn, gate, up, act) = (
-            self.dev.address(&self.attn),
-            self.dev.address(&self.gate),
-            self.dev.address(&self.up),
-            self.dev.address(&self.act),
-        );
+        let attn = self.dev.address(&self.attn);
         let embd = &p.matrices[p.embd];
         let chunks = d / 32;
         self.run(
@@ -548,9 +608,6 @@ impl<D: BatchDevice> Prefill<D> {
         }
         let opt = |i: Option<usize>| Value::Ptr(i.map_or(0, |i| at.vectors[i]));
         for (l, r) in p.layers.iter().enumerate() {
-            let ar = r
-                .attention()
-                .expect("the batched passes serve attention layers only");
             let norm = |w: usize| {
                 [
                     Value::Ptr(x),
@@ -561,6 +618,22 @@ impl<D: BatchDevice> Prefill<D> {
                 ]
             };
             self.run("rms_norm_rows", (n as u32, 1), 256, &norm(r.attn_norm))?;
+            let ar = match &r.mixer {
+                MixerRefs::Attention(a) => a,
+                MixerRefs::DeltaNet(dn) => {
+                    let Placement::Prompt { pos0 } = rows else {
+                        return Err(CudaError::Model(
+                            "a batched step of several sequences with recurrent layers".into(),
+                        ));
+                    };
+                    self.delta_net_rows(p, at, l, dn, n, pos0)?;
+                    let out = self.hybrid.as_ref().map(|b| self.dev.address(&b.out));
+                    let out = out.expect("a plan with delta-nets has their buffers");
+                    self.block_output(p, at, dn.out, out, n, r.post_attn_norm, r.residual_scale)?;
+                    self.feed_forward(p, at, l, r, n, rows)?;
+                    continue;
+                }
+            };
             // A batched decode step reads Q, K and V as one stacked matrix where it is kept:
             // each token's row of the product is then (q | k | v).
             let q_dim = ar.n_head * ar.head_dim;
@@ -578,8 +651,27 @@ impl<D: BatchDevice> Prefill<D> {
                     (out, out + f, out + f + 4 * kv_dim as u64, width, width)
                 }
                 _ => {
-                    for (m, out) in ar.qkv.iter().zip([q, k, v]) {
+                    // A gated Q projection: its rows apart into the queries and the gates.
+                    let gated =
+                        self.hybrid.as_ref().filter(|_| ar.gated_output).map(|b| {
+                            (self.dev.address(&b.q_gated), self.dev.address(&b.attn_gate))
+                        });
+                    for (m, out) in ar.qkv.iter().zip([gated.map_or(q, |g| g.0), k, v]) {
                         self.product(p, at, *m, h, n, out, 0.0)?;
+                    }
+                    if let Some((qg, g)) = gated {
+                        self.run(
+                            "split_query_gate_rows",
+                            (q_dim.div_ceil(256) as u32, n as u32),
+                            256,
+                            &[
+                                Value::Ptr(qg),
+                                Value::Ptr(q),
+                                Value::Ptr(g),
+                                Value::I32(ar.n_head as i32),
+                                Value::I32(ar.head_dim as i32),
+                            ],
+                        )?;
                     }
                     (q, k, v, q_dim, kv_dim)
                 }
@@ -659,6 +751,15 @@ impl<D: BatchDevice> Prefill<D> {
                         128,
                         &args,
                     )?;
+                    if let Some(b) = self.hybrid.as_ref().filter(|_| ar.gated_output) {
+                        let (g, total) = (self.dev.address(&b.attn_gate), (n * q_dim) as u64);
+                        self.run(
+                            "sigmoid_mul_f16",
+                            (total.div_ceil(256) as u32, 1),
+                            256,
+                            &[Value::Ptr(attn), Value::Ptr(g), Value::I64(total as i64)],
+                        )?;
+                    }
                 }
                 Placement::Slots { slot_stride } => {
                     let (slots, pos) = (
@@ -701,44 +802,171 @@ impl<D: BatchDevice> Prefill<D> {
                 }
             }
             self.block_output(p, at, ar.wo, attn, n, r.post_attn_norm, r.residual_scale)?;
-            self.run("rms_norm_rows", (n as u32, 1), 256, &norm(r.ffn_norm))?;
-            if let Some(m) = &r.moe {
-                self.experts(p, at, r, m, n, rows)?;
-                continue;
-            }
-            let [g, u, down] = r.ffn;
-            let n_ff = p.matrices[g].rows;
-            let total = (n * n_ff) as u64;
-            let fused_gu = match rows {
-                Placement::Slots { .. } => self.gate_up_kept.get(l).copied().flatten(),
-                Placement::Prompt { .. } => None,
-            };
-            match (fused_gu, &self.gate_up_rows) {
-                (Some(w), Some(rows_buf)) => {
-                    // Gate and up as one stacked matrix: each token's row is (gate | up).
-                    let out = self.dev.address(rows_buf);
-                    self.gemm(w, 2 * n_ff, d, h, n, out, 0.0)?;
-                    self.run(
-                        &format!("{}_pairs_f16", r.activation.kernel()),
-                        (total.div_ceil(256) as u32, 1),
-                        256,
-                        &[
-                            Value::Ptr(out),
-                            Value::Ptr(act),
-                            Value::I32(n_ff as i32),
-                            Value::I64(total as i64),
-                        ],
-                    )?;
-                }
-                _ => {
-                    self.product(p, at, g, h, n, gate, 0.0)?;
-                    self.product(p, at, u, h, n, up, 0.0)?;
-                    self.glu_f16(r, [gate, up, act], total)?;
-                }
-            }
-            self.block_output(p, at, down, act, n, r.post_ffn_norm, r.residual_scale)?;
+            self.feed_forward(p, at, l, r, n, rows)?;
         }
         Ok(())
+    }
+
+    /// Layer `l`'s feed-forward block over the batch's `n` rows, from its norm to the residual
+    /// add.
+    fn feed_forward(
+        &mut self,
+        p: &DecodePlan,
+        at: &Addresses,
+        l: usize,
+        r: &LayerRefs,
+        n: usize,
+        rows: Placement<'_>,
+    ) -> Result<(), CudaError> {
+        let d = p.n_embd;
+        let (x, h) = (self.dev.address(&self.x), self.dev.address(&self.h));
+        let (gate, up, act) = (
+            self.dev.address(&self.gate),
+            self.dev.address(&self.up),
+            self.dev.address(&self.act),
+        );
+        self.run(
+            "rms_norm_rows",
+            (n as u32, 1),
+            256,
+            &[
+                Value::Ptr(x),
+                Value::Ptr(at.vectors[r.ffn_norm]),
+                Value::Ptr(h),
+                Value::I32(d as i32),
+                Value::F32(p.norm_eps),
+            ],
+        )?;
+        if let Some(m) = &r.moe {
+            return self.experts(p, at, r, m, n, rows);
+        }
+        let [g, u, down] = r.ffn;
+        let n_ff = p.matrices[g].rows;
+        let total = (n * n_ff) as u64;
+        let fused_gu = match rows {
+            Placement::Slots { .. } => self.gate_up_kept.get(l).copied().flatten(),
+            Placement::Prompt { .. } => None,
+        };
+        match (fused_gu, &self.gate_up_rows) {
+            (Some(w), Some(rows_buf)) => {
+                // Gate and up as one stacked matrix: each token's row is (gate | up).
+                let out = self.dev.address(rows_buf);
+                self.gemm(w, 2 * n_ff, d, h, n, out, 0.0)?;
+                self.run(
+                    &format!("{}_pairs_f16", r.activation.kernel()),
+                    (total.div_ceil(256) as u32, 1),
+                    256,
+                    &[
+                        Value::Ptr(out),
+                        Value::Ptr(act),
+                        Value::I32(n_ff as i32),
+                        Value::I64(total as i64),
+                    ],
+                )?;
+            }
+            _ => {
+                self.product(p, at, g, h, n, gate, 0.0)?;
+                self.product(p, at, u, h, n, up, 0.0)?;
+                self.glu_f16(r, [gate, up, act], total)?;
+            }
+        }
+        self.block_output(p, at, down, act, n, r.post_ffn_norm, r.residual_scale)
+    }
+
+    /// Layer `l`'s gated delta-net over a prompt's `n` tokens at positions `pos0..` (their f16
+    /// norms in `h`): the projections' GEMMs, `delta_conv_rows` and `delta_rule_rows` (the
+    /// layer's states carried from the batch before, or zeros at position 0), the read-out in
+    /// the hybrid buffers' `out` for the output product.
+    fn delta_net_rows(
+        &mut self,
+        p: &DecodePlan,
+        at: &Addresses,
+        l: usize,
+        dn: &DeltaNetRefs,
+        n: usize,
+        pos0: usize,
+    ) -> Result<(), CudaError> {
+        let b = self
+            .hybrid
+            .as_ref()
+            .expect("a plan with delta-nets has their buffers");
+        let addr = |x: &D::Buffer<f32>| self.dev.address(x);
+        let (input, z, ba, alpha, conv) = (
+            addr(&b.input),
+            addr(&b.z),
+            addr(&b.ba),
+            addr(&b.alpha),
+            addr(&b.conv),
+        );
+        let out = self.dev.address(&b.out);
+        let h = self.dev.address(&self.h);
+        let (s, hk, hv) = (dn.head_dim, dn.n_k_heads, dn.n_v_heads);
+        let (key_dim, value_dim, channels) = (hk * s, hv * s, dn.channels());
+        let plan_rows = |m: usize| p.matrices[m].rows;
+        let (fused, in_stride, z_ptr, z_stride) = match dn.input {
+            DeltaNetInput::Fused(m) => (true, plan_rows(m), 0, plan_rows(m)),
+            DeltaNetInput::Split(_, _) => (false, channels, z, value_dim),
+        };
+        let (ba_stride, alpha_ptr) = match dn.gates {
+            DeltaNetInput::Fused(_) => (2 * hv, 0),
+            DeltaNetInput::Split(..) => (hv, alpha),
+        };
+        for (input_m, dst) in [(dn.input, [input, z]), (dn.gates, [ba, alpha])] {
+            match input_m {
+                DeltaNetInput::Fused(m) => self.product(p, at, m, h, n, dst[0], 0.0)?,
+                DeltaNetInput::Split(m1, m2) => {
+                    self.product(p, at, m1, h, n, dst[0], 0.0)?;
+                    self.product(p, at, m2, h, n, dst[1], 0.0)?;
+                }
+            }
+        }
+        let [conv_state, ssm_state] = at.states[l];
+        self.run(
+            "delta_conv_rows",
+            (channels.div_ceil(128) as u32, 1),
+            128,
+            &[
+                Value::Ptr(input),
+                Value::I32(in_stride as i32),
+                Value::I32(i32::from(fused)),
+                Value::Ptr(at.vectors[dn.conv]),
+                Value::Ptr(conv_state),
+                Value::I32(pos0 as i32),
+                Value::Ptr(conv),
+                Value::I32(channels as i32),
+                Value::I32(dn.conv_kernel as i32),
+                Value::I32(key_dim as i32),
+                Value::I32(s as i32),
+                Value::I32((hv / hk) as i32),
+                Value::I32(n as i32),
+            ],
+        )?;
+        self.run(
+            "delta_rule_rows",
+            (hv as u32, 1),
+            s as u32,
+            &[
+                Value::Ptr(conv),
+                Value::Ptr(ba),
+                Value::I32(ba_stride as i32),
+                Value::Ptr(alpha_ptr),
+                Value::Ptr(at.vectors[dn.dt_bias]),
+                Value::Ptr(at.vectors[dn.a]),
+                Value::Ptr(at.vectors[dn.norm]),
+                Value::Ptr(input),
+                Value::Ptr(z_ptr),
+                Value::I32(z_stride as i32),
+                Value::Ptr(ssm_state),
+                Value::I32(pos0 as i32),
+                Value::Ptr(out),
+                Value::I32(hk as i32),
+                Value::I32(hv as i32),
+                Value::I32(s as i32),
+                Value::I32(i32::from(dn.tiled_key_heads)),
+                Value::F32(p.norm_eps),
+                Value::I32(n as i32),
+            ],
+        )
     }
 
     /// Layer `r`'s mixture of experts over the batch's `n` rows (their f16 norms in `h`),

@@ -2151,16 +2151,33 @@ pub fn decode_plan_with(
 }
 
 impl DecodePlan {
-    /// Whether the batched passes (prompt batches, several sequences a step) serve every layer:
-    /// not the gated delta-nets (recurrent state, decode steps only), a gated attention output,
-    /// nor gpt-oss's sinks, biases and clamped SwiGLU (its prompts run as decode steps).
-    pub fn batched_passes_serve(&self) -> bool {
+    /// Whether the prompt pass serves every layer: attention (a gated output included, without
+    /// Q/K/V biases) and gated delta-nets, but not yet gpt-oss's sinks, biases and clamped
+    /// SwiGLU (such a model's prompts run as decode steps).
+    pub fn prompt_pass_serves(&self) -> bool {
         self.layers.iter().all(|r| {
             r.activation != GateActivation::SwigluOai
                 && r.moe.as_ref().is_none_or(|m| m.biases.is_none())
-                && r.attention()
-                    .is_some_and(|a| !a.gated_output && a.sinks.is_none() && a.out_bias.is_none())
+                && match &r.mixer {
+                    MixerRefs::Attention(a) => {
+                        a.sinks.is_none()
+                            && a.out_bias.is_none()
+                            && !(a.gated_output && a.qkv_bias.is_some())
+                    }
+                    MixerRefs::DeltaNet(_) => true,
+                }
         })
+    }
+
+    /// Whether the batched decode step (several sequences a step) serves every layer: the
+    /// prompt pass's, without the recurrent layers (whose states are one sequence's) or the
+    /// gated attention output.
+    pub fn batched_decode_serves(&self) -> bool {
+        self.prompt_pass_serves()
+            && self
+                .layers
+                .iter()
+                .all(|r| r.attention().is_some_and(|a| !a.gated_output))
     }
 
     /// The plan for a device without bulk copies (before compute capability 9.0): staged

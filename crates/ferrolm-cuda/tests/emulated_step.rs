@@ -930,11 +930,15 @@ fn a_misplaced_argument_is_caught() {
     );
 }
 
-/// The same for the delta-net's launches: value heads reading the wrong key heads (Qwen3.5's
-/// tiling taken for Qwen3-Next's grouping), the fused projection read as a split one, or
-/// every layer's delta-rule state in one buffer, each moves the logits far from the CPU's.
+/// A change made to a plan's launches, on purpose.
+type Mutation = Box<dyn Fn(&mut DecodePlan)>;
+
+/// The same for the hybrids' and gpt-oss's launches: value heads reading the wrong key heads
+/// (Qwen3.5's tiling taken for Qwen3-Next's grouping), the fused projection read as a split
+/// one, every layer's delta-rule state in one buffer, the sinks left out, the experts' biases
+/// left out: each moves the logits far from the CPU's.
 #[test]
-fn a_wrong_delta_net_argument_is_caught() {
+fn a_wrong_argument_of_the_new_launches_is_caught() {
     let n = 12;
     let flip = |kernel: &'static str, arg: usize, value: Arg| {
         move |p: &mut DecodePlan| {
@@ -943,13 +947,17 @@ fn a_wrong_delta_net_argument_is_caught() {
             }
         }
     };
-    let cases: [(&str, Box<dyn Fn(&mut DecodePlan)>); 3] = [
+    let drop =
+        |kernel: &'static str| move |p: &mut DecodePlan| p.launches.retain(|l| l.kernel != kernel);
+    let cases: [(&str, Mutation); 5] = [
         ("qwen35", Box::new(flip("delta_rule", 14, Arg::I32(0)))),
         ("qwen3next", Box::new(flip("delta_conv", 1, Arg::I32(0)))),
         (
             "qwen3next",
             Box::new(flip("delta_rule", 8, Arg::Buf(Buf::DeltaAlpha))),
         ),
+        ("gpt-oss", Box::new(flip("attn_split", 15, Arg::Null))),
+        ("gpt-oss", Box::new(drop("moe_add_bias"))),
     ];
     for (arch, mutate) in cases {
         let spec = SyntheticSpec::small(arch);

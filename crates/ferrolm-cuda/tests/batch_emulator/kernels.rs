@@ -105,6 +105,35 @@ pub fn run(dev: &HostDevice, name: &str, grid: (u32, u32), block: u32, args: &[V
                 mem.write(a.ptr(2) + (4 * r * n) as u64, &y);
             }
         }
+    } else if name == "delta_conv_rows" {
+        delta_conv_rows(mem, &a);
+    } else if name == "delta_rule_rows" {
+        delta_rule_rows(mem, grid, block, &a);
+    } else if name == "split_query_gate_rows" {
+        // split_query_gate_rows(qg, q, g, n_head, hd): grid (width / 256, tokens)
+        let (w, hd) = (a.int(3) * a.int(4), a.int(4));
+        assert!(covered(grid, block, w) == w, "{name}: values left out");
+        for t in 0..grid.1 as usize {
+            let row = mem.f32s(a.ptr(0) + (4 * t * 2 * w) as u64, 2 * w);
+            let (mut q, mut g) = (Vec::new(), Vec::new());
+            for head in row.chunks(2 * hd) {
+                q.extend_from_slice(&head[..hd]);
+                g.extend_from_slice(&head[hd..]);
+            }
+            mem.write(a.ptr(1) + (4 * t * w) as u64, &q);
+            mem.write(a.ptr(2) + (4 * t * w) as u64, &g);
+        }
+    } else if name == "sigmoid_mul_f16" {
+        // sigmoid_mul_f16(x, g, n): x (f16) *= sigmoid(g)
+        let n = covered(grid, block, a.long(2));
+        let g = mem.f32s(a.ptr(1), n);
+        let x: Vec<f32> = mem
+            .f16s(a.ptr(0), n)
+            .iter()
+            .zip(&g)
+            .map(|(x, g)| x * (1.0 / (1.0 + (-g).exp())))
+            .collect();
+        mem.write_f16s(a.ptr(0), &x);
     } else if name == "rope_rows" {
         rope_rows(mem, grid, &a, false);
     } else if name == "rope_rows_slots" {
@@ -563,4 +592,93 @@ fn combine(mem: &mut Memory, grid: (u32, u32), block: u32, a: &Args) {
         }
         mem.write(xr, &x);
     }
+}
+
+/// delta_conv_rows(in, in_stride, fused, w, state, pos0, out, channels, taps, key_dim, s,
+/// ratio, n): the convolution along the batch's tokens, a thread per channel.
+fn delta_conv_rows(mem: &mut Memory, a: &Args) {
+    let (stride, fused, pos0) = (a.int(1), a.int(2) == 1, a.int(5));
+    let (channels, taps, key_dim, s, ratio, n) = (
+        a.int(7),
+        a.int(8),
+        a.int(9),
+        a.int(10),
+        a.int(11),
+        a.int(12),
+    );
+    let shape = math::DeltaShape {
+        hk: key_dim / s,
+        hv: ratio * key_dim / s,
+        s,
+        tiled: false,
+    };
+    assert_eq!(shape.channels(), channels);
+    let w = mem.f32s(a.ptr(3), channels * taps);
+    let hist = (taps - 1) * channels;
+    let mut state = if pos0 == 0 {
+        vec![0.0; hist]
+    } else {
+        mem.f32s(a.ptr(4), hist)
+    };
+    for t in 0..n {
+        let row = mem.f32s(a.ptr(0) + (4 * t * stride) as u64, stride);
+        let x: Vec<f32> = (0..channels)
+            .map(|c| row[shape.conv_source(c, fused)])
+            .collect();
+        let out = math::delta_conv(&mut state, &w, &x, taps);
+        mem.write(a.ptr(6) + (4 * t * channels) as u64, &out);
+    }
+    mem.write(a.ptr(4), &state);
+}
+
+/// delta_rule_rows(conv, ba, ba_stride, alpha, dt_bias, ssm_a, norm, in_fused, z, z_stride,
+/// state, pos0, out, hk, hv, s, tiled, eps, n): the recurrence along the batch's tokens, a
+/// block per value head; the read-out as f16 rows.
+fn delta_rule_rows(mem: &mut Memory, grid: (u32, u32), block: u32, a: &Args) {
+    let shape = math::DeltaShape {
+        hk: a.int(13),
+        hv: a.int(14),
+        s: a.int(15),
+        tiled: a.int(16) == 1,
+    };
+    let (hv, s) = (shape.hv, shape.s);
+    assert_eq!(
+        (grid.0 as usize, block as usize),
+        (hv, s),
+        "a block per value head"
+    );
+    let (ba_stride, z_stride, pos0, eps, n) =
+        (a.int(2), a.int(9), a.int(11), a.float(17), a.int(18));
+    let channels = shape.channels();
+    let [dt_bias, ssm_a, norm] = [(4, hv), (5, hv), (6, s)].map(|(i, len)| mem.f32s(a.ptr(i), len));
+    let mut state = if pos0 == 0 {
+        vec![0.0; hv * s * s]
+    } else {
+        mem.f32s(a.ptr(10), hv * s * s)
+    };
+    for t in 0..n {
+        let conv = mem.f32s(a.ptr(0) + (4 * t * channels) as u64, channels);
+        let ba = mem.f32s(a.ptr(1) + (4 * t * ba_stride) as u64, ba_stride);
+        let (b, al): (Vec<f32>, Vec<f32>) = match a.opt(3) {
+            Some(alpha) => (ba[..hv].to_vec(), mem.f32s(alpha + (4 * t * hv) as u64, hv)),
+            None => (0..hv).map(|vh| shape.fused_gates(&ba, vh)).unzip(),
+        };
+        let z: Vec<f32> = match a.opt(8) {
+            Some(z) => mem.f32s(z + (4 * t * z_stride) as u64, hv * s),
+            None => {
+                let row = mem.f32s(a.ptr(7) + (4 * t * z_stride) as u64, z_stride);
+                (0..hv * s).map(|i| shape.fused_z(&row, i)).collect()
+            }
+        };
+        let out = math::delta_rule(
+            shape,
+            &mut state,
+            &conv,
+            (&b, &al, &z),
+            (&dt_bias, &ssm_a, &norm),
+            eps,
+        );
+        mem.write_f16s(a.ptr(12) + (2 * t * hv * s) as u64, &out);
+    }
+    mem.write(a.ptr(10), &state);
 }

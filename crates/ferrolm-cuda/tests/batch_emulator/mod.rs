@@ -11,7 +11,7 @@ use std::marker::PhantomData;
 
 use ferrolm_cuda::batch_device::{BatchDevice, Element, Gemm, Value};
 use ferrolm_cuda::prefill::Addresses;
-use ferrolm_cuda::schedule::DecodePlan;
+use ferrolm_cuda::schedule::{DecodePlan, MixerRefs};
 use ferrolm_cuda::CudaError;
 use ferrolm_gguf::GgufFile;
 
@@ -135,6 +135,9 @@ pub struct HostDevice<'f> {
     vectors: Vec<u64>,
     k_cache: Vec<u64>,
     v_cache: Vec<u64>,
+    /// Each layer's recurrent states (convolution, delta rule) of every slot, and their bytes
+    /// a slot.
+    states: Vec<[(u64, usize); 2]>,
     logits: u64,
     token: u64,
     sample_cfg: u64,
@@ -173,6 +176,17 @@ impl<'f> HostDevice<'f> {
                 .collect()
         };
         let (k_cache, v_cache) = (cache(&mut memory), cache(&mut memory));
+        let states = plan
+            .layers
+            .iter()
+            .map(|r| {
+                let [conv, ssm] = match &r.mixer {
+                    MixerRefs::DeltaNet(d) => [d.conv_state(), d.ssm_state()],
+                    MixerRefs::Attention(_) => [0, 0],
+                };
+                [conv, ssm].map(|n| (memory.alloc(4 * n * (slots + 1)), 4 * n))
+            })
+            .collect();
         let logits = memory.alloc(4 * plan.n_vocab);
         let token = memory.alloc(4);
         // (zeros: k = 0, greedy)
@@ -188,6 +202,7 @@ impl<'f> HostDevice<'f> {
             vectors,
             k_cache,
             v_cache,
+            states,
             logits,
             token,
             sample_cfg,
@@ -207,6 +222,19 @@ impl<'f> HostDevice<'f> {
             vectors: self.vectors.clone(),
             k_cache: offset(&self.k_cache),
             v_cache: offset(&self.v_cache),
+            states: self
+                .states
+                .iter()
+                .map(|st| {
+                    st.map(|(base, bytes)| {
+                        if bytes == 0 {
+                            0
+                        } else {
+                            base + (slot * bytes) as u64
+                        }
+                    })
+                })
+                .collect(),
             logits: self.logits,
             token: self.token,
             sampling: [self.sample_cfg, 0, 0],
