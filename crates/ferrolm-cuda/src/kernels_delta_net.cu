@@ -1,12 +1,13 @@
-// ---- Hybrid models: the gated delta-net layer and the gated attention output, one token -----
+// ---- Hybrid models: the gated delta-net layer and the gated attention output ----------------
 //
-// (appended to kernels.cu by kernels.rs: step_begin, rms_scale, warp_sum come from there)
+// (appended to kernels.cu by kernels.rs: step_begin, rms_scale, h2f, f2h come from there)
 //
-// A delta-net layer of one token is two kernels between its products: delta_conv (the causal
-// convolution over the queries, keys and values, state advanced) and delta_rule (per value
-// head: L2 norms, decay and rate, the state's update and read-out, the gated norm). The layer's
-// states live on the device; a step at position 0 starts them from zeros instead of reading
-// them, so a new sequence needs no clearing launch. docs/ARCHITECTURE.md has the layouts.
+// A delta-net layer is, between its products, delta_conv (the causal convolution over the
+// queries, keys and values, its state advanced) and delta_rule (per value head: L2 norms, decay
+// and rate, the state's update and read-out, the gated norm); each comes for one token (the
+// decode step), a prompt's tokens one after another (_rows) and one token of each of several
+// sequences (_slots). The states live on the device; a token at position 0 reads them as
+// zeros, so a new sequence needs no clearing launch. docs/ARCHITECTURE.md has the layouts.
 
 __device__ __forceinline__ float silu_f(float x) { return x / (1.f + expf(-x)); }
 
@@ -14,7 +15,7 @@ __device__ __forceinline__ float silu_f(float x) { return x / (1.f + expf(-x)); 
 __device__ __forceinline__ float softplus_f(float x) { return x > 20.f ? x : logf(1.f + expf(x)); }
 
 // Where channel c of the convolution (queries of every key head, then keys, then values) is in
-// the projection's output: contiguous (split projections), or in the fused ssm_in layout where
+// the projection's row: contiguous (split projections), or in the fused ssm_in layout where
 // each key head's group holds its query (s), key (s), value heads (ratio * s) and their gates.
 __device__ __forceinline__ int conv_source(int c, int fused, int key_dim, int s, int ratio) {
     if (!fused) return c;
@@ -25,19 +26,11 @@ __device__ __forceinline__ int conv_source(int c, int fused, int key_dim, int s,
     return (j / vw) * group + 2 * s + j % vw;
 }
 
-// out[c] = silu(sum over taps of w[c * taps + i] * window_i), the window being the channel's
-// last taps - 1 inputs (state, oldest first) then this token's; the state moves on by one.
-// A thread per channel; at position 0 the state counts as zeros.
-extern "C" __global__ void delta_conv(const float* in, int fused, const float* w, float* state,
-                                      const u32* pos, float* out, int channels, int taps,
-                                      int key_dim, int s, int ratio) {
-    step_begin();
-    int c = blockIdx.x * blockDim.x + threadIdx.x;
-    if (c >= channels) return;
-    bool fresh = *pos == 0;
-    float x = in[conv_source(c, fused, key_dim, s, ratio)];
-    const float* wc = w + (size_t)c * taps;
-    // Summed in f32 from the oldest tap, as the CPU (and ggml's ssm_conv) does.
+// Channel c's output for input x: silu of the taps over its last taps - 1 inputs (state, oldest
+// first; zeros when fresh) and x, summed in f32 from the oldest as the CPU (and ggml's
+// ssm_conv) does; the state moves on by one.
+__device__ __forceinline__ float conv_token(float x, float* state, const float* wc, int taps,
+                                            int channels, int c, bool fresh) {
     float acc = 0.f;
     for (int i = 0; i < taps - 1; i++) {
         float h = fresh ? 0.f : state[(size_t)i * channels + c];
@@ -46,50 +39,71 @@ extern "C" __global__ void delta_conv(const float* in, int fused, const float* w
     }
     acc += x * wc[taps - 1];
     if (taps > 1) state[(size_t)(taps - 2) * channels + c] = x;
-    out[c] = silu_f(acc);
+    return silu_f(acc);
 }
 
-// x / |x| over the s values of sh (one per thread) as the CPU computes it for the delta-net:
-// an RMS norm with epsilon eps / s, then a scale by 1 / sqrt(s).
+// One token's convolution, a thread per channel.
+extern "C" __global__ void delta_conv(const float* in, int fused, const float* w, float* state,
+                                      const u32* pos, float* out, int channels, int taps,
+                                      int key_dim, int s, int ratio) {
+    step_begin();
+    int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= channels) return;
+    float x = in[conv_source(c, fused, key_dim, s, ratio)];
+    out[c] = conv_token(x, state, w + (size_t)c * taps, taps, channels, c, *pos == 0);
+}
+
+// x / |x| over the s values of a head (one per thread) as the CPU computes it for the
+// delta-net: an RMS norm with epsilon eps / s, then a scale by 1 / sqrt(s).
 __device__ __forceinline__ float l2_normalized(float x, int s, float eps) {
     float r = rms_scale((double)(x * x), s, eps / (float)s);
     return (x * r) * (1.f / sqrtf((float)s));
 }
 
-// One value head (block vh, a thread per value dimension j; s threads) of one token: its key
-// head's query and key L2-normalized, beta = sigmoid(b), decay = exp(softplus(a + dt_bias) *
-// ssm_a); the state S (s x s, key-major: S[i][j] at i * s + j) decayed, u = beta (v - S^T k),
-// S += k u^T, o = S^T q / sqrt(s); then rms_norm(o) * norm * silu(z) into out. The gates: in
-// ba's fused layout (per key head its value heads' b, then their a) when alpha is null, else b
-// from ba and a from alpha. The gates z: in the fused ssm_in layout of in_fused when z is null.
-extern "C" __global__ void delta_rule(const float* conv, const float* ba, const float* alpha,
-                                      const float* dt_bias, const float* ssm_a,
-                                      const float* norm, const float* in_fused, const float* z,
-                                      float* state, const u32* pos, float* out, int n_k_heads,
-                                      int n_v_heads, int s, int tiled, float eps) {
-    step_begin();
-    __shared__ float qs[256], ks[256];
-    int vh = blockIdx.x, j = threadIdx.x;
-    int ratio = n_v_heads / n_k_heads, key_dim = n_k_heads * s;
-    int kh = tiled ? vh % n_k_heads : vh / ratio;
-    bool fresh = *pos == 0;
-    qs[j] = l2_normalized(conv[kh * s + j], s, eps);
-    ks[j] = l2_normalized(conv[key_dim + kh * s + j], s, eps);
-    float v = conv[2 * key_dim + vh * s + j];
-    float b, a;
+// One value head's inputs for one token: its rate b and decay input a (from ba's row in the
+// fused ssm_ba layout, per key head its value heads' b then their a, when alpha is null; else b
+// from ba and a from alpha), and output gate z of dimension zi (from z's row, or in the fused
+// ssm_in layout of in_fused's row when z is null).
+struct DeltaGates {
+    float b, a, z;
+};
+
+__device__ __forceinline__ DeltaGates delta_gates(const float* ba, const float* alpha,
+                                                  const float* in_fused, const float* z, int vh,
+                                                  int zi, int ratio, int s) {
+    DeltaGates g;
     if (alpha) {
-        b = ba[vh];
-        a = alpha[vh];
+        g.b = ba[vh];
+        g.a = alpha[vh];
     } else {
-        int g = vh / ratio, r = vh % ratio;
-        b = ba[g * 2 * ratio + r];
-        a = ba[g * 2 * ratio + ratio + r];
+        int kg = vh / ratio, r = vh % ratio;
+        g.b = ba[kg * 2 * ratio + r];
+        g.a = ba[kg * 2 * ratio + ratio + r];
     }
-    float beta = 1.f / (1.f + expf(-b));
-    float decay = expf(softplus_f(a + dt_bias[vh]) * ssm_a[vh]);
+    g.z = z ? z[zi]
+            : in_fused[(zi / (ratio * s)) * (2 * s + 2 * ratio * s) + 2 * s + ratio * s +
+                       zi % (ratio * s)];
+    return g;
+}
+
+// Value head vh of one token (c: the token's channels), thread j its value dimension: the key
+// head's query and key L2-normalized, beta = sigmoid(b), decay = exp(softplus(a + dt_bias) *
+// ssm_a); the state S (s x s, key-major: S[i][j] at i * s + j; zeros when fresh) decayed,
+// u = beta (v - S^T k), S += k u^T, o = S^T q / sqrt(s); returns rms_norm(o) * norm * silu(z).
+// Every thread of the block calls it (block-wide sums); qs, ks: s floats of shared memory.
+__device__ float delta_rule_token(const float* c, DeltaGates g, const float* dt_bias,
+                                  const float* ssm_a, const float* norm, float* S, bool fresh,
+                                  int vh, int kh, int key_dim, int s, float eps, float* qs,
+                                  float* ks) {
+    int j = threadIdx.x;
     __syncthreads();
-    float* S = state + (size_t)vh * s * s;
-    // S^T k over the decayed state, the sum in key order as the CPU's.
+    qs[j] = l2_normalized(c[kh * s + j], s, eps);
+    ks[j] = l2_normalized(c[key_dim + kh * s + j], s, eps);
+    float v = c[2 * key_dim + vh * s + j];
+    float beta = 1.f / (1.f + expf(-g.b));
+    float decay = expf(softplus_f(g.a + dt_bias[vh]) * ssm_a[vh]);
+    __syncthreads();
+    // S^T k over the decayed state, summed in key order as the CPU's.
     float sk = 0.f;
     for (int i = 0; i < s; i++) sk += ks[i] * (fresh ? 0.f : S[(size_t)i * s + j] * decay);
     float u = (v - sk) * beta;
@@ -101,14 +115,111 @@ extern "C" __global__ void delta_rule(const float* conv, const float* ba, const 
     }
     o *= 1.f / sqrtf((float)s);
     float r = rms_scale((double)(o * o), s, eps);
-    int zi = vh * s + j;
-    float zv = z ? z[zi] : in_fused[(zi / (ratio * s)) * (2 * s + 2 * ratio * s) + 2 * s +
-                                    ratio * s + zi % (ratio * s)];
-    out[zi] = (o * r) * norm[j] * silu_f(zv);
+    return (o * r) * norm[j] * silu_f(g.z);
 }
 
-// Qwen3-Next's gated attention output, one token. split_query_gate: the Q projection's rows
-// (per head hd query values, then hd gate values) into the queries q and the gates g.
+// One token, a block per value head (s threads, at most 256).
+extern "C" __global__ void delta_rule(const float* conv, const float* ba, const float* alpha,
+                                      const float* dt_bias, const float* ssm_a,
+                                      const float* norm, const float* in_fused, const float* z,
+                                      float* state, const u32* pos, float* out, int n_k_heads,
+                                      int n_v_heads, int s, int tiled, float eps) {
+    step_begin();
+    __shared__ float qs[256], ks[256];
+    int vh = blockIdx.x, zi = vh * s + threadIdx.x, ratio = n_v_heads / n_k_heads;
+    int kh = tiled ? vh % n_k_heads : vh / ratio;
+    DeltaGates g = delta_gates(ba, alpha, in_fused, z, vh, zi, ratio, s);
+    out[zi] = delta_rule_token(conv, g, dt_bias, ssm_a, norm, state + (size_t)vh * s * s,
+                               *pos == 0, vh, kh, n_k_heads * s, s, eps, qs, ks);
+}
+
+// ---- The same over a prompt's n tokens (the prompt pass) ------------------------------------
+// The projections are GEMMs over the batch's rows (row t of `in` is token t's, in_stride floats
+// apart; of ba, ba_stride; of alpha, n_v_heads; of z or in_fused, z_stride); the tokens at
+// positions pos0.. (pos0 == 0: the states start from zeros). The read-out rows are f16, the
+// output GEMM's input. The delta rule runs the decode step's recurrence token after token in
+// one launch, not yet the chunked form on the tensor cores.
+
+extern "C" __global__ void delta_conv_rows(const float* in, int in_stride, int fused,
+                                           const float* w, float* state, int pos0, float* out,
+                                           int channels, int taps, int key_dim, int s, int ratio,
+                                           int n) {
+    int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= channels) return;
+    const float* wc = w + (size_t)c * taps;
+    int src = conv_source(c, fused, key_dim, s, ratio);
+    for (int t = 0; t < n; t++)
+        out[(size_t)t * channels + c] = conv_token(in[(size_t)t * in_stride + src], state, wc,
+                                                   taps, channels, c, pos0 == 0 && t == 0);
+}
+
+extern "C" __global__ void delta_rule_rows(const float* conv, const float* ba, int ba_stride,
+                                           const float* alpha, const float* dt_bias,
+                                           const float* ssm_a, const float* norm,
+                                           const float* in_fused, const float* z, int z_stride,
+                                           float* state, int pos0, u16* out, int n_k_heads,
+                                           int n_v_heads, int s, int tiled, float eps, int n) {
+    __shared__ float qs[256], ks[256];
+    int vh = blockIdx.x, zi = vh * s + threadIdx.x, ratio = n_v_heads / n_k_heads;
+    int kh = tiled ? vh % n_k_heads : vh / ratio;
+    int key_dim = n_k_heads * s, value_dim = n_v_heads * s, channels = 2 * key_dim + value_dim;
+    float* S = state + (size_t)vh * s * s;
+    for (int t = 0; t < n; t++) {
+        DeltaGates g = delta_gates(ba + (size_t)t * ba_stride,
+                                   alpha ? alpha + (size_t)t * n_v_heads : nullptr,
+                                   in_fused + (size_t)t * z_stride,
+                                   z ? z + (size_t)t * z_stride : nullptr, vh, zi, ratio, s);
+        float o = delta_rule_token(conv + (size_t)t * channels, g, dt_bias, ssm_a, norm, S,
+                                   pos0 == 0 && t == 0, vh, kh, key_dim, s, eps, qs, ks);
+        out[(size_t)t * value_dim + zi] = f2h(o);
+    }
+}
+
+// ---- One token of each of several sequences (the batched decode step) ------------------------
+// Row t belongs to slot slot[t] at position pos[t] (rows laid out as the prompt pass's); a
+// slot's states start slot * conv_stride and slot * ssm_stride floats in.
+
+extern "C" __global__ void delta_conv_slots(const float* in, int in_stride, int fused,
+                                            const float* w, float* conv_state,
+                                            long long conv_stride, const u32* slot,
+                                            const u32* pos, float* out, int channels, int taps,
+                                            int key_dim, int s, int ratio) {
+    int c = blockIdx.x * blockDim.x + threadIdx.x, t = blockIdx.y;
+    if (c >= channels) return;
+    float x = in[(size_t)t * in_stride + conv_source(c, fused, key_dim, s, ratio)];
+    out[(size_t)t * channels + c] =
+        conv_token(x, conv_state + (size_t)slot[t] * conv_stride, w + (size_t)c * taps, taps,
+                   channels, c, pos[t] == 0);
+}
+
+// Block (vh, t): value head vh of row t.
+extern "C" __global__ void delta_rule_slots(const float* conv, const float* ba, int ba_stride,
+                                            const float* alpha, const float* dt_bias,
+                                            const float* ssm_a, const float* norm,
+                                            const float* in_fused, const float* z, int z_stride,
+                                            float* ssm_state, long long ssm_stride,
+                                            const u32* slot, const u32* pos, u16* out,
+                                            int n_k_heads, int n_v_heads, int s, int tiled,
+                                            float eps) {
+    __shared__ float qs[256], ks[256];
+    int vh = blockIdx.x, t = blockIdx.y, zi = vh * s + threadIdx.x;
+    int ratio = n_v_heads / n_k_heads, kh = tiled ? vh % n_k_heads : vh / ratio;
+    int key_dim = n_k_heads * s, value_dim = n_v_heads * s, channels = 2 * key_dim + value_dim;
+    DeltaGates g = delta_gates(ba + (size_t)t * ba_stride,
+                               alpha ? alpha + (size_t)t * n_v_heads : nullptr,
+                               in_fused + (size_t)t * z_stride,
+                               z ? z + (size_t)t * z_stride : nullptr, vh, zi, ratio, s);
+    float* S = ssm_state + (size_t)slot[t] * ssm_stride + (size_t)vh * s * s;
+    float o = delta_rule_token(conv + (size_t)t * channels, g, dt_bias, ssm_a, norm, S,
+                               pos[t] == 0, vh, kh, key_dim, s, eps, qs, ks);
+    out[(size_t)t * value_dim + zi] = f2h(o);
+}
+
+// ---- Qwen3-Next's gated attention output ------------------------------------------------------
+// The Q projection's rows hold per head hd query values, then hd gate values: split_query_gate
+// parts them (one token; _rows: token blockIdx.y of a batch), and the attention's output is
+// multiplied by the gates' sigmoid (ggml's sigmoid: 1 / (1 + e^-x)) before the output product.
+
 extern "C" __global__ void split_query_gate(const float* qg, float* q, float* g, int n_head,
                                             int hd) {
     step_begin();
@@ -119,103 +230,6 @@ extern "C" __global__ void split_query_gate(const float* qg, float* q, float* g,
     g[i] = qg[(size_t)h * 2 * hd + hd + e];
 }
 
-// x *= sigmoid(g) over n values (ggml's sigmoid: 1 / (1 + e^-x)).
-extern "C" __global__ void sigmoid_mul(float* x, const float* g, int n) {
-    step_begin();
-    int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) x[i] *= 1.f / (1.f + expf(-g[i]));
-}
-
-// ---- The same over a prompt's n tokens (the batched pass) -----------------------------------
-//
-// The projections are GEMMs over the batch's rows (row t of `in` is token t's, in_stride
-// floats apart); the convolution runs a thread per channel along the tokens; the delta rule a
-// block per value head along the tokens: the recurrence of the decode step token after token
-// in one launch, not yet the chunked form on the tensor cores.
-
-// delta_conv over n tokens at positions pos0.. (pos0 == 0: the state starts from zeros).
-extern "C" __global__ void delta_conv_rows(const float* in, int in_stride, int fused,
-                                           const float* w, float* state, int pos0, float* out,
-                                           int channels, int taps, int key_dim, int s, int ratio,
-                                           int n) {
-    int c = blockIdx.x * blockDim.x + threadIdx.x;
-    if (c >= channels) return;
-    const float* wc = w + (size_t)c * taps;
-    int src = conv_source(c, fused, key_dim, s, ratio);
-    // The window's older inputs, oldest first (taps is small: at most 8 here).
-    float hist[8];
-    for (int i = 0; i < taps - 1; i++) hist[i] = pos0 == 0 ? 0.f : state[(size_t)i * channels + c];
-    for (int t = 0; t < n; t++) {
-        float x = in[(size_t)t * in_stride + src];
-        float acc = 0.f;
-        for (int i = 0; i < taps - 1; i++) acc += hist[i] * wc[i];
-        acc += x * wc[taps - 1];
-        for (int i = 0; i + 1 < taps - 1; i++) hist[i] = hist[i + 1];
-        if (taps > 1) hist[taps - 2] = x;
-        out[(size_t)t * channels + c] = silu_f(acc);
-    }
-    for (int i = 0; i < taps - 1; i++) state[(size_t)i * channels + c] = hist[i];
-}
-
-// delta_rule over n tokens (block vh, s threads; the state read and written in place, a
-// thread's column in L2 from token to token): row t of conv holds token t's channels, of ba
-// (ba_stride) its gates, of z or in_fused (z_stride) its output gates; out's row t
-// (value_dim halfs) the gated norm as f16 for the output GEMM.
-extern "C" __global__ void delta_rule_rows(const float* conv, const float* ba, int ba_stride,
-                                           const float* alpha, const float* dt_bias,
-                                           const float* ssm_a, const float* norm,
-                                           const float* in_fused, const float* z, int z_stride,
-                                           float* state, int pos0, u16* out, int n_k_heads,
-                                           int n_v_heads, int s, int tiled, float eps, int n) {
-    __shared__ float qs[256], ks[256];
-    int vh = blockIdx.x, j = threadIdx.x;
-    int ratio = n_v_heads / n_k_heads, key_dim = n_k_heads * s, value_dim = n_v_heads * s;
-    int channels = 2 * key_dim + value_dim;
-    int kh = tiled ? vh % n_k_heads : vh / ratio;
-    float* S = state + (size_t)vh * s * s;
-    float scale = 1.f / sqrtf((float)s);
-    for (int t = 0; t < n; t++) {
-        bool fresh = pos0 == 0 && t == 0;
-        const float* c = conv + (size_t)t * channels;
-        __syncthreads();
-        qs[j] = l2_normalized(c[kh * s + j], s, eps);
-        ks[j] = l2_normalized(c[key_dim + kh * s + j], s, eps);
-        float v = c[2 * key_dim + vh * s + j];
-        const float* g = ba + (size_t)t * ba_stride;
-        float b, a;
-        if (alpha) {
-            b = g[vh];
-            a = alpha[(size_t)t * n_v_heads + vh];
-        } else {
-            int kg = vh / ratio, r = vh % ratio;
-            b = g[kg * 2 * ratio + r];
-            a = g[kg * 2 * ratio + ratio + r];
-        }
-        float beta = 1.f / (1.f + expf(-b));
-        float decay = expf(softplus_f(a + dt_bias[vh]) * ssm_a[vh]);
-        __syncthreads();
-        float sk = 0.f;
-        for (int i = 0; i < s; i++) sk += ks[i] * (fresh ? 0.f : S[(size_t)i * s + j] * decay);
-        float u = (v - sk) * beta;
-        float o = 0.f;
-        for (int i = 0; i < s; i++) {
-            float x = (fresh ? 0.f : S[(size_t)i * s + j] * decay) + ks[i] * u;
-            S[(size_t)i * s + j] = x;
-            o += qs[i] * x;
-        }
-        o *= scale;
-        float r = rms_scale((double)(o * o), s, eps);
-        int zi = vh * s + j;
-        float zv = z ? z[(size_t)t * z_stride + zi]
-                     : in_fused[(size_t)t * z_stride + (zi / (ratio * s)) * (2 * s + 2 * ratio * s) +
-                                2 * s + ratio * s + zi % (ratio * s)];
-        out[(size_t)t * value_dim + zi] = f2h((o * r) * norm[j] * silu_f(zv));
-    }
-}
-
-// The gated attention output over a batch's rows: split_query_gate per token (row t of qg is
-// 2 * n_head * hd floats; q and g rows of n_head * hd), and attention rows (f16) times sigmoid
-// of their gates.
 extern "C" __global__ void split_query_gate_rows(const float* qg, float* q, float* g, int n_head,
                                                  int hd) {
     int i = blockIdx.x * blockDim.x + threadIdx.x, t = blockIdx.y, w = n_head * hd;
@@ -224,6 +238,12 @@ extern "C" __global__ void split_query_gate_rows(const float* qg, float* q, floa
     const float* row = qg + (size_t)t * 2 * w;
     q[(size_t)t * w + i] = row[h * 2 * hd + e];
     g[(size_t)t * w + i] = row[h * 2 * hd + hd + e];
+}
+
+extern "C" __global__ void sigmoid_mul(float* x, const float* g, int n) {
+    step_begin();
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] *= 1.f / (1.f + expf(-g[i]));
 }
 
 extern "C" __global__ void sigmoid_mul_f16(u16* x, const float* g, long long n) {

@@ -1179,8 +1179,7 @@ impl Builder {
         if hk == 0 || !hv.is_multiple_of(hk) || hv == 0 {
             return Err(decline("delta_net.n_v_heads", format!("{hv} over {hk}")));
         }
-        // (the prompt pass keeps a channel's window in registers: at most 8 older inputs)
-        if taps == 0 || taps > 9 {
+        if taps == 0 {
             return Err(decline("delta_net.conv_kernel", taps));
         }
         let d = self.matrices[0].cols;
