@@ -14,7 +14,7 @@ use ferrolm_model::ModelPlan;
 use crate::kernels;
 use crate::prefill::{self, Addresses, Prefill, RowsWant, MAX_BATCH};
 use crate::schedule::{
-    decode_plan_with, Arg, Buf, DecodePlan, MixerRefs, SAMPLE_DRAWS, SAMPLE_MAX_K, TOKEN_RING,
+    decode_plan_with, Arg, Buf, DecodePlan, SAMPLE_DRAWS, SAMPLE_MAX_K, TOKEN_RING,
 };
 use crate::{CudaError, CudaTuning};
 
@@ -308,12 +308,11 @@ fn buffer_bytes(p: &DecodePlan, b: Buf, slots: usize) -> usize {
         Buf::DeltaAlpha => p.delta.alpha,
         Buf::DeltaConv => p.delta.channels,
         Buf::DeltaOut => p.delta.value,
-        // (one sequence: the batched passes decline recurrent layers)
-        Buf::ConvState(l) | Buf::SsmState(l) => match &p.layers[l].mixer {
-            MixerRefs::DeltaNet(r) if b == Buf::ConvState(l) => r.conv_state(),
-            MixerRefs::DeltaNet(r) => r.ssm_state(),
-            MixerRefs::Attention(_) => 0,
-        },
+        // A slot's states after another's, as the caches (and the spare slot's).
+        Buf::ConvState(l) | Buf::SsmState(l) => {
+            let slots = if slots > 1 { slots + 1 } else { 1 };
+            slots * p.layers[l].state_floats()[usize::from(b == Buf::SsmState(l))]
+        }
         Buf::K | Buf::V => p.max_kv,
         Buf::Gate | Buf::Up | Buf::Act => p.max_ff,
         Buf::PartO => p.max_part,
@@ -611,11 +610,10 @@ impl CudaModel {
             model.capture()?;
         }
         if slots > 1 {
-            if model.prefill.is_none() || !model.is_whole() || !model.plan.batched_decode_serves() {
+            if model.prefill.is_none() || !model.is_whole() {
                 return Err(CudaError::Model(
                     "more than one sequence on the GPU needs the batched pass (the whole model \
-                     there, cuBLAS, no recurrent layers, gated attention outputs or gpt-oss \
-                     fields)"
+                     there, cuBLAS, no gpt-oss fields)"
                         .into(),
                 ));
             }
@@ -658,13 +656,15 @@ impl CudaModel {
             vectors: self.vector_addrs.clone(),
             k_cache: offset(&self.k_cache),
             v_cache: offset(&self.v_cache),
-            // (one sequence's: the batched decode step declines recurrent layers)
             states: (0..self.plan.layers.len())
                 .map(|l| {
-                    [Buf::ConvState(l), Buf::SsmState(l)].map(|b| {
-                        self.buf_index
-                            .get(&b)
-                            .map_or(0, |&i| self._buffers[i].device_ptr(&self.stream).0)
+                    let floats = self.plan.layers[l].state_floats();
+                    [0, 1].map(|i| {
+                        let b = [Buf::ConvState(l), Buf::SsmState(l)][i];
+                        self.buf_index.get(&b).map_or(0, |&k| {
+                            self._buffers[k].device_ptr(&self.stream).0
+                                + (4 * slot * floats[i]) as u64
+                        })
                     })
                 })
                 .collect(),

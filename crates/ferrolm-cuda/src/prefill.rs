@@ -288,7 +288,7 @@ fn widest_matrix(p: &DecodePlan) -> usize {
 
 impl Prefill {
     /// Allocates the batch buffers, or `None` when cuBLAS is not on this machine or the plan
-    /// has layers the prompt pass does not serve ([`DecodePlan::prompt_pass_serves`]):
+    /// has layers the prompt pass does not serve ([`DecodePlan::batched_passes_serve`]):
     /// prompts then run as decode steps.
     pub(crate) fn new(
         stream: &Arc<CudaStream>,
@@ -296,7 +296,7 @@ impl Prefill {
         p: &DecodePlan,
         tuning: &CudaTuning,
     ) -> Result<Option<Prefill>, CudaError> {
-        if !p.prompt_pass_serves() {
+        if !p.batched_passes_serve() {
             return Ok(None);
         }
         match CudaBatch::new(stream, module)? {
@@ -621,12 +621,7 @@ impl<D: BatchDevice> Prefill<D> {
             let ar = match &r.mixer {
                 MixerRefs::Attention(a) => a,
                 MixerRefs::DeltaNet(dn) => {
-                    let Placement::Prompt { pos0 } = rows else {
-                        return Err(CudaError::Model(
-                            "a batched step of several sequences with recurrent layers".into(),
-                        ));
-                    };
-                    self.delta_net_rows(p, at, l, dn, n, pos0)?;
+                    self.delta_net(p, at, l, dn, n, rows)?;
                     let out = self.hybrid.as_ref().map(|b| self.dev.address(&b.out));
                     let out = out.expect("a plan with delta-nets has their buffers");
                     self.block_output(p, at, dn.out, out, n, r.post_attn_norm, r.residual_scale)?;
@@ -639,8 +634,10 @@ impl<D: BatchDevice> Prefill<D> {
             let q_dim = ar.n_head * ar.head_dim;
             let kv_dim = ar.n_head_kv * ar.head_dim;
             let fused_qkv = match rows {
-                Placement::Slots { .. } => self.qkv_kept.get(l).copied().flatten(),
-                Placement::Prompt { .. } => None,
+                Placement::Slots { .. } if !ar.gated_output => {
+                    self.qkv_kept.get(l).copied().flatten()
+                }
+                _ => None,
             };
             let (q, k, v, q_stride, kv_stride) = match (fused_qkv, &self.qkv_rows) {
                 (Some(w), Some(rows_buf)) => {
@@ -751,15 +748,6 @@ impl<D: BatchDevice> Prefill<D> {
                         128,
                         &args,
                     )?;
-                    if let Some(b) = self.hybrid.as_ref().filter(|_| ar.gated_output) {
-                        let (g, total) = (self.dev.address(&b.attn_gate), (n * q_dim) as u64);
-                        self.run(
-                            "sigmoid_mul_f16",
-                            (total.div_ceil(256) as u32, 1),
-                            256,
-                            &[Value::Ptr(attn), Value::Ptr(g), Value::I64(total as i64)],
-                        )?;
-                    }
                 }
                 Placement::Slots { slot_stride } => {
                     let (slots, pos) = (
@@ -800,6 +788,15 @@ impl<D: BatchDevice> Prefill<D> {
                         ],
                     )?;
                 }
+            }
+            if let Some(b) = self.hybrid.as_ref().filter(|_| ar.gated_output) {
+                let (g, total) = (self.dev.address(&b.attn_gate), (n * q_dim) as u64);
+                self.run(
+                    "sigmoid_mul_f16",
+                    (total.div_ceil(256) as u32, 1),
+                    256,
+                    &[Value::Ptr(attn), Value::Ptr(g), Value::I64(total as i64)],
+                )?;
             }
             self.block_output(p, at, ar.wo, attn, n, r.post_attn_norm, r.residual_scale)?;
             self.feed_forward(p, at, l, r, n, rows)?;
@@ -873,18 +870,19 @@ impl<D: BatchDevice> Prefill<D> {
         self.block_output(p, at, down, act, n, r.post_ffn_norm, r.residual_scale)
     }
 
-    /// Layer `l`'s gated delta-net over a prompt's `n` tokens at positions `pos0..` (their f16
-    /// norms in `h`): the projections' GEMMs, `delta_conv_rows` and `delta_rule_rows` (the
-    /// layer's states carried from the batch before, or zeros at position 0), the read-out in
-    /// the hybrid buffers' `out` for the output product.
-    fn delta_net_rows(
+    /// Layer `l`'s gated delta-net over the batch's `n` rows (their f16 norms in `h`): the
+    /// projections' GEMMs, then for a prompt `delta_conv_rows` and `delta_rule_rows` (the
+    /// layer's states carried from the batch before, or zeros at position 0), for a batched
+    /// step `delta_conv_slots` and `delta_rule_slots` (each row its slot's states); the
+    /// read-out in the hybrid buffers' `out` for the output product.
+    fn delta_net(
         &mut self,
         p: &DecodePlan,
         at: &Addresses,
         l: usize,
         dn: &DeltaNetRefs,
         n: usize,
-        pos0: usize,
+        rows: Placement<'_>,
     ) -> Result<(), CudaError> {
         let b = self
             .hybrid
@@ -921,52 +919,83 @@ impl<D: BatchDevice> Prefill<D> {
             }
         }
         let [conv_state, ssm_state] = at.states[l];
-        self.run(
-            "delta_conv_rows",
-            (channels.div_ceil(128) as u32, 1),
-            128,
-            &[
-                Value::Ptr(input),
-                Value::I32(in_stride as i32),
-                Value::I32(i32::from(fused)),
-                Value::Ptr(at.vectors[dn.conv]),
-                Value::Ptr(conv_state),
-                Value::I32(pos0 as i32),
-                Value::Ptr(conv),
-                Value::I32(channels as i32),
-                Value::I32(dn.conv_kernel as i32),
-                Value::I32(key_dim as i32),
-                Value::I32(s as i32),
-                Value::I32((hv / hk) as i32),
-                Value::I32(n as i32),
-            ],
-        )?;
-        self.run(
-            "delta_rule_rows",
-            (hv as u32, 1),
-            s as u32,
-            &[
-                Value::Ptr(conv),
-                Value::Ptr(ba),
-                Value::I32(ba_stride as i32),
-                Value::Ptr(alpha_ptr),
-                Value::Ptr(at.vectors[dn.dt_bias]),
-                Value::Ptr(at.vectors[dn.a]),
-                Value::Ptr(at.vectors[dn.norm]),
-                Value::Ptr(input),
-                Value::Ptr(z_ptr),
-                Value::I32(z_stride as i32),
-                Value::Ptr(ssm_state),
-                Value::I32(pos0 as i32),
-                Value::Ptr(out),
-                Value::I32(hk as i32),
-                Value::I32(hv as i32),
-                Value::I32(s as i32),
-                Value::I32(i32::from(dn.tiled_key_heads)),
-                Value::F32(p.norm_eps),
-                Value::I32(n as i32),
-            ],
-        )
+        let ratio = hv / hk;
+        // The kernels' arguments: the input, the weights and state, where the tokens are.
+        let conv_in = [
+            Value::Ptr(input),
+            Value::I32(in_stride as i32),
+            Value::I32(i32::from(fused)),
+            Value::Ptr(at.vectors[dn.conv]),
+            Value::Ptr(conv_state),
+        ];
+        let conv_shape = [
+            Value::I32(channels as i32),
+            Value::I32(dn.conv_kernel as i32),
+            Value::I32(key_dim as i32),
+            Value::I32(s as i32),
+            Value::I32(ratio as i32),
+        ];
+        let rule_in = [
+            Value::Ptr(conv),
+            Value::Ptr(ba),
+            Value::I32(ba_stride as i32),
+            Value::Ptr(alpha_ptr),
+            Value::Ptr(at.vectors[dn.dt_bias]),
+            Value::Ptr(at.vectors[dn.a]),
+            Value::Ptr(at.vectors[dn.norm]),
+            Value::Ptr(input),
+            Value::Ptr(z_ptr),
+            Value::I32(z_stride as i32),
+            Value::Ptr(ssm_state),
+        ];
+        let rule_shape = [
+            Value::I32(hk as i32),
+            Value::I32(hv as i32),
+            Value::I32(s as i32),
+            Value::I32(i32::from(dn.tiled_key_heads)),
+            Value::F32(p.norm_eps),
+        ];
+        let conv_grid = channels.div_ceil(128) as u32;
+        match rows {
+            Placement::Prompt { pos0 } => {
+                let pos0 = Value::I32(pos0 as i32);
+                let mut args = conv_in.to_vec();
+                args.extend([pos0, Value::Ptr(conv)]);
+                args.extend(conv_shape);
+                args.push(Value::I32(n as i32));
+                self.run("delta_conv_rows", (conv_grid, 1), 128, &args)?;
+                let mut args = rule_in.to_vec();
+                args.extend([pos0, Value::Ptr(out)]);
+                args.extend(rule_shape);
+                args.push(Value::I32(n as i32));
+                self.run("delta_rule_rows", (hv as u32, 1), s as u32, &args)
+            }
+            Placement::Slots { .. } => {
+                let [conv_floats, ssm_floats] = [dn.conv_state(), dn.ssm_state()];
+                let (slots, pos) = (
+                    self.dev.address(&self.row_slots),
+                    self.dev.address(&self.row_pos),
+                );
+                let mut args = conv_in.to_vec();
+                args.extend([
+                    Value::I64(conv_floats as i64),
+                    Value::Ptr(slots),
+                    Value::Ptr(pos),
+                    Value::Ptr(conv),
+                ]);
+                args.extend(conv_shape);
+                self.run("delta_conv_slots", (conv_grid, n as u32), 128, &args)?;
+                let mut args = rule_in.to_vec();
+                args.extend([
+                    Value::I64(ssm_floats as i64),
+                    Value::Ptr(slots),
+                    Value::Ptr(pos),
+                    Value::Ptr(out),
+                ]);
+                args.extend(rule_shape);
+                self.run("delta_rule_slots", (hv as u32, n as u32), s as u32, &args)
+            }
+        }
     }
 
     /// Layer `r`'s mixture of experts over the batch's `n` rows (their f16 norms in `h`),

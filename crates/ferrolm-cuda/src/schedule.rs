@@ -280,6 +280,15 @@ pub struct LayerRefs {
 }
 
 impl LayerRefs {
+    /// Floats of one sequence's recurrent states: the convolution's and the delta rule's (zeros
+    /// for attention).
+    pub fn state_floats(&self) -> [usize; 2] {
+        match &self.mixer {
+            MixerRefs::DeltaNet(d) => [d.conv_state(), d.ssm_state()],
+            MixerRefs::Attention(_) => [0, 0],
+        }
+    }
+
     /// The layer's attention, when it mixes tokens by attention.
     pub fn attention(&self) -> Option<&AttentionRefs> {
         match &self.mixer {
@@ -2150,10 +2159,11 @@ pub fn decode_plan_with(
 }
 
 impl DecodePlan {
-    /// Whether the prompt pass serves every layer: attention (a gated output included, without
-    /// Q/K/V biases) and gated delta-nets, but not yet gpt-oss's sinks, biases and clamped
-    /// SwiGLU (such a model's prompts run as decode steps).
-    pub fn prompt_pass_serves(&self) -> bool {
+    /// Whether the batched passes (prompt batches, several sequences a step) serve every layer:
+    /// attention (a gated output included, without Q/K/V biases) and gated delta-nets, but not
+    /// yet gpt-oss's sinks, biases and clamped SwiGLU (such a model's prompts run as decode
+    /// steps, one sequence at a time).
+    pub fn batched_passes_serve(&self) -> bool {
         self.layers.iter().all(|r| {
             r.activation != GateActivation::SwigluOai
                 && r.moe.as_ref().is_none_or(|m| m.biases.is_none())
@@ -2166,17 +2176,6 @@ impl DecodePlan {
                     MixerRefs::DeltaNet(_) => true,
                 }
         })
-    }
-
-    /// Whether the batched decode step (several sequences a step) serves every layer: the
-    /// prompt pass's, without the recurrent layers (whose states are one sequence's) or the
-    /// gated attention output.
-    pub fn batched_decode_serves(&self) -> bool {
-        self.prompt_pass_serves()
-            && self
-                .layers
-                .iter()
-                .all(|r| r.attention().is_some_and(|a| !a.gated_output))
     }
 
     /// The plan for a device without bulk copies (before compute capability 9.0): staged
