@@ -23,12 +23,29 @@ use host_math as math;
 /// Positions each cache holds.
 const N_CTX: usize = 128;
 
+/// The default tuning without CUDA graphs (the host device captures none).
+fn host_tuning() -> CudaTuning {
+    CudaTuning {
+        graphs: false,
+        ..CudaTuning::default()
+    }
+}
+
 /// A synthetic file, its CPU model and the CUDA plan of the whole model.
 fn load(spec: &SyntheticSpec, tuning: &CudaTuning) -> (Arc<GgufFile>, Model, DecodePlan) {
+    load_layers(spec, tuning, None)
+}
+
+/// [`load`] with a plan of the first `gpu_layers` only (`None`: all).
+fn load_layers(
+    spec: &SyntheticSpec,
+    tuning: &CudaTuning,
+    gpu_layers: Option<usize>,
+) -> (Arc<GgufFile>, Model, DecodePlan) {
     let file = Arc::new(GgufFile::from_bytes(synthetic::build(spec).unwrap().to_bytes()).unwrap());
     let model = Model::from_file(file.clone(), 1).unwrap();
     let types = |name: &str| file.tensor(name).map(|t| t.ty);
-    let n_layer = model.plan().layers.len();
+    let n_layer = gpu_layers.unwrap_or(model.plan().layers.len());
     let plan = decode_plan_with(model.plan(), N_CTX, &types, n_layer, tuning).unwrap();
     (file, model, plan)
 }
@@ -300,10 +317,7 @@ fn files() -> Vec<(String, SyntheticSpec)> {
 /// different lengths), with the weights dequantized per product and from kept f16 copies.
 #[test]
 fn the_batched_step_computes_what_the_cpu_computes() {
-    let tuning = CudaTuning {
-        graphs: false,
-        ..CudaTuning::default()
-    };
+    let tuning = host_tuning();
     for (name, spec) in files() {
         let mut distances = Vec::new();
         for batch in [1, 3, 8] {
@@ -374,10 +388,7 @@ fn check_prompt(what: &str, spec: &SyntheticSpec, tuning: &CudaTuning, n: usize)
 /// (other widths, or the switch off, with f32 expert inputs), against the CPU.
 #[test]
 fn the_prompt_pass_computes_what_the_cpu_computes() {
-    let tensor_cores = CudaTuning {
-        graphs: false,
-        ..CudaTuning::default()
-    };
+    let tensor_cores = host_tuning();
     let tiles = CudaTuning {
         tensor_core_attention: false,
         quantized_activations: false,
@@ -403,10 +414,7 @@ fn the_prompt_pass_computes_what_the_cpu_computes() {
 /// swapped, or the key and value rows it stores, is far from the CPU.
 #[test]
 fn a_swapped_argument_is_caught() {
-    let tuning = CudaTuning {
-        graphs: false,
-        ..CudaTuning::default()
-    };
+    let tuning = host_tuning();
     let mut spec = SyntheticSpec::small("llama");
     spec.n_layer = 2;
     spec.head_dim = 64;
@@ -426,5 +434,59 @@ fn a_swapped_argument_is_caught() {
             distances.iter().any(|d| !d.is_close()),
             "{what}: still close to the CPU"
         );
+    }
+}
+
+/// `--gpu-layers`: a prompt through the first layers' plan returns every token's residual
+/// stream, from which the CPU's remaining layers and output head give the CPU model's logits.
+#[test]
+fn the_first_layers_hand_the_cpu_their_residual_stream() {
+    let tuning = host_tuning();
+    let mut spec = SyntheticSpec::small("llama");
+    spec.n_layer = 4;
+    spec.head_dim = 64;
+    let first = 2;
+    let (file, model, plan) = load_layers(&spec, &tuning, Some(first));
+    assert!(plan.head.is_none());
+    let dev = HostDevice::new(&file, &plan, 1);
+    let at = dev.addresses(0);
+    let mut prefill = Prefill::on(dev, &plan, &tuning).unwrap();
+    let seq = ids(3, 30);
+    let hidden = prefill.eval(&plan, &at, &seq, 0, true, true).unwrap();
+    assert_eq!(hidden.len(), seq.len() * plan.n_embd);
+    let split = model
+        .session(N_CTX)
+        .eval_from(&seq, first, &hidden, Logits::All)
+        .unwrap();
+    distance(
+        "the first 2 layers",
+        &cpu_logits(&model, &seq),
+        &split,
+        plan.n_vocab,
+        &[],
+    )
+    .assert_close();
+}
+
+/// The batched step's selections over rows the host gives: each row's greedy choice and its
+/// k largest, as the host finds them.
+#[test]
+fn the_selections_over_given_rows_are_the_hosts() {
+    let tuning = host_tuning();
+    let spec = SyntheticSpec::small("llama");
+    let (file, _, plan) = load(&spec, &tuning);
+    let mut prefill = Prefill::on(HostDevice::new(&file, &plan, 1), &plan, &tuning).unwrap();
+    let rows: Vec<f32> = (0..3 * plan.n_vocab)
+        .map(|i| ((i * 7919) % 1013) as f32 * 0.01)
+        .collect();
+    let (greedy, top) = prefill.select_rows(&plan, &rows, 5).unwrap();
+    for (r, row) in rows.chunks_exact(plan.n_vocab).enumerate() {
+        assert_eq!(greedy[r] as usize, math::argmax(row));
+        let mut sorted = row.to_vec();
+        sorted.sort_by(|a, b| b.total_cmp(a));
+        let mut values: Vec<f32> = top[r].iter().map(|&(_, v)| v).collect();
+        values.sort_by(|a, b| b.total_cmp(a));
+        assert_eq!(values, sorted[..5]);
+        assert!(top[r].iter().all(|&(id, v)| row[id as usize] == v));
     }
 }
