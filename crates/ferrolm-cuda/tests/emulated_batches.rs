@@ -18,7 +18,7 @@ mod host_math;
 use std::sync::Arc;
 
 use batch_emulator::{HostDevice, Swap};
-use ferrolm_cuda::prefill::{Addresses, Prefill, RowsWant};
+use ferrolm_cuda::prefill::{Addresses, Prefill, RowsWant, MAX_BATCH};
 use ferrolm_cuda::schedule::{decode_plan_with, DecodePlan};
 use ferrolm_cuda::{CudaTuning, Rows};
 use ferrolm_gguf::{GgufFile, TensorType};
@@ -26,7 +26,7 @@ use ferrolm_model::synthetic::{self, SyntheticSpec};
 use ferrolm_model::{Logits, Model};
 use host_math as math;
 
-/// Positions each cache holds.
+/// Positions each cache holds (but for the long prompt's).
 const N_CTX: usize = 128;
 
 /// The default tuning without CUDA graphs (the host device captures none).
@@ -39,20 +39,21 @@ fn host_tuning() -> CudaTuning {
 
 /// A synthetic file, its CPU model and the CUDA plan of the whole model.
 fn load(spec: &SyntheticSpec, tuning: &CudaTuning) -> (Arc<GgufFile>, Model, DecodePlan) {
-    load_layers(spec, tuning, None)
+    load_layers(spec, tuning, None, N_CTX)
 }
 
-/// [`load`] with a plan of the first `gpu_layers` only (`None`: all).
+/// [`load`] with a plan of the first `gpu_layers` only (`None`: all) and caches of `n_ctx`.
 fn load_layers(
     spec: &SyntheticSpec,
     tuning: &CudaTuning,
     gpu_layers: Option<usize>,
+    n_ctx: usize,
 ) -> (Arc<GgufFile>, Model, DecodePlan) {
     let file = Arc::new(GgufFile::from_bytes(synthetic::build(spec).unwrap().to_bytes()).unwrap());
     let model = Model::from_file(file.clone(), 1).unwrap();
     let types = |name: &str| file.tensor(name).map(|t| t.ty);
     let n_layer = gpu_layers.unwrap_or(model.plan().layers.len());
-    let plan = decode_plan_with(model.plan(), N_CTX, &types, n_layer, tuning).unwrap();
+    let plan = decode_plan_with(model.plan(), n_ctx, &types, n_layer, tuning).unwrap();
     (file, model, plan)
 }
 
@@ -74,7 +75,7 @@ fn near_ties(prefill: &Prefill<HostDevice>) -> Vec<usize> {
 
 /// The CPU model's logits at every position of `ids`, evaluated alone.
 fn cpu_logits(model: &Model, ids: &[u32]) -> Vec<f32> {
-    model.session(N_CTX).eval(ids, Logits::All).unwrap()
+    model.session(ids.len()).eval(ids, Logits::All).unwrap()
 }
 
 /// How far emulated logits are from the CPU's, in emulated_step.rs's terms.
@@ -452,7 +453,7 @@ fn the_first_layers_hand_the_cpu_their_residual_stream() {
     spec.n_layer = 4;
     spec.head_dim = 64;
     let first = 2;
-    let (file, model, plan) = load_layers(&spec, &tuning, Some(first));
+    let (file, model, plan) = load_layers(&spec, &tuning, Some(first), N_CTX);
     assert!(plan.head.is_none());
     let dev = HostDevice::new(&file, &plan, 1);
     let at = dev.addresses(0);
@@ -495,4 +496,31 @@ fn the_selections_over_given_rows_are_the_hosts() {
         assert_eq!(values, sorted[..5]);
         assert!(top[r].iter().all(|&(id, v)| row[id as usize] == v));
     }
+}
+
+/// A prompt longer than a batch, in batches of [`MAX_BATCH`] as `CudaModel` hands them to the
+/// prompt pass (each at its position; only the last chooses a token).
+#[test]
+fn a_prompt_longer_than_a_batch_goes_in_batches() {
+    let tuning = host_tuning();
+    let mut spec = SyntheticSpec::small("llama");
+    spec.n_layer = 2;
+    spec.head_dim = 64;
+    let seq = ids(4, MAX_BATCH + 88);
+    let (file, model, plan) = load_layers(&spec, &tuning, None, seq.len());
+    let dev = HostDevice::new(&file, &plan, 1);
+    let at = dev.addresses(0);
+    let mut prefill = Prefill::on(dev, &plan, &tuning).unwrap();
+    let n_batches = seq.len().div_ceil(MAX_BATCH);
+    let mut logits = Vec::new();
+    for (i, batch) in seq.chunks(MAX_BATCH).enumerate() {
+        let last = i + 1 == n_batches;
+        logits.extend(
+            prefill
+                .eval(&plan, &at, batch, i * MAX_BATCH, true, last)
+                .unwrap(),
+        );
+    }
+    let what = format!("a prompt of {} in batches of {MAX_BATCH}", seq.len());
+    distance(&what, &cpu_logits(&model, &seq), &logits, plan.n_vocab, &[]).assert_close();
 }
