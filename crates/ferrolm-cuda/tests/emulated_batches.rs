@@ -29,6 +29,15 @@ use host_math as math;
 /// Positions each cache holds (but for the long prompt's).
 const N_CTX: usize = 128;
 
+/// A small synthetic file of `arch`: two layers, heads of 64 (the CUDA path serves heads of a
+/// multiple of 32; 64 takes the tensor-core attention).
+fn small(arch: &str) -> SyntheticSpec {
+    let mut s = SyntheticSpec::small(arch);
+    s.n_layer = 2;
+    s.head_dim = 64;
+    s
+}
+
 /// The default tuning without CUDA graphs (the host device captures none).
 fn host_tuning() -> CudaTuning {
     CudaTuning {
@@ -263,38 +272,29 @@ fn batched_steps(
 fn files() -> Vec<(String, SyntheticSpec)> {
     let mut cases = Vec::new();
     for arch in ["llama", "qwen2", "qwen3"] {
-        let mut s = SyntheticSpec::small(arch);
-        s.n_layer = 2;
-        s.head_dim = 64;
-        cases.push((arch.to_string(), s));
+        cases.push((arch.to_string(), small(arch)));
     }
     for arch in ["gemma2", "gemma3", "granite", "phi3"] {
-        let mut s = SyntheticSpec::small(arch);
-        s.head_dim = 64;
-        s.n_layer = 2;
+        let mut s = small(arch);
         s.sliding_window = s.sliding_window.map(|_| 8);
         cases.push((arch.to_string(), s));
     }
-    let mut long_rope = SyntheticSpec::small("phi3");
-    long_rope.head_dim = 64;
-    long_rope.n_layer = 2;
+    let mut long_rope = small("phi3");
     long_rope.long_rope = Some(16);
     cases.push(("phi3 LongRoPE".into(), long_rope));
-    let mut yarn = SyntheticSpec::small("llama");
-    yarn.n_layer = 2;
-    yarn.head_dim = 64;
+    let mut yarn = small("llama");
     yarn.yarn = Some((4.0, 512));
     cases.push(("llama YaRN".into(), yarn));
-    let mut freqs = SyntheticSpec::small("llama");
-    freqs.n_layer = 2;
-    freqs.head_dim = 64;
+    let mut freqs = small("llama");
     freqs.rope_freqs = true;
     freqs.tied_output = true;
     freqs.default_type = TensorType::Q4_K;
     cases.push(("llama Q4_K, frequency factors, tied".into(), freqs));
-    let mut mixed = SyntheticSpec::small("llama");
-    mixed.n_layer = 2;
-    mixed.head_dim = 64;
+    let mut uniform = small("llama");
+    uniform.default_type = TensorType::Q4_0;
+    uniform.types = Vec::new();
+    cases.push(("llama Q4_0 everywhere".into(), uniform));
+    let mut mixed = small("llama");
     mixed.default_type = TensorType::Q4_0;
     mixed.types = vec![
         ("attn_k".into(), TensorType::Q4_K),
@@ -302,9 +302,7 @@ fn files() -> Vec<(String, SyntheticSpec)> {
     ];
     cases.push(("llama mixed types".into(), mixed));
     for arch in ["qwen3moe", "qwen2moe", "llama"] {
-        let mut s = SyntheticSpec::small(arch);
-        s.head_dim = 64;
-        s.n_layer = 2;
+        let mut s = small(arch);
         if arch == "llama" {
             s.n_expert = 8;
             s.n_expert_used = 2;
@@ -422,9 +420,7 @@ fn the_prompt_pass_computes_what_the_cpu_computes() {
 #[test]
 fn a_swapped_argument_is_caught() {
     let tuning = host_tuning();
-    let mut spec = SyntheticSpec::small("llama");
-    spec.n_layer = 2;
-    spec.head_dim = 64;
+    let spec = small("llama");
     for swap in [
         Swap {
             kernel: "attn_rows",
@@ -503,9 +499,7 @@ fn the_selections_over_given_rows_are_the_hosts() {
 #[test]
 fn a_prompt_longer_than_a_batch_goes_in_batches() {
     let tuning = host_tuning();
-    let mut spec = SyntheticSpec::small("llama");
-    spec.n_layer = 2;
-    spec.head_dim = 64;
+    let spec = small("llama");
     let seq = ids(4, MAX_BATCH + 88);
     let (file, model, plan) = load_layers(&spec, &tuning, None, seq.len());
     let dev = HostDevice::new(&file, &plan, 1);
