@@ -38,12 +38,9 @@ fn small(arch: &str) -> SyntheticSpec {
     s
 }
 
-/// The default tuning without CUDA graphs (the host device captures none).
+/// The default tuning (with CUDA graphs: the host device captures and replays them).
 fn host_tuning() -> CudaTuning {
-    CudaTuning {
-        graphs: false,
-        ..CudaTuning::default()
-    }
+    CudaTuning::default()
 }
 
 /// A synthetic file, its CPU model and the CUDA plan of the whole model.
@@ -238,6 +235,15 @@ fn batched_steps(
     }
     for k in expected {
         assert!(launched.iter().any(|l| l.contains(k)), "{what}: no {k}");
+    }
+    if tuning.graphs {
+        // (the first step of a size launches kernel by kernel, the second is captured and
+        // launched as a graph, the third replays it)
+        assert_eq!(
+            prefill.device().replays.get(),
+            steps - 1,
+            "{what}: graph launches"
+        );
     }
     // The last step again, asking for the greedy ids and the candidates: the same rows'.
     let Rows::Greedy(greedy) = step_rows(&mut prefill, steps - 1, RowsWant::Greedy) else {
