@@ -528,7 +528,7 @@ fn route(dev: &HostDevice, mem: &mut Memory, rows: usize, a: &Args) {
     for t in 0..rows {
         let logits = mem.f32s(a.ptr(0) + (4 * t * ne) as u64, ne);
         let (ids, w) = routing.route(&logits, bias.as_deref());
-        if routing.margin(&logits) < NEAR_TIE {
+        if routing.margin(&logits, bias.as_deref()) < NEAR_TIE {
             dev.near_ties.borrow_mut().push(t);
         }
         mem.write(a.ptr(2) + (4 * t * k) as u64, &ids);

@@ -1,11 +1,13 @@
 //! A host [`BatchDevice`] for the batched passes: device addresses stand for host memory
 //! (one byte vector per allocation, so a read or write past an allocation's end panics) and a
-//! launch runs the kernel's work as host code ([`kernels`]). The weights are the file's rows as
+//! launch runs the kernel's work as host code ([`kernels`]); a graph capture records the
+//! launches, and a replay runs them again on what memory holds then (a copy or a wait inside
+//! a capture panics, as it would fail one on the device). The weights are the file's rows as
 //! the CPU holds them (not regrouped: the products read them with the CPU's own kernels).
 
 pub mod kernels;
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
 use std::marker::PhantomData;
 
@@ -104,6 +106,17 @@ impl Memory {
     }
 }
 
+/// A launch or a GEMM, as a captured graph holds it.
+pub enum Op {
+    Launch {
+        kernel: String,
+        grid: (u32, u32),
+        block: u32,
+        args: Vec<Value>,
+    },
+    Gemm(Gemm),
+}
+
 /// Two arguments of `kernel`'s launches to exchange.
 #[derive(Clone, Copy, Debug)]
 pub struct Swap {
@@ -126,6 +139,10 @@ pub struct HostDevice<'f> {
     /// Each matrix's address: its plan index.
     matrix_at: BTreeMap<u64, usize>,
     pub launched: Vec<String>,
+    /// What a capture has recorded so far (`None`: not capturing), and how many times a
+    /// captured graph was replayed.
+    capture: RefCell<Option<Vec<Op>>>,
+    pub replays: Cell<usize>,
     /// The rows of `moe_route` launches whose choice was a near tie, since last taken.
     pub near_ties: RefCell<Vec<usize>>,
     /// A wiring mistake made on purpose: two arguments of a kernel's launches exchanged.
@@ -196,6 +213,8 @@ impl<'f> HostDevice<'f> {
             plan,
             matrix_at,
             launched: Vec::new(),
+            capture: RefCell::new(None),
+            replays: Cell::new(0),
             near_ties: RefCell::new(Vec::new()),
             swap: None,
             matrices,
@@ -250,6 +269,34 @@ impl<'f> HostDevice<'f> {
             .collect()
     }
 
+    /// Runs `op` on the memory.
+    fn execute(&self, op: &Op) {
+        match op {
+            Op::Launch {
+                kernel,
+                grid,
+                block,
+                args,
+            } => kernels::run(self, kernel, *grid, *block, args),
+            Op::Gemm(g) => kernels::gemm(&mut self.memory.borrow_mut(), *g),
+        }
+    }
+
+    /// Runs `op`, or records it while a capture is on (a captured graph reads its inputs
+    /// from memory when it is replayed, not when it is captured).
+    fn submit(&mut self, name: &str, op: Op) {
+        self.launched.push(name.to_string());
+        match self.capture.get_mut() {
+            Some(ops) => ops.push(op),
+            None => self.execute(&op),
+        }
+    }
+
+    /// Copies and waits are not captured (on the device they would fail the capture).
+    fn not_capturing(&self, what: &str) {
+        assert!(self.capture.borrow().is_none(), "{what} during a capture");
+    }
+
     /// The matrix at `addr` and the row `addr` points to.
     pub fn matrix(&self, addr: u64) -> (usize, usize) {
         let (&base, &m) = self
@@ -270,7 +317,7 @@ impl<'f> HostDevice<'f> {
 
 impl BatchDevice for HostDevice<'_> {
     type Buffer<T: Element> = HostBuffer<T>;
-    type Graph = ();
+    type Graph = Vec<Op>;
 
     fn alloc_zeros<T: Element>(&self, n: usize, _: &str) -> Result<HostBuffer<T>, CudaError> {
         let addr = self.memory.borrow_mut().alloc(n * T::BYTES);
@@ -291,6 +338,7 @@ impl BatchDevice for HostDevice<'_> {
         dst: &mut HostBuffer<T>,
         _: &str,
     ) -> Result<(), CudaError> {
+        self.not_capturing("an upload");
         assert!(src.len() <= dst.len, "an upload past the buffer's end");
         self.memory.borrow_mut().write(dst.addr, src);
         Ok(())
@@ -302,12 +350,14 @@ impl BatchDevice for HostDevice<'_> {
         dst: &mut [T],
         _: &str,
     ) -> Result<(), CudaError> {
+        self.not_capturing("a download");
         assert!(dst.len() <= src.len, "a download past the buffer's end");
         dst.copy_from_slice(&self.memory.borrow().read(src.addr, dst.len()));
         Ok(())
     }
 
-    fn synchronize(&self, _: &str) -> Result<(), CudaError> {
+    fn synchronize(&self, what: &str) -> Result<(), CudaError> {
+        self.not_capturing(what);
         Ok(())
     }
 
@@ -318,37 +368,45 @@ impl BatchDevice for HostDevice<'_> {
         block: u32,
         args: &[Value],
     ) -> Result<(), CudaError> {
-        self.launched.push(kernel.to_string());
         let mut args = args.to_vec();
         if let Some(swap) = self.swap.filter(|s| s.kernel == kernel) {
             args.swap(swap.args.0, swap.args.1);
         }
-        kernels::run(self, kernel, grid, block, &args);
+        let op = Op::Launch {
+            kernel: kernel.to_string(),
+            grid,
+            block,
+            args,
+        };
+        self.submit(kernel, op);
         Ok(())
     }
 
     fn gemm(&mut self, g: Gemm) -> Result<(), CudaError> {
-        self.launched.push("gemm".into());
-        kernels::gemm(&mut self.memory.borrow_mut(), g);
+        self.submit("gemm", Op::Gemm(g));
         Ok(())
     }
 
     fn begin_capture(&self) -> Result<(), CudaError> {
-        Err(CudaError::Driver(
-            "the host device captures no graphs".into(),
-        ))
+        let was = self.capture.borrow_mut().replace(Vec::new());
+        assert!(was.is_none(), "a capture inside a capture");
+        Ok(())
     }
 
-    fn end_capture(&self) -> Result<Option<()>, CudaError> {
-        Ok(None)
+    fn end_capture(&self) -> Result<Option<Vec<Op>>, CudaError> {
+        let ops = self.capture.borrow_mut().take().expect("a capture begun");
+        Ok((!ops.is_empty()).then_some(ops))
     }
 
-    fn upload_graph(&self, _: &()) -> Result<(), CudaError> {
-        unreachable!("no graphs are captured")
+    fn upload_graph(&self, _: &Vec<Op>) -> Result<(), CudaError> {
+        Ok(())
     }
 
-    fn launch_graph(&self, _: &()) -> Result<(), CudaError> {
-        unreachable!("no graphs are captured")
+    fn launch_graph(&self, graph: &Vec<Op>) -> Result<(), CudaError> {
+        self.not_capturing("a replay");
+        self.replays.set(self.replays.get() + 1);
+        graph.iter().for_each(|op| self.execute(op));
+        Ok(())
     }
 
     fn profiling(&self) -> bool {

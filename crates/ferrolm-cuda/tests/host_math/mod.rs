@@ -135,30 +135,37 @@ pub struct Routing {
     pub scale: f32,
 }
 
-impl Routing {
-    /// How far apart the router logits of the k-th and the next expert are (the order of a
-    /// softmax or a sigmoid is the logits'; a selection bias or groups are not looked at).
-    pub fn margin(&self, logits: &[f32]) -> f32 {
-        let mut sorted = logits.to_vec();
-        sorted.sort_by(|a, b| b.total_cmp(a));
-        sorted[self.k - 1] - sorted[self.k]
-    }
+/// What the routing decides on: the probabilities, the selection scores (the bias added,
+/// the experts of the groups left out masked) and, with groups, the gap between the last
+/// group kept and the next.
+struct Selection {
+    p: Vec<f32>,
+    sel: Vec<f32>,
+    group_gap: Option<f32>,
+}
 
-    /// One token's experts and weights from its router logits (and selection bias): the
-    /// CPU's routing (routing.rs), written out again.
-    pub fn route(&self, logits: &[f32], bias: Option<&[f32]>) -> (Vec<u32>, Vec<f32>) {
-        let softmax = |x: &mut [f32]| {
-            let max = x.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
-            let sum: f64 = x
-                .iter_mut()
-                .map(|v| {
-                    *v = (*v - max).exp();
-                    f64::from(*v)
-                })
-                .sum();
-            let inv = (1.0 / sum) as f32;
-            x.iter_mut().for_each(|v| *v *= inv);
-        };
+fn softmax(x: &mut [f32]) {
+    let max = x.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+    let sum: f64 = x
+        .iter_mut()
+        .map(|v| {
+            *v = (*v - max).exp();
+            f64::from(*v)
+        })
+        .sum();
+    let inv = (1.0 / sum) as f32;
+    x.iter_mut().for_each(|v| *v *= inv);
+}
+
+/// The indices of `v`, largest value first (ties: the lower index, as a stable sort).
+fn descending(v: &[f32]) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..v.len()).collect();
+    order.sort_by(|&x, &y| v[y].total_cmp(&v[x]));
+    order
+}
+
+impl Routing {
+    fn select(&self, logits: &[f32], bias: Option<&[f32]>) -> Selection {
         let mut p = logits.to_vec();
         match self.gating {
             0 => softmax(&mut p),
@@ -169,28 +176,55 @@ impl Routing {
         if let Some(b) = bias {
             sel.iter_mut().zip(b).for_each(|(s, b)| *s += b);
         }
-        let desc = |v: &[f32]| {
-            let mut order: Vec<usize> = (0..v.len()).collect();
-            order.sort_by(|&x, &y| v[y].total_cmp(&v[x]));
-            order
-        };
         let (n_group, n_used) = self.groups;
+        let mut group_gap = None;
         if let Some(per) = logits.len().checked_div(n_group) {
             let scores: Vec<f32> = sel
                 .chunks(per)
                 .map(|g| {
-                    desc(g)
+                    descending(g)
                         .iter()
                         .take(2)
                         .map(|&i| f64::from(g[i]))
                         .sum::<f64>() as f32
                 })
                 .collect();
-            for &dropped in &desc(&scores)[n_used..] {
+            let order = descending(&scores);
+            group_gap = Some(scores[order[n_used - 1]] - scores[order[n_used]]);
+            for &dropped in &order[n_used..] {
                 sel[dropped * per..(dropped + 1) * per].fill(f32::NEG_INFINITY);
             }
         }
-        let ids: Vec<usize> = desc(&sel)[..self.k].to_vec();
+        Selection { p, sel, group_gap }
+    }
+
+    /// How much the router logits could move before the choice changes, roughly: the gap
+    /// between the k-th expert and the next (and between the last group kept and the next),
+    /// in logits (a selection score moves at most a quarter as much as its logit under a
+    /// softmax or a sigmoid, a group's score of two at most half).
+    pub fn margin(&self, logits: &[f32], bias: Option<&[f32]>) -> f32 {
+        let s = self.select(logits, bias);
+        let slope = if self.gating == 2 { 1.0 } else { 0.25 };
+        let kept: Vec<usize> = (0..logits.len())
+            .filter(|&e| s.sel[e] > f32::NEG_INFINITY)
+            .collect();
+        let expert_gap = if bias.is_none() {
+            // (the scores' order is the logits')
+            let order = descending(&kept.iter().map(|&e| logits[e]).collect::<Vec<_>>());
+            logits[kept[order[self.k - 1]]] - logits[kept[order[self.k]]]
+        } else {
+            let order = descending(&s.sel);
+            (s.sel[order[self.k - 1]] - s.sel[order[self.k]]) / slope
+        };
+        s.group_gap
+            .map_or(expert_gap, |g| expert_gap.min(g / (2.0 * slope)))
+    }
+
+    /// One token's experts and weights from its router logits (and selection bias): the
+    /// CPU's routing (routing.rs), written out again.
+    pub fn route(&self, logits: &[f32], bias: Option<&[f32]>) -> (Vec<u32>, Vec<f32>) {
+        let Selection { p, sel, .. } = self.select(logits, bias);
+        let ids: Vec<usize> = descending(&sel)[..self.k].to_vec();
         let mut w: Vec<f32> = ids.iter().map(|&e| p[e]).collect();
         if self.gating == 2 {
             softmax(&mut w);
