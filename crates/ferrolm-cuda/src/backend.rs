@@ -321,7 +321,10 @@ impl Backend for CudaBackend {
                 self.since = self.gpu.stats();
             }
         } else {
-            self.positions[slot] = self.positions[slot].min(pos);
+            // (a recurrent state holds only the latest position: going back starts over)
+            let keep = pos.min(self.positions[slot]);
+            let recurrent = self.gpu.plan().recurrent() && keep < self.positions[slot];
+            self.positions[slot] = if recurrent { 0 } else { keep };
         }
         Ok(self.pos(slot))
     }

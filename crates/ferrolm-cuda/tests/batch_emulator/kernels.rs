@@ -109,6 +109,10 @@ pub fn run(dev: &HostDevice, name: &str, grid: (u32, u32), block: u32, args: &[V
         delta_conv_rows(mem, &a);
     } else if name == "delta_rule_rows" {
         delta_rule_rows(mem, grid, block, &a);
+    } else if name == "delta_conv_slots" {
+        delta_conv_slots(mem, grid, &a);
+    } else if name == "delta_rule_slots" {
+        delta_rule_slots(mem, grid, block, &a);
     } else if name == "split_query_gate_rows" {
         // split_query_gate_rows(qg, q, g, n_head, hd): grid (width / 256, tokens)
         let (w, hd) = (a.int(3) * a.int(4), a.int(4));
@@ -658,27 +662,104 @@ fn delta_rule_rows(mem: &mut Memory, grid: (u32, u32), block: u32, a: &Args) {
     };
     for t in 0..n {
         let conv = mem.f32s(a.ptr(0) + (4 * t * channels) as u64, channels);
-        let ba = mem.f32s(a.ptr(1) + (4 * t * ba_stride) as u64, ba_stride);
-        let (b, al): (Vec<f32>, Vec<f32>) = match a.opt(3) {
-            Some(alpha) => (ba[..hv].to_vec(), mem.f32s(alpha + (4 * t * hv) as u64, hv)),
-            None => (0..hv).map(|vh| shape.fused_gates(&ba, vh)).unzip(),
-        };
-        let z: Vec<f32> = match a.opt(8) {
-            Some(z) => mem.f32s(z + (4 * t * z_stride) as u64, hv * s),
-            None => {
-                let row = mem.f32s(a.ptr(7) + (4 * t * z_stride) as u64, z_stride);
-                (0..hv * s).map(|i| shape.fused_z(&row, i)).collect()
-            }
-        };
-        let out = math::delta_rule(
-            shape,
-            &mut state,
-            &conv,
-            (&b, &al, &z),
-            (&dt_bias, &ssm_a, &norm),
-            eps,
-        );
+        let (b, al, z) = row_gates(mem, a, shape, t, (ba_stride, z_stride));
+        let vectors = (&dt_bias[..], &ssm_a[..], &norm[..]);
+        let out = math::delta_rule(shape, &mut state, &conv, (&b, &al, &z), vectors, eps);
         mem.write_f16s(a.ptr(12) + (2 * t * hv * s) as u64, &out);
     }
     mem.write(a.ptr(10), &state);
+}
+
+/// Row `t`'s rates, decay inputs and output gates, from the fused rows or the split ones
+/// (delta_rule_rows' and _slots' arguments 1-3 and 7-9).
+fn row_gates(
+    mem: &Memory,
+    a: &Args,
+    shape: math::DeltaShape,
+    t: usize,
+    (ba_stride, z_stride): (usize, usize),
+) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+    let (hv, s) = (shape.hv, shape.s);
+    let ba = mem.f32s(a.ptr(1) + (4 * t * ba_stride) as u64, ba_stride);
+    let (b, al): (Vec<f32>, Vec<f32>) = match a.opt(3) {
+        Some(alpha) => (ba[..hv].to_vec(), mem.f32s(alpha + (4 * t * hv) as u64, hv)),
+        None => (0..hv).map(|vh| shape.fused_gates(&ba, vh)).unzip(),
+    };
+    let z: Vec<f32> = match a.opt(8) {
+        Some(z) => mem.f32s(z + (4 * t * z_stride) as u64, hv * s),
+        None => {
+            let row = mem.f32s(a.ptr(7) + (4 * t * z_stride) as u64, z_stride);
+            (0..hv * s).map(|i| shape.fused_z(&row, i)).collect()
+        }
+    };
+    (b, al, z)
+}
+
+/// delta_conv_slots(in, in_stride, fused, w, conv_state, conv_stride, slot, pos, out,
+/// channels, taps, key_dim, s, ratio): grid (channel blocks, rows), row t its slot's state.
+fn delta_conv_slots(mem: &mut Memory, grid: (u32, u32), a: &Args) {
+    let (stride, fused, state_stride) = (a.int(1), a.int(2) == 1, a.long(5));
+    let (channels, taps, key_dim, s, ratio) =
+        (a.int(9), a.int(10), a.int(11), a.int(12), a.int(13));
+    let shape = math::DeltaShape {
+        hk: key_dim / s,
+        hv: ratio * key_dim / s,
+        s,
+        tiled: false,
+    };
+    let rows = grid.1 as usize;
+    let (slots, pos) = (mem.u32s(a.ptr(6), rows), mem.u32s(a.ptr(7), rows));
+    let w = mem.f32s(a.ptr(3), channels * taps);
+    let hist = (taps - 1) * channels;
+    for t in 0..rows {
+        let at = a.ptr(4) + (4 * slots[t] as usize * state_stride) as u64;
+        let mut state = if pos[t] == 0 {
+            vec![0.0; hist]
+        } else {
+            mem.f32s(at, hist)
+        };
+        let row = mem.f32s(a.ptr(0) + (4 * t * stride) as u64, stride);
+        let x: Vec<f32> = (0..channels)
+            .map(|c| row[shape.conv_source(c, fused)])
+            .collect();
+        let out = math::delta_conv(&mut state, &w, &x, taps);
+        mem.write(at, &state);
+        mem.write(a.ptr(8) + (4 * t * channels) as u64, &out);
+    }
+}
+
+/// delta_rule_slots(conv, ba, ba_stride, alpha, dt_bias, ssm_a, norm, in_fused, z, z_stride,
+/// ssm_state, ssm_stride, slot, pos, out, hk, hv, s, tiled, eps): grid (value heads, rows).
+fn delta_rule_slots(mem: &mut Memory, grid: (u32, u32), block: u32, a: &Args) {
+    let shape = math::DeltaShape {
+        hk: a.int(15),
+        hv: a.int(16),
+        s: a.int(17),
+        tiled: a.int(18) == 1,
+    };
+    let (hv, s) = (shape.hv, shape.s);
+    assert_eq!(
+        (grid.0 as usize, block as usize),
+        (hv, s),
+        "a block per value head"
+    );
+    let (ba_stride, z_stride, state_stride, eps) = (a.int(2), a.int(9), a.long(11), a.float(19));
+    let channels = shape.channels();
+    let [dt_bias, ssm_a, norm] = [(4, hv), (5, hv), (6, s)].map(|(i, len)| mem.f32s(a.ptr(i), len));
+    let rows = grid.1 as usize;
+    let (slots, pos) = (mem.u32s(a.ptr(12), rows), mem.u32s(a.ptr(13), rows));
+    for t in 0..rows {
+        let at = a.ptr(10) + (4 * slots[t] as usize * state_stride) as u64;
+        let mut state = if pos[t] == 0 {
+            vec![0.0; hv * s * s]
+        } else {
+            mem.f32s(at, hv * s * s)
+        };
+        let conv = mem.f32s(a.ptr(0) + (4 * t * channels) as u64, channels);
+        let (b, al, z) = row_gates(mem, a, shape, t, (ba_stride, z_stride));
+        let vectors = (&dt_bias[..], &ssm_a[..], &norm[..]);
+        let out = math::delta_rule(shape, &mut state, &conv, (&b, &al, &z), vectors, eps);
+        mem.write(at, &state);
+        mem.write_f16s(a.ptr(14) + (2 * t * hv * s) as u64, &out);
+    }
 }

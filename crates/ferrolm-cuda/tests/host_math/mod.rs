@@ -208,7 +208,10 @@ impl Routing {
         let kept: Vec<usize> = (0..logits.len())
             .filter(|&e| s.sel[e] > f32::NEG_INFINITY)
             .collect();
-        let expert_gap = if bias.is_none() {
+        let expert_gap = if self.k >= kept.len() {
+            // (every expert kept runs: no choice to change)
+            f32::INFINITY
+        } else if bias.is_none() {
             // (the scores' order is the logits')
             let order = descending(&kept.iter().map(|&e| logits[e]).collect::<Vec<_>>());
             logits[kept[order[self.k - 1]]] - logits[kept[order[self.k]]]
