@@ -2354,7 +2354,7 @@ extern "C" __global__ void rope_rows(float* q, const float* k, const float* v, c
 #define KT 32
 extern "C" __global__ void attn_tile(const float* q, const u16* kc, const u16* vc, u16* out,
                                      int pos0, int n_tok, int n_head, int n_head_kv, int hd,
-                                     float scale, float cap, int window) {
+                                     float scale, float cap, int window, const float* sinks) {
     __shared__ u32 ks[KT * 129];
     __shared__ u32 vs[KT * 128];
     __shared__ u32 qs[QT * 128];
@@ -2451,9 +2451,11 @@ extern "C" __global__ void attn_tile(const float* q, const u16* kc, const u16* v
         int t = t0 + warp * 4 + r;
         if (t >= n_tok) continue;
         u16* orow = out + ((size_t)t * n_head + h) * hd + lane * epl;
+        // A sink (gpt-oss): one more column of the softmax, with no value.
+        float sum = sinks ? l[r] + __expf(sinks[h] - m[r]) : l[r];
 #pragma unroll
         for (int e = 0; e < MAX_EPL; e++)
-            if (e < epl) orow[e] = f2h(o[r][e] / l[r]);
+            if (e < epl) orow[e] = f2h(o[r][e] / sum);
     }
 }
 
@@ -2487,7 +2489,8 @@ __device__ __forceinline__ u32 pack_h2(float lo, float hi) {
 template <int HD>
 __device__ __forceinline__ void attn_mma(const float* q, const u16* kc, const u16* vc, u16* out,
                                          int pos0, int n_tok, int n_head, int n_head_kv,
-                                         float scale, float cap, int window) {
+                                         float scale, float cap, int window,
+                                         const float* sinks) {
     constexpr int ST = HD + FPAD;  // shared row stride in halfs (rows 16-byte aligned, no
                                    // bank conflicts between the 8 rows a fragment reads)
     __shared__ __align__(16) u16 qs[FQ * ST];
@@ -2616,6 +2619,11 @@ __device__ __forceinline__ void attn_mma(const float* q, const u16* kc, const u1
         }
     }
     int r0 = t0 + warp * 16 + g, r1 = r0 + 8;
+    // A sink (gpt-oss) joins each row's softmax as one more column with no value.
+    if (sinks) {
+        l0 += __expf(sinks[h] - m0);
+        l1 += __expf(sinks[h] - m1);
+    }
     float i0 = 1.f / l0, i1 = 1.f / l1;
 #pragma unroll
     for (int n = 0; n < HD / 8; n++) {
@@ -2631,8 +2639,8 @@ __device__ __forceinline__ void attn_mma(const float* q, const u16* kc, const u1
     extern "C" __global__ void __launch_bounds__(128)                                            \
         attn_mma_##HD(const float* q, const u16* kc, const u16* vc, u16* out, int pos0,          \
                       int n_tok, int n_head, int n_head_kv, float scale, float cap,            \
-                      int window) {                                                              \
-        attn_mma<HD>(q, kc, vc, out, pos0, n_tok, n_head, n_head_kv, scale, cap, window);        \
+                      int window, const float* sinks) {                                          \
+        attn_mma<HD>(q, kc, vc, out, pos0, n_tok, n_head, n_head_kv, scale, cap, window, sinks); \
     }
 ATTN_MMA(64)
 ATTN_MMA(128)
@@ -2677,7 +2685,7 @@ extern "C" __global__ void rope_rows_slots(float* q, const float* k, const float
 extern "C" __global__ void attn_rows(const float* q, const u16* kc, const u16* vc, u16* out,
                                      const u32* slot, const u32* pos, long long slot_stride,
                                      int q_stride, int n_head, int n_head_kv, int hd, float scale,
-                                     float cap, int window) {
+                                     float cap, int window, const float* sinks) {
     __shared__ float so[256];
     int h = blockIdx.x, t = blockIdx.y;
     int kvh = h / (n_head / n_head_kv);
@@ -2688,6 +2696,7 @@ extern "C" __global__ void attn_rows(const float* q, const u16* kc, const u16* v
     float M, L;
     attend_tiles(q + (size_t)t * q_stride + (size_t)h * hd, kc + base, vc + base, n_head_kv * hd,
                  kvh * hd, hd, lo, len, scale, cap, M, L, so);
+    if (sinks) L += expf(sinks[h] - M);
     for (int i = threadIdx.x; i < hd; i += blockDim.x) out[row + i] = f2h(so[i] / L);
 }
 
@@ -2822,6 +2831,28 @@ extern "C" __global__ void swiglu_pairs_f16(const float* gu, u16* act, int ff, l
         float x = gu[t * 2 * ff + j];
         act[i] = f2h(x / (1.f + __expf(-x)) * gu[t * 2 * ff + ff + j]);
     }
+}
+
+// swiglu_oai over n values of a batch (gpt-oss), as f16; _pairs: each row (gate | up) as
+// swiglu_pairs_f16 reads it.
+extern "C" __global__ void swiglu_oai_f16(const float* g, const float* u, u16* out, long long n) {
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = f2h(swiglu_oai_f(g[i], u[i]));
+}
+
+extern "C" __global__ void swiglu_oai_pairs_f16(const float* gu, u16* act, int ff, long long n) {
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) {
+        long long t = i / ff, j = i - t * ff;
+        act[i] = f2h(swiglu_oai_f(gu[t * 2 * ff + j], gu[t * 2 * ff + ff + j]));
+    }
+}
+
+// x[i] += bias[i % d] over n values (a batch's rows of d: gpt-oss's output and router biases,
+// which the GEMMs leave out).
+extern "C" __global__ void add_bias_rows(float* x, const float* bias, int d, long long n) {
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] += bias[i % d];
 }
 
 // ---- Past the llama family: Gemma's and Granite's plan fields --------------------------------

@@ -624,7 +624,8 @@ impl<D: BatchDevice> Prefill<D> {
                     self.delta_net(p, at, l, dn, n, rows)?;
                     let out = self.hybrid.as_ref().map(|b| self.dev.address(&b.out));
                     let out = out.expect("a plan with delta-nets has their buffers");
-                    self.block_output(p, at, dn.out, out, n, r.post_attn_norm, r.residual_scale)?;
+                    let end = (r.post_attn_norm, r.residual_scale);
+                    self.block_output(p, at, (dn.out, None), out, n, end)?;
                     self.feed_forward(p, at, l, r, n, rows)?;
                     continue;
                 }
@@ -741,6 +742,7 @@ impl<D: BatchDevice> Prefill<D> {
                         Value::F32(ar.scale),
                         Value::F32(ar.softcap),
                         Value::I32(ar.window as i32),
+                        opt(ar.sinks),
                     ]);
                     self.run(
                         kernel,
@@ -785,6 +787,7 @@ impl<D: BatchDevice> Prefill<D> {
                             Value::F32(ar.scale),
                             Value::F32(ar.softcap),
                             Value::I32(ar.window as i32),
+                            opt(ar.sinks),
                         ],
                     )?;
                 }
@@ -798,7 +801,8 @@ impl<D: BatchDevice> Prefill<D> {
                     &[Value::Ptr(attn), Value::Ptr(g), Value::I64(total as i64)],
                 )?;
             }
-            self.block_output(p, at, ar.wo, attn, n, r.post_attn_norm, r.residual_scale)?;
+            let end = (r.post_attn_norm, r.residual_scale);
+            self.block_output(p, at, (ar.wo, ar.out_bias), attn, n, end)?;
             self.feed_forward(p, at, l, r, n, rows)?;
         }
         Ok(())
@@ -867,7 +871,14 @@ impl<D: BatchDevice> Prefill<D> {
                 self.glu_f16(r, [gate, up, act], total)?;
             }
         }
-        self.block_output(p, at, down, act, n, r.post_ffn_norm, r.residual_scale)
+        self.block_output(
+            p,
+            at,
+            (down, None),
+            act,
+            n,
+            (r.post_ffn_norm, r.residual_scale),
+        )
     }
 
     /// Layer `l`'s gated delta-net over the batch's `n` rows (their f16 norms in `h`): the
@@ -1047,6 +1058,12 @@ impl<D: BatchDevice> Prefill<D> {
         );
         let opt = |i: Option<usize>| Value::Ptr(i.map_or(0, |i| at.vectors[i]));
         self.product(p, at, m.router, h, n, logits, 0.0)?;
+        let biases = m
+            .biases
+            .map(|(router, experts)| (at.vectors[router], experts.map(|v| at.vectors[v])));
+        if let Some((router, _)) = biases {
+            self.add_bias_rows(logits, router, ne, n)?;
+        }
         self.run(
             "moe_route",
             (n as u32, 1),
@@ -1114,7 +1131,8 @@ impl<D: BatchDevice> Prefill<D> {
                         mat: usize,
                         (rows_out, cols): (usize, usize),
                         input: (u64, usize),
-                        out: u64|
+                        out: u64,
+                        bias: Option<u64>|
              -> Result<(), CudaError> {
                 let spec = &p.matrices[mat];
                 let w16 = if spec.ty == TensorType::F16 {
@@ -1127,22 +1145,20 @@ impl<D: BatchDevice> Prefill<D> {
                 for &(e, o, c) in &groups {
                     let w = w16 + 2 * (e * rows_out * cols) as u64;
                     let a = input.0 + (o * cols * input.1) as u64;
-                    this.gemm(
-                        w,
-                        rows_out,
-                        cols,
-                        a,
-                        c,
-                        out + (4 * o * rows_out) as u64,
-                        0.0,
-                    )?;
+                    let y = out + (4 * o * rows_out) as u64;
+                    this.gemm(w, rows_out, cols, a, c, y, 0.0)?;
+                    // (the expert's bias, gpt-oss)
+                    if let Some(bias) = bias {
+                        this.add_bias_rows(y, bias + (4 * e * rows_out) as u64, rows_out, c)?;
+                    }
                 }
                 Ok(())
             };
-            each(self, wg, (ff, d), (gathered, 2), gate)?;
-            each(self, wu, (ff, d), (gathered, 2), up)?;
+            let [gb, ub, db] = biases.map(|(_, e)| e.map(Some)).unwrap_or_default();
+            each(self, wg, (ff, d), (gathered, 2), gate, gb)?;
+            each(self, wu, (ff, d), (gathered, 2), up, ub)?;
             self.glu_f16(r, [gate, up, act], (pairs * ff) as u64)?;
-            each(self, wd, (d, ff), (act, 2), outputs)?;
+            each(self, wd, (d, ff), (act, 2), outputs, db)?;
         } else {
             // Each pair's products as the decode step computes them, from the f32 norms.
             let warps = d.div_ceil(256).clamp(1, 32) as u32;
@@ -1186,6 +1202,24 @@ impl<D: BatchDevice> Prefill<D> {
             };
             per_pair(self, wg, ff, (normed, d, k), gate)?;
             per_pair(self, wu, ff, (normed, d, k), up)?;
+            // (each pair's expert's biases, gpt-oss)
+            let expert_bias = |this: &mut Prefill<D>, y: u64, bias: u64, rows_out: usize| {
+                this.run(
+                    "moe_add_bias",
+                    (rows_out.div_ceil(256) as u32, pairs as u32),
+                    256,
+                    &[
+                        Value::Ptr(y),
+                        Value::Ptr(bias),
+                        Value::Ptr(ids),
+                        Value::I32(rows_out as i32),
+                    ],
+                )
+            };
+            if let Some((_, [gb, ub, _])) = biases {
+                expert_bias(self, gate, gb, ff)?;
+                expert_bias(self, up, ub, ff)?;
+            }
             let total = pairs * ff;
             self.run(
                 r.activation.kernel(),
@@ -1199,6 +1233,9 @@ impl<D: BatchDevice> Prefill<D> {
                 ],
             )?;
             per_pair(self, wd, d, (gate, ff, 1), outputs)?;
+            if let Some((_, [_, _, db])) = biases {
+                expert_bias(self, outputs, db, d)?;
+            }
         }
         // The shared expert over every row, as a dense block's GEMMs.
         let (mut sh_out, mut sh_gate) = (0u64, 0u64);
@@ -1230,6 +1267,22 @@ impl<D: BatchDevice> Prefill<D> {
         )
     }
 
+    /// `rows` rows of `d` f32 values at `y` each plus the bias `d` values at `bias`.
+    fn add_bias_rows(&mut self, y: u64, bias: u64, d: usize, rows: usize) -> Result<(), CudaError> {
+        let total = (d * rows) as u64;
+        self.run(
+            "add_bias_rows",
+            (total.div_ceil(256) as u32, 1),
+            256,
+            &[
+                Value::Ptr(y),
+                Value::Ptr(bias),
+                Value::I32(d as i32),
+                Value::I64(total as i64),
+            ],
+        )
+    }
+
     /// `out = act(gate) * up` as f16 over `total` values, `r`'s activation.
     fn glu_f16(
         &mut self,
@@ -1250,26 +1303,27 @@ impl<D: BatchDevice> Prefill<D> {
         )
     }
 
-    /// A block's output (matrix `m` over the `n` rows at `input`) into the residual stream:
-    /// added by the GEMM, or, with a post-norm (Gemma) or a residual scale (Granite), written
-    /// to `gate` (free by then) and added by `post_norm_add`.
-    #[allow(clippy::too_many_arguments)]
+    /// A block's output `W input (+ bias)` over `n` rows into the residual stream: added by
+    /// the GEMM itself, or, with a post-norm (Gemma), a residual scale (Granite) or a bias
+    /// (gpt-oss's attention output), written to `gate` and added by `post_norm_add`.
     fn block_output(
         &mut self,
         p: &DecodePlan,
         at: &Addresses,
-        m: usize,
+        (m, bias): (usize, Option<usize>),
         input: u64,
         n: usize,
-        post_norm: Option<usize>,
-        scale: f32,
+        (post_norm, scale): (Option<usize>, f32),
     ) -> Result<(), CudaError> {
         let x = self.dev.address(&self.x);
-        if post_norm.is_none() && scale == 1.0 {
+        if post_norm.is_none() && scale == 1.0 && bias.is_none() {
             return self.product(p, at, m, input, n, x, 1.0);
         }
         let y = self.dev.address(&self.gate);
         self.product(p, at, m, input, n, y, 0.0)?;
+        if let Some(b) = bias {
+            self.add_bias_rows(y, at.vectors[b], p.n_embd, n)?;
+        }
         self.run(
             "post_norm_add",
             (n as u32, 1),

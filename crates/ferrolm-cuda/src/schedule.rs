@@ -2160,21 +2160,12 @@ pub fn decode_plan_with(
 
 impl DecodePlan {
     /// Whether the batched passes (prompt batches, several sequences a step) serve every layer:
-    /// attention (a gated output included, without Q/K/V biases) and gated delta-nets, but not
-    /// yet gpt-oss's sinks, biases and clamped SwiGLU (such a model's prompts run as decode
-    /// steps, one sequence at a time).
+    /// all of them do but a gated attention output with Q/K/V biases (which no architecture
+    /// has): such a model's prompts run as decode steps, one sequence at a time.
     pub fn batched_passes_serve(&self) -> bool {
         self.layers.iter().all(|r| {
-            r.activation != GateActivation::SwigluOai
-                && r.moe.as_ref().is_none_or(|m| m.biases.is_none())
-                && match &r.mixer {
-                    MixerRefs::Attention(a) => {
-                        a.sinks.is_none()
-                            && a.out_bias.is_none()
-                            && !(a.gated_output && a.qkv_bias.is_some())
-                    }
-                    MixerRefs::DeltaNet(_) => true,
-                }
+            r.attention()
+                .is_none_or(|a| !(a.gated_output && a.qkv_bias.is_some()))
         })
     }
 

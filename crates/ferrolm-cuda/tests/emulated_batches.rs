@@ -345,8 +345,8 @@ fn the_batched_step_computes_what_the_cpu_computes() {
         distances.extend(batched_steps(&copies, &spec, &tuning, 3, true, None));
         distances.iter().for_each(Distance::assert_close);
     }
-    // Hybrids: each row's delta-net states its own slot's (fresh at position 0), the attention
-    // layers' gated output. Their experts all run (top-k of all of them): the random routers of
+    // Hybrids (each row's delta-net states its own slot's, fresh at position 0; the attention
+    // layers' gated output) and gpt-oss. Their experts all run (top-k of all of them): the random routers of
     // these small files meet near ties the tie test does not flag, which a single position
     // shows at 3e-2 while the positions after it agree; the routing's choices are the files'
     // above.
@@ -354,7 +354,7 @@ fn the_batched_step_computes_what_the_cpu_computes() {
         unverified: true,
         ..tuning
     };
-    for (name, mut spec) in hybrids() {
+    for (name, mut spec) in unverified_files() {
         spec.n_expert_used = spec.n_expert;
         let mut distances = Vec::new();
         for batch in [1, 3, 8] {
@@ -366,18 +366,24 @@ fn the_batched_step_computes_what_the_cpu_computes() {
     }
 }
 
-/// The hybrid files: qwen3next in both layouts of its projections, qwen35 (value heads tiling
-/// the key heads, dense feed-forward blocks), qwen35moe.
-fn hybrids() -> Vec<(&'static str, SyntheticSpec)> {
+/// The files of what waits for a GPU's first comparison (`CudaTuning::unverified`): the
+/// hybrids (qwen3next in both layouts of its projections, qwen35 with value heads tiling the
+/// key heads and dense feed-forward blocks, qwen35moe) and gpt-oss (sinks, biases, the clamped
+/// SwiGLU, MXFP4 experts).
+fn unverified_files() -> Vec<(&'static str, SyntheticSpec)> {
     let mut split = SyntheticSpec::small("qwen3next");
     if let Some(net) = split.delta_net.as_mut() {
         net.split_projections = true;
     }
+    let mut gpt_oss = SyntheticSpec::small("gpt-oss");
+    gpt_oss.n_layer = 2;
+    gpt_oss.sliding_window = Some(8);
     vec![
         ("qwen3next", SyntheticSpec::small("qwen3next")),
         ("qwen3next, split projections", split),
         ("qwen35", SyntheticSpec::small("qwen35")),
         ("qwen35moe", SyntheticSpec::small("qwen35moe")),
+        ("gpt-oss", gpt_oss),
     ]
 }
 
@@ -470,7 +476,7 @@ fn the_prompt_pass_computes_what_the_cpu_computes() {
         unverified: true,
         ..tensor_cores.clone()
     };
-    for (name, spec) in hybrids() {
+    for (name, spec) in unverified_files() {
         let n = if spec.n_expert > 0 { 60 } else { 100 };
         check_prompt(name, &spec, &unverified, n);
     }

@@ -660,13 +660,6 @@ impl<'f> Emulator<'f> {
     fn attention(&mut self, a: &[Arg]) {
         let (nh, nkv, hd) = (Self::i(&a[8]), Self::i(&a[9]), Self::i(&a[10]));
         let (scale, cap, window) = (Self::f(&a[12]), Self::f(&a[13]), Self::i(&a[14]));
-        let capped = |s: f32| {
-            if cap > 0.0 {
-                (s * (1.0 / cap)).tanh() * cap
-            } else {
-                s
-            }
-        };
         let sinks = Self::buf(&a[15]).map(|b| self.read(b));
         let q = f16_round(&self.read(Self::buf(&a[0]).unwrap())[..nh * hd]);
         let (kc, vc) = (
@@ -682,20 +675,17 @@ impl<'f> Emulator<'f> {
         let mut out = vec![0f32; nh * hd];
         for h in 0..nh {
             let kvh = h / (nh / nkv);
-            let at = |t: usize, i: usize| t * nkv * hd + kvh * hd + i;
-            let scores: Vec<f32> = (lo..len)
-                .map(|t| capped((0..hd).map(|i| q[h * hd + i] * kc[at(t, i)]).sum::<f32>() * scale))
-                .collect();
-            let max = scores.iter().fold(f32::NEG_INFINITY, |m, &s| m.max(s));
-            let e: Vec<f32> = scores.iter().map(|&s| (s - max).exp()).collect();
-            // A sink (gpt-oss): one more column of the softmax, with no value.
-            let sink = sinks.as_ref().map_or(0.0, |s| (s[h] - max).exp());
-            let sum: f32 = e.iter().sum::<f32>() + sink;
-            for (j, t) in (lo..len).enumerate() {
-                for i in 0..hd {
-                    out[h * hd + i] += e[j] / sum * vc[at(t, i)];
-                }
-            }
+            let sink = sinks.as_ref().map(|s| s[h]);
+            let o = host_math::attend(
+                &q[h * hd..(h + 1) * hd],
+                &kc,
+                &vc,
+                nkv * hd,
+                kvh * hd,
+                (lo, len),
+                (scale, cap, sink),
+            );
+            out[h * hd..(h + 1) * hd].copy_from_slice(&o);
         }
         self.write(Self::buf(&a[7]).unwrap(), 0, &out);
     }

@@ -59,7 +59,7 @@ fn covered(grid: (u32, u32), block: u32, n: usize) -> usize {
 
 /// Whether `name` is a gated activation's kernel family (`act(gate) * up`).
 fn is_gated(name: &str) -> bool {
-    name == "swiglu" || name == "geglu"
+    name == "swiglu" || name == "geglu" || name == "swiglu_oai"
 }
 
 /// Runs kernel `name` on `dev`'s memory.
@@ -104,6 +104,33 @@ pub fn run(dev: &HostDevice, name: &str, grid: (u32, u32), block: u32, args: &[V
             } else {
                 mem.write(a.ptr(2) + (4 * r * n) as u64, &y);
             }
+        }
+    } else if name == "add_bias_rows" {
+        // add_bias_rows(x, bias, d, n): x[i] += bias[i % d]
+        let (d, n) = (a.int(2), covered(grid, block, a.long(3)));
+        let bias = mem.f32s(a.ptr(1), d);
+        let x: Vec<f32> = mem
+            .f32s(a.ptr(0), n)
+            .iter()
+            .enumerate()
+            .map(|(i, x)| x + bias[i % d])
+            .collect();
+        mem.write(a.ptr(0), &x);
+    } else if name == "moe_add_bias" {
+        // moe_add_bias(y, bias, ids, rows): grid (row blocks, pairs), pair j its expert's rows
+        let rows_out = a.int(3);
+        let pairs = grid.1 as usize;
+        let ids = mem.u32s(a.ptr(2), pairs);
+        for (j, &e) in ids.iter().enumerate() {
+            let at = a.ptr(0) + (4 * j * rows_out) as u64;
+            let bias = mem.f32s(a.ptr(1) + (4 * e as usize * rows_out) as u64, rows_out);
+            let y: Vec<f32> = mem
+                .f32s(at, rows_out)
+                .iter()
+                .zip(&bias)
+                .map(|(y, b)| y + b)
+                .collect();
+            mem.write(at, &y);
         }
     } else if name == "delta_conv_rows" {
         delta_conv_rows(mem, &a);
@@ -450,6 +477,8 @@ fn prompt_attention(
     [scale, cap, window]: [usize; 3],
 ) {
     let (pos0, n, nh, nkv) = (a.int(4), a.int(5), a.int(6), a.int(7));
+    // (the sinks follow the window)
+    let sinks = a.opt(window + 1).map(|s| mem.f32s(s, nh));
     let (scale, cap, window) = (a.float(scale), a.float(cap), a.int(window));
     let len = pos0 + n;
     let row = nkv * hd;
@@ -465,7 +494,9 @@ fn prompt_attention(
         for h in 0..grid.0 as usize {
             let qh = f16_round(&q[(t * nh + h) * hd..][..hd]);
             let kvh = h / (nh / nkv);
-            let o = math::attend(&qh, &keys, &values, row, kvh * hd, (lo, p + 1), scale, cap);
+            let sink = sinks.as_ref().map(|s| s[h]);
+            let scalars = (scale, cap, sink);
+            let o = math::attend(&qh, &keys, &values, row, kvh * hd, (lo, p + 1), scalars);
             mem.write_f16s(a.ptr(3) + 2 * ((t * nh + h) * hd) as u64, &o);
         }
     }
@@ -477,6 +508,7 @@ fn rows_attention(mem: &mut Memory, grid: (u32, u32), a: &Args) {
     let (stride, q_stride) = (a.long(6), a.int(7));
     let (nh, nkv, hd) = (a.int(8), a.int(9), a.int(10));
     let (scale, cap, window) = (a.float(11), a.float(12), a.int(13));
+    let sinks = a.opt(14).map(|s| mem.f32s(s, nh));
     let row = nkv * hd;
     for t in 0..grid.1 as usize {
         let slot = mem.u32s(a.ptr(4) + 4 * t as u64, 1)[0] as usize;
@@ -501,8 +533,7 @@ fn rows_attention(mem: &mut Memory, grid: (u32, u32), a: &Args) {
                 row,
                 kvh * hd,
                 (lo, len),
-                scale,
-                cap,
+                (scale, cap, sinks.as_ref().map(|s| s[h])),
             );
             mem.write_f16s(a.ptr(3) + 2 * ((t * nh + h) * hd) as u64, &o);
         }

@@ -30,10 +30,12 @@ pub fn swiglu(g: f32, u: f32) -> f32 {
     g / (1.0 + (-g).exp()) * u
 }
 
-/// The gated activation of kernel family `act` (`swiglu`, `geglu`) over `g` and `u`.
+/// The gated activation of kernel family `act` (`swiglu`, `geglu`, `swiglu_oai`) over `g`
+/// and `u`.
 pub fn gated(act: &str, g: &[f32], u: &[f32]) -> Vec<f32> {
     match act {
         "swiglu" => g.iter().zip(u).map(|(&g, &u)| swiglu(g, u)).collect(),
+        "swiglu_oai" => g.iter().zip(u).map(|(&g, &u)| swiglu_oai(g, u)).collect(),
         "geglu" => {
             let mut out = vec![0f32; g.len()];
             ferrolm_quant::ggml_vec::geglu(g, u, &mut out);
@@ -89,8 +91,8 @@ impl Rope {
 
 /// One query head (`q`, already f16-rounded as the kernels stage it) over cache positions
 /// `lo..hi` of `keys` and `values` (each position's row `hd` values from `offset` on): plain
-/// softmax attention, the scaled scores soft-capped where `cap > 0`.
-#[allow(clippy::too_many_arguments)]
+/// softmax attention, the scaled scores soft-capped where `cap > 0`, a sink's logit (gpt-oss)
+/// one more column of the softmax.
 pub fn attend(
     q: &[f32],
     keys: &[f32],
@@ -98,8 +100,7 @@ pub fn attend(
     row: usize,
     offset: usize,
     (lo, hi): (usize, usize),
-    scale: f32,
-    cap: f32,
+    (scale, cap, sink): (f32, f32, Option<f32>),
 ) -> Vec<f32> {
     let hd = q.len();
     let at = |t: usize, i: usize| t * row + offset + i;
@@ -115,7 +116,8 @@ pub fn attend(
         .collect();
     let max = scores.iter().fold(f32::NEG_INFINITY, |m, &s| m.max(s));
     let e: Vec<f32> = scores.iter().map(|&s| (s - max).exp()).collect();
-    let sum: f32 = e.iter().sum();
+    // A sink (gpt-oss): one more column of the softmax, with no value.
+    let sum: f32 = e.iter().sum::<f32>() + sink.map_or(0.0, |s| (s - max).exp());
     let mut out = vec![0f32; hd];
     for (j, t) in (lo..hi).enumerate() {
         for (i, o) in out.iter_mut().enumerate() {
