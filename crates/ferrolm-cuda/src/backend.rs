@@ -116,7 +116,21 @@ pub struct CudaBackend {
     draws: Option<rand::rngs::StdRng>,
     /// The counters when the sequence last started, for [`Backend::decode_report`].
     since: Stats,
+    /// The expert counters as last read from the device, when, and the tokens evaluated then.
+    expert_counts: std::cell::RefCell<Option<ExpertCounts>>,
 }
+
+/// A reading of the device's expert counters.
+struct ExpertCounts {
+    tokens: u64,
+    at: std::time::Instant,
+    counts: Vec<Vec<u64>>,
+}
+
+/// [`Backend::expert_counts`] reads the device's counters again (a reading waits for the
+/// device; the server asks after every step) once this many tokens or this long have passed
+/// since the last reading, and something was evaluated since.
+const EXPERT_COUNTS_EVERY: (u64, std::time::Duration) = (64, std::time::Duration::from_millis(100));
 
 impl CudaBackend {
     /// The backend over a model already on the device.
@@ -127,6 +141,7 @@ impl CudaBackend {
             gpu,
             draws: None,
             since,
+            expert_counts: std::cell::RefCell::new(None),
         }
     }
 
@@ -401,6 +416,29 @@ impl Backend for CudaBackend {
         one_slot(slot)?;
         self.ensure_draws().map_err(device_error)?;
         self.gpu.push_greedy_ahead().map_err(device_error)
+    }
+
+    fn expert_counts(&self) -> Option<Vec<Vec<u64>>> {
+        if self.gpu.plan().max_experts == 0 {
+            return None;
+        }
+        let tokens = self.gpu.stats().tokens;
+        let mut cached = self.expert_counts.borrow_mut();
+        let (every, after) = EXPERT_COUNTS_EVERY;
+        let stale = cached.as_ref().is_none_or(|c| {
+            tokens != c.tokens && (tokens >= c.tokens + every || c.at.elapsed() >= after)
+        });
+        if stale {
+            // (a failed read keeps the last counts: the next step's error says what went wrong)
+            if let Ok(counts) = self.gpu.expert_counts() {
+                *cached = Some(ExpertCounts {
+                    tokens,
+                    at: std::time::Instant::now(),
+                    counts,
+                });
+            }
+        }
+        cached.as_ref().map(|c| c.counts.clone())
     }
 
     fn decode_report(&self, tokens_per_s: f64, position: usize) -> Option<String> {

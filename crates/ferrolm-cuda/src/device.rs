@@ -308,6 +308,7 @@ fn buffer_bytes(p: &DecodePlan, b: Buf, slots: usize) -> usize {
         Buf::DeltaAlpha => p.delta.alpha,
         Buf::DeltaConv => p.delta.channels,
         Buf::DeltaOut => p.delta.value,
+        Buf::ExpertCounts(l) => p.layers[l].moe.as_ref().map_or(0, |m| m.n_expert),
         // A slot's states after another's, as the caches (and the spare slot's).
         Buf::ConvState(l) | Buf::SsmState(l) => {
             let slots = if slots > 1 { slots + 1 } else { 1 };
@@ -668,6 +669,13 @@ impl CudaModel {
                     })
                 })
                 .collect(),
+            expert_counts: (0..self.plan.layers.len())
+                .map(|l| {
+                    self.buf_index
+                        .get(&Buf::ExpertCounts(l))
+                        .map_or(0, |&i| self._buffers[i].device_ptr(&self.stream).0)
+                })
+                .collect(),
             logits: logits.device_ptr(&self.stream).0,
             token: token.device_ptr(&self.stream).0,
             sampling: [Buf::SampleCfg, Buf::Draws, Buf::DrawIdx].map(|b| {
@@ -951,6 +959,33 @@ impl CudaModel {
     /// Positions the cache holds.
     pub fn n_ctx(&self) -> usize {
         self.plan.n_ctx
+    }
+
+    /// How often each expert of each layer was chosen since the model was made (empty per
+    /// dense layer), read from the device (a sync).
+    pub fn expert_counts(&self) -> Result<Vec<Vec<u64>>, CudaError> {
+        let mut out = Vec::with_capacity(self.plan.layers.len());
+        for (l, r) in self.plan.layers.iter().enumerate() {
+            let n = r.moe.as_ref().map_or(0, |m| m.n_expert);
+            let mut bytes = vec![0u8; 4 * n];
+            if let Some(&i) = self.buf_index.get(&Buf::ExpertCounts(l)) {
+                self.stream
+                    .memcpy_dtoh(&self._buffers[i].slice(..4 * n), &mut bytes)
+                    .map_err(driver("reading the expert counters"))?;
+            }
+            out.push(bytes);
+        }
+        self.stream
+            .synchronize()
+            .map_err(driver("reading the expert counters"))?;
+        Ok(out
+            .iter()
+            .map(|b| {
+                b.chunks_exact(4)
+                    .map(|c| u64::from(u32::from_le_bytes([c[0], c[1], c[2], c[3]])))
+                    .collect()
+            })
+            .collect())
     }
 
     /// The recurrent layers' state buffers, in layer order (none for a model without them).

@@ -2954,10 +2954,14 @@ extern "C" __global__ void adjust_logits(float* x, long long n, float inv_cap, f
 // as the CPU's stable sort), their probabilities as weights, renormalized (norm, the sum in
 // f64 clamped to 2^-14) and scaled (scale 1: none). One block of at most 1024 threads, thread
 // i on expert i; the sums run in one thread, in the CPU's order.
+// counts (when not null): how often each expert was chosen, row by row, but for the padding
+// rows of a batched step (row_slots[row] == spare).
 extern "C" __global__ void moe_route(const float* logits, const float* sel_bias, u32* ids,
                                      float* weights, int ne, int k, int gating, int n_group,
-                                     int n_group_used, int norm, float scale) {
+                                     int n_group_used, int norm, float scale, u32* counts,
+                                     const u32* row_slots, u32 spare) {
     step_begin();
+    bool counted = counts && !(row_slots && row_slots[blockIdx.x] == spare);
     // Row blockIdx.x of a batch (a decode step has one).
     logits += (size_t)blockIdx.x * ne;
     ids += (size_t)blockIdx.x * k;
@@ -3023,6 +3027,7 @@ extern "C" __global__ void moe_route(const float* logits, const float* sel_bias,
         if (rank < k) {
             ids[rank] = (u32)i;
             weights[rank] = p[i];
+            if (counted) atomicAdd(counts + i, 1u);
         }
     }
     __syncthreads();

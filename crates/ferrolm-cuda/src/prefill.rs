@@ -53,6 +53,8 @@ pub struct Addresses {
     pub v_cache: Vec<u64>,
     /// Each layer's recurrent states (convolution, delta rule; f32), zeros for attention.
     pub states: Vec<[u64; 2]>,
+    /// Each layer's expert counters (u32 per expert; 0: dense), shared by every slot.
+    pub expert_counts: Vec<u64>,
     /// The decode step's last-token buffers: logits and the chosen token.
     pub logits: u64,
     /// See `logits`.
@@ -69,7 +71,11 @@ enum Placement<'a> {
     /// One id of each of several slots: token t at the slot and position uploaded to
     /// `row_slots[t]` and `row_pos[t]`; slot s of layer l's cache starts `slot_stride[l]`
     /// halfs after slot s - 1.
-    Slots { slot_stride: &'a [usize] },
+    Slots {
+        slot_stride: &'a [usize],
+        /// The slot the padding rows write to.
+        spare: u32,
+    },
 }
 
 /// The largest `k` a batched step returns candidates for ([`RowsWant::Top`]).
@@ -751,7 +757,7 @@ impl<D: BatchDevice> Prefill<D> {
                         &args,
                     )?;
                 }
-                Placement::Slots { slot_stride } => {
+                Placement::Slots { slot_stride, .. } => {
                     let (slots, pos) = (
                         self.dev.address(&self.row_slots),
                         self.dev.address(&self.row_pos),
@@ -839,7 +845,7 @@ impl<D: BatchDevice> Prefill<D> {
             ],
         )?;
         if let Some(m) = &r.moe {
-            return self.experts(p, at, r, m, n, rows);
+            return self.experts(p, at, (l, r, m), n, rows);
         }
         let [g, u, down] = r.ffn;
         let n_ff = p.matrices[g].rows;
@@ -1019,8 +1025,7 @@ impl<D: BatchDevice> Prefill<D> {
         &mut self,
         p: &DecodePlan,
         at: &Addresses,
-        r: &LayerRefs,
-        m: &MoeRefs,
+        (l, r, m): (usize, &LayerRefs, &MoeRefs),
         n: usize,
         rows: Placement<'_>,
     ) -> Result<(), CudaError> {
@@ -1080,6 +1085,15 @@ impl<D: BatchDevice> Prefill<D> {
                 Value::I32(m.groups.1 as i32),
                 Value::I32(i32::from(m.norm_weights)),
                 Value::F32(m.weights_scale),
+                Value::Ptr(at.expert_counts[l]),
+                Value::Ptr(match rows {
+                    Placement::Slots { .. } => self.dev.address(&self.row_slots),
+                    Placement::Prompt { .. } => 0,
+                }),
+                Value::I32(match rows {
+                    Placement::Slots { spare, .. } => spare as i32,
+                    Placement::Prompt { .. } => 0,
+                }),
             ],
         )?;
         let [wg, wu, wd] = m.experts;
@@ -1419,7 +1433,7 @@ impl<D: BatchDevice> Prefill<D> {
             Some(None) if replay => {
                 // Seen once: capture it now and replay it from here on.
                 self.dev.begin_capture()?;
-                let launched = self.launch_rows(p, at, bucket, slot_stride);
+                let launched = self.launch_rows(p, at, bucket, (slot_stride, spare));
                 let graph = self.dev.end_capture();
                 match (launched, graph) {
                     (Ok(()), Ok(Some(graph))) => {
@@ -1438,13 +1452,13 @@ impl<D: BatchDevice> Prefill<D> {
                             why.unwrap_or_else(|| "empty capture".into())
                         );
                         self.graphs = false;
-                        self.launch_rows(p, at, bucket, slot_stride)?;
+                        self.launch_rows(p, at, bucket, (slot_stride, spare))?;
                     }
                 }
             }
             _ => {
                 self.row_graphs.insert(bucket, None);
-                self.launch_rows(p, at, bucket, slot_stride)?;
+                self.launch_rows(p, at, bucket, (slot_stride, spare))?;
             }
         }
         self.after_rows(p, n, want)
@@ -1560,9 +1574,9 @@ impl<D: BatchDevice> Prefill<D> {
         p: &DecodePlan,
         at: &Addresses,
         n: usize,
-        slot_stride: &[usize],
+        (slot_stride, spare): (&[usize], u32),
     ) -> Result<(), CudaError> {
-        self.launch_layers(p, at, n, Placement::Slots { slot_stride })?;
+        self.launch_layers(p, at, n, Placement::Slots { slot_stride, spare })?;
         self.logits_rows(p, at, n).map(|_| ())
     }
 

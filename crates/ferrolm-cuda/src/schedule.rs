@@ -176,6 +176,9 @@ pub enum Buf {
     ConvState(usize),
     /// Layer `l`'s delta-rule state, `value heads x head_dim^2` f32.
     SsmState(usize),
+    /// How often each of layer `l`'s experts was chosen, u32 (for `--expert-stats` and
+    /// `/metrics`).
+    ExpertCounts(usize),
     /// Layer `l`'s keys, `n_ctx x kv_dim` f16.
     KCache(usize),
     /// Layer `l`'s values, `n_ctx x kv_dim` f16.
@@ -1402,6 +1405,9 @@ impl Builder {
                 Arg::I32(n_group_used as i32),
                 Arg::I32(i32::from(norm_weights)),
                 Arg::F32(weights_scale.unwrap_or(1.0)),
+                Arg::Buf(Buf::ExpertCounts(l)),
+                Arg::Null,
+                Arg::I32(0),
             ],
         );
         if self.matrices[gate].ty == self.matrices[up].ty && expert_biases.is_none() {

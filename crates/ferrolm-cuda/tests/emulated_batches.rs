@@ -215,6 +215,7 @@ fn batched_steps(
         }
         last = out;
     }
+    let counted_before = model.expert_counts();
     let distances = seqs
         .iter()
         .enumerate()
@@ -224,6 +225,39 @@ fn batched_steps(
             distance(&what, &cpu, &logits[s], plan.n_vocab, &ties[s])
         })
         .collect();
+    // The expert counters: every sequence's tokens, prompts and steps, as the CPU counts them
+    // alone, the padding rows not counted (the sums equal); a near tie's choice may move one
+    // count, as may one the tie test misses.
+    let n_ties: usize = ties.iter().map(Vec::len).sum();
+    let memory = prefill.device().memory.borrow();
+    for (l, (after, before)) in model
+        .expert_counts()
+        .iter()
+        .zip(&counted_before)
+        .enumerate()
+    {
+        if after.is_empty() {
+            continue;
+        }
+        let cpu: Vec<u64> = after.iter().zip(before).map(|(a, b)| a - b).collect();
+        let at = prefill.device().expert_counts[l];
+        let device: Vec<u64> = memory
+            .u32s(at, cpu.len())
+            .iter()
+            .map(|&c| u64::from(c))
+            .collect();
+        let apart: u64 = device.iter().zip(&cpu).map(|(a, b)| a.abs_diff(*b)).sum();
+        assert_eq!(
+            device.iter().sum::<u64>(),
+            cpu.iter().sum::<u64>(),
+            "{what}: layer {l}"
+        );
+        assert!(
+            apart <= 2 * (n_ties as u64 + 1),
+            "{what}: layer {l}'s counts {device:?}, the CPU's {cpu:?}"
+        );
+    }
+    drop(memory);
     // The steps took the batched step's own kernels: each row at its slot and position, the
     // per-pair expert products, the fused products of the kept copies.
     let launched = &prefill.device().launched;

@@ -556,6 +556,12 @@ impl<'f> Emulator<'f> {
         let logits = self.read(Self::buf(&a[0]).unwrap())[..ne].to_vec();
         let bias = Self::buf(&a[1]).map(|b| self.read(b));
         let (ids, w) = routing.route(&logits, bias.as_deref());
+        // The counters (a[11]; the decode step has no padding rows: a[12] null).
+        assert_eq!(a[12], Arg::Null);
+        if let Some(counts) = Self::buf(&a[11]) {
+            let c = self.u32s.entry(counts).or_insert_with(|| vec![0; ne]);
+            ids.iter().for_each(|&e| c[e as usize] += 1);
+        }
         self.u32s.insert(Self::buf(&a[2]).unwrap(), ids);
         self.write(Self::buf(&a[3]).unwrap(), 0, &w);
     }
@@ -728,6 +734,30 @@ fn emulate(
         );
     }
     let cpu = model.session(ids.len() + 1).eval(ids, Logits::All).unwrap();
+    // Each layer's expert counters as the CPU counts the same tokens' routing: the sum always,
+    // the counts up to a choice a dozen positions that a near tie flips (one choice moved).
+    for (l, cpu_counts) in model.expert_counts().iter().enumerate() {
+        if cpu_counts.is_empty() {
+            continue;
+        }
+        let device: Vec<u64> = e
+            .u32s
+            .get(&Buf::ExpertCounts(l))
+            .expect("the step counts each layer's experts")
+            .iter()
+            .map(|&c| u64::from(c))
+            .collect();
+        assert_eq!(device.iter().sum::<u64>(), cpu_counts.iter().sum::<u64>());
+        let apart: u64 = device
+            .iter()
+            .zip(cpu_counts)
+            .map(|(a, b)| a.abs_diff(*b))
+            .sum();
+        assert!(
+            apart <= 2 * (ids.len() as u64).div_ceil(12),
+            "layer {l}: counts {device:?} against the CPU's {cpu_counts:?}"
+        );
+    }
     let kernels = plan.launches.iter().map(|l| l.kernel.clone()).collect();
     (logits, cpu, kernels)
 }

@@ -568,6 +568,18 @@ fn route(dev: &HostDevice, mem: &mut Memory, rows: usize, a: &Args) {
         }
         mem.write(a.ptr(2) + (4 * t * k) as u64, &ids);
         mem.write(a.ptr(3) + (4 * t * k) as u64, &w);
+        // The counters (a[11]), but for the padding rows (a[12]: each row's slot; a[13]:
+        // the padding rows').
+        let padding = a
+            .opt(12)
+            .is_some_and(|slots| mem.u32s(slots + 4 * t as u64, 1)[0] as usize == a.int(13));
+        if let (Some(counts), false) = (a.opt(11), padding) {
+            for &e in &ids {
+                let at = counts + 4 * u64::from(e);
+                let c = mem.u32s(at, 1)[0] + 1;
+                mem.write(at, &[c]);
+            }
+        }
     }
 }
 

@@ -155,6 +155,8 @@ pub struct HostDevice<'f> {
     /// Each layer's recurrent states (convolution, delta rule) of every slot, and their bytes
     /// a slot.
     states: Vec<[(u64, usize); 2]>,
+    /// Each layer's expert counters (0: dense).
+    pub expert_counts: Vec<u64>,
     logits: u64,
     token: u64,
     sample_cfg: u64,
@@ -204,6 +206,11 @@ impl<'f> HostDevice<'f> {
                 [conv, ssm].map(|n| (memory.alloc(4 * n * (slots + 1)), 4 * n))
             })
             .collect();
+        let expert_counts = plan
+            .layers
+            .iter()
+            .map(|r| r.moe.as_ref().map_or(0, |m| memory.alloc(4 * m.n_expert)))
+            .collect();
         let logits = memory.alloc(4 * plan.n_vocab);
         let token = memory.alloc(4);
         // (zeros: k = 0, greedy)
@@ -222,6 +229,7 @@ impl<'f> HostDevice<'f> {
             k_cache,
             v_cache,
             states,
+            expert_counts,
             logits,
             token,
             sample_cfg,
@@ -254,6 +262,7 @@ impl<'f> HostDevice<'f> {
                     })
                 })
                 .collect(),
+            expert_counts: self.expert_counts.clone(),
             logits: self.logits,
             token: self.token,
             sampling: [self.sample_cfg, 0, 0],

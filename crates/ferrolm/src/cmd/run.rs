@@ -76,9 +76,8 @@ pub fn run(args: RunArgs) -> Result<()> {
         ids.drain(..ids.len() - keep);
     }
     let mut backend = open_backend(&args.model, &model, n_ctx, 1)?;
-    let counts_experts = backend.expert_counts().is_some();
-    if args.expert_stats && !counts_experts {
-        bail!("--expert-stats counts the CPU backend's routing; run it without --device cuda");
+    if args.expert_stats && backend.expert_counts().is_none() {
+        bail!("--expert-stats: nothing counts the experts' routing here (a dense model, or --gpu-layers)");
     }
     let params = GenerateParams {
         max_tokens: args.n_predict,
@@ -121,7 +120,7 @@ pub fn run(args: RunArgs) -> Result<()> {
         });
         let mut v = v;
         if args.expert_stats {
-            v["expert_counts"] = serde_json::json!(model.expert_counts());
+            v["expert_counts"] = serde_json::json!(backend.expert_counts().unwrap_or_default());
             if let Some(st) = model.expert_cache_stats() {
                 v["expert_cache"] = super::telemetry::expert_cache_json(&st);
             }
@@ -131,7 +130,10 @@ pub fn run(args: RunArgs) -> Result<()> {
         writeln!(out)?;
     }
     if args.expert_stats {
-        eprint!("{}", expert_stats(&model.expert_counts()));
+        eprint!(
+            "{}",
+            expert_stats(&backend.expert_counts().unwrap_or_default())
+        );
         if let Some(st) = model.expert_cache_stats() {
             eprintln!("{}", super::telemetry::expert_cache_line(&st));
         }
