@@ -97,6 +97,8 @@ for section in ${SECTIONS:-small shapes}; do
     done
     for a in qwen3next qwen35 qwen35moe gpt-oss; do
       "$BIN" synth --arch "$a" -o "$W/small-$a.gguf" >/dev/null && check "small-$a" 128 32
+      # several sequences a step, joining and leaving (each row its own states, sinks, biases)
+      "$BIN" cuda-check -m "$W/small-$a.gguf" --batch 4 -p 64 -n 16 2>&1 | tail -3 || fail=1
     done
     "$BIN" synth --arch qwen3next --ssm-split -o "$W/small-qwen3next-split.gguf" >/dev/null \
       && check small-qwen3next-split 128 32
