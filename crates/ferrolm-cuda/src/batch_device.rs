@@ -65,6 +65,10 @@ pub struct Gemm {
     pub c: u64,
     /// What the outputs keep of their values before (0: overwritten, 1: added to).
     pub beta: f32,
+    /// GEMMs of this shape one after another in memory (1: one): the `i`-th reads the weights
+    /// `i * rows * cols` halfs on, the inputs `i * n * cols` halfs on and writes the outputs
+    /// `i * n * rows` floats on (each expert of a stacked tensor over its group's rows).
+    pub batch: usize,
 }
 
 /// The device operations of the batched passes. Addresses are the `u64`s kernels take: a
@@ -253,9 +257,44 @@ impl BatchDevice for CudaBatch {
             n,
             c,
             beta,
+            batch,
         } = g;
         let alpha = 1f32;
         let start = self.mark()?;
+        if batch > 1 {
+            // SAFETY: as below, each of the `batch` GEMMs within the buffers' sizes.
+            unsafe {
+                blas::gemm_strided_batched_ex(
+                    *self.blas.handle(),
+                    blas_sys::cublasOperation_t::CUBLAS_OP_T,
+                    blas_sys::cublasOperation_t::CUBLAS_OP_N,
+                    rows as i32,
+                    n as i32,
+                    cols as i32,
+                    (&alpha as *const f32).cast(),
+                    w16 as *const std::ffi::c_void,
+                    blas_sys::cudaDataType::CUDA_R_16F,
+                    cols as i32,
+                    (rows * cols) as i64,
+                    a as *const std::ffi::c_void,
+                    blas_sys::cudaDataType::CUDA_R_16F,
+                    cols as i32,
+                    (n * cols) as i64,
+                    (&beta as *const f32).cast(),
+                    c as *mut std::ffi::c_void,
+                    blas_sys::cudaDataType::CUDA_R_32F,
+                    rows as i32,
+                    (n * rows) as i64,
+                    batch as i32,
+                    blas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                    blas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+                )
+            }
+            .map_err(|e| {
+                CudaError::Driver(format!("cuBLAS GEMMs {batch} x {rows}x{cols}x{n}: {e}"))
+            })?;
+            return self.record("gemm batched (cuBLAS)", start);
+        }
         // Column-major view: C (rows x n) = W^T-stored (cols x rows)^T * A (cols x n).
         // SAFETY: the pointers are live device buffers of at least these sizes (allocated
         // from the same plan); alpha and beta are host values read during the call.

@@ -3099,6 +3099,15 @@ extern "C" __global__ void moe_group(const u32* ids, int n_pairs, int ne, u32* c
     for (int e = 0; e < ne; e++) offsets[e] -= counts[e];
 }
 
+// Each expert's group padded to `most` rows: pair i's row at[i] (its place in the compact
+// groups moe_group made) becomes ids[i] * most + its rank within its group, so that one
+// strided-batched GEMM per matrix takes every expert.
+extern "C" __global__ void moe_pad_rows(const u32* ids, const u32* offsets, u32* at, int n_pairs,
+                                        int most) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n_pairs) at[i] = ids[i] * (u32)most + (at[i] - offsets[ids[i]]);
+}
+
 // Row at[i] of dst = row i / k of src (f16 rows of d): each pair's input in its expert's group.
 extern "C" __global__ void moe_gather_f16(const u16* src, const u32* at, int k, int d, u16* dst) {
     size_t i = blockIdx.x;

@@ -232,12 +232,14 @@ impl<D: BatchDevice> MoeBuffers<D> {
             p.max_experts,
             p.max_experts,
             pairs,
-            pairs * d,
+            2 * pairs * d,
             MAX_BATCH * d,
             MAX_BATCH * d,
             MAX_BATCH,
         ];
-        (four, pairs * d)
+        // (the outputs and the gathered rows hold the groups padded to the largest: twice the
+        // pairs at most)
+        (four, 2 * pairs * d)
     }
 
     fn new(dev: &D, p: &DecodePlan) -> Result<MoeBuffers<D>, CudaError> {
@@ -269,11 +271,22 @@ impl<D: BatchDevice> MoeBuffers<D> {
     }
 }
 
+/// A batch token's width of the feed-forward buffers (gate, up, activation): the widest
+/// feed-forward block, twice that with experts (their groups padded to the largest, at most
+/// twice the pairs).
+fn ff_rows(p: &DecodePlan) -> usize {
+    if p.max_experts > 0 {
+        2 * p.max_ff
+    } else {
+        p.max_ff
+    }
+}
+
 /// Bytes of device memory the batch buffers take (besides the logits of every position).
 pub fn scratch_bytes(p: &DecodePlan) -> u64 {
     let widest = widest_matrix(p);
-    let per_token = 4 * (p.n_embd + 2 * p.max_q + 2 * p.max_kv + 2 * p.max_ff.max(p.n_embd))
-        + 2 * (p.n_embd.max(p.max_q).max(p.max_ff) + p.max_q + p.max_ff);
+    let per_token = 4 * (p.n_embd + 2 * p.max_q + 2 * p.max_kv + 2 * ff_rows(p).max(p.n_embd))
+        + 2 * (p.n_embd.max(p.max_q).max(p.max_ff) + p.max_q + ff_rows(p));
     let moe = if p.max_experts > 0 {
         MoeBuffers::<CudaBatch>::bytes(p)
     } else {
@@ -337,9 +350,9 @@ impl<D: BatchDevice> Prefill<D> {
             v: f32s(b * p.max_kv)?,
             attn: f16s(b * p.max_q)?,
             // (also a block's output before its post-norm: n_embd wide)
-            gate: f32s(b * p.max_ff.max(p.n_embd))?,
-            up: f32s(b * p.max_ff.max(p.n_embd))?,
-            act: f16s(b * p.max_ff)?,
+            gate: f32s(b * ff_rows(p).max(p.n_embd))?,
+            up: f32s(b * ff_rows(p).max(p.n_embd))?,
+            act: f16s(b * ff_rows(p))?,
             w16: f16s(widest)?,
             last: f32s(p.n_embd)?,
             all_logits: None,
@@ -445,6 +458,7 @@ impl<D: BatchDevice> Prefill<D> {
             n,
             c,
             beta,
+            batch: 1,
         })
     }
 
@@ -1112,6 +1126,30 @@ impl<D: BatchDevice> Prefill<D> {
                     Value::Ptr(at_rows),
                 ],
             )?;
+            let mut used = vec![0u32; ne];
+            let b = self.moe.as_ref().expect("allocated");
+            self.dev
+                .download(&b.counts, &mut used, "reading the experts' counts")?;
+            self.dev.synchronize("reading the experts' counts")?;
+            // Every expert's group padded to the largest, where that fits twice the pairs: one
+            // strided-batched GEMM per matrix over all the experts (a GEMM each otherwise; the
+            // default until a GPU has compared and timed the two, `CudaTuning::unverified`).
+            let most = used.iter().copied().max().unwrap_or(0) as usize;
+            let padded = self.tuning.unverified && most > 0 && ne * most <= 2 * pairs;
+            if padded {
+                self.run(
+                    "moe_pad_rows",
+                    (pairs.div_ceil(256) as u32, 1),
+                    256,
+                    &[
+                        Value::Ptr(ids),
+                        Value::Ptr(offsets),
+                        Value::Ptr(at_rows),
+                        Value::I32(pairs as i32),
+                        Value::I32(most as i32),
+                    ],
+                )?;
+            }
             self.run(
                 "moe_gather_f16",
                 (pairs as u32, 1),
@@ -1124,12 +1162,7 @@ impl<D: BatchDevice> Prefill<D> {
                     Value::Ptr(gathered),
                 ],
             )?;
-            let mut used = vec![0u32; ne];
-            let b = self.moe.as_ref().expect("allocated");
-            self.dev
-                .download(&b.counts, &mut used, "reading the experts' counts")?;
-            self.dev.synchronize("reading the experts' counts")?;
-            // Each used expert's rows, one GEMM per matrix over its group of pairs.
+            // Each used expert's group: (expert, first row, rows).
             let groups: Vec<(usize, usize, usize)> = used
                 .iter()
                 .scan(0usize, |o, &c| {
@@ -1139,12 +1172,12 @@ impl<D: BatchDevice> Prefill<D> {
                 })
                 .enumerate()
                 .filter(|(_, (_, c))| *c > 0)
-                .map(|(e, (o, c))| (e, o, c))
+                .map(|(e, (o, c))| if padded { (e, e * most, c) } else { (e, o, c) })
                 .collect();
             let each = |this: &mut Prefill<D>,
                         mat: usize,
                         (rows_out, cols): (usize, usize),
-                        input: (u64, usize),
+                        input: u64,
                         out: u64,
                         bias: Option<u64>|
              -> Result<(), CudaError> {
@@ -1156,11 +1189,25 @@ impl<D: BatchDevice> Prefill<D> {
                     this.dequantize(spec, at.matrices[mat], dst)?;
                     dst
                 };
+                if padded {
+                    this.dev.gemm(Gemm {
+                        w16,
+                        rows: rows_out,
+                        cols,
+                        a: input,
+                        n: most,
+                        c: out,
+                        beta: 0.0,
+                        batch: ne,
+                    })?;
+                }
                 for &(e, o, c) in &groups {
-                    let w = w16 + 2 * (e * rows_out * cols) as u64;
-                    let a = input.0 + (o * cols * input.1) as u64;
                     let y = out + (4 * o * rows_out) as u64;
-                    this.gemm(w, rows_out, cols, a, c, y, 0.0)?;
+                    if !padded {
+                        let w = w16 + 2 * (e * rows_out * cols) as u64;
+                        let a = input + (2 * o * cols) as u64;
+                        this.gemm(w, rows_out, cols, a, c, y, 0.0)?;
+                    }
                     // (the expert's bias, gpt-oss)
                     if let Some(bias) = bias {
                         this.add_bias_rows(y, bias + (4 * e * rows_out) as u64, rows_out, c)?;
@@ -1169,10 +1216,11 @@ impl<D: BatchDevice> Prefill<D> {
                 Ok(())
             };
             let [gb, ub, db] = biases.map(|(_, e)| e.map(Some)).unwrap_or_default();
-            each(self, wg, (ff, d), (gathered, 2), gate, gb)?;
-            each(self, wu, (ff, d), (gathered, 2), up, ub)?;
-            self.glu_f16(r, [gate, up, act], (pairs * ff) as u64)?;
-            each(self, wd, (d, ff), (act, 2), outputs, db)?;
+            let rows = if padded { ne * most } else { pairs };
+            each(self, wg, (ff, d), gathered, gate, gb)?;
+            each(self, wu, (ff, d), gathered, up, ub)?;
+            self.glu_f16(r, [gate, up, act], (rows * ff) as u64)?;
+            each(self, wd, (d, ff), act, outputs, db)?;
         } else {
             // Each pair's products as the decode step computes them, from the f32 norms.
             let warps = d.div_ceil(256).clamp(1, 32) as u32;

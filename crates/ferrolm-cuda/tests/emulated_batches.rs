@@ -473,6 +473,9 @@ fn check_prompt(what: &str, spec: &SyntheticSpec, tuning: &CudaTuning, n: usize)
     let launched = &prefill.device().launched;
     if plan.max_experts > 0 {
         assert!(launched.iter().any(|l| l == "moe_gather_f16"), "{what}");
+        // (with `unverified`, the long prompt's groups padded to one batched GEMM each matrix)
+        let padded = ["moe_pad_rows", "gemm batched"].map(|k| launched.iter().any(|l| l == k));
+        assert_eq!(padded, [tuning.unverified; 2], "{what}");
     }
 }
 
@@ -488,6 +491,19 @@ fn the_prompt_pass_computes_what_the_cpu_computes() {
     };
     for (name, spec) in files() {
         check_prompt(&name, &spec, &tensor_cores, 100);
+    }
+    // The experts' groups padded to one strided-batched GEMM per matrix (not yet the default).
+    let padded_groups = CudaTuning {
+        unverified: true,
+        ..tensor_cores.clone()
+    };
+    for (name, spec) in files().into_iter().filter(|(_, s)| s.n_expert > 0) {
+        check_prompt(
+            &format!("{name} (padded groups)"),
+            &spec,
+            &padded_groups,
+            100,
+        );
     }
     for (name, spec) in files()
         .into_iter()

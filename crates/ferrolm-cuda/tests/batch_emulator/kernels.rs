@@ -105,6 +105,18 @@ pub fn run(dev: &HostDevice, name: &str, grid: (u32, u32), block: u32, args: &[V
                 mem.write(a.ptr(2) + (4 * r * n) as u64, &y);
             }
         }
+    } else if name == "moe_pad_rows" {
+        // moe_pad_rows(ids, offsets, at, n_pairs, most): at[i] = ids[i] * most + rank
+        let (pairs, most) = (covered(grid, block, a.int(3)), a.int(4) as u32);
+        let ids = mem.u32s(a.ptr(0), pairs);
+        let offsets = mem.u32s(a.ptr(1), ids.iter().max().map_or(0, |&e| e as usize + 1));
+        let at: Vec<u32> = mem
+            .u32s(a.ptr(2), pairs)
+            .iter()
+            .zip(&ids)
+            .map(|(&r, &e)| e * most + (r - offsets[e as usize]))
+            .collect();
+        mem.write(a.ptr(2), &at);
     } else if name == "add_bias_rows" {
         // add_bias_rows(x, bias, d, n): x[i] += bias[i % d]
         let (d, n) = (a.int(2), covered(grid, block, a.long(3)));
@@ -349,6 +361,22 @@ fn dequantize(
 
 /// The GEMM: `c[t][r] = a[t] . w[r] (+ beta * c[t][r])`, f16 operands, f32 sums.
 pub fn gemm(mem: &mut Memory, g: Gemm) {
+    for i in 0..g.batch {
+        let (rows, cols, n) = (g.rows, g.cols, g.n);
+        one_gemm(
+            mem,
+            Gemm {
+                w16: g.w16 + (2 * i * rows * cols) as u64,
+                a: g.a + (2 * i * n * cols) as u64,
+                c: g.c + (4 * i * n * rows) as u64,
+                batch: 1,
+                ..g
+            },
+        );
+    }
+}
+
+fn one_gemm(mem: &mut Memory, g: Gemm) {
     let (rows, cols, n) = (g.rows, g.cols, g.n);
     let (w, x) = (mem.f16s(g.w16, rows * cols), mem.f16s(g.a, n * cols));
     let mut out = if g.beta == 0.0 {

@@ -392,7 +392,8 @@ impl BatchDevice for HostDevice<'_> {
     }
 
     fn gemm(&mut self, g: Gemm) -> Result<(), CudaError> {
-        self.submit("gemm", Op::Gemm(g));
+        let name = if g.batch > 1 { "gemm batched" } else { "gemm" };
+        self.submit(name, Op::Gemm(g));
         Ok(())
     }
 
