@@ -16,6 +16,7 @@ use crate::prefill::{self, Addresses, Prefill, RowsWant, MAX_BATCH};
 use crate::schedule::{
     decode_plan_with, Arg, Buf, DecodePlan, SAMPLE_DRAWS, SAMPLE_MAX_K, TOKEN_RING,
 };
+use crate::tiers::Tier;
 use crate::{CudaError, CudaTuning};
 
 pub(crate) fn driver(what: &str) -> impl FnOnce(cudarc::driver::DriverError) -> CudaError + '_ {
@@ -250,6 +251,48 @@ impl Drop for TokenRing {
     }
 }
 
+/// A weight matrix's memory: on the device, or pinned in host memory mapped for the device
+/// (an expert stack a `--gpu-memory` budget leaves no room for: `tiers.rs`).
+enum MatrixMemory {
+    Device(CudaSlice<u8>),
+    Host {
+        // Held for the mapping's lifetime.
+        _pinned: cudarc::driver::PinnedHostSlice<u8>,
+        device: u64,
+    },
+}
+
+impl MatrixMemory {
+    /// `bytes` copied into pinned host memory the device reads through its mapping.
+    fn mapped(ctx: &Arc<CudaContext>, bytes: &[u8], what: &str) -> Result<MatrixMemory, CudaError> {
+        // SAFETY: the memory is written here, before any kernel reads it.
+        let mut pinned = unsafe {
+            ctx.alloc_pinned_with_flags::<u8>(bytes.len().max(1), sys::CU_MEMHOSTALLOC_DEVICEMAP)
+        }
+        .map_err(driver(what))?;
+        let host = pinned.as_mut_ptr().map_err(driver(what))?;
+        // SAFETY: `host` holds at least `bytes.len()` bytes, allocated above.
+        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), host, bytes.len()) };
+        let mut device: sys::CUdeviceptr = 0;
+        // SAFETY: `host` was allocated by cuMemHostAlloc with DEVICEMAP in this context.
+        unsafe { sys::cuMemHostGetDevicePointer_v2(&mut device, host.cast(), 0) }
+            .result()
+            .map_err(driver(what))?;
+        Ok(MatrixMemory::Host {
+            _pinned: pinned,
+            device,
+        })
+    }
+
+    /// The address the kernels read it at.
+    fn address(&self, stream: &CudaStream) -> u64 {
+        match self {
+            MatrixMemory::Device(s) => s.device_ptr(stream).0,
+            MatrixMemory::Host { device, .. } => *device,
+        }
+    }
+}
+
 /// A model on one GPU, decoding one sequence a token at a time.
 pub struct CudaModel {
     ctx: Arc<CudaContext>,
@@ -269,7 +312,7 @@ pub struct CudaModel {
     /// Draws the device has used of those it holds, when it samples.
     draws_used: Option<usize>,
     // Held for their addresses, which `launches` and the graph use.
-    _matrices: Vec<CudaSlice<u8>>,
+    _matrices: Vec<MatrixMemory>,
     _vectors: Vec<CudaSlice<f32>>,
     _buffers: Vec<CudaSlice<u8>>,
     logits: CudaSlice<f32>,
@@ -432,9 +475,19 @@ impl CudaModel {
         // Bulk copies into shared memory need compute capability 9.0.
         let dp = if major >= 9 { dp } else { dp.unstaged() };
 
-        let need = dp.weight_bytes_total()
-            + (if slots > 1 { slots + 1 } else { 1 }) as u64 * dp.kv_bytes_total()
+        let fixed = (if slots > 1 { slots + 1 } else { 1 }) as u64 * dp.kv_bytes_total()
             + prefill::scratch_bytes(&dp);
+        // Under a budget, the expert stacks it leaves no room for stay in host memory.
+        let tiers = crate::tiers::place(&dp, fixed, tuning.gpu_memory)?;
+        let on_device: u64 = dp
+            .matrices
+            .iter()
+            .zip(&tiers)
+            .filter(|(_, &t)| t == Tier::Device)
+            .map(|(m, _)| (m.rows * m.row_bytes()) as u64)
+            .sum();
+        let dp = dp.unstaged_where(|m| tiers[m] == Tier::Host);
+        let need = on_device + fixed;
         let (free, _) = ctx.mem_get_info().map_err(driver("reading free memory"))?;
         if need as usize > free {
             return Err(CudaError::OutOfMemory {
@@ -444,7 +497,7 @@ impl CudaModel {
         }
 
         let mut matrices = Vec::with_capacity(dp.matrices.len());
-        for m in &dp.matrices {
+        for (m, &tier) in dp.matrices.iter().zip(&tiers) {
             let info = file
                 .tensor(&m.name)
                 .ok_or_else(|| CudaError::Model(format!("tensor {} is missing", m.name)))?;
@@ -464,7 +517,12 @@ impl CudaModel {
                 .then(|| crate::repack::repack(m.ty, m.cols, data))
                 .flatten();
             let bytes = packed.as_deref().unwrap_or(data);
-            matrices.push(stream.clone_htod(bytes).map_err(driver(&m.name))?);
+            matrices.push(match tier {
+                Tier::Device => {
+                    MatrixMemory::Device(stream.clone_htod(bytes).map_err(driver(&m.name))?)
+                }
+                Tier::Host => MatrixMemory::mapped(&ctx, bytes, &m.name)?,
+            });
         }
         let mut vectors = Vec::with_capacity(dp.vectors.len());
         for v in &dp.vectors {
@@ -501,7 +559,7 @@ impl CudaModel {
                         continue;
                     }
                     let p = match b {
-                        Buf::Matrix(i) => matrices[i].device_ptr(&stream).0,
+                        Buf::Matrix(i) => matrices[i].address(&stream),
                         Buf::Vector(i) => vectors[i].device_ptr(&stream).0,
                         Buf::Logits => logits.device_ptr(&stream).0,
                         Buf::Token => token.device_ptr(&stream).0,
@@ -563,7 +621,7 @@ impl CudaModel {
         } else {
             None
         };
-        let matrix_addrs = matrices.iter().map(ptr).collect();
+        let matrix_addrs = matrices.iter().map(|m| m.address(&stream)).collect();
         let vector_addrs = vectors.iter().map(|v| v.device_ptr(&stream).0).collect();
         let cache = |f: fn(usize) -> Buf| -> Vec<u64> {
             (0..dp.layers.len())
@@ -619,13 +677,14 @@ impl CudaModel {
                 ));
             }
             // f16 copies of the weights for the batched steps' GEMMs, where they fit with room
-            // to spare; otherwise each step dequantizes one matrix at a time.
+            // to spare (and no budget says otherwise); else each step dequantizes one matrix at
+            // a time.
             let (free, _) = model
                 .ctx
                 .mem_get_info()
                 .map_err(driver("reading free memory"))?;
             let want = Prefill::f16_weight_bytes(&model.plan);
-            if want + (2u64 << 30) < free as u64 {
+            if want + (2u64 << 30) < free as u64 && tuning.gpu_memory.is_none() {
                 let at = model.addresses(0);
                 let p = model.prefill.as_mut().expect("checked");
                 p.keep_f16_weights(&model.plan, &at)?;

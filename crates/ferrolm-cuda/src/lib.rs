@@ -23,6 +23,7 @@ pub mod kernels;
 pub mod prefill;
 pub mod repack;
 pub mod schedule;
+pub mod tiers;
 mod tuning;
 
 pub use backend::{device_sampling, open, CudaBackend, CudaOptions, SplitBackend};

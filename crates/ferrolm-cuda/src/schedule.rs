@@ -2177,8 +2177,21 @@ impl DecodePlan {
 
     /// The plan for a device without bulk copies (before compute capability 9.0): staged
     /// products become their plain twins (`NAMEs_T` -> `NAMEq_T`, no shared memory).
-    pub fn unstaged(mut self) -> DecodePlan {
+    pub fn unstaged(self) -> DecodePlan {
+        self.unstaged_where(|_| true)
+    }
+
+    /// [`DecodePlan::unstaged`] for the products reading a matrix `host` says lives in host
+    /// memory (a bulk copy into shared memory reads device memory only).
+    pub fn unstaged_where(mut self, host: impl Fn(usize) -> bool) -> DecodePlan {
         for l in self.launches.iter_mut().filter(|l| l.shared > 0) {
+            let reads_host = l
+                .args
+                .iter()
+                .any(|a| matches!(a, Arg::Buf(Buf::Matrix(m)) if host(*m)));
+            if !reads_host {
+                continue;
+            }
             if let Some(i) = l.kernel.rfind("s_") {
                 l.kernel.replace_range(i..i + 1, "q");
             }
@@ -2253,7 +2266,7 @@ impl DecodePlan {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use ferrolm_model::plan::{Attention, Ffn, LayerPlan, Mixer, Rope};
 

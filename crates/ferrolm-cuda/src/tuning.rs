@@ -44,6 +44,10 @@ pub struct CudaTuning {
     /// CPU on a GPU (`cuda-check`): the i-quant block types and the hybrid models' layers
     /// ([`crate::schedule::UNVERIFIED`]); declined otherwise (`FERROLM_CUDA_UNVERIFIED`).
     pub unverified: bool,
+    /// Bytes of device memory the model may take (`--gpu-memory`): the expert stacks it
+    /// leaves no room for stay in pinned host memory, read over the bus ([`crate::tiers`]);
+    /// `None`: no budget, all on the device.
+    pub gpu_memory: Option<u64>,
 }
 
 impl Default for CudaTuning {
@@ -62,6 +66,7 @@ impl Default for CudaTuning {
             defines: None,
             kernel_cache: Some(crate::kernels::cache_dir()),
             unverified: false,
+            gpu_memory: None,
         }
     }
 }
@@ -89,6 +94,7 @@ impl CudaTuning {
             defines: std::env::var("FERROLM_CUDA_DEFINES").ok(),
             kernel_cache: d.kernel_cache.clone(),
             unverified: !unset("FERROLM_CUDA_UNVERIFIED"),
+            gpu_memory: None,
         }
     }
 

@@ -274,3 +274,18 @@ fn synth_shape_mistakes() {
     );
     assert!(!Path::new(out).exists());
 }
+
+#[test]
+fn a_gpu_memory_budget_that_is_no_number_of_gb_is_refused() {
+    let dir = temp_dir("gpu-memory");
+    let model = write(
+        &dir,
+        "good.gguf",
+        &rewritten("llama", |_, d, b| Some((d, b))),
+    );
+    for bad in ["-2", "0", "NaN"] {
+        let mut a = logits(&model, "1,2", &dir);
+        a.push(format!("--gpu-memory={bad}"));
+        fails_with(&args(&a), &["--gpu-memory", "a positive number of GB"]);
+    }
+}

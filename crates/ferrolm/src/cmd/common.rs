@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use clap::Args;
 use ferrolm::{Backend, BackendOptions, CudaTuning, Device};
 use ferrolm_engine::SamplerParams;
@@ -37,6 +37,11 @@ pub struct ModelArgs {
     /// (a model larger than the GPU's memory); default: every layer. 0: the CPU alone.
     #[arg(long, value_name = "N")]
     pub gpu_layers: Option<usize>,
+    /// With CUDA, the most device memory the model may take, in GB (1e9 bytes): the expert
+    /// tensors it leaves no room for stay in pinned host memory, read by the GPU over the bus;
+    /// too small for everything but the experts is an error saying how much is needed.
+    #[arg(long, value_name = "GB")]
+    pub gpu_memory: Option<f64>,
     /// On the CPU, sum the products as llama.cpp does with `--no-repack` (its weights kept as
     /// in the file) instead of as its default, which repacks Q4_K matrices on x86-64 CPUs
     /// with AVX2 and sums them in another order.
@@ -49,6 +54,15 @@ pub struct ModelArgs {
 }
 
 impl ModelArgs {
+    /// `--gpu-memory` in bytes, refused when it is not a positive number of GB.
+    pub fn gpu_memory_bytes(&self) -> Result<Option<u64>> {
+        match self.gpu_memory {
+            None => Ok(None),
+            Some(gb) if gb.is_finite() && gb > 0.0 => Ok(Some((gb * 1e9) as u64)),
+            Some(gb) => bail!("--gpu-memory {gb}: a positive number of GB"),
+        }
+    }
+
     /// How to load the model these flags name; `FERROLM_FORCE_SCALAR` (set to anything) picks
     /// the scalar reference kernels.
     pub fn load_options(&self) -> LoadOptions {
@@ -130,7 +144,10 @@ pub fn open_backend<'m>(
             slots,
             gpu_layers: args.gpu_layers,
             verbose: true,
-            cuda: CudaTuning::from_env(),
+            cuda: CudaTuning {
+                gpu_memory: args.gpu_memory_bytes()?,
+                ..CudaTuning::from_env()
+            },
         },
     )
 }

@@ -357,7 +357,10 @@ pub fn check(args: CheckArgs) -> Result<()> {
         Some(Err(e)) => bail!(e),
     };
     let n_layer = model.plan().layers.len();
-    let tuning = CudaTuning::from_env();
+    let tuning = CudaTuning {
+        gpu_memory: args.model.gpu_memory_bytes()?,
+        ..CudaTuning::from_env()
+    };
     let gpu_layers = args.model.gpu_layers.unwrap_or(n_layer);
     if let Some(b) = args.batch {
         let cuda = CudaOptions {

@@ -1,0 +1,130 @@
+//! Where each matrix lives under a GPU memory budget (`--gpu-memory`): everything but the
+//! stacked expert tensors must be on the device (weights, caches, batch buffers); the experts
+//! fill what the budget leaves, layer by layer, and the rest stay in pinned host memory that
+//! the kernels read over the bus (mapped into the device's address space, so the products
+//! and the step's graph are the same wherever a stack lives).
+//!
+//! The unit is a whole stacked tensor (one layer's gate, up or down experts): a first tier. A
+//! cache of hot experts in device slots, following the selection counts, is what comes next
+//! (docs/EXPERT_STREAMING.md).
+
+use crate::schedule::DecodePlan;
+use crate::CudaError;
+
+/// Where a matrix lives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Tier {
+    /// Device memory.
+    Device,
+    /// Pinned host memory, mapped for the device.
+    Host,
+}
+
+/// Each matrix's tier under `budget` bytes of device memory, where `fixed` bytes (the caches,
+/// the batch buffers, the step's buffers) must also fit: the matrices that are not expert
+/// stacks first, then the expert stacks in order while they fit. `None`: no budget, all on
+/// the device. Errors when what must be on the device does not fit, saying how many bytes it
+/// needs and how many the budget leaves.
+pub fn place(p: &DecodePlan, fixed: u64, budget: Option<u64>) -> Result<Vec<Tier>, CudaError> {
+    let bytes = |m: usize| (p.matrices[m].rows * p.matrices[m].row_bytes()) as u64;
+    let is_stack = |m: usize| p.matrices[m].experts > 1;
+    let Some(budget) = budget else {
+        return Ok(vec![Tier::Device; p.matrices.len()]);
+    };
+    let dense: u64 = (0..p.matrices.len())
+        .filter(|&m| !is_stack(m))
+        .map(bytes)
+        .sum();
+    let needed = dense + fixed;
+    if needed > budget {
+        return Err(CudaError::Model(format!(
+            "a GPU memory budget of {budget} bytes cannot hold what must stay on the GPU: \
+             {needed} bytes ({dense} of weights besides the experts, {fixed} of caches and \
+             buffers); {} more are needed",
+            needed - budget
+        )));
+    }
+    let mut left = budget - needed;
+    Ok((0..p.matrices.len())
+        .map(|m| {
+            if !is_stack(m) {
+                return Tier::Device;
+            }
+            if bytes(m) <= left {
+                left -= bytes(m);
+                Tier::Device
+            } else {
+                Tier::Host
+            }
+        })
+        .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::schedule::tests::plan;
+    use crate::schedule::{decode_plan, MatrixSpec};
+    use ferrolm_gguf::TensorType;
+
+    /// A plan of two layers whose last three matrices are turned into expert stacks.
+    fn with_stacks() -> DecodePlan {
+        let mut dp = decode_plan(&plan(2, 32), 64, &|_| Some(TensorType::Q8_0)).unwrap();
+        let n = dp.matrices.len();
+        for m in &mut dp.matrices[n - 4..n - 1] {
+            *m = MatrixSpec {
+                experts: 4,
+                rows: 4 * m.rows,
+                ..m.clone()
+            };
+        }
+        dp
+    }
+
+    fn bytes(dp: &DecodePlan, m: usize) -> u64 {
+        (dp.matrices[m].rows * dp.matrices[m].row_bytes()) as u64
+    }
+
+    #[test]
+    fn the_experts_fill_what_the_budget_leaves_and_the_rest_stay_on_the_host() {
+        let dp = with_stacks();
+        let n = dp.matrices.len();
+        let all: u64 = (0..n).map(|m| bytes(&dp, m)).sum();
+        let stacks: Vec<usize> = (0..n).filter(|&m| dp.matrices[m].experts > 1).collect();
+        assert_eq!(stacks.len(), 3);
+        // No budget, or room for everything: all on the device.
+        assert!(place(&dp, 1000, None)
+            .unwrap()
+            .iter()
+            .all(|&t| t == Tier::Device));
+        let roomy = place(&dp, 1000, Some(all + 1000)).unwrap();
+        assert!(roomy.iter().all(|&t| t == Tier::Device));
+        // Room for the dense part and one stack: that stack on the device, the others not.
+        let dense = all - stacks.iter().map(|&m| bytes(&dp, m)).sum::<u64>();
+        let one = place(&dp, 1000, Some(dense + 1000 + bytes(&dp, stacks[0]))).unwrap();
+        let on_device: Vec<usize> = stacks
+            .iter()
+            .copied()
+            .filter(|&m| one[m] == Tier::Device)
+            .collect();
+        assert_eq!(on_device, [stacks[0]]);
+        assert!((0..n)
+            .filter(|m| !stacks.contains(m))
+            .all(|m| one[m] == Tier::Device));
+        // What the device holds stays within the budget.
+        let held: u64 = (0..n)
+            .filter(|&m| one[m] == Tier::Device)
+            .map(|m| bytes(&dp, m))
+            .sum();
+        assert!(held + 1000 <= dense + 1000 + bytes(&dp, stacks[0]));
+    }
+
+    #[test]
+    fn a_budget_too_small_for_the_dense_part_says_how_much_is_needed() {
+        let dp = with_stacks();
+        let e = place(&dp, 5000, Some(4000)).unwrap_err().to_string();
+        assert!(e.contains("budget of 4000 bytes"), "{e}");
+        assert!(e.contains("5000 of caches and buffers"), "{e}");
+        assert!(e.contains("more are needed"), "{e}");
+    }
+}
