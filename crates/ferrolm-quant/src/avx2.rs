@@ -50,6 +50,8 @@ macro_rules! bytes_block {
 mod iquants;
 #[path = "avx2_lowbit.rs"]
 mod lowbit;
+#[path = "avx2_tiled.rs"]
+pub(crate) mod tiled512;
 
 pub(crate) use iquants::{
     tiled_iq2_s, tiled_iq2_xs, tiled_iq2_xxs, tiled_iq3_s, tiled_iq3_xxs, tiled_iq4_xs,

@@ -422,6 +422,15 @@ fn tiled_fn(ty: TensorType, fast: bool) -> Option<MultiFn> {
                     tiled::multi($simd, bytes, $dot, sum, n, rows, rs, nr, acts, as_, nc, out)
                 },
             );
+            #[cfg(target_arch = "x86_64")]
+            if fast && crate::avx2::has_avx512_vnni() {
+                return Some(|n, rows, rs, nr, acts, as_, nc, out| {
+                    let bytes = $ty.block_bytes();
+                    crate::avx2::tiled512::multi(
+                        $simd, bytes, $dot, n, rows, rs, nr, acts, as_, nc, out,
+                    )
+                });
+            }
             if fast {
                 simd
             } else {
