@@ -2375,10 +2375,13 @@ mod batch_tests {
         let (mut q4, mut q6) = (vec![0u8; 144], vec![0u8; 210]);
         quantize_q4_k(&x, &mut q4);
         quantize_q6_k(&x, &mut q6);
-        for block in [
-            crate::k_quants::tiled_q4_k(&q4),
-            crate::k_quants::tiled_q6_k(&q6),
-        ] {
+        let (mut b4, mut b6) = (
+            crate::tiled::TiledBlock::ZERO,
+            crate::tiled::TiledBlock::ZERO,
+        );
+        crate::k_quants::tiled_q4_k(&q4, &mut b4);
+        crate::k_quants::tiled_q6_k(&q6, &mut b6);
+        for block in [b4, b6] {
             let run = |step: crate::tiled::BlockStep| {
                 let mut acc = vec![0.5f32; ys.len()];
                 step(&block, &ys, &mut acc);

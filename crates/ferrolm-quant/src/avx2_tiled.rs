@@ -60,7 +60,7 @@ fn rearrange(acts: &[u8], act_stride: usize, n_cols: usize, nb: usize) -> Column
 /// (`kernel::tiled_fn`).
 #[allow(clippy::too_many_arguments)] // two strided matrices and their shapes
 pub(crate) fn multi(
-    unpack: fn(&[u8]) -> TiledBlock,
+    unpack: crate::tiled::Unpack,
     block_bytes: usize,
     dot: DotFn,
     n: usize,
@@ -94,14 +94,23 @@ pub(crate) fn multi(
     assert!(out.len() >= n_rows * n_cols);
     let cols = rearrange(acts, act_stride, n_cols, nb);
     let mut acc = vec![[0f32; GROUP]; n_cols.div_ceil(GROUP)];
+    // a row's blocks unpacked and prepared before their products: the stores of one pass are
+    // done when the next reads them (a wide load of narrow stores waits for them otherwise)
+    let mut blocks: Vec<TiledBlock> = (0..nb).map(|_| TiledBlock::ZERO).collect();
+    let mut prepared: Vec<Prepared> = (0..nb).map(|_| Prepared::default()).collect();
     for i in 0..n_rows {
         let row = &rows[i * row_stride..i * row_stride + rb];
         acc.iter_mut().for_each(|a| *a = [0.0; GROUP]);
-        for (kb, xb) in row.chunks_exact(block_bytes).enumerate() {
-            let x = unpack(xb);
-            // SAFETY: the features were asserted above; `cols` holds `nb` blocks of every
-            // group of `acc`, and `kb < nb`.
-            unsafe { block_vnni(&x, &cols, kb, nb, &mut acc) };
+        for (x, xb) in blocks.iter_mut().zip(row.chunks_exact(block_bytes)) {
+            unpack(xb, x);
+        }
+        for (x, p) in blocks.iter().zip(prepared.iter_mut()) {
+            // SAFETY: the features were asserted above.
+            unsafe { prepare(x, p) };
+        }
+        for (kb, (x, p)) in blocks.iter().zip(&prepared).enumerate() {
+            // SAFETY: as above; `cols` holds `nb` blocks of every group of `acc`, `kb < nb`.
+            unsafe { block_vnni(x, p, &cols, kb, nb, &mut acc) };
         }
         for c in 0..n_cols {
             out[c * n_rows + i] = acc[c / GROUP][c % GROUP];
@@ -109,48 +118,75 @@ pub(crate) fn multi(
     }
 }
 
-/// One weight block against block `kb` of every group of columns, into their accumulators.
+/// What [`block_vnni`] needs of a block besides its values and scales.
+#[derive(Default)]
+struct Prepared {
+    /// What the activations' +128 adds to the sum: 128 * sum over the 16s of multiplier *
+    /// sum of values.
+    bias: i32,
+    /// Whether each 32 has one multiplier (most formats): one multiply for both its 16s.
+    paired: bool,
+    /// `-dmin` and the minimums as pairs of i16 (`2p` low, `2p + 1` high), if the format has them.
+    mins: Option<(f32, [i32; 8])>,
+}
+
 #[target_feature(enable = "avx2,fma,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn block_vnni(x: &TiledBlock, cols: &Columns, kb: usize, nb: usize, acc: &mut [[f32; 8]]) {
-    // what the activations' +128 adds: 128 * sum over the 16s of multiplier * sum of values
+unsafe fn prepare(x: &TiledBlock, p: &mut Prepared) {
     let ones = _mm512_set1_epi8(1);
+    let scales = _mm512_loadu_si512(x.scale16.as_ptr() as *const _);
     let mut bias = _mm512_setzero_si512();
     for k in 0..4 {
         let w = _mm512_loadu_si512(x.w.as_ptr().add(64 * k) as *const _);
-        let lanes: [i32; 16] = std::array::from_fn(|l| x.scale16[4 * k + l / 4]);
-        let sums = _mm512_dpbusd_epi32(_mm512_setzero_si512(), ones, w);
-        bias = _mm512_add_epi32(
-            bias,
-            _mm512_mullo_epi32(sums, _mm512_loadu_si512(lanes.as_ptr() as *const _)),
+        // lane l: the multiplier of 16 number 4k + l / 4
+        let lanes = _mm512_permutexvar_epi32(
+            _mm512_add_epi32(_mm512_set1_epi32(4 * k as i32), QUARTERS),
+            scales,
         );
+        let sums = _mm512_dpbusd_epi32(_mm512_setzero_si512(), ones, w);
+        bias = _mm512_add_epi32(bias, _mm512_mullo_epi32(sums, lanes));
     }
-    let bias = _mm256_set1_epi32(_mm512_reduce_add_epi32(_mm512_slli_epi32::<7>(bias)));
-    let mins = x.mins.as_ref().map(|m| {
+    p.bias = _mm512_reduce_add_epi32(_mm512_slli_epi32::<7>(bias));
+    p.mins = x.mins.as_ref().map(|m| {
         let pairs: [i32; 8] =
             std::array::from_fn(|p| (m.min16[2 * p] & 0xffff) | (m.min16[2 * p + 1] << 16));
-        (_mm256_set1_ps(-m.dmin), pairs)
+        (-m.dmin, pairs)
     });
+    p.paired = (0..QK_K / 32).all(|j| x.scale16[2 * j] == x.scale16[2 * j + 1]);
+}
+
+/// Lane `l`: `l / 4`.
+const QUARTERS: __m512i =
+    unsafe { std::mem::transmute([0i32, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3]) };
+
+/// One weight block against block `kb` of every group of columns, into their accumulators.
+#[target_feature(enable = "avx2,fma,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn block_vnni(
+    x: &TiledBlock,
+    p: &Prepared,
+    cols: &Columns,
+    kb: usize,
+    nb: usize,
+    acc: &mut [[f32; 8]],
+) {
     let d = _mm256_set1_ps(x.d);
-    // most formats repeat a multiplier over 32 values: one multiply for both 16s
-    let paired = (0..QK_K / 32).all(|j| x.scale16[2 * j] == x.scale16[2 * j + 1]);
     for (g, a) in acc.iter_mut().enumerate() {
         let at = g * nb + kb;
         let q = cols.q.as_ptr().add(at * QBYTES);
-        let s = if paired {
+        let s = if p.paired {
             sums::<true>(x, q)
         } else {
             sums::<false>(x, q)
         };
-        let s = _mm256_sub_epi32(s, bias);
+        let s = _mm256_sub_epi32(s, _mm256_set1_epi32(p.bias));
         let mut r = _mm256_mul_ps(_mm256_cvtepi32_ps(s), d);
-        if let Some((neg_dmin, pairs)) = &mins {
+        if let Some((neg_dmin, pairs)) = &p.mins {
             let bs = cols.bsums.as_ptr().add(at * SBYTES);
             let mut m = _mm256_setzero_si256();
             for (p, &pair) in pairs.iter().enumerate() {
                 let b = _mm256_loadu_si256(bs.add(GROUP * p) as *const __m256i);
                 m = _mm256_dpwssd_epi32(m, _mm256_set1_epi32(pair), b);
             }
-            r = _mm256_fmadd_ps(*neg_dmin, _mm256_cvtepi32_ps(m), r);
+            r = _mm256_fmadd_ps(_mm256_set1_ps(*neg_dmin), _mm256_cvtepi32_ps(m), r);
         }
         let dy = _mm256_loadu_ps(cols.d.as_ptr().add(at * GROUP));
         let v = _mm256_fmadd_ps(r, dy, _mm256_loadu_ps(a.as_ptr()));
