@@ -138,61 +138,6 @@ pub(crate) fn kernel(ty: TensorType) -> Option<Simd> {
     })
 }
 
-/// `tiled::block_step` with AVX512-VNNI: the values biased to `w + 128` (unsigned) met by the
-/// activations with `vpdpbusd` 64 at a time, each lane times its 16 values' multiplier, the
-/// bias taken off with the activation's sums of 16 (the same exact integer, wrapping as
-/// i32 arithmetic does, as the scalar sum), then the same fma into each column's accumulator.
-/// Handed out only after run-time detection (`kernel::simd_block_step`).
-pub(crate) fn tiled_block_step_512(
-    x: &crate::tiled::TiledBlock,
-    ys: &[&crate::k_quants::BlockQ8K],
-    acc: &mut [f32],
-) {
-    // SAFETY: the AVX512 features were detected before this function was handed out; the loads
-    // read 64 of the 256 bytes of `x.w` or of a column's `qs`, and its 32 bytes of sums.
-    unsafe { tiled_block_step_vnni(x, ys, acc) }
-}
-
-#[target_feature(enable = "avx2,fma,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn tiled_block_step_vnni(
-    x: &crate::tiled::TiledBlock,
-    ys: &[&crate::k_quants::BlockQ8K],
-    acc: &mut [f32],
-) {
-    let bias = _mm512_set1_epi8(-128);
-    let w: [__m512i; 4] = std::array::from_fn(|k| {
-        _mm512_xor_si512(
-            _mm512_loadu_si512(x.w.as_ptr().add(64 * k) as *const _),
-            bias,
-        )
-    });
-    // lane l of chunk k holds elements 64k + 4l .. + 4, of the 16 numbered 4k + l / 4
-    let scale: [__m512i; 4] = std::array::from_fn(|k| {
-        let lanes: [i32; 16] = std::array::from_fn(|l| x.scale16[4 * k + l / 4]);
-        _mm512_loadu_si512(lanes.as_ptr() as *const _)
-    });
-    let scale16: [i16; 16] = std::array::from_fn(|j| x.scale16[j] as i16);
-    let scale16 = _mm256_loadu_si256(scale16.as_ptr() as *const __m256i);
-    for (y, a) in ys.iter().zip(acc) {
-        let q = y.qs.as_ptr();
-        let mut sum = _mm512_setzero_si512();
-        for k in 0..4 {
-            let p = _mm512_dpbusd_epi32(
-                _mm512_setzero_si512(),
-                w[k],
-                _mm512_loadu_si512(q.add(64 * k) as *const _),
-            );
-            sum = _mm512_add_epi32(sum, _mm512_mullo_epi32(p, scale[k]));
-        }
-        // 128 * sum over the 16s of multiplier * activation sum
-        let bsums = _mm256_loadu_si256(y.bsums.as_ptr() as *const __m256i);
-        let corr = _mm256_madd_epi16(scale16, bsums);
-        let corr = _mm512_castsi256_si512(_mm256_slli_epi32::<7>(corr));
-        let s = _mm512_reduce_add_epi32(_mm512_sub_epi32(sum, corr));
-        crate::tiled::accumulate(x, s, y, a);
-    }
-}
-
 /// `tiled::block_step` with AVX2: `maddubs` of `|w|` with the signed activations, `madd` by
 /// the multipliers of each 16 values, the lanes summed (exact integers, like the scalar sums),
 /// then the same fma into each column's accumulator; the block stays in registers across the
@@ -575,9 +520,13 @@ pub(crate) fn repack_multi_q4_k(
     n_cols: usize,
     out: &mut [f32],
 ) {
-    let vnni = has_avx512_vnni();
+    if has_avx512_vnni() {
+        return tiled512::repack_multi_q4_k(
+            n, rows, row_stride, n_rows, acts, act_stride, n_cols, out,
+        );
+    }
     repack_multi_with(
-        vnni, n, rows, row_stride, n_rows, acts, act_stride, n_cols, out,
+        false, n, rows, row_stride, n_rows, acts, act_stride, n_cols, out,
     )
 }
 
@@ -2350,7 +2299,8 @@ fn dot_bf16(n: usize, row: &[u8], act: &[u8]) -> f32 {
 mod batch_tests {
     use crate::k_quants::{quantize_q4_k, quantize_q6_k, quantize_q8_k, BlockQ8K};
 
-    /// The tiled kernel's block step in AVX2 and in AVX512-VNNI gives the scalar one's bits, on
+    /// The tiled kernel's block step in AVX2 gives the scalar one's bits (the AVX512-VNNI batch:
+    /// `tiled512::tests`), on
     /// a format with minimums (Q4_K) and one with signed values and int8 multipliers (Q6_K).
     #[test]
     fn tiled_block_steps_agree_across_instruction_sets() {
@@ -2389,9 +2339,6 @@ mod batch_tests {
             };
             let want = run(crate::tiled::block_step);
             assert_eq!(run(super::tiled_block_step), want, "AVX2");
-            if super::has_avx512_vnni() {
-                assert_eq!(run(super::tiled_block_step_512), want, "AVX512-VNNI");
-            }
         }
     }
 

@@ -16,7 +16,7 @@ const QBYTES: usize = QK_K * GROUP;
 /// Dwords of one block of a group's sums of 16: 8 pairs of 8 columns.
 const SBYTES: usize = QK_K / 32 * GROUP;
 
-/// The activation columns rearranged, per (group of 8 columns, block): values + 128 with quad
+/// The activation columns rearranged, per (group of 8 columns, block): values + `bias` with quad
 /// `2i + h` of column `c` at dword `16i + 2c + h`; the scales `d`; the sums of 16 `2p` and `2p + 1` of
 /// column `c` as the i16 halves of dword `8p + c`. Missing columns of the last group are zeros.
 struct Columns {
@@ -25,10 +25,10 @@ struct Columns {
     bsums: Vec<i32>,
 }
 
-fn rearrange(acts: &[u8], act_stride: usize, n_cols: usize, nb: usize) -> Columns {
+fn rearrange(acts: &[u8], act_stride: usize, n_cols: usize, nb: usize, bias: u8) -> Columns {
     let ng = n_cols.div_ceil(GROUP);
     let mut p = Columns {
-        q: vec![128; ng * nb * QBYTES],
+        q: vec![bias; ng * nb * QBYTES],
         d: vec![0.0; ng * nb * GROUP],
         bsums: vec![0; ng * nb * SBYTES],
     };
@@ -42,7 +42,7 @@ fn rearrange(acts: &[u8], act_stride: usize, n_cols: usize, nb: usize) -> Column
             let q = &mut p.q[at * QBYTES..(at + 1) * QBYTES];
             for (quad, v) in y.qs.chunks_exact(4).enumerate() {
                 for (e, &b) in v.iter().enumerate() {
-                    q[((quad / 2 * GROUP + l) * 2 + quad % 2) * 4 + e] = b ^ 0x80;
+                    q[((quad / 2 * GROUP + l) * 2 + quad % 2) * 4 + e] = b.wrapping_add(bias);
                 }
             }
             p.d[at * GROUP + l] = y.d();
@@ -92,7 +92,7 @@ pub(crate) fn multi(
     let nb = n / QK_K;
     let rb = nb * block_bytes;
     assert!(out.len() >= n_rows * n_cols);
-    let cols = rearrange(acts, act_stride, n_cols, nb);
+    let cols = rearrange(acts, act_stride, n_cols, nb, 128);
     let mut acc = vec![[0f32; GROUP]; n_cols.div_ceil(GROUP)];
     // a row's blocks unpacked and prepared before their products: the stores of one pass are
     // done when the next reads them (a wide load of narrow stores waits for them otherwise)
@@ -147,11 +147,15 @@ unsafe fn prepare(x: &TiledBlock, p: &mut Prepared) {
     }
     p.bias = _mm512_reduce_add_epi32(_mm512_slli_epi32::<7>(bias));
     p.mins = x.mins.as_ref().map(|m| {
-        let pairs: [i32; 8] =
-            std::array::from_fn(|p| (m.min16[2 * p] & 0xffff) | (m.min16[2 * p + 1] << 16));
+        let pairs: [i32; 8] = std::array::from_fn(|p| pack(m.min16[2 * p], m.min16[2 * p + 1]));
         (-m.dmin, pairs)
     });
     p.paired = (0..QK_K / 32).all(|j| x.scale16[2 * j] == x.scale16[2 * j + 1]);
+}
+
+/// Two i16 as the halves of an i32, `lo` in the low one.
+fn pack(lo: i32, hi: i32) -> i32 {
+    (lo & 0xffff) | (hi << 16)
 }
 
 /// Lane `l`: `l / 4`.
@@ -225,4 +229,268 @@ unsafe fn sums<const PAIRED: bool>(x: &TiledBlock, q: *const u8) -> __m256i {
         }
     }
     _mm512_cvtepi64_epi32(_mm512_add_epi32(s, _mm512_srli_epi64::<32>(s)))
+}
+
+/// A repacked Q4_K block as [`gemm_block`] meets it: the nibbles in element order, `d`, `dmin`,
+/// the sub-blocks' scales and their minimums doubled into i16 pairs (one factor of both sums of
+/// 16 of a sub-block).
+struct Q4KBlock {
+    w: [u8; QK_K],
+    d: f32,
+    dmin: f32,
+    scales: [i32; 8],
+    mins: [i32; 8],
+}
+
+impl Q4KBlock {
+    const ZERO: Q4KBlock = Q4KBlock {
+        w: [0; QK_K],
+        d: 0.0,
+        dmin: 0.0,
+        scales: [0; 8],
+        mins: [0; 8],
+    };
+}
+
+/// `x` unpacked into `t`.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn unpack_q4_k(x: &crate::k_quants::BlockQ4K, t: &mut Q4KBlock) {
+    let nibble = _mm256_set1_epi8(0x0f);
+    for p in 0..4 {
+        let raw = _mm256_loadu_si256(x.qs.as_ptr().add(32 * p) as *const __m256i);
+        let lo = _mm256_and_si256(raw, nibble);
+        let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(raw), nibble);
+        _mm256_storeu_si256(t.w.as_mut_ptr().add(64 * p) as *mut __m256i, lo);
+        _mm256_storeu_si256(t.w.as_mut_ptr().add(64 * p + 32) as *mut __m256i, hi);
+    }
+    let (sc, mn) = k4_scale_min_bytes(x.scales.as_ptr());
+    t.d = crate::common::f16_to_f32(x.d);
+    t.dmin = crate::common::f16_to_f32(x.dmin);
+    t.scales = sc.map(|s| s as i32);
+    t.mins = mn.map(|m| pack(m as i32, m as i32));
+}
+
+/// `repack::multi_q4_k` (llama.cpp's CPU_REPACK gemm for the first `n_cols - n_cols % 4`
+/// columns, its gemv for the rest) with the gemm's columns in the lanes as in [`multi`]: the
+/// nibbles unsigned, no bias; per 64 elements the same two fmas in every lane. Handed out only
+/// after run-time detection of AVX512-VNNI (`avx2::repack_multi_q4_k`); lengths as
+/// `DotKernel::dot_rows_multi` checked them.
+#[allow(clippy::too_many_arguments)] // two strided matrices and their shapes
+pub(crate) fn repack_multi_q4_k(
+    n: usize,
+    rows: &[u8],
+    row_stride: usize,
+    n_rows: usize,
+    acts: &[u8],
+    act_stride: usize,
+    n_cols: usize,
+    out: &mut [f32],
+) {
+    use crate::k_quants::BlockQ4K;
+    assert!(has_avx512_vnni());
+    let gemm_cols = n_cols - n_cols % 4;
+    let nb = n / QK_K;
+    let rb = nb * std::mem::size_of::<BlockQ4K>();
+    assert!(out.len() >= n_rows * n_cols);
+    if gemm_cols > 0 {
+        let cols = rearrange(acts, act_stride, gemm_cols, nb, 0);
+        let ng = gemm_cols.div_ceil(GROUP);
+        let mut acc = vec![[[0f32; GROUP]; 2]; ng];
+        let mut blocks: Vec<Q4KBlock> = (0..nb).map(|_| Q4KBlock::ZERO).collect();
+        for i in 0..n_rows {
+            let row: &[BlockQ4K] = bytemuck::cast_slice(&rows[i * row_stride..i * row_stride + rb]);
+            for (x, t) in row.iter().zip(blocks.iter_mut()) {
+                // SAFETY: the features were asserted above; the loads read within `x`.
+                unsafe { unpack_q4_k(x, t) };
+            }
+            acc.iter_mut().for_each(|a| *a = [[0.0; GROUP]; 2]);
+            for (b, t) in blocks.iter().enumerate() {
+                for (g, a) in acc.iter_mut().enumerate() {
+                    // SAFETY: as above; `cols` holds `nb` blocks of each of the `ng` groups.
+                    unsafe { gemm_block(t, &cols, g * nb + b, a) };
+                }
+            }
+            for c in 0..gemm_cols {
+                let a = &acc[c / GROUP];
+                out[c * n_rows + i] = a[0][c % GROUP] - a[1][c % GROUP];
+            }
+        }
+    }
+    if n_cols > gemm_cols {
+        super::repack_multi_with(
+            true,
+            n,
+            rows,
+            row_stride,
+            n_rows,
+            &acts[gemm_cols * act_stride..],
+            act_stride,
+            n_cols - gemm_cols,
+            &mut out[gemm_cols * n_rows..],
+        );
+    }
+}
+
+/// One block against block `at` of a group's columns, into their `acc` and `acc_min`: per 64
+/// elements (two sub-blocks) `S` and `M` of each column, then the gemm's two fmas. Not inlined,
+/// as [`sums`].
+#[inline(never)]
+#[target_feature(enable = "avx2,fma,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn gemm_block(t: &Q4KBlock, cols: &Columns, at: usize, acc: &mut [[f32; GROUP]; 2]) {
+    let q = cols.q.as_ptr().add(at * QBYTES);
+    let bs = cols.bsums.as_ptr().add(at * SBYTES);
+    let w = t.w.as_ptr() as *const i64;
+    let yd = _mm256_loadu_ps(cols.d.as_ptr().add(at * GROUP));
+    let dd = _mm256_mul_ps(_mm256_set1_ps(t.d), yd);
+    let dm = _mm256_mul_ps(_mm256_set1_ps(t.dmin), yd);
+    let mut a = _mm256_loadu_ps(acc[0].as_ptr());
+    let mut am = _mm256_loadu_ps(acc[1].as_ptr());
+    for p in 0..4 {
+        let mut s = _mm512_setzero_si512();
+        let mut m = _mm256_setzero_si256();
+        for j in [2 * p, 2 * p + 1] {
+            let mut dot = _mm512_setzero_si512();
+            for e in 0..4 {
+                let pair = 4 * j + e;
+                let y = _mm512_loadu_si512(q.add(64 * pair) as *const _);
+                let b = _mm512_set1_epi64(w.add(pair).read_unaligned());
+                dot = _mm512_dpbusd_epi32(dot, b, y);
+            }
+            s = _mm512_add_epi32(s, _mm512_mullo_epi32(dot, _mm512_set1_epi32(t.scales[j])));
+            let sums = _mm256_loadu_si256(bs.add(GROUP * j) as *const __m256i);
+            m = _mm256_dpwssd_epi32(m, _mm256_set1_epi32(t.mins[j]), sums);
+        }
+        let s = _mm512_cvtepi64_epi32(_mm512_add_epi32(s, _mm512_srli_epi64::<32>(s)));
+        a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), dd, a);
+        am = _mm256_fmadd_ps(_mm256_cvtepi32_ps(m), dm, am);
+    }
+    _mm256_storeu_ps(acc[0].as_mut_ptr(), a);
+    _mm256_storeu_ps(acc[1].as_mut_ptr(), am);
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::{dot_kernel_scalar, matrix_kernel, KernelOptions, TensorType};
+
+    /// A xorshift stream.
+    fn stream(seed: u64) -> impl FnMut() -> u64 {
+        let mut s = seed;
+        move || {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            s
+        }
+    }
+
+    /// `count` Q8_K rows of `n` elements: random quants, often at the extremes, their sums.
+    fn act_rows(n: usize, count: usize, next: &mut impl FnMut() -> u64) -> Vec<u8> {
+        let mut out = Vec::new();
+        for _ in 0..count * n / 256 {
+            let d = (next() % 1000) as f32 / 997.0 + 0.01;
+            let q: Vec<i8> = (0..256)
+                .map(|_| match next() % 8 {
+                    0 => 127,
+                    1 => -127,
+                    _ => ((next() % 255) as i32 - 127) as i8,
+                })
+                .collect();
+            out.extend(d.to_le_bytes());
+            out.extend(q.iter().map(|&v| v as u8));
+            for j in 0..16 {
+                let s: i16 = q[16 * j..16 * j + 16].iter().map(|&v| v as i16).sum();
+                out.extend(s.to_le_bytes());
+            }
+        }
+        out
+    }
+
+    /// `count` weight rows of `n` elements of `ty`: random bytes with moderate f16 scales for
+    /// the K-quants (at the byte offsets given), random valid blocks for the others.
+    fn weight_rows(
+        ty: TensorType,
+        n: usize,
+        count: usize,
+        next: &mut impl FnMut() -> u64,
+    ) -> Vec<u8> {
+        use TensorType as T;
+        let rb = crate::row_bytes(ty, n).unwrap();
+        let mut out = vec![0u8; rb * count];
+        let scales: &[usize] = match ty {
+            T::Q2_K => &[80, 82],
+            T::Q3_K => &[108],
+            T::Q4_K | T::Q5_K => &[0, 2],
+            T::Q6_K => &[208],
+            _ => &[],
+        };
+        for row in out.chunks_exact_mut(rb) {
+            if scales.is_empty() {
+                row.copy_from_slice(&crate::random_blocks(ty, n, 1.0, next).unwrap());
+                continue;
+            }
+            row.iter_mut().for_each(|b| *b = next() as u8);
+            for block in row.chunks_exact_mut(ty.block_bytes()) {
+                for &at in scales {
+                    let h = 0x2000 + (next() % 0x1c00) as u16;
+                    block[at..at + 2].copy_from_slice(&h.to_le_bytes());
+                }
+            }
+        }
+        out
+    }
+
+    fn bits(v: &[f32]) -> Vec<u32> {
+        v.iter().map(|x| x.to_bits()).collect()
+    }
+
+    /// The columns-in-lanes tiled batch and the repacked Q4_K gemm give the scalar reference's
+    /// bits: odd row counts, column counts off the groups of 8 (and off the gemm's 4).
+    #[test]
+    fn columns_in_lanes_match_the_scalar_reference() {
+        let avx2 = std::arch::is_x86_feature_detected!("avx2")
+            && std::arch::is_x86_feature_detected!("fma")
+            && std::arch::is_x86_feature_detected!("f16c");
+        if !(avx2 && super::has_avx512_vnni()) {
+            return;
+        }
+        let mut next = stream(0x9e37_79b9_7f4a_7c15);
+        use TensorType as T;
+        for ty in [
+            T::Q2_K,
+            T::Q3_K,
+            T::Q4_K,
+            T::Q5_K,
+            T::Q6_K,
+            T::IQ1_S,
+            T::IQ1_M,
+            T::IQ2_XXS,
+            T::IQ2_XS,
+            T::IQ2_S,
+            T::IQ3_XXS,
+            T::IQ3_S,
+            T::IQ4_XS,
+        ] {
+            for (n, n_rows, n_cols) in [(256, 3, 8), (768, 5, 13), (512, 8, 29), (512, 16, 10)] {
+                let rows = weight_rows(ty, n, n_rows, &mut next);
+                let acts = act_rows(n, n_cols, &mut next);
+                let (rb, ab) = (rows.len() / n_rows, acts.len() / n_cols);
+                // 16 rows: Q4_K through the repacked gemm (and gemv for the last columns)
+                let fast = matrix_kernel(ty, n_rows, &KernelOptions::default()).unwrap();
+                let reference = if fast.repacked() {
+                    let options = KernelOptions {
+                        scalar: true,
+                        ..Default::default()
+                    };
+                    matrix_kernel(ty, n_rows, &options).unwrap()
+                } else {
+                    dot_kernel_scalar(ty).unwrap()
+                };
+                let mut got = vec![0f32; n_rows * n_cols];
+                fast.dot_rows_multi(n, &rows, rb, n_rows, &acts, ab, n_cols, &mut got);
+                let mut want = vec![0f32; n_rows * n_cols];
+                reference.dot_rows_multi(n, &rows, rb, n_rows, &acts, ab, n_cols, &mut want);
+                assert_eq!(bits(&got), bits(&want), "{ty} {n_rows} x {n} x {n_cols}");
+            }
+        }
+    }
 }

@@ -514,11 +514,8 @@ fn tiled_fn(ty: TensorType, fast: bool) -> Option<MultiFn> {
 fn simd_block_step() -> tiled::BlockStep {
     #[cfg(target_arch = "x86_64")]
     if matches!(detected_isa(), Isa::Avx2) {
-        return if crate::avx2::has_avx512_vnni() {
-            crate::avx2::tiled_block_step_512
-        } else {
-            crate::avx2::tiled_block_step
-        };
+        // (with AVX512-VNNI the whole batch is `avx2::tiled512::multi`)
+        return crate::avx2::tiled_block_step;
     }
     tiled::block_step
 }
