@@ -57,6 +57,7 @@ pub(crate) use iquants::{
     tiled_iq2_s, tiled_iq2_xs, tiled_iq2_xxs, tiled_iq3_s, tiled_iq3_xxs, tiled_iq4_xs,
 };
 pub(crate) use lowbit::{tiled_iq1_m, tiled_iq1_s};
+pub(crate) use tiled512::{tiled_q2_k, tiled_q3_k, tiled_q4_k, tiled_q5_k};
 
 /// The kernels of this module for `ty`, if it has one.
 pub(crate) fn kernel(ty: TensorType) -> Option<Simd> {

@@ -255,14 +255,7 @@ impl Q4KBlock {
 /// `x` unpacked into `t`.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn unpack_q4_k(x: &crate::k_quants::BlockQ4K, t: &mut Q4KBlock) {
-    let nibble = _mm256_set1_epi8(0x0f);
-    for p in 0..4 {
-        let raw = _mm256_loadu_si256(x.qs.as_ptr().add(32 * p) as *const __m256i);
-        let lo = _mm256_and_si256(raw, nibble);
-        let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(raw), nibble);
-        _mm256_storeu_si256(t.w.as_mut_ptr().add(64 * p) as *mut __m256i, lo);
-        _mm256_storeu_si256(t.w.as_mut_ptr().add(64 * p + 32) as *mut __m256i, hi);
-    }
+    k4_values::<false>(x.qs.as_ptr(), std::ptr::null(), t.w.as_mut_ptr());
     let (sc, mn) = k4_scale_min_bytes(x.scales.as_ptr());
     t.d = crate::common::f16_to_f32(x.d);
     t.dmin = crate::common::f16_to_f32(x.dmin);
@@ -366,6 +359,111 @@ unsafe fn gemm_block(t: &Q4KBlock, cols: &Columns, at: usize, acc: &mut [[f32; G
     }
     _mm256_storeu_ps(acc[0].as_mut_ptr(), a);
     _mm256_storeu_ps(acc[1].as_mut_ptr(), am);
+}
+
+/// Q4_K's (`Q5 = false`) or Q5_K's values (0..=31) in element order into `w`: the nibbles of
+/// `qs`, with Q5_K the fifth bits of `qh`.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn k4_values<const Q5: bool>(qs: *const u8, qh: *const u8, w: *mut u8) {
+    let (nibble, one) = (_mm256_set1_epi8(0x0f), _mm256_set1_epi8(1));
+    let mut high = if Q5 {
+        _mm256_loadu_si256(qh as *const __m256i)
+    } else {
+        _mm256_setzero_si256()
+    };
+    for p in 0..4 {
+        let raw = _mm256_loadu_si256(qs.add(32 * p) as *const __m256i);
+        for (h, v) in [raw, _mm256_srli_epi16::<4>(raw)].into_iter().enumerate() {
+            let mut v = _mm256_and_si256(v, nibble);
+            if Q5 {
+                // bit 2p + h of each qh byte (the bits above within a byte are masked off)
+                v = _mm256_or_si256(v, _mm256_slli_epi16::<4>(_mm256_and_si256(high, one)));
+                high = _mm256_srli_epi16::<1>(high);
+            }
+            _mm256_storeu_si256(w.add(64 * p + 32 * h) as *mut __m256i, v);
+        }
+    }
+}
+
+/// The tiled kernel's view of a Q4_K block (`k_quants::tiled_q4_k`) into `t`, with AVX2.
+/// Handed out only after run-time detection (`kernel::tiled_fn`).
+pub(crate) fn tiled_q4_k(b: &[u8], t: &mut TiledBlock) {
+    let x: &crate::k_quants::BlockQ4K = bytemuck::from_bytes(b);
+    // SAFETY: avx2 was detected; the loads read within the block.
+    unsafe { k4_values::<false>(x.qs.as_ptr(), std::ptr::null(), t.w.as_mut_ptr() as *mut u8) };
+    k4_view(t, x.d, x.dmin, &x.scales);
+}
+
+/// The tiled kernel's view of a Q5_K block into `t`, with AVX2 (as [`tiled_q4_k`]).
+pub(crate) fn tiled_q5_k(b: &[u8], t: &mut TiledBlock) {
+    let x: &crate::k_quants::BlockQ5K = bytemuck::from_bytes(b);
+    // SAFETY: as in `tiled_q4_k`.
+    unsafe { k4_values::<true>(x.qs.as_ptr(), x.qh.as_ptr(), t.w.as_mut_ptr() as *mut u8) };
+    k4_view(t, x.d, x.dmin, &x.scales);
+}
+
+/// Q4_K's and Q5_K's scales and minimums, one per 32 values.
+fn k4_view(t: &mut TiledBlock, d: [u8; 2], dmin: [u8; 2], scales: &[u8; 12]) {
+    // SAFETY: reads the 12 bytes of `scales`.
+    let (sc, mn) = unsafe { k4_scale_min_bytes(scales.as_ptr()) };
+    t.d = crate::common::f16_to_f32(d);
+    t.scale16 = std::array::from_fn(|j| sc[j / 2] as i32);
+    t.mins = Some(crate::tiled::TiledMins {
+        dmin: crate::common::f16_to_f32(dmin),
+        min16: std::array::from_fn(|j| mn[j / 2] as i32),
+    });
+}
+
+/// The tiled kernel's view of a Q2_K block (`k_quants::tiled_q2_k`) into `t`, with AVX2.
+/// Handed out only after run-time detection (`kernel::tiled_fn`).
+pub(crate) fn tiled_q2_k(b: &[u8], t: &mut TiledBlock) {
+    let x: &crate::k_quants::BlockQ2K = bytemuck::from_bytes(b);
+    // SAFETY: avx2 was detected; the loads read within the block, the stores within `t.w`.
+    unsafe { low2_values::<false>(x.qs.as_ptr(), std::ptr::null(), t.w.as_mut_ptr()) };
+    t.d = crate::common::f16_to_f32(x.d);
+    t.scale16 = x.scales.map(|s| (s & 0x0f) as i32);
+    t.mins = Some(crate::tiled::TiledMins {
+        dmin: crate::common::f16_to_f32(x.dmin),
+        min16: x.scales.map(|s| (s >> 4) as i32),
+    });
+}
+
+/// The tiled kernel's view of a Q3_K block into `t`, with AVX2 (as [`tiled_q2_k`]).
+pub(crate) fn tiled_q3_k(b: &[u8], t: &mut TiledBlock) {
+    let x: &crate::k_quants::BlockQ3K = bytemuck::from_bytes(b);
+    // SAFETY: as in `tiled_q2_k`.
+    unsafe { low2_values::<true>(x.qs.as_ptr(), x.hmask.as_ptr(), t.w.as_mut_ptr()) };
+    t.d = crate::common::f16_to_f32(x.d);
+    t.scale16 = crate::k_quants::q3k_scales(&x.scales).map(|s| s as i32);
+    t.mins = None;
+}
+
+/// Q2_K's (`Q3 = false`, 0..=3) or Q3_K's values (-4..=3: 4 off where the `hmask` bit is
+/// clear) in element order into `w`.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn low2_values<const Q3: bool>(qs: *const u8, hmask: *const u8, w: *mut i8) {
+    let (three, one) = (_mm256_set1_epi8(3), _mm256_set1_epi8(1));
+    let mut high = if Q3 {
+        _mm256_loadu_si256(hmask as *const __m256i)
+    } else {
+        _mm256_setzero_si256()
+    };
+    for chunk in 0..2 {
+        let mut raw = _mm256_loadu_si256(qs.add(32 * chunk) as *const __m256i);
+        for j in 0..4 {
+            let mut v = _mm256_and_si256(raw, three);
+            raw = _mm256_srli_epi16::<2>(raw);
+            if Q3 {
+                // bit 4 chunk + j of each hmask byte: 0 or 4 added to `low - 4`
+                let h = _mm256_slli_epi16::<2>(_mm256_and_si256(high, one));
+                v = _mm256_sub_epi8(_mm256_add_epi8(v, h), _mm256_set1_epi8(4));
+                high = _mm256_srli_epi16::<1>(high);
+            }
+            _mm256_storeu_si256(w.add(128 * chunk + 32 * j) as *mut __m256i, v);
+        }
+    }
 }
 
 #[cfg(test)]

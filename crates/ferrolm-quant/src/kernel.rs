@@ -453,10 +453,30 @@ fn tiled_fn(ty: TensorType, fast: bool) -> Option<MultiFn> {
     }
     Some(match ty {
         // below 8 columns these use the scalar `vec_dot`, as the tiled kernels are rare there
-        T::Q2_K => tiled!(T::Q2_K, k_quants::tiled_q2_k, k_quants::dot_q2_k_q8_k),
-        T::Q3_K => tiled!(T::Q3_K, k_quants::tiled_q3_k, k_quants::dot_q3_k_q8_k),
-        T::Q4_K => tiled!(T::Q4_K, k_quants::tiled_q4_k, k_quants::dot_q4_k_q8_k),
-        T::Q5_K => tiled!(T::Q5_K, k_quants::tiled_q5_k, k_quants::dot_q5_k_q8_k),
+        T::Q2_K => tiled!(
+            T::Q2_K,
+            k_quants::tiled_q2_k,
+            avx2_or!(tiled_q2_k, k_quants::tiled_q2_k),
+            k_quants::dot_q2_k_q8_k
+        ),
+        T::Q3_K => tiled!(
+            T::Q3_K,
+            k_quants::tiled_q3_k,
+            avx2_or!(tiled_q3_k, k_quants::tiled_q3_k),
+            k_quants::dot_q3_k_q8_k
+        ),
+        T::Q4_K => tiled!(
+            T::Q4_K,
+            k_quants::tiled_q4_k,
+            avx2_or!(tiled_q4_k, k_quants::tiled_q4_k),
+            k_quants::dot_q4_k_q8_k
+        ),
+        T::Q5_K => tiled!(
+            T::Q5_K,
+            k_quants::tiled_q5_k,
+            avx2_or!(tiled_q5_k, k_quants::tiled_q5_k),
+            k_quants::dot_q5_k_q8_k
+        ),
         T::Q6_K => tiled!(T::Q6_K, k_quants::tiled_q6_k, k_quants::dot_q6_k_q8_k),
         T::IQ4_XS => tiled!(
             T::IQ4_XS,
