@@ -1,0 +1,264 @@
+//! IQ2_XXS and IQ3_XXS decode with AVX-512 (VBMI, VNNI): the same integer lanes as the AVX2
+//! kernels of `iquants` (llama.cpp's AVX2 `vec_dot`), two 32-value chunks per register. The grid
+//! entries are loaded one by one (this CPU's gathers are slower), the 7-bit sign indices of a
+//! block looked up together (`vpmultishiftqb`, `vpermi2b`) into one 64-bit mask per two chunks
+//! that negates the activations, and the lanes of a chunk pair added at the end: each of the
+//! eight i32 lanes is the same exact sum.
+
+use super::*;
+use crate::iq2::KSIGNS;
+use crate::iq_grids::{IQ2XXS_GRID, IQ3XXS_GRID};
+
+/// Whether the CPU has what these kernels use.
+pub(crate) fn available() -> bool {
+    has_avx512_vnni() && std::arch::is_x86_feature_detected!("avx512vbmi")
+}
+
+/// Byte `4 ib + j` (ib < 8, j < 4) from byte `8 ib + j`.
+static PACK4: [u8; 64] = {
+    let mut t = [0u8; 64];
+    let mut i = 0;
+    while i < 32 {
+        t[i] = (8 * (i / 4) + i % 4) as u8;
+        i += 1;
+    }
+    t
+};
+
+/// Lanes 0-7: dword 0, 8-15: dword 2 (the multipliers of chunks 0 and 1).
+static FIRST_PAIR: [i32; 16] = [0, 0, 0, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2];
+
+/// The sign masks of chunk pairs `(2k, 2k + 1)` (bit `j` of 64: value `j` negative) and their
+/// multipliers `2 s + 1` as pairs of i16 (lanes 0-7 chunk `2k`'s, 8-15 chunk `2k + 1`'s), from
+/// the chunks' aux words in the low dword of qword `ib` of `aux`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
+unsafe fn signs_and_multipliers(aux: __m512i) -> ([u64; 4], [__m512i; 4]) {
+    // bytes 0-3 of each qword: the four 7-bit sign indices at bits 0, 7, 14, 21
+    let fields = _mm512_set1_epi64(0x150e_0700);
+    let idx = _mm512_multishift_epi64_epi8(fields, aux);
+    let idx = _mm512_and_si512(idx, _mm512_set1_epi8(127));
+    let pack = _mm512_loadu_si512(PACK4.as_ptr() as *const _);
+    let table = KSIGNS.as_ptr();
+    let signs = _mm512_permutex2var_epi8(
+        _mm512_loadu_si512(table as *const _),
+        _mm512_permutexvar_epi8(pack, idx),
+        _mm512_loadu_si512(table.add(64) as *const _),
+    );
+    let (lo, hi) = (
+        _mm512_castsi512_si128(signs),
+        _mm512_extracti32x4_epi32::<1>(signs),
+    );
+    let masks = [
+        _mm_cvtsi128_si64(lo) as u64,
+        _mm_extract_epi64::<1>(lo) as u64,
+        _mm_cvtsi128_si64(hi) as u64,
+        _mm_extract_epi64::<1>(hi) as u64,
+    ];
+    let m = _mm512_srli_epi32::<28>(aux);
+    let m = _mm512_add_epi32(_mm512_add_epi32(m, m), _mm512_set1_epi32(1));
+    let m = _mm512_or_si512(m, _mm512_slli_epi32::<16>(m));
+    // chunk ib's multiplier is dword 2 ib
+    let four = _mm512_set1_epi32(4);
+    let mut at = _mm512_loadu_si512(FIRST_PAIR.as_ptr() as *const _);
+    let mut mult = [_mm512_setzero_si512(); 4];
+    for v in mult.iter_mut() {
+        *v = _mm512_permutexvar_epi32(at, m);
+        at = _mm512_add_epi32(at, four);
+    }
+    (masks, mult)
+}
+
+/// The eight i32 lanes of a block: chunk pair `k` with magnitudes `q[k]`, `masks[k]` and
+/// `mult[k]` against the Q8_K block at `y`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
+unsafe fn lanes(q: [__m512i; 4], masks: [u64; 4], mult: [__m512i; 4], y: *const u8) -> __m256i {
+    let mut sum = _mm512_setzero_si512();
+    for k in 0..4 {
+        let yv = _mm512_loadu_si512(y.add(Y_QS + 64 * k) as *const _);
+        let ys = _mm512_mask_sub_epi8(yv, masks[k], _mm512_setzero_si512(), yv);
+        sum = _mm512_dpwssd_epi32(sum, _mm512_maddubs_epi16(q[k], ys), mult[k]);
+    }
+    _mm256_add_epi32(
+        _mm512_castsi512_si256(sum),
+        _mm512_extracti64x4_epi64::<1>(sum),
+    )
+}
+
+/// A lattice [`Block`] of this module: `$lanes(x, y)` gives a block's eight i32 lanes,
+/// `$factor` is the format's constant.
+macro_rules! xxs_block {
+    ($name:ident, $wb:expr, $factor:expr, |$x:ident, $y:ident| $lanes:block) => {
+        pub(crate) struct $name;
+        impl Block for $name {
+            const QK: usize = 256;
+            const WB: usize = $wb;
+            const AB: usize = 292;
+            type W = *const u8;
+            #[inline]
+            #[target_feature(
+                enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi"
+            )]
+            unsafe fn decode(x: *const u8) -> *const u8 {
+                x
+            }
+            #[inline]
+            #[target_feature(
+                enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi"
+            )]
+            unsafe fn apply(&$x: &*const u8, $y: *const u8, acc: &mut Acc) {
+                let sum = $lanes;
+                fma_i32(acc, f16_at($x) * y_d($y), sum);
+            }
+            #[inline]
+            #[target_feature(enable = "avx2,fma")]
+            unsafe fn finish(acc: &Acc) -> f32 {
+                $factor * hsum_f32(acc.v)
+            }
+        }
+    };
+}
+
+// IQ2_XXS: per chunk four grid bytes then the aux word (four sign indices, the scale on top).
+xxs_block!(Iq2Xxs, 66, 0.125, |x, y| {
+    let raw = _mm512_loadu_si512(x.add(2) as *const _);
+    let q = [
+        iq2_pair(x, 0),
+        iq2_pair(x, 1),
+        iq2_pair(x, 2),
+        iq2_pair(x, 3),
+    ];
+    let (masks, mult) = signs_and_multipliers(_mm512_srli_epi64::<32>(raw));
+    lanes(q, masks, mult, y)
+});
+
+// IQ3_XXS: eight grid bytes per chunk, then the eight aux words.
+xxs_block!(Iq3Xxs, 98, 0.25, |x, y| {
+    let q = [
+        iq3_pair(x, 0),
+        iq3_pair(x, 1),
+        iq3_pair(x, 2),
+        iq3_pair(x, 3),
+    ];
+    let aux = _mm512_cvtepu32_epi64(_mm256_loadu_si256(x.add(66) as *const __m256i));
+    let (masks, mult) = signs_and_multipliers(aux);
+    lanes(q, masks, mult, y)
+});
+
+/// Grid entries of IQ3_XXS chunks `2k` and `2k + 1` of the block at `x`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
+unsafe fn iq3_pair(x: *const u8, k: usize) -> __m512i {
+    let idx = (x.add(2 + 16 * k) as *const [u64; 2]).read_unaligned();
+    let g = |h: usize, e: usize| IQ3XXS_GRID[(idx[h] >> (8 * e) & 255) as usize] as i32;
+    let lo = _mm256_set_epi32(
+        g(0, 7),
+        g(0, 6),
+        g(0, 5),
+        g(0, 4),
+        g(0, 3),
+        g(0, 2),
+        g(0, 1),
+        g(0, 0),
+    );
+    let hi = _mm256_set_epi32(
+        g(1, 7),
+        g(1, 6),
+        g(1, 5),
+        g(1, 4),
+        g(1, 3),
+        g(1, 2),
+        g(1, 1),
+        g(1, 0),
+    );
+    _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi)
+}
+
+/// Grid entries of IQ2_XXS chunks `2k` and `2k + 1` of the block at `x`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
+unsafe fn iq2_pair(x: *const u8, k: usize) -> __m512i {
+    let idx = [0, 1].map(|h| (x.add(2 + 8 * (2 * k + h)) as *const u32).read_unaligned());
+    let g = |h: usize, l: usize| IQ2XXS_GRID[(idx[h] >> (8 * l) & 255) as usize] as i64;
+    _mm512_set_epi64(
+        g(1, 3),
+        g(1, 2),
+        g(1, 1),
+        g(1, 0),
+        g(0, 3),
+        g(0, 2),
+        g(0, 1),
+        g(0, 0),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Both kernels give the AVX2 ones' bits (which tests/dot.rs holds to the scalar reference),
+    /// one row and seven at a time, on random bytes (any are valid blocks) with tame scales.
+    #[test]
+    fn xxs_kernels_match_the_avx2_ones() {
+        if !(std::arch::is_x86_feature_detected!("avx2")
+            && std::arch::is_x86_feature_detected!("fma")
+            && std::arch::is_x86_feature_detected!("f16c")
+            && available())
+        {
+            return;
+        }
+        let mut s = 0x2545_f491_4f6c_dd1du64;
+        let mut next = move || {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            s
+        };
+        let (n, rows) = (768, 7);
+        let mut act = vec![0u8; n / 256 * 292];
+        let x: Vec<f32> = (0..n)
+            .map(|_| (next() % 2001) as f32 / 100.0 - 10.0)
+            .collect();
+        crate::quantize_activation(TensorType::Q8_K, &x, &mut act).unwrap();
+        let check = |wb: usize,
+                     mine: fn(usize, &[u8], &[u8]) -> f32,
+                     avx2: fn(usize, &[u8], &[u8]) -> f32,
+                     mine_rows: RowsFn,
+                     avx2_rows: RowsFn,
+                     next: &mut dyn FnMut() -> u64| {
+            let rb = n / 256 * wb;
+            let mut w: Vec<u8> = (0..rows * rb).map(|_| next() as u8).collect();
+            for block in w.chunks_exact_mut(wb) {
+                let d = 0x2000 + (next() % 0x1800) as u16;
+                block[..2].copy_from_slice(&d.to_le_bytes());
+            }
+            for r in w.chunks_exact(rb) {
+                assert_eq!(mine(n, r, &act).to_bits(), avx2(n, r, &act).to_bits());
+            }
+            let (mut a, mut b) = (vec![0f32; rows], vec![0f32; rows]);
+            mine_rows(n, &w, rb, &act, &mut a);
+            avx2_rows(n, &w, rb, &act, &mut b);
+            assert_eq!(
+                a.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                b.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+            );
+        };
+        check(
+            66,
+            dot_entry::<Iq2Xxs>,
+            dot_entry::<iquants::Iq2Xxs>,
+            rows_entry::<Iq2Xxs>,
+            rows_entry::<iquants::Iq2Xxs>,
+            &mut next,
+        );
+        check(
+            98,
+            dot_entry::<Iq3Xxs>,
+            dot_entry::<iquants::Iq3Xxs>,
+            rows_entry::<Iq3Xxs>,
+            rows_entry::<iquants::Iq3Xxs>,
+            &mut next,
+        );
+    }
+}
