@@ -48,12 +48,12 @@ macro_rules! bytes_block {
 
 #[path = "avx2_iquants.rs"]
 mod iquants;
+#[path = "avx2_lattice512.rs"]
+mod lattice512;
 #[path = "avx2_lowbit.rs"]
 mod lowbit;
 #[path = "avx2_tiled.rs"]
 pub(crate) mod tiled512;
-#[path = "avx2_xxs512.rs"]
-mod xxs512;
 
 pub(crate) use iquants::{
     tiled_iq2_s, tiled_iq2_xs, tiled_iq2_xxs, tiled_iq3_s, tiled_iq3_xxs, tiled_iq4_xs,
@@ -124,11 +124,13 @@ pub(crate) fn kernel(ty: TensorType) -> Option<Simd> {
         T::Q5_K => pair::<Q5K>(),
         T::Q6_K => k::<Q6K>(),
         // batches of 8 or more columns take the tiled kernel (kernel::scalar_multi_fn)
-        T::IQ2_XXS if xxs512::available() => lattice::<xxs512::Iq2Xxs>(),
+        T::IQ2_XXS if lattice512::available() => lattice::<lattice512::Iq2Xxs>(),
         T::IQ2_XXS => lattice::<iquants::Iq2Xxs>(),
+        T::IQ2_XS if lattice512::available() => lattice::<lattice512::Iq2Xs>(),
         T::IQ2_XS => lattice::<iquants::Iq2Xs>(),
+        T::IQ2_S if lattice512::available() => lattice::<lattice512::Iq2S>(),
         T::IQ2_S => lattice::<iquants::Iq2S>(),
-        T::IQ3_XXS if xxs512::available() => lattice::<xxs512::Iq3Xxs>(),
+        T::IQ3_XXS if lattice512::available() => lattice::<lattice512::Iq3Xxs>(),
         T::IQ3_XXS => lattice::<iquants::Iq3Xxs>(),
         T::IQ3_S => lattice::<iquants::Iq3S>(),
         T::IQ4_XS => lattice::<iquants::Iq4Xs>(),

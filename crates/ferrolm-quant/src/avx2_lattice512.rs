@@ -1,13 +1,14 @@
-//! IQ2_XXS and IQ3_XXS decode with AVX-512 (VBMI, VNNI): the same integer lanes as the AVX2
+//! The lattice i-quants' decode (IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS; IQ3_S's AVX2 kernel is as
+//! fast) with AVX-512 (VBMI, VNNI): the same integer lanes as the AVX2
 //! kernels of `iquants` (llama.cpp's AVX2 `vec_dot`), two 32-value chunks per register. The grid
 //! entries are loaded one by one (this CPU's gathers are slower), the 7-bit sign indices of a
-//! block looked up together (`vpmultishiftqb`, `vpermi2b`) into one 64-bit mask per two chunks
-//! that negates the activations, and the lanes of a chunk pair added at the end: each of the
+//! block looked up together (`vpmultishiftqb`, `vpermi2b`; the S formats store them) into one
+//! 64-bit mask per two chunks that negates the activations, and the lanes of a chunk pair added at the end: each of the
 //! eight i32 lanes is the same exact sum.
 
 use super::*;
 use crate::iq2::KSIGNS;
-use crate::iq_grids::{IQ2XXS_GRID, IQ3XXS_GRID};
+use crate::iq_grids::{IQ2S_GRID, IQ2XS_GRID, IQ2XXS_GRID, IQ3XXS_GRID};
 
 /// Whether the CPU has what these kernels use.
 pub(crate) fn available() -> bool {
@@ -25,48 +26,88 @@ static PACK4: [u8; 64] = {
     t
 };
 
-/// Lanes 0-7: dword 0, 8-15: dword 2 (the multipliers of chunks 0 and 1).
-static FIRST_PAIR: [i32; 16] = [0, 0, 0, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2];
+/// Which multiplier each lane of chunk pair 0 takes, per layout of the multipliers (dword
+/// `2 ib` per chunk; `2 ib + h` per 16): lanes 0-7 are chunk 0's, 8-15 chunk 1's.
+static PER_CHUNK_EVEN: [i32; 16] = [0, 0, 0, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2];
+static PER_16: [i32; 16] = [0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3];
 
-/// The sign masks of chunk pairs `(2k, 2k + 1)` (bit `j` of 64: value `j` negative) and their
-/// multipliers `2 s + 1` as pairs of i16 (lanes 0-7 chunk `2k`'s, 8-15 chunk `2k + 1`'s), from
-/// the chunks' aux words in the low dword of qword `ib` of `aux`.
+/// The `madd` multipliers of the four chunk pairs (i16 pairs) from the values `m` (dwords as
+/// `first` says, chunk pair `k` at `first + step k`).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
-unsafe fn signs_and_multipliers(aux: __m512i) -> ([u64; 4], [__m512i; 4]) {
-    // bytes 0-3 of each qword: the four 7-bit sign indices at bits 0, 7, 14, 21
-    let fields = _mm512_set1_epi64(0x150e_0700);
-    let idx = _mm512_multishift_epi64_epi8(fields, aux);
-    let idx = _mm512_and_si512(idx, _mm512_set1_epi8(127));
-    let pack = _mm512_loadu_si512(PACK4.as_ptr() as *const _);
+unsafe fn multipliers(m: __m512i, first: &[i32; 16], step: i32) -> [__m512i; 4] {
+    let m = _mm512_or_si512(m, _mm512_slli_epi32::<16>(m));
+    let step = _mm512_set1_epi32(step);
+    let mut at = _mm512_loadu_si512(first.as_ptr() as *const _);
+    let mut mult = [_mm512_setzero_si512(); 4];
+    for v in mult.iter_mut() {
+        *v = _mm512_permutexvar_epi32(at, m);
+        at = _mm512_add_epi32(at, step);
+    }
+    mult
+}
+
+/// `2 v + 1` of each dword.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
+unsafe fn odd(v: __m512i) -> __m512i {
+    _mm512_add_epi32(_mm512_add_epi32(v, v), _mm512_set1_epi32(1))
+}
+
+/// The nibbles of the 8 bytes at `p`, low then high of each, as dwords.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
+unsafe fn nibble_dwords(p: *const u8) -> __m512i {
+    let v = _mm_cvtsi64_si128((p as *const i64).read_unaligned());
+    let m4 = _mm_set1_epi8(0x0f);
+    let lo = _mm_and_si128(v, m4);
+    let hi = _mm_and_si128(_mm_srli_epi16::<4>(v), m4);
+    _mm512_cvtepu8_epi32(_mm_unpacklo_epi8(lo, hi))
+}
+
+/// The sign masks of chunk pairs `(2k, 2k + 1)` (bit `j` of 64: value `j` negative) from the
+/// 7-bit sign indices of the 32 groups of 8 in bytes 0-31 of `idx`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
+unsafe fn ksign_masks(idx: __m512i) -> [u64; 4] {
     let table = KSIGNS.as_ptr();
     let signs = _mm512_permutex2var_epi8(
         _mm512_loadu_si512(table as *const _),
-        _mm512_permutexvar_epi8(pack, idx),
+        idx,
         _mm512_loadu_si512(table.add(64) as *const _),
     );
     let (lo, hi) = (
         _mm512_castsi512_si128(signs),
         _mm512_extracti32x4_epi32::<1>(signs),
     );
-    let masks = [
+    [
         _mm_cvtsi128_si64(lo) as u64,
         _mm_extract_epi64::<1>(lo) as u64,
         _mm_cvtsi128_si64(hi) as u64,
         _mm_extract_epi64::<1>(hi) as u64,
-    ];
-    let m = _mm512_srli_epi32::<28>(aux);
-    let m = _mm512_add_epi32(_mm512_add_epi32(m, m), _mm512_set1_epi32(1));
-    let m = _mm512_or_si512(m, _mm512_slli_epi32::<16>(m));
-    // chunk ib's multiplier is dword 2 ib
-    let four = _mm512_set1_epi32(4);
-    let mut at = _mm512_loadu_si512(FIRST_PAIR.as_ptr() as *const _);
-    let mut mult = [_mm512_setzero_si512(); 4];
-    for v in mult.iter_mut() {
-        *v = _mm512_permutexvar_epi32(at, m);
-        at = _mm512_add_epi32(at, four);
-    }
-    (masks, mult)
+    ]
+}
+
+/// The XXS formats' sign masks and multipliers from the chunks' aux words (four 7-bit sign
+/// indices, the scale on top) in the low dword of qword `ib` of `aux`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
+unsafe fn xxs_signs(aux: __m512i) -> ([u64; 4], [__m512i; 4]) {
+    // bytes 0-3 of each qword: the four indices at bits 0, 7, 14, 21
+    let fields = _mm512_set1_epi64(0x150e_0700);
+    let idx = _mm512_multishift_epi64_epi8(fields, aux);
+    let idx = _mm512_and_si512(idx, _mm512_set1_epi8(127));
+    let pack = _mm512_loadu_si512(PACK4.as_ptr() as *const _);
+    let masks = ksign_masks(_mm512_permutexvar_epi8(pack, idx));
+    let m = odd(_mm512_srli_epi32::<28>(aux));
+    (masks, multipliers(m, &PER_CHUNK_EVEN, 4))
+}
+
+/// Sign masks stored as bytes (one per group of 8) at `p`.
+#[inline]
+unsafe fn stored_masks(p: *const u8) -> [u64; 4] {
+    let m = |k: usize| (p.add(8 * k) as *const u64).read_unaligned();
+    [m(0), m(1), m(2), m(3)]
 }
 
 /// The eight i32 lanes of a block: chunk pair `k` with magnitudes `q[k]`, `masks[k]` and
@@ -129,7 +170,7 @@ xxs_block!(Iq2Xxs, 66, 0.125, |x, y| {
         iq2_pair(x, 2),
         iq2_pair(x, 3),
     ];
-    let (masks, mult) = signs_and_multipliers(_mm512_srli_epi64::<32>(raw));
+    let (masks, mult) = xxs_signs(_mm512_srli_epi64::<32>(raw));
     lanes(q, masks, mult, y)
 });
 
@@ -142,7 +183,7 @@ xxs_block!(Iq3Xxs, 98, 0.25, |x, y| {
         iq3_pair(x, 3),
     ];
     let aux = _mm512_cvtepu32_epi64(_mm256_loadu_si256(x.add(66) as *const __m256i));
-    let (masks, mult) = signs_and_multipliers(aux);
+    let (masks, mult) = xxs_signs(aux);
     lanes(q, masks, mult, y)
 });
 
@@ -193,6 +234,73 @@ unsafe fn iq2_pair(x: *const u8, k: usize) -> __m512i {
     )
 }
 
+// IQ2_XS: 32 words of a 9-bit grid index and a 7-bit sign index, a scale per 16.
+xxs_block!(Iq2Xs, 74, 0.125, |x, y| {
+    let q = [
+        iq2_xs_pair(x, 0),
+        iq2_xs_pair(x, 1),
+        iq2_xs_pair(x, 2),
+        iq2_xs_pair(x, 3),
+    ];
+    let words = _mm512_loadu_si512(x.add(2) as *const _);
+    let idx = _mm512_cvtepi16_epi8(_mm512_srli_epi16::<9>(words));
+    let masks = ksign_masks(_mm512_castsi256_si512(idx));
+    let mult = multipliers(odd(nibble_dwords(x.add(66))), &PER_16, 4);
+    lanes(q, masks, mult, y)
+});
+
+/// Grid entries of IQ2_XS chunks `2k` and `2k + 1` of the block at `x`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
+unsafe fn iq2_xs_pair(x: *const u8, k: usize) -> __m512i {
+    let w = [0, 1].map(|h| (x.add(2 + 8 * (2 * k + h)) as *const u64).read_unaligned());
+    let g = |h: usize, l: usize| IQ2XS_GRID[(w[h] >> (16 * l) & 511) as usize] as i64;
+    _mm512_set_epi64(
+        g(1, 3),
+        g(1, 2),
+        g(1, 1),
+        g(1, 0),
+        g(0, 3),
+        g(0, 2),
+        g(0, 1),
+        g(0, 0),
+    )
+}
+
+// IQ2_S: 32 low bytes of 10-bit grid indices, 32 sign bytes, the high bits, a scale per 16.
+xxs_block!(Iq2S, 82, 0.125, |x, y| {
+    let q = [
+        iq2_s_pair(x, 0),
+        iq2_s_pair(x, 1),
+        iq2_s_pair(x, 2),
+        iq2_s_pair(x, 3),
+    ];
+    let mult = multipliers(odd(nibble_dwords(x.add(74))), &PER_16, 4);
+    lanes(q, stored_masks(x.add(34)), mult, y)
+});
+
+/// Grid entries of IQ2_S chunks `2k` and `2k + 1` of the block at `x`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
+unsafe fn iq2_s_pair(x: *const u8, k: usize) -> __m512i {
+    let low = (x.add(2 + 8 * k) as *const u64).read_unaligned();
+    let qh = [*x.add(66 + 2 * k) as u64, *x.add(67 + 2 * k) as u64];
+    let g = |h: usize, l: usize| {
+        let idx = (low >> (32 * h + 8 * l) & 255) | (qh[h] << (8 - 2 * l) & 0x300);
+        IQ2S_GRID[idx as usize] as i64
+    };
+    _mm512_set_epi64(
+        g(1, 3),
+        g(1, 2),
+        g(1, 1),
+        g(1, 0),
+        g(0, 3),
+        g(0, 2),
+        g(0, 1),
+        g(0, 0),
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -200,7 +308,7 @@ mod tests {
     /// Both kernels give the AVX2 ones' bits (which tests/dot.rs holds to the scalar reference),
     /// one row and seven at a time, on random bytes (any are valid blocks) with tame scales.
     #[test]
-    fn xxs_kernels_match_the_avx2_ones() {
+    fn lattice_kernels_match_the_avx2_ones() {
         if !(std::arch::is_x86_feature_detected!("avx2")
             && std::arch::is_x86_feature_detected!("fma")
             && std::arch::is_x86_feature_detected!("f16c")
@@ -250,6 +358,22 @@ mod tests {
             dot_entry::<iquants::Iq2Xxs>,
             rows_entry::<Iq2Xxs>,
             rows_entry::<iquants::Iq2Xxs>,
+            &mut next,
+        );
+        check(
+            74,
+            dot_entry::<Iq2Xs>,
+            dot_entry::<iquants::Iq2Xs>,
+            rows_entry::<Iq2Xs>,
+            rows_entry::<iquants::Iq2Xs>,
+            &mut next,
+        );
+        check(
+            82,
+            dot_entry::<Iq2S>,
+            dot_entry::<iquants::Iq2S>,
+            rows_entry::<Iq2S>,
+            rows_entry::<iquants::Iq2S>,
             &mut next,
         );
         check(
