@@ -134,7 +134,9 @@ pub(crate) fn kernel(ty: TensorType) -> Option<Simd> {
         T::IQ3_XXS => lattice::<iquants::Iq3Xxs>(),
         T::IQ3_S => lattice::<iquants::Iq3S>(),
         T::IQ4_XS => lattice::<iquants::Iq4Xs>(),
+        T::IQ1_S if lattice512::available() => lattice::<lattice512::Iq1S>(),
         T::IQ1_S => lattice::<lowbit::Iq1S>(),
+        T::IQ1_M if lattice512::available() => lattice::<lattice512::Iq1M>(),
         T::IQ1_M => lattice::<lowbit::Iq1M>(),
         T::TQ1_0 => pair::<lowbit::Tq1_0>(),
         T::TQ2_0 => pair::<lowbit::Tq2_0>(),
@@ -768,6 +770,9 @@ trait Block {
     const AB: usize;
     /// The weight block unpacked, shared by all activation columns it meets.
     type W: Copy;
+    /// Whether the kernel needs AVX-512 (BMI2, F, BW, VL, VNNI, VBMI), detected before it is
+    /// handed out: the block loops then have those features too.
+    const AVX512: bool = false;
     /// Unpacks the weight block at `x`.
     ///
     /// # Safety
@@ -804,7 +809,13 @@ fn dot_entry<B: Block>(n: usize, row: &[u8], act: &[u8]) -> f32 {
     assert!(n.is_multiple_of(B::QK) && row.len() >= nb * B::WB && act.len() >= nb * B::AB);
     // SAFETY: `kernel` hands these functions out only after `is_x86_feature_detected!` found
     // avx2, fma and f16c; the loop reads `nb` blocks, which the assert above keeps in bounds.
-    unsafe { dot_blocks::<B>(nb, row.as_ptr(), act.as_ptr()) }
+    unsafe {
+        if B::AVX512 {
+            dot_blocks_512::<B>(nb, row.as_ptr(), act.as_ptr())
+        } else {
+            dot_blocks::<B>(nb, row.as_ptr(), act.as_ptr())
+        }
+    }
 }
 
 /// Several rows `row_stride` bytes apart: checks lengths, then four rows per pass.
@@ -817,7 +828,13 @@ fn rows_entry<B: Block>(n: usize, rows: &[u8], row_stride: usize, act: &[u8], ou
     assert!(rows.len() >= (out.len() - 1) * row_stride + nb * B::WB);
     // SAFETY: as in `dot_entry`; row `i` starts at `i * row_stride` and the assert above keeps
     // its `nb` blocks inside `rows` for every `i < out.len()`.
-    unsafe { rows_blocks::<B>(nb, rows.as_ptr(), row_stride, act.as_ptr(), out) }
+    unsafe {
+        if B::AVX512 {
+            rows_blocks_512::<B>(nb, rows.as_ptr(), row_stride, act.as_ptr(), out)
+        } else {
+            rows_blocks::<B>(nb, rows.as_ptr(), row_stride, act.as_ptr(), out)
+        }
+    }
 }
 
 /// Blocks per row of a batched product, after checking that `n_rows` strided rows,
@@ -1582,65 +1599,80 @@ unsafe fn dot_pairs<B: Block>(nb: usize, x: *const u8, y: *const u8) -> f32 {
     hsum_f32(_mm256_add_ps(a1.v, a2.v))
 }
 
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_blocks<B: Block>(nb: usize, x: *const u8, y: *const u8) -> f32 {
-    let mut acc = Acc {
-        v: _mm256_setzero_ps(),
-        s: 0.0,
-        m: _mm_setzero_ps(),
-        v2: _mm256_setzero_ps(),
+/// The one-row and several-row block loops (`dot_blocks`, `rows_blocks`), for the kernels of
+/// AVX2 and (`_512`, so that their steps inline) those of AVX-512 ([`Block::AVX512`]).
+macro_rules! block_loops {
+    ($dot:ident, $rows:ident, $features:literal) => {
+        #[target_feature(enable = $features)]
+        unsafe fn $dot<B: Block>(nb: usize, x: *const u8, y: *const u8) -> f32 {
+            let mut acc = Acc {
+                v: _mm256_setzero_ps(),
+                s: 0.0,
+                m: _mm_setzero_ps(),
+                v2: _mm256_setzero_ps(),
+            };
+            for b in 0..nb {
+                B::step(x.add(b * B::WB), y.add(b * B::AB), &mut acc);
+            }
+            B::finish(&acc)
+        }
+
+        #[target_feature(enable = $features)]
+        unsafe fn $rows<B: Block>(
+            nb: usize,
+            x: *const u8,
+            stride: usize,
+            y: *const u8,
+            out: &mut [f32],
+        ) {
+            let mut i = 0;
+            while i + 4 <= out.len() {
+                let zero = Acc {
+                    v: _mm256_setzero_ps(),
+                    s: 0.0,
+                    m: _mm_setzero_ps(),
+                    v2: _mm256_setzero_ps(),
+                };
+                let mut acc = [zero; 4];
+                let base = x.add(i * stride);
+                // Decode streams each weight once from memory: fetch the group of rows after next
+                // while this one computes (4 rows are `4 * nb * WB` contiguous bytes when the stride is
+                // the row length: `4 * WB` of them per block). Prefetching past the end is harmless.
+                let ahead = base.wrapping_add(8 * stride);
+                for b in 0..nb {
+                    let mut line = 0;
+                    while line < 4 * B::WB {
+                        _mm_prefetch::<_MM_HINT_T0>(
+                            ahead.wrapping_add(b * 4 * B::WB + line) as *const i8
+                        );
+                        line += 64;
+                    }
+                    let yb = y.add(b * B::AB);
+                    let xb = base.add(b * B::WB);
+                    B::step(xb, yb, &mut acc[0]);
+                    B::step(xb.add(stride), yb, &mut acc[1]);
+                    B::step(xb.add(2 * stride), yb, &mut acc[2]);
+                    B::step(xb.add(3 * stride), yb, &mut acc[3]);
+                }
+                for r in 0..4 {
+                    out[i + r] = B::finish(&acc[r]);
+                }
+                i += 4;
+            }
+            while i < out.len() {
+                out[i] = $dot::<B>(nb, x.add(i * stride), y);
+                i += 1;
+            }
+        }
     };
-    for b in 0..nb {
-        B::step(x.add(b * B::WB), y.add(b * B::AB), &mut acc);
-    }
-    B::finish(&acc)
 }
 
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn rows_blocks<B: Block>(
-    nb: usize,
-    x: *const u8,
-    stride: usize,
-    y: *const u8,
-    out: &mut [f32],
-) {
-    let mut i = 0;
-    while i + 4 <= out.len() {
-        let zero = Acc {
-            v: _mm256_setzero_ps(),
-            s: 0.0,
-            m: _mm_setzero_ps(),
-            v2: _mm256_setzero_ps(),
-        };
-        let mut acc = [zero; 4];
-        let base = x.add(i * stride);
-        // Decode streams each weight once from memory: fetch the group of rows after next
-        // while this one computes (4 rows are `4 * nb * WB` contiguous bytes when the stride is
-        // the row length: `4 * WB` of them per block). Prefetching past the end is harmless.
-        let ahead = base.wrapping_add(8 * stride);
-        for b in 0..nb {
-            let mut line = 0;
-            while line < 4 * B::WB {
-                _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(b * 4 * B::WB + line) as *const i8);
-                line += 64;
-            }
-            let yb = y.add(b * B::AB);
-            let xb = base.add(b * B::WB);
-            B::step(xb, yb, &mut acc[0]);
-            B::step(xb.add(stride), yb, &mut acc[1]);
-            B::step(xb.add(2 * stride), yb, &mut acc[2]);
-            B::step(xb.add(3 * stride), yb, &mut acc[3]);
-        }
-        for r in 0..4 {
-            out[i + r] = B::finish(&acc[r]);
-        }
-        i += 4;
-    }
-    while i < out.len() {
-        out[i] = dot_blocks::<B>(nb, x.add(i * stride), y);
-        i += 1;
-    }
-}
+block_loops!(dot_blocks, rows_blocks, "avx2,fma,f16c");
+block_loops!(
+    dot_blocks_512,
+    rows_blocks_512,
+    "avx2,fma,f16c,bmi2,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi"
+);
 
 // ---------------------------------------------------------------------------------------------
 // Helpers

@@ -8,11 +8,13 @@
 
 use super::*;
 use crate::iq2::KSIGNS;
-use crate::iq_grids::{IQ2S_GRID, IQ2XS_GRID, IQ2XXS_GRID, IQ3XXS_GRID};
+use crate::iq_grids::{IQ1S_GRID, IQ2S_GRID, IQ2XS_GRID, IQ2XXS_GRID, IQ3XXS_GRID};
 
-/// Whether the CPU has what these kernels use.
+/// Whether the CPU has what these kernels use ([`Block::AVX512`]).
 pub(crate) fn available() -> bool {
-    has_avx512_vnni() && std::arch::is_x86_feature_detected!("avx512vbmi")
+    has_avx512_vnni()
+        && std::arch::is_x86_feature_detected!("avx512vbmi")
+        && std::arch::is_x86_feature_detected!("bmi2")
 }
 
 /// Byte `4 ib + j` (ib < 8, j < 4) from byte `8 ib + j`.
@@ -27,8 +29,10 @@ static PACK4: [u8; 64] = {
 };
 
 /// Which multiplier each lane of chunk pair 0 takes, per layout of the multipliers (dword
-/// `2 ib` per chunk; `2 ib + h` per 16): lanes 0-7 are chunk 0's, 8-15 chunk 1's.
+/// `2 ib` per chunk; `ib` per chunk; `2 ib + h` per 16): lanes 0-7 are chunk 0's, 8-15 chunk
+/// 1's.
 static PER_CHUNK_EVEN: [i32; 16] = [0, 0, 0, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2];
+static PER_CHUNK: [i32; 16] = [0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1];
 static PER_16: [i32; 16] = [0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3];
 
 /// The `madd` multipliers of the four chunk pairs (i16 pairs) from the values `m` (dwords as
@@ -137,6 +141,7 @@ macro_rules! xxs_block {
             const WB: usize = $wb;
             const AB: usize = 292;
             type W = *const u8;
+            const AVX512: bool = true;
             #[inline]
             #[target_feature(
                 enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi"
@@ -299,6 +304,154 @@ unsafe fn iq2_s_pair(x: *const u8, k: usize) -> __m512i {
         g(0, 1),
         g(0, 0),
     )
+}
+
+/// The magnitudes and the negative values' masks of the signed grid bytes `q` (IQ1's -1..1).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
+unsafe fn magnitudes(q: [__m512i; 4]) -> ([__m512i; 4], [u64; 4]) {
+    let mut out = ([_mm512_setzero_si512(); 4], [0u64; 4]);
+    for k in 0..4 {
+        out.0[k] = _mm512_abs_epi8(q[k]);
+        out.1[k] = _mm512_movepi8_mask(q[k]);
+    }
+    out
+}
+
+/// IQ1 grid entries of chunks `2k` and `2k + 1`: `low` the chunks' four low index bytes each,
+/// `high` their four 3-bit high parts at bits `shift * l` of each chunk's 16 bits.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
+unsafe fn iq1_pair(low: u64, high: u32, shift: u32) -> __m512i {
+    let g = |h: u32, l: u32| {
+        let idx =
+            (low >> (32 * h + 8 * l) & 255) | ((high >> (16 * h + shift * l) & 7) as u64) << 8;
+        IQ1S_GRID[idx as usize] as i64
+    };
+    _mm512_set_epi64(
+        g(1, 3),
+        g(1, 2),
+        g(1, 1),
+        g(1, 0),
+        g(0, 3),
+        g(0, 2),
+        g(0, 1),
+        g(0, 0),
+    )
+}
+
+/// IQ1_S (as `lowbit::Iq1S`): the grid lanes by the odd multipliers, the delta's integer sum
+/// from the block sums; the end is `hsum(v) + 0.125 * s`.
+pub(crate) struct Iq1S;
+
+impl Block for Iq1S {
+    const QK: usize = 256;
+    const WB: usize = 50;
+    const AB: usize = 292;
+    type W = *const u8;
+    const AVX512: bool = true;
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
+    unsafe fn decode(x: *const u8) -> *const u8 {
+        x
+    }
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
+    unsafe fn apply(&x: &*const u8, y: *const u8, acc: &mut Acc) {
+        let pair = |k: usize| {
+            let low = (x.add(2 + 8 * k) as *const u64).read_unaligned();
+            (low, (x.add(34 + 4 * k) as *const u32).read_unaligned())
+        };
+        let (p0, p1, p2, p3) = (pair(0), pair(1), pair(2), pair(3));
+        let q = [
+            iq1_pair(p0.0, p0.1, 3),
+            iq1_pair(p1.0, p1.1, 3),
+            iq1_pair(p2.0, p2.1, 3),
+            iq1_pair(p3.0, p3.1, 3),
+        ];
+        let (mags, masks) = magnitudes(q);
+        let qh = _mm_loadu_si128(x.add(34) as *const __m128i);
+        let m = _mm_and_si128(_mm_srli_epi16::<12>(qh), _mm_set1_epi16(7));
+        let m = odd(_mm512_cvtepu16_epi32(_mm256_zextsi128_si256(m)));
+        let sum = lanes(mags, masks, multipliers(m, &PER_CHUNK, 2), y);
+        let mut sumi1 = 0i32;
+        for ib in 0..8 {
+            let qh = u16::from_le_bytes([*x.add(34 + 2 * ib), *x.add(35 + 2 * ib)]) as i32;
+            let bs = |j: usize| {
+                i16::from_le_bytes([*y.add(Y_BSUMS + 2 * j), *y.add(Y_BSUMS + 2 * j + 1)]) as i32
+            };
+            let sign = if qh & 0x8000 != 0 { -1 } else { 1 };
+            sumi1 += (bs(2 * ib) + bs(2 * ib + 1)) * sign * (2 * (qh >> 12 & 7) + 1);
+        }
+        let d = y_d(y) * f16_at(x);
+        fma_i32(acc, d, sum);
+        acc.s = d.mul_add(sumi1 as f32, acc.s);
+    }
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn finish(acc: &Acc) -> f32 {
+        hsum_f32(acc.v) + 0.125 * acc.s
+    }
+}
+
+/// IQ1_M (as `lowbit::Iq1M`): grid lanes and delta-sign lanes, both by the multipliers of each
+/// 16, into two accumulators; the end is `hsum(v) + 0.125 * hsum(v2)`.
+pub(crate) struct Iq1M;
+
+impl Block for Iq1M {
+    const QK: usize = 256;
+    const WB: usize = 56;
+    const AB: usize = 292;
+    type W = *const u8;
+    const AVX512: bool = true;
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
+    unsafe fn decode(x: *const u8) -> *const u8 {
+        x
+    }
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,bmi2,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
+    unsafe fn apply(&x: &*const u8, y: *const u8, acc: &mut Acc) {
+        let sc = (x.add(48) as *const u64).read_unaligned();
+        let bits = (sc >> 12 & 0xf) | (sc >> 24 & 0xf0) | (sc >> 36 & 0xf00) | (sc >> 48 & 0xf000);
+        let d = y_d(y) * half::f16::from_bits(bits as u16).to_f32();
+        let high = |k: usize| (x.add(32 + 4 * k) as *const u32).read_unaligned();
+        let low = |k: usize| (x.add(8 * k) as *const u64).read_unaligned();
+        let q = [
+            iq1_pair(low(0), high(0), 4),
+            iq1_pair(low(1), high(1), 4),
+            iq1_pair(low(2), high(2), 4),
+            iq1_pair(low(3), high(3), 4),
+        ];
+        let (mags, masks) = magnitudes(q);
+        // the 3-bit multipliers of each 16: bits 0, 3, 6, 9 of each of the four scale words
+        let fields = _mm_set_epi64x(0x3936_3330_2926_2320, 0x1916_1310_0906_0300);
+        let m = _mm_multishift_epi64_epi8(fields, _mm_set1_epi64x(sc as i64));
+        let m = odd(_mm512_cvtepu8_epi32(_mm_and_si128(m, _mm_set1_epi8(7))));
+        let mult = multipliers(m, &PER_16, 4);
+        let grid = lanes(mags, masks, mult, y);
+        // the delta's sign: bit 3 of each 4-bit high part, one per group of 8
+        let mut delta = _mm512_setzero_si512();
+        for (k, m) in mult.iter().enumerate() {
+            let negative = _pext_u32(high(k), 0x8888_8888) as u64;
+            let mask = _pdep_u64(negative, 0x0101_0101_0101_0101) * 0xff;
+            let yv = _mm512_loadu_si512(y.add(Y_QS + 64 * k) as *const _);
+            let ys = _mm512_mask_sub_epi8(yv, mask, _mm512_setzero_si512(), yv);
+            let d16 = _mm512_maddubs_epi16(_mm512_set1_epi8(1), ys);
+            delta = _mm512_dpwssd_epi32(delta, d16, *m);
+        }
+        let delta = _mm256_add_epi32(
+            _mm512_castsi512_si256(delta),
+            _mm512_extracti64x4_epi64::<1>(delta),
+        );
+        fma_i32(acc, d, grid);
+        acc.v2 = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(delta), acc.v2);
+    }
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn finish(acc: &Acc) -> f32 {
+        hsum_f32(acc.v) + 0.125 * hsum_f32(acc.v2)
+    }
 }
 
 #[cfg(test)]
