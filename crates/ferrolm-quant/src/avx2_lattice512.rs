@@ -311,9 +311,9 @@ unsafe fn iq2_s_pair(x: *const u8, k: usize) -> __m512i {
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
 unsafe fn magnitudes(q: [__m512i; 4]) -> ([__m512i; 4], [u64; 4]) {
     let mut out = ([_mm512_setzero_si512(); 4], [0u64; 4]);
-    for k in 0..4 {
-        out.0[k] = _mm512_abs_epi8(q[k]);
-        out.1[k] = _mm512_movepi8_mask(q[k]);
+    for (k, q) in q.iter().enumerate() {
+        out.0[k] = _mm512_abs_epi8(*q);
+        out.1[k] = _mm512_movepi8_mask(*q);
     }
     out
 }
