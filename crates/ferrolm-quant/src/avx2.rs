@@ -140,6 +140,10 @@ pub(crate) fn kernel(ty: TensorType) -> Option<Simd> {
         T::IQ1_M => lattice::<lowbit::Iq1M>(),
         T::TQ1_0 => pair::<lowbit::Tq1_0>(),
         T::TQ2_0 => pair::<lowbit::Tq2_0>(),
+        T::Q1_0 if lattice512::available() => Simd {
+            multi: pair::<lowbit::Q1_0>().multi,
+            ..pair::<lattice512::Q1_0>()
+        },
         T::Q1_0 => pair::<lowbit::Q1_0>(),
         T::Q2_0 => pair::<lowbit::Q2_0>(),
         T::NVFP4 => pair::<lowbit::Nvfp4>(),

@@ -1,5 +1,5 @@
-//! The lattice i-quants' decode (IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS; IQ3_S's AVX2 kernel is as
-//! fast) with AVX-512 (VBMI, VNNI): the same integer lanes as the AVX2
+//! Decode kernels with AVX-512 (VBMI, VNNI): Q1_0's (at the end) and the lattice i-quants'
+//! (IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS; IQ3_S's AVX2 kernel is as fast): the same integer lanes as the AVX2
 //! kernels of `iquants` (llama.cpp's AVX2 `vec_dot`), two 32-value chunks per register. The grid
 //! entries are loaded one by one (this CPU's gathers are slower), the 7-bit sign indices of a
 //! block looked up together (`vpmultishiftqb`, `vpermi2b`; the S formats store them) into one
@@ -454,6 +454,46 @@ impl Block for Iq1M {
     }
 }
 
+/// Q1_0 (as `lowbit::Q1_0`): 128 values over four Q8_0 blocks, two per register, the
+/// activations negated where a bit is clear by the bits as a mask; the same lanes and fmas.
+pub(crate) struct Q1_0;
+
+impl Block for Q1_0 {
+    const QK: usize = 128;
+    const WB: usize = 18;
+    const AB: usize = 4 * 34;
+    type W = *const u8;
+    const AVX512: bool = true;
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
+    unsafe fn decode(x: *const u8) -> *const u8 {
+        x
+    }
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
+    unsafe fn apply(&x: &*const u8, y: *const u8, acc: &mut Acc) {
+        let ones = _mm512_set1_epi8(1);
+        let mut lanes = [_mm256_setzero_ps(); 4];
+        for h in 0..2 {
+            let bits = (x.add(2 + 8 * h) as *const u64).read_unaligned();
+            let (y0, y1) = (y.add(34 * 2 * h + 2), y.add(34 * (2 * h + 1) + 2));
+            let yv = _mm512_inserti64x4::<1>(
+                _mm512_castsi256_si512(_mm256_loadu_si256(y0 as *const __m256i)),
+                _mm256_loadu_si256(y1 as *const __m256i),
+            );
+            let ys = _mm512_mask_sub_epi8(yv, !bits, _mm512_setzero_si512(), yv);
+            let v = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), ones, ys));
+            lanes[2 * h] = _mm512_castps512_ps256(v);
+            lanes[2 * h + 1] = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)));
+        }
+        let mut block = _mm256_mul_ps(_mm256_set1_ps(f16_at(y)), lanes[0]);
+        for (k, l) in lanes.iter().enumerate().skip(1) {
+            block = _mm256_fmadd_ps(_mm256_set1_ps(f16_at(y.add(34 * k))), *l, block);
+        }
+        acc.v = _mm256_fmadd_ps(_mm256_set1_ps(f16_at(x)), block, acc.v);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -493,6 +533,10 @@ mod tests {
             for block in w.chunks_exact_mut(wb) {
                 let d = 0x2000 + (next() % 0x1800) as u16;
                 block[..2].copy_from_slice(&d.to_le_bytes());
+                if wb == 56 {
+                    // IQ1_M's scale: its top bits on top of the four scale words
+                    block[55] = (block[55] & 0x0f) | 0x30;
+                }
             }
             for r in w.chunks_exact(rb) {
                 assert_eq!(mine(n, r, &act).to_bits(), avx2(n, r, &act).to_bits());
@@ -511,6 +555,22 @@ mod tests {
             dot_entry::<iquants::Iq2Xxs>,
             rows_entry::<Iq2Xxs>,
             rows_entry::<iquants::Iq2Xxs>,
+            &mut next,
+        );
+        check(
+            50,
+            dot_entry::<Iq1S>,
+            dot_entry::<lowbit::Iq1S>,
+            rows_entry::<Iq1S>,
+            rows_entry::<lowbit::Iq1S>,
+            &mut next,
+        );
+        check(
+            56,
+            dot_entry::<Iq1M>,
+            dot_entry::<lowbit::Iq1M>,
+            rows_entry::<Iq1M>,
+            rows_entry::<lowbit::Iq1M>,
             &mut next,
         );
         check(
@@ -537,5 +597,48 @@ mod tests {
             rows_entry::<iquants::Iq3Xxs>,
             &mut next,
         );
+    }
+
+    /// Q1_0's kernel gives the AVX2 one's bits, one row and seven at a time.
+    #[test]
+    fn q1_0_matches_the_avx2_one() {
+        if !(std::arch::is_x86_feature_detected!("avx2")
+            && std::arch::is_x86_feature_detected!("fma")
+            && std::arch::is_x86_feature_detected!("f16c")
+            && available())
+        {
+            return;
+        }
+        let (n, rows) = (640, 7);
+        let mut s = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = move || {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            s
+        };
+        let x: Vec<f32> = (0..n)
+            .map(|_| (next() % 2001) as f32 / 100.0 - 10.0)
+            .collect();
+        let mut act = vec![0u8; n / 32 * 34];
+        crate::quantize_activation(TensorType::Q8_0, &x, &mut act).unwrap();
+        let rb = n / 128 * 18;
+        let mut w: Vec<u8> = (0..rows * rb).map(|_| next() as u8).collect();
+        for block in w.chunks_exact_mut(18) {
+            let d = 0x2000 + (next() % 0x1800) as u16;
+            block[..2].copy_from_slice(&d.to_le_bytes());
+        }
+        for r in w.chunks_exact(rb) {
+            let (a, b) = (
+                dot_entry::<Q1_0>(n, r, &act),
+                dot_entry::<lowbit::Q1_0>(n, r, &act),
+            );
+            assert_eq!(a.to_bits(), b.to_bits());
+        }
+        let (mut a, mut b) = (vec![0f32; rows], vec![0f32; rows]);
+        rows_entry::<Q1_0>(n, &w, rb, &act, &mut a);
+        rows_entry::<lowbit::Q1_0>(n, &w, rb, &act, &mut b);
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&a), bits(&b));
     }
 }
