@@ -138,6 +138,7 @@ pub(crate) fn kernel(ty: TensorType) -> Option<Simd> {
         T::IQ1_S => lattice::<lowbit::Iq1S>(),
         T::IQ1_M if lattice512::available() => lattice::<lattice512::Iq1M>(),
         T::IQ1_M => lattice::<lowbit::Iq1M>(),
+        T::TQ1_0 if lattice512::available() => pair::<lattice512::Tq1_0>(),
         T::TQ1_0 => pair::<lowbit::Tq1_0>(),
         T::TQ2_0 => pair::<lowbit::Tq2_0>(),
         T::Q1_0 if lattice512::available() => Simd {
@@ -886,7 +887,12 @@ fn multi_entry<B: Block>(
     // SAFETY: as in `dot_entry`; row `i < n_rows` and column `c < n_cols` stay inside their
     // slices by `tile_blocks`' asserts, and every output index is below `n_rows * n_cols`.
     unsafe {
-        multi_blocks::<B>(
+        let multi = if B::AVX512 {
+            multi_blocks_512_lanes::<B>
+        } else {
+            multi_blocks::<B>
+        };
+        multi(
             nb,
             rows.as_ptr(),
             row_stride,
@@ -903,81 +909,94 @@ fn multi_entry<B: Block>(
 const TILE_R: usize = 2;
 const TILE_C: usize = 8;
 
-// The tile's accumulators are indexed by row and column, which the loops name.
-#[allow(clippy::too_many_arguments, clippy::needless_range_loop)]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn multi_blocks<B: Block>(
-    nb: usize,
-    x: *const u8,
-    row_stride: usize,
-    n_rows: usize,
-    y: *const u8,
-    act_stride: usize,
-    n_cols: usize,
-    out: &mut [f32],
-) {
-    const C: usize = 4;
-    let zero = Acc {
-        v: _mm256_setzero_ps(),
-        s: 0.0,
-        m: _mm_setzero_ps(),
-        v2: _mm256_setzero_ps(),
-    };
-    // R rows x C columns at a time: each activation block is loaded once for the R rows, each
-    // weight block decoded once for the C columns. Every output keeps its own accumulator, fed
-    // block by block in order, so the tile shape does not change a single bit.
-    const R: usize = TILE_R;
-    const CT: usize = TILE_C;
-    let mut i0 = 0;
-    while i0 + R <= n_rows {
-        let xr: [*const u8; R] = std::array::from_fn(|r| x.add((i0 + r) * row_stride));
-        let mut c0 = 0;
-        while c0 + CT <= n_cols {
-            let mut acc = [[zero; CT]; R];
-            for b in 0..nb {
-                let w: [B::W; R] = std::array::from_fn(|r| B::decode(xr[r].add(b * B::WB)));
-                for k in 0..CT {
-                    let yk = y.add((c0 + k) * act_stride + b * B::AB);
+/// The batched tile's loops (`multi_blocks`), for the kernels of AVX2 and (`_512`) those of
+/// AVX-512 ([`Block::AVX512`]), as [`block_loops`].
+macro_rules! multi_loops {
+    ($multi:ident, $dot:ident, $features:literal) => {
+        // The tile's accumulators are indexed by row and column, which the loops name.
+        #[allow(clippy::too_many_arguments, clippy::needless_range_loop)]
+        #[target_feature(enable = $features)]
+        unsafe fn $multi<B: Block>(
+            nb: usize,
+            x: *const u8,
+            row_stride: usize,
+            n_rows: usize,
+            y: *const u8,
+            act_stride: usize,
+            n_cols: usize,
+            out: &mut [f32],
+        ) {
+            const C: usize = 4;
+            let zero = Acc {
+                v: _mm256_setzero_ps(),
+                s: 0.0,
+                m: _mm_setzero_ps(),
+                v2: _mm256_setzero_ps(),
+            };
+            // R rows x C columns at a time: each activation block is loaded once for the R rows, each
+            // weight block decoded once for the C columns. Every output keeps its own accumulator, fed
+            // block by block in order, so the tile shape does not change a single bit.
+            const R: usize = TILE_R;
+            const CT: usize = TILE_C;
+            let mut i0 = 0;
+            while i0 + R <= n_rows {
+                let xr: [*const u8; R] = std::array::from_fn(|r| x.add((i0 + r) * row_stride));
+                let mut c0 = 0;
+                while c0 + CT <= n_cols {
+                    let mut acc = [[zero; CT]; R];
+                    for b in 0..nb {
+                        let w: [B::W; R] = std::array::from_fn(|r| B::decode(xr[r].add(b * B::WB)));
+                        for k in 0..CT {
+                            let yk = y.add((c0 + k) * act_stride + b * B::AB);
+                            for r in 0..R {
+                                B::apply(&w[r], yk, &mut acc[r][k]);
+                            }
+                        }
+                    }
+                    for k in 0..CT {
+                        for r in 0..R {
+                            out[(c0 + k) * n_rows + i0 + r] = B::finish(&acc[r][k]);
+                        }
+                    }
+                    c0 += CT;
+                }
+                for c in c0..n_cols {
                     for r in 0..R {
-                        B::apply(&w[r], yk, &mut acc[r][k]);
+                        out[c * n_rows + i0 + r] = $dot::<B>(nb, xr[r], y.add(c * act_stride));
                     }
                 }
+                i0 += R;
             }
-            for k in 0..CT {
-                for r in 0..R {
-                    out[(c0 + k) * n_rows + i0 + r] = B::finish(&acc[r][k]);
+            for i in i0..n_rows {
+                let xr = x.add(i * row_stride);
+                let mut c0 = 0;
+                while c0 + C <= n_cols {
+                    let mut acc = [zero; C];
+                    for b in 0..nb {
+                        let w = B::decode(xr.add(b * B::WB));
+                        for (k, acc) in acc.iter_mut().enumerate() {
+                            B::apply(&w, y.add((c0 + k) * act_stride + b * B::AB), acc);
+                        }
+                    }
+                    for (k, acc) in acc.iter().enumerate() {
+                        out[(c0 + k) * n_rows + i] = B::finish(acc);
+                    }
+                    c0 += C;
+                }
+                for c in c0..n_cols {
+                    out[c * n_rows + i] = $dot::<B>(nb, xr, y.add(c * act_stride));
                 }
             }
-            c0 += CT;
         }
-        for c in c0..n_cols {
-            for r in 0..R {
-                out[c * n_rows + i0 + r] = dot_blocks::<B>(nb, xr[r], y.add(c * act_stride));
-            }
-        }
-        i0 += R;
-    }
-    for i in i0..n_rows {
-        let xr = x.add(i * row_stride);
-        let mut c0 = 0;
-        while c0 + C <= n_cols {
-            let mut acc = [zero; C];
-            for b in 0..nb {
-                let w = B::decode(xr.add(b * B::WB));
-                for (k, acc) in acc.iter_mut().enumerate() {
-                    B::apply(&w, y.add((c0 + k) * act_stride + b * B::AB), acc);
-                }
-            }
-            for (k, acc) in acc.iter().enumerate() {
-                out[(c0 + k) * n_rows + i] = B::finish(acc);
-            }
-            c0 += C;
-        }
-        for c in c0..n_cols {
-            out[c * n_rows + i] = dot_blocks::<B>(nb, xr, y.add(c * act_stride));
-        }
-    }
+    };
 }
+
+multi_loops!(multi_blocks, dot_blocks, "avx2,fma,f16c");
+multi_loops!(
+    multi_blocks_512_lanes,
+    dot_blocks_512,
+    "avx2,fma,f16c,bmi2,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi"
+);
 
 /// Whether the AVX-512 parts that `multi_blocks_512` uses are available.
 pub(crate) fn has_avx512_vnni() -> bool {

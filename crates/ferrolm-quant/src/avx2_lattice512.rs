@@ -1,5 +1,5 @@
-//! Decode kernels with AVX-512 (VBMI, VNNI): Q1_0's (at the end) and the lattice i-quants'
-//! (IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS; IQ3_S's AVX2 kernel is as fast): the same integer lanes as the AVX2
+//! Decode kernels with AVX-512 (VBMI, VNNI): Q1_0's and TQ1_0's (at the end) and the lattice
+//! i-quants' (IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS; IQ3_S's AVX2 kernel is as fast): the same integer lanes as the AVX2
 //! kernels of `iquants` (llama.cpp's AVX2 `vec_dot`), two 32-value chunks per register. The grid
 //! entries are loaded one by one (this CPU's gathers are slower), the 7-bit sign indices of a
 //! block looked up together (`vpmultishiftqb`, `vpermi2b`; the S formats store them) into one
@@ -494,6 +494,95 @@ impl Block for Q1_0 {
     }
 }
 
+/// TQ1_0 (as `lowbit::Tq1_0`): the same trits, two 32-value planes per register met by
+/// `vpdpbusd`, the halves added at the end; the same lanes.
+pub(crate) struct Tq1_0;
+
+/// `(3 q) >> 8` of each byte (as `lowbit::top_trit`).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
+unsafe fn top_trit(q: __m512i) -> __m512i {
+    let x = _mm512_subs_epu8(q, _mm512_set1_epi8(1));
+    let t = _mm512_avg_epu8(x, _mm512_avg_epu8(x, _mm512_setzero_si512()));
+    _mm512_and_si512(_mm512_srli_epi16::<6>(t), _mm512_set1_epi8(3))
+}
+
+/// Each byte times 9, wrapping.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
+unsafe fn times9(q: __m512i) -> __m512i {
+    let q3 = _mm512_add_epi8(q, _mm512_add_epi8(q, q));
+    _mm512_add_epi8(q3, _mm512_add_epi8(q3, q3))
+}
+
+/// A TQ1_0 block's 256 trits (codes 0..=2) in element order, 64 per register, and `d`.
+#[derive(Clone, Copy)]
+pub(crate) struct Trits {
+    codes: [__m512i; 4],
+    d: f32,
+}
+
+/// Each byte of `v` times 3, wrapping.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn times3_128(v: __m128i) -> __m128i {
+    _mm_add_epi8(v, _mm_add_epi8(v, v))
+}
+
+impl Block for Tq1_0 {
+    const QK: usize = 256;
+    const WB: usize = 54;
+    const AB: usize = 292;
+    type W = Trits;
+    const AVX512: bool = true;
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
+    unsafe fn decode(x: *const u8) -> Trits {
+        // elements 32n + m (n < 5): trit n of byte m; 160 + 16n + m: of byte 32 + m; 240 + 4n
+        // + j: of byte 48 + j
+        let q = _mm256_loadu_si256(x as *const __m256i);
+        let q3 = _mm256_add_epi8(q, _mm256_add_epi8(q, q));
+        let p01 = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(q), q3);
+        let p23 = times9(p01);
+        let p4 = _mm512_castsi512_si256(times9(p23));
+        let q16 = _mm_loadu_si128(x.add(32) as *const __m128i);
+        let q16_3 = times3_128(q16);
+        let q16_9 = times3_128(q16_3);
+        let q16_27 = times3_128(q16_9);
+        let q16_81 = times3_128(q16_27);
+        const POW3: [u8; 4] = [1, 3, 9, 27];
+        let qh: [u8; 16] = std::array::from_fn(|k| (*x.add(48 + k % 4)).wrapping_mul(POW3[k / 4]));
+        let qh = _mm_loadu_si128(qh.as_ptr() as *const __m128i);
+        let p45 = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(p4), _mm256_set_m128i(q16_3, q16));
+        let p67 = _mm512_inserti64x4::<1>(
+            _mm512_castsi256_si512(_mm256_set_m128i(q16_27, q16_9)),
+            _mm256_set_m128i(qh, q16_81),
+        );
+        Trits {
+            codes: [top_trit(p01), top_trit(p23), top_trit(p45), top_trit(p67)],
+            d: f16_at(x.add(52)),
+        }
+    }
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
+    unsafe fn apply(w: &Trits, y: *const u8, acc: &mut Acc) {
+        let mut sum = _mm512_setzero_si512();
+        for (k, codes) in w.codes.iter().enumerate() {
+            let yv = _mm512_loadu_si512(y.add(Y_QS + 64 * k) as *const _);
+            sum = _mm512_dpbusd_epi32(sum, *codes, yv);
+        }
+        let sum = _mm256_add_epi32(
+            _mm512_castsi512_si256(sum),
+            _mm512_extracti64x4_epi64::<1>(sum),
+        );
+        let bsums = _mm256_madd_epi16(
+            _mm256_loadu_si256(y.add(Y_BSUMS) as *const __m256i),
+            _mm256_set1_epi16(1),
+        );
+        fma_i32(acc, y_d(y) * w.d, _mm256_sub_epi32(sum, bsums));
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -537,6 +626,10 @@ mod tests {
                     // IQ1_M's scale: its top bits on top of the four scale words
                     block[55] = (block[55] & 0x0f) | 0x30;
                 }
+                if wb == 54 {
+                    // TQ1_0's scale is at the end
+                    block[52..].copy_from_slice(&d.to_le_bytes());
+                }
             }
             for r in w.chunks_exact(rb) {
                 assert_eq!(mine(n, r, &act).to_bits(), avx2(n, r, &act).to_bits());
@@ -571,6 +664,14 @@ mod tests {
             dot_entry::<lowbit::Iq1M>,
             rows_entry::<Iq1M>,
             rows_entry::<lowbit::Iq1M>,
+            &mut next,
+        );
+        check(
+            54,
+            dot_entry::<Tq1_0>,
+            dot_entry::<lowbit::Tq1_0>,
+            rows_entry::<Tq1_0>,
+            rows_entry::<lowbit::Tq1_0>,
             &mut next,
         );
         check(
