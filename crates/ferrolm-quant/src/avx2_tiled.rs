@@ -92,11 +92,20 @@ pub(crate) fn multi(
     let nb = n / QK_K;
     let rb = nb * block_bytes;
     assert!(out.len() >= n_rows * n_cols);
-    let cols = rearrange(acts, act_stride, n_cols, nb, 128);
+    let mut blocks: Vec<TiledBlock> = (0..nb).map(|_| TiledBlock::ZERO).collect();
+    if n_rows == 0 || nb == 0 {
+        out[..n_rows * n_cols].fill(0.0);
+        return;
+    }
+    // `vpdpbusd` takes unsigned bytes: the values of a format with minimums are (0..=31), met
+    // as they are by the signed activations; the others (signed) meet the activations biased
+    // to unsigned, their sum less `Prepared::bias`
+    unpack(&rows[..block_bytes], &mut blocks[0]);
+    let unsigned = blocks[0].mins.is_some();
+    let cols = rearrange(acts, act_stride, n_cols, nb, if unsigned { 0 } else { 128 });
     let mut acc = vec![[0f32; GROUP]; n_cols.div_ceil(GROUP)];
     // a row's blocks unpacked and prepared before their products: the stores of one pass are
     // done when the next reads them (a wide load of narrow stores waits for them otherwise)
-    let mut blocks: Vec<TiledBlock> = (0..nb).map(|_| TiledBlock::ZERO).collect();
     let mut prepared: Vec<Prepared> = (0..nb).map(|_| Prepared::default()).collect();
     for i in 0..n_rows {
         let row = &rows[i * row_stride..i * row_stride + rb];
@@ -121,8 +130,8 @@ pub(crate) fn multi(
 /// What [`block_vnni`] needs of a block besides its values and scales.
 #[derive(Default)]
 struct Prepared {
-    /// What the activations' +128 adds to the sum: 128 * sum over the 16s of multiplier *
-    /// sum of values.
+    /// What the activations' +128 adds to the sum of a format without minimums: 128 * sum
+    /// over the 16s of multiplier * sum of values.
     bias: i32,
     /// Whether each 32 has one multiplier (most formats): one multiply for both its 16s.
     paired: bool,
@@ -132,6 +141,14 @@ struct Prepared {
 
 #[target_feature(enable = "avx2,fma,avx512f,avx512bw,avx512vl,avx512vnni")]
 unsafe fn prepare(x: &TiledBlock, p: &mut Prepared) {
+    p.paired = (0..QK_K / 32).all(|j| x.scale16[2 * j] == x.scale16[2 * j + 1]);
+    if let Some(m) = &x.mins {
+        let pairs: [i32; 8] = std::array::from_fn(|p| pack(m.min16[2 * p], m.min16[2 * p + 1]));
+        p.mins = Some((-m.dmin, pairs));
+        p.bias = 0;
+        return;
+    }
+    p.mins = None;
     let ones = _mm512_set1_epi8(1);
     let scales = _mm512_loadu_si512(x.scale16.as_ptr() as *const _);
     let mut bias = _mm512_setzero_si512();
@@ -146,11 +163,6 @@ unsafe fn prepare(x: &TiledBlock, p: &mut Prepared) {
         bias = _mm512_add_epi32(bias, _mm512_mullo_epi32(sums, lanes));
     }
     p.bias = _mm512_reduce_add_epi32(_mm512_slli_epi32::<7>(bias));
-    p.mins = x.mins.as_ref().map(|m| {
-        let pairs: [i32; 8] = std::array::from_fn(|p| pack(m.min16[2 * p], m.min16[2 * p + 1]));
-        (-m.dmin, pairs)
-    });
-    p.paired = (0..QK_K / 32).all(|j| x.scale16[2 * j] == x.scale16[2 * j + 1]);
 }
 
 /// Two i16 as the halves of an i32, `lo` in the low one.
@@ -176,10 +188,11 @@ unsafe fn block_vnni(
     for (g, a) in acc.iter_mut().enumerate() {
         let at = g * nb + kb;
         let q = cols.q.as_ptr().add(at * QBYTES);
-        let s = if p.paired {
-            sums::<true>(x, q)
-        } else {
-            sums::<false>(x, q)
+        let s = match (p.paired, p.mins.is_some()) {
+            (true, true) => sums::<true, true>(x, q),
+            (true, false) => sums::<true, false>(x, q),
+            (false, true) => sums::<false, true>(x, q),
+            (false, false) => sums::<false, false>(x, q),
         };
         let s = _mm256_sub_epi32(s, _mm256_set1_epi32(p.bias));
         let mut r = _mm256_mul_ps(_mm256_cvtepi32_ps(s), d);
@@ -198,13 +211,14 @@ unsafe fn block_vnni(
     }
 }
 
-/// The biased sums `S + bias` of one block against one group's block at `q`: the products of
+/// The sums `S` (`S + bias` unless `UNSIGNED`: see [`multi`]) of one block against one group's
+/// block at `q`: the products of
 /// each 16 (both 16s of a 32 at once when `PAIRED`, their multipliers being equal) times the
 /// multiplier, a column's two lanes added at the end. Not inlined: the broadcasts stay loads
 /// rather than being hoisted out of the loop over the groups.
 #[inline(never)]
 #[target_feature(enable = "avx2,fma,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn sums<const PAIRED: bool>(x: &TiledBlock, q: *const u8) -> __m256i {
+unsafe fn sums<const PAIRED: bool, const UNSIGNED: bool>(x: &TiledBlock, q: *const u8) -> __m256i {
     let w = x.w.as_ptr() as *const i64;
     let mut s = _mm512_setzero_si512();
     for j in 0..QK_K / 32 {
@@ -213,7 +227,11 @@ unsafe fn sums<const PAIRED: bool>(x: &TiledBlock, q: *const u8) -> __m256i {
             let pair = 4 * j + e;
             let y = _mm512_loadu_si512(q.add(64 * pair) as *const _);
             let b = _mm512_set1_epi64(w.add(pair).read_unaligned());
-            t[e / 2] = _mm512_dpbusd_epi32(t[e / 2], y, b);
+            t[e / 2] = if UNSIGNED {
+                _mm512_dpbusd_epi32(t[e / 2], b, y)
+            } else {
+                _mm512_dpbusd_epi32(t[e / 2], y, b)
+            };
         }
         if PAIRED {
             let t = _mm512_add_epi32(t[0], t[1]);
@@ -257,8 +275,8 @@ impl Q4KBlock {
 unsafe fn unpack_q4_k(x: &crate::k_quants::BlockQ4K, t: &mut Q4KBlock) {
     k4_values::<false>(x.qs.as_ptr(), std::ptr::null(), t.w.as_mut_ptr());
     let (sc, mn) = k4_scale_min_bytes(x.scales.as_ptr());
-    t.d = crate::common::f16_to_f32(x.d);
-    t.dmin = crate::common::f16_to_f32(x.dmin);
+    t.d = f16_at(x.d.as_ptr());
+    t.dmin = f16_at(x.dmin.as_ptr());
     t.scales = sc.map(|s| s as i32);
     t.mins = mn.map(|m| pack(m as i32, m as i32));
 }
@@ -405,14 +423,30 @@ pub(crate) fn tiled_q5_k(b: &[u8], t: &mut TiledBlock) {
 
 /// Q4_K's and Q5_K's scales and minimums, one per 32 values.
 fn k4_view(t: &mut TiledBlock, d: [u8; 2], dmin: [u8; 2], scales: &[u8; 12]) {
-    // SAFETY: reads the 12 bytes of `scales`.
-    let (sc, mn) = unsafe { k4_scale_min_bytes(scales.as_ptr()) };
-    t.d = crate::common::f16_to_f32(d);
-    t.scale16 = std::array::from_fn(|j| sc[j / 2] as i32);
-    t.mins = Some(crate::tiled::TiledMins {
-        dmin: crate::common::f16_to_f32(dmin),
-        min16: std::array::from_fn(|j| mn[j / 2] as i32),
-    });
+    // SAFETY: avx2 and f16c were detected (`tiled_q4_k`); the reads stay within the arrays, the
+    // stores within `t`.
+    unsafe {
+        let (sc, mn) = k4_scale_min_bytes(scales.as_ptr());
+        t.d = f16_at(d.as_ptr());
+        twice(sc, &mut t.scale16);
+        let mut min16 = [0; 16];
+        twice(mn, &mut min16);
+        t.mins = Some(crate::tiled::TiledMins {
+            dmin: f16_at(dmin.as_ptr()),
+            min16,
+        });
+    }
+}
+
+/// Each of eight bytes twice, as i32.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn twice(v: [u8; 8], out: &mut [i32; 16]) {
+    let v = _mm_cvtsi64_si128(i64::from_le_bytes(v));
+    let v = _mm_unpacklo_epi8(v, v);
+    let at = out.as_mut_ptr() as *mut __m256i;
+    _mm256_storeu_si256(at, _mm256_cvtepu8_epi32(v));
+    _mm256_storeu_si256(at.add(1), _mm256_cvtepu8_epi32(_mm_srli_si128::<8>(v)));
 }
 
 /// The tiled kernel's view of a Q2_K block (`k_quants::tiled_q2_k`) into `t`, with AVX2.
@@ -421,10 +455,12 @@ pub(crate) fn tiled_q2_k(b: &[u8], t: &mut TiledBlock) {
     let x: &crate::k_quants::BlockQ2K = bytemuck::from_bytes(b);
     // SAFETY: avx2 was detected; the loads read within the block, the stores within `t.w`.
     unsafe { low2_values::<false>(x.qs.as_ptr(), std::ptr::null(), t.w.as_mut_ptr()) };
-    t.d = crate::common::f16_to_f32(x.d);
+    // SAFETY: f16c was detected (as above).
+    t.d = unsafe { f16_at(x.d.as_ptr()) };
     t.scale16 = x.scales.map(|s| (s & 0x0f) as i32);
     t.mins = Some(crate::tiled::TiledMins {
-        dmin: crate::common::f16_to_f32(x.dmin),
+        // SAFETY: as above.
+        dmin: unsafe { f16_at(x.dmin.as_ptr()) },
         min16: x.scales.map(|s| (s >> 4) as i32),
     });
 }
@@ -434,7 +470,8 @@ pub(crate) fn tiled_q3_k(b: &[u8], t: &mut TiledBlock) {
     let x: &crate::k_quants::BlockQ3K = bytemuck::from_bytes(b);
     // SAFETY: as in `tiled_q2_k`.
     unsafe { low2_values::<true>(x.qs.as_ptr(), x.hmask.as_ptr(), t.w.as_mut_ptr()) };
-    t.d = crate::common::f16_to_f32(x.d);
+    // SAFETY: as in `tiled_q2_k`.
+    t.d = unsafe { f16_at(x.d.as_ptr()) };
     t.scale16 = crate::k_quants::q3k_scales(&x.scales).map(|s| s as i32);
     t.mins = None;
 }
