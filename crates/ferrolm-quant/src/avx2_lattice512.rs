@@ -288,11 +288,10 @@ xxs_block!(Iq2S, 82, 0.125, |x, y| {
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
 unsafe fn iq2_s_pair(x: *const u8, k: usize) -> __m512i {
-    let low = (x.add(2 + 8 * k) as *const u64).read_unaligned();
-    let qh = [*x.add(66 + 2 * k) as u64, *x.add(67 + 2 * k) as u64];
+    let qh = [*x.add(66 + 2 * k) as usize, *x.add(67 + 2 * k) as usize];
     let g = |h: usize, l: usize| {
-        let idx = (low >> (32 * h + 8 * l) & 255) | (qh[h] << (8 - 2 * l) & 0x300);
-        IQ2S_GRID[idx as usize] as i64
+        let idx = *x.add(2 + 8 * k + 4 * h + l) as usize | (qh[h] << (8 - 2 * l) & 0x300);
+        IQ2S_GRID[idx] as i64
     };
     _mm512_set_epi64(
         g(1, 3),
@@ -318,15 +317,14 @@ unsafe fn magnitudes(q: [__m512i; 4]) -> ([__m512i; 4], [u64; 4]) {
     out
 }
 
-/// IQ1 grid entries of chunks `2k` and `2k + 1`: `low` the chunks' four low index bytes each,
+/// IQ1 grid entries of chunks `2k` and `2k + 1`: `low` their four low index bytes each,
 /// `high` their four 3-bit high parts at bits `shift * l` of each chunk's 16 bits.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
-unsafe fn iq1_pair(low: u64, high: u32, shift: u32) -> __m512i {
+unsafe fn iq1_pair(low: *const u8, high: u32, shift: u32) -> __m512i {
     let g = |h: u32, l: u32| {
-        let idx =
-            (low >> (32 * h + 8 * l) & 255) | ((high >> (16 * h + shift * l) & 7) as u64) << 8;
-        IQ1S_GRID[idx as usize] as i64
+        let top = ((high >> (16 * h)) as usize) << 8 >> (shift * l) & 0x700;
+        IQ1S_GRID[*low.add((4 * h + l) as usize) as usize | top] as i64
     };
     _mm512_set_epi64(
         g(1, 3),
@@ -358,16 +356,12 @@ impl Block for Iq1S {
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
     unsafe fn apply(&x: &*const u8, y: *const u8, acc: &mut Acc) {
-        let pair = |k: usize| {
-            let low = (x.add(2 + 8 * k) as *const u64).read_unaligned();
-            (low, (x.add(34 + 4 * k) as *const u32).read_unaligned())
-        };
-        let (p0, p1, p2, p3) = (pair(0), pair(1), pair(2), pair(3));
+        let high = |k: usize| (x.add(34 + 4 * k) as *const u32).read_unaligned();
         let q = [
-            iq1_pair(p0.0, p0.1, 3),
-            iq1_pair(p1.0, p1.1, 3),
-            iq1_pair(p2.0, p2.1, 3),
-            iq1_pair(p3.0, p3.1, 3),
+            iq1_pair(x.add(2), high(0), 3),
+            iq1_pair(x.add(10), high(1), 3),
+            iq1_pair(x.add(18), high(2), 3),
+            iq1_pair(x.add(26), high(3), 3),
         ];
         let (mags, masks) = magnitudes(q);
         let qh = _mm_loadu_si128(x.add(34) as *const __m128i);
@@ -414,14 +408,13 @@ impl Block for Iq1M {
     unsafe fn apply(&x: &*const u8, y: *const u8, acc: &mut Acc) {
         let sc = (x.add(48) as *const u64).read_unaligned();
         let bits = (sc >> 12 & 0xf) | (sc >> 24 & 0xf0) | (sc >> 36 & 0xf00) | (sc >> 48 & 0xf000);
-        let d = y_d(y) * half::f16::from_bits(bits as u16).to_f32();
+        let d = y_d(y) * _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)));
         let high = |k: usize| (x.add(32 + 4 * k) as *const u32).read_unaligned();
-        let low = |k: usize| (x.add(8 * k) as *const u64).read_unaligned();
         let q = [
-            iq1_pair(low(0), high(0), 4),
-            iq1_pair(low(1), high(1), 4),
-            iq1_pair(low(2), high(2), 4),
-            iq1_pair(low(3), high(3), 4),
+            iq1_pair(x, high(0), 4),
+            iq1_pair(x.add(8), high(1), 4),
+            iq1_pair(x.add(16), high(2), 4),
+            iq1_pair(x.add(24), high(3), 4),
         ];
         let (mags, masks) = magnitudes(q);
         // the 3-bit multipliers of each 16: bits 0, 3, 6, 9 of each of the four scale words
