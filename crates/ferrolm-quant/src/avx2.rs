@@ -19,23 +19,29 @@ use crate::kernel::{DotFn, MultiFn, RowsFn, Simd};
 use crate::TensorType;
 
 /// A [`Block`] whose unpacked form is its own bytes: `apply` reads the block at `x` against the
-/// activation block at `y`; `finish` defaults to `hsum(v) + s`.
+/// activation block at `y`; `finish` defaults to `hsum(v) + s`. After `avx512`, a kernel of
+/// [`Block::AVX512`].
 macro_rules! bytes_block {
-    ($name:ident, $qk:expr, $wb:expr, $ab:expr, |$x:ident, $y:ident, $acc:ident| $apply:block
-     $(, finish |$facc:ident| $finish:block)?) => {
+    (avx512 $($rest:tt)*) => {
+        bytes_block!(@with "avx2,fma,f16c,bmi2,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi",
+            true, $($rest)*);
+    };
+    (@with $features:literal, $avx512:expr, $name:ident, $qk:expr, $wb:expr, $ab:expr,
+     |$x:ident, $y:ident, $acc:ident| $apply:block $(, finish |$facc:ident| $finish:block)?) => {
         pub(crate) struct $name;
         impl Block for $name {
             const QK: usize = $qk;
             const WB: usize = $wb;
             const AB: usize = $ab;
             type W = *const u8;
+            const AVX512: bool = $avx512;
             #[inline]
-            #[target_feature(enable = "avx2,fma,f16c")]
+            #[target_feature(enable = $features)]
             unsafe fn decode(x: *const u8) -> *const u8 {
                 x
             }
             #[inline]
-            #[target_feature(enable = "avx2,fma,f16c")]
+            #[target_feature(enable = $features)]
             unsafe fn apply(&$x: &*const u8, $y: *const u8, $acc: &mut Acc) $apply
             $(
                 #[inline]
@@ -43,6 +49,9 @@ macro_rules! bytes_block {
                 unsafe fn finish($facc: &Acc) -> f32 $finish
             )?
         }
+    };
+    ($($rest:tt)*) => {
+        bytes_block!(@with "avx2,fma,f16c", false, $($rest)*);
     };
 }
 

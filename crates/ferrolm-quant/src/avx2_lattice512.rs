@@ -135,34 +135,17 @@ unsafe fn lanes(q: [__m512i; 4], masks: [u64; 4], mult: [__m512i; 4], y: *const 
 /// `$factor` is the format's constant.
 macro_rules! xxs_block {
     ($name:ident, $wb:expr, $factor:expr, |$x:ident, $y:ident| $lanes:block) => {
-        pub(crate) struct $name;
-        impl Block for $name {
-            const QK: usize = 256;
-            const WB: usize = $wb;
-            const AB: usize = 292;
-            type W = *const u8;
-            const AVX512: bool = true;
-            #[inline]
-            #[target_feature(
-                enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi"
-            )]
-            unsafe fn decode(x: *const u8) -> *const u8 {
-                x
-            }
-            #[inline]
-            #[target_feature(
-                enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi"
-            )]
-            unsafe fn apply(&$x: &*const u8, $y: *const u8, acc: &mut Acc) {
+        bytes_block!(
+            avx512 $name,
+            256,
+            $wb,
+            292,
+            |$x, $y, acc| {
                 let sum = $lanes;
                 fma_i32(acc, f16_at($x) * y_d($y), sum);
-            }
-            #[inline]
-            #[target_feature(enable = "avx2,fma")]
-            unsafe fn finish(acc: &Acc) -> f32 {
-                $factor * hsum_f32(acc.v)
-            }
-        }
+            },
+            finish | acc | { $factor * hsum_f32(acc.v) }
+        );
     };
 }
 
@@ -338,154 +321,116 @@ unsafe fn iq1_pair(low: *const u8, high: u32, shift: u32) -> __m512i {
     )
 }
 
-/// IQ1_S (as `lowbit::Iq1S`): the grid lanes by the odd multipliers, the delta's integer sum
-/// from the block sums; the end is `hsum(v) + 0.125 * s`.
-pub(crate) struct Iq1S;
+// IQ1_S (as `lowbit::Iq1S`): the grid lanes by the odd multipliers, the delta's integer sum
+// from the block sums; the end is `hsum(v) + 0.125 * s`.
+bytes_block!(
+    avx512 Iq1S,
+    256,
+    50,
+    292,
+    |x, y, acc| {
+    let high = |k: usize| (x.add(34 + 4 * k) as *const u32).read_unaligned();
+    let q = [
+        iq1_pair(x.add(2), high(0), 3),
+        iq1_pair(x.add(10), high(1), 3),
+        iq1_pair(x.add(18), high(2), 3),
+        iq1_pair(x.add(26), high(3), 3),
+    ];
+    let (mags, masks) = magnitudes(q);
+    let qh = _mm_loadu_si128(x.add(34) as *const __m128i);
+    let m = _mm_and_si128(_mm_srli_epi16::<12>(qh), _mm_set1_epi16(7));
+    let m = odd(_mm512_cvtepu16_epi32(_mm256_zextsi128_si256(m)));
+    let sum = lanes(mags, masks, multipliers(m, &PER_CHUNK, 2), y);
+    let mut sumi1 = 0i32;
+    for ib in 0..8 {
+        let qh = u16::from_le_bytes([*x.add(34 + 2 * ib), *x.add(35 + 2 * ib)]) as i32;
+        let bs = |j: usize| {
+            i16::from_le_bytes([*y.add(Y_BSUMS + 2 * j), *y.add(Y_BSUMS + 2 * j + 1)]) as i32
+        };
+        let sign = if qh & 0x8000 != 0 { -1 } else { 1 };
+        sumi1 += (bs(2 * ib) + bs(2 * ib + 1)) * sign * (2 * (qh >> 12 & 7) + 1);
+    }
+    let d = y_d(y) * f16_at(x);
+    fma_i32(acc, d, sum);
+    acc.s = d.mul_add(sumi1 as f32, acc.s);
+},
+    finish | acc | { hsum_f32(acc.v) + 0.125 * acc.s }
+);
 
-impl Block for Iq1S {
-    const QK: usize = 256;
-    const WB: usize = 50;
-    const AB: usize = 292;
-    type W = *const u8;
-    const AVX512: bool = true;
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
-    unsafe fn decode(x: *const u8) -> *const u8 {
-        x
+// IQ1_M (as `lowbit::Iq1M`): grid lanes and delta-sign lanes, both by the multipliers of each
+// 16, into two accumulators; the end is `hsum(v) + 0.125 * hsum(v2)`.
+bytes_block!(
+    avx512 Iq1M,
+    256,
+    56,
+    292,
+    |x, y, acc| {
+    let sc = (x.add(48) as *const u64).read_unaligned();
+    let bits = (sc >> 12 & 0xf) | (sc >> 24 & 0xf0) | (sc >> 36 & 0xf00) | (sc >> 48 & 0xf000);
+    let d = y_d(y) * _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)));
+    let high = |k: usize| (x.add(32 + 4 * k) as *const u32).read_unaligned();
+    let q = [
+        iq1_pair(x, high(0), 4),
+        iq1_pair(x.add(8), high(1), 4),
+        iq1_pair(x.add(16), high(2), 4),
+        iq1_pair(x.add(24), high(3), 4),
+    ];
+    let (mags, masks) = magnitudes(q);
+    // the 3-bit multipliers of each 16: bits 0, 3, 6, 9 of each of the four scale words
+    let fields = _mm_set_epi64x(0x3936_3330_2926_2320, 0x1916_1310_0906_0300);
+    let m = _mm_multishift_epi64_epi8(fields, _mm_set1_epi64x(sc as i64));
+    let m = odd(_mm512_cvtepu8_epi32(_mm_and_si128(m, _mm_set1_epi8(7))));
+    let mult = multipliers(m, &PER_16, 4);
+    let grid = lanes(mags, masks, mult, y);
+    // the delta's sign: bit 3 of each 4-bit high part, one per group of 8
+    let mut delta = _mm512_setzero_si512();
+    for (k, m) in mult.iter().enumerate() {
+        let negative = _pext_u32(high(k), 0x8888_8888) as u64;
+        let mask = _pdep_u64(negative, 0x0101_0101_0101_0101) * 0xff;
+        let yv = _mm512_loadu_si512(y.add(Y_QS + 64 * k) as *const _);
+        let ys = _mm512_mask_sub_epi8(yv, mask, _mm512_setzero_si512(), yv);
+        let d16 = _mm512_maddubs_epi16(_mm512_set1_epi8(1), ys);
+        delta = _mm512_dpwssd_epi32(delta, d16, *m);
     }
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
-    unsafe fn apply(&x: &*const u8, y: *const u8, acc: &mut Acc) {
-        let high = |k: usize| (x.add(34 + 4 * k) as *const u32).read_unaligned();
-        let q = [
-            iq1_pair(x.add(2), high(0), 3),
-            iq1_pair(x.add(10), high(1), 3),
-            iq1_pair(x.add(18), high(2), 3),
-            iq1_pair(x.add(26), high(3), 3),
-        ];
-        let (mags, masks) = magnitudes(q);
-        let qh = _mm_loadu_si128(x.add(34) as *const __m128i);
-        let m = _mm_and_si128(_mm_srli_epi16::<12>(qh), _mm_set1_epi16(7));
-        let m = odd(_mm512_cvtepu16_epi32(_mm256_zextsi128_si256(m)));
-        let sum = lanes(mags, masks, multipliers(m, &PER_CHUNK, 2), y);
-        let mut sumi1 = 0i32;
-        for ib in 0..8 {
-            let qh = u16::from_le_bytes([*x.add(34 + 2 * ib), *x.add(35 + 2 * ib)]) as i32;
-            let bs = |j: usize| {
-                i16::from_le_bytes([*y.add(Y_BSUMS + 2 * j), *y.add(Y_BSUMS + 2 * j + 1)]) as i32
-            };
-            let sign = if qh & 0x8000 != 0 { -1 } else { 1 };
-            sumi1 += (bs(2 * ib) + bs(2 * ib + 1)) * sign * (2 * (qh >> 12 & 7) + 1);
-        }
-        let d = y_d(y) * f16_at(x);
-        fma_i32(acc, d, sum);
-        acc.s = d.mul_add(sumi1 as f32, acc.s);
-    }
-    #[inline]
-    #[target_feature(enable = "avx2,fma")]
-    unsafe fn finish(acc: &Acc) -> f32 {
-        hsum_f32(acc.v) + 0.125 * acc.s
-    }
-}
+    let delta = _mm256_add_epi32(
+        _mm512_castsi512_si256(delta),
+        _mm512_extracti64x4_epi64::<1>(delta),
+    );
+    fma_i32(acc, d, grid);
+    acc.v2 = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(delta), acc.v2);
+},
+    finish | acc | { hsum_f32(acc.v) + 0.125 * hsum_f32(acc.v2) }
+);
 
-/// IQ1_M (as `lowbit::Iq1M`): grid lanes and delta-sign lanes, both by the multipliers of each
-/// 16, into two accumulators; the end is `hsum(v) + 0.125 * hsum(v2)`.
-pub(crate) struct Iq1M;
-
-impl Block for Iq1M {
-    const QK: usize = 256;
-    const WB: usize = 56;
-    const AB: usize = 292;
-    type W = *const u8;
-    const AVX512: bool = true;
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
-    unsafe fn decode(x: *const u8) -> *const u8 {
-        x
-    }
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c,bmi2,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
-    unsafe fn apply(&x: &*const u8, y: *const u8, acc: &mut Acc) {
-        let sc = (x.add(48) as *const u64).read_unaligned();
-        let bits = (sc >> 12 & 0xf) | (sc >> 24 & 0xf0) | (sc >> 36 & 0xf00) | (sc >> 48 & 0xf000);
-        let d = y_d(y) * _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)));
-        let high = |k: usize| (x.add(32 + 4 * k) as *const u32).read_unaligned();
-        let q = [
-            iq1_pair(x, high(0), 4),
-            iq1_pair(x.add(8), high(1), 4),
-            iq1_pair(x.add(16), high(2), 4),
-            iq1_pair(x.add(24), high(3), 4),
-        ];
-        let (mags, masks) = magnitudes(q);
-        // the 3-bit multipliers of each 16: bits 0, 3, 6, 9 of each of the four scale words
-        let fields = _mm_set_epi64x(0x3936_3330_2926_2320, 0x1916_1310_0906_0300);
-        let m = _mm_multishift_epi64_epi8(fields, _mm_set1_epi64x(sc as i64));
-        let m = odd(_mm512_cvtepu8_epi32(_mm_and_si128(m, _mm_set1_epi8(7))));
-        let mult = multipliers(m, &PER_16, 4);
-        let grid = lanes(mags, masks, mult, y);
-        // the delta's sign: bit 3 of each 4-bit high part, one per group of 8
-        let mut delta = _mm512_setzero_si512();
-        for (k, m) in mult.iter().enumerate() {
-            let negative = _pext_u32(high(k), 0x8888_8888) as u64;
-            let mask = _pdep_u64(negative, 0x0101_0101_0101_0101) * 0xff;
-            let yv = _mm512_loadu_si512(y.add(Y_QS + 64 * k) as *const _);
-            let ys = _mm512_mask_sub_epi8(yv, mask, _mm512_setzero_si512(), yv);
-            let d16 = _mm512_maddubs_epi16(_mm512_set1_epi8(1), ys);
-            delta = _mm512_dpwssd_epi32(delta, d16, *m);
-        }
-        let delta = _mm256_add_epi32(
-            _mm512_castsi512_si256(delta),
-            _mm512_extracti64x4_epi64::<1>(delta),
+// Q1_0 (as `lowbit::Q1_0`): 128 values over four Q8_0 blocks, two per register, the
+// activations negated where a bit is clear by the bits as a mask; the same lanes and fmas.
+bytes_block!(
+    avx512 Q1_0,
+    128,
+    18,
+    4 * 34,
+    |x, y, acc| {
+    let ones = _mm512_set1_epi8(1);
+    let mut lanes = [_mm256_setzero_ps(); 4];
+    for h in 0..2 {
+        let bits = (x.add(2 + 8 * h) as *const u64).read_unaligned();
+        let (y0, y1) = (y.add(34 * 2 * h + 2), y.add(34 * (2 * h + 1) + 2));
+        let yv = _mm512_inserti64x4::<1>(
+            _mm512_castsi256_si512(_mm256_loadu_si256(y0 as *const __m256i)),
+            _mm256_loadu_si256(y1 as *const __m256i),
         );
-        fma_i32(acc, d, grid);
-        acc.v2 = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(delta), acc.v2);
+        let ys = _mm512_mask_sub_epi8(yv, !bits, _mm512_setzero_si512(), yv);
+        let v = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), ones, ys));
+        lanes[2 * h] = _mm512_castps512_ps256(v);
+        lanes[2 * h + 1] = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)));
     }
-    #[inline]
-    #[target_feature(enable = "avx2,fma")]
-    unsafe fn finish(acc: &Acc) -> f32 {
-        hsum_f32(acc.v) + 0.125 * hsum_f32(acc.v2)
+    let mut block = _mm256_mul_ps(_mm256_set1_ps(f16_at(y)), lanes[0]);
+    for (k, l) in lanes.iter().enumerate().skip(1) {
+        block = _mm256_fmadd_ps(_mm256_set1_ps(f16_at(y.add(34 * k))), *l, block);
     }
+    acc.v = _mm256_fmadd_ps(_mm256_set1_ps(f16_at(x)), block, acc.v);
 }
-
-/// Q1_0 (as `lowbit::Q1_0`): 128 values over four Q8_0 blocks, two per register, the
-/// activations negated where a bit is clear by the bits as a mask; the same lanes and fmas.
-pub(crate) struct Q1_0;
-
-impl Block for Q1_0 {
-    const QK: usize = 128;
-    const WB: usize = 18;
-    const AB: usize = 4 * 34;
-    type W = *const u8;
-    const AVX512: bool = true;
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
-    unsafe fn decode(x: *const u8) -> *const u8 {
-        x
-    }
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
-    unsafe fn apply(&x: &*const u8, y: *const u8, acc: &mut Acc) {
-        let ones = _mm512_set1_epi8(1);
-        let mut lanes = [_mm256_setzero_ps(); 4];
-        for h in 0..2 {
-            let bits = (x.add(2 + 8 * h) as *const u64).read_unaligned();
-            let (y0, y1) = (y.add(34 * 2 * h + 2), y.add(34 * (2 * h + 1) + 2));
-            let yv = _mm512_inserti64x4::<1>(
-                _mm512_castsi256_si512(_mm256_loadu_si256(y0 as *const __m256i)),
-                _mm256_loadu_si256(y1 as *const __m256i),
-            );
-            let ys = _mm512_mask_sub_epi8(yv, !bits, _mm512_setzero_si512(), yv);
-            let v = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), ones, ys));
-            lanes[2 * h] = _mm512_castps512_ps256(v);
-            lanes[2 * h + 1] = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)));
-        }
-        let mut block = _mm256_mul_ps(_mm256_set1_ps(f16_at(y)), lanes[0]);
-        for (k, l) in lanes.iter().enumerate().skip(1) {
-            block = _mm256_fmadd_ps(_mm256_set1_ps(f16_at(y.add(34 * k))), *l, block);
-        }
-        acc.v = _mm256_fmadd_ps(_mm256_set1_ps(f16_at(x)), block, acc.v);
-    }
-}
+);
 
 /// TQ1_0 (as `lowbit::Tq1_0`): the same trits, two 32-value planes per register met by
 /// `vpdpbusd`, the halves added at the end; the same lanes.
@@ -604,12 +549,29 @@ mod tests {
             .map(|_| (next() % 2001) as f32 / 100.0 - 10.0)
             .collect();
         crate::quantize_activation(TensorType::Q8_K, &x, &mut act).unwrap();
-        let check = |wb: usize,
-                     mine: fn(usize, &[u8], &[u8]) -> f32,
-                     avx2: fn(usize, &[u8], &[u8]) -> f32,
-                     mine_rows: RowsFn,
-                     avx2_rows: RowsFn,
-                     next: &mut dyn FnMut() -> u64| {
+        type Pair = (usize, DotFn, DotFn, RowsFn, RowsFn);
+        macro_rules! pair {
+            ($wb:expr, $mine:ty, $avx2:ty) => {
+                (
+                    $wb,
+                    dot_entry::<$mine> as DotFn,
+                    dot_entry::<$avx2> as DotFn,
+                    rows_entry::<$mine> as RowsFn,
+                    rows_entry::<$avx2> as RowsFn,
+                )
+            };
+        }
+        let kernels: [Pair; 7] = [
+            pair!(66, Iq2Xxs, iquants::Iq2Xxs),
+            pair!(50, Iq1S, lowbit::Iq1S),
+            pair!(56, Iq1M, lowbit::Iq1M),
+            pair!(54, Tq1_0, lowbit::Tq1_0),
+            pair!(74, Iq2Xs, iquants::Iq2Xs),
+            pair!(82, Iq2S, iquants::Iq2S),
+            pair!(98, Iq3Xxs, iquants::Iq3Xxs),
+        ];
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        for (wb, mine, avx2, mine_rows, avx2_rows) in kernels {
             let rb = n / 256 * wb;
             let mut w: Vec<u8> = (0..rows * rb).map(|_| next() as u8).collect();
             for block in w.chunks_exact_mut(wb) {
@@ -625,72 +587,17 @@ mod tests {
                 }
             }
             for r in w.chunks_exact(rb) {
-                assert_eq!(mine(n, r, &act).to_bits(), avx2(n, r, &act).to_bits());
+                assert_eq!(
+                    mine(n, r, &act).to_bits(),
+                    avx2(n, r, &act).to_bits(),
+                    "{wb}"
+                );
             }
             let (mut a, mut b) = (vec![0f32; rows], vec![0f32; rows]);
             mine_rows(n, &w, rb, &act, &mut a);
             avx2_rows(n, &w, rb, &act, &mut b);
-            assert_eq!(
-                a.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
-                b.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
-            );
-        };
-        check(
-            66,
-            dot_entry::<Iq2Xxs>,
-            dot_entry::<iquants::Iq2Xxs>,
-            rows_entry::<Iq2Xxs>,
-            rows_entry::<iquants::Iq2Xxs>,
-            &mut next,
-        );
-        check(
-            50,
-            dot_entry::<Iq1S>,
-            dot_entry::<lowbit::Iq1S>,
-            rows_entry::<Iq1S>,
-            rows_entry::<lowbit::Iq1S>,
-            &mut next,
-        );
-        check(
-            56,
-            dot_entry::<Iq1M>,
-            dot_entry::<lowbit::Iq1M>,
-            rows_entry::<Iq1M>,
-            rows_entry::<lowbit::Iq1M>,
-            &mut next,
-        );
-        check(
-            54,
-            dot_entry::<Tq1_0>,
-            dot_entry::<lowbit::Tq1_0>,
-            rows_entry::<Tq1_0>,
-            rows_entry::<lowbit::Tq1_0>,
-            &mut next,
-        );
-        check(
-            74,
-            dot_entry::<Iq2Xs>,
-            dot_entry::<iquants::Iq2Xs>,
-            rows_entry::<Iq2Xs>,
-            rows_entry::<iquants::Iq2Xs>,
-            &mut next,
-        );
-        check(
-            82,
-            dot_entry::<Iq2S>,
-            dot_entry::<iquants::Iq2S>,
-            rows_entry::<Iq2S>,
-            rows_entry::<iquants::Iq2S>,
-            &mut next,
-        );
-        check(
-            98,
-            dot_entry::<Iq3Xxs>,
-            dot_entry::<iquants::Iq3Xxs>,
-            rows_entry::<Iq3Xxs>,
-            rows_entry::<iquants::Iq3Xxs>,
-            &mut next,
-        );
+            assert_eq!(bits(&a), bits(&b), "{wb}");
+        }
     }
 
     /// Q1_0's kernel gives the AVX2 one's bits, one row and seven at a time.
