@@ -204,12 +204,10 @@ unsafe fn iq3_pair(x: *const u8, k: usize) -> __m512i {
     _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi)
 }
 
-/// Grid entries of IQ2_XXS chunks `2k` and `2k + 1` of the block at `x`.
+/// The grid entries `g(h, l)` of entry `l` of chunk `2k + h`, in element order.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
-unsafe fn iq2_pair(x: *const u8, k: usize) -> __m512i {
-    let idx = [0, 1].map(|h| (x.add(2 + 8 * (2 * k + h)) as *const u32).read_unaligned());
-    let g = |h: usize, l: usize| IQ2XXS_GRID[(idx[h] >> (8 * l) & 255) as usize] as i64;
+unsafe fn entries(g: impl Fn(usize, usize) -> i64) -> __m512i {
     _mm512_set_epi64(
         g(1, 3),
         g(1, 2),
@@ -220,6 +218,15 @@ unsafe fn iq2_pair(x: *const u8, k: usize) -> __m512i {
         g(0, 1),
         g(0, 0),
     )
+}
+
+/// Grid entries of IQ2_XXS chunks `2k` and `2k + 1` of the block at `x`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
+unsafe fn iq2_pair(x: *const u8, k: usize) -> __m512i {
+    let idx = [0, 1].map(|h| (x.add(2 + 8 * (2 * k + h)) as *const u32).read_unaligned());
+    let g = |h: usize, l: usize| IQ2XXS_GRID[(idx[h] >> (8 * l) & 255) as usize] as i64;
+    entries(g)
 }
 
 // IQ2_XS: 32 words of a 9-bit grid index and a 7-bit sign index, a scale per 16.
@@ -243,16 +250,7 @@ xxs_block!(Iq2Xs, 74, 0.125, |x, y| {
 unsafe fn iq2_xs_pair(x: *const u8, k: usize) -> __m512i {
     let w = [0, 1].map(|h| (x.add(2 + 8 * (2 * k + h)) as *const u64).read_unaligned());
     let g = |h: usize, l: usize| IQ2XS_GRID[(w[h] >> (16 * l) & 511) as usize] as i64;
-    _mm512_set_epi64(
-        g(1, 3),
-        g(1, 2),
-        g(1, 1),
-        g(1, 0),
-        g(0, 3),
-        g(0, 2),
-        g(0, 1),
-        g(0, 0),
-    )
+    entries(g)
 }
 
 // IQ2_S: 32 low bytes of 10-bit grid indices, 32 sign bytes, the high bits, a scale per 16.
@@ -276,16 +274,7 @@ unsafe fn iq2_s_pair(x: *const u8, k: usize) -> __m512i {
         let idx = *x.add(2 + 8 * k + 4 * h + l) as usize | (qh[h] << (8 - 2 * l) & 0x300);
         IQ2S_GRID[idx] as i64
     };
-    _mm512_set_epi64(
-        g(1, 3),
-        g(1, 2),
-        g(1, 1),
-        g(1, 0),
-        g(0, 3),
-        g(0, 2),
-        g(0, 1),
-        g(0, 0),
-    )
+    entries(g)
 }
 
 /// The magnitudes and the negative values' masks of the signed grid bytes `q` (IQ1's -1..1).
@@ -305,20 +294,11 @@ unsafe fn magnitudes(q: [__m512i; 4]) -> ([__m512i; 4], [u64; 4]) {
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
 unsafe fn iq1_pair(low: *const u8, high: u32, shift: u32) -> __m512i {
-    let g = |h: u32, l: u32| {
-        let top = ((high >> (16 * h)) as usize) << 8 >> (shift * l) & 0x700;
-        IQ1S_GRID[*low.add((4 * h + l) as usize) as usize | top] as i64
+    let g = |h: usize, l: usize| {
+        let top = ((high >> (16 * h)) as usize) << 8 >> (shift as usize * l) & 0x700;
+        IQ1S_GRID[*low.add(4 * h + l) as usize | top] as i64
     };
-    _mm512_set_epi64(
-        g(1, 3),
-        g(1, 2),
-        g(1, 1),
-        g(1, 0),
-        g(0, 3),
-        g(0, 2),
-        g(0, 1),
-        g(0, 0),
-    )
+    entries(g)
 }
 
 // IQ1_S (as `lowbit::Iq1S`): the grid lanes by the odd multipliers, the delta's integer sum
