@@ -379,17 +379,24 @@ unsafe fn gemm_block(t: &Q4KBlock, cols: &Columns, at: usize, acc: &mut [[f32; G
     _mm256_storeu_ps(acc[1].as_mut_ptr(), am);
 }
 
+/// The 32 bytes at `p` where a format has high bits (`ON`), else zeros.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn high_bits<const ON: bool>(p: *const u8) -> __m256i {
+    if ON {
+        _mm256_loadu_si256(p as *const __m256i)
+    } else {
+        _mm256_setzero_si256()
+    }
+}
+
 /// Q4_K's (`Q5 = false`) or Q5_K's values (0..=31) in element order into `w`: the nibbles of
 /// `qs`, with Q5_K the fifth bits of `qh`.
 #[inline]
 #[target_feature(enable = "avx2")]
 unsafe fn k4_values<const Q5: bool>(qs: *const u8, qh: *const u8, w: *mut u8) {
     let (nibble, one) = (_mm256_set1_epi8(0x0f), _mm256_set1_epi8(1));
-    let mut high = if Q5 {
-        _mm256_loadu_si256(qh as *const __m256i)
-    } else {
-        _mm256_setzero_si256()
-    };
+    let mut high = high_bits::<Q5>(qh);
     for p in 0..4 {
         let raw = _mm256_loadu_si256(qs.add(32 * p) as *const __m256i);
         for (h, v) in [raw, _mm256_srli_epi16::<4>(raw)].into_iter().enumerate() {
@@ -482,11 +489,7 @@ pub(crate) fn tiled_q3_k(b: &[u8], t: &mut TiledBlock) {
 #[target_feature(enable = "avx2")]
 unsafe fn low2_values<const Q3: bool>(qs: *const u8, hmask: *const u8, w: *mut i8) {
     let (three, one) = (_mm256_set1_epi8(3), _mm256_set1_epi8(1));
-    let mut high = if Q3 {
-        _mm256_loadu_si256(hmask as *const __m256i)
-    } else {
-        _mm256_setzero_si256()
-    };
+    let mut high = high_bits::<Q3>(hmask);
     for chunk in 0..2 {
         let mut raw = _mm256_loadu_si256(qs.add(32 * chunk) as *const __m256i);
         for j in 0..4 {
