@@ -103,27 +103,51 @@ pub(crate) fn multi(
     unpack(&rows[..block_bytes], &mut blocks[0]);
     let unsigned = blocks[0].mins.is_some();
     let cols = rearrange(acts, act_stride, n_cols, nb, if unsigned { 0 } else { 128 });
-    let mut acc = vec![[0f32; GROUP]; n_cols.div_ceil(GROUP)];
-    // a row's blocks unpacked and prepared before their products: the stores of one pass are
-    // done when the next reads them (a wide load of narrow stores waits for them otherwise)
-    let mut prepared: Vec<Prepared> = (0..nb).map(|_| Prepared::default()).collect();
-    for i in 0..n_rows {
-        let row = &rows[i * row_stride..i * row_stride + rb];
-        acc.iter_mut().for_each(|a| *a = [0.0; GROUP]);
-        for (x, xb) in blocks.iter_mut().zip(row.chunks_exact(block_bytes)) {
-            unpack(xb, x);
+    let mut acc = vec![[[0f32; GROUP]; 2]; n_cols.div_ceil(GROUP)];
+    // two rows at a time (each activation load serves both); a row's blocks unpacked and
+    // prepared before their products: the stores of one pass are done when the next reads them
+    // (a wide load of narrow stores waits for them otherwise)
+    blocks.resize_with(2 * nb, || TiledBlock::ZERO);
+    let mut prepared: Vec<Prepared> = (0..2 * nb).map(|_| Prepared::default()).collect();
+    let mut i = 0;
+    while i < n_rows {
+        let r = if i + 1 < n_rows { 2 } else { 1 };
+        for h in 0..r {
+            let row = &rows[(i + h) * row_stride..(i + h) * row_stride + rb];
+            let xs = &mut blocks[h * nb..(h + 1) * nb];
+            for (x, xb) in xs.iter_mut().zip(row.chunks_exact(block_bytes)) {
+                unpack(xb, x);
+            }
         }
-        for (x, p) in blocks.iter().zip(prepared.iter_mut()) {
+        for (x, p) in blocks.iter().zip(prepared.iter_mut()).take(r * nb) {
             // SAFETY: the features were asserted above.
             unsafe { prepare(x, p) };
         }
-        for (kb, (x, p)) in blocks.iter().zip(&prepared).enumerate() {
+        acc.iter_mut().for_each(|a| *a = [[0.0; GROUP]; 2]);
+        for kb in 0..nb {
             // SAFETY: as above; `cols` holds `nb` blocks of every group of `acc`, `kb < nb`.
-            unsafe { block_vnni(x, p, &cols, kb, nb, &mut acc) };
+            unsafe {
+                if r == 2 {
+                    let xs = [&blocks[kb], &blocks[nb + kb]];
+                    block_vnni::<2>(
+                        xs,
+                        [&prepared[kb], &prepared[nb + kb]],
+                        &cols,
+                        kb,
+                        nb,
+                        &mut acc,
+                    );
+                } else {
+                    block_vnni::<1>([&blocks[kb]], [&prepared[kb]], &cols, kb, nb, &mut acc);
+                }
+            }
         }
-        for c in 0..n_cols {
-            out[c * n_rows + i] = acc[c / GROUP][c % GROUP];
+        for h in 0..r {
+            for c in 0..n_cols {
+                out[c * n_rows + i + h] = acc[c / GROUP][h][c % GROUP];
+            }
         }
+        i += r;
     }
 }
 
@@ -174,79 +198,94 @@ fn pack(lo: i32, hi: i32) -> i32 {
 const QUARTERS: __m512i =
     unsafe { std::mem::transmute([0i32, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3]) };
 
-/// One weight block against block `kb` of every group of columns, into their accumulators.
+/// `R` rows' weight blocks against block `kb` of every group of columns, into their
+/// accumulators (`acc[g][r]`).
 #[target_feature(enable = "avx2,fma,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn block_vnni(
-    x: &TiledBlock,
-    p: &Prepared,
+unsafe fn block_vnni<const R: usize>(
+    xs: [&TiledBlock; R],
+    ps: [&Prepared; R],
     cols: &Columns,
     kb: usize,
     nb: usize,
-    acc: &mut [[f32; 8]],
+    acc: &mut [[[f32; GROUP]; 2]],
 ) {
-    let d = _mm256_set1_ps(x.d);
+    // all rows' 32s with one multiplier, else each 16 by its own (always right)
+    let paired = ps.iter().all(|p| p.paired);
+    let unsigned = ps[0].mins.is_some();
     for (g, a) in acc.iter_mut().enumerate() {
         let at = g * nb + kb;
         let q = cols.q.as_ptr().add(at * QBYTES);
-        let s = match (p.paired, p.mins.is_some()) {
-            (true, true) => sums::<true, true>(x, q),
-            (true, false) => sums::<true, false>(x, q),
-            (false, true) => sums::<false, true>(x, q),
-            (false, false) => sums::<false, false>(x, q),
+        let s = match (paired, unsigned) {
+            (true, true) => sums::<R, true, true>(xs, q),
+            (true, false) => sums::<R, true, false>(xs, q),
+            (false, true) => sums::<R, false, true>(xs, q),
+            (false, false) => sums::<R, false, false>(xs, q),
         };
-        let s = _mm256_sub_epi32(s, _mm256_set1_epi32(p.bias));
-        let mut r = _mm256_mul_ps(_mm256_cvtepi32_ps(s), d);
-        if let Some((neg_dmin, pairs)) = &p.mins {
-            let bs = cols.bsums.as_ptr().add(at * SBYTES);
-            let mut m = _mm256_setzero_si256();
-            for (p, &pair) in pairs.iter().enumerate() {
-                let b = _mm256_loadu_si256(bs.add(GROUP * p) as *const __m256i);
-                m = _mm256_dpwssd_epi32(m, _mm256_set1_epi32(pair), b);
-            }
-            r = _mm256_fmadd_ps(_mm256_set1_ps(*neg_dmin), _mm256_cvtepi32_ps(m), r);
-        }
         let dy = _mm256_loadu_ps(cols.d.as_ptr().add(at * GROUP));
-        let v = _mm256_fmadd_ps(r, dy, _mm256_loadu_ps(a.as_ptr()));
-        _mm256_storeu_ps(a.as_mut_ptr(), v);
+        for r in 0..R {
+            let (x, p) = (xs[r], ps[r]);
+            let s = _mm256_sub_epi32(s[r], _mm256_set1_epi32(p.bias));
+            let mut v = _mm256_mul_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(x.d));
+            if let Some((neg_dmin, pairs)) = &p.mins {
+                let bs = cols.bsums.as_ptr().add(at * SBYTES);
+                let mut m = _mm256_setzero_si256();
+                for (p, &pair) in pairs.iter().enumerate() {
+                    let b = _mm256_loadu_si256(bs.add(GROUP * p) as *const __m256i);
+                    m = _mm256_dpwssd_epi32(m, _mm256_set1_epi32(pair), b);
+                }
+                v = _mm256_fmadd_ps(_mm256_set1_ps(*neg_dmin), _mm256_cvtepi32_ps(m), v);
+            }
+            let v = _mm256_fmadd_ps(v, dy, _mm256_loadu_ps(a[r].as_ptr()));
+            _mm256_storeu_ps(a[r].as_mut_ptr(), v);
+        }
     }
 }
 
-/// The sums `S` (`S + bias` unless `UNSIGNED`: see [`multi`]) of one block against one group's
-/// block at `q`: the products of
-/// each 16 (both 16s of a 32 at once when `PAIRED`, their multipliers being equal) times the
-/// multiplier, a column's two lanes added at the end. Not inlined: the broadcasts stay loads
-/// rather than being hoisted out of the loop over the groups.
+/// The sums `S` (`S + bias` unless `UNSIGNED`: see [`multi`]) of `R` rows' blocks against one
+/// group's block at `q`: the products of each 16 (both 16s of a 32 at once when `PAIRED`, their
+/// multipliers being equal) times the multiplier, a column's two lanes added at the end. Not
+/// inlined: the broadcasts stay loads rather than being hoisted out of the loop over the groups.
 #[inline(never)]
 #[target_feature(enable = "avx2,fma,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn sums<const PAIRED: bool, const UNSIGNED: bool>(x: &TiledBlock, q: *const u8) -> __m256i {
-    let w = x.w.as_ptr() as *const i64;
-    let mut s = _mm512_setzero_si512();
+unsafe fn sums<const R: usize, const PAIRED: bool, const UNSIGNED: bool>(
+    xs: [&TiledBlock; R],
+    q: *const u8,
+) -> [__m256i; R] {
+    let mut s = [_mm512_setzero_si512(); R];
     for j in 0..QK_K / 32 {
-        let mut t = [_mm512_setzero_si512(); 2];
+        let mut t = [[_mm512_setzero_si512(); 2]; R];
         for e in 0..4 {
             let pair = 4 * j + e;
             let y = _mm512_loadu_si512(q.add(64 * pair) as *const _);
-            let b = _mm512_set1_epi64(w.add(pair).read_unaligned());
-            t[e / 2] = if UNSIGNED {
-                _mm512_dpbusd_epi32(t[e / 2], b, y)
-            } else {
-                _mm512_dpbusd_epi32(t[e / 2], y, b)
-            };
+            for r in 0..R {
+                let w = (xs[r].w.as_ptr() as *const i64).add(pair).read_unaligned();
+                let b = _mm512_set1_epi64(w);
+                t[r][e / 2] = if UNSIGNED {
+                    _mm512_dpbusd_epi32(t[r][e / 2], b, y)
+                } else {
+                    _mm512_dpbusd_epi32(t[r][e / 2], y, b)
+                };
+            }
         }
-        if PAIRED {
-            let t = _mm512_add_epi32(t[0], t[1]);
-            s = _mm512_add_epi32(
-                s,
-                _mm512_mullo_epi32(t, _mm512_set1_epi32(x.scale16[2 * j])),
-            );
-        } else {
-            for (h, t) in t.iter().enumerate() {
-                let m = _mm512_set1_epi32(x.scale16[2 * j + h]);
-                s = _mm512_add_epi32(s, _mm512_mullo_epi32(*t, m));
+        for r in 0..R {
+            let sc = &xs[r].scale16;
+            if PAIRED {
+                let t = _mm512_add_epi32(t[r][0], t[r][1]);
+                let m = _mm512_set1_epi32(sc[2 * j]);
+                s[r] = _mm512_add_epi32(s[r], _mm512_mullo_epi32(t, m));
+            } else {
+                for (h, t) in t[r].iter().enumerate() {
+                    let m = _mm512_set1_epi32(sc[2 * j + h]);
+                    s[r] = _mm512_add_epi32(s[r], _mm512_mullo_epi32(*t, m));
+                }
             }
         }
     }
-    _mm512_cvtepi64_epi32(_mm512_add_epi32(s, _mm512_srli_epi64::<32>(s)))
+    let mut out = [_mm256_setzero_si256(); R];
+    for r in 0..R {
+        out[r] = _mm512_cvtepi64_epi32(_mm512_add_epi32(s[r], _mm512_srli_epi64::<32>(s[r])));
+    }
+    out
 }
 
 /// A repacked Q4_K block as [`gemm_block`] meets it: the nibbles in element order, `d`, `dmin`,
