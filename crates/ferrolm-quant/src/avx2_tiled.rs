@@ -345,25 +345,40 @@ pub(crate) fn repack_multi_q4_k(
     if gemm_cols > 0 {
         let cols = rearrange(acts, act_stride, gemm_cols, nb, 0);
         let ng = gemm_cols.div_ceil(GROUP);
-        let mut acc = vec![[[0f32; GROUP]; 2]; ng];
-        let mut blocks: Vec<Q4KBlock> = (0..nb).map(|_| Q4KBlock::ZERO).collect();
-        for i in 0..n_rows {
-            let row: &[BlockQ4K] = bytemuck::cast_slice(&rows[i * row_stride..i * row_stride + rb]);
-            for (x, t) in row.iter().zip(blocks.iter_mut()) {
-                // SAFETY: the features were asserted above; the loads read within `x`.
-                unsafe { unpack_q4_k(x, t) };
-            }
-            acc.iter_mut().for_each(|a| *a = [[0.0; GROUP]; 2]);
-            for (b, t) in blocks.iter().enumerate() {
-                for (g, a) in acc.iter_mut().enumerate() {
-                    // SAFETY: as above; `cols` holds `nb` blocks of each of the `ng` groups.
-                    unsafe { gemm_block(t, &cols, g * nb + b, a) };
+        // two rows at a time, as `multi`: acc[g][r] holds row r's `acc` and `acc_min`
+        let mut acc = vec![[[[0f32; GROUP]; 2]; 2]; ng];
+        let mut blocks: Vec<Q4KBlock> = (0..2 * nb).map(|_| Q4KBlock::ZERO).collect();
+        let mut i = 0;
+        while i < n_rows {
+            let r = if i + 1 < n_rows { 2 } else { 1 };
+            for h in 0..r {
+                let at = (i + h) * row_stride;
+                let row: &[BlockQ4K] = bytemuck::cast_slice(&rows[at..at + rb]);
+                for (x, t) in row.iter().zip(&mut blocks[h * nb..(h + 1) * nb]) {
+                    // SAFETY: the features were asserted above; the loads read within `x`.
+                    unsafe { unpack_q4_k(x, t) };
                 }
             }
-            for c in 0..gemm_cols {
-                let a = &acc[c / GROUP];
-                out[c * n_rows + i] = a[0][c % GROUP] - a[1][c % GROUP];
+            acc.iter_mut().for_each(|a| *a = [[[0.0; GROUP]; 2]; 2]);
+            for b in 0..nb {
+                for (g, a) in acc.iter_mut().enumerate() {
+                    // SAFETY: as above; `cols` holds `nb` blocks of each of the `ng` groups.
+                    unsafe {
+                        if r == 2 {
+                            gemm_block::<2>([&blocks[b], &blocks[nb + b]], &cols, g * nb + b, a);
+                        } else {
+                            gemm_block::<1>([&blocks[b]], &cols, g * nb + b, a);
+                        }
+                    }
+                }
             }
+            for h in 0..r {
+                for c in 0..gemm_cols {
+                    let a = &acc[c / GROUP][h];
+                    out[c * n_rows + i + h] = a[0][c % GROUP] - a[1][c % GROUP];
+                }
+            }
+            i += r;
         }
     }
     if n_cols > gemm_cols {
@@ -381,41 +396,61 @@ pub(crate) fn repack_multi_q4_k(
     }
 }
 
-/// One block against block `at` of a group's columns, into their `acc` and `acc_min`: per 64
-/// elements (two sub-blocks) `S` and `M` of each column, then the gemm's two fmas. Not inlined,
-/// as [`sums`].
+/// `R` rows' blocks against block `at` of a group's columns, into their `acc` and `acc_min`
+/// (`acc[r]`): per 64 elements (two sub-blocks) `S` and `M` of each column, then the gemm's two
+/// fmas. Not inlined, as [`sums`].
 #[inline(never)]
 #[target_feature(enable = "avx2,fma,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn gemm_block(t: &Q4KBlock, cols: &Columns, at: usize, acc: &mut [[f32; GROUP]; 2]) {
+unsafe fn gemm_block<const R: usize>(
+    ts: [&Q4KBlock; R],
+    cols: &Columns,
+    at: usize,
+    acc: &mut [[[f32; GROUP]; 2]; 2],
+) {
     let q = cols.q.as_ptr().add(at * QBYTES);
     let bs = cols.bsums.as_ptr().add(at * SBYTES);
-    let w = t.w.as_ptr() as *const i64;
     let yd = _mm256_loadu_ps(cols.d.as_ptr().add(at * GROUP));
-    let dd = _mm256_mul_ps(_mm256_set1_ps(t.d), yd);
-    let dm = _mm256_mul_ps(_mm256_set1_ps(t.dmin), yd);
-    let mut a = _mm256_loadu_ps(acc[0].as_ptr());
-    let mut am = _mm256_loadu_ps(acc[1].as_ptr());
+    let mut dd = [_mm256_setzero_ps(); R];
+    let mut dm = [_mm256_setzero_ps(); R];
+    let mut a = [_mm256_setzero_ps(); R];
+    let mut am = [_mm256_setzero_ps(); R];
+    for r in 0..R {
+        dd[r] = _mm256_mul_ps(_mm256_set1_ps(ts[r].d), yd);
+        dm[r] = _mm256_mul_ps(_mm256_set1_ps(ts[r].dmin), yd);
+        a[r] = _mm256_loadu_ps(acc[r][0].as_ptr());
+        am[r] = _mm256_loadu_ps(acc[r][1].as_ptr());
+    }
     for p in 0..4 {
-        let mut s = _mm512_setzero_si512();
-        let mut m = _mm256_setzero_si256();
+        let mut s = [_mm512_setzero_si512(); R];
+        let mut m = [_mm256_setzero_si256(); R];
         for j in [2 * p, 2 * p + 1] {
-            let mut dot = _mm512_setzero_si512();
+            let mut dot = [_mm512_setzero_si512(); R];
             for e in 0..4 {
                 let pair = 4 * j + e;
                 let y = _mm512_loadu_si512(q.add(64 * pair) as *const _);
-                let b = _mm512_set1_epi64(w.add(pair).read_unaligned());
-                dot = _mm512_dpbusd_epi32(dot, b, y);
+                for r in 0..R {
+                    let w = (ts[r].w.as_ptr() as *const i64).add(pair).read_unaligned();
+                    dot[r] = _mm512_dpbusd_epi32(dot[r], _mm512_set1_epi64(w), y);
+                }
             }
-            s = _mm512_add_epi32(s, _mm512_mullo_epi32(dot, _mm512_set1_epi32(t.scales[j])));
             let sums = _mm256_loadu_si256(bs.add(GROUP * j) as *const __m256i);
-            m = _mm256_dpwssd_epi32(m, _mm256_set1_epi32(t.mins[j]), sums);
+            for r in 0..R {
+                let scale = _mm512_set1_epi32(ts[r].scales[j]);
+                s[r] = _mm512_add_epi32(s[r], _mm512_mullo_epi32(dot[r], scale));
+                m[r] = _mm256_dpwssd_epi32(m[r], _mm256_set1_epi32(ts[r].mins[j]), sums);
+            }
         }
-        let s = _mm512_cvtepi64_epi32(_mm512_add_epi32(s, _mm512_srli_epi64::<32>(s)));
-        a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), dd, a);
-        am = _mm256_fmadd_ps(_mm256_cvtepi32_ps(m), dm, am);
+        for r in 0..R {
+            let sr = _mm512_add_epi32(s[r], _mm512_srli_epi64::<32>(s[r]));
+            let sr = _mm512_cvtepi64_epi32(sr);
+            a[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sr), dd[r], a[r]);
+            am[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(m[r]), dm[r], am[r]);
+        }
     }
-    _mm256_storeu_ps(acc[0].as_mut_ptr(), a);
-    _mm256_storeu_ps(acc[1].as_mut_ptr(), am);
+    for r in 0..R {
+        _mm256_storeu_ps(acc[r][0].as_mut_ptr(), a[r]);
+        _mm256_storeu_ps(acc[r][1].as_mut_ptr(), am[r]);
+    }
 }
 
 /// The 32 bytes at `p` where a format has high bits (`ON`), else zeros.
@@ -651,22 +686,26 @@ mod tests {
                 let rows = weight_rows(ty, n, n_rows, &mut next);
                 let acts = act_rows(n, n_cols, &mut next);
                 let (rb, ab) = (rows.len() / n_rows, acts.len() / n_cols);
-                // 16 rows: Q4_K through the repacked gemm (and gemv for the last columns)
-                let fast = matrix_kernel(ty, n_rows, &KernelOptions::default()).unwrap();
-                let reference = if fast.repacked() {
-                    let options = KernelOptions {
-                        scalar: true,
-                        ..Default::default()
+                // of a matrix of 16 rows: Q4_K through the repacked gemm (and gemv for the last
+                // columns), also for a part of 3 or 5 of its rows
+                for matrix in [n_rows, 16] {
+                    let fast = matrix_kernel(ty, matrix, &KernelOptions::default()).unwrap();
+                    let reference = if fast.repacked() {
+                        let options = KernelOptions {
+                            scalar: true,
+                            ..Default::default()
+                        };
+                        matrix_kernel(ty, matrix, &options).unwrap()
+                    } else {
+                        dot_kernel_scalar(ty).unwrap()
                     };
-                    matrix_kernel(ty, n_rows, &options).unwrap()
-                } else {
-                    dot_kernel_scalar(ty).unwrap()
-                };
-                let mut got = vec![0f32; n_rows * n_cols];
-                fast.dot_rows_multi(n, &rows, rb, n_rows, &acts, ab, n_cols, &mut got);
-                let mut want = vec![0f32; n_rows * n_cols];
-                reference.dot_rows_multi(n, &rows, rb, n_rows, &acts, ab, n_cols, &mut want);
-                assert_eq!(bits(&got), bits(&want), "{ty} {n_rows} x {n} x {n_cols}");
+                    let mut got = vec![0f32; n_rows * n_cols];
+                    fast.dot_rows_multi(n, &rows, rb, n_rows, &acts, ab, n_cols, &mut got);
+                    let mut want = vec![0f32; n_rows * n_cols];
+                    reference.dot_rows_multi(n, &rows, rb, n_rows, &acts, ab, n_cols, &mut want);
+                    let what = format!("{ty} {n_rows} of {matrix} x {n} x {n_cols}");
+                    assert_eq!(bits(&got), bits(&want), "{what}");
+                }
             }
         }
     }
