@@ -399,7 +399,8 @@ fn scalar_fn(ty: TensorType) -> Option<DotFn> {
 }
 
 /// The tiled matmul's batch kernel for `ty` (llama.cpp's from 8 columns, see `tiled`), if it
-/// has one; `fast` computes the exact integer block sums with AVX2 where the CPU has it.
+/// has one; `fast` computes the exact integer block sums with AVX2 where the CPU has it, with
+/// the columns in the lanes of AVX512-VNNI where it has that (`avx2::tiled512`).
 fn tiled_fn(ty: TensorType, fast: bool) -> Option<MultiFn> {
     use TensorType as T;
     #[cfg(target_arch = "x86_64")]
