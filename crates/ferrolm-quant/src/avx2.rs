@@ -942,9 +942,10 @@ macro_rules! multi_loops {
                 m: _mm_setzero_ps(),
                 v2: _mm256_setzero_ps(),
             };
-            // R rows x C columns at a time: each activation block is loaded once for the R rows, each
-            // weight block decoded once for the C columns. Every output keeps its own accumulator, fed
-            // block by block in order, so the tile shape does not change a single bit.
+            // R rows x C columns at a time: each activation block is loaded once for the R
+            // rows, each weight block decoded once for the C columns. Every output keeps its own
+            // accumulator, fed block by block in order, so the tile shape does not change a
+            // single bit.
             const R: usize = TILE_R;
             const CT: usize = TILE_C;
             let mut i0 = 0;
@@ -1667,9 +1668,10 @@ macro_rules! block_loops {
                 };
                 let mut acc = [zero; 4];
                 let base = x.add(i * stride);
-                // Decode streams each weight once from memory: fetch the group of rows after next
-                // while this one computes (4 rows are `4 * nb * WB` contiguous bytes when the stride is
-                // the row length: `4 * WB` of them per block). Prefetching past the end is harmless.
+                // Decode streams each weight once from memory: fetch the group of rows after
+                // next while this one computes (4 rows are `4 * nb * WB` contiguous bytes when
+                // the stride is the row length: `4 * WB` of them per block). Prefetching past
+                // the end is harmless.
                 let ahead = base.wrapping_add(8 * stride);
                 for b in 0..nb {
                     let mut line = 0;

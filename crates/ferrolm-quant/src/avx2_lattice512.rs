@@ -1,9 +1,10 @@
 //! Decode kernels with AVX-512 (VBMI, VNNI): Q1_0's and TQ1_0's (at the end) and the lattice
-//! i-quants' (IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS; IQ3_S's AVX2 kernel is as fast): the same integer lanes as the AVX2
-//! kernels of `iquants` (llama.cpp's AVX2 `vec_dot`), two 32-value chunks per register. The grid
-//! entries are loaded one by one (this CPU's gathers are slower), the 7-bit sign indices of a
-//! block looked up together (`vpmultishiftqb`, `vpermi2b`; the S formats store them) into one
-//! 64-bit mask per two chunks that negates the activations, and the lanes of a chunk pair added at the end: each of the
+//! i-quants' (IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS; IQ3_S's AVX2 kernel is as fast):
+//! the same integer lanes as the AVX2 kernels of `iquants` and `lowbit` (llama.cpp's AVX2
+//! `vec_dot`), two 32-value chunks per register. The grid entries are loaded one by one (this
+//! CPU's gathers are slower), the 7-bit sign indices of a block looked up together
+//! (`vpmultishiftqb`, `vpermi2b`; the S formats store them) into one 64-bit mask per two chunks
+//! that negates the activations, and the lanes of a chunk pair added at the end: each of the
 //! eight i32 lanes is the same exact sum.
 
 use super::*;

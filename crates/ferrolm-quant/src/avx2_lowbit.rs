@@ -267,8 +267,8 @@ unsafe fn iq1_tiled_values(g: __m256i, delta: __m256i) -> __m256i {
     _mm256_add_epi8(_mm256_add_epi8(g4, g4), delta)
 }
 
-/// IQ1_S's view for the tiled batch kernel (`tiled::TiledBlock`) into `t`, with AVX2. Handed out only
-/// after run-time detection; `b` holds one block.
+/// IQ1_S's view for the tiled batch kernel (`tiled::TiledBlock`) into `t`, with AVX2. Handed
+/// out only after run-time detection; `b` holds one block.
 pub(crate) fn tiled_iq1_s(b: &[u8], t: &mut crate::tiled::TiledBlock) {
     assert!(b.len() >= 50);
     // SAFETY: avx2, fma and f16c were detected before this function was handed out

@@ -1,8 +1,9 @@
 //! llama.cpp's tiled batch (`tiled::multi`'s arithmetic) with AVX512-VNNI, the columns in the
 //! lanes: eight activation columns rearranged once so that two quads of each sit side by side
-//! (`vpdpbusd` of them, biased to unsigned, with two quads of a weight row broadcast), so a
-//! block's exact integer sums `S` of eight columns come out in one register without a
-//! horizontal sum, and the fmas of `tiled::accumulate` run lane by lane, the same per lane.
+//! (`vpdpbusd` of them with two quads of a weight row broadcast), so a block's exact integer
+//! sums `S` of eight columns come out in one register without a horizontal sum, and the fmas of
+//! `tiled::accumulate` run lane by lane, the same per lane. Also llama.cpp's repacked Q4_K gemm
+//! ([`repack_multi_q4_k`]) the same way, and AVX2 unpacking of the K-quants' blocks.
 
 use super::*;
 use crate::k_quants::{BlockQ8K, QK_K};
@@ -16,9 +17,10 @@ const QBYTES: usize = QK_K * GROUP;
 /// Dwords of one block of a group's sums of 16: 8 pairs of 8 columns.
 const SBYTES: usize = QK_K / 32 * GROUP;
 
-/// The activation columns rearranged, per (group of 8 columns, block): values + `bias` with quad
-/// `2i + h` of column `c` at dword `16i + 2c + h`; the scales `d`; the sums of 16 `2p` and `2p + 1` of
-/// column `c` as the i16 halves of dword `8p + c`. Missing columns of the last group are zeros.
+/// The activation columns rearranged, per (group of 8 columns, block): values + `bias` (0 or
+/// 128) with quad `2i + h` of column `c` at dword `16i + 2c + h`; the scales `d`; the sums of
+/// 16 `2p` and `2p + 1` of column `c` as the i16 halves of dword `8p + c`. Missing columns of
+/// the last group are zeros.
 struct Columns {
     q: Vec<u8>,
     d: Vec<f32>,
@@ -47,8 +49,8 @@ fn rearrange(acts: &[u8], act_stride: usize, n_cols: usize, nb: usize, bias: u8)
             }
             p.d[at * GROUP + l] = y.d();
             for pair in 0..QK_K / 32 {
-                let (lo, hi) = (y.bsum(2 * pair), y.bsum(2 * pair + 1));
-                p.bsums[at * SBYTES + pair * GROUP + l] = (lo & 0xffff) | (hi << 16);
+                p.bsums[at * SBYTES + pair * GROUP + l] =
+                    pack(y.bsum(2 * pair), y.bsum(2 * pair + 1));
             }
         }
     }
