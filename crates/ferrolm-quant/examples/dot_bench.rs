@@ -1,6 +1,7 @@
 //! Matrix-vector throughput of every weight type's dot kernel.
 //!
-//! `cargo run --release -p ferrolm-quant --example dot_bench [rows cols] [TYPE ...] [--plain]`
+//! `cargo run --release -p ferrolm-quant --example dot_bench [rows cols] [TYPE ...] [--plain]
+//! [--quick]`
 //!
 //! The kernels are those of a weight tensor of `rows` rows (`matrix_kernel`): with llama.cpp's
 //! default paths mirrored (Q4_K repacked on x86-64 with AVX2, the tiled batches), or with
@@ -113,6 +114,7 @@ fn main() {
         scalar: true,
         ..options
     };
+    let quick = std::env::args().any(|a| a == "--quick");
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     let mut rng = Rng::new(2024);
     println!("matrix {rows} x {cols}, {threads} threads, best of repeated runs\n");
@@ -140,12 +142,16 @@ fn main() {
         let bytes = (rows * rb) as f64;
         let gbs = |d: Duration| bytes / d.as_secs_f64() / 1e9;
         let budget = Duration::from_millis(400);
-        let t_scalar = time(|| matvec(&slow, cols, &w, rb, &act, &mut out, 1), budget);
+        let skipped = |f: &mut dyn FnMut()| {
+            if quick {
+                Duration::MAX
+            } else {
+                time(f, budget)
+            }
+        };
+        let t_scalar = skipped(&mut || matvec(&slow, cols, &w, rb, &act, &mut out, 1));
         let t1 = time(|| matvec(&fast, cols, &w, rb, &act, &mut out, 1), budget);
-        let tn = time(
-            || matvec(&fast, cols, &w, rb, &act, &mut out, threads),
-            budget,
-        );
+        let tn = skipped(&mut || matvec(&fast, cols, &w, rb, &act, &mut out, threads));
         // Prompt processing: COLS activation columns against the same rows (at most 512
         // rows, so this stays quick).
         let ab = act.len();

@@ -93,23 +93,19 @@ macro_rules! lattice_block {
             finish | acc | { scaled_hsum(acc, $factor) }
         );
 
-        /// The tiled batch kernel's view of one block (`tiled::TiledBlock`), with AVX2. Handed
-        /// out only after run-time detection; `b` holds one block.
-        pub(crate) fn $tiled(b: &[u8]) -> crate::tiled::TiledBlock {
+        /// The tiled batch kernel's view of one block (`tiled::TiledBlock`) into `t`, with
+        /// AVX2. Handed out only after run-time detection; `b` holds one block.
+        pub(crate) fn $tiled(b: &[u8], t: &mut crate::tiled::TiledBlock) {
             assert!(b.len() >= $wb);
             // SAFETY: avx2, fma and f16c were detected before this function was handed out
-            // (kernel::batch_fn); the decoder reads within the block's $wb bytes.
-            unsafe { unpack(b.as_ptr()) }
+            // (kernel::tiled_fn); the decoder reads within the block's $wb bytes.
+            unsafe { unpack(b.as_ptr(), t) }
         }
 
         #[target_feature(enable = "avx2,fma,f16c")]
-        unsafe fn unpack(x: *const u8) -> crate::tiled::TiledBlock {
-            let mut t = crate::tiled::TiledBlock {
-                d: f16_at(x) * $factor,
-                w: [0; 256],
-                scale16: [0; 16],
-                mins: None,
-            };
+        unsafe fn unpack(x: *const u8, t: &mut crate::tiled::TiledBlock) {
+            t.d = f16_at(x) * $factor;
+            t.mins = None;
             for ib in 0..8 {
                 let c = chunk_of(x, ib);
                 let w = _mm256_sign_epi8(c.q, c.s);
@@ -117,7 +113,6 @@ macro_rules! lattice_block {
                 t.scale16[2 * ib] = c.lo;
                 t.scale16[2 * ib + 1] = c.hi;
             }
-            t
         }
     };
 }

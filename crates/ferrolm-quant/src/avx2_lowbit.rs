@@ -267,23 +267,19 @@ unsafe fn iq1_tiled_values(g: __m256i, delta: __m256i) -> __m256i {
     _mm256_add_epi8(_mm256_add_epi8(g4, g4), delta)
 }
 
-/// IQ1_S's view for the tiled batch kernel (`tiled::TiledBlock`), with AVX2. Handed out only
-/// after run-time detection; `b` holds one block.
-pub(crate) fn tiled_iq1_s(b: &[u8]) -> crate::tiled::TiledBlock {
+/// IQ1_S's view for the tiled batch kernel (`tiled::TiledBlock`) into `t`, with AVX2. Handed
+/// out only after run-time detection; `b` holds one block.
+pub(crate) fn tiled_iq1_s(b: &[u8], t: &mut crate::tiled::TiledBlock) {
     assert!(b.len() >= 50);
     // SAFETY: avx2, fma and f16c were detected before this function was handed out
-    // (kernel::batch_fn); the reads stay within the block's 50 bytes.
-    unsafe { unpack_iq1_s(b.as_ptr()) }
+    // (kernel::tiled_fn); the reads stay within the block's 50 bytes.
+    unsafe { unpack_iq1_s(b.as_ptr(), t) }
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn unpack_iq1_s(x: *const u8) -> crate::tiled::TiledBlock {
-    let mut t = crate::tiled::TiledBlock {
-        d: f16_at(x) * 0.125,
-        w: [0; 256],
-        scale16: [0; 16],
-        mins: None,
-    };
+unsafe fn unpack_iq1_s(x: *const u8, t: &mut crate::tiled::TiledBlock) {
+    t.d = f16_at(x) * 0.125;
+    t.mins = None;
     for ib in 0..8 {
         let qh = u16::from_le_bytes([*x.add(34 + 2 * ib), *x.add(35 + 2 * ib)]) as usize;
         let low = u32::from_le_bytes([
@@ -304,27 +300,22 @@ unsafe fn unpack_iq1_s(x: *const u8) -> crate::tiled::TiledBlock {
         t.scale16[2 * ib] = m;
         t.scale16[2 * ib + 1] = m;
     }
-    t
 }
 
 /// IQ1_M's view for the tiled batch kernel, with AVX2 (as [`tiled_iq1_s`]).
-pub(crate) fn tiled_iq1_m(b: &[u8]) -> crate::tiled::TiledBlock {
+pub(crate) fn tiled_iq1_m(b: &[u8], t: &mut crate::tiled::TiledBlock) {
     assert!(b.len() >= 56);
     // SAFETY: as in `tiled_iq1_s`, within the block's 56 bytes.
-    unsafe { unpack_iq1_m(b.as_ptr()) }
+    unsafe { unpack_iq1_m(b.as_ptr(), t) }
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn unpack_iq1_m(x: *const u8) -> crate::tiled::TiledBlock {
+unsafe fn unpack_iq1_m(x: *const u8, t: &mut crate::tiled::TiledBlock) {
     let sc: [u16; 4] =
         std::array::from_fn(|k| u16::from_le_bytes([*x.add(48 + 2 * k), *x.add(49 + 2 * k)]));
     let bits = (sc[0] >> 12) | (sc[1] >> 8 & 0x00f0) | (sc[2] >> 4 & 0x0f00) | (sc[3] & 0xf000);
-    let mut t = crate::tiled::TiledBlock {
-        d: half::f16::from_bits(bits).to_f32() * 0.125,
-        w: [0; 256],
-        scale16: [0; 16],
-        mins: None,
-    };
+    t.d = half::f16::from_bits(bits).to_f32() * 0.125;
+    t.mins = None;
     for ib in 0..8 {
         let low = u32::from_le_bytes([
             *x.add(4 * ib),
@@ -353,5 +344,4 @@ unsafe fn unpack_iq1_m(x: *const u8) -> crate::tiled::TiledBlock {
         t.scale16[2 * ib] = 2 * (word & 7) + 1;
         t.scale16[2 * ib + 1] = 2 * (word >> 3 & 7) + 1;
     }
-    t
 }

@@ -270,9 +270,9 @@ pub(crate) fn dequantize_iq4_xs(src: &[u8], dst: &mut [f32]) {
 }
 
 /// The tiled matmul's view of an IQ4_XS block: codebook values, signed scales, `d`.
-pub(crate) fn tiled_iq4_xs(b: &[u8]) -> TiledBlock {
+pub(crate) fn tiled_iq4_xs(b: &[u8], t: &mut TiledBlock) {
     let b: &BlockIq4Xs = bytemuck::from_bytes(b);
-    TiledBlock {
+    *t = TiledBlock {
         d: f16_to_f32(b.d),
         w: iq4_xs_values(b),
         scale16: std::array::from_fn(|j| iq4_xs_scale(b, j / 2)),

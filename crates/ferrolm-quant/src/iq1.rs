@@ -131,8 +131,8 @@ fn delta_lanes(u: &Unpacked, y: &[i8; QK_K]) -> [f32; 8] {
 }
 
 /// The tiled matmul's view: values `8 v + sign` (the delta scaled by 8), `d / 8`.
-fn tiled_view(d: f32, u: Unpacked) -> TiledBlock {
-    TiledBlock {
+fn tiled_view(t: &mut TiledBlock, d: f32, u: Unpacked) {
+    *t = TiledBlock {
         d: d * 0.125,
         w: std::array::from_fn(|k| 8 * u.v[k] + u.sign[k / 8] as i8),
         scale16: u.m,
@@ -140,14 +140,14 @@ fn tiled_view(d: f32, u: Unpacked) -> TiledBlock {
     }
 }
 
-pub(crate) fn tiled_iq1_s(b: &[u8]) -> TiledBlock {
+pub(crate) fn tiled_iq1_s(b: &[u8], t: &mut TiledBlock) {
     let b: &BlockIq1S = bytemuck::from_bytes(b);
-    tiled_view(f16_to_f32(b.d), unpack_s(b))
+    tiled_view(t, f16_to_f32(b.d), unpack_s(b))
 }
 
-pub(crate) fn tiled_iq1_m(b: &[u8]) -> TiledBlock {
+pub(crate) fn tiled_iq1_m(b: &[u8], t: &mut TiledBlock) {
     let b: &BlockIq1M = bytemuck::from_bytes(b);
-    tiled_view(iq1m_d(b), unpack_m(b))
+    tiled_view(t, iq1m_d(b), unpack_m(b))
 }
 
 /// llama.cpp's AVX2 `ggml_vec_dot_iq1_s_q8_K`: the grid part in lanes (`fma` by `d`), the

@@ -177,8 +177,8 @@ fn dot_unpacked<X>(
 }
 
 /// The tiled matmul's view (`tiled_unpack_src0`): `d / 8`, multipliers `2s + 1`.
-fn tiled_view(d: [u8; 2], u: Unpacked) -> TiledBlock {
-    TiledBlock {
+fn tiled_view(t: &mut TiledBlock, d: [u8; 2], u: Unpacked) {
+    *t = TiledBlock {
         d: f16_to_f32(d) * 0.125,
         w: u.v,
         scale16: u.s.map(|s| 2 * s as i32 + 1),
@@ -186,19 +186,19 @@ fn tiled_view(d: [u8; 2], u: Unpacked) -> TiledBlock {
     }
 }
 
-pub(crate) fn tiled_iq2_xxs(b: &[u8]) -> TiledBlock {
+pub(crate) fn tiled_iq2_xxs(b: &[u8], t: &mut TiledBlock) {
     let b: &BlockIq2Xxs = bytemuck::from_bytes(b);
-    tiled_view(b.d, unpack_xxs(b))
+    tiled_view(t, b.d, unpack_xxs(b))
 }
 
-pub(crate) fn tiled_iq2_xs(b: &[u8]) -> TiledBlock {
+pub(crate) fn tiled_iq2_xs(b: &[u8], t: &mut TiledBlock) {
     let b: &BlockIq2Xs = bytemuck::from_bytes(b);
-    tiled_view(b.d, unpack_xs(b))
+    tiled_view(t, b.d, unpack_xs(b))
 }
 
-pub(crate) fn tiled_iq2_s(b: &[u8]) -> TiledBlock {
+pub(crate) fn tiled_iq2_s(b: &[u8], t: &mut TiledBlock) {
     let b: &BlockIq2S = bytemuck::from_bytes(b);
-    tiled_view(b.d, unpack_s(b))
+    tiled_view(t, b.d, unpack_s(b))
 }
 
 pub(crate) fn dot_iq2_xxs_q8_k(_n: usize, row: &[u8], act: &[u8]) -> f32 {

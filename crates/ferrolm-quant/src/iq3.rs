@@ -134,8 +134,8 @@ fn dot_unpacked<X>(
 }
 
 /// The tiled matmul's view: `d * row_factor`, multipliers `2s + 1` for each 32 elements.
-fn tiled_view(d: f32, u: Unpacked) -> TiledBlock {
-    TiledBlock {
+fn tiled_view(t: &mut TiledBlock, d: f32, u: Unpacked) {
+    *t = TiledBlock {
         d,
         w: u.v,
         scale16: std::array::from_fn(|j| 2 * u.s[j / 2] as i32 + 1),
@@ -143,14 +143,14 @@ fn tiled_view(d: f32, u: Unpacked) -> TiledBlock {
     }
 }
 
-pub(crate) fn tiled_iq3_xxs(b: &[u8]) -> TiledBlock {
+pub(crate) fn tiled_iq3_xxs(b: &[u8], t: &mut TiledBlock) {
     let b: &BlockIq3Xxs = bytemuck::from_bytes(b);
-    tiled_view(f16_to_f32(b.d) * 0.25, unpack_xxs(b))
+    tiled_view(t, f16_to_f32(b.d) * 0.25, unpack_xxs(b))
 }
 
-pub(crate) fn tiled_iq3_s(b: &[u8]) -> TiledBlock {
+pub(crate) fn tiled_iq3_s(b: &[u8], t: &mut TiledBlock) {
     let b: &BlockIq3S = bytemuck::from_bytes(b);
-    tiled_view(f16_to_f32(b.d), unpack_s(b))
+    tiled_view(t, f16_to_f32(b.d), unpack_s(b))
 }
 
 pub(crate) fn dot_iq3_xxs_q8_k(_n: usize, row: &[u8], act: &[u8]) -> f32 {

@@ -735,9 +735,9 @@ pub(crate) fn dot_q6_k_q8_k(_n: usize, row: &[u8], act: &[u8]) -> f32 {
 // The tiled matmul's view of each block (`tiled`): values with the format's offset taken off,
 // the scale (and minimum) of every 16 elements.
 
-pub(crate) fn tiled_q2_k(b: &[u8]) -> TiledBlock {
+pub(crate) fn tiled_q2_k(b: &[u8], t: &mut TiledBlock) {
     let b: &BlockQ2K = bytemuck::from_bytes(b);
-    TiledBlock {
+    *t = TiledBlock {
         d: f16_to_f32(b.d),
         w: q2k_values(b),
         scale16: b.scales.map(|s| (s & 0x0f) as i32),
@@ -748,9 +748,9 @@ pub(crate) fn tiled_q2_k(b: &[u8]) -> TiledBlock {
     }
 }
 
-pub(crate) fn tiled_q3_k(b: &[u8]) -> TiledBlock {
+pub(crate) fn tiled_q3_k(b: &[u8], t: &mut TiledBlock) {
     let b: &BlockQ3K = bytemuck::from_bytes(b);
-    TiledBlock {
+    *t = TiledBlock {
         d: f16_to_f32(b.d),
         w: q3k_values(b),
         scale16: q3k_scales(&b.scales).map(|s| s as i32),
@@ -759,8 +759,14 @@ pub(crate) fn tiled_q3_k(b: &[u8]) -> TiledBlock {
 }
 
 /// Q4_K and Q5_K: a scale and a minimum per 32 elements.
-fn tiled_k4(d: [u8; 2], dmin: [u8; 2], scales: &[u8; K_SCALE_SIZE], w: [i8; QK_K]) -> TiledBlock {
-    TiledBlock {
+fn tiled_k4(
+    t: &mut TiledBlock,
+    d: [u8; 2],
+    dmin: [u8; 2],
+    scales: &[u8; K_SCALE_SIZE],
+    w: [i8; QK_K],
+) {
+    *t = TiledBlock {
         d: f16_to_f32(d),
         w,
         scale16: std::array::from_fn(|j| scale_min_k4(j / 2, scales).0 as i32),
@@ -771,19 +777,19 @@ fn tiled_k4(d: [u8; 2], dmin: [u8; 2], scales: &[u8; K_SCALE_SIZE], w: [i8; QK_K
     }
 }
 
-pub(crate) fn tiled_q4_k(b: &[u8]) -> TiledBlock {
+pub(crate) fn tiled_q4_k(b: &[u8], t: &mut TiledBlock) {
     let b: &BlockQ4K = bytemuck::from_bytes(b);
-    tiled_k4(b.d, b.dmin, &b.scales, q4k_values(b))
+    tiled_k4(t, b.d, b.dmin, &b.scales, q4k_values(b))
 }
 
-pub(crate) fn tiled_q5_k(b: &[u8]) -> TiledBlock {
+pub(crate) fn tiled_q5_k(b: &[u8], t: &mut TiledBlock) {
     let b: &BlockQ5K = bytemuck::from_bytes(b);
-    tiled_k4(b.d, b.dmin, &b.scales, q5k_values(b))
+    tiled_k4(t, b.d, b.dmin, &b.scales, q5k_values(b))
 }
 
-pub(crate) fn tiled_q6_k(b: &[u8]) -> TiledBlock {
+pub(crate) fn tiled_q6_k(b: &[u8], t: &mut TiledBlock) {
     let b: &BlockQ6K = bytemuck::from_bytes(b);
-    TiledBlock {
+    *t = TiledBlock {
         d: f16_to_f32(b.d),
         w: q6k_values(b),
         scale16: b.scales.map(|s| s as i8 as i32),

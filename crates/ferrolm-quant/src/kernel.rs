@@ -399,7 +399,8 @@ fn scalar_fn(ty: TensorType) -> Option<DotFn> {
 }
 
 /// The tiled matmul's batch kernel for `ty` (llama.cpp's from 8 columns, see `tiled`), if it
-/// has one; `fast` computes the exact integer block sums with AVX2 where the CPU has it.
+/// has one; `fast` computes the exact integer block sums with AVX2 where the CPU has it, with
+/// the columns in the lanes of AVX512-VNNI where it has that (`avx2::tiled512`).
 fn tiled_fn(ty: TensorType, fast: bool) -> Option<MultiFn> {
     use TensorType as T;
     #[cfg(target_arch = "x86_64")]
@@ -422,6 +423,15 @@ fn tiled_fn(ty: TensorType, fast: bool) -> Option<MultiFn> {
                     tiled::multi($simd, bytes, $dot, sum, n, rows, rs, nr, acts, as_, nc, out)
                 },
             );
+            #[cfg(target_arch = "x86_64")]
+            if fast && crate::avx2::has_avx512_vnni() {
+                return Some(|n, rows, rs, nr, acts, as_, nc, out| {
+                    let bytes = $ty.block_bytes();
+                    crate::avx2::tiled512::multi(
+                        $simd, bytes, $dot, n, rows, rs, nr, acts, as_, nc, out,
+                    )
+                });
+            }
             if fast {
                 simd
             } else {
@@ -444,10 +454,30 @@ fn tiled_fn(ty: TensorType, fast: bool) -> Option<MultiFn> {
     }
     Some(match ty {
         // below 8 columns these use the scalar `vec_dot`, as the tiled kernels are rare there
-        T::Q2_K => tiled!(T::Q2_K, k_quants::tiled_q2_k, k_quants::dot_q2_k_q8_k),
-        T::Q3_K => tiled!(T::Q3_K, k_quants::tiled_q3_k, k_quants::dot_q3_k_q8_k),
-        T::Q4_K => tiled!(T::Q4_K, k_quants::tiled_q4_k, k_quants::dot_q4_k_q8_k),
-        T::Q5_K => tiled!(T::Q5_K, k_quants::tiled_q5_k, k_quants::dot_q5_k_q8_k),
+        T::Q2_K => tiled!(
+            T::Q2_K,
+            k_quants::tiled_q2_k,
+            avx2_or!(tiled_q2_k, k_quants::tiled_q2_k),
+            k_quants::dot_q2_k_q8_k
+        ),
+        T::Q3_K => tiled!(
+            T::Q3_K,
+            k_quants::tiled_q3_k,
+            avx2_or!(tiled_q3_k, k_quants::tiled_q3_k),
+            k_quants::dot_q3_k_q8_k
+        ),
+        T::Q4_K => tiled!(
+            T::Q4_K,
+            k_quants::tiled_q4_k,
+            avx2_or!(tiled_q4_k, k_quants::tiled_q4_k),
+            k_quants::dot_q4_k_q8_k
+        ),
+        T::Q5_K => tiled!(
+            T::Q5_K,
+            k_quants::tiled_q5_k,
+            avx2_or!(tiled_q5_k, k_quants::tiled_q5_k),
+            k_quants::dot_q5_k_q8_k
+        ),
         T::Q6_K => tiled!(T::Q6_K, k_quants::tiled_q6_k, k_quants::dot_q6_k_q8_k),
         T::IQ4_XS => tiled!(
             T::IQ4_XS,
@@ -505,11 +535,8 @@ fn tiled_fn(ty: TensorType, fast: bool) -> Option<MultiFn> {
 fn simd_block_step() -> tiled::BlockStep {
     #[cfg(target_arch = "x86_64")]
     if matches!(detected_isa(), Isa::Avx2) {
-        return if crate::avx2::has_avx512_vnni() {
-            crate::avx2::tiled_block_step_512
-        } else {
-            crate::avx2::tiled_block_step
-        };
+        // (with AVX512-VNNI the whole batch is `avx2::tiled512::multi`)
+        return crate::avx2::tiled_block_step;
     }
     tiled::block_step
 }

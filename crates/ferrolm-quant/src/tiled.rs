@@ -23,12 +23,25 @@ pub(crate) struct TiledBlock {
     pub mins: Option<TiledMins>,
 }
 
+impl TiledBlock {
+    /// A block of zeros (a slot to unpack into).
+    pub const ZERO: TiledBlock = TiledBlock {
+        d: 0.0,
+        w: [0; QK_K],
+        scale16: [0; QK_K / 16],
+        mins: None,
+    };
+}
+
 /// A format's minimums: `dmin` and an integer minimum per 16 elements (a 32-element
 /// sub-block's repeated), met by the activation's sums of 16.
 pub(crate) struct TiledMins {
     pub dmin: f32,
     pub min16: [i32; QK_K / 16],
 }
+
+/// Unpacks one block's bytes into a [`TiledBlock`] (in place: the block is large).
+pub(crate) type Unpack = fn(&[u8], &mut TiledBlock);
 
 /// `acc = fma(r, d_y, acc)` for the block's exact integer sum `s` against column `y`, `r` as
 /// the module comment says.
@@ -69,7 +82,7 @@ pub(crate) fn block_step(x: &TiledBlock, ys: &[&BlockQ8K], acc: &mut [f32]) {
 /// by every column, each column's accumulator in block order.
 #[allow(clippy::too_many_arguments)] // two strided matrices and their shapes
 pub(crate) fn multi(
-    unpack: fn(&[u8]) -> TiledBlock,
+    unpack: Unpack,
     block_bytes: usize,
     dot: DotFn,
     step: BlockStep,
@@ -88,6 +101,7 @@ pub(crate) fn multi(
         .map(|c| bytemuck::cast_slice(&acts[c * act_stride..c * act_stride + ab]))
         .collect();
     let (mut ys, mut acc) = (Vec::with_capacity(n_cols), vec![0f32; n_cols]);
+    let mut x = TiledBlock::ZERO;
     for i in 0..n_rows {
         let row = &rows[i * row_stride..i * row_stride + rb];
         if n_cols < MIN_COLUMNS {
@@ -98,7 +112,7 @@ pub(crate) fn multi(
         }
         acc.fill(0.0);
         for (kb, xb) in row.chunks_exact(block_bytes).enumerate() {
-            let x = unpack(xb);
+            unpack(xb, &mut x);
             ys.clear();
             ys.extend(cols.iter().map(|col| &col[kb]));
             step(&x, &ys, &mut acc);
