@@ -1,14 +1,17 @@
 //! NEON kernels (aarch64, where NEON is part of the base instruction set).
 //!
-//! Same structure as the AVX2 module: one [`Block`] step per format, generic drivers that
-//! check lengths in safe code. Byte products are widened with `vmull_s8` (exact for i8 x i8)
-//! and pairwise-added into i32 lanes, so integer parts equal the scalar reference exactly.
-//! F16 rows use the scalar kernel here: the f16 vector types are not stable in Rust yet.
+//! Each kernel gives the same bits as the scalar reference, which follows llama.cpp's AVX2
+//! lane structure: eight f32 lanes ([`Acc8`], two NEON registers), lane `l` of a 32-element
+//! group holding the exact integer sum of the products of elements `4l..4l + 4` ([`quads`]),
+//! accumulated with a fused multiply-add by the block scale and reduced as `hsum_float_8`.
+//! Integer sums are exact (`vmull_s8`, then widening pairwise adds), so only the float steps
+//! have to follow the reference's order. Float rows (F32, F16, BF16) keep the scalar kernels,
+//! whose order is llama.cpp's AVX512 one.
 
 use std::arch::aarch64::*;
 
 use crate::common::{e8m0_to_f32_half, f16_to_f32};
-use crate::iq::{KVALUES_IQ4NL, KVALUES_MXFP4};
+use crate::iq::{odd_block_iq4_nl, odd_block_mxfp4, KVALUES_IQ4NL, KVALUES_MXFP4};
 use crate::k_quants::{q3k_scales, scale_min_k4};
 use crate::kernel::{DotFn, Simd};
 use crate::TensorType;
@@ -16,76 +19,141 @@ use crate::TensorType;
 /// The kernels of this module for `ty`, if it has one.
 pub(crate) fn kernel(ty: TensorType) -> Option<Simd> {
     use TensorType as T;
-    fn one<B: Block>() -> Simd {
-        float(dot_entry::<B>)
-    }
-    fn float(dot: DotFn) -> Simd {
-        Simd {
-            dot,
-            rows: None,
-            multi: None,
-        }
-    }
-    Some(match ty {
-        T::F32 => float(dot_f32),
-        T::BF16 => float(dot_bf16),
-        T::Q4_0 => one::<Q4_0>(),
-        T::Q4_1 => one::<Q4_1>(),
-        T::Q5_0 => one::<Q5_0>(),
-        T::Q5_1 => one::<Q5_1>(),
-        T::Q8_0 => one::<Q8_0>(),
-        T::IQ4_NL => one::<Iq4Nl>(),
-        T::MXFP4 => one::<Mxfp4>(),
-        T::Q2_K => one::<Q2K>(),
-        T::Q3_K => one::<Q3K>(),
-        T::Q4_K => one::<Q4K>(),
-        T::Q5_K => one::<Q5K>(),
-        T::Q6_K => one::<Q6K>(),
+    let dot: DotFn = match ty {
+        T::Q4_0 => dot_legacy::<Q4_0>,
+        T::Q4_1 => dot_legacy::<Q4_1>,
+        T::Q5_0 => dot_legacy::<Q5_0>,
+        T::Q5_1 => dot_legacy::<Q5_1>,
+        T::Q8_0 => dot_legacy::<Q8_0>,
+        T::IQ4_NL => dot_pairs::<Iq4Nl>,
+        T::MXFP4 => dot_pairs::<Mxfp4>,
+        T::Q2_K => dot_super::<Q2K>,
+        T::Q3_K => dot_super::<Q3K>,
+        T::Q4_K => dot_super::<Q4K>,
+        T::Q5_K => dot_super::<Q5K>,
+        T::Q6_K => dot_super::<Q6K>,
+        T::IQ4_XS => dot_super::<Iq4Xs>,
         _ => return None,
+    };
+    Some(Simd {
+        dot,
+        rows: None,
+        multi: None,
     })
 }
 
-struct Acc {
-    v: float32x4_t,
-    s: f32,
-}
-
-trait Block {
-    const QK: usize;
-    const WB: usize;
-    const AB: usize;
-    /// # Safety
-    /// `x` has `WB` readable bytes and `y` has `AB`.
-    unsafe fn step(x: *const u8, y: *const u8, acc: &mut Acc);
-}
-
-fn dot_entry<B: Block>(n: usize, row: &[u8], act: &[u8]) -> f32 {
-    let nb = n / B::QK;
-    assert!(n % B::QK == 0 && row.len() >= nb * B::WB && act.len() >= nb * B::AB);
-    // SAFETY: NEON is baseline on aarch64; the loop reads `nb` blocks of each slice, which
-    // the assert above keeps in bounds.
-    unsafe {
-        let mut acc = Acc {
-            v: vdupq_n_f32(0.0),
-            s: 0.0,
-        };
-        let (x, y) = (row.as_ptr(), act.as_ptr());
-        for b in 0..nb {
-            B::step(x.add(b * B::WB), y.add(b * B::AB), &mut acc);
-        }
-        vaddvq_f32(acc.v) + acc.s
-    }
+/// The number of blocks in `n` elements, after checking that both slices hold them.
+fn blocks(n: usize, qk: usize, row: &[u8], wb: usize, act: &[u8], ab: usize) -> usize {
+    let nb = n / qk;
+    assert!(n.is_multiple_of(qk) && row.len() >= nb * wb && act.len() >= nb * ab);
+    nb
 }
 
 // ---------------------------------------------------------------------------------------------
-// Helpers
+// Lanes
 
-/// Sum of the 16 products of two i8 vectors, spread over 4 i32 lanes.
+/// Eight f32 lanes, as one AVX2 register of the reference: `lo` holds lanes 0..4.
+#[derive(Clone, Copy)]
+struct Acc8 {
+    lo: float32x4_t,
+    hi: float32x4_t,
+}
+
+impl Acc8 {
+    #[inline(always)]
+    unsafe fn zero() -> Self {
+        Acc8 {
+            lo: vdupq_n_f32(0.0),
+            hi: vdupq_n_f32(0.0),
+        }
+    }
+
+    /// `acc[l] = fma(d, s[l], acc[l])`, the reference's `fma8`.
+    #[inline(always)]
+    unsafe fn fma(&mut self, d: f32, s: Lanes) {
+        self.lo = vfmaq_n_f32(self.lo, vcvtq_f32_s32(s.lo), d);
+        self.hi = vfmaq_n_f32(self.hi, vcvtq_f32_s32(s.hi), d);
+    }
+
+    /// Lane by lane sum of two accumulators.
+    #[inline(always)]
+    unsafe fn add(self, o: Acc8) -> Acc8 {
+        Acc8 {
+            lo: vaddq_f32(self.lo, o.lo),
+            hi: vaddq_f32(self.hi, o.hi),
+        }
+    }
+
+    /// `hsum_float_8`: the high half added to the low half, then `(r0 + r2) + (r1 + r3)`.
+    #[inline(always)]
+    unsafe fn reduce(self) -> f32 {
+        reduce4(vaddq_f32(self.hi, self.lo))
+    }
+}
+
+/// `(r0 + r2) + (r1 + r3)` of four lanes.
 #[inline(always)]
-unsafe fn dot16(a: int8x16_t, b: int8x16_t) -> int32x4_t {
-    let p0 = vmull_s8(vget_low_s8(a), vget_low_s8(b));
-    let p1 = vmull_high_s8(a, b);
-    vaddq_s32(vpaddlq_s16(p0), vpaddlq_s16(p1))
+unsafe fn reduce4(r: float32x4_t) -> f32 {
+    vpadds_f32(vadd_f32(vget_low_f32(r), vget_high_f32(r)))
+}
+
+/// Eight i32 lanes: the integer sums of one block before their conversion to f32.
+#[derive(Clone, Copy)]
+struct Lanes {
+    lo: int32x4_t,
+    hi: int32x4_t,
+}
+
+impl Lanes {
+    #[inline(always)]
+    unsafe fn zero() -> Self {
+        Lanes {
+            lo: vdupq_n_s32(0),
+            hi: vdupq_n_s32(0),
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn load(v: &[i32; 8]) -> Self {
+        Lanes {
+            lo: vld1q_s32(v.as_ptr()),
+            hi: vld1q_s32(v.as_ptr().add(4)),
+        }
+    }
+
+    /// The lanes of the 32 products of `q` with the activation quants at `y`.
+    #[inline(always)]
+    unsafe fn of(q: [int8x16_t; 2], y: *const u8) -> Self {
+        Lanes {
+            lo: quads(q[0], lds(y)),
+            hi: quads(q[1], lds(y.add(16))),
+        }
+    }
+
+    /// Adds the lanes of a 32-element group, its first 16 elements scaled by `s0` and the
+    /// others by `s1`.
+    #[inline(always)]
+    unsafe fn add_group(&mut self, q: [int8x16_t; 2], y: *const u8, s0: i32, s1: i32) {
+        let g = Lanes::of(q, y);
+        self.lo = vmlaq_n_s32(self.lo, g.lo, s0);
+        self.hi = vmlaq_n_s32(self.hi, g.hi, s1);
+    }
+
+    #[inline(always)]
+    unsafe fn sub(self, o: Lanes) -> Lanes {
+        Lanes {
+            lo: vsubq_s32(self.lo, o.lo),
+            hi: vsubq_s32(self.hi, o.hi),
+        }
+    }
+}
+
+/// Four i32 lanes of 16 products: lane `k` sums the products of elements `4k..4k + 4`.
+#[inline(always)]
+unsafe fn quads(a: int8x16_t, b: int8x16_t) -> int32x4_t {
+    let p0 = vpaddlq_s16(vmull_s8(vget_low_s8(a), vget_low_s8(b)));
+    let p1 = vpaddlq_s16(vmull_high_s8(a, b));
+    vpaddq_s32(p0, p1)
 }
 
 #[inline(always)]
@@ -108,385 +176,462 @@ unsafe fn f16_at(p: *const u8) -> f32 {
     f16_to_f32([*p, *p.add(1)])
 }
 
-#[inline(always)]
-unsafe fn fma_i32(acc: &mut Acc, d: f32, sum: int32x4_t) {
-    acc.v = vfmaq_n_f32(acc.v, vcvtq_f32_s32(sum), d);
-}
-
 /// Low and high nibbles of the 16 bytes at `p` (elements 0..16 and 16..32).
 #[inline(always)]
-unsafe fn nibbles(p: *const u8) -> (uint8x16_t, uint8x16_t) {
+unsafe fn nibbles(p: *const u8) -> [uint8x16_t; 2] {
     let v = ld(p);
-    (vandq_u8(v, vdupq_n_u8(0x0f)), vshrq_n_u8(v, 4))
+    [vandq_u8(v, vdupq_n_u8(0x0f)), vshrq_n_u8(v, 4)]
 }
 
 /// 0x10 in byte `i` where bit `i` of the little-endian u32 at `qh` is set (32 bytes).
 #[inline(always)]
-unsafe fn q5_high(qh: *const u8) -> (uint8x16_t, uint8x16_t) {
+unsafe fn q5_high(qh: *const u8) -> [uint8x16_t; 2] {
     const BITS: [u8; 16] = [1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128];
     let bits = vld1q_u8(BITS.as_ptr());
     let h0 = vcombine_u8(vdup_n_u8(*qh), vdup_n_u8(*qh.add(1)));
     let h1 = vcombine_u8(vdup_n_u8(*qh.add(2)), vdup_n_u8(*qh.add(3)));
     let m = vdupq_n_u8(0x10);
-    (
+    [
         vandq_u8(vtstq_u8(h0, bits), m),
         vandq_u8(vtstq_u8(h1, bits), m),
-    )
+    ]
+}
+
+/// The codebook values of the 32 nibbles at `qs` (IQ4_NL's packing).
+#[inline(always)]
+unsafe fn lookup(qs: *const u8, table: &[i8; 16]) -> [int8x16_t; 2] {
+    let t = vld1q_s8(table.as_ptr());
+    nibbles(qs).map(|n| vqtbl1q_s8(t, n))
 }
 
 // ---------------------------------------------------------------------------------------------
-// Legacy formats
+// 32-element formats against Q8_0 / Q8_1
+
+/// A 32-element block format: its quants as signed bytes and its scale.
+trait Legacy {
+    const WB: usize;
+    const AB: usize;
+    /// Where the activation block's quants start (after `d`, and `s` for Q8_1).
+    const YQ: usize;
+    /// Whether the format has a minimum, dotted as `m * s` in a scalar sum.
+    const MIN: bool = false;
+    /// # Safety
+    /// `x` has `WB` readable bytes.
+    unsafe fn quants(x: *const u8) -> [int8x16_t; 2];
+    /// # Safety
+    /// `x` has `WB` readable bytes and `y` has `AB`.
+    unsafe fn scale(x: *const u8, y: *const u8) -> f32 {
+        f16_at(x) * f16_at(y)
+    }
+}
+
+/// llama.cpp's AVX2 loop of the legacy formats: one accumulator, `hsum_float_8`, plus the
+/// minimums' sum, accumulated without fusion.
+fn dot_legacy<B: Legacy>(n: usize, row: &[u8], act: &[u8]) -> f32 {
+    let nb = blocks(n, 32, row, B::WB, act, B::AB);
+    // SAFETY: NEON is baseline on aarch64; `blocks` checked that both slices hold `nb` blocks.
+    unsafe {
+        let (x, y) = (row.as_ptr(), act.as_ptr());
+        let mut acc = Acc8::zero();
+        let mut summs = 0f32;
+        for b in 0..nb {
+            let (x, y) = (x.add(b * B::WB), y.add(b * B::AB));
+            if B::MIN {
+                summs += f16_at(x.add(2)) * f16_at(y.add(2));
+            }
+            acc.fma(B::scale(x, y), Lanes::of(B::quants(x), y.add(B::YQ)));
+        }
+        if B::MIN {
+            acc.reduce() + summs
+        } else {
+            acc.reduce()
+        }
+    }
+}
 
 struct Q4_0;
-impl Block for Q4_0 {
-    const QK: usize = 32;
+impl Legacy for Q4_0 {
     const WB: usize = 18;
     const AB: usize = 34;
+    const YQ: usize = 2;
     #[inline(always)]
-    unsafe fn step(x: *const u8, y: *const u8, acc: &mut Acc) {
-        let (lo, hi) = nibbles(x.add(2));
-        let eight = vdupq_n_s8(8);
-        let a = dot16(vsubq_s8(s8(lo), eight), lds(y.add(2)));
-        let b = dot16(vsubq_s8(s8(hi), eight), lds(y.add(18)));
-        fma_i32(acc, f16_at(x) * f16_at(y), vaddq_s32(a, b));
+    unsafe fn quants(x: *const u8) -> [int8x16_t; 2] {
+        nibbles(x.add(2)).map(|q| vsubq_s8(s8(q), vdupq_n_s8(8)))
     }
 }
 
 struct Q4_1;
-impl Block for Q4_1 {
-    const QK: usize = 32;
+impl Legacy for Q4_1 {
     const WB: usize = 20;
     const AB: usize = 36;
+    const YQ: usize = 4;
+    const MIN: bool = true;
     #[inline(always)]
-    unsafe fn step(x: *const u8, y: *const u8, acc: &mut Acc) {
-        let (lo, hi) = nibbles(x.add(4));
-        let a = dot16(s8(lo), lds(y.add(4)));
-        let b = dot16(s8(hi), lds(y.add(20)));
-        fma_i32(acc, f16_at(x) * f16_at(y), vaddq_s32(a, b));
-        acc.s += f16_at(x.add(2)) * f16_at(y.add(2));
+    unsafe fn quants(x: *const u8) -> [int8x16_t; 2] {
+        nibbles(x.add(4)).map(|q| s8(q))
     }
 }
 
+/// The five-bit quants of Q5_0 / Q5_1 from the `qh` at `qh` and the nibbles after it.
+#[inline(always)]
+unsafe fn q5_quants(qh: *const u8) -> [uint8x16_t; 2] {
+    let (lo, hi) = (nibbles(qh.add(4)), q5_high(qh));
+    [vorrq_u8(lo[0], hi[0]), vorrq_u8(lo[1], hi[1])]
+}
+
 struct Q5_0;
-impl Block for Q5_0 {
-    const QK: usize = 32;
+impl Legacy for Q5_0 {
     const WB: usize = 22;
     const AB: usize = 34;
+    const YQ: usize = 2;
     #[inline(always)]
-    unsafe fn step(x: *const u8, y: *const u8, acc: &mut Acc) {
-        let (lo, hi) = nibbles(x.add(6));
-        let (h0, h1) = q5_high(x.add(2));
-        let sixteen = vdupq_n_s8(16);
-        let q0 = vsubq_s8(s8(vorrq_u8(lo, h0)), sixteen);
-        let q1 = vsubq_s8(s8(vorrq_u8(hi, h1)), sixteen);
-        let sum = vaddq_s32(dot16(q0, lds(y.add(2))), dot16(q1, lds(y.add(18))));
-        fma_i32(acc, f16_at(x) * f16_at(y), sum);
+    unsafe fn quants(x: *const u8) -> [int8x16_t; 2] {
+        q5_quants(x.add(2)).map(|q| vsubq_s8(s8(q), vdupq_n_s8(16)))
     }
 }
 
 struct Q5_1;
-impl Block for Q5_1 {
-    const QK: usize = 32;
+impl Legacy for Q5_1 {
     const WB: usize = 24;
     const AB: usize = 36;
+    const YQ: usize = 4;
+    const MIN: bool = true;
     #[inline(always)]
-    unsafe fn step(x: *const u8, y: *const u8, acc: &mut Acc) {
-        let (lo, hi) = nibbles(x.add(8));
-        let (h0, h1) = q5_high(x.add(4));
-        let q0 = s8(vorrq_u8(lo, h0));
-        let q1 = s8(vorrq_u8(hi, h1));
-        let sum = vaddq_s32(dot16(q0, lds(y.add(4))), dot16(q1, lds(y.add(20))));
-        fma_i32(acc, f16_at(x) * f16_at(y), sum);
-        acc.s += f16_at(x.add(2)) * f16_at(y.add(2));
+    unsafe fn quants(x: *const u8) -> [int8x16_t; 2] {
+        q5_quants(x.add(4)).map(|q| s8(q))
     }
 }
 
 struct Q8_0;
-impl Block for Q8_0 {
-    const QK: usize = 32;
+impl Legacy for Q8_0 {
     const WB: usize = 34;
     const AB: usize = 34;
+    const YQ: usize = 2;
     #[inline(always)]
-    unsafe fn step(x: *const u8, y: *const u8, acc: &mut Acc) {
-        let a = dot16(lds(x.add(2)), lds(y.add(2)));
-        let b = dot16(lds(x.add(18)), lds(y.add(18)));
-        fma_i32(acc, f16_at(x) * f16_at(y), vaddq_s32(a, b));
+    unsafe fn quants(x: *const u8) -> [int8x16_t; 2] {
+        [lds(x.add(2)), lds(x.add(18))]
     }
 }
 
-#[inline(always)]
-unsafe fn lookup(qs: *const u8, table: &[i8; 16]) -> (int8x16_t, int8x16_t) {
-    let t = vld1q_s8(table.as_ptr());
-    let (lo, hi) = nibbles(qs);
-    (vqtbl1q_s8(t, lo), vqtbl1q_s8(t, hi))
+/// A codebook format whose reference pairs blocks (IQ4_NL, MXFP4).
+trait Paired: Legacy {
+    /// The scalar last block of an odd count.
+    const ODD: fn(&[u8], &[u8]) -> f32;
+}
+
+/// llama.cpp's AVX2 IQ4_NL / MXFP4 loop: blocks in pairs into two accumulators, their lane
+/// sums reduced, then an odd last block in scalar code.
+fn dot_pairs<B: Paired>(n: usize, row: &[u8], act: &[u8]) -> f32 {
+    let nb = blocks(n, 32, row, B::WB, act, B::AB);
+    let pairs = nb / 2;
+    // SAFETY: NEON is baseline on aarch64; the loop reads the first `2 * pairs <= nb` blocks.
+    let sum = unsafe {
+        let (x, y) = (row.as_ptr(), act.as_ptr());
+        let mut acc = [Acc8::zero(); 2];
+        for b in 0..2 * pairs {
+            let (x, y) = (x.add(b * B::WB), y.add(b * B::AB));
+            acc[b % 2].fma(B::scale(x, y), Lanes::of(B::quants(x), y.add(B::YQ)));
+        }
+        acc[0].add(acc[1]).reduce()
+    };
+    if nb % 2 == 1 {
+        let b = nb - 1;
+        let odd = B::ODD(
+            &row[b * B::WB..(b + 1) * B::WB],
+            &act[b * B::AB..(b + 1) * B::AB],
+        );
+        sum + odd
+    } else {
+        sum
+    }
 }
 
 struct Iq4Nl;
-impl Block for Iq4Nl {
-    const QK: usize = 32;
+impl Legacy for Iq4Nl {
     const WB: usize = 18;
     const AB: usize = 34;
+    const YQ: usize = 2;
     #[inline(always)]
-    unsafe fn step(x: *const u8, y: *const u8, acc: &mut Acc) {
-        let (q0, q1) = lookup(x.add(2), &KVALUES_IQ4NL);
-        let sum = vaddq_s32(dot16(q0, lds(y.add(2))), dot16(q1, lds(y.add(18))));
-        fma_i32(acc, f16_at(x) * f16_at(y), sum);
+    unsafe fn quants(x: *const u8) -> [int8x16_t; 2] {
+        lookup(x.add(2), &KVALUES_IQ4NL)
     }
+}
+impl Paired for Iq4Nl {
+    const ODD: fn(&[u8], &[u8]) -> f32 = odd_block_iq4_nl;
 }
 
 struct Mxfp4;
-impl Block for Mxfp4 {
-    const QK: usize = 32;
+impl Legacy for Mxfp4 {
     const WB: usize = 17;
     const AB: usize = 34;
+    const YQ: usize = 2;
     #[inline(always)]
-    unsafe fn step(x: *const u8, y: *const u8, acc: &mut Acc) {
-        let (q0, q1) = lookup(x.add(1), &KVALUES_MXFP4);
-        let sum = vaddq_s32(dot16(q0, lds(y.add(2))), dot16(q1, lds(y.add(18))));
-        fma_i32(acc, e8m0_to_f32_half(*x) * f16_at(y), sum);
+    unsafe fn quants(x: *const u8) -> [int8x16_t; 2] {
+        lookup(x.add(1), &KVALUES_MXFP4)
     }
+    #[inline(always)]
+    unsafe fn scale(x: *const u8, y: *const u8) -> f32 {
+        f16_at(y) * e8m0_to_f32_half(*x)
+    }
+}
+impl Paired for Mxfp4 {
+    const ODD: fn(&[u8], &[u8]) -> f32 = odd_block_mxfp4;
 }
 
 // ---------------------------------------------------------------------------------------------
-// K-quants against Q8_K (d f32 at 0, qs at 4, bsums i16 at 260)
+// 256-element formats against Q8_K (d f32 at 0, qs at 4, bsums i16 at 260)
 
 const Y_QS: usize = 4;
+const Q8K_BYTES: usize = 292;
 
 #[inline(always)]
 unsafe fn y_d(y: *const u8) -> f32 {
     f32::from_le_bytes([*y, *y.add(1), *y.add(2), *y.add(3)])
 }
 
+/// The sum of the activation quants of 16-element group `j`.
 #[inline(always)]
 unsafe fn bsum(y: *const u8, j: usize) -> i32 {
     let p = y.add(260 + 2 * j);
     i16::from_le_bytes([*p, *p.add(1)]) as i32
 }
 
-/// `acc += scale * sum(q * y)` over the 16 elements at `q` and `y` (q as i8, y at `yp`).
+/// The activation quants of 32-element group `g`.
 #[inline(always)]
-unsafe fn group16(acc: int32x4_t, q: int8x16_t, yp: *const u8, scale: i32) -> int32x4_t {
-    vmlaq_n_s32(acc, dot16(q, lds(yp)), scale)
+unsafe fn y_group(y: *const u8, g: usize) -> *const u8 {
+    y.add(Y_QS + 32 * g)
+}
+
+/// What a 256-element kernel adds after its lanes: Q4_K's minimums in four lanes, Q5_K's in
+/// one sum.
+#[derive(PartialEq, Eq)]
+enum Tail {
+    None,
+    Four,
+    One,
+}
+
+struct SuperAcc {
+    v: Acc8,
+    m4: float32x4_t,
+    m: f32,
+}
+
+trait Super {
+    const WB: usize;
+    const TAIL: Tail = Tail::None;
+    /// # Safety
+    /// `x` has `WB` readable bytes and `y` a whole Q8_K block.
+    unsafe fn step(x: *const u8, y: *const u8, acc: &mut SuperAcc);
+}
+
+fn dot_super<B: Super>(n: usize, row: &[u8], act: &[u8]) -> f32 {
+    let nb = blocks(n, 256, row, B::WB, act, Q8K_BYTES);
+    // SAFETY: NEON is baseline on aarch64; `blocks` checked that both slices hold `nb` blocks.
+    unsafe {
+        let (x, y) = (row.as_ptr(), act.as_ptr());
+        let mut acc = SuperAcc {
+            v: Acc8::zero(),
+            m4: vdupq_n_f32(0.0),
+            m: 0.0,
+        };
+        for b in 0..nb {
+            B::step(x.add(b * B::WB), y.add(b * Q8K_BYTES), &mut acc);
+        }
+        match B::TAIL {
+            Tail::None => acc.v.reduce(),
+            Tail::Four => acc.v.reduce() + reduce4(acc.m4),
+            Tail::One => acc.v.reduce() + acc.m,
+        }
+    }
+}
+
+/// The 2-bit fields at `shift` of the bytes of `q` (32 elements).
+#[inline(always)]
+unsafe fn crumbs(q: [uint8x16_t; 2], shift: i8) -> [uint8x16_t; 2] {
+    let sh = vdupq_n_s8(-shift);
+    q.map(|q| vandq_u8(vshlq_u8(q, sh), vdupq_n_u8(3)))
 }
 
 struct Q2K;
-impl Block for Q2K {
-    const QK: usize = 256;
+impl Super for Q2K {
     const WB: usize = 84;
-    const AB: usize = 292;
     #[inline(always)]
-    unsafe fn step(x: *const u8, y: *const u8, acc: &mut Acc) {
+    unsafe fn step(x: *const u8, y: *const u8, acc: &mut SuperAcc) {
         let sc = &*(x as *const [u8; 16]);
-        let m3 = vdupq_n_u8(3);
-        let mut sum = vdupq_n_s32(0);
+        let yd = y_d(y);
+        let d = yd * f16_at(x.add(80));
+        let dmin = -yd * f16_at(x.add(82));
+        // the minimums first, lane `l` pairing groups `2l` and `2l + 1`
+        let prod: [i32; 8] = std::array::from_fn(|l| {
+            bsum(y, 2 * l) * (sc[2 * l] >> 4) as i32
+                + bsum(y, 2 * l + 1) * (sc[2 * l + 1] >> 4) as i32
+        });
+        acc.v.fma(dmin, Lanes::load(&prod));
+        let mut s = Lanes::zero();
         for chunk in 0..2 {
-            let q = [ld(x.add(16 + 32 * chunk)), ld(x.add(16 + 32 * chunk + 16))];
-            let yb = y.add(Y_QS + 128 * chunk);
+            let q = [ld(x.add(16 + 32 * chunk)), ld(x.add(32 + 32 * chunk))];
             for j in 0..4 {
-                let is = 8 * chunk + 2 * j;
-                let sh = vdupq_n_s8(-2 * j as i8);
-                for h in 0..2 {
-                    let v = s8(vandq_u8(vshlq_u8(q[h], sh), m3));
-                    sum = group16(sum, v, yb.add(32 * j + 16 * h), (sc[is + h] & 0x0f) as i32);
-                }
+                let g = 4 * chunk + j;
+                let v = crumbs(q, 2 * j as i8).map(|v| s8(v));
+                let (s0, s1) = ((sc[2 * g] & 0x0f) as i32, (sc[2 * g + 1] & 0x0f) as i32);
+                s.add_group(v, y_group(y, g), s0, s1);
             }
         }
-        let summs: i32 = (0..16).map(|j| bsum(y, j) * (sc[j] >> 4) as i32).sum();
-        let yd = y_d(y);
-        fma_i32(acc, yd * f16_at(x.add(80)), sum);
-        acc.s -= yd * f16_at(x.add(82)) * summs as f32;
+        acc.v.fma(d, s);
     }
 }
 
 struct Q3K;
-impl Block for Q3K {
-    const QK: usize = 256;
+impl Super for Q3K {
     const WB: usize = 110;
-    const AB: usize = 292;
     #[inline(always)]
-    unsafe fn step(x: *const u8, y: *const u8, acc: &mut Acc) {
+    unsafe fn step(x: *const u8, y: *const u8, acc: &mut SuperAcc) {
         let sc = q3k_scales(&*(x.add(96) as *const [u8; 12]));
         let hm = [ld(x), ld(x.add(16))];
-        let m3 = vdupq_n_u8(3);
-        let mut sum = vdupq_n_s32(0);
+        let mut s = Lanes::zero();
         for chunk in 0..2 {
             let q = [ld(x.add(32 + 32 * chunk)), ld(x.add(48 + 32 * chunk))];
-            let yb = y.add(Y_QS + 128 * chunk);
             for j in 0..4 {
-                let is = 8 * chunk + 2 * j;
-                let sh = vdupq_n_s8(-2 * j as i8);
-                let hbit = vdupq_n_u8(1 << (4 * chunk + j));
-                for h in 0..2 {
-                    let low = vandq_u8(vshlq_u8(q[h], sh), m3);
-                    // 4 where the high bit is set: u = low + 4 * hbit, the quant is u - 4.
+                let g = 4 * chunk + j;
+                let hbit = vdupq_n_u8(1 << g);
+                let low = crumbs(q, 2 * j as i8);
+                // the quant is `low - 4` where its high bit is clear
+                let v: [int8x16_t; 2] = std::array::from_fn(|h| {
                     let high = vandq_u8(vtstq_u8(hm[h], hbit), vdupq_n_u8(4));
-                    let v = s8(vorrq_u8(low, high));
-                    sum = group16(sum, v, yb.add(32 * j + 16 * h), sc[is + h] as i32);
-                }
+                    vsubq_s8(s8(vorrq_u8(low[h], high)), vdupq_n_s8(4))
+                });
+                s.add_group(v, y_group(y, g), sc[2 * g] as i32, sc[2 * g + 1] as i32);
             }
         }
-        let offs: i32 = (0..16).map(|g| sc[g] as i32 * bsum(y, g)).sum();
-        let total = vaddvq_s32(sum) - 4 * offs;
-        acc.s += f16_at(x.add(108)) * y_d(y) * total as f32;
+        acc.v.fma(y_d(y) * f16_at(x.add(108)), s);
     }
 }
 
-/// Q4_K/Q5_K: eight scales, and the mins dotted with the bsums.
+/// Q4_K / Q5_K: the eight group scales, and the minimums against the activation sums in
+/// llama.cpp's four lanes (`min[2k] * ysum[2k] + min[2k + 1] * ysum[2k + 1]`).
 #[inline(always)]
-unsafe fn k4_scales_mins(x: *const u8, y: *const u8) -> ([i32; 8], i32) {
+unsafe fn k4_scales_mins(x: *const u8, y: *const u8) -> ([i32; 8], [i32; 4]) {
     let s = &*(x.add(4) as *const [u8; 12]);
     let mut sc = [0i32; 8];
-    let mut summs = 0;
+    let mut prod = [0i32; 4];
     for (j, sc) in sc.iter_mut().enumerate() {
         let (d, m) = scale_min_k4(j, s);
         *sc = d as i32;
-        summs += m as i32 * (bsum(y, 2 * j) + bsum(y, 2 * j + 1));
+        prod[j / 2] += m as i32 * (bsum(y, 2 * j) + bsum(y, 2 * j + 1));
     }
-    (sc, summs)
+    (sc, prod)
+}
+
+/// The lanes of Q4_K / Q5_K: group `2c` in the low nibbles of the 32 bytes of chunk `c`,
+/// group `2c + 1` in the high ones, each with the fifth bits `high` adds.
+#[inline(always)]
+unsafe fn k4_lanes(
+    qs: *const u8,
+    y: *const u8,
+    sc: &[i32; 8],
+    high: impl Fn(usize) -> [[uint8x16_t; 2]; 2],
+) -> Lanes {
+    let mut s = Lanes::zero();
+    for c in 0..4 {
+        let (a, b) = (nibbles(qs.add(32 * c)), nibbles(qs.add(32 * c + 16)));
+        let h = high(c);
+        let lo = [vorrq_u8(a[0], h[0][0]), vorrq_u8(b[0], h[0][1])].map(|v| s8(v));
+        let hi = [vorrq_u8(a[1], h[1][0]), vorrq_u8(b[1], h[1][1])].map(|v| s8(v));
+        s.add_group(lo, y_group(y, 2 * c), sc[2 * c], sc[2 * c]);
+        s.add_group(hi, y_group(y, 2 * c + 1), sc[2 * c + 1], sc[2 * c + 1]);
+    }
+    s
 }
 
 struct Q4K;
-impl Block for Q4K {
-    const QK: usize = 256;
+impl Super for Q4K {
     const WB: usize = 144;
-    const AB: usize = 292;
+    const TAIL: Tail = Tail::Four;
     #[inline(always)]
-    unsafe fn step(x: *const u8, y: *const u8, acc: &mut Acc) {
-        let (sc, summs) = k4_scales_mins(x, y);
-        let mut sum = vdupq_n_s32(0);
-        for c in 0..4 {
-            let yb = y.add(Y_QS + 64 * c);
-            for h in 0..2 {
-                let (lo, hi) = nibbles(x.add(16 + 32 * c + 16 * h));
-                sum = group16(sum, s8(lo), yb.add(16 * h), sc[2 * c]);
-                sum = group16(sum, s8(hi), yb.add(32 + 16 * h), sc[2 * c + 1]);
-            }
-        }
+    unsafe fn step(x: *const u8, y: *const u8, acc: &mut SuperAcc) {
         let yd = y_d(y);
-        fma_i32(acc, f16_at(x) * yd, sum);
-        acc.s -= f16_at(x.add(2)) * yd * summs as f32;
+        let (d, dmin) = (yd * f16_at(x), -yd * f16_at(x.add(2)));
+        let (sc, prod) = k4_scales_mins(x, y);
+        acc.m4 = vfmaq_n_f32(acc.m4, vcvtq_f32_s32(vld1q_s32(prod.as_ptr())), dmin);
+        let zero = [[vdupq_n_u8(0); 2]; 2];
+        acc.v.fma(d, k4_lanes(x.add(16), y, &sc, |_| zero));
     }
 }
 
 struct Q5K;
-impl Block for Q5K {
-    const QK: usize = 256;
+impl Super for Q5K {
     const WB: usize = 176;
-    const AB: usize = 292;
+    const TAIL: Tail = Tail::One;
     #[inline(always)]
-    unsafe fn step(x: *const u8, y: *const u8, acc: &mut Acc) {
-        let (sc, summs) = k4_scales_mins(x, y);
-        let qh = [ld(x.add(16)), ld(x.add(32))];
-        let m16 = vdupq_n_u8(16);
-        let mut sum = vdupq_n_s32(0);
-        for c in 0..4 {
-            let yb = y.add(Y_QS + 64 * c);
-            let b0 = vdupq_n_u8(1 << (2 * c));
-            let b1 = vdupq_n_u8(2 << (2 * c));
-            for (h, &qh) in qh.iter().enumerate() {
-                let (lo, hi) = nibbles(x.add(48 + 32 * c + 16 * h));
-                let lo = vorrq_u8(lo, vandq_u8(vtstq_u8(qh, b0), m16));
-                let hi = vorrq_u8(hi, vandq_u8(vtstq_u8(qh, b1), m16));
-                sum = group16(sum, s8(lo), yb.add(16 * h), sc[2 * c]);
-                sum = group16(sum, s8(hi), yb.add(32 + 16 * h), sc[2 * c + 1]);
-            }
-        }
+    unsafe fn step(x: *const u8, y: *const u8, acc: &mut SuperAcc) {
         let yd = y_d(y);
-        fma_i32(acc, f16_at(x) * yd, sum);
-        acc.s -= f16_at(x.add(2)) * yd * summs as f32;
+        let (d, dmin) = (yd * f16_at(x), -yd * f16_at(x.add(2)));
+        let (sc, prod) = k4_scales_mins(x, y);
+        acc.m = dmin.mul_add(prod.iter().sum::<i32>() as f32, acc.m);
+        let qh = [ld(x.add(16)), ld(x.add(32))];
+        let bit = |b: u8| qh.map(|h| vandq_u8(vtstq_u8(h, vdupq_n_u8(b)), vdupq_n_u8(16)));
+        let high = |c: usize| [bit(1 << (2 * c)), bit(2 << (2 * c))];
+        acc.v.fma(d, k4_lanes(x.add(48), y, &sc, high));
     }
 }
 
 struct Q6K;
-impl Block for Q6K {
-    const QK: usize = 256;
+impl Super for Q6K {
     const WB: usize = 210;
-    const AB: usize = 292;
     #[inline(always)]
-    unsafe fn step(x: *const u8, y: *const u8, acc: &mut Acc) {
+    unsafe fn step(x: *const u8, y: *const u8, acc: &mut SuperAcc) {
         let sc = &*(x.add(192) as *const [i8; 16]);
-        let m4 = vdupq_n_u8(0x0f);
-        let m3 = vdupq_n_u8(3);
-        let mut sum = vdupq_n_s32(0);
+        let (m4, m3) = (vdupq_n_u8(0x0f), vdupq_n_u8(3));
+        let mut s = Lanes::zero();
         for chunk in 0..2 {
-            let yb = y.add(Y_QS + 128 * chunk);
-            for h in 0..2 {
-                let ql0 = ld(x.add(64 * chunk + 16 * h));
-                let ql1 = ld(x.add(64 * chunk + 32 + 16 * h));
-                let qh = ld(x.add(128 + 32 * chunk + 16 * h));
-                let parts = [
-                    vorrq_u8(vandq_u8(ql0, m4), vshlq_n_u8(vandq_u8(qh, m3), 4)),
-                    vorrq_u8(
-                        vandq_u8(ql1, m4),
-                        vshlq_n_u8(vandq_u8(vshrq_n_u8(qh, 2), m3), 4),
-                    ),
-                    vorrq_u8(
-                        vshrq_n_u8(ql0, 4),
-                        vshlq_n_u8(vandq_u8(vshrq_n_u8(qh, 4), m3), 4),
-                    ),
-                    vorrq_u8(vshrq_n_u8(ql1, 4), vshlq_n_u8(vshrq_n_u8(qh, 6), 4)),
-                ];
-                for (k, u) in parts.into_iter().enumerate() {
-                    let g = 8 * chunk + 2 * k + h;
-                    sum = group16(sum, s8(u), yb.add(32 * k + 16 * h), sc[g] as i32);
-                }
+            // the four 32-element groups of the chunk, in halves of 16, as unsigned quants
+            let parts = [0, 16].map(|h| {
+                let ql0 = ld(x.add(64 * chunk + h));
+                let ql1 = ld(x.add(64 * chunk + 32 + h));
+                let qh = ld(x.add(128 + 32 * chunk + h));
+                let top = |k: i32| {
+                    vshlq_u8(
+                        vandq_u8(vshlq_u8(qh, vdupq_n_s8(-2 * k as i8)), m3),
+                        vdupq_n_s8(4),
+                    )
+                };
+                [
+                    vorrq_u8(vandq_u8(ql0, m4), top(0)),
+                    vorrq_u8(vandq_u8(ql1, m4), top(1)),
+                    vorrq_u8(vshrq_n_u8(ql0, 4), top(2)),
+                    vorrq_u8(vshrq_n_u8(ql1, 4), top(3)),
+                ]
+            });
+            for k in 0..4 {
+                let g = 4 * chunk + k;
+                let v = [s8(parts[0][k]), s8(parts[1][k])];
+                s.add_group(v, y_group(y, g), sc[2 * g] as i32, sc[2 * g + 1] as i32);
             }
         }
-        let offs: i32 = (0..16).map(|g| sc[g] as i32 * bsum(y, g)).sum();
-        let total = vaddvq_s32(sum) - 32 * offs;
-        acc.s += f16_at(x.add(208)) * y_d(y) * total as f32;
+        // the offset of 32 off each lane, as llama.cpp pairs the scaled sums
+        let sc = |j: usize| sc[j] as i32;
+        let offs: [i32; 8] = std::array::from_fn(|l| {
+            32 * (bsum(y, 2 * l) * sc(2 * l) + bsum(y, 2 * l + 1) * sc(2 * l + 1))
+        });
+        acc.v
+            .fma(y_d(y) * f16_at(x.add(208)), s.sub(Lanes::load(&offs)));
     }
 }
 
-// ---------------------------------------------------------------------------------------------
-// Float rows
-
-fn dot_f32(n: usize, row: &[u8], act: &[u8]) -> f32 {
-    assert!(row.len() >= 4 * n && act.len() >= 4 * n);
-    // SAFETY: NEON is baseline; every load reads inside the first `4 * n` bytes (assert above).
-    unsafe {
-        let (x, y) = (row.as_ptr() as *const f32, act.as_ptr() as *const f32);
-        let mut acc = [vdupq_n_f32(0.0); 4];
-        let mut i = 0;
-        while i + 16 <= n {
-            for (k, a) in acc.iter_mut().enumerate() {
-                let o = i + 4 * k;
-                *a = vfmaq_f32(*a, vld1q_f32(x.add(o)), vld1q_f32(y.add(o)));
-            }
-            i += 16;
+struct Iq4Xs;
+impl Super for Iq4Xs {
+    const WB: usize = 136;
+    #[inline(always)]
+    unsafe fn step(x: *const u8, y: *const u8, acc: &mut SuperAcc) {
+        let h = u16::from_le_bytes([*x.add(2), *x.add(3)]);
+        let mut s = Lanes::zero();
+        for g in 0..8 {
+            let l = (*x.add(4 + g / 2) >> (4 * (g % 2))) & 0x0f;
+            let scale = (l as u16 | ((h >> (2 * g)) & 3) << 4) as i32 - 32;
+            let q = lookup(x.add(8 + 16 * g), &KVALUES_IQ4NL);
+            s.add_group(q, y_group(y, g), scale, scale);
         }
-        let mut s = vaddvq_f32(vaddq_f32(
-            vaddq_f32(acc[0], acc[1]),
-            vaddq_f32(acc[2], acc[3]),
-        ));
-        while i < n {
-            s += x.add(i).read_unaligned() * y.add(i).read_unaligned();
-            i += 1;
-        }
-        s
-    }
-}
-
-fn dot_bf16(n: usize, row: &[u8], act: &[u8]) -> f32 {
-    assert!(row.len() >= 2 * n && act.len() >= 2 * n);
-    // SAFETY: NEON is baseline; every load reads inside the first `2 * n` bytes (assert above).
-    unsafe {
-        let (x, y) = (row.as_ptr() as *const u16, act.as_ptr() as *const u16);
-        let widen = |p: *const u16| vreinterpretq_f32_u32(vshll_n_u16(vld1_u16(p), 16));
-        let mut acc = [vdupq_n_f32(0.0); 2];
-        let mut i = 0;
-        while i + 8 <= n {
-            acc[0] = vfmaq_f32(acc[0], widen(x.add(i)), widen(y.add(i)));
-            acc[1] = vfmaq_f32(acc[1], widen(x.add(i + 4)), widen(y.add(i + 4)));
-            i += 8;
-        }
-        let mut s = vaddvq_f32(vaddq_f32(acc[0], acc[1]));
-        while i < n {
-            let a = f32::from_bits((x.add(i).read_unaligned() as u32) << 16);
-            let b = f32::from_bits((y.add(i).read_unaligned() as u32) << 16);
-            s += a * b;
-            i += 1;
-        }
-        s
+        acc.v.fma(f16_at(x) * y_d(y), s);
     }
 }
