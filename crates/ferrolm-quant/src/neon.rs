@@ -12,6 +12,8 @@ use std::arch::aarch64::*;
 
 use crate::common::{e8m0_to_f32_half, f16_to_f32};
 use crate::iq::{odd_block_iq4_nl, odd_block_mxfp4, KVALUES_IQ4NL, KVALUES_MXFP4};
+use crate::iq2::KSIGNS;
+use crate::iq_grids::{IQ2S_GRID, IQ2XS_GRID, IQ2XXS_GRID, IQ3S_GRID, IQ3XXS_GRID};
 use crate::k_quants::{q3k_scales, scale_min_k4};
 use crate::kernel::{DotFn, Simd};
 use crate::TensorType;
@@ -33,6 +35,11 @@ pub(crate) fn kernel(ty: TensorType) -> Option<Simd> {
         T::Q5_K => dot_super::<Q5K>,
         T::Q6_K => dot_super::<Q6K>,
         T::IQ4_XS => dot_super::<Iq4Xs>,
+        T::IQ2_XXS => dot_super::<Iq2Xxs>,
+        T::IQ2_XS => dot_super::<Iq2Xs>,
+        T::IQ2_S => dot_super::<Iq2S>,
+        T::IQ3_XXS => dot_super::<Iq3Xxs>,
+        T::IQ3_S => dot_super::<Iq3S>,
         _ => return None,
     };
     Some(Simd {
@@ -183,10 +190,12 @@ unsafe fn nibbles(p: *const u8) -> [uint8x16_t; 2] {
     [vandq_u8(v, vdupq_n_u8(0x0f)), vshrq_n_u8(v, 4)]
 }
 
+/// Bit `i % 8` in byte `i`: what each byte of a broadcast bit mask tests.
+const BITS: [u8; 16] = [1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128];
+
 /// 0x10 in byte `i` where bit `i` of the little-endian u32 at `qh` is set (32 bytes).
 #[inline(always)]
 unsafe fn q5_high(qh: *const u8) -> [uint8x16_t; 2] {
-    const BITS: [u8; 16] = [1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128];
     let bits = vld1q_u8(BITS.as_ptr());
     let h0 = vcombine_u8(vdup_n_u8(*qh), vdup_n_u8(*qh.add(1)));
     let h1 = vcombine_u8(vdup_n_u8(*qh.add(2)), vdup_n_u8(*qh.add(3)));
@@ -402,13 +411,13 @@ unsafe fn y_group(y: *const u8, g: usize) -> *const u8 {
     y.add(Y_QS + 32 * g)
 }
 
-/// What a 256-element kernel adds after its lanes: Q4_K's minimums in four lanes, Q5_K's in
-/// one sum.
-#[derive(PartialEq, Eq)]
+/// What a 256-element kernel does after its lanes: add Q4_K's minimums in four lanes or
+/// Q5_K's in one sum, or scale the sum (the lattice i-quants' fixed factor).
 enum Tail {
     None,
     Four,
     One,
+    Times(f32),
 }
 
 struct SuperAcc {
@@ -442,6 +451,7 @@ fn dot_super<B: Super>(n: usize, row: &[u8], act: &[u8]) -> f32 {
             Tail::None => acc.v.reduce(),
             Tail::Four => acc.v.reduce() + reduce4(acc.m4),
             Tail::One => acc.v.reduce() + acc.m,
+            Tail::Times(f) => f * acc.v.reduce(),
         }
     }
 }
@@ -603,9 +613,9 @@ impl Super for Q6K {
                     vorrq_u8(vshrq_n_u8(ql1, 4), top(3)),
                 ]
             });
-            for k in 0..4 {
+            for (k, (&p0, &p1)) in parts[0].iter().zip(&parts[1]).enumerate() {
                 let g = 4 * chunk + k;
-                let v = [s8(parts[0][k]), s8(parts[1][k])];
+                let v = [s8(p0), s8(p1)];
                 s.add_group(v, y_group(y, g), sc[2 * g] as i32, sc[2 * g + 1] as i32);
             }
         }
@@ -633,5 +643,147 @@ impl Super for Iq4Xs {
             s.add_group(q, y_group(y, g), scale, scale);
         }
         acc.v.fma(f16_at(x) * y_d(y), s);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Lattice i-quants: each 8 elements a grid entry of magnitudes and a byte of signs
+
+/// The 32 values of four grid entries (8 magnitudes each), negated where `signs` has a bit.
+#[inline(always)]
+unsafe fn signed_grid(words: [u64; 4], signs: [u8; 4]) -> [int8x16_t; 2] {
+    let bits = vld1q_u8(BITS.as_ptr());
+    std::array::from_fn(|h| {
+        let v = vcombine_s8(vcreate_s8(words[2 * h]), vcreate_s8(words[2 * h + 1]));
+        let s = vcombine_u8(vdup_n_u8(signs[2 * h]), vdup_n_u8(signs[2 * h + 1]));
+        // `(v ^ m) - m` negates where the mask `m` is all ones
+        let m = s8(vtstq_u8(s, bits));
+        vsubq_s8(veorq_s8(v, m), m)
+    })
+}
+
+#[inline(always)]
+unsafe fn u16_at(p: *const u8) -> u16 {
+    u16::from_le_bytes([*p, *p.add(1)])
+}
+
+#[inline(always)]
+unsafe fn u32_at(p: *const u8) -> u32 {
+    u32::from_le_bytes([*p, *p.add(1), *p.add(2), *p.add(3)])
+}
+
+/// A lattice i-quant: the grid entries, signs and odd multipliers `2s + 1` of its
+/// 32-element groups, summed into lanes as [`Super`] does, times `d_x * d_y`.
+trait Lattice {
+    const WB: usize;
+    const FACTOR: Tail;
+    /// Group `g`'s grid words, sign bytes and the multipliers of its two halves.
+    /// # Safety
+    /// `x` has `WB` readable bytes.
+    unsafe fn group(x: *const u8, g: usize) -> ([u64; 4], [u8; 4], i32, i32);
+}
+
+impl<L: Lattice> Super for L {
+    const WB: usize = L::WB;
+    const TAIL: Tail = L::FACTOR;
+    #[inline(always)]
+    unsafe fn step(x: *const u8, y: *const u8, acc: &mut SuperAcc) {
+        let mut s = Lanes::zero();
+        for g in 0..8 {
+            let (words, signs, s0, s1) = L::group(x, g);
+            s.add_group(signed_grid(words, signs), y_group(y, g), s0, s1);
+        }
+        acc.v.fma(f16_at(x) * y_d(y), s);
+    }
+}
+
+/// IQ3's eight values of two 4-magnitude grid entries.
+#[inline(always)]
+fn pair(a: u32, b: u32) -> u64 {
+    a as u64 | (b as u64) << 32
+}
+
+/// The multipliers of IQ2_XS / IQ2_S: a 4-bit scale per 16 elements.
+#[inline(always)]
+fn halves(scale: u8) -> (i32, i32) {
+    (2 * (scale & 0x0f) as i32 + 1, 2 * (scale >> 4) as i32 + 1)
+}
+
+struct Iq2Xxs;
+impl Lattice for Iq2Xxs {
+    const WB: usize = 66;
+    const FACTOR: Tail = Tail::Times(0.125);
+    #[inline(always)]
+    unsafe fn group(x: *const u8, g: usize) -> ([u64; 4], [u8; 4], i32, i32) {
+        let (grid, aux) = (u32_at(x.add(2 + 8 * g)), u32_at(x.add(6 + 8 * g)));
+        let words = std::array::from_fn(|l| IQ2XXS_GRID[(grid >> (8 * l) & 0xff) as usize]);
+        let signs = std::array::from_fn(|l| KSIGNS[(aux >> (7 * l) & 127) as usize]);
+        let m = 2 * (aux >> 28) as i32 + 1;
+        (words, signs, m, m)
+    }
+}
+
+struct Iq2Xs;
+impl Lattice for Iq2Xs {
+    const WB: usize = 74;
+    const FACTOR: Tail = Tail::Times(0.125);
+    #[inline(always)]
+    unsafe fn group(x: *const u8, g: usize) -> ([u64; 4], [u8; 4], i32, i32) {
+        let q: [u16; 4] = std::array::from_fn(|l| u16_at(x.add(2 + 8 * g + 2 * l)));
+        let words = q.map(|q| IQ2XS_GRID[(q & 511) as usize]);
+        let signs = q.map(|q| KSIGNS[(q >> 9) as usize]);
+        let (s0, s1) = halves(*x.add(66 + g));
+        (words, signs, s0, s1)
+    }
+}
+
+struct Iq2S;
+impl Lattice for Iq2S {
+    const WB: usize = 82;
+    const FACTOR: Tail = Tail::Times(0.125);
+    #[inline(always)]
+    unsafe fn group(x: *const u8, g: usize) -> ([u64; 4], [u8; 4], i32, i32) {
+        let qh = *x.add(66 + g) as usize;
+        let words = std::array::from_fn(|l| {
+            IQ2S_GRID[*x.add(2 + 4 * g + l) as usize | (qh << (8 - 2 * l) & 0x300)]
+        });
+        let signs = std::array::from_fn(|l| *x.add(34 + 4 * g + l));
+        let (s0, s1) = halves(*x.add(74 + g));
+        (words, signs, s0, s1)
+    }
+}
+
+struct Iq3Xxs;
+impl Lattice for Iq3Xxs {
+    const WB: usize = 98;
+    const FACTOR: Tail = Tail::Times(0.25);
+    #[inline(always)]
+    unsafe fn group(x: *const u8, g: usize) -> ([u64; 4], [u8; 4], i32, i32) {
+        let aux = u32_at(x.add(66 + 4 * g));
+        let q = x.add(2 + 8 * g);
+        let grid = |i: usize| IQ3XXS_GRID[*q.add(i) as usize];
+        let words = std::array::from_fn(|l| pair(grid(2 * l), grid(2 * l + 1)));
+        let signs = std::array::from_fn(|l| KSIGNS[(aux >> (7 * l) & 127) as usize]);
+        let m = 2 * (aux >> 28) as i32 + 1;
+        (words, signs, m, m)
+    }
+}
+
+struct Iq3S;
+impl Lattice for Iq3S {
+    const WB: usize = 110;
+    const FACTOR: Tail = Tail::None;
+    #[inline(always)]
+    unsafe fn group(x: *const u8, g: usize) -> ([u64; 4], [u8; 4], i32, i32) {
+        let qh = *x.add(66 + g) as usize;
+        let q = x.add(2 + 8 * g);
+        let words = std::array::from_fn(|l| {
+            let i1 = *q.add(2 * l) as usize | (qh << (8 - 2 * l) & 256);
+            let i2 = *q.add(2 * l + 1) as usize | (qh << (7 - 2 * l) & 256);
+            pair(IQ3S_GRID[i1], IQ3S_GRID[i2])
+        });
+        let signs = std::array::from_fn(|l| *x.add(74 + 4 * g + l));
+        let m = 2 * ((*x.add(106 + g / 2) >> (4 * (g % 2))) & 0x0f) as i32 + 1;
+        (words, signs, m, m)
     }
 }

@@ -22,6 +22,11 @@ const NEON_TYPES: &[TensorType] = &[
     TensorType::Q5_K,
     TensorType::Q6_K,
     TensorType::IQ4_XS,
+    TensorType::IQ2_XXS,
+    TensorType::IQ2_XS,
+    TensorType::IQ2_S,
+    TensorType::IQ3_XXS,
+    TensorType::IQ3_S,
 ];
 
 fn quantized_types() -> Vec<TensorType> {
