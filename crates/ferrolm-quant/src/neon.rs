@@ -13,7 +13,7 @@ use std::arch::aarch64::*;
 use crate::common::{e8m0_to_f32_half, f16_to_f32};
 use crate::iq::{odd_block_iq4_nl, odd_block_mxfp4, KVALUES_IQ4NL, KVALUES_MXFP4};
 use crate::iq2::KSIGNS;
-use crate::iq_grids::{IQ2S_GRID, IQ2XS_GRID, IQ2XXS_GRID, IQ3S_GRID, IQ3XXS_GRID};
+use crate::iq_grids::{IQ1S_GRID, IQ2S_GRID, IQ2XS_GRID, IQ2XXS_GRID, IQ3S_GRID, IQ3XXS_GRID};
 use crate::k_quants::{q3k_scales, scale_min_k4};
 use crate::kernel::{DotFn, Simd};
 use crate::TensorType;
@@ -40,6 +40,8 @@ pub(crate) fn kernel(ty: TensorType) -> Option<Simd> {
         T::IQ2_S => dot_super::<Iq2S>,
         T::IQ3_XXS => dot_super::<Iq3Xxs>,
         T::IQ3_S => dot_super::<Iq3S>,
+        T::IQ1_S => dot_super::<Iq1S>,
+        T::IQ1_M => dot_super::<Iq1M>,
         _ => return None,
     };
     Some(Simd {
@@ -412,16 +414,23 @@ unsafe fn y_group(y: *const u8, g: usize) -> *const u8 {
 }
 
 /// What a 256-element kernel does after its lanes: add Q4_K's minimums in four lanes or
-/// Q5_K's in one sum, or scale the sum (the lattice i-quants' fixed factor).
+/// Q5_K's in one sum, scale the sum (the lattice i-quants' fixed factor), or add IQ1's
+/// deltas (IQ1_S's in one sum, IQ1_M's in eight more lanes) times their step.
 enum Tail {
     None,
     Four,
     One,
     Times(f32),
+    DeltaOne,
+    DeltaLanes,
 }
+
+/// IQ1's delta step.
+const IQ1_DELTA: f32 = 0.125;
 
 struct SuperAcc {
     v: Acc8,
+    v2: Acc8,
     m4: float32x4_t,
     m: f32,
 }
@@ -441,6 +450,7 @@ fn dot_super<B: Super>(n: usize, row: &[u8], act: &[u8]) -> f32 {
         let (x, y) = (row.as_ptr(), act.as_ptr());
         let mut acc = SuperAcc {
             v: Acc8::zero(),
+            v2: Acc8::zero(),
             m4: vdupq_n_f32(0.0),
             m: 0.0,
         };
@@ -452,6 +462,8 @@ fn dot_super<B: Super>(n: usize, row: &[u8], act: &[u8]) -> f32 {
             Tail::Four => acc.v.reduce() + reduce4(acc.m4),
             Tail::One => acc.v.reduce() + acc.m,
             Tail::Times(f) => f * acc.v.reduce(),
+            Tail::DeltaOne => acc.v.reduce() + IQ1_DELTA * acc.m,
+            Tail::DeltaLanes => acc.v.reduce() + IQ1_DELTA * acc.v2.reduce(),
         }
     }
 }
@@ -785,5 +797,68 @@ impl Lattice for Iq3S {
         let signs = std::array::from_fn(|l| *x.add(74 + 4 * g + l));
         let m = 2 * ((*x.add(106 + g / 2) >> (4 * (g % 2))) & 0x0f) as i32 + 1;
         (words, signs, m, m)
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// IQ1_S / IQ1_M: grid entries of -1, 0, 1 and a signed delta per 8 (IQ1_S: per 32) elements
+
+/// The 32 values of four IQ1 grid entries.
+#[inline(always)]
+unsafe fn iq1_grid(idx: [usize; 4]) -> [int8x16_t; 2] {
+    let w = idx.map(|i| vcreate_s8(IQ1S_GRID[i]));
+    [vcombine_s8(w[0], w[1]), vcombine_s8(w[2], w[3])]
+}
+
+struct Iq1S;
+impl Super for Iq1S {
+    const WB: usize = 50;
+    const TAIL: Tail = Tail::DeltaOne;
+    #[inline(always)]
+    unsafe fn step(x: *const u8, y: *const u8, acc: &mut SuperAcc) {
+        let mut s = Lanes::zero();
+        let mut sumi1 = 0i32;
+        for g in 0..8 {
+            let qh = u16_at(x.add(34 + 2 * g)) as usize;
+            let idx =
+                std::array::from_fn(|l| *x.add(2 + 4 * g + l) as usize | (qh >> (3 * l) & 7) << 8);
+            let m = 2 * (qh >> 12 & 7) as i32 + 1;
+            s.add_group(iq1_grid(idx), y_group(y, g), m, m);
+            let sign = if qh & 0x8000 != 0 { -1 } else { 1 };
+            sumi1 += (bsum(y, 2 * g) + bsum(y, 2 * g + 1)) * sign * m;
+        }
+        let d = y_d(y) * f16_at(x);
+        acc.v.fma(d, s);
+        acc.m = d.mul_add(sumi1 as f32, acc.m);
+    }
+}
+
+struct Iq1M;
+impl Super for Iq1M {
+    const WB: usize = 56;
+    const TAIL: Tail = Tail::DeltaLanes;
+    #[inline(always)]
+    unsafe fn step(x: *const u8, y: *const u8, acc: &mut SuperAcc) {
+        let sc: [u16; 4] = std::array::from_fn(|k| u16_at(x.add(48 + 2 * k)));
+        // the f16 scale lives in the top nibbles of the four scale words
+        let bits = (sc[0] >> 12) | (sc[1] >> 8 & 0x00f0) | (sc[2] >> 4 & 0x0f00) | (sc[3] & 0xf000);
+        let d = y_d(y) * f16_to_f32(bits.to_le_bytes());
+        let mult = |j: usize| 2 * (sc[j / 4] >> (3 * (j % 4)) & 7) as i32 + 1;
+        let (mut s, mut delta) = (Lanes::zero(), Lanes::zero());
+        for g in 0..8 {
+            let nib: [u8; 4] = std::array::from_fn(|l| {
+                let k = 4 * g + l;
+                *x.add(32 + k / 2) >> (4 * (k % 2)) & 0x0f
+            });
+            let idx =
+                std::array::from_fn(|l| *x.add(4 * g + l) as usize | (nib[l] as usize & 7) << 8);
+            let sign = nib.map(|n| vdup_n_s8(if n & 8 != 0 { -1 } else { 1 }));
+            let signs = [vcombine_s8(sign[0], sign[1]), vcombine_s8(sign[2], sign[3])];
+            let (m0, m1) = (mult(2 * g), mult(2 * g + 1));
+            s.add_group(iq1_grid(idx), y_group(y, g), m0, m1);
+            delta.add_group(signs, y_group(y, g), m0, m1);
+        }
+        acc.v.fma(d, s);
+        acc.v2.fma(d, delta);
     }
 }

@@ -27,6 +27,8 @@ const NEON_TYPES: &[TensorType] = &[
     TensorType::IQ2_S,
     TensorType::IQ3_XXS,
     TensorType::IQ3_S,
+    TensorType::IQ1_S,
+    TensorType::IQ1_M,
 ];
 
 fn quantized_types() -> Vec<TensorType> {
