@@ -11,7 +11,9 @@
 use std::arch::aarch64::*;
 
 use crate::common::{e8m0_to_f32_half, f16_to_f32};
-use crate::iq::{odd_block_iq4_nl, odd_block_mxfp4, KVALUES_IQ4NL, KVALUES_MXFP4};
+use crate::iq::{
+    odd_block_iq4_nl, odd_block_mxfp4, ue4m3_to_f32_half, KVALUES_IQ4NL, KVALUES_MXFP4,
+};
 use crate::iq2::KSIGNS;
 use crate::iq_grids::{IQ1S_GRID, IQ2S_GRID, IQ2XS_GRID, IQ2XXS_GRID, IQ3S_GRID, IQ3XXS_GRID};
 use crate::k_quants::{q3k_scales, scale_min_k4};
@@ -42,6 +44,11 @@ pub(crate) fn kernel(ty: TensorType) -> Option<Simd> {
         T::IQ3_S => dot_super::<Iq3S>,
         T::IQ1_S => dot_super::<Iq1S>,
         T::IQ1_M => dot_super::<Iq1M>,
+        T::TQ1_0 => dot_super::<Tern<Tq1_0>>,
+        T::TQ2_0 => dot_super::<Tern<Tq2_0>>,
+        T::Q1_0 => dot_q1_0,
+        T::Q2_0 => dot_q2_0,
+        T::NVFP4 => dot_nvfp4,
         _ => return None,
     };
     Some(Simd {
@@ -80,8 +87,14 @@ impl Acc8 {
     /// `acc[l] = fma(d, s[l], acc[l])`, the reference's `fma8`.
     #[inline(always)]
     unsafe fn fma(&mut self, d: f32, s: Lanes) {
-        self.lo = vfmaq_n_f32(self.lo, vcvtq_f32_s32(s.lo), d);
-        self.hi = vfmaq_n_f32(self.hi, vcvtq_f32_s32(s.hi), d);
+        self.fma2(d, d, s);
+    }
+
+    /// As [`Acc8::fma`] with `d0` for lanes 0..4 and `d1` for the others.
+    #[inline(always)]
+    unsafe fn fma2(&mut self, d0: f32, d1: f32, s: Lanes) {
+        self.lo = vfmaq_n_f32(self.lo, vcvtq_f32_s32(s.lo), d0);
+        self.hi = vfmaq_n_f32(self.hi, vcvtq_f32_s32(s.hi), d1);
     }
 
     /// Lane by lane sum of two accumulators.
@@ -860,5 +873,207 @@ impl Super for Iq1M {
         }
         acc.v.fma(d, s);
         acc.v2.fma(d, delta);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Ternary formats: codes 0, 1, 2 for -1, 0, 1, the offset taken off with the activation sums
+
+/// A ternary format: the unsigned codes of its 32-element groups.
+trait Ternary {
+    const WB: usize;
+    /// Where `d` is.
+    const D: usize;
+    /// # Safety
+    /// `x` has `WB` readable bytes.
+    unsafe fn codes(x: *const u8, g: usize) -> [uint8x16_t; 2];
+}
+
+/// A ternary format as a [`Super`] kernel (apart from the [`Lattice`] ones).
+struct Tern<T>(T);
+
+impl<T: Ternary> Super for Tern<T> {
+    const WB: usize = T::WB;
+    #[inline(always)]
+    unsafe fn step(x: *const u8, y: *const u8, acc: &mut SuperAcc) {
+        let mut s = Lanes::zero();
+        for g in 0..8 {
+            s.add_group(T::codes(x, g).map(|c| s8(c)), y_group(y, g), 1, 1);
+        }
+        // lane `l` takes the offset of groups `2l` and `2l + 1`, as the reference does
+        let offs: [i32; 8] = std::array::from_fn(|l| bsum(y, 2 * l) + bsum(y, 2 * l + 1));
+        acc.v
+            .fma(y_d(y) * f16_at(x.add(T::D)), s.sub(Lanes::load(&offs)));
+    }
+}
+
+/// The base-3 digit of each byte of `v` that `pow` (a power of 3 per byte) selects:
+/// `((v * pow) mod 256 * 3) >> 8`.
+#[inline(always)]
+unsafe fn trits(v: uint8x16_t, pow: uint8x16_t) -> uint8x16_t {
+    let m = vmulq_u8(v, pow);
+    let lo = vshrn_n_u16(vmull_u8(vget_low_u8(m), vdup_n_u8(3)), 8);
+    let hi = vshrn_n_u16(vmull_high_u8(m, vdupq_n_u8(3)), 8);
+    vcombine_u8(lo, hi)
+}
+
+const POW3: [u8; 5] = [1, 3, 9, 27, 81];
+
+#[allow(non_camel_case_types)]
+struct Tq1_0;
+impl Ternary for Tq1_0 {
+    const WB: usize = 54;
+    const D: usize = 52;
+    #[inline(always)]
+    unsafe fn codes(x: *const u8, g: usize) -> [uint8x16_t; 2] {
+        let pow = |n: usize| vdupq_n_u8(POW3[n]);
+        match g {
+            // the first 160 elements: digit `g` of the first 32 bytes
+            0..5 => [trits(ld(x), pow(g)), trits(ld(x.add(16)), pow(g))],
+            // the next 80: the digits of the 16 bytes after them
+            5 | 6 => {
+                let b = ld(x.add(32));
+                [trits(b, pow(2 * g - 10)), trits(b, pow(2 * g - 9))]
+            }
+            // digit 4 of those bytes, then the last 16: four digits of the four `qh` bytes
+            _ => {
+                const QH_POW: [u8; 16] = [1, 1, 1, 1, 3, 3, 3, 3, 9, 9, 9, 9, 27, 27, 27, 27];
+                let qh = vreinterpretq_u8_u32(vdupq_n_u32(u32_at(x.add(48))));
+                [
+                    trits(ld(x.add(32)), pow(4)),
+                    trits(qh, vld1q_u8(QH_POW.as_ptr())),
+                ]
+            }
+        }
+    }
+}
+
+#[allow(non_camel_case_types)]
+struct Tq2_0;
+impl Ternary for Tq2_0 {
+    const WB: usize = 66;
+    const D: usize = 64;
+    #[inline(always)]
+    unsafe fn codes(x: *const u8, g: usize) -> [uint8x16_t; 2] {
+        let q = x.add(32 * (g / 4));
+        crumbs([ld(q), ld(q.add(16))], 2 * (g % 4) as i8)
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Q1_0, Q2_0 and NVFP4: blocks spanning several Q8_0 blocks
+
+const Q8_0_BYTES: usize = 34;
+
+/// Q1_0's 32 signs at `qs` (one bit each) as +1 / -1.
+#[inline(always)]
+unsafe fn q1_signs(qs: *const u8) -> [int8x16_t; 2] {
+    let bits = vld1q_u8(BITS.as_ptr());
+    std::array::from_fn(|h| {
+        let b = vcombine_u8(vdup_n_u8(*qs.add(2 * h)), vdup_n_u8(*qs.add(2 * h + 1)));
+        let two = vandq_u8(vtstq_u8(b, bits), vdupq_n_u8(2));
+        vsubq_s8(s8(two), vdupq_n_s8(1))
+    })
+}
+
+/// The reference's Q1_0 loop: per weight block, the lanes of its four Q8_0 blocks scaled by
+/// their `d` (the first a product, the others fused), then fused by the weight's `d`.
+fn dot_q1_0(n: usize, row: &[u8], act: &[u8]) -> f32 {
+    let nb = blocks(n, 128, row, 18, act, 4 * Q8_0_BYTES);
+    // SAFETY: NEON is baseline on aarch64; `blocks` checked that both slices hold `nb` blocks.
+    unsafe {
+        let (x, y) = (row.as_ptr(), act.as_ptr());
+        let mut acc = Acc8::zero();
+        for b in 0..nb {
+            let (x, y) = (x.add(18 * b), y.add(4 * Q8_0_BYTES * b));
+            let mut block = Acc8::zero();
+            for k in 0..4 {
+                let y = y.add(Q8_0_BYTES * k);
+                let s = Lanes::of(q1_signs(x.add(2 + 4 * k)), y.add(2));
+                if k == 0 {
+                    block.lo = vmulq_n_f32(vcvtq_f32_s32(s.lo), f16_at(y));
+                    block.hi = vmulq_n_f32(vcvtq_f32_s32(s.hi), f16_at(y));
+                } else {
+                    block.fma(f16_at(y), s);
+                }
+            }
+            let d0 = f16_at(x);
+            acc.lo = vfmaq_n_f32(acc.lo, block.lo, d0);
+            acc.hi = vfmaq_n_f32(acc.hi, block.hi, d0);
+        }
+        acc.reduce()
+    }
+}
+
+/// The 2-bit codes of the 32 elements in the 8 bytes at `qs`, four to a byte.
+#[inline(always)]
+unsafe fn q2_codes(qs: *const u8) -> [uint8x16_t; 2] {
+    const SPREAD: [u8; 32] = [
+        0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3, 4, 4, 4, 4, 5, 5, 5, 5, 6, 6, 6, 6, 7, 7,
+        7, 7,
+    ];
+    const SHIFT: [i8; 16] = [0, -2, -4, -6, 0, -2, -4, -6, 0, -2, -4, -6, 0, -2, -4, -6];
+    let b = vcombine_u8(vld1_u8(qs), vdup_n_u8(0));
+    let shift = vld1q_s8(SHIFT.as_ptr());
+    std::array::from_fn(|h| {
+        let bytes = vqtbl1q_u8(b, vld1q_u8(SPREAD.as_ptr().add(16 * h)));
+        vandq_u8(vshlq_u8(bytes, shift), vdupq_n_u8(3))
+    })
+}
+
+/// The reference's Q2_0 loop is scalar in its floats: the integer sum of each Q8_0 block
+/// times its `d`, summed, times the weight's `d`, summed.
+fn dot_q2_0(n: usize, row: &[u8], act: &[u8]) -> f32 {
+    let nb = blocks(n, 64, row, 18, act, 2 * Q8_0_BYTES);
+    // SAFETY: NEON is baseline on aarch64; `blocks` checked that both slices hold `nb` blocks.
+    unsafe {
+        let (x, y) = (row.as_ptr(), act.as_ptr());
+        let mut sumf = 0f32;
+        for b in 0..nb {
+            let (x, y) = (x.add(18 * b), y.add(2 * Q8_0_BYTES * b));
+            let mut sumi = 0f32;
+            for k in 0..2 {
+                let y = y.add(Q8_0_BYTES * k);
+                let v = q2_codes(x.add(2 + 8 * k)).map(|c| vsubq_s8(s8(c), vdupq_n_s8(1)));
+                let s = Lanes::of(v, y.add(2));
+                let sum = vaddvq_s32(vaddq_s32(s.lo, s.hi));
+                sumi += f16_at(y) * sum as f32;
+            }
+            sumf += f16_at(x) * sumi;
+        }
+        sumf
+    }
+}
+
+/// NVFP4's 32 values of sub-blocks `2h` and `2h + 1` (each 8 bytes: low nibbles first).
+#[inline(always)]
+unsafe fn nvfp4_values(qs: *const u8) -> [int8x16_t; 2] {
+    let t = vld1q_s8(KVALUES_MXFP4.as_ptr());
+    std::array::from_fn(|s| {
+        let b = vld1_u8(qs.add(8 * s));
+        let codes = vcombine_u8(vand_u8(b, vdup_n_u8(0x0f)), vshr_n_u8(b, 4));
+        vqtbl1q_s8(t, codes)
+    })
+}
+
+/// The reference's NVFP4 loop: per Q8_0 block the lanes of two sub-blocks, each half fused
+/// with its sub-block's scale times the activation's `d`.
+fn dot_nvfp4(n: usize, row: &[u8], act: &[u8]) -> f32 {
+    let nb = blocks(n, 64, row, 36, act, 2 * Q8_0_BYTES);
+    // SAFETY: NEON is baseline on aarch64; `blocks` checked that both slices hold `nb` blocks.
+    unsafe {
+        let (x, y) = (row.as_ptr(), act.as_ptr());
+        let mut acc = Acc8::zero();
+        for b in 0..nb {
+            let (x, y) = (x.add(36 * b), y.add(2 * Q8_0_BYTES * b));
+            for h in 0..2 {
+                let y = y.add(Q8_0_BYTES * h);
+                let s = Lanes::of(nvfp4_values(x.add(4 + 16 * h)), y.add(2));
+                let dy = f16_at(y);
+                let scale = |k: usize| ue4m3_to_f32_half(*x.add(2 * h + k)) * dy;
+                acc.fma2(scale(0), scale(1), s);
+            }
+        }
+        acc.reduce()
     }
 }

@@ -29,6 +29,11 @@ const NEON_TYPES: &[TensorType] = &[
     TensorType::IQ3_S,
     TensorType::IQ1_S,
     TensorType::IQ1_M,
+    TensorType::TQ1_0,
+    TensorType::TQ2_0,
+    TensorType::Q1_0,
+    TensorType::Q2_0,
+    TensorType::NVFP4,
 ];
 
 fn quantized_types() -> Vec<TensorType> {
