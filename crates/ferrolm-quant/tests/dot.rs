@@ -27,8 +27,7 @@ const SIMD_TYPES: &[TensorType] = &[
     TensorType::MXFP4,
 ];
 
-/// Every weight type: those with AVX2 and NEON kernels, then `common::LATER_TYPES`, with AVX2
-/// kernels only (their NEON kernel is the scalar reference for now).
+/// Every weight type: the first set, then `common::LATER_TYPES`.
 fn weight_types() -> Vec<TensorType> {
     [SIMD_TYPES, LATER_TYPES].concat()
 }
