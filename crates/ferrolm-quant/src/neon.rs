@@ -403,7 +403,7 @@ impl Paired for Mxfp4 {
 }
 
 // ---------------------------------------------------------------------------------------------
-// 256-element formats against Q8_K (d f32 at 0, qs at 4, bsums i16 at 260)
+// 256-element formats against Q8_K (an f32 `d`, the quants, the i16 sums of each 16)
 
 const Y_QS: usize = 4;
 const Q8K_BYTES: usize = 292;
@@ -644,7 +644,7 @@ impl Super for Q6K {
                 s.add_group(v, y_group(y, g), sc[2 * g] as i32, sc[2 * g + 1] as i32);
             }
         }
-        // the offset of 32 off each lane, as llama.cpp pairs the scaled sums
+        // the quants' offset off each lane, as llama.cpp pairs the scaled sums
         let sc = |j: usize| sc[j] as i32;
         let offs: [i32; 8] = std::array::from_fn(|l| {
             32 * (bsum(y, 2 * l) * sc(2 * l) + bsum(y, 2 * l + 1) * sc(2 * l + 1))
@@ -928,14 +928,14 @@ impl Ternary for Tq1_0 {
     unsafe fn codes(x: *const u8, g: usize) -> [uint8x16_t; 2] {
         let pow = |n: usize| vdupq_n_u8(POW3[n]);
         match g {
-            // the first 160 elements: digit `g` of the first 32 bytes
+            // the first groups: digit `g` of each byte of the first part of `qs`
             0..5 => [trits(ld(x), pow(g)), trits(ld(x.add(16)), pow(g))],
-            // the next 80: the digits of the 16 bytes after them
+            // then two digits a group of the rest of `qs`
             5 | 6 => {
                 let b = ld(x.add(32));
                 [trits(b, pow(2 * g - 10)), trits(b, pow(2 * g - 9))]
             }
-            // digit 4 of those bytes, then the last 16: four digits of the four `qh` bytes
+            // its last digit, then the digits of the `qh` bytes
             _ => {
                 const QH_POW: [u8; 16] = [1, 1, 1, 1, 3, 3, 3, 3, 9, 9, 9, 9, 27, 27, 27, 27];
                 let qh = vreinterpretq_u8_u32(vdupq_n_u32(u32_at(x.add(48))));
