@@ -15,8 +15,8 @@
 //! Bit-exactness with llama.cpp: [`quantize_activation`], every [`DotKernel`] (scalar and
 //! AVX2) and [`ggml_vec`] give the same f32 bits as llama.cpp's CPU backend built for an
 //! AVX512 x86-64 CPU (GGML_NATIVE, gcc 12): the scalar code emulates its SIMD lane structure
-//! with `f32::mul_add`, so this holds on any CPU (the aarch64 NEON kernels are not yet ported
-//! to that structure). `tests/ggml_oracle.rs` checks it against goldens made by
+//! with `f32::mul_add`, so this holds on any CPU (the aarch64 NEON kernels follow the same
+//! structure, tested under qemu). `tests/ggml_oracle.rs` checks it against goldens made by
 //! `scripts/ggml_oracle.py` with llama.cpp's own compiled functions.
 //!
 //! llama.cpp's other CPU paths are mirrored as its default configuration takes them, each

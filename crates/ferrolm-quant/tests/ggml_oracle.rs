@@ -107,6 +107,10 @@ impl Failures {
 }
 
 #[test]
+#[cfg_attr(
+    target_arch = "aarch64",
+    ignore = "x86 goldens: aarch64 quantizes activations as llama.cpp's ARM build rounds"
+)]
 fn from_float_matches_llama_cpp() {
     let mut fails = Vec::new();
     let recs = read("from_float.bin");
@@ -261,6 +265,7 @@ fn products_match_llama_cpp_default_paths() {
             // a tensor of 3 rows is never repacked; one of m (a multiple of 8) is, with AVX2
             let kern = matrix_kernel(t, if repacked == 1 { m } else { 3 }, &options).unwrap();
             if repacked == 1 && !kern.repacked() {
+                #[cfg(target_arch = "x86_64")]
                 assert!(!std::arch::is_x86_feature_detected!("avx2"));
                 continue; // llama.cpp does not repack without AVX2 either
             }
@@ -361,6 +366,10 @@ fn vec_functions_match_llama_cpp() {
 }
 
 #[test]
+#[cfg_attr(
+    target_arch = "aarch64",
+    ignore = "x86 goldens: gelu(-inf) is a NaN whose sign bit differs between x86 and ARM"
+)]
 fn gelu_table_matches_llama_cpp() {
     let recs = read("gelu.bin");
     let want: Vec<u16> = recs[0].arrays[0]
