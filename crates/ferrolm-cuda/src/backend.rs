@@ -446,8 +446,18 @@ impl Backend for CudaBackend {
         let steps = (now.tokens - before.tokens).max(1) as f64;
         let plan = self.gpu.plan();
         let bytes = plan.weight_bytes_per_token() + plan.kv_bytes_at(position);
+        let host = self.gpu.host_bytes_per_token();
+        let over_bus = if host > 0 {
+            format!(
+                ", {:.1} MB of it from host memory ({:.1} GB/s over the bus)",
+                host as f64 / 1e6,
+                host as f64 * tokens_per_s / 1e9
+            )
+        } else {
+            String::new()
+        };
         Some(format!(
-            "{:.1} MB read per token (weights {:.1} MB + KV at mid-run), {:.0} GB/s at {tokens_per_s:.1} tok/s; per token {:.2} graph launches ({} kernels each), {:.2} host syncs, {:.2} uploads",
+            "{:.1} MB read per token (weights {:.1} MB + KV at mid-run{over_bus}), {:.0} GB/s at {tokens_per_s:.1} tok/s; per token {:.2} graph launches ({} kernels each), {:.2} host syncs, {:.2} uploads",
             bytes as f64 / 1e6,
             plan.weight_bytes_per_token() as f64 / 1e6,
             bytes as f64 * tokens_per_s / 1e9,

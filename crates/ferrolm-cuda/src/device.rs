@@ -313,6 +313,8 @@ pub struct CudaModel {
     draws_used: Option<usize>,
     // Held for their addresses, which `launches` and the graph use.
     _matrices: Vec<MatrixMemory>,
+    /// Where each matrix lives (`--gpu-memory`).
+    tiers: Vec<Tier>,
     _vectors: Vec<CudaSlice<f32>>,
     _buffers: Vec<CudaSlice<u8>>,
     logits: CudaSlice<f32>,
@@ -649,6 +651,7 @@ impl CudaModel {
             buf_index,
             draws_used: None,
             _matrices: matrices,
+            tiers,
             _vectors: vectors,
             _buffers: buffers,
             logits,
@@ -1018,6 +1021,13 @@ impl CudaModel {
     /// Positions the cache holds.
     pub fn n_ctx(&self) -> usize {
         self.plan.n_ctx
+    }
+
+    /// Weight bytes one token reads from host memory over the bus (the expert stacks a
+    /// `--gpu-memory` budget left there).
+    pub fn host_bytes_per_token(&self) -> u64 {
+        self.plan
+            .weight_bytes_per_token_of(|m| self.tiers[m] == Tier::Host)
     }
 
     /// How often each expert of each layer was chosen since the model was made (empty per

@@ -2200,19 +2200,35 @@ impl DecodePlan {
         self
     }
 
-    /// Weight bytes one token reads (every matrix once, the embedding one row).
+    /// Weight bytes one token reads (every matrix once, the embedding one row, an expert stack
+    /// the chosen experts' rows).
     pub fn weight_bytes_per_token(&self) -> u64 {
+        self.weight_bytes_per_token_of(|_| true)
+    }
+
+    /// [`DecodePlan::weight_bytes_per_token`] of the matrices `of` picks.
+    pub fn weight_bytes_per_token_of(&self, of: impl Fn(usize) -> bool) -> u64 {
         let mut seen = std::collections::HashSet::new();
         let mut total = 0u64;
         for l in &self.launches {
             for a in &l.args {
-                if let Arg::Buf(Buf::Matrix(m)) = a {
-                    let spec = &self.matrices[*m];
-                    if l.kernel.starts_with("embed_") {
-                        total += spec.row_bytes() as u64;
-                    } else if seen.insert(*m) {
-                        total += (spec.rows * spec.row_bytes()) as u64;
-                    }
+                let Arg::Buf(Buf::Matrix(m)) = a else {
+                    continue;
+                };
+                let spec = &self.matrices[*m];
+                if !of(*m) {
+                    continue;
+                }
+                if l.kernel.starts_with("embed_") {
+                    total += spec.row_bytes() as u64;
+                } else if seen.insert(*m) {
+                    // (a stack's launch has a grid row per chosen expert)
+                    let rows = if spec.experts > 1 {
+                        spec.rows / spec.experts * l.grid.1 as usize
+                    } else {
+                        spec.rows
+                    };
+                    total += (rows * spec.row_bytes()) as u64;
                 }
             }
         }
@@ -2562,6 +2578,46 @@ pub(crate) mod tests {
         let expect =
             (256 + 64 + 64 + 256 + 512 + 512) * row + 256 * (512 / 32 * 34) + 1000 * row + row;
         assert_eq!(p.weight_bytes_per_token(), expect as u64);
+    }
+
+    /// A token reads the chosen experts' rows of a stack, not the whole stack: two experts more
+    /// per token read two experts' gate, up and down rows more.
+    #[test]
+    fn an_expert_stack_counts_the_chosen_experts_rows_per_token() {
+        let moe_plan = |k: usize| {
+            let mut pl = plan(2, 64);
+            pl.layers[1].ffn = Ffn::Moe(ferrolm_model::plan::Moe {
+                n_expert: 8,
+                n_expert_used: k,
+                n_ff: 256,
+                activation: Activation::Silu,
+                gating: Gating::Softmax,
+                selection_bias: false,
+                groups: None,
+                biases: false,
+                norm_weights: true,
+                weights_scale: None,
+                shared: None,
+            });
+            decode_plan(&pl, 256, &all(TensorType::Q8_0)).unwrap()
+        };
+        let (two, four) = (moe_plan(2), moe_plan(4));
+        let stack = |p: &DecodePlan| -> Vec<u64> {
+            p.matrices
+                .iter()
+                .filter(|m| m.experts > 1)
+                .map(|m| (m.rows / m.experts * m.row_bytes()) as u64)
+                .collect()
+        };
+        let expert_bytes: u64 = stack(&two).iter().sum();
+        assert_eq!(stack(&two).len(), 3);
+        assert_eq!(
+            four.weight_bytes_per_token() - two.weight_bytes_per_token(),
+            2 * expert_bytes
+        );
+        assert!(two.weight_bytes_per_token() < two.weight_bytes_total());
+        // None of it from host memory unless a matrix lives there.
+        assert_eq!(two.weight_bytes_per_token_of(|_| false), 0);
     }
 
     #[test]
