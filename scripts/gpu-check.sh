@@ -6,7 +6,8 @@
 #   [QUANT_DIR=DIR] scripts/gpu-check.sh [BIN] [TOKENIZER_GGUF]
 # TOKENIZER_GGUF: a GGUF holding the default model's tokenizer.* keys (the GPU machine cannot
 # fetch the default model); the real-shape files borrow it. Env: SECTIONS="small shapes"
-# (and "unverified": what waits for a first comparison on a GPU).
+# (and "unverified": what waits for a first comparison on a GPU; "hybrid": issue 19's 1 GB
+# qwen3next file, checked and timed).
 set -uo pipefail
 BIN=${1:-target/release/ferrolm}
 TOK=${2:-}
@@ -102,6 +103,19 @@ for section in ${SECTIONS:-small shapes}; do
     done
     "$BIN" synth --arch qwen3next --ssm-split -o "$W/small-qwen3next-split.gguf" >/dev/null \
       && check small-qwen3next-split 128 32
+    unset FERROLM_CUDA_UNVERIFIED
+  fi
+  if [ "$section" = hybrid ]; then
+    # Issue 19's hybrid benchmark file: qwen3next, 24 layers 2048 wide (attention every 4th:
+    # 16 heads of 128, 2 KV heads; delta-nets of 16 key / 32 value heads of 128), 16 experts
+    # top-4 of 512, every matrix Q4_0: 1.09 GB. Checked, then timed; LLAMA_BENCH (a llama-bench
+    # binary) times llama.cpp on the same file in the same sitting.
+    export FERROLM_CUDA_UNVERIFIED=1
+    "$BIN" synth --arch qwen3next --embd 2048 --layers 24 --heads 16 --kv-heads 2 --head-dim 128 \
+      --ff 512 --experts 16 --experts-used 4 --ssm-state 128 --ssm-k-heads 16 --ssm-v-heads 32 \
+      --full-attention-interval 4 --ctx 4096 --type q4_0 ${TOK:+--tokenizer-from "$TOK"} \
+      -o "$W/hybrid-1g.gguf" >/dev/null && check hybrid-1g 128 16 && bench hybrid-1g
+    [ -n "${LLAMA_BENCH:-}" ] && "$LLAMA_BENCH" -m "$W/hybrid-1g.gguf" -ngl 99 -fa 1 -p 512 -n 128
     unset FERROLM_CUDA_UNVERIFIED
   fi
   if [ "$section" = shapes ]; then
