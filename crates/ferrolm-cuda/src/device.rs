@@ -504,21 +504,22 @@ impl CudaModel {
                 .tensor(&m.name)
                 .ok_or_else(|| CudaError::Model(format!("tensor {} is missing", m.name)))?;
             let data = file.tensor_data(info);
-            let rows = m.first_row..m.first_row + m.rows;
-            let Some(data) = data.get(rows.start * m.row_bytes()..rows.end * m.row_bytes()) else {
+            let Some(data) = m.data(data) else {
                 return Err(CudaError::Model(format!(
-                    "tensor {} holds {} bytes, rows {rows:?} of {} bytes expected",
+                    "tensor {} holds {} bytes, rows {}..{} of {} bytes expected",
                     m.name,
                     data.len(),
+                    m.first_row,
+                    m.first_row + m.rows,
                     m.row_bytes()
                 )));
             };
             // Regrouped for aligned loads where the plan's kernels read a regrouped layout.
             let packed = m
                 .repacked()
-                .then(|| crate::repack::repack(m.ty, m.cols, data))
+                .then(|| crate::repack::repack(m.ty, m.cols, &data))
                 .flatten();
-            let bytes = packed.as_deref().unwrap_or(data);
+            let bytes = packed.as_deref().unwrap_or(&data);
             matrices.push(match tier {
                 Tier::Device => {
                     MatrixMemory::Device(stream.clone_htod(bytes).map_err(driver(&m.name))?)

@@ -221,8 +221,13 @@ pub struct MatrixSpec {
     /// Tensor name.
     pub name: String,
     /// Its first row in the tensor: a row view of a fused tensor (Phi-3's `attn_qkv` and
-    /// `ffn_up` of gate then up rows), 0 for a whole one.
+    /// `ffn_up` of gate then up rows, a tensor-parallel rank's rows), 0 for a whole one.
     pub first_row: usize,
+    /// Its first column in the tensor's rows (a tensor-parallel rank's columns of a
+    /// row-parallel product), 0 for whole rows.
+    pub first_col: usize,
+    /// Columns of the tensor's rows (`cols` unless a column view).
+    pub tensor_cols: usize,
     /// How many experts' matrices it stacks (1: a plain matrix).
     pub experts: usize,
     /// Block type.
@@ -240,6 +245,27 @@ impl MatrixSpec {
     /// Bytes per row.
     pub fn row_bytes(&self) -> usize {
         self.cols / self.ty.block_size() * self.ty.block_bytes()
+    }
+
+    /// Where row `r` of the view is in the tensor's bytes (its columns of a column view).
+    pub fn row_range(&self, r: usize) -> std::ops::Range<usize> {
+        let block = |cols: usize| cols / self.ty.block_size() * self.ty.block_bytes();
+        let start = (self.first_row + r) * block(self.tensor_cols) + block(self.first_col);
+        start..start + self.row_bytes()
+    }
+
+    /// Its rows' bytes in the file's block layout, from the tensor's bytes `tensor`, or `None`
+    /// when `tensor` is too short.
+    pub fn data<'a>(&self, tensor: &'a [u8]) -> Option<std::borrow::Cow<'a, [u8]>> {
+        if self.first_col == 0 && self.tensor_cols == self.cols {
+            let rows = self.row_range(0).start..self.row_range(self.rows).start;
+            return tensor.get(rows).map(std::borrow::Cow::Borrowed);
+        }
+        let mut out = Vec::with_capacity(self.rows * self.row_bytes());
+        for r in 0..self.rows {
+            out.extend_from_slice(tensor.get(self.row_range(r))?);
+        }
+        Some(std::borrow::Cow::Owned(out))
     }
 
     /// Whether its rows are uploaded regrouped.
@@ -792,6 +818,8 @@ impl Builder {
         self.matrices.push(MatrixSpec {
             name: name.to_string(),
             first_row,
+            first_col: 0,
+            tensor_cols: cols,
             experts: 1,
             ty,
             rows,

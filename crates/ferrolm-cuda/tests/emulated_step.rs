@@ -135,8 +135,7 @@ impl<'f> Emulator<'f> {
             spec.rows
         );
         let info = self.file.tensor(&spec.name).unwrap();
-        let (rb, r) = (spec.row_bytes(), spec.first_row + r);
-        (info.ty, &self.file.tensor_data(info)[r * rb..(r + 1) * rb])
+        (info.ty, &self.file.tensor_data(info)[spec.row_range(r)])
     }
 
     /// Rows `rows` of `m` dotted with input `x` (f32, or the quantized activations), as the

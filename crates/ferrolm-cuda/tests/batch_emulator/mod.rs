@@ -171,11 +171,9 @@ impl<'f> HostDevice<'f> {
         let mut matrices = Vec::new();
         for (m, spec) in plan.matrices.iter().enumerate() {
             let info = file.tensor(&spec.name).expect("the plan's tensor");
-            let rb = spec.row_bytes();
-            let data =
-                &file.tensor_data(info)[spec.first_row * rb..(spec.first_row + spec.rows) * rb];
+            let data = spec.data(file.tensor_data(info)).expect("the plan's rows");
             let addr = memory.alloc(data.len());
-            memory.bytes_mut(addr, data.len()).copy_from_slice(data);
+            memory.bytes_mut(addr, data.len()).copy_from_slice(&data);
             matrix_at.insert(addr, m);
             matrices.push(addr);
         }
