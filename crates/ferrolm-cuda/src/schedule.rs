@@ -575,6 +575,11 @@ pub fn expert_product_kernel(spec: &MatrixSpec, quantized_activations: bool) -> 
     }
 }
 
+/// The launch-list entry of a tensor-parallel plan that sums every rank's `H` (its partial
+/// row-parallel product, `n` f32) into every rank's `X`: an NCCL all-reduce on the devices,
+/// not a kernel (such plans are emulated on the CPU; no device takes them yet).
+pub const ALL_REDUCE: &str = "nccl_all_reduce_add";
+
 /// The output head of a whole model on the device.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Head {
@@ -604,8 +609,11 @@ pub struct DecodePlan {
     pub launches: Vec<Launch>,
     /// Width of the residual stream.
     pub n_embd: usize,
-    /// Vocabulary size.
+    /// Vocabulary size (a tensor-parallel rank's part of it: the logits it computes).
     pub n_vocab: usize,
+    /// The first of the vocabulary's ids this plan's logits are for (0 but on a tensor-parallel
+    /// rank past the first).
+    pub vocab_first: usize,
     /// Positions the KV cache holds.
     pub n_ctx: usize,
     /// Split-K factor of the attention.
@@ -760,9 +768,44 @@ struct Builder {
     vectors: Vec<VectorSpec>,
     launches: Vec<Launch>,
     activations: Activations,
+    /// Which of the tensor-parallel ranks the plan is for.
+    rank: Rank,
     /// The switches and sizes (the largest residual product that quantizes its input as it
     /// loads it, [`Builder::product_of_f32`]; staging, [`staged_product`]; repacking).
     tuning: CudaTuning,
+}
+
+/// One of `of` tensor-parallel ranks (one GPU each; docs/ARCHITECTURE.md, "Several GPUs"):
+/// its share of each layer's heads and feed-forward rows, of the vocabulary's logits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Rank {
+    /// This rank.
+    pub index: usize,
+    /// Ranks in all.
+    pub of: usize,
+}
+
+impl Rank {
+    /// The whole model on one device.
+    pub const ONE: Rank = Rank { index: 0, of: 1 };
+
+    /// This rank's share of `n` units that split evenly, or the decline naming `field`.
+    fn share(&self, n: usize, field: &str) -> Result<(usize, usize), Decline> {
+        if !n.is_multiple_of(self.of) {
+            return Err(decline(
+                field,
+                format!("{n}, not a multiple of {} ranks", self.of),
+            ));
+        }
+        let len = n / self.of;
+        Ok((self.index * len, len))
+    }
+
+    /// This rank's part of `n` (the vocabulary's rows): as even as they come.
+    fn part(&self, n: usize) -> (usize, usize) {
+        let first = self.index * n / self.of;
+        (first, (self.index + 1) * n / self.of - first)
+    }
 }
 
 /// Dynamic shared memory a block may use without asking for more.
@@ -832,6 +875,42 @@ impl Builder {
                 .unwrap_or(plain),
         });
         Ok(self.matrices.len() - 1)
+    }
+
+    /// Columns `first_col..first_col + cols` of every row of tensor `name` (`tensor_cols`
+    /// wide) as a matrix of their own: a rank's part of a row-parallel product.
+    fn matrix_cols(
+        &mut self,
+        types: &dyn Fn(&str) -> Option<TensorType>,
+        name: &str,
+        rows: usize,
+        (first_col, cols, tensor_cols): (usize, usize, usize),
+    ) -> Result<usize, Decline> {
+        let m = self.matrix_rows(types, name, 0, rows, cols)?;
+        let spec = &mut self.matrices[m];
+        if !first_col.is_multiple_of(spec.ty.block_size()) {
+            return Err(decline(format!("{name} columns"), first_col));
+        }
+        spec.first_col = first_col;
+        spec.tensor_cols = tensor_cols;
+        Ok(m)
+    }
+
+    /// A row-parallel product's output into the residual stream: the block's own (one rank),
+    /// or this rank's partial sum into `H` and their sum over the ranks added to `X`
+    /// ([`ALL_REDUCE`]).
+    fn reduced_output(&mut self, m: usize, x: Buf, bias: Option<usize>, end: BlockEnd) {
+        if self.rank.of == 1 {
+            return self.block_output(m, x, bias, end);
+        }
+        let d = self.matrices[m].rows;
+        self.product_of_f32(m, x, bias, None, Buf::H);
+        self.push(
+            ALL_REDUCE,
+            (1, 1),
+            0,
+            vec![Arg::Buf(Buf::H), Arg::Buf(Buf::X), Arg::I32(d as i32)],
+        );
     }
 
     fn vector(&mut self, name: &str, len: usize) -> usize {
@@ -1009,6 +1088,16 @@ impl Builder {
         if *gated_output && !b.tuning.unverified {
             return Err(decline("attention.gated_output", UNVERIFIED));
         }
+        // A tensor-parallel rank's heads (column-parallel Q, K, V; row-parallel output).
+        let rank = b.rank;
+        if rank.of > 1 && (*qkv_bias || *gated_output || *sinks || *out_bias) {
+            return Err(decline("attention", "biases, gates or sinks across ranks"));
+        }
+        let q_all = nh * hd;
+        let ((_, nh), (_, nkv)) = (
+            rank.share(nh, "attention.n_head")?,
+            rank.share(nkv, "attention.n_head_kv")?,
+        );
         let (q_dim, kv_dim) = (nh * hd, nkv * hd);
         // A gated output: the Q projection gives per head the query, then as many gates.
         let q_rows = if *gated_output { 2 * q_dim } else { q_dim };
@@ -1024,6 +1113,9 @@ impl Builder {
         // Fused Q/K/V (Phi-3: `attn_qkv` without `attn_q`) as row views, as the CPU binds
         // them.
         let (wq, wk, wv) = if types(&n("attn_q.weight")).is_none() {
+            if rank.of > 1 {
+                return Err(decline("attention", "a fused attn_qkv across ranks"));
+            }
             let qkv = n("attn_qkv.weight");
             (
                 b.matrix_rows(types, &qkv, 0, q_rows, d)?,
@@ -1031,10 +1123,11 @@ impl Builder {
                 b.matrix_rows(types, &qkv, q_rows + kv_dim, kv_dim, d)?,
             )
         } else {
+            let r = rank.index;
             (
-                b.matrix(types, &n("attn_q.weight"), q_rows, d)?,
-                b.matrix(types, &n("attn_k.weight"), kv_dim, d)?,
-                b.matrix(types, &n("attn_v.weight"), kv_dim, d)?,
+                b.matrix_rows(types, &n("attn_q.weight"), r * q_rows, q_rows, d)?,
+                b.matrix_rows(types, &n("attn_k.weight"), r * kv_dim, kv_dim, d)?,
+                b.matrix_rows(types, &n("attn_v.weight"), r * kv_dim, kv_dim, d)?,
             )
         };
         let h = b.norm_for(Buf::X, attn_norm, d, end.eps, &[wq, wk, wv]);
@@ -1124,7 +1217,8 @@ impl Builder {
                 .collect(),
             );
         }
-        let wo = b.matrix(types, &n("attn_output.weight"), d, q_dim)?;
+        let wo_cols = (rank.index * q_dim, q_dim, q_all);
+        let wo = b.matrix_cols(types, &n("attn_output.weight"), d, wo_cols)?;
         let sink_logits = sinks.then(|| b.vector(&n("attn_sinks.weight"), nh));
         let wo_bias = out_bias.then(|| b.vector(&n("attn_output.bias"), d));
         b.push(
@@ -1166,7 +1260,7 @@ impl Builder {
         // its own: with overlapped launches either costs less than the attention quantizing
         // it (counters and fences in every block, the completing block's work in series;
         // measured, PERFORMANCE.md).
-        b.block_output(wo, Buf::Attn, wo_bias, end);
+        b.reduced_output(wo, Buf::Attn, wo_bias, end);
         let vector_of = |a: Arg| match a {
             Arg::Buf(Buf::Vector(i)) => Some(i),
             _ => None,
@@ -1892,6 +1986,41 @@ pub fn decode_plan_with(
     gpu_layers: usize,
     tuning: &CudaTuning,
 ) -> Result<DecodePlan, Decline> {
+    decode_plan_rank(plan, n_ctx, types, gpu_layers, tuning, Rank::ONE)
+}
+
+/// The decode steps of `ranks` tensor-parallel devices, rank by rank: each holds its share of
+/// every layer's heads (Q, K, V rows; the output's columns; its KV heads' cache) and
+/// feed-forward rows (gate and up rows; down's columns), the ranks' partial sums of the
+/// row-parallel products added together by [`ALL_REDUCE`] entries, and its part of the
+/// vocabulary's logits (the embedding whole). The llama family's dense layers only so far
+/// (docs/ARCHITECTURE.md, "Several GPUs"); emulated on the CPU, not yet run on devices.
+pub fn tensor_parallel_plans(
+    plan: &ModelPlan,
+    n_ctx: usize,
+    types: &dyn Fn(&str) -> Option<TensorType>,
+    ranks: usize,
+    tuning: &CudaTuning,
+) -> Result<Vec<DecodePlan>, Decline> {
+    if ranks == 0 {
+        return Err(decline("tensor_parallel", 0));
+    }
+    (0..ranks)
+        .map(|index| {
+            let rank = Rank { index, of: ranks };
+            decode_plan_rank(plan, n_ctx, types, plan.layers.len(), tuning, rank)
+        })
+        .collect()
+}
+
+fn decode_plan_rank(
+    plan: &ModelPlan,
+    n_ctx: usize,
+    types: &dyn Fn(&str) -> Option<TensorType>,
+    gpu_layers: usize,
+    tuning: &CudaTuning,
+    rank: Rank,
+) -> Result<DecodePlan, Decline> {
     let activations = if tuning.quantized_activations {
         Activations::Quantized
     } else {
@@ -1936,6 +2065,7 @@ pub fn decode_plan_with(
         vectors: Vec::new(),
         launches: Vec::new(),
         activations,
+        rank,
         tuning: tuning.clone(),
     };
     let embd = b.matrix(types, "token_embd.weight", n_vocab, d)?;
@@ -1982,6 +2112,15 @@ pub fn decode_plan_with(
         if let Some(v) = residual_scale.filter(|v| !v.is_finite()) {
             return Err(decline("residual_scale", v));
         }
+        if rank.of > 1 {
+            let across = |field: &str| Err(decline(field, format!("across {} ranks", rank.of)));
+            if matches!(mixer, Mixer::GatedDeltaNet(_)) || matches!(ffn, Ffn::Moe(_)) {
+                return across("layer");
+            }
+            if *post_attention_norm || *post_ffn_norm || residual_scale.is_some() {
+                return across("post-norms and residual scales");
+            }
+        }
         let gate_activation = |a: &Activation| match a {
             Activation::Silu => Ok(GateActivation::Silu),
             Activation::GeluTanh => Ok(GateActivation::Gelu),
@@ -1989,7 +2128,10 @@ pub fn decode_plan_with(
             Activation::SwigluOai => Err(decline("ffn.activation", UNVERIFIED)),
         };
         let (n_ff, activation) = match ffn {
-            Ffn::Gated { n_ff, activation } => (*n_ff, gate_activation(activation)?),
+            Ffn::Gated { n_ff, activation } => (
+                rank.share(*n_ff, "ffn.n_ff")?.1,
+                gate_activation(activation)?,
+            ),
             Ffn::Moe(m) => {
                 // The routed experts' activations side by side; the shared expert's in Gate.
                 max_experts = max_experts.max(m.n_expert);
@@ -2077,18 +2219,23 @@ pub fn decode_plan_with(
             // Without ffn_gate, ffn_up holds the gate's rows then up's (Phi-3; the CPU refuses
             // a file where it does not).
             let (gate, up) = if types(&n("ffn_gate.weight")).is_none() {
+                if rank.of > 1 {
+                    return Err(decline("ffn", "a fused ffn_up across ranks"));
+                }
                 let fused = n("ffn_up.weight");
                 (
                     b.matrix_rows(types, &fused, 0, n_ff, d)?,
                     b.matrix_rows(types, &fused, n_ff, n_ff, d)?,
                 )
             } else {
+                let first = rank.index * n_ff;
                 (
-                    b.matrix(types, &n("ffn_gate.weight"), n_ff, d)?,
-                    b.matrix(types, &n("ffn_up.weight"), n_ff, d)?,
+                    b.matrix_rows(types, &n("ffn_gate.weight"), first, n_ff, d)?,
+                    b.matrix_rows(types, &n("ffn_up.weight"), first, n_ff, d)?,
                 )
             };
-            let down = b.matrix(types, &n("ffn_down.weight"), d, n_ff)?;
+            let down_cols = (rank.index * n_ff, n_ff, n_ff * rank.of);
+            let down = b.matrix_cols(types, &n("ffn_down.weight"), d, down_cols)?;
             let h = b.norm_for(Buf::X, ffn_norm, d, eps, &[gate, up]);
             if b.matrices[gate].ty == b.matrices[up].ty {
                 b.matvec_glu(gate, up, h, Buf::Act, activation);
@@ -2101,7 +2248,7 @@ pub fn decode_plan_with(
                 post_norm: post_ffn,
                 ..block
             };
-            b.block_output(down, Buf::Act, None, end);
+            b.reduced_output(down, Buf::Act, None, end);
             ([gate, up, down], None)
         };
         refs.push(LayerRefs {
@@ -2120,12 +2267,18 @@ pub fn decode_plan_with(
         softcap: *final_logit_softcap,
         scale: *logit_scale,
     };
+    // A tensor-parallel rank's part of the vocabulary's logits (the whole of them for one).
+    let (vocab_first, n_vocab) = rank.part(n_vocab);
     let head = if gpu_layers >= layers.len() {
         let out_norm = b.vector("output_norm.weight", d);
         let output = if *tied_output {
-            embd
+            if rank.of > 1 {
+                b.matrix_rows(types, "token_embd.weight", vocab_first, n_vocab, d)?
+            } else {
+                embd
+            }
         } else {
-            b.matrix(types, "output.weight", n_vocab, d)?
+            b.matrix_rows(types, "output.weight", vocab_first, n_vocab, d)?
         };
         let h = b.norm_for(Buf::X, out_norm, d, eps, &[output]);
         b.matvec(output, h, None, None, Buf::Logits);
@@ -2144,22 +2297,27 @@ pub fn decode_plan_with(
                 ],
             );
         }
-        b.push(
-            "choose_token",
-            (1, 1),
-            1024,
-            vec![
-                Arg::Buf(Buf::Logits),
-                Arg::I32(n_vocab as i32),
-                Arg::Buf(Buf::Token),
-                Arg::Buf(Buf::Pos),
-                Arg::I32(1),
-                Arg::Buf(Buf::SampleCfg),
-                Arg::Buf(Buf::Draws),
-                Arg::Buf(Buf::DrawIdx),
-                Arg::Buf(Buf::TokenRing),
-            ],
-        );
+        if rank.of > 1 {
+            // (the choice is over every rank's logits: the host's, for now)
+            b.push("advance_pos", (1, 1), 32, vec![Arg::Buf(Buf::Pos)]);
+        } else {
+            b.push(
+                "choose_token",
+                (1, 1),
+                1024,
+                vec![
+                    Arg::Buf(Buf::Logits),
+                    Arg::I32(n_vocab as i32),
+                    Arg::Buf(Buf::Token),
+                    Arg::Buf(Buf::Pos),
+                    Arg::I32(1),
+                    Arg::Buf(Buf::SampleCfg),
+                    Arg::Buf(Buf::Draws),
+                    Arg::Buf(Buf::DrawIdx),
+                    Arg::Buf(Buf::TokenRing),
+                ],
+            );
+        }
         Some(Head { out_norm, output })
     } else {
         b.push("advance_pos", (1, 1), 32, vec![Arg::Buf(Buf::Pos)]);
@@ -2175,6 +2333,7 @@ pub fn decode_plan_with(
         launches: b.launches,
         n_embd: d,
         n_vocab,
+        vocab_first,
         n_ctx,
         splits,
         max_q,

@@ -1094,3 +1094,83 @@ fn the_first_layers_hand_the_cpu_their_residual_stream() {
         .unwrap();
     assert!(relative_difference(&cpu, &wrong) > 2e-2);
 }
+
+/// Tensor parallelism's partitioning (issue 22; no multi-GPU machine yet): 2 and 4 ranks' launch
+/// lists, each with its share of the heads and feed-forward rows and its part of the
+/// vocabulary, run in lockstep, every `ALL_REDUCE` entry summing the ranks' partial products
+/// into each rank's residual stream; the ranks' logits side by side are the CPU model's. A
+/// rank's partial left out of the sum is caught.
+#[test]
+fn tensor_parallel_ranks_compute_what_the_cpu_computes() {
+    use ferrolm_cuda::schedule::{tensor_parallel_plans, ALL_REDUCE};
+    let mut spec = SyntheticSpec::small("llama");
+    spec.n_layer = 2;
+    spec.head_dim = 64;
+    spec.n_head = 4;
+    spec.n_head_kv = 4;
+    spec.sliding_window = None;
+    let file = Arc::new(GgufFile::from_bytes(synthetic::build(&spec).unwrap().to_bytes()).unwrap());
+    let model = Model::from_file(file.clone(), 1).unwrap();
+    let types = |name: &str| file.tensor(name).map(|t| t.ty);
+    let n = 10;
+    let cpu = model.session(n + 1).eval(&ids(n), Logits::All).unwrap();
+    let n_vocab = cpu.len() / n;
+    let run = |ranks: usize, drop_rank: Option<usize>| -> Vec<f32> {
+        let plans =
+            tensor_parallel_plans(model.plan(), n + 1, &types, ranks, &CudaTuning::default())
+                .unwrap();
+        let mut emus: Vec<Emulator> = plans.iter().map(|p| Emulator::new(&file, p)).collect();
+        let mut logits = Vec::new();
+        for (p, &id) in ids(n).iter().enumerate() {
+            for e in &mut emus {
+                e.u32s.get_mut(&Buf::Token).unwrap()[0] = id;
+                e.u32s.get_mut(&Buf::Pos).unwrap()[0] = p as u32;
+            }
+            for i in 0..plans[0].launches.len() {
+                let l = &plans[0].launches[i];
+                assert!(plans.iter().all(|q| q.launches[i].kernel == l.kernel));
+                if l.kernel != ALL_REDUCE {
+                    for (e, q) in emus.iter_mut().zip(&plans) {
+                        e.run(&q.launches[i]);
+                    }
+                    continue;
+                }
+                let d = Emulator::i(&l.args[2]);
+                let mut sum = vec![0f32; d];
+                for (r, e) in emus.iter().enumerate() {
+                    if drop_rank != Some(r) {
+                        let h = e.read(Buf::H);
+                        sum.iter_mut().zip(&h).for_each(|(s, h)| *s += h);
+                    }
+                }
+                for e in &mut emus {
+                    let x: Vec<f32> = e.read(Buf::X)[..d]
+                        .iter()
+                        .zip(&sum)
+                        .map(|(x, s)| x + s)
+                        .collect();
+                    e.write(Buf::X, 0, &x);
+                }
+            }
+            let mut row = Vec::new();
+            for (e, q) in emus.iter().zip(&plans) {
+                assert_eq!(q.vocab_first, row.len());
+                row.extend_from_slice(&e.f32s[&Buf::Logits][..q.n_vocab]);
+            }
+            assert_eq!(row.len(), n_vocab);
+            logits.extend(row);
+        }
+        logits
+    };
+    for ranks in [2, 4] {
+        let tp = run(ranks, None);
+        let (kl, rel) = (mean_kl(&cpu, &tp, n_vocab), relative_difference(&cpu, &tp));
+        eprintln!("{ranks} ranks: mean KL {kl:.3e}, logits {rel:.2e} apart");
+        assert!(
+            kl < 1e-3 && rel < 2e-2,
+            "{ranks} ranks: mean KL {kl:.3e}, {rel:.3e}"
+        );
+    }
+    let dropped = run(2, Some(1));
+    assert!(relative_difference(&cpu, &dropped) > 2e-2);
+}
