@@ -627,17 +627,19 @@ fn build(ty: TensorType, options: &KernelOptions) -> Result<DotKernel, QuantErro
     })
 }
 
-/// The kernel of a repacked Q4_K matrix (`repack`).
+/// The kernel of a repacked Q4_K, Q4_0 or IQ4_NL matrix (`repack`).
 fn build_repacked(ty: TensorType, options: &KernelOptions) -> Result<DotKernel, QuantError> {
     let plain = build(ty, options)?;
-    let (dot, rows, multi): (DotFn, Option<RowsFn>, MultiFn) = match plain.isa {
+    let (dot, rows, multi): (DotFn, Option<RowsFn>, MultiFn) = match (ty, plain.isa) {
+        (TensorType::Q4_0, isa) => b32_repacked::<repack::Q4_0>(isa),
+        (TensorType::IQ4_NL, isa) => b32_repacked::<repack::Iq4Nl>(isa),
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => (
+        (_, Isa::Avx2) => (
             crate::avx2::repack_dot_q4_k,
             Some(crate::avx2::repack_rows_q4_k),
             crate::avx2::repack_multi_q4_k,
         ),
-        _ => (
+        (_, _) => (
             |n, row, act| repack::dot_q4_k(repack::pair_sums, n, row, act),
             None,
             |n, rows, rs, nr, acts, as_, nc, out| {
@@ -654,6 +656,13 @@ fn build_repacked(ty: TensorType, options: &KernelOptions) -> Result<DotKernel, 
         repacked: true,
         ..plain
     })
+}
+
+/// The functions of a repacked Q4_0 or IQ4_NL matrix for `isa`.
+fn b32_repacked<V: repack::Nibbles>(isa: Isa) -> (DotFn, Option<RowsFn>, MultiFn) {
+    match isa {
+        _ => (repack::dot_b32::<V>, None, repack::multi_b32::<V>),
+    }
 }
 
 /// A dot-product kernel for rows of `ty`, chosen once at run time for this CPU (AVX2+FMA+F16C
