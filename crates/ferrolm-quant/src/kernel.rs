@@ -661,6 +661,15 @@ fn build_repacked(ty: TensorType, options: &KernelOptions) -> Result<DotKernel, 
 /// The functions of a repacked Q4_0 or IQ4_NL matrix for `isa`.
 fn b32_repacked<V: repack::Nibbles>(isa: Isa) -> (DotFn, Option<RowsFn>, MultiFn) {
     match isa {
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => {
+            use crate::avx2::repack_b32;
+            (
+                repack_b32::dot::<V>,
+                Some(repack_b32::rows::<V>),
+                repack_b32::multi::<V>,
+            )
+        }
         _ => (repack::dot_b32::<V>, None, repack::multi_b32::<V>),
     }
 }

@@ -1,0 +1,250 @@
+//! llama.cpp's repacked Q4_0 and IQ4_NL products (`repack::gemv_b32`'s arithmetic) with AVX2:
+//! eight rows side by side, lane r of one float vector holding row r's chain, as llama.cpp's
+//! own kernels hold eight rows; the rest of the rows one at a time. The block sums are exact
+//! integers, so how they are added up does not matter; the float steps are the reference's.
+
+use std::arch::x86_64::*;
+
+use super::f16_at;
+use crate::legacy::{BlockQ4_0, BlockQ8_0};
+use crate::repack::Nibbles;
+
+const WB: usize = std::mem::size_of::<BlockQ4_0>();
+const AB: usize = std::mem::size_of::<BlockQ8_0>();
+/// Where the quants start in both blocks (after the f16 scale).
+const QS: usize = 2;
+
+/// `DotKernel::dot` of a repacked row. Handed out only after run-time detection of AVX2, FMA
+/// and F16C (`kernel::build_repacked`); `row` and `act` are exactly the blocks of `n`
+/// elements.
+pub(crate) fn dot<V: Nibbles>(n: usize, row: &[u8], act: &[u8]) -> f32 {
+    let nb = n / crate::legacy::QK;
+    assert!(row.len() >= nb * WB && act.len() >= nb * AB);
+    // SAFETY: the features were detected before this function was handed out; the loads read
+    // within the `nb` blocks of both (checked above).
+    unsafe { dot_one(&V::VALUES, nb, row.as_ptr(), act.as_ptr()) }
+}
+
+/// `DotKernel::dot_rows` of repacked rows, under the same conditions as [`dot`].
+pub(crate) fn rows<V: Nibbles>(
+    n: usize,
+    rows: &[u8],
+    row_stride: usize,
+    act: &[u8],
+    out: &mut [f32],
+) {
+    multi::<V>(n, rows, row_stride, out.len(), act, 0, 1, out)
+}
+
+/// `DotKernel::dot_rows_multi` of repacked rows (every element the gemv's), under the same
+/// conditions as [`dot`]: each group of eight rows met by every column while it is in cache.
+#[allow(clippy::too_many_arguments)] // two strided matrices and their shapes
+pub(crate) fn multi<V: Nibbles>(
+    n: usize,
+    rows: &[u8],
+    row_stride: usize,
+    n_rows: usize,
+    acts: &[u8],
+    act_stride: usize,
+    n_cols: usize,
+    out: &mut [f32],
+) {
+    let nb = n / crate::legacy::QK;
+    if n_rows == 0 || n_cols == 0 {
+        return;
+    }
+    assert!(rows.len() >= (n_rows - 1) * row_stride + nb * WB);
+    assert!(acts.len() >= (n_cols - 1) * act_stride + nb * AB);
+    assert!(out.len() >= n_rows * n_cols);
+    let octets = n_rows / 8;
+    for g in 0..octets {
+        for c in 0..n_cols {
+            // SAFETY: as in `dot`; rows 8g..8g + 8 and column c lie within the checked lengths.
+            let sums = unsafe {
+                dot_eight(
+                    &V::VALUES,
+                    nb,
+                    rows.as_ptr().add(8 * g * row_stride),
+                    row_stride,
+                    acts.as_ptr().add(c * act_stride),
+                )
+            };
+            out[c * n_rows + 8 * g..c * n_rows + 8 * g + 8].copy_from_slice(&sums);
+        }
+    }
+    for i in 8 * octets..n_rows {
+        for c in 0..n_cols {
+            // SAFETY: as above, for row i.
+            out[c * n_rows + i] = unsafe {
+                dot_one(
+                    &V::VALUES,
+                    nb,
+                    rows.as_ptr().add(i * row_stride),
+                    acts.as_ptr().add(c * act_stride),
+                )
+            };
+        }
+    }
+}
+
+/// One block's quants (16 nibble bytes at `qs`) looked up in `table` and multiplied with the
+/// activation's 32 signed bytes `y`: 8 i32 partial sums.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn block_products(table: __m256i, qs: *const u8, y: __m256i) -> __m256i {
+    let packed = _mm_loadu_si128(qs as *const __m128i);
+    let m = _mm_set1_epi8(0x0f);
+    let lo = _mm_and_si128(packed, m);
+    let hi = _mm_and_si128(_mm_srli_epi16(packed, 4), m);
+    let w = _mm256_shuffle_epi8(table, _mm256_set_m128i(hi, lo));
+    // |w| times y with w's sign: maddubs' pairs stay far from saturation for both tables
+    let pairs = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(y, w));
+    _mm256_madd_epi16(pairs, _mm256_set1_epi16(1))
+}
+
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn table_of(values: &[i8; 16]) -> __m256i {
+    _mm256_broadcastsi128_si256(_mm_loadu_si128(values.as_ptr() as *const __m128i))
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_one(values: &[i8; 16], nb: usize, x: *const u8, y: *const u8) -> f32 {
+    let table = table_of(values);
+    let mut acc = 0f32;
+    for b in 0..nb {
+        let (xb, yb) = (x.add(b * WB), y.add(b * AB));
+        let p = block_products(table, xb.add(QS), _mm256_loadu_si256(yb.add(QS).cast()));
+        let s = _mm_add_epi32(_mm256_castsi256_si128(p), _mm256_extracti128_si256(p, 1));
+        let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b01_00_11_10));
+        let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b10_11_00_01));
+        let s = _mm_cvtsi128_si32(s);
+        acc = (s as f32).mul_add(f16_at(xb) * f16_at(yb), acc);
+    }
+    acc
+}
+
+/// Rows `x`, `x + stride`, ... (eight) against one column: lane r is row r's chain.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_eight(
+    values: &[i8; 16],
+    nb: usize,
+    x: *const u8,
+    stride: usize,
+    y: *const u8,
+) -> [f32; 8] {
+    let table = table_of(values);
+    let mut acc = _mm256_setzero_ps();
+    for b in 0..nb {
+        let yb = y.add(b * AB);
+        let yq = _mm256_loadu_si256(yb.add(QS).cast());
+        let xb = |r: usize| x.add(r * stride + b * WB);
+        let p: [__m256i; 8] = std::array::from_fn(|r| block_products(table, xb(r).add(QS), yq));
+        // lane r of `s`: the sum of p[r]'s lanes
+        let h01 = _mm256_hadd_epi32(p[0], p[1]);
+        let h23 = _mm256_hadd_epi32(p[2], p[3]);
+        let h45 = _mm256_hadd_epi32(p[4], p[5]);
+        let h67 = _mm256_hadd_epi32(p[6], p[7]);
+        let h0123 = _mm256_hadd_epi32(h01, h23);
+        let h4567 = _mm256_hadd_epi32(h45, h67);
+        let s = _mm256_add_epi32(
+            _mm256_permute2x128_si256(h0123, h4567, 0x20),
+            _mm256_permute2x128_si256(h0123, h4567, 0x31),
+        );
+        let dx = _mm_setr_epi16(
+            d_bits(xb(0)),
+            d_bits(xb(1)),
+            d_bits(xb(2)),
+            d_bits(xb(3)),
+            d_bits(xb(4)),
+            d_bits(xb(5)),
+            d_bits(xb(6)),
+            d_bits(xb(7)),
+        );
+        let d = _mm256_mul_ps(_mm256_cvtph_ps(dx), _mm256_set1_ps(f16_at(yb)));
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), d, acc);
+    }
+    let mut out = [0f32; 8];
+    _mm256_storeu_ps(out.as_mut_ptr(), acc);
+    out
+}
+
+#[inline(always)]
+unsafe fn d_bits(p: *const u8) -> i16 {
+    i16::from_le_bytes([*p, *p.add(1)])
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::{matrix_kernel, KernelOptions, TensorType};
+
+    fn stream(seed: u64) -> impl FnMut() -> u64 {
+        let mut s = seed;
+        move || {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            s
+        }
+    }
+
+    /// Random blocks of `count * n / 32`: an f16 scale of moderate size, then random bytes
+    /// (`signed` ones within Q8_0's range, often at its extremes).
+    fn blocks(count: usize, n: usize, signed: bool, next: &mut impl FnMut() -> u64) -> Vec<u8> {
+        let mut out = Vec::new();
+        for _ in 0..count * n / 32 {
+            let h = 0x2000 + (next() % 0x2000) as u16;
+            out.extend(h.to_le_bytes());
+            for _ in 0..if signed { 32 } else { 16 } {
+                out.push(match (signed, next() % 8) {
+                    (false, _) => next() as u8,
+                    (true, 0) => 127,
+                    (true, 1) => -127i8 as u8,
+                    (true, _) => ((next() % 255) as i32 - 127) as i8 as u8,
+                });
+            }
+        }
+        out
+    }
+
+    /// The AVX2 gemv gives the scalar reference's bits for single dots, rows and batches:
+    /// row counts off the groups of eight, column counts off the gemm's four.
+    #[test]
+    fn avx2_matches_the_scalar_reference() {
+        if !(is_x86_feature_detected!("avx2")
+            && is_x86_feature_detected!("fma")
+            && is_x86_feature_detected!("f16c"))
+        {
+            return;
+        }
+        let mut next = stream(0x2545_f491_4f6c_dd1d);
+        let scalar = KernelOptions {
+            scalar: true,
+            ..Default::default()
+        };
+        for ty in [TensorType::Q4_0, TensorType::IQ4_NL] {
+            let fast = matrix_kernel(ty, 64, &KernelOptions::default()).unwrap();
+            let reference = matrix_kernel(ty, 64, &scalar).unwrap();
+            assert!(fast.repacked() && reference.repacked() && fast.isa() == "avx2");
+            for (n, n_rows, n_cols) in [(32, 1, 1), (224, 3, 5), (224, 13, 7), (4096, 29, 6)] {
+                let rows = blocks(n_rows, n, false, &mut next);
+                let acts = blocks(n_cols, n, true, &mut next);
+                let (rb, ab) = (rows.len() / n_rows, acts.len() / n_cols);
+                let what = format!("{ty} {n_rows} x {n} x {n_cols}");
+                let mut got = vec![0f32; n_rows * n_cols];
+                fast.dot_rows_multi(n, &rows, rb, n_rows, &acts, ab, n_cols, &mut got);
+                let mut want = vec![0f32; n_rows * n_cols];
+                reference.dot_rows_multi(n, &rows, rb, n_rows, &acts, ab, n_cols, &mut want);
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&got), bits(&want), "{what}");
+                let mut got_rows = vec![0f32; n_rows];
+                fast.dot_rows(n, &rows, rb, &acts[..ab], &mut got_rows);
+                assert_eq!(bits(&got_rows), bits(&want[..n_rows]), "{what}: rows");
+                for i in 0..n_rows {
+                    let one = fast.dot(n, &rows[i * rb..(i + 1) * rb], &acts[..ab]);
+                    assert_eq!(one.to_bits(), want[i].to_bits(), "{what}: row {i}");
+                }
+            }
+        }
+    }
+}
