@@ -1,6 +1,7 @@
 //! llama.cpp's repacked Q4_0 and IQ4_NL products (`repack::gemv_b32`'s arithmetic) with AVX2:
 //! eight rows side by side, lane r of one float vector holding row r's chain, as llama.cpp's
-//! own kernels hold eight rows; the rest of the rows one at a time. The block sums are exact
+//! own kernels hold eight rows, against up to four columns at once; the rest of the rows one
+//! at a time. The block sums are exact
 //! integers, so how they are added up does not matter; the float steps are the reference's.
 
 use std::arch::x86_64::*;
@@ -57,19 +58,26 @@ pub(crate) fn multi<V: Nibbles>(
     assert!(acts.len() >= (n_cols - 1) * act_stride + nb * AB);
     assert!(out.len() >= n_rows * n_cols);
     let octets = n_rows / 8;
+    let col = |c: usize| acts.as_ptr().wrapping_add(c * act_stride);
     for g in 0..octets {
-        for c in 0..n_cols {
-            // SAFETY: as in `dot`; rows 8g..8g + 8 and column c lie within the checked lengths.
-            let sums = unsafe {
-                dot_eight(
-                    &V::VALUES,
-                    nb,
-                    rows.as_ptr().add(8 * g * row_stride),
-                    row_stride,
-                    acts.as_ptr().add(c * act_stride),
-                )
-            };
-            out[c * n_rows + 8 * g..c * n_rows + 8 * g + 8].copy_from_slice(&sums);
+        let x = rows.as_ptr().wrapping_add(8 * g * row_stride);
+        let mut store = |c: usize, sums: &[f32; 8]| {
+            out[c * n_rows + 8 * g..c * n_rows + 8 * g + 8].copy_from_slice(sums)
+        };
+        let quads = n_cols / 4;
+        for q in 0..quads {
+            let ys = [col(4 * q), col(4 * q + 1), col(4 * q + 2), col(4 * q + 3)];
+            // SAFETY: as in `dot`; rows 8g..8g + 8 and the columns lie within the checked
+            // lengths.
+            let sums = unsafe { dot_eight(&V::VALUES, nb, x, row_stride, ys) };
+            for (k, s) in sums.iter().enumerate() {
+                store(4 * q + k, s);
+            }
+        }
+        for c in 4 * quads..n_cols {
+            // SAFETY: as above.
+            let [sums] = unsafe { dot_eight(&V::VALUES, nb, x, row_stride, [col(c)]) };
+            store(c, &sums);
         }
     }
     for i in 8 * octets..n_rows {
@@ -124,34 +132,31 @@ unsafe fn dot_one(values: &[i8; 16], nb: usize, x: *const u8, y: *const u8) -> f
     acc
 }
 
-/// Rows `x`, `x + stride`, ... (eight) against one column: lane r is row r's chain.
+/// Rows `x`, `x + stride`, ... (eight) against the `C` columns `ys`: lane r of output c is row
+/// r's chain against column c. Each row's block is decoded once for all the columns.
+#[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_eight(
+unsafe fn dot_eight<const C: usize>(
     values: &[i8; 16],
     nb: usize,
     x: *const u8,
     stride: usize,
-    y: *const u8,
-) -> [f32; 8] {
+    ys: [*const u8; C],
+) -> [[f32; 8]; C] {
     let table = table_of(values);
-    let mut acc = _mm256_setzero_ps();
+    let m = _mm_set1_epi8(0x0f);
+    let ones = _mm256_set1_epi16(1);
+    let mut acc = [_mm256_setzero_ps(); C];
     for b in 0..nb {
-        let yb = y.add(b * AB);
-        let yq = _mm256_loadu_si256(yb.add(QS).cast());
         let xb = |r: usize| x.add(r * stride + b * WB);
-        let p: [__m256i; 8] = std::array::from_fn(|r| block_products(table, xb(r).add(QS), yq));
-        // lane r of `s`: the sum of p[r]'s lanes
-        let h01 = _mm256_hadd_epi32(p[0], p[1]);
-        let h23 = _mm256_hadd_epi32(p[2], p[3]);
-        let h45 = _mm256_hadd_epi32(p[4], p[5]);
-        let h67 = _mm256_hadd_epi32(p[6], p[7]);
-        let h0123 = _mm256_hadd_epi32(h01, h23);
-        let h4567 = _mm256_hadd_epi32(h45, h67);
-        let s = _mm256_add_epi32(
-            _mm256_permute2x128_si256(h0123, h4567, 0x20),
-            _mm256_permute2x128_si256(h0123, h4567, 0x31),
-        );
-        let dx = _mm_setr_epi16(
+        let w: [__m256i; 8] = std::array::from_fn(|r| {
+            let packed = _mm_loadu_si128(xb(r).add(QS) as *const __m128i);
+            let lo = _mm_and_si128(packed, m);
+            let hi = _mm_and_si128(_mm_srli_epi16(packed, 4), m);
+            _mm256_shuffle_epi8(table, _mm256_set_m128i(hi, lo))
+        });
+        let aw: [__m256i; 8] = std::array::from_fn(|r| _mm256_sign_epi8(w[r], w[r]));
+        let dx = _mm256_cvtph_ps(_mm_setr_epi16(
             d_bits(xb(0)),
             d_bits(xb(1)),
             d_bits(xb(2)),
@@ -160,13 +165,41 @@ unsafe fn dot_eight(
             d_bits(xb(5)),
             d_bits(xb(6)),
             d_bits(xb(7)),
-        );
-        let d = _mm256_mul_ps(_mm256_cvtph_ps(dx), _mm256_set1_ps(f16_at(yb)));
-        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), d, acc);
+        ));
+        for (acc, y) in acc.iter_mut().zip(ys) {
+            let yb = y.add(b * AB);
+            let yq = _mm256_loadu_si256(yb.add(QS).cast());
+            // |w| times y with w's sign: maddubs' pairs stay far from saturation
+            let p: [__m256i; 8] = std::array::from_fn(|r| {
+                let pairs = _mm256_maddubs_epi16(aw[r], _mm256_sign_epi8(yq, w[r]));
+                _mm256_madd_epi16(pairs, ones)
+            });
+            let s = lane_sums(&p);
+            let d = _mm256_mul_ps(dx, _mm256_set1_ps(f16_at(yb)));
+            *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), d, *acc);
+        }
     }
-    let mut out = [0f32; 8];
-    _mm256_storeu_ps(out.as_mut_ptr(), acc);
-    out
+    acc.map(|a| {
+        let mut out = [0f32; 8];
+        _mm256_storeu_ps(out.as_mut_ptr(), a);
+        out
+    })
+}
+
+/// Lane r: the sum of `p[r]`'s lanes.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn lane_sums(p: &[__m256i; 8]) -> __m256i {
+    let h01 = _mm256_hadd_epi32(p[0], p[1]);
+    let h23 = _mm256_hadd_epi32(p[2], p[3]);
+    let h45 = _mm256_hadd_epi32(p[4], p[5]);
+    let h67 = _mm256_hadd_epi32(p[6], p[7]);
+    let h0123 = _mm256_hadd_epi32(h01, h23);
+    let h4567 = _mm256_hadd_epi32(h45, h67);
+    _mm256_add_epi32(
+        _mm256_permute2x128_si256(h0123, h4567, 0x20),
+        _mm256_permute2x128_si256(h0123, h4567, 0x31),
+    )
 }
 
 #[inline(always)]
