@@ -50,13 +50,67 @@ pub(crate) fn multi<V: Nibbles>(
     n_cols: usize,
     out: &mut [f32],
 ) {
+    let vnni = super::has_avx512_vnni();
+    multi_with::<V>(
+        vnni, n, rows, row_stride, n_rows, acts, act_stride, n_cols, out,
+    )
+}
+
+/// [`multi`], the groups of eight rows by AVX512-VNNI when `vnni` (which the CPU must have),
+/// by AVX2 otherwise.
+#[allow(clippy::too_many_arguments)] // two strided matrices and their shapes
+fn multi_with<V: Nibbles>(
+    vnni: bool,
+    n: usize,
+    rows: &[u8],
+    row_stride: usize,
+    n_rows: usize,
+    acts: &[u8],
+    act_stride: usize,
+    n_cols: usize,
+    out: &mut [f32],
+) {
     let nb = n / crate::legacy::QK;
+    assert!(!vnni || super::has_avx512_vnni());
     if n_rows == 0 || n_cols == 0 {
         return;
     }
     assert!(rows.len() >= (n_rows - 1) * row_stride + nb * WB);
     assert!(acts.len() >= (n_cols - 1) * act_stride + nb * AB);
     assert!(out.len() >= n_rows * n_cols);
+    let octets = n_rows / 8;
+    if vnni {
+        multi_vnni::<V>(nb, rows, row_stride, n_rows, acts, act_stride, n_cols, out);
+    } else {
+        multi_avx2::<V>(nb, rows, row_stride, n_rows, acts, act_stride, n_cols, out);
+    }
+    for i in 8 * octets..n_rows {
+        for c in 0..n_cols {
+            // SAFETY: as in `dot`; row i and column c lie within the checked lengths.
+            out[c * n_rows + i] = unsafe {
+                dot_one(
+                    &V::VALUES,
+                    nb,
+                    rows.as_ptr().add(i * row_stride),
+                    acts.as_ptr().add(c * act_stride),
+                )
+            };
+        }
+    }
+}
+
+/// The groups of eight rows of [`multi`] with AVX2 (lengths checked there).
+#[allow(clippy::too_many_arguments)] // two strided matrices and their shapes
+fn multi_avx2<V: Nibbles>(
+    nb: usize,
+    rows: &[u8],
+    row_stride: usize,
+    n_rows: usize,
+    acts: &[u8],
+    act_stride: usize,
+    n_cols: usize,
+    out: &mut [f32],
+) {
     let octets = n_rows / 8;
     let col = |c: usize| acts.as_ptr().wrapping_add(c * act_stride);
     for g in 0..octets {
@@ -80,19 +134,128 @@ pub(crate) fn multi<V: Nibbles>(
             store(c, &sums);
         }
     }
-    for i in 8 * octets..n_rows {
-        for c in 0..n_cols {
-            // SAFETY: as above, for row i.
-            out[c * n_rows + i] = unsafe {
-                dot_one(
-                    &V::VALUES,
-                    nb,
-                    rows.as_ptr().add(i * row_stride),
-                    acts.as_ptr().add(c * act_stride),
-                )
-            };
+}
+
+/// The groups of eight rows of [`multi`] with AVX512-VNNI (lengths checked there, the
+/// features detected): each column's block sums of quants computed once for all the rows.
+#[allow(clippy::too_many_arguments)] // two strided matrices and their shapes
+fn multi_vnni<V: Nibbles>(
+    nb: usize,
+    rows: &[u8],
+    row_stride: usize,
+    n_rows: usize,
+    acts: &[u8],
+    act_stride: usize,
+    n_cols: usize,
+    out: &mut [f32],
+) {
+    let sums: Vec<i32> = (0..n_cols * nb)
+        .map(|i| {
+            let (c, b) = (i / nb, i % nb);
+            let at = c * act_stride + b * AB + QS;
+            acts[at..at + 32].iter().map(|&q| q as i8 as i32).sum()
+        })
+        .collect();
+    let col = |c: usize| acts.as_ptr().wrapping_add(c * act_stride);
+    let col_sums = |c: usize| sums.as_ptr().wrapping_add(c * nb);
+    for g in 0..n_rows / 8 {
+        let x = rows.as_ptr().wrapping_add(8 * g * row_stride);
+        let mut store = |c: usize, s: &[f32; 8]| {
+            out[c * n_rows + 8 * g..c * n_rows + 8 * g + 8].copy_from_slice(s)
+        };
+        let quads = n_cols / 4;
+        for q in 0..quads {
+            let ys: [_; 4] = std::array::from_fn(|k| (col(4 * q + k), col_sums(4 * q + k)));
+            // SAFETY: the features were detected; rows 8g..8g + 8, the columns and their sums
+            // lie within the checked lengths.
+            let got = unsafe { dot_eight_vnni(&V::VALUES, nb, x, row_stride, ys) };
+            for (k, s) in got.iter().enumerate() {
+                store(4 * q + k, s);
+            }
+        }
+        for c in 4 * quads..n_cols {
+            // SAFETY: as above.
+            let [got] =
+                unsafe { dot_eight_vnni(&V::VALUES, nb, x, row_stride, [(col(c), col_sums(c))]) };
+            store(c, &got);
         }
     }
+}
+
+/// [`dot_eight`] by AVX512-VNNI: the eight rows' blocks transposed so that lane r holds row
+/// r's quants four by four, offset to unsigned bytes for `vpdpbusd`, which then sums straight
+/// into lane r; the offset comes back off through the column's block sums (`ys`' second
+/// pointers). Exact integers all along, as in the reference.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn dot_eight_vnni<const C: usize>(
+    values: &[i8; 16],
+    nb: usize,
+    x: *const u8,
+    stride: usize,
+    ys: [(*const u8, *const i32); C],
+) -> [[f32; 8]; C] {
+    const OFFSET: i32 = 128;
+    let table = _mm256_add_epi8(table_of(values), _mm256_set1_epi8(OFFSET as u8 as i8));
+    let m = _mm256_set1_epi8(0x0f);
+    let mut acc = [_mm256_setzero_ps(); C];
+    for b in 0..nb {
+        let xb = |r: usize| x.add(r * stride + b * WB);
+        let pair = |r: usize| {
+            let lo = _mm_loadu_si128(xb(r).add(QS) as *const __m128i);
+            let hi = _mm_loadu_si128(xb(r + 4).add(QS) as *const __m128i);
+            _mm256_set_m128i(hi, lo)
+        };
+        // rows r and r + 4 in the two halves, then a transpose of four by four within each
+        // half: t[j] holds the jth four bytes of every row, lane r row r
+        let (a0, a1, a2, a3) = (pair(0), pair(1), pair(2), pair(3));
+        let (u0, u1) = (_mm256_unpacklo_epi32(a0, a1), _mm256_unpackhi_epi32(a0, a1));
+        let (u2, u3) = (_mm256_unpacklo_epi32(a2, a3), _mm256_unpackhi_epi32(a2, a3));
+        let t = [
+            _mm256_unpacklo_epi64(u0, u2),
+            _mm256_unpackhi_epi64(u0, u2),
+            _mm256_unpacklo_epi64(u1, u3),
+            _mm256_unpackhi_epi64(u1, u3),
+        ];
+        // the low nibbles are elements 4j.., the high ones 16 + 4j..
+        let w: [__m256i; 8] = std::array::from_fn(|k| {
+            let nib = if k < 4 {
+                _mm256_and_si256(t[k], m)
+            } else {
+                _mm256_and_si256(_mm256_srli_epi16(t[k - 4], 4), m)
+            };
+            _mm256_shuffle_epi8(table, nib)
+        });
+        let dx = _mm256_cvtph_ps(_mm_setr_epi16(
+            d_bits(xb(0)),
+            d_bits(xb(1)),
+            d_bits(xb(2)),
+            d_bits(xb(3)),
+            d_bits(xb(4)),
+            d_bits(xb(5)),
+            d_bits(xb(6)),
+            d_bits(xb(7)),
+        ));
+        for (acc, (y, ysum)) in acc.iter_mut().zip(ys) {
+            let yb = y.add(b * AB);
+            let yq = yb.add(QS) as *const i32;
+            let quad = |k: usize| _mm256_set1_epi32(yq.add(k).read_unaligned());
+            let mut even = _mm256_set1_epi32(-OFFSET * *ysum.add(b));
+            let mut odd = _mm256_setzero_si256();
+            for k in (0..8).step_by(2) {
+                even = _mm256_dpbusd_epi32(even, w[k], quad(k));
+                odd = _mm256_dpbusd_epi32(odd, w[k + 1], quad(k + 1));
+            }
+            let s = _mm256_add_epi32(even, odd);
+            let d = _mm256_mul_ps(dx, _mm256_set1_ps(f16_at(yb)));
+            *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), d, *acc);
+        }
+    }
+    acc.map(|a| {
+        let mut out = [0f32; 8];
+        _mm256_storeu_ps(out.as_mut_ptr(), a);
+        out
+    })
 }
 
 /// One block's quants (16 nibble bytes at `qs`) looked up in `table` and multiplied with the
@@ -270,6 +433,15 @@ mod tests {
                 reference.dot_rows_multi(n, &rows, rb, n_rows, &acts, ab, n_cols, &mut want);
                 let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
                 assert_eq!(bits(&got), bits(&want), "{what}");
+                for vnni in [false, super::super::has_avx512_vnni()] {
+                    let multi = match ty {
+                        TensorType::Q4_0 => super::multi_with::<crate::repack::Q4_0>,
+                        _ => super::multi_with::<crate::repack::Iq4Nl>,
+                    };
+                    got.fill(0.0);
+                    multi(vnni, n, &rows, rb, n_rows, &acts, ab, n_cols, &mut got);
+                    assert_eq!(bits(&got), bits(&want), "{what}: vnni {vnni}");
+                }
                 let mut got_rows = vec![0f32; n_rows];
                 fast.dot_rows(n, &rows, rb, &acts[..ab], &mut got_rows);
                 assert_eq!(bits(&got_rows), bits(&want[..n_rows]), "{what}: rows");
