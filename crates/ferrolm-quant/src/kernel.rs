@@ -77,8 +77,9 @@ pub struct KernelOptions {
     /// Only the scalar reference kernels (the same bits, slower): what every SIMD kernel is
     /// tested against.
     pub scalar: bool,
-    /// Mirror llama.cpp's CPU_REPACK products where it repacks a weight on this CPU (Q4_K
-    /// matrices with a multiple of 8 rows, on x86-64 with AVX2; see [`matrix_kernel`]).
+    /// Mirror llama.cpp's CPU_REPACK products where it repacks a weight on this CPU (Q4_K,
+    /// Q4_0 and IQ4_NL matrices with a multiple of 8 rows, on x86-64 with AVX2; see
+    /// [`matrix_kernel`]).
     pub repack: bool,
     /// Mirror llama.cpp's tiled matmul for products of 8 or more activation columns (Q2_K..Q6_K,
     /// the 256-element i-quants and IQ4_XS, when not repacked).
@@ -243,7 +244,7 @@ impl DotKernel {
     /// * with [`KernelOptions::tiled`], Q2_K..Q6_K, the 256-element i-quants and IQ4_XS with >= 8
     ///   columns: llama.cpp's tiled matmul (crate docs); a repacked kernel
     ///   ([`DotKernel::repacked`]): llama.cpp's CPU_REPACK gemm for the first `n_cols - n_cols %
-    ///   4` columns and its gemv for the rest;
+    ///   4` columns and its gemv for the rest (for Q4_0 and IQ4_NL the two agree per element);
     /// * every other type: `vec_dot` per element (Q4_1, Q5_1 and the K-quants are not taken by
     ///   llamafile_sgemm).
     #[allow(clippy::too_many_arguments)] // two strided matrices and their shapes
@@ -702,7 +703,7 @@ pub fn dot_kernel_with(ty: TensorType, options: &KernelOptions) -> Result<DotKer
 /// The kernel for the products of a 2-D weight tensor of `ty` with `rows` rows (its whole
 /// row count, also for a view of some of its rows), as `options` say: where llama.cpp built
 /// for this CPU repacks such a tensor at load and ferrolm mirrors it ([`KernelOptions::repack`];
-/// Q4_K with AVX2), its gemv/gemm arithmetic ([`DotKernel::repacked`]); otherwise
+/// Q4_K, Q4_0 and IQ4_NL with AVX2), its gemv/gemm arithmetic ([`DotKernel::repacked`]); otherwise
 /// [`dot_kernel_with`].
 pub fn matrix_kernel(
     ty: TensorType,
