@@ -79,10 +79,32 @@ fn multi_with<V: Nibbles>(
     assert!(acts.len() >= (n_cols - 1) * act_stride + nb * AB);
     assert!(out.len() >= n_rows * n_cols);
     let octets = n_rows / 8;
+    let col = |c: usize| acts.as_ptr().wrapping_add(c * act_stride);
+    let group = |g: usize| rows.as_ptr().wrapping_add(8 * g * row_stride);
     if vnni {
-        multi_vnni::<V>(nb, rows, row_stride, n_rows, acts, act_stride, n_cols, out);
+        // each column's block sums of quants, computed once for all the rows
+        let sums: Vec<i32> = (0..n_cols * nb)
+            .map(|i| {
+                let at = (i / nb) * act_stride + (i % nb) * AB + QS;
+                acts[at..at + 32].iter().map(|&q| q as i8 as i32).sum()
+            })
+            .collect();
+        let y = |c: usize| (col(c), sums.as_ptr().wrapping_add(c * nb));
+        // SAFETY (both): the features were detected; rows 8g..8g + 8, the columns and their
+        // sums lie within the checked lengths.
+        let quad = |g, cs: [usize; 4]| unsafe {
+            dot_eight_vnni(&V::VALUES, nb, group(g), row_stride, cs.map(y))
+        };
+        let one = |g, c| unsafe { dot_eight_vnni(&V::VALUES, nb, group(g), row_stride, [y(c)]) };
+        eight_row_groups(n_rows, n_cols, out, quad, one);
     } else {
-        multi_avx2::<V>(nb, rows, row_stride, n_rows, acts, act_stride, n_cols, out);
+        // SAFETY (both): as in `dot`; rows 8g..8g + 8 and the columns lie within the checked
+        // lengths.
+        let quad = |g, cs: [usize; 4]| unsafe {
+            dot_eight(&V::VALUES, nb, group(g), row_stride, cs.map(col))
+        };
+        let one = |g, c| unsafe { dot_eight(&V::VALUES, nb, group(g), row_stride, [col(c)]) };
+        eight_row_groups(n_rows, n_cols, out, quad, one);
     }
     for i in 8 * octets..n_rows {
         for c in 0..n_cols {
@@ -99,85 +121,28 @@ fn multi_with<V: Nibbles>(
     }
 }
 
-/// The groups of eight rows of [`multi`] with AVX2 (lengths checked there).
-#[allow(clippy::too_many_arguments)] // two strided matrices and their shapes
-fn multi_avx2<V: Nibbles>(
-    nb: usize,
-    rows: &[u8],
-    row_stride: usize,
+/// Every group of eight rows (`g`) against every column into `out` (column c at
+/// `c * n_rows`): `quad(g, columns)` four columns at a time, `one(g, c)` for the rest.
+fn eight_row_groups(
     n_rows: usize,
-    acts: &[u8],
-    act_stride: usize,
     n_cols: usize,
     out: &mut [f32],
+    quad: impl Fn(usize, [usize; 4]) -> [[f32; 8]; 4],
+    one: impl Fn(usize, usize) -> [[f32; 8]; 1],
 ) {
-    let octets = n_rows / 8;
-    let col = |c: usize| acts.as_ptr().wrapping_add(c * act_stride);
-    for g in 0..octets {
-        let x = rows.as_ptr().wrapping_add(8 * g * row_stride);
-        let mut store = |c: usize, sums: &[f32; 8]| {
-            out[c * n_rows + 8 * g..c * n_rows + 8 * g + 8].copy_from_slice(sums)
-        };
-        let quads = n_cols / 4;
-        for q in 0..quads {
-            let ys = [col(4 * q), col(4 * q + 1), col(4 * q + 2), col(4 * q + 3)];
-            // SAFETY: as in `dot`; rows 8g..8g + 8 and the columns lie within the checked
-            // lengths.
-            let sums = unsafe { dot_eight(&V::VALUES, nb, x, row_stride, ys) };
-            for (k, s) in sums.iter().enumerate() {
-                store(4 * q + k, s);
-            }
-        }
-        for c in 4 * quads..n_cols {
-            // SAFETY: as above.
-            let [sums] = unsafe { dot_eight(&V::VALUES, nb, x, row_stride, [col(c)]) };
-            store(c, &sums);
-        }
-    }
-}
-
-/// The groups of eight rows of [`multi`] with AVX512-VNNI (lengths checked there, the
-/// features detected): each column's block sums of quants computed once for all the rows.
-#[allow(clippy::too_many_arguments)] // two strided matrices and their shapes
-fn multi_vnni<V: Nibbles>(
-    nb: usize,
-    rows: &[u8],
-    row_stride: usize,
-    n_rows: usize,
-    acts: &[u8],
-    act_stride: usize,
-    n_cols: usize,
-    out: &mut [f32],
-) {
-    let sums: Vec<i32> = (0..n_cols * nb)
-        .map(|i| {
-            let (c, b) = (i / nb, i % nb);
-            let at = c * act_stride + b * AB + QS;
-            acts[at..at + 32].iter().map(|&q| q as i8 as i32).sum()
-        })
-        .collect();
-    let col = |c: usize| acts.as_ptr().wrapping_add(c * act_stride);
-    let col_sums = |c: usize| sums.as_ptr().wrapping_add(c * nb);
     for g in 0..n_rows / 8 {
-        let x = rows.as_ptr().wrapping_add(8 * g * row_stride);
         let mut store = |c: usize, s: &[f32; 8]| {
             out[c * n_rows + 8 * g..c * n_rows + 8 * g + 8].copy_from_slice(s)
         };
         let quads = n_cols / 4;
         for q in 0..quads {
-            let ys: [_; 4] = std::array::from_fn(|k| (col(4 * q + k), col_sums(4 * q + k)));
-            // SAFETY: the features were detected; rows 8g..8g + 8, the columns and their sums
-            // lie within the checked lengths.
-            let got = unsafe { dot_eight_vnni(&V::VALUES, nb, x, row_stride, ys) };
-            for (k, s) in got.iter().enumerate() {
-                store(4 * q + k, s);
+            let cs = [4 * q, 4 * q + 1, 4 * q + 2, 4 * q + 3];
+            for (c, s) in cs.into_iter().zip(&quad(g, cs)) {
+                store(c, s);
             }
         }
         for c in 4 * quads..n_cols {
-            // SAFETY: as above.
-            let [got] =
-                unsafe { dot_eight_vnni(&V::VALUES, nb, x, row_stride, [(col(c), col_sums(c))]) };
-            store(c, &got);
+            store(c, &one(g, c)[0]);
         }
     }
 }
@@ -226,16 +191,7 @@ unsafe fn dot_eight_vnni<const C: usize>(
             };
             _mm256_shuffle_epi8(table, nib)
         });
-        let dx = _mm256_cvtph_ps(_mm_setr_epi16(
-            d_bits(xb(0)),
-            d_bits(xb(1)),
-            d_bits(xb(2)),
-            d_bits(xb(3)),
-            d_bits(xb(4)),
-            d_bits(xb(5)),
-            d_bits(xb(6)),
-            d_bits(xb(7)),
-        ));
+        let dx = row_scales(xb);
         for (acc, (y, ysum)) in acc.iter_mut().zip(ys) {
             let yb = y.add(b * AB);
             let yq = yb.add(QS) as *const i32;
@@ -251,11 +207,7 @@ unsafe fn dot_eight_vnni<const C: usize>(
             *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), d, *acc);
         }
     }
-    acc.map(|a| {
-        let mut out = [0f32; 8];
-        _mm256_storeu_ps(out.as_mut_ptr(), a);
-        out
-    })
+    acc.map(|a| std::mem::transmute::<__m256, [f32; 8]>(a))
 }
 
 /// One block's quants (16 nibble bytes at `qs`) looked up in `table` and multiplied with the
@@ -319,16 +271,7 @@ unsafe fn dot_eight<const C: usize>(
             _mm256_shuffle_epi8(table, _mm256_set_m128i(hi, lo))
         });
         let aw: [__m256i; 8] = std::array::from_fn(|r| _mm256_sign_epi8(w[r], w[r]));
-        let dx = _mm256_cvtph_ps(_mm_setr_epi16(
-            d_bits(xb(0)),
-            d_bits(xb(1)),
-            d_bits(xb(2)),
-            d_bits(xb(3)),
-            d_bits(xb(4)),
-            d_bits(xb(5)),
-            d_bits(xb(6)),
-            d_bits(xb(7)),
-        ));
+        let dx = row_scales(xb);
         for (acc, y) in acc.iter_mut().zip(ys) {
             let yb = y.add(b * AB);
             let yq = _mm256_loadu_si256(yb.add(QS).cast());
@@ -342,11 +285,7 @@ unsafe fn dot_eight<const C: usize>(
             *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), d, *acc);
         }
     }
-    acc.map(|a| {
-        let mut out = [0f32; 8];
-        _mm256_storeu_ps(out.as_mut_ptr(), a);
-        out
-    })
+    acc.map(|a| std::mem::transmute::<__m256, [f32; 8]>(a))
 }
 
 /// Lane r: the sum of `p[r]`'s lanes.
@@ -365,9 +304,21 @@ unsafe fn lane_sums(p: &[__m256i; 8]) -> __m256i {
     )
 }
 
-#[inline(always)]
-unsafe fn d_bits(p: *const u8) -> i16 {
-    i16::from_le_bytes([*p, *p.add(1)])
+/// The f16 scales of eight blocks (at `xb(0)`..`xb(7)`) as f32 lanes.
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+unsafe fn row_scales(xb: impl Fn(usize) -> *const u8) -> __m256 {
+    let d = |r: usize| i16::from_le_bytes([*xb(r), *xb(r).add(1)]);
+    _mm256_cvtph_ps(_mm_setr_epi16(
+        d(0),
+        d(1),
+        d(2),
+        d(3),
+        d(4),
+        d(5),
+        d(6),
+        d(7),
+    ))
 }
 
 #[cfg(test)]
