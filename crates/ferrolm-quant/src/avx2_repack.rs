@@ -1,8 +1,8 @@
-//! llama.cpp's repacked Q4_0 and IQ4_NL products (`repack::gemv_b32`'s arithmetic) with AVX2:
-//! eight rows side by side, lane r of one float vector holding row r's chain, as llama.cpp's
-//! own kernels hold eight rows, against up to four columns at once; the rest of the rows one
-//! at a time. The block sums are exact
-//! integers, so how they are added up does not matter; the float steps are the reference's.
+//! llama.cpp's repacked Q4_0 and IQ4_NL products (`repack::gemv_b32`'s arithmetic) with AVX2
+//! and, where the CPU has it, AVX512-VNNI: eight rows side by side, lane r of one float vector
+//! holding row r's chain, as llama.cpp's own kernels hold eight rows, against up to four
+//! columns at once; the rest of the rows one at a time. The block sums are exact integers, so
+//! how they are added up does not matter; the float steps are the reference's.
 
 use std::arch::x86_64::*;
 
@@ -86,7 +86,10 @@ fn multi_with<V: Nibbles>(
         let sums: Vec<i32> = (0..n_cols * nb)
             .map(|i| {
                 let at = (i / nb) * act_stride + (i % nb) * AB + QS;
-                acts[at..at + 32].iter().map(|&q| q as i8 as i32).sum()
+                acts[at..at + crate::legacy::QK]
+                    .iter()
+                    .map(|&q| q as i8 as i32)
+                    .sum()
             })
             .collect();
         let y = |c: usize| (col(c), sums.as_ptr().wrapping_add(c * nb));
@@ -182,7 +185,8 @@ unsafe fn dot_eight_vnni<const C: usize>(
             _mm256_unpacklo_epi64(u1, u3),
             _mm256_unpackhi_epi64(u1, u3),
         ];
-        // the low nibbles are elements 4j.., the high ones 16 + 4j..
+        // the low nibbles of group j meet the activation's group j, the high ones the group
+        // half a block further
         let w: [__m256i; 8] = std::array::from_fn(|k| {
             let nib = if k < 4 {
                 _mm256_and_si256(t[k], m)
@@ -210,8 +214,8 @@ unsafe fn dot_eight_vnni<const C: usize>(
     acc.map(|a| std::mem::transmute::<__m256, [f32; 8]>(a))
 }
 
-/// One block's quants (16 nibble bytes at `qs`) looked up in `table` and multiplied with the
-/// activation's 32 signed bytes `y`: 8 i32 partial sums.
+/// One block's quants (the nibble bytes at `qs`) looked up in `table` and multiplied with the
+/// activation's signed bytes `y`: partial sums in i32 lanes.
 #[inline]
 #[target_feature(enable = "avx2")]
 unsafe fn block_products(table: __m256i, qs: *const u8, y: __m256i) -> __m256i {
@@ -335,8 +339,8 @@ mod tests {
         }
     }
 
-    /// Random blocks of `count * n / 32`: an f16 scale of moderate size, then random bytes
-    /// (`signed` ones within Q8_0's range, often at its extremes).
+    /// `count` rows of `n` elements in blocks of an f16 scale of moderate size, then random
+    /// bytes (`signed` ones within Q8_0's range, often at its extremes).
     fn blocks(count: usize, n: usize, signed: bool, next: &mut impl FnMut() -> u64) -> Vec<u8> {
         let mut out = Vec::new();
         for _ in 0..count * n / 32 {
@@ -354,8 +358,8 @@ mod tests {
         out
     }
 
-    /// The AVX2 gemv gives the scalar reference's bits for single dots, rows and batches:
-    /// row counts off the groups of eight, column counts off the gemm's four.
+    /// The AVX2 and AVX512-VNNI paths give the scalar reference's bits for single dots, rows
+    /// and batches: row counts off the groups of eight, column counts off the gemm's four.
     #[test]
     fn avx2_matches_the_scalar_reference() {
         if !(is_x86_feature_detected!("avx2")
