@@ -38,7 +38,7 @@ Files and records:
                   [weights (m rows), the activations (n random f32 columns) quantized by the
                   vec_dot_type's from_float, out f32 (n x m, column j at j*m)]: with repacked
                   the weights live in the CPU_REPACK buffer (Q4_K: ggml_gemv/gemm_q4_K_8x8_q8_K;
-                  Q4_0, IQ4_NL: ggml_gemv/gemm_q4_0/iq4_nl_8x8_q8_0),
+                  Q4_0, IQ4_NL, MXFP4: ggml_gemv/gemm_q4_0/iq4_nl/mxfp4_8x8_q8_0),
                   otherwise in a plain one (K-quants with >= 8 columns: the tiled matmul).
 
 Run from the repository root:  python3 scripts/ggml_oracle.py
@@ -472,6 +472,8 @@ def gen_products():
     # n % 4; an odd number of blocks per row
     cases += [(t, 1, m, n) for t in ("Q4_0", "IQ4_NL") for m in (8, 24, 40)
               for n in (1, 3, 4, 5, 16, 21)]
+    # MXFP4 (mxfp4_8x8_q8_0): the same kernels, an e8m0 scale per block
+    cases += [("MXFP4", 1, m, n) for m in (8, 24, 40) for n in (1, 3, 4, 5, 16, 21)]
     for tname, repacked, m, n in cases:
         t = T[tname]
         k = 7 * 32 if SIZES[t][0] == 32 else 2 * 256

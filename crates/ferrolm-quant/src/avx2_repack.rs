@@ -1,4 +1,4 @@
-//! llama.cpp's repacked Q4_0 and IQ4_NL products (`repack::gemv_b32`'s arithmetic) with AVX2
+//! llama.cpp's repacked Q4_0, IQ4_NL and MXFP4 products (`repack::gemv_b32`'s arithmetic) with AVX2
 //! and, where the CPU has it, AVX512-VNNI: eight rows side by side, lane r of one float vector
 //! holding row r's chain, as llama.cpp's own kernels hold eight rows, against up to four
 //! columns at once; the rest of the rows one at a time. The block sums are exact integers, so
@@ -7,12 +7,11 @@
 use std::arch::x86_64::*;
 
 use super::f16_at;
-use crate::legacy::{BlockQ4_0, BlockQ8_0};
+use crate::legacy::BlockQ8_0;
 use crate::repack::Nibbles;
 
-const WB: usize = std::mem::size_of::<BlockQ4_0>();
 const AB: usize = std::mem::size_of::<BlockQ8_0>();
-/// Where the quants start in both blocks (after the f16 scale).
+/// Where the activation's quants start (after its f16 scale).
 const QS: usize = 2;
 
 /// `DotKernel::dot` of a repacked row. Handed out only after run-time detection of AVX2, FMA
@@ -20,10 +19,10 @@ const QS: usize = 2;
 /// elements.
 pub(crate) fn dot<V: Nibbles>(n: usize, row: &[u8], act: &[u8]) -> f32 {
     let nb = n / crate::legacy::QK;
-    assert!(row.len() >= nb * WB && act.len() >= nb * AB);
+    assert!(row.len() >= nb * V::BYTES && act.len() >= nb * AB);
     // SAFETY: the features were detected before this function was handed out; the loads read
     // within the `nb` blocks of both (checked above).
-    unsafe { dot_one(&V::VALUES, nb, row.as_ptr(), act.as_ptr()) }
+    unsafe { dot_one::<V>(nb, row.as_ptr(), act.as_ptr()) }
 }
 
 /// `DotKernel::dot_rows` of repacked rows, under the same conditions as [`dot`].
@@ -75,7 +74,7 @@ fn multi_with<V: Nibbles>(
     if n_rows == 0 || n_cols == 0 {
         return;
     }
-    assert!(rows.len() >= (n_rows - 1) * row_stride + nb * WB);
+    assert!(rows.len() >= (n_rows - 1) * row_stride + nb * V::BYTES);
     assert!(acts.len() >= (n_cols - 1) * act_stride + nb * AB);
     assert!(out.len() >= n_rows * n_cols);
     let octets = n_rows / 8;
@@ -96,25 +95,23 @@ fn multi_with<V: Nibbles>(
         // SAFETY (both): the features were detected; rows 8g..8g + 8, the columns and their
         // sums lie within the checked lengths.
         let quad = |g, cs: [usize; 4]| unsafe {
-            dot_eight_vnni(&V::VALUES, nb, group(g), row_stride, cs.map(y))
+            dot_eight_vnni::<V, 4>(nb, group(g), row_stride, cs.map(y))
         };
-        let one = |g, c| unsafe { dot_eight_vnni(&V::VALUES, nb, group(g), row_stride, [y(c)]) };
+        let one = |g, c| unsafe { dot_eight_vnni::<V, 1>(nb, group(g), row_stride, [y(c)]) };
         eight_row_groups(n_rows, n_cols, out, quad, one);
     } else {
         // SAFETY (both): as in `dot`; rows 8g..8g + 8 and the columns lie within the checked
         // lengths.
-        let quad = |g, cs: [usize; 4]| unsafe {
-            dot_eight(&V::VALUES, nb, group(g), row_stride, cs.map(col))
-        };
-        let one = |g, c| unsafe { dot_eight(&V::VALUES, nb, group(g), row_stride, [col(c)]) };
+        let quad =
+            |g, cs: [usize; 4]| unsafe { dot_eight::<V, 4>(nb, group(g), row_stride, cs.map(col)) };
+        let one = |g, c| unsafe { dot_eight::<V, 1>(nb, group(g), row_stride, [col(c)]) };
         eight_row_groups(n_rows, n_cols, out, quad, one);
     }
     for i in 8 * octets..n_rows {
         for c in 0..n_cols {
             // SAFETY: as in `dot`; row i and column c lie within the checked lengths.
             out[c * n_rows + i] = unsafe {
-                dot_one(
-                    &V::VALUES,
+                dot_one::<V>(
                     nb,
                     rows.as_ptr().add(i * row_stride),
                     acts.as_ptr().add(c * act_stride),
@@ -156,22 +153,21 @@ fn eight_row_groups(
 /// pointers). Exact integers all along, as in the reference.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn dot_eight_vnni<const C: usize>(
-    values: &[i8; 16],
+unsafe fn dot_eight_vnni<V: Nibbles, const C: usize>(
     nb: usize,
     x: *const u8,
     stride: usize,
     ys: [(*const u8, *const i32); C],
 ) -> [[f32; 8]; C] {
     const OFFSET: i32 = 128;
-    let table = _mm256_add_epi8(table_of(values), _mm256_set1_epi8(OFFSET as u8 as i8));
+    let table = _mm256_add_epi8(table_of(&V::VALUES), _mm256_set1_epi8(OFFSET as u8 as i8));
     let m = _mm256_set1_epi8(0x0f);
     let mut acc = [_mm256_setzero_ps(); C];
     for b in 0..nb {
-        let xb = |r: usize| x.add(r * stride + b * WB);
+        let xb = |r: usize| x.add(r * stride + b * V::BYTES);
         let pair = |r: usize| {
-            let lo = _mm_loadu_si128(xb(r).add(QS) as *const __m128i);
-            let hi = _mm_loadu_si128(xb(r + 4).add(QS) as *const __m128i);
+            let lo = _mm_loadu_si128(xb(r).add(V::SCALE_BYTES) as *const __m128i);
+            let hi = _mm_loadu_si128(xb(r + 4).add(V::SCALE_BYTES) as *const __m128i);
             _mm256_set_m128i(hi, lo)
         };
         // rows r and r + 4 in the two halves, then a transpose of four by four within each
@@ -195,7 +191,7 @@ unsafe fn dot_eight_vnni<const C: usize>(
             };
             _mm256_shuffle_epi8(table, nib)
         });
-        let dx = row_scales(xb);
+        let dx = row_scales::<V>(xb);
         for (acc, (y, ysum)) in acc.iter_mut().zip(ys) {
             let yb = y.add(b * AB);
             let yq = yb.add(QS) as *const i32;
@@ -236,17 +232,21 @@ unsafe fn table_of(values: &[i8; 16]) -> __m256i {
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_one(values: &[i8; 16], nb: usize, x: *const u8, y: *const u8) -> f32 {
-    let table = table_of(values);
+unsafe fn dot_one<V: Nibbles>(nb: usize, x: *const u8, y: *const u8) -> f32 {
+    let table = table_of(&V::VALUES);
     let mut acc = 0f32;
     for b in 0..nb {
-        let (xb, yb) = (x.add(b * WB), y.add(b * AB));
-        let p = block_products(table, xb.add(QS), _mm256_loadu_si256(yb.add(QS).cast()));
+        let (xb, yb) = (x.add(b * V::BYTES), y.add(b * AB));
+        let p = block_products(
+            table,
+            xb.add(V::SCALE_BYTES),
+            _mm256_loadu_si256(yb.add(QS).cast()),
+        );
         let s = _mm_add_epi32(_mm256_castsi256_si128(p), _mm256_extracti128_si256(p, 1));
         let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b01_00_11_10));
         let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b10_11_00_01));
         let s = _mm_cvtsi128_si32(s);
-        acc = (s as f32).mul_add(f16_at(xb) * f16_at(yb), acc);
+        acc = (s as f32).mul_add(block_scale::<V>(xb) * f16_at(yb), acc);
     }
     acc
 }
@@ -255,27 +255,26 @@ unsafe fn dot_one(values: &[i8; 16], nb: usize, x: *const u8, y: *const u8) -> f
 /// r's chain against column c. Each row's block is decoded once for all the columns.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_eight<const C: usize>(
-    values: &[i8; 16],
+unsafe fn dot_eight<V: Nibbles, const C: usize>(
     nb: usize,
     x: *const u8,
     stride: usize,
     ys: [*const u8; C],
 ) -> [[f32; 8]; C] {
-    let table = table_of(values);
+    let table = table_of(&V::VALUES);
     let m = _mm_set1_epi8(0x0f);
     let ones = _mm256_set1_epi16(1);
     let mut acc = [_mm256_setzero_ps(); C];
     for b in 0..nb {
-        let xb = |r: usize| x.add(r * stride + b * WB);
+        let xb = |r: usize| x.add(r * stride + b * V::BYTES);
         let w: [__m256i; 8] = std::array::from_fn(|r| {
-            let packed = _mm_loadu_si128(xb(r).add(QS) as *const __m128i);
+            let packed = _mm_loadu_si128(xb(r).add(V::SCALE_BYTES) as *const __m128i);
             let lo = _mm_and_si128(packed, m);
             let hi = _mm_and_si128(_mm_srli_epi16(packed, 4), m);
             _mm256_shuffle_epi8(table, _mm256_set_m128i(hi, lo))
         });
         let aw: [__m256i; 8] = std::array::from_fn(|r| _mm256_sign_epi8(w[r], w[r]));
-        let dx = row_scales(xb);
+        let dx = row_scales::<V>(xb);
         for (acc, y) in acc.iter_mut().zip(ys) {
             let yb = y.add(b * AB);
             let yq = _mm256_loadu_si256(yb.add(QS).cast());
@@ -308,21 +307,32 @@ unsafe fn lane_sums(p: &[__m256i; 8]) -> __m256i {
     )
 }
 
-/// The f16 scales of eight blocks (at `xb(0)`..`xb(7)`) as f32 lanes.
+/// The scales of eight blocks (at `xb(0)`..`xb(7)`) as f32 lanes.
 #[inline]
 #[target_feature(enable = "avx2,f16c")]
-unsafe fn row_scales(xb: impl Fn(usize) -> *const u8) -> __m256 {
-    let d = |r: usize| i16::from_le_bytes([*xb(r), *xb(r).add(1)]);
-    _mm256_cvtph_ps(_mm_setr_epi16(
-        d(0),
-        d(1),
-        d(2),
-        d(3),
-        d(4),
-        d(5),
-        d(6),
-        d(7),
-    ))
+unsafe fn row_scales<V: Nibbles>(xb: impl Fn(usize) -> *const u8) -> __m256 {
+    if V::SCALE_BYTES == 2 {
+        let d = |r: usize| i16::from_le_bytes([*xb(r), *xb(r).add(1)]);
+        _mm256_cvtph_ps(_mm_setr_epi16(
+            d(0),
+            d(1),
+            d(2),
+            d(3),
+            d(4),
+            d(5),
+            d(6),
+            d(7),
+        ))
+    } else {
+        let d: [f32; 8] = std::array::from_fn(|r| block_scale::<V>(xb(r)));
+        _mm256_loadu_ps(d.as_ptr())
+    }
+}
+
+/// The scale of the block at `x`.
+#[inline(always)]
+unsafe fn block_scale<V: Nibbles>(x: *const u8) -> f32 {
+    V::scale(std::slice::from_raw_parts(x, V::SCALE_BYTES))
 }
 
 #[cfg(test)]
@@ -339,19 +349,32 @@ mod tests {
         }
     }
 
-    /// `count` rows of `n` elements in blocks of an f16 scale of moderate size, then random
-    /// bytes (`signed` ones within Q8_0's range, often at its extremes).
-    fn blocks(count: usize, n: usize, signed: bool, next: &mut impl FnMut() -> u64) -> Vec<u8> {
+    /// `count` rows of `n` elements of `ty` (Q8_0 activations when `None`): a scale of moderate
+    /// size (an e8m0 one for MXFP4, at times the smallest), then random bytes (the activation's
+    /// within Q8_0's range, often at its extremes).
+    fn blocks(
+        count: usize,
+        n: usize,
+        ty: Option<TensorType>,
+        next: &mut impl FnMut() -> u64,
+    ) -> Vec<u8> {
         let mut out = Vec::new();
         for _ in 0..count * n / 32 {
-            let h = 0x2000 + (next() % 0x2000) as u16;
-            out.extend(h.to_le_bytes());
-            for _ in 0..if signed { 32 } else { 16 } {
-                out.push(match (signed, next() % 8) {
-                    (false, _) => next() as u8,
-                    (true, 0) => 127,
-                    (true, 1) => -127i8 as u8,
-                    (true, _) => ((next() % 255) as i32 - 127) as i8 as u8,
+            if ty == Some(TensorType::MXFP4) {
+                out.push(match next() % 8 {
+                    0 => (next() % 2) as u8,
+                    _ => 110 + (next() % 30) as u8,
+                });
+            } else {
+                let h = 0x2000 + (next() % 0x2000) as u16;
+                out.extend(h.to_le_bytes());
+            }
+            for _ in 0..if ty.is_none() { 32 } else { 16 } {
+                out.push(match (ty, next() % 8) {
+                    (Some(_), _) => next() as u8,
+                    (None, 0) => 127,
+                    (None, 1) => -127i8 as u8,
+                    (None, _) => ((next() % 255) as i32 - 127) as i8 as u8,
                 });
             }
         }
@@ -373,13 +396,13 @@ mod tests {
             scalar: true,
             ..Default::default()
         };
-        for ty in [TensorType::Q4_0, TensorType::IQ4_NL] {
+        for ty in [TensorType::Q4_0, TensorType::IQ4_NL, TensorType::MXFP4] {
             let fast = matrix_kernel(ty, 64, &KernelOptions::default()).unwrap();
             let reference = matrix_kernel(ty, 64, &scalar).unwrap();
             assert!(fast.repacked() && reference.repacked() && fast.isa() == "avx2");
             for (n, n_rows, n_cols) in [(32, 1, 1), (224, 3, 5), (224, 13, 7), (4096, 29, 6)] {
-                let rows = blocks(n_rows, n, false, &mut next);
-                let acts = blocks(n_cols, n, true, &mut next);
+                let rows = blocks(n_rows, n, Some(ty), &mut next);
+                let acts = blocks(n_cols, n, None, &mut next);
                 let (rb, ab) = (rows.len() / n_rows, acts.len() / n_cols);
                 let what = format!("{ty} {n_rows} x {n} x {n_cols}");
                 let mut got = vec![0f32; n_rows * n_cols];
@@ -391,7 +414,8 @@ mod tests {
                 for vnni in [false, super::super::has_avx512_vnni()] {
                     let multi = match ty {
                         TensorType::Q4_0 => super::multi_with::<crate::repack::Q4_0>,
-                        _ => super::multi_with::<crate::repack::Iq4Nl>,
+                        TensorType::IQ4_NL => super::multi_with::<crate::repack::Iq4Nl>,
+                        _ => super::multi_with::<crate::repack::Mxfp4>,
                     };
                     got.fill(0.0);
                     multi(vnni, n, &rows, rb, n_rows, &acts, ab, n_cols, &mut got);

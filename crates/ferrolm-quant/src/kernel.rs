@@ -78,7 +78,7 @@ pub struct KernelOptions {
     /// tested against.
     pub scalar: bool,
     /// Mirror llama.cpp's CPU_REPACK products where it repacks a weight on this CPU (Q4_K,
-    /// Q4_0 and IQ4_NL matrices with a multiple of 8 rows, on x86-64 with AVX2; see
+    /// Q4_0, IQ4_NL and MXFP4 matrices with a multiple of 8 rows, on x86-64 with AVX2; see
     /// [`matrix_kernel`]).
     pub repack: bool,
     /// Mirror llama.cpp's tiled matmul for products of 8 or more activation columns (Q2_K..Q6_K,
@@ -244,7 +244,7 @@ impl DotKernel {
     /// * with [`KernelOptions::tiled`], Q2_K..Q6_K, the 256-element i-quants and IQ4_XS with >= 8
     ///   columns: llama.cpp's tiled matmul (crate docs); a repacked kernel
     ///   ([`DotKernel::repacked`]): llama.cpp's CPU_REPACK gemm for the first `n_cols - n_cols %
-    ///   4` columns and its gemv for the rest (for Q4_0 and IQ4_NL the two agree per element);
+    ///   4` columns and its gemv for the rest (for Q4_0, IQ4_NL and MXFP4 the two agree per element);
     /// * every other type: `vec_dot` per element (Q4_1, Q5_1 and the K-quants are not taken by
     ///   llamafile_sgemm).
     #[allow(clippy::too_many_arguments)] // two strided matrices and their shapes
@@ -628,12 +628,13 @@ fn build(ty: TensorType, options: &KernelOptions) -> Result<DotKernel, QuantErro
     })
 }
 
-/// The kernel of a repacked Q4_K, Q4_0 or IQ4_NL matrix (`repack`).
+/// The kernel of a repacked Q4_K, Q4_0, IQ4_NL or MXFP4 matrix (`repack`).
 fn build_repacked(ty: TensorType, options: &KernelOptions) -> Result<DotKernel, QuantError> {
     let plain = build(ty, options)?;
     let (dot, rows, multi): (DotFn, Option<RowsFn>, MultiFn) = match (ty, plain.isa) {
         (TensorType::Q4_0, isa) => b32_repacked::<repack::Q4_0>(isa),
         (TensorType::IQ4_NL, isa) => b32_repacked::<repack::Iq4Nl>(isa),
+        (TensorType::MXFP4, isa) => b32_repacked::<repack::Mxfp4>(isa),
         #[cfg(target_arch = "x86_64")]
         (_, Isa::Avx2) => (
             crate::avx2::repack_dot_q4_k,
@@ -659,7 +660,7 @@ fn build_repacked(ty: TensorType, options: &KernelOptions) -> Result<DotKernel, 
     })
 }
 
-/// The functions of a repacked Q4_0 or IQ4_NL matrix for `isa`.
+/// The functions of a repacked Q4_0, IQ4_NL or MXFP4 matrix for `isa`.
 fn b32_repacked<V: repack::Nibbles>(isa: Isa) -> (DotFn, Option<RowsFn>, MultiFn) {
     match isa {
         #[cfg(target_arch = "x86_64")]
@@ -703,7 +704,7 @@ pub fn dot_kernel_with(ty: TensorType, options: &KernelOptions) -> Result<DotKer
 /// The kernel for the products of a 2-D weight tensor of `ty` with `rows` rows (its whole
 /// row count, also for a view of some of its rows), as `options` say: where llama.cpp built
 /// for this CPU repacks such a tensor at load and ferrolm mirrors it ([`KernelOptions::repack`];
-/// Q4_K, Q4_0 and IQ4_NL with AVX2), its gemv/gemm arithmetic ([`DotKernel::repacked`]); otherwise
+/// Q4_K, Q4_0, IQ4_NL and MXFP4 with AVX2), its gemv/gemm arithmetic ([`DotKernel::repacked`]); otherwise
 /// [`dot_kernel_with`].
 pub fn matrix_kernel(
     ty: TensorType,
