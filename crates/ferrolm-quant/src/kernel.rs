@@ -662,18 +662,17 @@ fn build_repacked(ty: TensorType, options: &KernelOptions) -> Result<DotKernel, 
 
 /// The functions of a repacked Q4_0, IQ4_NL or MXFP4 matrix for `isa`.
 fn b32_repacked<V: repack::Nibbles>(isa: Isa) -> (DotFn, Option<RowsFn>, MultiFn) {
-    match isa {
-        #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => {
-            use crate::avx2::repack_b32;
-            (
-                repack_b32::dot::<V>,
-                Some(repack_b32::rows::<V>),
-                repack_b32::multi::<V>,
-            )
-        }
-        _ => (repack::dot_b32::<V>, None, repack::multi_b32::<V>),
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx2 {
+        use crate::avx2::repack_b32;
+        return (
+            repack_b32::dot::<V>,
+            Some(repack_b32::rows::<V>),
+            repack_b32::multi::<V>,
+        );
     }
+    let _ = isa; // the scalar reference for every other instruction set
+    (repack::dot_b32::<V>, None, repack::multi_b32::<V>)
 }
 
 /// A dot-product kernel for rows of `ty`, chosen once at run time for this CPU (AVX2+FMA+F16C
