@@ -37,7 +37,8 @@ Files and records:
                   "mul_mat" [weight type, k elements, m rows, n columns, repacked 0/1]
                   [weights (m rows), the activations (n random f32 columns) quantized by the
                   vec_dot_type's from_float, out f32 (n x m, column j at j*m)]: with repacked
-                  the weights live in the CPU_REPACK buffer (Q4_K: ggml_gemv/gemm_q4_K_8x8_q8_K),
+                  the weights live in the CPU_REPACK buffer (Q4_K: ggml_gemv/gemm_q4_K_8x8_q8_K;
+                  Q4_0, IQ4_NL, MXFP4: ggml_gemv/gemm_q4_0/iq4_nl/mxfp4_8x8_q8_0),
                   otherwise in a plain one (K-quants with >= 8 columns: the tiled matmul).
 
 Run from the repository root:  python3 scripts/ggml_oracle.py
@@ -466,9 +467,16 @@ def gen_products():
     # Q4_K: 24 rows take the AVX512 gemm for 16 and its AVX2 loop for the last 8
     cases = [("Q4_K", 1, m, n) for m in (16, 24) for n in (1, 4, 5, 9)]
     cases += [(t, 0, 8, n) for t in ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K") for n in (7, 13)]
+    # Q4_0, IQ4_NL (q4_0/iq4_nl_8x8_q8_0): the AVX512 gemm takes 16 rows by 16 columns, its
+    # AVX2 loops the rest of the rows (8) and of the columns' multiple of 4, the gemv the last
+    # n % 4; an odd number of blocks per row
+    cases += [(t, 1, m, n) for t in ("Q4_0", "IQ4_NL") for m in (8, 24, 40)
+              for n in (1, 3, 4, 5, 16, 21)]
+    # MXFP4 (mxfp4_8x8_q8_0): the same kernels, an e8m0 scale per block
+    cases += [("MXFP4", 1, m, n) for m in (8, 24, 40) for n in (1, 3, 4, 5, 16, 21)]
     for tname, repacked, m, n in cases:
         t = T[tname]
-        k = 2 * 256
+        k = 7 * 32 if SIZES[t][0] == 32 else 2 * 256
         rows = np.concatenate([quantize_weights(t, weights(k)) for _ in range(m)])
         cols = [activations(k) for _ in range(n)]
         x = np.concatenate(cols).astype(np.float32)

@@ -61,6 +61,8 @@ mod iquants;
 mod lattice512;
 #[path = "avx2_lowbit.rs"]
 mod lowbit;
+#[path = "avx2_repack.rs"]
+pub(crate) mod repack_b32;
 #[path = "avx2_tiled.rs"]
 pub(crate) mod tiled512;
 

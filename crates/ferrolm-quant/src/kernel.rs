@@ -77,8 +77,9 @@ pub struct KernelOptions {
     /// Only the scalar reference kernels (the same bits, slower): what every SIMD kernel is
     /// tested against.
     pub scalar: bool,
-    /// Mirror llama.cpp's CPU_REPACK products where it repacks a weight on this CPU (Q4_K
-    /// matrices with a multiple of 8 rows, on x86-64 with AVX2; see [`matrix_kernel`]).
+    /// Mirror llama.cpp's CPU_REPACK products where it repacks a weight on this CPU (Q4_K,
+    /// Q4_0, IQ4_NL and MXFP4 matrices with a multiple of 8 rows, on x86-64 with AVX2; see
+    /// [`matrix_kernel`]).
     pub repack: bool,
     /// Mirror llama.cpp's tiled matmul for products of 8 or more activation columns (Q2_K..Q6_K,
     /// the 256-element i-quants and IQ4_XS, when not repacked).
@@ -243,7 +244,7 @@ impl DotKernel {
     /// * with [`KernelOptions::tiled`], Q2_K..Q6_K, the 256-element i-quants and IQ4_XS with >= 8
     ///   columns: llama.cpp's tiled matmul (crate docs); a repacked kernel
     ///   ([`DotKernel::repacked`]): llama.cpp's CPU_REPACK gemm for the first `n_cols - n_cols %
-    ///   4` columns and its gemv for the rest;
+    ///   4` columns and its gemv for the rest (for Q4_0, IQ4_NL and MXFP4 the two agree per element);
     /// * every other type: `vec_dot` per element (Q4_1, Q5_1 and the K-quants are not taken by
     ///   llamafile_sgemm).
     #[allow(clippy::too_many_arguments)] // two strided matrices and their shapes
@@ -627,17 +628,20 @@ fn build(ty: TensorType, options: &KernelOptions) -> Result<DotKernel, QuantErro
     })
 }
 
-/// The kernel of a repacked Q4_K matrix (`repack`).
+/// The kernel of a repacked Q4_K, Q4_0, IQ4_NL or MXFP4 matrix (`repack`).
 fn build_repacked(ty: TensorType, options: &KernelOptions) -> Result<DotKernel, QuantError> {
     let plain = build(ty, options)?;
-    let (dot, rows, multi): (DotFn, Option<RowsFn>, MultiFn) = match plain.isa {
+    let (dot, rows, multi): (DotFn, Option<RowsFn>, MultiFn) = match (ty, plain.isa) {
+        (TensorType::Q4_0, isa) => b32_repacked::<repack::Q4_0>(isa),
+        (TensorType::IQ4_NL, isa) => b32_repacked::<repack::Iq4Nl>(isa),
+        (TensorType::MXFP4, isa) => b32_repacked::<repack::Mxfp4>(isa),
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => (
+        (_, Isa::Avx2) => (
             crate::avx2::repack_dot_q4_k,
             Some(crate::avx2::repack_rows_q4_k),
             crate::avx2::repack_multi_q4_k,
         ),
-        _ => (
+        (_, _) => (
             |n, row, act| repack::dot_q4_k(repack::pair_sums, n, row, act),
             None,
             |n, rows, rs, nr, acts, as_, nc, out| {
@@ -654,6 +658,21 @@ fn build_repacked(ty: TensorType, options: &KernelOptions) -> Result<DotKernel, 
         repacked: true,
         ..plain
     })
+}
+
+/// The functions of a repacked Q4_0, IQ4_NL or MXFP4 matrix for `isa`.
+fn b32_repacked<V: repack::Nibbles>(isa: Isa) -> (DotFn, Option<RowsFn>, MultiFn) {
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx2 {
+        use crate::avx2::repack_b32;
+        return (
+            repack_b32::dot::<V>,
+            Some(repack_b32::rows::<V>),
+            repack_b32::multi::<V>,
+        );
+    }
+    let _ = isa; // the scalar reference for every other instruction set
+    (repack::dot_b32::<V>, None, repack::multi_b32::<V>)
 }
 
 /// A dot-product kernel for rows of `ty`, chosen once at run time for this CPU (AVX2+FMA+F16C
@@ -684,7 +703,7 @@ pub fn dot_kernel_with(ty: TensorType, options: &KernelOptions) -> Result<DotKer
 /// The kernel for the products of a 2-D weight tensor of `ty` with `rows` rows (its whole
 /// row count, also for a view of some of its rows), as `options` say: where llama.cpp built
 /// for this CPU repacks such a tensor at load and ferrolm mirrors it ([`KernelOptions::repack`];
-/// Q4_K with AVX2), its gemv/gemm arithmetic ([`DotKernel::repacked`]); otherwise
+/// Q4_K, Q4_0, IQ4_NL and MXFP4 with AVX2), its gemv/gemm arithmetic ([`DotKernel::repacked`]); otherwise
 /// [`dot_kernel_with`].
 pub fn matrix_kernel(
     ty: TensorType,

@@ -16,14 +16,19 @@
 
 use crate::common::f16_to_f32;
 use crate::k_quants::{scale_min_k4, BlockQ4K, BlockQ8K, QK_K};
+use crate::legacy::{BlockQ8_0, QK};
 use crate::TensorType;
 
 /// Whether llama.cpp b11312, built for this CPU, repacks a 2-D weight of `ty` with `rows` rows
-/// (`ggml_repack_get_optimal_repack_type`) and ferrolm mirrors its product. Q4_0, IQ4_NL,
-/// MXFP4 and (with AVX512) Q2_K are repacked too but not mirrored; on aarch64 llama.cpp's
-/// Q4_K tiles are other ones (8x4 with dotprod), not mirrored either.
+/// (`ggml_repack_get_optimal_repack_type`) and ferrolm mirrors its product: Q4_K, Q4_0, IQ4_NL
+/// and MXFP4. Q2_K (with AVX512) is repacked too but not mirrored; on aarch64 llama.cpp's
+/// tiles are other ones (Q4_K 8x4 with dotprod), not mirrored either.
 pub(crate) fn mirrors(ty: TensorType, rows: usize) -> bool {
-    ty == TensorType::Q4_K && rows.is_multiple_of(8) && cpu_has_avx2()
+    matches!(
+        ty,
+        TensorType::Q4_K | TensorType::Q4_0 | TensorType::IQ4_NL | TensorType::MXFP4
+    ) && rows.is_multiple_of(8)
+        && cpu_has_avx2()
 }
 
 fn cpu_has_avx2() -> bool {
@@ -121,6 +126,103 @@ pub(crate) fn multi_q4_k(
         for i in 0..n_rows {
             let row: &[BlockQ4K] = bytemuck::cast_slice(&rows[i * row_stride..i * row_stride + rb]);
             out[c * n_rows + i] = product(sums, row, col);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Q4_0, IQ4_NL and MXFP4 (`ggml_gemv/gemm_q4_0_8x8_q8_0`, `..._iq4_nl_...`, `..._mxfp4_...`):
+// llama.cpp's x86 build repacks them whenever the CPU has AVX2 and a 2-D weight has a multiple
+// of 8 rows. Its gemv and gemm (AVX2 and AVX512 alike) look each nibble up in the type's
+// table, sum a block against the activation's block exactly in integers (`S`), then per block
+// `acc = fma(S, d * d_y, acc)` in one float chain per output, from zero. The gemm and the gemv
+// agree element for element, so a batch's split between them does not matter.
+
+/// The three types share a block layout (a scale, then 16 bytes of nibbles: elements 0..16
+/// in the low halves, 16..32 in the high ones) and differ in their nibbles' values and in how
+/// the scale is stored.
+pub(crate) trait Nibbles {
+    const VALUES: [i8; 16];
+    /// The bytes of the scale, before the nibbles.
+    const SCALE_BYTES: usize;
+    /// A block's scale, from its first `SCALE_BYTES` bytes.
+    fn scale(block: &[u8]) -> f32;
+    /// A block's bytes.
+    const BYTES: usize = Self::SCALE_BYTES + QK / 2;
+}
+
+/// Q4_0: `q - 8`, an f16 scale.
+pub(crate) struct Q4_0;
+impl Nibbles for Q4_0 {
+    const VALUES: [i8; 16] = [-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7];
+    const SCALE_BYTES: usize = 2;
+    fn scale(block: &[u8]) -> f32 {
+        f16_to_f32([block[0], block[1]])
+    }
+}
+
+/// IQ4_NL: its codebook, an f16 scale.
+pub(crate) struct Iq4Nl;
+impl Nibbles for Iq4Nl {
+    const VALUES: [i8; 16] = crate::iq::KVALUES_IQ4NL;
+    const SCALE_BYTES: usize = 2;
+    fn scale(block: &[u8]) -> f32 {
+        f16_to_f32([block[0], block[1]])
+    }
+}
+
+/// MXFP4: the doubled e2m1 values, an e8m0 exponent halved to match.
+pub(crate) struct Mxfp4;
+impl Nibbles for Mxfp4 {
+    const VALUES: [i8; 16] = crate::iq::KVALUES_MXFP4;
+    const SCALE_BYTES: usize = 1;
+    fn scale(block: &[u8]) -> f32 {
+        crate::common::e8m0_to_f32_half(block[0])
+    }
+}
+
+/// One row against one column as the gemv (and the gemm) computes it.
+pub(crate) fn gemv_b32<V: Nibbles>(row: &[u8], col: &[BlockQ8_0]) -> f32 {
+    let mut acc = 0f32;
+    for (x, y) in row.chunks_exact(V::BYTES).zip(col) {
+        let qs = &x[V::SCALE_BYTES..];
+        let s: i32 = (0..QK / 2)
+            .map(|l| {
+                let (lo, hi) = (qs[l] & 0x0f, qs[l] >> 4);
+                V::VALUES[lo as usize] as i32 * y.qs[l] as i8 as i32
+                    + V::VALUES[hi as usize] as i32 * y.qs[l + QK / 2] as i8 as i32
+            })
+            .sum();
+        acc = (s as f32).mul_add(V::scale(x) * f16_to_f32(y.d), acc);
+    }
+    acc
+}
+
+/// `DotKernel::dot` of a repacked Q4_0, IQ4_NL or MXFP4 row.
+pub(crate) fn dot_b32<V: Nibbles>(n: usize, row: &[u8], act: &[u8]) -> f32 {
+    debug_assert!(n.is_multiple_of(QK));
+    gemv_b32::<V>(row, bytemuck::cast_slice(act))
+}
+
+/// `DotKernel::dot_rows_multi` of repacked Q4_0, IQ4_NL or MXFP4 rows: every element the
+/// gemv's.
+#[allow(clippy::too_many_arguments)] // two strided matrices and their shapes
+pub(crate) fn multi_b32<V: Nibbles>(
+    n: usize,
+    rows: &[u8],
+    row_stride: usize,
+    n_rows: usize,
+    acts: &[u8],
+    act_stride: usize,
+    n_cols: usize,
+    out: &mut [f32],
+) {
+    let nb = n / QK;
+    let (rb, ab) = (nb * V::BYTES, nb * std::mem::size_of::<BlockQ8_0>());
+    for c in 0..n_cols {
+        let col = &acts[c * act_stride..c * act_stride + ab];
+        for i in 0..n_rows {
+            out[c * n_rows + i] = dot_b32::<V>(n, &rows[i * row_stride..i * row_stride + rb], col);
         }
     }
 }

@@ -240,8 +240,8 @@ fn dot_rows_multi_matches_llama_cpp_sgemm() {
     fails.finish(total);
 }
 
-/// Whole products through llama.cpp's mul_mat in its default configuration: Q4_K weights
-/// repacked (its gemm for the first `n - n % 4` columns, its gemv for the rest) and the
+/// Whole products through llama.cpp's mul_mat in its default configuration: Q4_K, Q4_0,
+/// IQ4_NL and MXFP4 weights repacked (its gemm for the first `n - n % 4` columns, its gemv for the rest) and the
 /// K-quants' tiled matmul from 8 columns; each compared with the kernel [`matrix_kernel`]
 /// hands out for such a tensor (scalar and this CPU's), and column by column for the batch
 /// split the CPU backend makes between threads (parts starting at multiples of 4).
