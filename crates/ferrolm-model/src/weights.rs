@@ -352,7 +352,7 @@ impl Binder<'_> {
 pub fn bind(file: &GgufFile, plan: &ModelPlan, kernels: &KernelOptions) -> Result<Weights> {
     let b = Binder { file, kernels };
     let d = plan.n_embd;
-    // a tied output head is this same tensor, which llama.cpp does not repack either
+    // (kept as it is for its row lookups, as llama.cpp keeps it)
     let token_embd = b.matrix_as("token_embd.weight", d, plan.n_vocab, false)?;
     if ferrolm_quant::dequantize(token_embd.ty, &[], &mut []).is_err() {
         return Err(ModelError::UnsupportedTensorType {
@@ -361,7 +361,9 @@ pub fn bind(file: &GgufFile, plan: &ModelPlan, kernels: &KernelOptions) -> Resul
         });
     }
     let output = if plan.tied_output {
-        token_embd.clone()
+        // llama.cpp loads a tied head as a tensor of its own (the embedding's bytes again),
+        // which its CPU backend repacks like any other weight: the same kernel choice here.
+        b.matrix("token_embd.weight", d, plan.n_vocab)?
     } else {
         b.matrix("output.weight", d, plan.n_vocab)?
     };
