@@ -204,19 +204,8 @@ struct TokenRing {
 
 impl TokenRing {
     fn new(ctx: &Arc<CudaContext>) -> Result<(TokenRing, u64), CudaError> {
-        // SAFETY: the slots are read only after a step has written them (`last`).
-        let mut slots = unsafe {
-            ctx.alloc_pinned_with_flags::<u32>(TOKEN_RING, sys::CU_MEMHOSTALLOC_DEVICEMAP)
-        }
-        .map_err(driver("allocating the token ring"))?;
-        let host = slots
-            .as_mut_ptr()
-            .map_err(driver("allocating the token ring"))?;
-        let mut dev: sys::CUdeviceptr = 0;
-        // SAFETY: `host` was allocated by cuMemHostAlloc with DEVICEMAP in this context.
-        unsafe { sys::cuMemHostGetDevicePointer_v2(&mut dev, host.cast(), 0) }
-            .result()
-            .map_err(driver("mapping the token ring"))?;
+        // (the slots are read only after a step has written them: `last`)
+        let (slots, host, dev) = mapped_pinned::<u32>(ctx, TOKEN_RING, "the token ring")?;
         let done = (0..TOKEN_RING)
             .map(|_| ctx.new_event(None))
             .collect::<Result<Vec<_>, _>>()
@@ -251,6 +240,25 @@ impl Drop for TokenRing {
     }
 }
 
+/// `n` elements of pinned host memory mapped into the device's address space: the memory, its
+/// host address and the address kernels read it at.
+fn mapped_pinned<T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits>(
+    ctx: &Arc<CudaContext>,
+    n: usize,
+    what: &str,
+) -> Result<(cudarc::driver::PinnedHostSlice<T>, *mut T, u64), CudaError> {
+    // SAFETY: the callers write the memory before anything reads it.
+    let mut pinned = unsafe { ctx.alloc_pinned_with_flags::<T>(n, sys::CU_MEMHOSTALLOC_DEVICEMAP) }
+        .map_err(driver(what))?;
+    let host = pinned.as_mut_ptr().map_err(driver(what))?;
+    let mut device: sys::CUdeviceptr = 0;
+    // SAFETY: `host` was allocated by cuMemHostAlloc with DEVICEMAP in this context.
+    unsafe { sys::cuMemHostGetDevicePointer_v2(&mut device, host.cast(), 0) }
+        .result()
+        .map_err(driver(what))?;
+    Ok((pinned, host, device))
+}
+
 /// A weight matrix's memory: on the device, or pinned in host memory mapped for the device
 /// (an expert stack a `--gpu-memory` budget leaves no room for: `tiers.rs`).
 enum MatrixMemory {
@@ -265,19 +273,10 @@ enum MatrixMemory {
 impl MatrixMemory {
     /// `bytes` copied into pinned host memory the device reads through its mapping.
     fn mapped(ctx: &Arc<CudaContext>, bytes: &[u8], what: &str) -> Result<MatrixMemory, CudaError> {
-        // SAFETY: the memory is written here, before any kernel reads it.
-        let mut pinned = unsafe {
-            ctx.alloc_pinned_with_flags::<u8>(bytes.len().max(1), sys::CU_MEMHOSTALLOC_DEVICEMAP)
-        }
-        .map_err(driver(what))?;
-        let host = pinned.as_mut_ptr().map_err(driver(what))?;
+        // (written here, before any kernel reads it)
+        let (pinned, host, device) = mapped_pinned::<u8>(ctx, bytes.len().max(1), what)?;
         // SAFETY: `host` holds at least `bytes.len()` bytes, allocated above.
         unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), host, bytes.len()) };
-        let mut device: sys::CUdeviceptr = 0;
-        // SAFETY: `host` was allocated by cuMemHostAlloc with DEVICEMAP in this context.
-        unsafe { sys::cuMemHostGetDevicePointer_v2(&mut device, host.cast(), 0) }
-            .result()
-            .map_err(driver(what))?;
         Ok(MatrixMemory::Host {
             _pinned: pinned,
             device,

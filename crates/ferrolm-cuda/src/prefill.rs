@@ -17,7 +17,7 @@ use ferrolm_gguf::TensorType;
 use crate::batch_device::{BatchDevice, CudaBatch, Gemm, Value};
 use crate::device::Rows;
 use crate::schedule::{
-    expert_product_kernel, DecodePlan, DeltaNetInput, DeltaNetRefs, LayerRefs, MatrixSpec,
+    expert_product_kernel, DecodePlan, DeltaNetProjection, DeltaNetRefs, LayerRefs, MatrixSpec,
     MixerRefs, MoeRefs, MATVEC_ROWS,
 };
 use crate::{CudaError, CudaTuning};
@@ -933,17 +933,17 @@ impl<D: BatchDevice> Prefill<D> {
         let (key_dim, value_dim, channels) = (hk * s, hv * s, dn.channels());
         let plan_rows = |m: usize| p.matrices[m].rows;
         let (fused, in_stride, z_ptr, z_stride) = match dn.input {
-            DeltaNetInput::Fused(m) => (true, plan_rows(m), 0, plan_rows(m)),
-            DeltaNetInput::Split(_, _) => (false, channels, z, value_dim),
+            DeltaNetProjection::Fused(m) => (true, plan_rows(m), 0, plan_rows(m)),
+            DeltaNetProjection::Split(_, _) => (false, channels, z, value_dim),
         };
         let (ba_stride, alpha_ptr) = match dn.gates {
-            DeltaNetInput::Fused(_) => (2 * hv, 0),
-            DeltaNetInput::Split(..) => (hv, alpha),
+            DeltaNetProjection::Fused(_) => (2 * hv, 0),
+            DeltaNetProjection::Split(..) => (hv, alpha),
         };
         for (input_m, dst) in [(dn.input, [input, z]), (dn.gates, [ba, alpha])] {
             match input_m {
-                DeltaNetInput::Fused(m) => self.product(p, at, m, h, n, dst[0], 0.0)?,
-                DeltaNetInput::Split(m1, m2) => {
+                DeltaNetProjection::Fused(m) => self.product(p, at, m, h, n, dst[0], 0.0)?,
+                DeltaNetProjection::Split(m1, m2) => {
                     self.product(p, at, m1, h, n, dst[0], 0.0)?;
                     self.product(p, at, m2, h, n, dst[1], 0.0)?;
                 }

@@ -389,10 +389,10 @@ pub struct AttentionRefs {
 pub struct DeltaNetRefs {
     /// `ssm_in` (per key head: its query, key, value heads and their gates), or `attn_qkv`
     /// and `attn_gate` apart (Qwen3.5).
-    pub input: DeltaNetInput,
+    pub input: DeltaNetProjection,
     /// `ssm_ba` (per key head: its value heads' rates, then their decay inputs), or
     /// `ssm_beta` and `ssm_alpha` apart (Qwen3.5).
-    pub gates: DeltaNetInput,
+    pub gates: DeltaNetProjection,
     /// `ssm_conv1d.weight`: `conv_kernel` taps per channel, the oldest first.
     pub conv: usize,
     /// `ssm_dt.bias` and `ssm_a`, one per value head.
@@ -417,7 +417,7 @@ pub struct DeltaNetRefs {
 
 /// A delta-net projection: one fused matrix, or two whose outputs go to two buffers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum DeltaNetInput {
+pub enum DeltaNetProjection {
     /// One matrix in the grouped (per key head) layout.
     Fused(usize),
     /// Two matrices.
@@ -789,16 +789,16 @@ impl Rank {
     /// The whole model on one device.
     pub const ONE: Rank = Rank { index: 0, of: 1 };
 
-    /// This rank's share of `n` units that split evenly, or the decline naming `field`.
-    fn share(&self, n: usize, field: &str) -> Result<(usize, usize), Decline> {
+    /// How many of `n` units that split evenly this rank takes (the `index`-th run of them),
+    /// or the decline naming `field`.
+    fn share(&self, n: usize, field: &str) -> Result<usize, Decline> {
         if !n.is_multiple_of(self.of) {
             return Err(decline(
                 field,
                 format!("{n}, not a multiple of {} ranks", self.of),
             ));
         }
-        let len = n / self.of;
-        Ok((self.index * len, len))
+        Ok(n / self.of)
     }
 
     /// This rank's part of `n` (the vocabulary's rows): as even as they come.
@@ -1094,7 +1094,7 @@ impl Builder {
             return Err(decline("attention", "biases, gates or sinks across ranks"));
         }
         let q_all = nh * hd;
-        let ((_, nh), (_, nkv)) = (
+        let (nh, nkv) = (
             rank.share(nh, "attention.n_head")?,
             rank.share(nkv, "attention.n_head_kv")?,
         );
@@ -1321,30 +1321,30 @@ impl Builder {
         let (key_dim, value_dim) = (hk * s, hv * s);
         let channels = net.conv_channels();
         let input = if types(&n("ssm_in.weight")).is_none() {
-            DeltaNetInput::Split(
+            DeltaNetProjection::Split(
                 self.matrix(types, &n("attn_qkv.weight"), channels, d)?,
                 self.matrix(types, &n("attn_gate.weight"), value_dim, d)?,
             )
         } else {
             let rows = 2 * key_dim + 2 * value_dim;
-            DeltaNetInput::Fused(self.matrix(types, &n("ssm_in.weight"), rows, d)?)
+            DeltaNetProjection::Fused(self.matrix(types, &n("ssm_in.weight"), rows, d)?)
         };
         let gates = if types(&n("ssm_ba.weight")).is_none() {
-            DeltaNetInput::Split(
+            DeltaNetProjection::Split(
                 self.matrix(types, &n("ssm_beta.weight"), hv, d)?,
                 self.matrix(types, &n("ssm_alpha.weight"), hv, d)?,
             )
         } else {
-            DeltaNetInput::Fused(self.matrix(types, &n("ssm_ba.weight"), 2 * hv, d)?)
+            DeltaNetProjection::Fused(self.matrix(types, &n("ssm_ba.weight"), 2 * hv, d)?)
         };
         let conv = self.vector(&n("ssm_conv1d.weight"), channels * taps);
         let dt_bias = self.vector(&n("ssm_dt.bias"), hv);
         let a = self.vector(&n("ssm_a"), hv);
         let norm = self.vector(&n("ssm_norm.weight"), s);
         let out = self.matrix(types, &n("ssm_out.weight"), d, value_dim)?;
-        let products = |p: DeltaNetInput, first: Buf, second: Buf| match p {
-            DeltaNetInput::Fused(m) => vec![(m, first)],
-            DeltaNetInput::Split(m1, m2) => vec![(m1, first), (m2, second)],
+        let products = |p: DeltaNetProjection, first: Buf, second: Buf| match p {
+            DeltaNetProjection::Fused(m) => vec![(m, first)],
+            DeltaNetProjection::Split(m1, m2) => vec![(m1, first), (m2, second)],
         };
         let mut all = products(input, Buf::DeltaIn, Buf::DeltaZ);
         all.extend(products(gates, Buf::DeltaBa, Buf::DeltaAlpha));
@@ -1353,7 +1353,7 @@ impl Builder {
         for (m, y) in all {
             self.matvec(m, h, None, None, y);
         }
-        let fused = matches!(input, DeltaNetInput::Fused(_));
+        let fused = matches!(input, DeltaNetProjection::Fused(_));
         self.push(
             "delta_conv",
             (channels.div_ceil(128) as u32, 1),
@@ -1372,7 +1372,7 @@ impl Builder {
                 Arg::I32((hv / hk) as i32),
             ],
         );
-        let split_gates = matches!(gates, DeltaNetInput::Split(..));
+        let split_gates = matches!(gates, DeltaNetProjection::Split(..));
         self.push(
             "delta_rule",
             (hv as u32, 1),
@@ -2128,10 +2128,9 @@ fn decode_plan_rank(
             Activation::SwigluOai => Err(decline("ffn.activation", UNVERIFIED)),
         };
         let (n_ff, activation) = match ffn {
-            Ffn::Gated { n_ff, activation } => (
-                rank.share(*n_ff, "ffn.n_ff")?.1,
-                gate_activation(activation)?,
-            ),
+            Ffn::Gated { n_ff, activation } => {
+                (rank.share(*n_ff, "ffn.n_ff")?, gate_activation(activation)?)
+            }
             Ffn::Moe(m) => {
                 // The routed experts' activations side by side; the shared expert's in Gate.
                 max_experts = max_experts.max(m.n_expert);
@@ -2181,17 +2180,17 @@ fn decode_plan_rank(
                 delta.channels = delta.channels.max(channels);
                 delta.value = delta.value.max(value);
                 match r.input {
-                    DeltaNetInput::Fused(_) => {
+                    DeltaNetProjection::Fused(_) => {
                         delta.input = delta.input.max(2 * key_dim + 2 * value);
                     }
-                    DeltaNetInput::Split(..) => {
+                    DeltaNetProjection::Split(..) => {
                         delta.input = delta.input.max(channels);
                         delta.z = delta.z.max(value);
                     }
                 }
                 match r.gates {
-                    DeltaNetInput::Fused(_) => delta.gates = delta.gates.max(2 * r.n_v_heads),
-                    DeltaNetInput::Split(..) => {
+                    DeltaNetProjection::Fused(_) => delta.gates = delta.gates.max(2 * r.n_v_heads),
+                    DeltaNetProjection::Split(..) => {
                         delta.gates = delta.gates.max(r.n_v_heads);
                         delta.alpha = delta.alpha.max(r.n_v_heads);
                     }
@@ -2455,10 +2454,7 @@ impl DecodePlan {
     pub fn state_bytes(&self) -> u64 {
         self.layers
             .iter()
-            .map(|r| match &r.mixer {
-                MixerRefs::DeltaNet(d) => 4 * (d.conv_state() + d.ssm_state()) as u64,
-                MixerRefs::Attention(_) => 0,
-            })
+            .map(|r| 4 * r.state_floats().iter().sum::<usize>() as u64)
             .sum()
     }
 

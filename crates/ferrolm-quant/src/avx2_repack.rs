@@ -337,17 +337,8 @@ unsafe fn block_scale<V: Nibbles>(x: *const u8) -> f32 {
 
 #[cfg(test)]
 mod tests {
+    use crate::avx2::tiled512::tests::stream;
     use crate::{matrix_kernel, KernelOptions, TensorType};
-
-    fn stream(seed: u64) -> impl FnMut() -> u64 {
-        let mut s = seed;
-        move || {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            s
-        }
-    }
 
     /// `count` rows of `n` elements of `ty` (Q8_0 activations when `None`): a scale of moderate
     /// size (an e8m0 one for MXFP4, at times the smallest), then random bytes (the activation's

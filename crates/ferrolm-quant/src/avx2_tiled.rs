@@ -583,11 +583,11 @@ unsafe fn low2_values<const Q3: bool>(qs: *const u8, hmask: *const u8, w: *mut i
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use crate::{dot_kernel_scalar, matrix_kernel, KernelOptions, TensorType};
 
     /// A xorshift stream.
-    fn stream(seed: u64) -> impl FnMut() -> u64 {
+    pub(crate) fn stream(seed: u64) -> impl FnMut() -> u64 {
         let mut s = seed;
         move || {
             s ^= s << 13;
