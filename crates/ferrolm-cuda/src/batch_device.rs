@@ -65,6 +65,9 @@ pub struct Gemm {
     pub c: u64,
     /// What the outputs keep of their values before (0: overwritten, 1: added to).
     pub beta: f32,
+    /// The weights and inputs are f32 (the router's product, whose top-k an f16 rounding of
+    /// its input can change), not f16.
+    pub f32_operands: bool,
     /// GEMMs of this shape one after another in memory (1: one): the `i`-th reads the weights
     /// `i * rows * cols` halfs on, the inputs `i * n * cols` halfs on and writes the outputs
     /// `i * n * rows` floats on (each expert of a stacked tensor over its group's rows).
@@ -257,11 +260,18 @@ impl BatchDevice for CudaBatch {
             n,
             c,
             beta,
+            f32_operands,
             batch,
         } = g;
         let alpha = 1f32;
+        let operands = if f32_operands {
+            blas_sys::cudaDataType::CUDA_R_32F
+        } else {
+            blas_sys::cudaDataType::CUDA_R_16F
+        };
         let start = self.mark()?;
         if batch > 1 {
+            assert!(!f32_operands, "batched GEMMs read f16 operands");
             // SAFETY: as below, each of the `batch` GEMMs within the buffers' sizes.
             unsafe {
                 blas::gemm_strided_batched_ex(
@@ -273,11 +283,11 @@ impl BatchDevice for CudaBatch {
                     cols as i32,
                     (&alpha as *const f32).cast(),
                     w16 as *const std::ffi::c_void,
-                    blas_sys::cudaDataType::CUDA_R_16F,
+                    operands,
                     cols as i32,
                     (rows * cols) as i64,
                     a as *const std::ffi::c_void,
-                    blas_sys::cudaDataType::CUDA_R_16F,
+                    operands,
                     cols as i32,
                     (n * cols) as i64,
                     (&beta as *const f32).cast(),
@@ -308,10 +318,10 @@ impl BatchDevice for CudaBatch {
                 cols as i32,
                 (&alpha as *const f32).cast(),
                 w16 as *const std::ffi::c_void,
-                blas_sys::cudaDataType::CUDA_R_16F,
+                operands,
                 cols as i32,
                 a as *const std::ffi::c_void,
-                blas_sys::cudaDataType::CUDA_R_16F,
+                operands,
                 cols as i32,
                 (&beta as *const f32).cast(),
                 c as *mut std::ffi::c_void,

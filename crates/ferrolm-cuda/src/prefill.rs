@@ -458,6 +458,7 @@ impl<D: BatchDevice> Prefill<D> {
             n,
             c,
             beta,
+            f32_operands: false,
             batch: 1,
         })
     }
@@ -466,6 +467,30 @@ impl<D: BatchDevice> Prefill<D> {
     /// microseconds per kernel name, slowest first.
     pub fn set_profile(&mut self, on: bool) -> Result<Vec<(String, usize, f64)>, CudaError> {
         self.dev.set_profile(on)
+    }
+
+    /// The residual stream's `n` rows normed by `weight` into `out` as f32.
+    fn norm_rows_f32(
+        &mut self,
+        weight: u64,
+        out: u64,
+        n: usize,
+        p: &DecodePlan,
+    ) -> Result<(), CudaError> {
+        let warps = p.n_embd.div_ceil(256).clamp(1, 32) as u32;
+        let x = self.dev.address(&self.x);
+        self.run(
+            "rms_norm_rows_f32",
+            (n as u32, 1),
+            32 * warps,
+            &[
+                Value::Ptr(x),
+                Value::Ptr(weight),
+                Value::Ptr(out),
+                Value::I32(p.n_embd as i32),
+                Value::F32(p.norm_eps),
+            ],
+        )
     }
 
     /// `c = a W^T (+ beta c)` for matrix `m` of the plan: dequantize, then GEMM.
@@ -1076,7 +1101,25 @@ impl<D: BatchDevice> Prefill<D> {
             self.dev.address(&self.act),
         );
         let opt = |i: Option<usize>| Value::Ptr(i.map_or(0, |i| at.vectors[i]));
-        self.product(p, at, m.router, h, n, logits, 0.0)?;
+        let router = &p.matrices[m.router];
+        if router.ty == TensorType::F32 {
+            // An f32 router multiplies the f32 norms, as the CPU does: f16 inputs would change
+            // which experts a near tie picks.
+            self.norm_rows_f32(at.vectors[r.ffn_norm], normed, n, p)?;
+            self.dev.gemm(Gemm {
+                w16: at.matrices[m.router],
+                rows: router.rows,
+                cols: router.cols,
+                a: normed,
+                n,
+                c: logits,
+                beta: 0.0,
+                f32_operands: true,
+                batch: 1,
+            })?;
+        } else {
+            self.product(p, at, m.router, h, n, logits, 0.0)?;
+        }
         let biases = m
             .biases
             .map(|(router, experts)| (at.vectors[router], experts.map(|v| at.vectors[v])));
@@ -1198,6 +1241,7 @@ impl<D: BatchDevice> Prefill<D> {
                         n: most,
                         c: out,
                         beta: 0.0,
+                        f32_operands: false,
                         batch: ne,
                     })?;
                 }
@@ -1223,19 +1267,9 @@ impl<D: BatchDevice> Prefill<D> {
             each(self, wd, (d, ff), act, outputs, db)?;
         } else {
             // Each pair's products as the decode step computes them, from the f32 norms.
-            let warps = d.div_ceil(256).clamp(1, 32) as u32;
-            self.run(
-                "rms_norm_rows_f32",
-                (n as u32, 1),
-                32 * warps,
-                &[
-                    Value::Ptr(x),
-                    Value::Ptr(at.vectors[r.ffn_norm]),
-                    Value::Ptr(normed),
-                    Value::I32(d as i32),
-                    Value::F32(p.norm_eps),
-                ],
-            )?;
+            if router.ty != TensorType::F32 {
+                self.norm_rows_f32(at.vectors[r.ffn_norm], normed, n, p)?;
+            }
             let per_pair = |this: &mut Prefill<D>,
                             mat: usize,
                             rows_out: usize,

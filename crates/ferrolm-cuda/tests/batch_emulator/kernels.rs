@@ -359,7 +359,7 @@ fn dequantize(
     mem.write_f16s(a.ptr(4), &values[..32 * done]);
 }
 
-/// The GEMM: `c[t][r] = a[t] . w[r] (+ beta * c[t][r])`, f16 operands, f32 sums.
+/// The GEMM: `c[t][r] = a[t] . w[r] (+ beta * c[t][r])`, f16 (or f32) operands, f32 sums.
 pub fn gemm(mem: &mut Memory, g: Gemm) {
     for i in 0..g.batch {
         let (rows, cols, n) = (g.rows, g.cols, g.n);
@@ -378,7 +378,11 @@ pub fn gemm(mem: &mut Memory, g: Gemm) {
 
 fn one_gemm(mem: &mut Memory, g: Gemm) {
     let (rows, cols, n) = (g.rows, g.cols, g.n);
-    let (w, x) = (mem.f16s(g.w16, rows * cols), mem.f16s(g.a, n * cols));
+    let (w, x) = if g.f32_operands {
+        (mem.f32s(g.w16, rows * cols), mem.f32s(g.a, n * cols))
+    } else {
+        (mem.f16s(g.w16, rows * cols), mem.f16s(g.a, n * cols))
+    };
     let mut out = if g.beta == 0.0 {
         vec![0f32; n * rows]
     } else {
