@@ -1175,10 +1175,10 @@ impl<D: BatchDevice> Prefill<D> {
                 .download(&b.counts, &mut used, "reading the experts' counts")?;
             self.dev.synchronize("reading the experts' counts")?;
             // Every expert's group padded to the largest, where that fits twice the pairs: one
-            // strided-batched GEMM per matrix over all the experts (a GEMM each otherwise; the
-            // default until a GPU has compared and timed the two, `CudaTuning::unverified`).
+            // strided-batched GEMM per matrix over all the experts (a GEMM each otherwise, or
+            // without `CudaTuning::padded_expert_groups`).
             let most = used.iter().copied().max().unwrap_or(0) as usize;
-            let padded = self.tuning.unverified && most > 0 && ne * most <= 2 * pairs;
+            let padded = self.tuning.padded_expert_groups && most > 0 && ne * most <= 2 * pairs;
             if padded {
                 self.run(
                     "moe_pad_rows",

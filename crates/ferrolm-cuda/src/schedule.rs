@@ -39,40 +39,8 @@ fn decline(field: impl Into<String>, value: impl std::fmt::Display) -> Decline {
     }
 }
 
-/// What compiles and is emulated on the CPU but has not yet been compared with the CPU on a
-/// GPU: declined unless [`CudaTuning::unverified`] (the decline names it).
-pub const UNVERIFIED: &str =
-    "not yet compared with the CPU on a GPU (FERROLM_CUDA_UNVERIFIED=1 serves it)";
-
-/// The kernel-name suffix of the block types the matrix-vector kernels read, with the
-/// i-quant, ternary and 1-bit types of kernels_iquants.cu when `unverified`.
-pub fn kernel_type_with(ty: TensorType, unverified: bool) -> Option<&'static str> {
-    if let Some(k) = kernel_type(ty) {
-        return Some(k);
-    }
-    if !unverified {
-        return None;
-    }
-    Some(match ty {
-        TensorType::IQ1_S => "IQ1_S",
-        TensorType::IQ1_M => "IQ1_M",
-        TensorType::IQ2_XXS => "IQ2_XXS",
-        TensorType::IQ2_XS => "IQ2_XS",
-        TensorType::IQ2_S => "IQ2_S",
-        TensorType::IQ3_XXS => "IQ3_XXS",
-        TensorType::IQ3_S => "IQ3_S",
-        TensorType::IQ4_XS => "IQ4_XS",
-        TensorType::TQ1_0 => "TQ1_0",
-        TensorType::TQ2_0 => "TQ2_0",
-        TensorType::Q1_0 => "Q1_0",
-        TensorType::Q2_0 => "Q2_0",
-        TensorType::NVFP4 => "NVFP4",
-        _ => return None,
-    })
-}
-
-/// The kernel-name suffix of the block types the matrix-vector kernels read (those
-/// `cuda-check` has compared with the CPU on a GPU).
+/// The kernel-name suffix of the block types the matrix-vector kernels read (all of them
+/// compared with the CPU on a GPU by `cuda-check`).
 pub fn kernel_type(ty: TensorType) -> Option<&'static str> {
     Some(match ty {
         TensorType::F32 => "F32",
@@ -90,6 +58,19 @@ pub fn kernel_type(ty: TensorType) -> Option<&'static str> {
         TensorType::Q2_K => "Q2_K",
         TensorType::Q3_K => "Q3_K",
         TensorType::Q5_K => "Q5_K",
+        TensorType::IQ1_S => "IQ1_S",
+        TensorType::IQ1_M => "IQ1_M",
+        TensorType::IQ2_XXS => "IQ2_XXS",
+        TensorType::IQ2_XS => "IQ2_XS",
+        TensorType::IQ2_S => "IQ2_S",
+        TensorType::IQ3_XXS => "IQ3_XXS",
+        TensorType::IQ3_S => "IQ3_S",
+        TensorType::IQ4_XS => "IQ4_XS",
+        TensorType::TQ1_0 => "TQ1_0",
+        TensorType::TQ2_0 => "TQ2_0",
+        TensorType::Q1_0 => "Q1_0",
+        TensorType::Q2_0 => "Q2_0",
+        TensorType::NVFP4 => "NVFP4",
         _ => return None,
     })
 }
@@ -270,7 +251,7 @@ impl MatrixSpec {
 
     /// Whether its rows are uploaded regrouped.
     pub fn repacked(&self) -> bool {
-        kernel_type_with(self.ty, true) != Some(self.kernel)
+        kernel_type(self.ty) != Some(self.kernel)
     }
 }
 
@@ -849,10 +830,7 @@ impl Builder {
         cols: usize,
     ) -> Result<usize, Decline> {
         let ty = types(name).ok_or_else(|| decline(name, "missing"))?;
-        let Some(plain) = kernel_type_with(ty, self.tuning.unverified) else {
-            if kernel_type_with(ty, true).is_some() {
-                return Err(decline(name, format!("{} ({UNVERIFIED})", ty.name())));
-            }
+        let Some(plain) = kernel_type(ty) else {
             return Err(decline(name, ty.name()));
         };
         if !cols.is_multiple_of(32) || !cols.is_multiple_of(ty.block_size()) {
@@ -1046,11 +1024,6 @@ impl Builder {
             }
             c => c.unwrap_or(0.0),
         };
-        for (field, on) in [("attention.sinks", sinks), ("attention.out_bias", out_bias)] {
-            if *on && !b.tuning.unverified {
-                return Err(decline(field, UNVERIFIED));
-            }
-        }
         let window = sliding_window.unwrap_or(0);
         if window > i32::MAX as usize {
             return Err(decline("attention.sliding_window", window));
@@ -1085,9 +1058,6 @@ impl Builder {
             RopeLayout::Normal => 0,
             RopeLayout::Neox => 1,
         };
-        if *gated_output && !b.tuning.unverified {
-            return Err(decline("attention.gated_output", UNVERIFIED));
-        }
         // A tensor-parallel rank's heads (column-parallel Q, K, V; row-parallel output).
         let rank = b.rank;
         if rank.of > 1 && (*qkv_bias || *gated_output || *sinks || *out_bias) {
@@ -1433,7 +1403,7 @@ impl Builder {
     ) -> Result<usize, Decline> {
         let m = self.matrix(types, name, n_expert * rows, cols)?;
         let spec = &mut self.matrices[m];
-        spec.kernel = kernel_type_with(spec.ty, true).expect("checked by matrix");
+        spec.kernel = kernel_type(spec.ty).expect("checked by matrix");
         spec.experts = n_expert;
         Ok(m)
     }
@@ -1468,9 +1438,6 @@ impl Builder {
             shared,
         } = *m;
         let n = |s: &str| format!("blk.{l}.{s}");
-        if biases && !self.tuning.unverified {
-            return Err(decline("ffn.moe.biases", UNVERIFIED));
-        }
         if ne == 0 || ne > 1024 || k == 0 || k > ne {
             return Err(decline("ffn.moe.n_expert_used", format!("{k} of {ne}")));
         }
@@ -2124,8 +2091,7 @@ fn decode_plan_rank(
         let gate_activation = |a: &Activation| match a {
             Activation::Silu => Ok(GateActivation::Silu),
             Activation::GeluTanh => Ok(GateActivation::Gelu),
-            Activation::SwigluOai if tuning.unverified => Ok(GateActivation::SwigluOai),
-            Activation::SwigluOai => Err(decline("ffn.activation", UNVERIFIED)),
+            Activation::SwigluOai => Ok(GateActivation::SwigluOai),
         };
         let (n_ff, activation) = match ffn {
             Ffn::Gated { n_ff, activation } => {
@@ -2152,9 +2118,6 @@ fn decode_plan_rank(
             eps,
         };
         let mixer = match mixer {
-            Mixer::GatedDeltaNet(_) if !tuning.unverified => {
-                return Err(decline("mixer", format!("gated delta-net ({UNVERIFIED})")));
-            }
             Mixer::Attention => {
                 let at = AttentionAt {
                     layer: l,
@@ -2809,17 +2772,15 @@ pub(crate) mod tests {
         assert_eq!(e.field, "attention.head_dim");
         let q5 = |name: &str| {
             Some(if name == "blk.0.ffn_up.weight" {
-                TensorType::IQ4_XS
+                TensorType::Q8_K
             } else {
                 TensorType::Q8_0
             })
         };
         let e = decode_plan(&plan(1, 32), 256, &q5).unwrap_err();
         assert_eq!(e.field, "blk.0.ffn_up.weight");
-        assert_eq!(e.value, format!("IQ4_XS ({UNVERIFIED})"));
+        assert_eq!(e.value, "Q8_K");
         assert!(e.to_string().contains("blk.0.ffn_up.weight"));
-        let e = decode_plan(&plan(1, 32), 256, &all(TensorType::IQ1_S)).unwrap_err();
-        assert!(e.value.starts_with("IQ1_S ("), "{e}");
         let e = decode_plan(&plan(1, 32), 256, &all(TensorType::Q8_1)).unwrap_err();
         assert_eq!(e.value, "Q8_1");
         let mut odd = plan(1, 32);
@@ -2883,14 +2844,8 @@ pub(crate) mod tests {
             n_ff: 512,
             activation: Activation::SwigluOai,
         };
-        let e = decode_plan(&oai, 256, &all(TensorType::F32)).unwrap_err();
-        assert_eq!(e.field, "ffn.activation");
-        // Served when asked for (not yet compared on a GPU): the clamped SwiGLU's code.
-        let unverified = CudaTuning {
-            unverified: true,
-            ..CudaTuning::default()
-        };
-        let dp = decode_plan_with(&oai, 256, &all(TensorType::F32), 1, &unverified).unwrap();
+        // The clamped SwiGLU's code.
+        let dp = decode_plan(&oai, 256, &all(TensorType::F32)).unwrap();
         let glu = dp
             .launches
             .iter()

@@ -40,10 +40,10 @@ pub struct CudaTuning {
     /// Where compiled kernels are cached (`None`: compiled at every start); by default
     /// `$FERROLM_HOME/kernels`, or `~/.cache/ferrolm/kernels`.
     pub kernel_cache: Option<PathBuf>,
-    /// Serve what compiles and is emulated on the CPU but has not yet been compared with the
-    /// CPU on a GPU (`cuda-check`): the i-quant block types and the hybrid models' layers
-    /// ([`crate::schedule::UNVERIFIED`]); declined otherwise (`FERROLM_CUDA_UNVERIFIED`).
-    pub unverified: bool,
+    /// A prompt's expert groups padded to the largest, one strided-batched GEMM per matrix
+    /// over all the experts, where that pads at most to twice the rows; a GEMM per used
+    /// expert otherwise (`FERROLM_CUDA_NO_PADDED_GROUPS`).
+    pub padded_expert_groups: bool,
     /// Bytes of device memory the model may take (`--gpu-memory`): the expert stacks it
     /// leaves no room for stay in pinned host memory, read over the bus ([`crate::tiers`]);
     /// `None`: no budget, all on the device.
@@ -65,7 +65,7 @@ impl Default for CudaTuning {
             quantize_on_load_max: 1 << 20,
             defines: None,
             kernel_cache: Some(crate::kernels::cache_dir()),
-            unverified: false,
+            padded_expert_groups: true,
             gpu_memory: None,
         }
     }
@@ -93,7 +93,7 @@ impl CudaTuning {
                 .unwrap_or(d.quantize_on_load_max),
             defines: std::env::var("FERROLM_CUDA_DEFINES").ok(),
             kernel_cache: d.kernel_cache.clone(),
-            unverified: !unset("FERROLM_CUDA_UNVERIFIED"),
+            padded_expert_groups: unset("FERROLM_CUDA_NO_PADDED_GROUPS"),
             gpu_memory: None,
         }
     }

@@ -384,27 +384,22 @@ fn the_batched_step_computes_what_the_cpu_computes() {
     // these small files meet near ties the tie test does not flag, which a single position
     // shows at 3e-2 while the positions after it agree; the routing's choices are the files'
     // above.
-    let unverified = CudaTuning {
-        unverified: true,
-        ..tuning
-    };
-    for (name, mut spec) in unverified_files() {
+    for (name, mut spec) in hybrid_and_gpt_oss_files() {
         spec.n_expert_used = spec.n_expert;
         let mut distances = Vec::new();
         for batch in [1, 3, 8] {
-            distances.extend(batched_steps(name, &spec, &unverified, batch, false, None));
+            distances.extend(batched_steps(name, &spec, &tuning, batch, false, None));
         }
         let copies = format!("{name} (f16 copies)");
-        distances.extend(batched_steps(&copies, &spec, &unverified, 3, true, None));
+        distances.extend(batched_steps(&copies, &spec, &tuning, 3, true, None));
         distances.iter().for_each(Distance::assert_close);
     }
 }
 
-/// The files of what waits for a GPU's first comparison (`CudaTuning::unverified`): the
-/// hybrids (qwen3next in both layouts of its projections, qwen35 with value heads tiling the
+/// The files of the hybrids (qwen3next in both layouts of its projections, qwen35 with value heads tiling the
 /// key heads and dense feed-forward blocks, qwen35moe) and gpt-oss (sinks, biases, the clamped
 /// SwiGLU, MXFP4 experts).
-fn unverified_files() -> Vec<(&'static str, SyntheticSpec)> {
+fn hybrid_and_gpt_oss_files() -> Vec<(&'static str, SyntheticSpec)> {
     let mut split = SyntheticSpec::small("qwen3next");
     if let Some(net) = split.delta_net.as_mut() {
         net.split_projections = true;
@@ -473,9 +468,9 @@ fn check_prompt(what: &str, spec: &SyntheticSpec, tuning: &CudaTuning, n: usize)
     let launched = &prefill.device().launched;
     if plan.max_experts > 0 {
         assert!(launched.iter().any(|l| l == "moe_gather_f16"), "{what}");
-        // (with `unverified`, the long prompt's groups padded to one batched GEMM each matrix)
+        // (the long prompt's groups padded to one batched GEMM each matrix, unless switched off)
         let padded = ["moe_pad_rows", "gemm batched"].map(|k| launched.iter().any(|l| l == k));
-        assert_eq!(padded, [tuning.unverified; 2], "{what}");
+        assert_eq!(padded, [tuning.padded_expert_groups; 2], "{what}");
     }
 }
 
@@ -492,16 +487,16 @@ fn the_prompt_pass_computes_what_the_cpu_computes() {
     for (name, spec) in files() {
         check_prompt(&name, &spec, &tensor_cores, 100);
     }
-    // The experts' groups padded to one strided-batched GEMM per matrix (not yet the default).
-    let padded_groups = CudaTuning {
-        unverified: true,
+    // A GEMM per used expert instead of the padded groups' one per matrix.
+    let each_expert = CudaTuning {
+        padded_expert_groups: false,
         ..tensor_cores.clone()
     };
     for (name, spec) in files().into_iter().filter(|(_, s)| s.n_expert > 0) {
         check_prompt(
-            &format!("{name} (padded groups)"),
+            &format!("{name} (a GEMM per expert)"),
             &spec,
-            &padded_groups,
+            &each_expert,
             100,
         );
     }
@@ -522,13 +517,9 @@ fn the_prompt_pass_computes_what_the_cpu_computes() {
     // apart (the f16 rows of the GEMMs); past the sixtieth, qwen3next's random router meets
     // near ties the tie test does not flag (single positions at 1e-3 to 2e-2): the experts'
     // files are compared over 60 positions, the dense one over 100.
-    let unverified = CudaTuning {
-        unverified: true,
-        ..tensor_cores.clone()
-    };
-    for (name, spec) in unverified_files() {
+    for (name, spec) in hybrid_and_gpt_oss_files() {
         let n = if spec.n_expert > 0 { 60 } else { 100 };
-        check_prompt(name, &spec, &unverified, n);
+        check_prompt(name, &spec, &tensor_cores, n);
     }
 }
 

@@ -712,7 +712,6 @@ fn emulate(
     let tuning = CudaTuning {
         quantized_activations: activations == Activations::Quantized,
         quantize_on_load_max: on_load_max,
-        unverified: true,
         ..CudaTuning::default()
     };
     let plan = decode_plan_with(model.plan(), ids.len() + 1, &types, n_layer, &tuning).unwrap();
@@ -986,8 +985,7 @@ fn a_wrong_argument_of_the_new_launches_is_caught() {
         let types = |name: &str| file.tensor(name).map(|t| t.ty);
         let layers = model.plan().layers.len();
         let tuning = CudaTuning {
-            unverified: true,
-            ..CudaTuning::default()
+                ..CudaTuning::default()
         };
         let mut plan = decode_plan_with(model.plan(), n + 1, &types, layers, &tuning).unwrap();
         mutate(&mut plan);
@@ -1001,46 +999,6 @@ fn a_wrong_argument_of_the_new_launches_is_caught() {
         let rel = relative_difference(&cpu, &logits);
         assert!(rel > 2e-2, "{arch}: logits {rel:.3e} apart");
     }
-}
-
-/// Until `cuda-check` has compared them on a GPU, the hybrid layers and the i-quant types are
-/// declined by default, the decline saying how to serve them.
-#[test]
-fn unverified_launches_are_declined_by_default() {
-    let spec = SyntheticSpec::small("qwen3next");
-    let file = Arc::new(GgufFile::from_bytes(synthetic::build(&spec).unwrap().to_bytes()).unwrap());
-    let model = Model::from_file(file.clone(), 1).unwrap();
-    let types = |name: &str| file.tensor(name).map(|t| t.ty);
-    let layers = model.plan().layers.len();
-    let declined =
-        decode_plan_layers(model.plan(), 64, &types, layers, Activations::Quantized).unwrap_err();
-    assert_eq!(declined.field, "mixer");
-    assert!(
-        declined.value.contains(ferrolm_cuda::schedule::UNVERIFIED),
-        "{declined}"
-    );
-    let mut llama = SyntheticSpec::small("llama");
-    llama.n_layer = 1;
-    let file =
-        Arc::new(GgufFile::from_bytes(synthetic::build(&llama).unwrap().to_bytes()).unwrap());
-    let model = Model::from_file(file.clone(), 1).unwrap();
-    let iq = |name: &str| {
-        if name.ends_with("ffn_down.weight") {
-            Some(TensorType::IQ4_XS)
-        } else {
-            file.tensor(name).map(|t| t.ty)
-        }
-    };
-    let declined =
-        decode_plan_layers(model.plan(), 64, &iq, 1, Activations::Quantized).unwrap_err();
-    assert_eq!(declined.field, "blk.0.ffn_down.weight");
-    assert!(declined.value.starts_with("IQ4_XS ("), "{declined}");
-    let tuning = CudaTuning {
-        unverified: true,
-        ..CudaTuning::default()
-    };
-    let plan = decode_plan_with(model.plan(), 64, &iq, 1, &tuning).unwrap();
-    assert!(plan.launches.iter().any(|l| l.kernel.ends_with("_IQ4_XS")));
 }
 
 /// `--gpu-layers`: the first layers' step ends with the residual stream (and the position
