@@ -3082,21 +3082,52 @@ extern "C" __global__ void moe_combine(const float* ys, const float* w, int k, i
     x[i] = __fadd_rn(x[i], o);
 }
 
-// A batch's (token, slot) pairs grouped by expert, in pair order within each expert (one
-// thread: the order is the same every run): counts[e] pairs chose expert e, its group starts
-// at offsets[e], and pair i lands at row at[i] of the grouped rows.
+// A batch's (token, slot) pairs grouped by expert, in pair order within each expert (the order
+// is the same every run): counts[e] pairs chose expert e, its group starts at offsets[e], and
+// pair i lands at row at[i] of the grouped rows. One warp (ne at most 1024): the counts in
+// shared memory, their prefix sum, then the pairs 32 at a time, the lanes of one expert
+// (__match_any_sync) taking its next places in lane order.
 extern "C" __global__ void moe_group(const u32* ids, int n_pairs, int ne, u32* counts,
                                      u32* offsets, u32* at) {
-    if (threadIdx.x != 0) return;
-    for (int e = 0; e < ne; e++) counts[e] = 0;
-    for (int i = 0; i < n_pairs; i++) counts[ids[i]]++;
-    u32 o = 0;
-    for (int e = 0; e < ne; e++) {
-        offsets[e] = o;
-        o += counts[e];
+    __shared__ u32 count[1024], next[1024];
+    int lane = threadIdx.x;
+    if (lane >= 32) return;
+    for (int e = lane; e < ne; e += 32) count[e] = 0;
+    __syncwarp();
+    for (int i = lane; i < n_pairs; i += 32) atomicAdd(&count[ids[i]], 1u);
+    __syncwarp();
+    // Each lane sums a run of experts; the runs' sums scanned across the warp.
+    int per = (ne + 31) / 32, lo = min(ne, lane * per), hi = min(ne, lo + per);
+    u32 run = 0;
+    for (int e = lo; e < hi; e++) run += count[e];
+    u32 inclusive = run;
+#pragma unroll
+    for (int d = 1; d < 32; d <<= 1) {
+        u32 v = __shfl_up_sync(0xffffffffu, inclusive, d);
+        if (lane >= d) inclusive += v;
     }
-    for (int i = 0; i < n_pairs; i++) at[i] = offsets[ids[i]]++;
-    for (int e = 0; e < ne; e++) offsets[e] -= counts[e];
+    u32 o = inclusive - run;
+    for (int e = lo; e < hi; e++) {
+        counts[e] = count[e];
+        offsets[e] = o;
+        next[e] = o;
+        o += count[e];
+    }
+    __syncwarp();
+    for (int base = 0; base < n_pairs; base += 32) {
+        int i = base + lane;
+        bool ok = i < n_pairs;
+        u32 e = ok ? ids[i] : 0xffffffffu;
+        u32 same = __match_any_sync(0xffffffffu, e);
+        u32 place = ok ? next[e] + __popc(same & ((1u << lane) - 1u)) : 0u;
+        __syncwarp();
+        if (ok) {
+            at[i] = place;
+            // (the group's last lane moves the expert's next place on)
+            if (lane == 31 - __clz(same)) next[e] = place + 1u;
+        }
+        __syncwarp();
+    }
 }
 
 // Each expert's group padded to `most` rows: pair i's row at[i] (its place in the compact

@@ -11,6 +11,9 @@
 
 __device__ __forceinline__ float silu_f(float x) { return x / (1.f + expf(-x)); }
 
+// The most taps of a convolution (the plan declines more).
+#define DELTA_CONV_MAX_TAPS 16
+
 // ggml's softplus: ln(1 + e^x), x itself above 20.
 __device__ __forceinline__ float softplus_f(float x) { return x > 20.f ? x : logf(1.f + expf(x)); }
 
@@ -90,15 +93,12 @@ __device__ __forceinline__ DeltaGates delta_gates(const float* ba, const float* 
 // head's query and key L2-normalized, beta = sigmoid(b), decay = exp(softplus(a + dt_bias) *
 // ssm_a); the state S (s x s, key-major: S[i][j] at i * s + j; zeros when fresh) decayed,
 // u = beta (v - S^T k), S += k u^T, o = S^T q / sqrt(s); returns rms_norm(o) * norm * silu(z).
-// Every thread of the block calls it (block-wide sums); qs, ks: s floats of shared memory. The
-// thread's column of S is in place in S (R = 0), or in registers `col` (R = s: a prompt's
-// tokens one after another, the state read and written once for all of them).
-template <int R>
+// Every thread of the block calls it (block-wide sums); qs, ks: s floats of shared memory.
 __device__ __forceinline__ float delta_rule_token(const float* c, DeltaGates g,
                                                   const float* dt_bias, const float* ssm_a,
-                                                  const float* norm, float* S, float* col,
-                                                  bool fresh, int vh, int kh, int key_dim, int s,
-                                                  float eps, float* qs, float* ks) {
+                                                  const float* norm, float* S, bool fresh,
+                                                  int vh, int kh, int key_dim, int s, float eps,
+                                                  float* qs, float* ks) {
     int j = threadIdx.x;
     __syncthreads();
     qs[j] = l2_normalized(c[kh * s + j], s, eps);
@@ -109,23 +109,12 @@ __device__ __forceinline__ float delta_rule_token(const float* c, DeltaGates g,
     __syncthreads();
     // S^T k over the decayed state, summed in key order as the CPU's.
     float sk = 0.f, o = 0.f;
-    if constexpr (R > 0) {
-#pragma unroll
-        for (int i = 0; i < R; i++) sk += ks[i] * (fresh ? 0.f : col[i] * decay);
-        float u = (v - sk) * beta;
-#pragma unroll
-        for (int i = 0; i < R; i++) {
-            col[i] = (fresh ? 0.f : col[i] * decay) + ks[i] * u;
-            o += qs[i] * col[i];
-        }
-    } else {
-        for (int i = 0; i < s; i++) sk += ks[i] * (fresh ? 0.f : S[(size_t)i * s + j] * decay);
-        float u = (v - sk) * beta;
-        for (int i = 0; i < s; i++) {
-            float x = (fresh ? 0.f : S[(size_t)i * s + j] * decay) + ks[i] * u;
-            S[(size_t)i * s + j] = x;
-            o += qs[i] * x;
-        }
+    for (int i = 0; i < s; i++) sk += ks[i] * (fresh ? 0.f : S[(size_t)i * s + j] * decay);
+    float u = (v - sk) * beta;
+    for (int i = 0; i < s; i++) {
+        float x = (fresh ? 0.f : S[(size_t)i * s + j] * decay) + ks[i] * u;
+        S[(size_t)i * s + j] = x;
+        o += qs[i] * x;
     }
     o *= 1.f / sqrtf((float)s);
     float r = rms_scale((double)(o * o), s, eps);
@@ -143,8 +132,8 @@ extern "C" __global__ void delta_rule(const float* conv, const float* ba, const 
     int vh = blockIdx.x, zi = vh * s + threadIdx.x, ratio = n_v_heads / n_k_heads;
     int kh = tiled ? vh % n_k_heads : vh / ratio;
     DeltaGates g = delta_gates(ba, alpha, in_fused, z, vh, zi, ratio, s);
-    out[zi] = delta_rule_token<0>(conv, g, dt_bias, ssm_a, norm, state + (size_t)vh * s * s,
-                                  nullptr, *pos == 0, vh, kh, n_k_heads * s, s, eps, qs, ks);
+    out[zi] = delta_rule_token(conv, g, dt_bias, ssm_a, norm, state + (size_t)vh * s * s,
+                               *pos == 0, vh, kh, n_k_heads * s, s, eps, qs, ks);
 }
 
 // ---- The same over a prompt's n tokens (the prompt pass) ------------------------------------
@@ -154,6 +143,10 @@ extern "C" __global__ void delta_rule(const float* conv, const float* ba, const 
 // output GEMM's input. The delta rule runs the decode step's recurrence token after token in
 // one launch, not yet the chunked form on the tensor cores.
 
+// Block (x, y) takes channels x * blockDim.x.. over the y-th of gridDim.y runs of tokens: each
+// output reads the inputs themselves (the state's for the tokens before the batch), so the runs
+// are independent. Only the first run reads the state (the host makes every run at least
+// taps - 1 tokens long), and it writes the new one after its reads: the batch's last inputs.
 extern "C" __global__ void delta_conv_rows(const float* in, int in_stride, int fused,
                                            const float* w, float* state, int pos0, float* out,
                                            int channels, int taps, int key_dim, int s, int ratio,
@@ -162,15 +155,127 @@ extern "C" __global__ void delta_conv_rows(const float* in, int in_stride, int f
     if (c >= channels) return;
     const float* wc = w + (size_t)c * taps;
     int src = conv_source(c, fused, key_dim, s, ratio);
-    for (int t = 0; t < n; t++)
-        out[(size_t)t * channels + c] = conv_token(in[(size_t)t * in_stride + src], state, wc,
-                                                   taps, channels, c, pos0 == 0 && t == 0);
+    // Token t's input (t < 0: the state's, oldest first; zeros when fresh).
+    auto input = [&](int t) {
+        if (t >= 0) return in[(size_t)t * in_stride + src];
+        return pos0 == 0 ? 0.f : state[(size_t)(taps - 1 + t) * channels + c];
+    };
+    int per = (n + gridDim.y - 1) / gridDim.y, t0 = blockIdx.y * per, t1 = min(n, t0 + per);
+    for (int t = t0; t < t1; t++) {
+        // (summed from the oldest, as conv_token)
+        float acc = 0.f;
+        for (int i = 0; i < taps - 1; i++) acc += input(t - (taps - 1) + i) * wc[i];
+        acc += input(t) * wc[taps - 1];
+        out[(size_t)t * channels + c] = silu_f(acc);
+    }
+    if (blockIdx.y == 0 && taps > 1) {
+        float last[DELTA_CONV_MAX_TAPS - 1];
+        for (int i = 0; i < taps - 1; i++) last[i] = input(n - (taps - 1) + i);
+        for (int i = 0; i < taps - 1; i++) state[(size_t)i * channels + c] = last[i];
+    }
 }
 
-// R as delta_rule_token's: the thread's state column in registers for heads of R (64, 128),
-// in place otherwise.
+// Heads of R (64, 128): thread j holds column j of the state in registers for the whole
+// prompt. Each warp normalizes the key head's query and key itself (no block-wide sum for
+// them) into its own shared copy, the next token's inputs are loaded while this one's are used,
+// and the read-out's norm is the one block-wide sum a token. The arithmetic is
+// delta_rule_token's.
 template <int R>
-__device__ __forceinline__ void delta_rule_rows_of(
+__device__ __forceinline__ void delta_rule_rows_reg(
+    const float* conv, const float* ba, int ba_stride, const float* alpha, const float* dt_bias,
+    const float* ssm_a, const float* norm, const float* in_fused, const float* z, int z_stride,
+    float* state, int pos0, u16* out, int n_k_heads, int n_v_heads, int tiled, float eps,
+    int n) {
+    constexpr int PER = R / 32, WARPS = R / 32;
+    __shared__ float qs[WARPS][R], ks[WARPS][R];
+    __shared__ double part[2][WARPS];
+    int vh = blockIdx.x, j = threadIdx.x, warp = j >> 5, lane = j & 31;
+    int zi = vh * R + j, ratio = n_v_heads / n_k_heads;
+    int kh = tiled ? vh % n_k_heads : vh / ratio;
+    int key_dim = n_k_heads * R, value_dim = n_v_heads * R, channels = 2 * key_dim + value_dim;
+    float* S = state + (size_t)vh * R * R;
+    float col[R];
+#pragma unroll
+    for (int i = 0; i < R; i++) col[i] = pos0 == 0 ? 0.f : S[(size_t)i * R + j];
+    const float dtb = dt_bias[vh], sa = ssm_a[vh], nj = norm[j], inv_sqrt = 1.f / sqrtf((float)R);
+    // Token t's query and key values of this lane (i = lane + 32 m), value and gates.
+    auto load = [&](int t, float* q, float* k, float& v, DeltaGates& g) {
+        const float* c = conv + (size_t)t * channels;
+#pragma unroll
+        for (int m = 0; m < PER; m++) {
+            q[m] = c[kh * R + lane + 32 * m];
+            k[m] = c[key_dim + kh * R + lane + 32 * m];
+        }
+        v = c[2 * key_dim + vh * R + j];
+        g = delta_gates(ba + (size_t)t * ba_stride, alpha ? alpha + (size_t)t * n_v_heads : nullptr,
+                        in_fused + (size_t)t * z_stride, z ? z + (size_t)t * z_stride : nullptr,
+                        vh, zi, ratio, R);
+    };
+    float q[PER], k[PER], v = 0.f;
+    DeltaGates g = {0.f, 0.f, 0.f};
+    if (n > 0) load(0, q, k, v, g);
+    for (int t = 0; t < n; t++) {
+        float qn[PER], kn[PER], vn = 0.f;
+        DeltaGates gn = g;
+        if (t + 1 < n) load(t + 1, qn, kn, vn, gn);
+        double sq = 0.0, sk2 = 0.0;
+#pragma unroll
+        for (int m = 0; m < PER; m++) {
+            sq += (double)(q[m] * q[m]);
+            sk2 += (double)(k[m] * k[m]);
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            sq += __shfl_xor_sync(0xffffffffu, sq, o);
+            sk2 += __shfl_xor_sync(0xffffffffu, sk2, o);
+        }
+        float rq = 1.f / sqrtf((float)(sq / (double)R) + eps / (float)R);
+        float rk = 1.f / sqrtf((float)(sk2 / (double)R) + eps / (float)R);
+        __syncwarp();
+#pragma unroll
+        for (int m = 0; m < PER; m++) {
+            qs[warp][lane + 32 * m] = (q[m] * rq) * inv_sqrt;
+            ks[warp][lane + 32 * m] = (k[m] * rk) * inv_sqrt;
+        }
+        __syncwarp();
+        float beta = 1.f / (1.f + expf(-g.b));
+        float decay = expf(softplus_f(g.a + dtb) * sa);
+        // S^T k over the decayed state, summed in key order as the CPU's.
+        float sk = 0.f, o = 0.f;
+#pragma unroll
+        for (int i = 0; i < R; i++) sk += ks[warp][i] * (col[i] * decay);
+        float u = (v - sk) * beta;
+#pragma unroll
+        for (int i = 0; i < R; i++) {
+            col[i] = col[i] * decay + ks[warp][i] * u;
+            o += qs[warp][i] * col[i];
+        }
+        o *= inv_sqrt;
+        double so = (double)(o * o);
+#pragma unroll
+        for (int w = 16; w > 0; w >>= 1) so += __shfl_xor_sync(0xffffffffu, so, w);
+        // (two buffers: a warp still reading this token's sums cannot see the next one's)
+        if (lane == 0) part[t & 1][warp] = so;
+        __syncthreads();
+        double total = 0.0;
+#pragma unroll
+        for (int w = 0; w < WARPS; w++) total += part[t & 1][w];
+        float r = 1.f / sqrtf((float)(total / (double)R) + eps);
+        out[(size_t)t * value_dim + zi] = f2h((o * r) * nj * silu_f(g.z));
+#pragma unroll
+        for (int m = 0; m < PER; m++) {
+            q[m] = qn[m];
+            k[m] = kn[m];
+        }
+        v = vn;
+        g = gn;
+    }
+#pragma unroll
+    for (int i = 0; i < R; i++) S[(size_t)i * R + j] = col[i];
+}
+
+// Other head sizes: the state in place, delta_rule_token token after token.
+__device__ __forceinline__ void delta_rule_rows_in_place(
     const float* conv, const float* ba, int ba_stride, const float* alpha, const float* dt_bias,
     const float* ssm_a, const float* norm, const float* in_fused, const float* z, int z_stride,
     float* state, int pos0, u16* out, int n_k_heads, int n_v_heads, int s, int tiled, float eps,
@@ -180,25 +285,14 @@ __device__ __forceinline__ void delta_rule_rows_of(
     int kh = tiled ? vh % n_k_heads : vh / ratio;
     int key_dim = n_k_heads * s, value_dim = n_v_heads * s, channels = 2 * key_dim + value_dim;
     float* S = state + (size_t)vh * s * s;
-    float col[R > 0 ? R : 1];
-    if constexpr (R > 0) {
-#pragma unroll
-        for (int i = 0; i < R; i++) col[i] = pos0 == 0 ? 0.f : S[(size_t)i * s + j];
-    }
     for (int t = 0; t < n; t++) {
         DeltaGates g = delta_gates(ba + (size_t)t * ba_stride,
                                    alpha ? alpha + (size_t)t * n_v_heads : nullptr,
                                    in_fused + (size_t)t * z_stride,
                                    z ? z + (size_t)t * z_stride : nullptr, vh, zi, ratio, s);
-        // (with the column in registers, "fresh" is already in it: zeros)
-        bool fresh = R == 0 && pos0 == 0 && t == 0;
-        float o = delta_rule_token<R>(conv + (size_t)t * channels, g, dt_bias, ssm_a, norm, S,
-                                      col, fresh, vh, kh, key_dim, s, eps, qs, ks);
+        float o = delta_rule_token(conv + (size_t)t * channels, g, dt_bias, ssm_a, norm, S,
+                                   pos0 == 0 && t == 0, vh, kh, key_dim, s, eps, qs, ks);
         out[(size_t)t * value_dim + zi] = f2h(o);
-    }
-    if constexpr (R > 0) {
-#pragma unroll
-        for (int i = 0; i < R; i++) S[(size_t)i * s + j] = col[i];
     }
 }
 
@@ -208,13 +302,16 @@ extern "C" __global__ void delta_rule_rows(const float* conv, const float* ba, i
                                            const float* in_fused, const float* z, int z_stride,
                                            float* state, int pos0, u16* out, int n_k_heads,
                                            int n_v_heads, int s, int tiled, float eps, int n) {
-#define DELTA_RULE_ROWS(R)                                                                        \
-    delta_rule_rows_of<R>(conv, ba, ba_stride, alpha, dt_bias, ssm_a, norm, in_fused, z, z_stride, \
-                          state, pos0, out, n_k_heads, n_v_heads, s, tiled, eps, n)
-    if (s == 128) DELTA_RULE_ROWS(128);
-    else if (s == 64) DELTA_RULE_ROWS(64);
-    else DELTA_RULE_ROWS(0);
-#undef DELTA_RULE_ROWS
+    if (s == 128)
+        delta_rule_rows_reg<128>(conv, ba, ba_stride, alpha, dt_bias, ssm_a, norm, in_fused, z,
+                                 z_stride, state, pos0, out, n_k_heads, n_v_heads, tiled, eps, n);
+    else if (s == 64)
+        delta_rule_rows_reg<64>(conv, ba, ba_stride, alpha, dt_bias, ssm_a, norm, in_fused, z,
+                                z_stride, state, pos0, out, n_k_heads, n_v_heads, tiled, eps, n);
+    else
+        delta_rule_rows_in_place(conv, ba, ba_stride, alpha, dt_bias, ssm_a, norm, in_fused, z,
+                                 z_stride, state, pos0, out, n_k_heads, n_v_heads, s, tiled, eps,
+                                 n);
 }
 
 // ---- One token of each of several sequences (the batched decode step) ------------------------
@@ -252,8 +349,8 @@ extern "C" __global__ void delta_rule_slots(const float* conv, const float* ba, 
                                in_fused + (size_t)t * z_stride,
                                z ? z + (size_t)t * z_stride : nullptr, vh, zi, ratio, s);
     float* S = ssm_state + (size_t)slot[t] * ssm_stride + (size_t)vh * s * s;
-    float o = delta_rule_token<0>(conv + (size_t)t * channels, g, dt_bias, ssm_a, norm, S,
-                                  nullptr, pos[t] == 0, vh, kh, key_dim, s, eps, qs, ks);
+    float o = delta_rule_token(conv + (size_t)t * channels, g, dt_bias, ssm_a, norm, S,
+                               pos[t] == 0, vh, kh, key_dim, s, eps, qs, ks);
     out[(size_t)t * value_dim + zi] = f2h(o);
 }
 

@@ -1019,7 +1019,10 @@ impl<D: BatchDevice> Prefill<D> {
                 args.extend([pos0, Value::Ptr(conv)]);
                 args.extend(conv_shape);
                 args.push(Value::I32(n as i32));
-                self.run("delta_conv_rows", (conv_grid, 1), 128, &args)?;
+                // Runs of at least 16 tokens (the kernel wants taps - 1 at least; the plan
+                // caps the taps at 16), at most 64 of them.
+                let runs = (n / 16).clamp(1, 64) as u32;
+                self.run("delta_conv_rows", (conv_grid, runs), 128, &args)?;
                 let mut args = rule_in.to_vec();
                 args.extend([pos0, Value::Ptr(out)]);
                 args.extend(rule_shape);

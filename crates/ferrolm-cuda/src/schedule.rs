@@ -1283,7 +1283,8 @@ impl Builder {
         if hk == 0 || !hv.is_multiple_of(hk) || hv == 0 {
             return Err(decline("delta_net.n_v_heads", format!("{hv} over {hk}")));
         }
-        if taps == 0 {
+        // (delta_conv_rows' runs of tokens: at least taps - 1 long)
+        if taps == 0 || taps > 16 {
             return Err(decline("delta_net.conv_kernel", taps));
         }
         let d = self.matrices[0].cols;
