@@ -697,6 +697,26 @@ impl CudaModel {
                     .map_err(driver("f16 copies of the weights"))?;
             }
         }
+        // f16 copies of the expert stacks for the prompts' grouped GEMMs, where they fit with
+        // an eighth of the device to spare (and no budget says otherwise).
+        let want = Prefill::f16_expert_bytes(&model.plan);
+        if want > 0 && tuning.f16_experts && tuning.gpu_memory.is_none() && model.is_whole() {
+            let (free, total) = model
+                .ctx
+                .mem_get_info()
+                .map_err(driver("reading free memory"))?;
+            let spare = (2u64 << 30).max(total as u64 / 8);
+            let at = model.addresses(0);
+            if let Some(p) = model.prefill.as_mut() {
+                if want + spare < free as u64 {
+                    p.keep_f16_experts(&model.plan, &at)?;
+                    model
+                        .stream
+                        .synchronize()
+                        .map_err(driver("f16 copies of the experts"))?;
+                }
+            }
+        }
         Ok(model)
     }
 

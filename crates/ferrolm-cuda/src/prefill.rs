@@ -324,6 +324,15 @@ impl Prefill {
         }
     }
 
+    /// Bytes f16 copies of the expert stacks take ([`Prefill::keep_f16_experts`]).
+    pub fn f16_expert_bytes(p: &DecodePlan) -> u64 {
+        p.matrices
+            .iter()
+            .filter(|m| m.ty != TensorType::F16 && m.experts > 1)
+            .map(|m| 2 * (m.rows * m.cols) as u64)
+            .sum()
+    }
+
     /// Bytes an f16 copy of every quantized matrix takes ([`Prefill::keep_f16_weights`]).
     pub fn f16_weight_bytes(p: &DecodePlan) -> u64 {
         p.matrices
@@ -590,6 +599,25 @@ impl<D: BatchDevice> Prefill<D> {
         self.w16_kept = kept;
         self.qkv_kept = qkv;
         self.gate_up_kept = gate_up;
+        Ok(())
+    }
+
+    /// Keeps an f16 copy of every expert stack, so that a prompt's grouped GEMMs read the
+    /// experts as they are instead of dequantizing three stacks a layer. After
+    /// [`Prefill::keep_f16_weights`], which replaces the list of copies.
+    pub fn keep_f16_experts(&mut self, p: &DecodePlan, at: &Addresses) -> Result<(), CudaError> {
+        self.w16_kept.resize(p.matrices.len(), None);
+        for (m, spec) in p.matrices.iter().enumerate() {
+            if spec.experts > 1 && spec.ty != TensorType::F16 && self.w16_kept[m].is_none() {
+                let w = self
+                    .dev
+                    .alloc_zeros::<u16>(spec.rows * spec.cols, "f16 copies of the experts")?;
+                let base = self.dev.address(&w);
+                self.dequantize(spec, at.matrices[m], base)?;
+                self.w16_kept[m] = Some(base);
+                self.w16_owned.push(w);
+            }
+        }
         Ok(())
     }
 
@@ -1228,8 +1256,11 @@ impl<D: BatchDevice> Prefill<D> {
                         bias: Option<u64>|
              -> Result<(), CudaError> {
                 let spec = &p.matrices[mat];
+                let kept = this.w16_kept.get(mat).copied().flatten();
                 let w16 = if spec.ty == TensorType::F16 {
                     at.matrices[mat]
+                } else if let Some(w) = kept {
+                    w
                 } else {
                     let dst = this.dev.address(&this.w16);
                     this.dequantize(spec, at.matrices[mat], dst)?;

@@ -44,6 +44,10 @@ pub struct CudaTuning {
     /// over all the experts, where that pads at most to twice the rows; a GEMM per used
     /// expert otherwise (`FERROLM_CUDA_NO_PADDED_GROUPS`).
     pub padded_expert_groups: bool,
+    /// f16 copies of the expert stacks kept for the prompts' GEMMs where the device has room
+    /// (and no `gpu_memory` budget), instead of dequantizing each layer's stacks for every
+    /// prompt batch (`FERROLM_CUDA_NO_F16_EXPERTS`).
+    pub f16_experts: bool,
     /// Bytes of device memory the model may take (`--gpu-memory`): the expert stacks it
     /// leaves no room for stay in pinned host memory, read over the bus ([`crate::tiers`]);
     /// `None`: no budget, all on the device.
@@ -66,6 +70,7 @@ impl Default for CudaTuning {
             defines: None,
             kernel_cache: Some(crate::kernels::cache_dir()),
             padded_expert_groups: true,
+            f16_experts: true,
             gpu_memory: None,
         }
     }
@@ -94,6 +99,7 @@ impl CudaTuning {
             defines: std::env::var("FERROLM_CUDA_DEFINES").ok(),
             kernel_cache: d.kernel_cache.clone(),
             padded_expert_groups: unset("FERROLM_CUDA_NO_PADDED_GROUPS"),
+            f16_experts: unset("FERROLM_CUDA_NO_F16_EXPERTS"),
             gpu_memory: None,
         }
     }

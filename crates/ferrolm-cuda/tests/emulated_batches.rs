@@ -426,6 +426,9 @@ fn check_prompt(what: &str, spec: &SyntheticSpec, tuning: &CudaTuning, n: usize)
     let dev = HostDevice::new(&file, &plan, 2);
     let at = [dev.addresses(0), dev.addresses(1)];
     let mut prefill = Prefill::on(dev, &plan, tuning).unwrap();
+    if tuning.f16_experts {
+        prefill.keep_f16_experts(&plan, &at[1]).unwrap();
+    }
     let seq = ids(1, n);
     let (first, rest) = seq.split_at(n * 7 / 10);
     let mut logits = prefill.eval(&plan, &at[1], first, 0, true, false).unwrap();
@@ -487,9 +490,11 @@ fn the_prompt_pass_computes_what_the_cpu_computes() {
     for (name, spec) in files() {
         check_prompt(&name, &spec, &tensor_cores, 100);
     }
-    // A GEMM per used expert instead of the padded groups' one per matrix.
+    // A GEMM per used expert instead of the padded groups' one per matrix, each layer's
+    // stacks dequantized for it (no f16 copies kept).
     let each_expert = CudaTuning {
         padded_expert_groups: false,
+        f16_experts: false,
         ..tensor_cores.clone()
     };
     for (name, spec) in files().into_iter().filter(|(_, s)| s.n_expert > 0) {
