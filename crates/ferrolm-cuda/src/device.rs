@@ -671,50 +671,42 @@ impl CudaModel {
         if tuning.graphs {
             model.capture()?;
         }
-        if slots > 1 {
-            if model.prefill.is_none() || !model.is_whole() {
-                return Err(CudaError::Model(
-                    "more than one sequence on the GPU needs the batched pass (the whole model \
-                     there, cuBLAS, no gpt-oss fields)"
-                        .into(),
-                ));
-            }
-            // f16 copies of the weights for the batched steps' GEMMs, where they fit with room
-            // to spare (and no budget says otherwise); else each step dequantizes one matrix at
-            // a time.
-            let (free, _) = model
-                .ctx
-                .mem_get_info()
-                .map_err(driver("reading free memory"))?;
-            let want = Prefill::f16_weight_bytes(&model.plan);
-            if want + (2u64 << 30) < free as u64 && tuning.gpu_memory.is_none() {
-                let at = model.addresses(0);
+        if slots > 1 && (model.prefill.is_none() || !model.is_whole()) {
+            return Err(CudaError::Model(
+                "more than one sequence on the GPU needs the batched pass (the whole model \
+                 there, cuBLAS)"
+                    .into(),
+            ));
+        }
+        // f16 copies of the weights for the batched passes' GEMMs (prompts and batched steps),
+        // then of the expert stacks (prompts), each where it fits with an eighth of the device
+        // to spare and no budget says otherwise; else each batch dequantizes what it reads.
+        if model.prefill.is_some() && model.is_whole() && tuning.gpu_memory.is_none() {
+            let at = model.addresses(0);
+            for experts in [false, true] {
+                let (on, want) = if experts {
+                    (tuning.f16_experts, Prefill::f16_expert_bytes(&model.plan))
+                } else {
+                    (tuning.f16_weights, Prefill::f16_weight_bytes(&model.plan))
+                };
+                let (free, total) = model
+                    .ctx
+                    .mem_get_info()
+                    .map_err(driver("reading free memory"))?;
+                let spare = (2u64 << 30).max(total as u64 / 8);
+                if !on || want == 0 || want + spare >= free as u64 {
+                    continue;
+                }
                 let p = model.prefill.as_mut().expect("checked");
-                p.keep_f16_weights(&model.plan, &at)?;
+                if experts {
+                    p.keep_f16_experts(&model.plan, &at)?;
+                } else {
+                    p.keep_f16_weights(&model.plan, &at)?;
+                }
                 model
                     .stream
                     .synchronize()
                     .map_err(driver("f16 copies of the weights"))?;
-            }
-        }
-        // f16 copies of the expert stacks for the prompts' grouped GEMMs, where they fit with
-        // an eighth of the device to spare (and no budget says otherwise).
-        let want = Prefill::f16_expert_bytes(&model.plan);
-        if want > 0 && tuning.f16_experts && tuning.gpu_memory.is_none() && model.is_whole() {
-            let (free, total) = model
-                .ctx
-                .mem_get_info()
-                .map_err(driver("reading free memory"))?;
-            let spare = (2u64 << 30).max(total as u64 / 8);
-            let at = model.addresses(0);
-            if let Some(p) = model.prefill.as_mut() {
-                if want + spare < free as u64 {
-                    p.keep_f16_experts(&model.plan, &at)?;
-                    model
-                        .stream
-                        .synchronize()
-                        .map_err(driver("f16 copies of the experts"))?;
-                }
             }
         }
         Ok(model)

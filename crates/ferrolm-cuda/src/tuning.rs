@@ -44,6 +44,10 @@ pub struct CudaTuning {
     /// over all the experts, where that pads at most to twice the rows; a GEMM per used
     /// expert otherwise (`FERROLM_CUDA_NO_PADDED_GROUPS`).
     pub padded_expert_groups: bool,
+    /// f16 copies of the quantized matrices kept for the batched passes' GEMMs where the device
+    /// has room (and no `gpu_memory` budget), instead of dequantizing each matrix for every
+    /// batch (`FERROLM_CUDA_NO_F16_WEIGHTS`).
+    pub f16_weights: bool,
     /// f16 copies of the expert stacks kept for the prompts' GEMMs where the device has room
     /// (and no `gpu_memory` budget), instead of dequantizing each layer's stacks for every
     /// prompt batch (`FERROLM_CUDA_NO_F16_EXPERTS`).
@@ -70,6 +74,7 @@ impl Default for CudaTuning {
             defines: None,
             kernel_cache: Some(crate::kernels::cache_dir()),
             padded_expert_groups: true,
+            f16_weights: true,
             f16_experts: true,
             gpu_memory: None,
         }
@@ -99,6 +104,7 @@ impl CudaTuning {
             defines: std::env::var("FERROLM_CUDA_DEFINES").ok(),
             kernel_cache: d.kernel_cache.clone(),
             padded_expert_groups: unset("FERROLM_CUDA_NO_PADDED_GROUPS"),
+            f16_weights: unset("FERROLM_CUDA_NO_F16_WEIGHTS"),
             f16_experts: unset("FERROLM_CUDA_NO_F16_EXPERTS"),
             gpu_memory: None,
         }

@@ -426,6 +426,10 @@ fn check_prompt(what: &str, spec: &SyntheticSpec, tuning: &CudaTuning, n: usize)
     let dev = HostDevice::new(&file, &plan, 2);
     let at = [dev.addresses(0), dev.addresses(1)];
     let mut prefill = Prefill::on(dev, &plan, tuning).unwrap();
+    // (the copies the GPU keeps where it has room; the dequantizing path with them off)
+    if tuning.f16_weights {
+        prefill.keep_f16_weights(&plan, &at[1]).unwrap();
+    }
     if tuning.f16_experts {
         prefill.keep_f16_experts(&plan, &at[1]).unwrap();
     }
@@ -478,22 +482,25 @@ fn check_prompt(what: &str, spec: &SyntheticSpec, tuning: &CudaTuning, n: usize)
 }
 
 /// Prompt batches through the tensor-core attention (heads of 64 and 128) and the f32 tiles
-/// (other widths, or the switch off, with f32 expert inputs), against the CPU.
+/// (other widths, or the switch off, with f32 expert inputs and each matrix dequantized for
+/// the batch), against the CPU.
 #[test]
 fn the_prompt_pass_computes_what_the_cpu_computes() {
     let tensor_cores = host_tuning();
     let tiles = CudaTuning {
         tensor_core_attention: false,
         quantized_activations: false,
+        f16_weights: false,
         ..tensor_cores.clone()
     };
     for (name, spec) in files() {
         check_prompt(&name, &spec, &tensor_cores, 100);
     }
-    // A GEMM per used expert instead of the padded groups' one per matrix, each layer's
-    // stacks dequantized for it (no f16 copies kept).
+    // A GEMM per used expert instead of the padded groups' one per matrix, each matrix
+    // dequantized for the batch (no f16 copies kept).
     let each_expert = CudaTuning {
         padded_expert_groups: false,
+        f16_weights: false,
         f16_experts: false,
         ..tensor_cores.clone()
     };
