@@ -3082,12 +3082,27 @@ extern "C" __global__ void moe_combine(const float* ys, const float* w, int k, i
     x[i] = __fadd_rn(x[i], o);
 }
 
-// A batch's (token, slot) pairs grouped by expert, in pair order within each expert (the order
-// is the same every run): counts[e] pairs chose expert e, its group starts at offsets[e], and
-// pair i lands at row at[i] of the grouped rows. One warp (ne at most 1024): the counts in
-// shared memory, their prefix sum, then the pairs 32 at a time, the lanes of one expert
-// (__match_any_sync) taking its next places in lane order.
+// A batch's (token, slot) pairs grouped by expert, in pair order within each expert (one
+// thread: the order is the same every run): counts[e] pairs chose expert e, its group starts
+// at offsets[e], and pair i lands at row at[i] of the grouped rows.
 extern "C" __global__ void moe_group(const u32* ids, int n_pairs, int ne, u32* counts,
+                                     u32* offsets, u32* at) {
+    if (threadIdx.x != 0) return;
+    for (int e = 0; e < ne; e++) counts[e] = 0;
+    for (int i = 0; i < n_pairs; i++) counts[ids[i]]++;
+    u32 o = 0;
+    for (int e = 0; e < ne; e++) {
+        offsets[e] = o;
+        o += counts[e];
+    }
+    for (int i = 0; i < n_pairs; i++) at[i] = offsets[ids[i]]++;
+    for (int e = 0; e < ne; e++) offsets[e] -= counts[e];
+}
+
+// moe_group's result from one warp (ne at most 1024; under CudaTuning::unverified: not yet
+// compared on a GPU): the counts in shared memory, their prefix sum, then the pairs 32 at a
+// time, the lanes of one expert (__match_any_sync) taking its next places in lane order.
+extern "C" __global__ void moe_group_warp(const u32* ids, int n_pairs, int ne, u32* counts,
                                      u32* offsets, u32* at) {
     __shared__ u32 count[1024], next[1024];
     int lane = threadIdx.x;

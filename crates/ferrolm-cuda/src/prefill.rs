@@ -1047,15 +1047,24 @@ impl<D: BatchDevice> Prefill<D> {
                 args.extend([pos0, Value::Ptr(conv)]);
                 args.extend(conv_shape);
                 args.push(Value::I32(n as i32));
-                // Runs of at least 16 tokens (the kernel wants taps - 1 at least; the plan
-                // caps the taps at 16), at most 64 of them.
-                let runs = (n / 16).clamp(1, 64) as u32;
-                self.run("delta_conv_rows", (conv_grid, runs), 128, &args)?;
+                if self.tuning.unverified {
+                    // Runs of at least 16 tokens (the kernel wants taps - 1 at least; the plan
+                    // caps the taps at 16), at most 64 of them.
+                    let runs = (n / 16).clamp(1, 64) as u32;
+                    self.run("delta_conv_rows_runs", (conv_grid, runs), 128, &args)?;
+                } else {
+                    self.run("delta_conv_rows", (conv_grid, 1), 128, &args)?;
+                }
                 let mut args = rule_in.to_vec();
                 args.extend([pos0, Value::Ptr(out)]);
                 args.extend(rule_shape);
                 args.push(Value::I32(n as i32));
-                self.run("delta_rule_rows", (hv as u32, 1), s as u32, &args)
+                let rule = if self.tuning.unverified && (s == 64 || s == 128) {
+                    "delta_rule_rows_warps"
+                } else {
+                    "delta_rule_rows"
+                };
+                self.run(rule, (hv as u32, 1), s as u32, &args)
             }
             Placement::Slots { .. } => {
                 let [conv_floats, ssm_floats] = [dn.conv_state(), dn.ssm_state()];
@@ -1187,8 +1196,13 @@ impl<D: BatchDevice> Prefill<D> {
         let [wg, wu, wd] = m.experts;
         let grouped = matches!(rows, Placement::Prompt { .. });
         if grouped {
+            let group = if self.tuning.unverified {
+                "moe_group_warp"
+            } else {
+                "moe_group"
+            };
             self.run(
-                "moe_group",
+                group,
                 (1, 1),
                 32,
                 &[

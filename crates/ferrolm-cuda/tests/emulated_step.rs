@@ -985,7 +985,7 @@ fn a_wrong_argument_of_the_new_launches_is_caught() {
         let types = |name: &str| file.tensor(name).map(|t| t.ty);
         let layers = model.plan().layers.len();
         let tuning = CudaTuning {
-                ..CudaTuning::default()
+            ..CudaTuning::default()
         };
         let mut plan = decode_plan_with(model.plan(), n + 1, &types, layers, &tuning).unwrap();
         mutate(&mut plan);

@@ -144,9 +144,10 @@ pub fn run(dev: &HostDevice, name: &str, grid: (u32, u32), block: u32, args: &[V
                 .collect();
             mem.write(at, &y);
         }
-    } else if name == "delta_conv_rows" {
+    } else if name == "delta_conv_rows" || name == "delta_conv_rows_runs" {
+        // (the runs of tokens: the same outputs and state)
         delta_conv_rows(mem, &a);
-    } else if name == "delta_rule_rows" {
+    } else if name == "delta_rule_rows" || name == "delta_rule_rows_warps" {
         delta_rule_rows(mem, grid, block, &a);
     } else if name == "delta_conv_slots" {
         delta_conv_slots(mem, grid, &a);
@@ -234,7 +235,7 @@ pub fn run(dev: &HostDevice, name: &str, grid: (u32, u32), block: u32, args: &[V
         mem.write(a.ptr(2), &math::gated(name, &g, &u));
     } else if name == "moe_route" {
         route(dev, mem, rows, &a);
-    } else if name == "moe_group" {
+    } else if name == "moe_group" || name == "moe_group_warp" {
         // moe_group(ids, n_pairs, ne, counts, offsets, at)
         let (pairs, ne) = (a.int(1), a.int(2));
         let ids = mem.u32s(a.ptr(0), pairs);
