@@ -681,7 +681,7 @@ impl CudaModel {
         // f16 copies of the weights for the batched passes' GEMMs (prompts and batched steps),
         // then of the expert stacks (prompts), each where it fits with an eighth of the device
         // to spare and no budget says otherwise; else each batch dequantizes what it reads.
-        if model.prefill.is_some() && model.is_whole() && tuning.gpu_memory.is_none() {
+        if model.is_whole() && tuning.gpu_memory.is_none() {
             let at = model.addresses(0);
             for experts in [false, true] {
                 let (on, want) = if experts {
@@ -697,7 +697,9 @@ impl CudaModel {
                 if !on || want == 0 || want + spare >= free as u64 {
                     continue;
                 }
-                let p = model.prefill.as_mut().expect("checked");
+                let Some(p) = model.prefill.as_mut() else {
+                    break;
+                };
                 if experts {
                     p.keep_f16_experts(&model.plan, &at)?;
                 } else {
