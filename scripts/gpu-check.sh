@@ -6,8 +6,12 @@
 #   [QUANT_DIR=DIR] scripts/gpu-check.sh [BIN] [TOKENIZER_GGUF]
 # TOKENIZER_GGUF: a GGUF holding the default model's tokenizer.* keys (the GPU machine cannot
 # fetch the default model); the real-shape files borrow it. Env: SECTIONS="small shapes"
-# (and "unverified": what waits for a first comparison on a GPU; "hybrid": issue 19's 1 GB
+# (and "newer": the i-quant, ternary, 1-bit and NVFP4 types, the hybrids and gpt-oss;
+# "unverified": the kernels waiting behind FERROLM_CUDA_UNVERIFIED for a first comparison on a
+# GPU, checked and timed beside the kernels they would replace; "hybrid": issue 19's 1 GB
 # qwen3next file, checked and timed).
+# The first CUDA start on a fresh machine compiles the kernels with NVRTC (minutes); the
+# kernels are compiled first here, while the files are made, and cached in $FERROLM_HOME.
 set -uo pipefail
 BIN=${1:-target/release/ferrolm}
 TOK=${2:-}
@@ -28,6 +32,9 @@ torch.cuda.synchronize(); dt = (time.perf_counter() - t) / 20
 print(f"device-to-device copy: {2 * n / dt / 1e12:.2f} TB/s (read + write)")
 PY
 fail=0
+# Compile (and cache) the kernels in the background while the first files are made.
+"$BIN" synth --arch llama --layers 1 -o "$W/warm.gguf" >/dev/null 2>&1 &&
+  ( "$BIN" cuda-check -m "$W/warm.gguf" -p 4 -n 2 >/dev/null 2>&1 & )
 # check NAME NP NG: cuda-check of $W/NAME.gguf; its rows go to the summary.
 check() {
   local name=$1 np=$2 ng=$3
@@ -88,11 +95,9 @@ for section in ${SECTIONS:-small shapes}; do
     FERROLM_CUDA_NO_GRAPH=1 "$BIN" cuda-check -m "$W/small-q8_0.gguf" -p 16 -n 8 >/dev/null \
       && echo "no-graph mode agrees" || { echo "no-graph mode FAILED"; fail=1; }
   fi
-  if [ "$section" = unverified ]; then
-    # What compiles and runs emulated on the CPU (tests/emulated_step.rs) but is declined until
-    # this comparison has been made on a GPU (`schedule::UNVERIFIED`): the i-quant, ternary,
-    # 1-bit and NVFP4 block types, the hybrids' gated delta-nets and gated attention, gpt-oss.
-    export FERROLM_CUDA_UNVERIFIED=1
+  if [ "$section" = newer ]; then
+    # The i-quant, ternary, 1-bit and NVFP4 block types, the hybrids' gated delta-nets and
+    # gated attention, gpt-oss (first compared on a GPU 2026-12-02, docs/PARITY.md).
     for t in iq1_s iq1_m iq2_xxs iq2_xs iq2_s iq3_xxs iq3_s iq4_xs tq1_0 tq2_0 q1_0 q2_0 nvfp4; do
       "$BIN" synth --arch llama --layers 2 --type "$t" -o "$W/small-$t.gguf" >/dev/null && check "small-$t" 256 64
     done
@@ -103,20 +108,36 @@ for section in ${SECTIONS:-small shapes}; do
     done
     "$BIN" synth --arch qwen3next --ssm-split -o "$W/small-qwen3next-split.gguf" >/dev/null \
       && check small-qwen3next-split 128 32
-    unset FERROLM_CUDA_UNVERIFIED
+  fi
+  if [ "$section" = unverified ]; then
+    # The kernels behind FERROLM_CUDA_UNVERIFIED (docs/ARCHITECTURE.md): the prompts'
+    # delta-net convolution and delta rule (heads of 64 and 128) and moe_group; each file
+    # checked with them, then timed with and without them.
+    for spec in "qwen3next:--ssm-state 64" "qwen3next-split:--ssm-split --ssm-state 64" \
+      "qwen35:--ssm-state 128" "qwen35moe:--ssm-state 64" "qwen3moe:--head-dim 64"; do
+      name=${spec%%:*}; a=${name%-split}
+      "$BIN" synth --arch "$a" ${spec#*:} -o "$W/unv-$name.gguf" >/dev/null &&
+        FERROLM_CUDA_UNVERIFIED=1 check "unv-$name" 256 32
+    done
+    "$BIN" synth --arch qwen3next --embd 2048 --layers 24 --heads 16 --kv-heads 2 --head-dim 128 \
+      --ff 512 --experts 16 --experts-used 4 --ssm-state 128 --ssm-k-heads 16 --ssm-v-heads 32 \
+      --full-attention-interval 4 --ctx 4096 --type q4_0 ${TOK:+--tokenizer-from "$TOK"} \
+      -o "$W/hybrid-1g.gguf" >/dev/null && FERROLM_CUDA_UNVERIFIED=1 check hybrid-1g 256 8 &&
+      for u in 0 1; do
+        echo "== hybrid-1g, FERROLM_CUDA_UNVERIFIED=$u"
+        FERROLM_CUDA_UNVERIFIED=$u "$BIN" bench -m "$W/hybrid-1g.gguf" --device cuda -p 512 -n 128 -r 3
+      done
   fi
   if [ "$section" = hybrid ]; then
     # Issue 19's hybrid benchmark file: qwen3next, 24 layers 2048 wide (attention every 4th:
     # 16 heads of 128, 2 KV heads; delta-nets of 16 key / 32 value heads of 128), 16 experts
     # top-4 of 512, every matrix Q4_0: 1.09 GB. Checked, then timed; LLAMA_BENCH (a llama-bench
     # binary) times llama.cpp on the same file in the same sitting.
-    export FERROLM_CUDA_UNVERIFIED=1
     "$BIN" synth --arch qwen3next --embd 2048 --layers 24 --heads 16 --kv-heads 2 --head-dim 128 \
       --ff 512 --experts 16 --experts-used 4 --ssm-state 128 --ssm-k-heads 16 --ssm-v-heads 32 \
       --full-attention-interval 4 --ctx 4096 --type q4_0 ${TOK:+--tokenizer-from "$TOK"} \
       -o "$W/hybrid-1g.gguf" >/dev/null && check hybrid-1g 128 16 && bench hybrid-1g
     [ -n "${LLAMA_BENCH:-}" ] && "$LLAMA_BENCH" -m "$W/hybrid-1g.gguf" -ngl 99 -fa 1 -p 512 -n 128
-    unset FERROLM_CUDA_UNVERIFIED
   fi
   if [ "$section" = shapes ]; then
     # Real models' shapes and llama-quantize's type mixes (issue 6's table).
