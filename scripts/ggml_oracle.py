@@ -38,7 +38,8 @@ Files and records:
                   [weights (m rows), the activations (n random f32 columns) quantized by the
                   vec_dot_type's from_float, out f32 (n x m, column j at j*m)]: with repacked
                   the weights live in the CPU_REPACK buffer (Q4_K: ggml_gemv/gemm_q4_K_8x8_q8_K;
-                  Q4_0, IQ4_NL, MXFP4: ggml_gemv/gemm_q4_0/iq4_nl/mxfp4_8x8_q8_0),
+                  Q4_0, IQ4_NL, MXFP4: ggml_gemv/gemm_q4_0/iq4_nl/mxfp4_8x8_q8_0; Q2_K, AVX512
+                  builds only: ggml_gemv/gemm_q2_K_8x8_q8_K),
                   otherwise in a plain one (K-quants with >= 8 columns: the tiled matmul).
 
 Run from the repository root:  python3 scripts/ggml_oracle.py
@@ -50,7 +51,8 @@ import struct
 import numpy as np
 
 # GGML_LIB_DIR overrides where the compiled libggml-base/libggml-cpu are taken from (e.g. the
-# build folder of an unfinished llama-cpp-python install).
+# build folder of an unfinished llama-cpp-python install, or a build of b11312's ggml/ folder
+# alone: cmake -S ggml -B build -DGGML_NATIVE=ON -DBUILD_SHARED_LIBS=ON, then build/src).
 LIB = os.environ.get("GGML_LIB_DIR",
                      "/root/.pyenv/versions/3.11.7/lib/python3.11/site-packages/llama_cpp/lib")
 OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "crates", "ferrolm-quant",
@@ -474,6 +476,10 @@ def gen_products():
               for n in (1, 3, 4, 5, 16, 21)]
     # MXFP4 (mxfp4_8x8_q8_0): the same kernels, an e8m0 scale per block
     cases += [("MXFP4", 1, m, n) for m in (8, 24, 40) for n in (1, 3, 4, 5, 16, 21)]
+    # Q2_K (q2_K_8x8_q8_K, repacked only by an AVX512 build): the AVX512 gemm takes 16 rows
+    # by 16 columns, its AVX2 loops the rest of the rows (8) and columns (multiples of 4), the
+    # gemv the last n % 4; kept last so that the cases above keep their random draws
+    cases += [("Q2_K", 1, m, n) for m in (8, 24, 40) for n in (1, 3, 4, 5, 16, 21)]
     for tname, repacked, m, n in cases:
         t = T[tname]
         k = 7 * 32 if SIZES[t][0] == 32 else 2 * 256

@@ -78,8 +78,8 @@ pub struct KernelOptions {
     /// tested against.
     pub scalar: bool,
     /// Mirror llama.cpp's CPU_REPACK products where it repacks a weight on this CPU (Q4_K,
-    /// Q4_0, IQ4_NL and MXFP4 matrices with a multiple of 8 rows, on x86-64 with AVX2; see
-    /// [`matrix_kernel`]).
+    /// Q4_0, IQ4_NL and MXFP4 matrices with a multiple of 8 rows, on x86-64 with AVX2; Q2_K
+    /// ones with AVX512; see [`matrix_kernel`]).
     pub repack: bool,
     /// Mirror llama.cpp's tiled matmul for products of 8 or more activation columns (Q2_K..Q6_K,
     /// the 256-element i-quants and IQ4_XS, when not repacked).
@@ -628,13 +628,14 @@ fn build(ty: TensorType, options: &KernelOptions) -> Result<DotKernel, QuantErro
     })
 }
 
-/// The kernel of a repacked Q4_K, Q4_0, IQ4_NL or MXFP4 matrix (`repack`).
+/// The kernel of a repacked Q4_K, Q2_K, Q4_0, IQ4_NL or MXFP4 matrix (`repack`).
 fn build_repacked(ty: TensorType, options: &KernelOptions) -> Result<DotKernel, QuantError> {
     let plain = build(ty, options)?;
     let (dot, rows, multi): (DotFn, Option<RowsFn>, MultiFn) = match (ty, plain.isa) {
         (TensorType::Q4_0, isa) => b32_repacked::<repack::Q4_0>(isa),
         (TensorType::IQ4_NL, isa) => b32_repacked::<repack::Iq4Nl>(isa),
         (TensorType::MXFP4, isa) => b32_repacked::<repack::Mxfp4>(isa),
+        (TensorType::Q2_K, isa) => q2_k_repacked(isa),
         #[cfg(target_arch = "x86_64")]
         (_, Isa::Avx2) => (
             crate::avx2::repack_dot_q4_k,
@@ -642,10 +643,10 @@ fn build_repacked(ty: TensorType, options: &KernelOptions) -> Result<DotKernel, 
             crate::avx2::repack_multi_q4_k,
         ),
         (_, _) => (
-            |n, row, act| repack::dot_q4_k(repack::pair_sums, n, row, act),
+            |n, row, act| repack::dot_k(repack::pair_sums, n, row, act),
             None,
             |n, rows, rs, nr, acts, as_, nc, out| {
-                repack::multi_q4_k(repack::pair_sums, n, rows, rs, nr, acts, as_, nc, out)
+                repack::multi_k(repack::pair_sums, n, rows, rs, nr, acts, as_, nc, out)
             },
         ),
     };
@@ -658,6 +659,23 @@ fn build_repacked(ty: TensorType, options: &KernelOptions) -> Result<DotKernel, 
         repacked: true,
         ..plain
     })
+}
+
+/// The functions of a repacked Q2_K matrix for `isa`.
+fn q2_k_repacked(isa: Isa) -> (DotFn, Option<RowsFn>, MultiFn) {
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx2 {
+        use crate::avx2::repack_q2k;
+        return (repack_q2k::dot, None, repack_q2k::multi);
+    }
+    let _ = isa; // the scalar reference for every other instruction set
+    (
+        |n, row, act| repack::dot_k(repack::half_sums_q2_k, n, row, act),
+        None,
+        |n, rows, rs, nr, acts, as_, nc, out| {
+            repack::multi_k(repack::half_sums_q2_k, n, rows, rs, nr, acts, as_, nc, out)
+        },
+    )
 }
 
 /// The functions of a repacked Q4_0, IQ4_NL or MXFP4 matrix for `isa`.
@@ -703,7 +721,7 @@ pub fn dot_kernel_with(ty: TensorType, options: &KernelOptions) -> Result<DotKer
 /// The kernel for the products of a 2-D weight tensor of `ty` with `rows` rows (its whole
 /// row count, also for a view of some of its rows), as `options` say: where llama.cpp built
 /// for this CPU repacks such a tensor at load and ferrolm mirrors it ([`KernelOptions::repack`];
-/// Q4_K, Q4_0, IQ4_NL and MXFP4 with AVX2), its gemv/gemm arithmetic ([`DotKernel::repacked`]); otherwise
+/// Q4_K, Q4_0, IQ4_NL and MXFP4 with AVX2, Q2_K with AVX512), its gemv/gemm arithmetic ([`DotKernel::repacked`]); otherwise
 /// [`dot_kernel_with`].
 pub fn matrix_kernel(
     ty: TensorType,

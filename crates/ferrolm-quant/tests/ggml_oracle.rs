@@ -241,7 +241,7 @@ fn dot_rows_multi_matches_llama_cpp_sgemm() {
 }
 
 /// Whole products through llama.cpp's mul_mat in its default configuration: Q4_K, Q4_0,
-/// IQ4_NL and MXFP4 weights repacked (its gemm for the first `n - n % 4` columns, its gemv for the rest) and the
+/// IQ4_NL, MXFP4 and (an AVX512 build) Q2_K weights repacked (its gemm for the first `n - n % 4` columns, its gemv for the rest) and the
 /// K-quants' tiled matmul from 8 columns; each compared with the kernel [`matrix_kernel`]
 /// hands out for such a tensor (scalar and this CPU's), and column by column for the batch
 /// split the CPU backend makes between threads (parts starting at multiples of 4).
@@ -263,11 +263,16 @@ fn products_match_llama_cpp_default_paths() {
                 ..Default::default()
             };
             // a tensor of 3 rows is never repacked; one of m (a multiple of 8) is, with AVX2
+            // (Q2_K: with AVX512)
             let kern = matrix_kernel(t, if repacked == 1 { m } else { 3 }, &options).unwrap();
             if repacked == 1 && !kern.repacked() {
                 #[cfg(target_arch = "x86_64")]
-                assert!(!std::arch::is_x86_feature_detected!("avx2"));
-                continue; // llama.cpp does not repack without AVX2 either
+                assert!(
+                    !std::arch::is_x86_feature_detected!("avx2")
+                        || (t == TensorType::Q2_K
+                            && !std::arch::is_x86_feature_detected!("avx512f"))
+                );
+                continue; // nor does llama.cpp built for this CPU
             }
             let mut out = vec![0f32; m * nc];
             kern.dot_rows_multi(k, w, rb, m, q, ab, nc, &mut out);
