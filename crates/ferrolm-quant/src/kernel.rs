@@ -718,6 +718,29 @@ pub fn dot_kernel_with(ty: TensorType, options: &KernelOptions) -> Result<DotKer
     build(ty, options)
 }
 
+/// The kernel for the products of one expert of a 3-D expert tensor of `ty` (more than one
+/// expert) with `rows` rows per expert, as `options` say. llama.cpp repacks such a tensor
+/// under the same conditions as a 2-D one ([`matrix_kernel`]) and its `mul_mat_id` then runs
+/// the gemv for every routed row, whatever the batch: there every element is the gemv's (for
+/// Q4_0, IQ4_NL and MXFP4 the gemm's too; for Q4_K and Q2_K not); elsewhere
+/// [`dot_kernel_with`].
+pub fn expert_kernel(
+    ty: TensorType,
+    rows: usize,
+    options: &KernelOptions,
+) -> Result<DotKernel, QuantError> {
+    if !(options.repack && repack::mirrors(ty, rows)) {
+        return build(ty, options);
+    }
+    let kernel = build_repacked(ty, options)?;
+    // no gemm: the batch falls back to `dot`, the gemv, per element
+    let gemm_differs = matches!(ty, TensorType::Q4_K | TensorType::Q2_K);
+    Ok(DotKernel {
+        multi: if gemm_differs { None } else { kernel.multi },
+        ..kernel
+    })
+}
+
 /// The kernel for the products of a 2-D weight tensor of `ty` with `rows` rows (its whole
 /// row count, also for a view of some of its rows), as `options` say: where llama.cpp built
 /// for this CPU repacks such a tensor at load and ferrolm mirrors it ([`KernelOptions::repack`];

@@ -8,8 +8,8 @@
 use std::path::PathBuf;
 
 use ferrolm_quant::{
-    dequantize, dot_kernel, dot_kernel_scalar, ggml_vec, matrix_kernel, quantize_activation,
-    KernelOptions, TensorType,
+    dequantize, dot_kernel, dot_kernel_scalar, expert_kernel, ggml_vec, matrix_kernel,
+    quantize_activation, KernelOptions, TensorType,
 };
 use half::f16;
 
@@ -295,6 +295,69 @@ fn products_match_llama_cpp_default_paths() {
             }
         }
     }
+    fails.finish(total);
+}
+
+/// Expert products through llama.cpp's mul_mat_id with the 3-D weights repacked (its gemv
+/// for every routed row), each expert's tokens as ferrolm's MoE layers give them to the
+/// kernel [`expert_kernel`] hands out: as one batch, and one token at a time.
+#[test]
+fn expert_products_match_llama_cpp_repacked() {
+    let recs = read("products_id.bin");
+    let mut fails = Failures::default();
+    let mut total = 0;
+    for r in &recs {
+        assert_eq!(r.kind, "mul_mat_id");
+        let t = ty(r.ints[0]);
+        let [k, m, n_expert, n_used, n_tok] = [1, 2, 3, 4, 5].map(|i| r.ints[i] as usize);
+        let (w, q) = (&r.arrays[0], &r.arrays[1]);
+        let ids: Vec<usize> = r.arrays[2]
+            .chunks_exact(4)
+            .map(|c| i32::from_le_bytes(c.try_into().unwrap()) as usize)
+            .collect();
+        let want = f32s(&r.arrays[3]);
+        let (rb, ab) = (w.len() / (n_expert * m), q.len() / n_tok);
+        for scalar in [true, false] {
+            let options = KernelOptions {
+                scalar,
+                ..Default::default()
+            };
+            let kern = expert_kernel(t, m, &options).unwrap();
+            if !kern.repacked() {
+                #[cfg(target_arch = "x86_64")]
+                assert!(
+                    !std::arch::is_x86_feature_detected!("avx2")
+                        || (t == TensorType::Q2_K
+                            && !std::arch::is_x86_feature_detected!("avx512f"))
+                );
+                continue; // nor does llama.cpp built for this CPU
+            }
+            for e in 0..n_expert {
+                let rows = &w[e * m * rb..(e + 1) * m * rb];
+                // the (token, slot) pairs routed to expert e, their columns side by side
+                let routed: Vec<usize> = (0..n_tok * n_used).filter(|&p| ids[p] == e).collect();
+                let acts: Vec<u8> = routed
+                    .iter()
+                    .flat_map(|&p| q[p / n_used * ab..(p / n_used + 1) * ab].to_vec())
+                    .collect();
+                let mut batch = vec![0f32; m * routed.len()];
+                kern.dot_rows_multi(k, rows, rb, m, &acts, ab, routed.len(), &mut batch);
+                for (c, &p) in routed.iter().enumerate() {
+                    let mut one = vec![0f32; m];
+                    kern.dot_rows(k, rows, rb, &acts[c * ab..(c + 1) * ab], &mut one);
+                    for i in 0..m {
+                        let want = want[p * m + i].to_bits();
+                        let what =
+                            || format!("{t} {} m={m} n={n_tok} expert {e} [{p}, {i}]", kern.isa());
+                        total += 2;
+                        fails.check(what, batch[c * m + i].to_bits(), want);
+                        fails.check(|| format!("{} alone", what()), one[i].to_bits(), want);
+                    }
+                }
+            }
+        }
+    }
+    assert!(total > 0);
     fails.finish(total);
 }
 
