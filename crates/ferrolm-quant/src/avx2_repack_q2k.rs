@@ -12,9 +12,33 @@ use crate::k_quants::QK_K;
 const WB: usize = 84;
 const AB: usize = 292;
 
-/// The pieces of one Q2_K block that every column meets: its two 32-byte runs of quants, the
-/// scales as i16 pairs (`pair_scales`: sub-blocks 2k, 2k + 1 in the halves of vector k), the
-/// minimums as i16, `d` and `dmin`.
+/// Two ways to the exact sums of a block's halves: [`Narrow`] (AVX2) and [`Wide`] (AVX512BW).
+trait HalfSums {
+    /// What one block decodes to, once for all the columns it meets.
+    type Block;
+    /// Decodes the Q2_K block at `x`.
+    unsafe fn decode(x: *const u8) -> Self::Block;
+    /// `[S_0, S_1, M_0, M_1]` of the block against the Q8_K block at `y`, per half.
+    unsafe fn sums(x: &Self::Block, y: *const u8) -> __m128i;
+    /// The block's `d` and `dmin`.
+    fn scales(x: &Self::Block) -> (f32, f32);
+}
+
+/// `[S_0, S_1, M_0, M_1]` from the halves' partial sums `s0`, `s1` and the minimums' products
+/// `m` (lanes 0..4 half 0's sub-blocks, 4..8 half 1's).
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn reduce(s0: __m256i, s1: __m256i, m: __m256i) -> __m128i {
+    let t = _mm256_hadd_epi32(s0, s1);
+    let t = _mm_add_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256::<1>(t));
+    let m = _mm_hadd_epi32(_mm256_castsi256_si128(m), _mm256_extracti128_si256::<1>(m));
+    _mm_hadd_epi32(t, m)
+}
+
+/// AVX2: the block's two 32-byte runs of quants, the scales as i16 pairs (`pair_scales`:
+/// sub-blocks 2k, 2k + 1 in the halves of vector k), the minimums as i16, `d` and `dmin`.
+struct Narrow;
+
 struct Q2 {
     q: [__m256i; 2],
     scv: [__m256i; 8],
@@ -23,71 +47,166 @@ struct Q2 {
     dmin: f32,
 }
 
-#[inline]
-#[target_feature(enable = "avx2,f16c")]
-unsafe fn decode(x: *const u8) -> Q2 {
-    let sc = _mm_loadu_si128(x as *const __m128i);
-    let nibble = _mm_set1_epi8(0x0f);
-    let (d, dmin) = f16_pair(x.add(80));
-    Q2 {
-        q: [load(x.add(16)), load(x.add(48))],
-        scv: pair_scales(_mm_and_si128(sc, nibble)),
-        mins: _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sc, 4), nibble)),
-        d,
-        dmin,
-    }
-}
+impl HalfSums for Narrow {
+    type Block = Q2;
 
-/// `[S_0, S_1, M_0, M_1]` of the block against the Q8_K block at `y`, per half.
-#[inline]
-#[target_feature(enable = "avx2")]
-unsafe fn half_sums(x: &Q2, y: *const u8) -> __m128i {
-    let mut s = [_mm256_setzero_si256(); 2];
-    for (h, s) in s.iter_mut().enumerate() {
-        for j in 0..4 {
-            let yv = load(y.add(Y_QS + 128 * h + 32 * j));
-            // quants 0..=3 against i8: maddubs' pairs cannot saturate
-            let p = _mm256_maddubs_epi16(low2(x.q[h], 2 * j as i32), yv);
-            *s = _mm256_add_epi32(*s, _mm256_madd_epi16(p, x.scv[4 * h + j]));
+    #[inline]
+    #[target_feature(enable = "avx2,f16c")]
+    unsafe fn decode(x: *const u8) -> Q2 {
+        let sc = _mm_loadu_si128(x as *const __m128i);
+        let nibble = _mm_set1_epi8(0x0f);
+        let (d, dmin) = f16_pair(x.add(80));
+        Q2 {
+            q: [load(x.add(16)), load(x.add(48))],
+            scv: pair_scales(_mm_and_si128(sc, nibble)),
+            mins: _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sc, 4), nibble)),
+            d,
+            dmin,
         }
     }
-    // the minimums' lanes 0..4 are half 0's sub-blocks, lanes 4..8 half 1's
-    let m = _mm256_madd_epi16(x.mins, bsums(y));
-    let t = _mm256_hadd_epi32(s[0], s[1]);
-    let t = _mm_add_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256::<1>(t));
-    let m = _mm_hadd_epi32(_mm256_castsi256_si128(m), _mm256_extracti128_si256::<1>(m));
-    _mm_hadd_epi32(t, m)
+
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn sums(x: &Q2, y: *const u8) -> __m128i {
+        let mut s = [_mm256_setzero_si256(); 2];
+        for (h, s) in s.iter_mut().enumerate() {
+            for j in 0..4 {
+                let yv = load(y.add(Y_QS + 128 * h + 32 * j));
+                // quants 0..=3 against i8: maddubs' pairs cannot saturate
+                let p = _mm256_maddubs_epi16(low2(x.q[h], 2 * j as i32), yv);
+                *s = _mm256_add_epi32(*s, _mm256_madd_epi16(p, x.scv[4 * h + j]));
+            }
+        }
+        reduce(s[0], s[1], _mm256_madd_epi16(x.mins, bsums(y)))
+    }
+
+    fn scales(x: &Q2) -> (f32, f32) {
+        (x.d, x.dmin)
+    }
 }
 
-/// The four sums of [`half_sums`] as integers.
+/// AVX512BW: 64 quants a vector, in the activation's order (vector p: elements 64p.., the
+/// sub-blocks 4p..4p + 4, whose scales `vpermw` spreads over its i16 lanes).
+struct Wide;
+
+struct Q2Wide {
+    q: [__m512i; 4],
+    scv: [__m512i; 4],
+    mins: __m256i,
+    d: f32,
+    dmin: f32,
+}
+
+impl HalfSums for Wide {
+    type Block = Q2Wide;
+
+    #[inline]
+    #[target_feature(enable = "avx2,f16c,avx512f,avx512bw")]
+    unsafe fn decode(x: *const u8) -> Q2Wide {
+        let sc = _mm_loadu_si128(x as *const __m128i);
+        let nibble = _mm_set1_epi8(0x0f);
+        let (d, dmin) = f16_pair(x.add(80));
+        let sc16 = _mm512_castsi256_si512(_mm256_cvtepu8_epi16(_mm_and_si128(sc, nibble)));
+        // vector p: half p / 2's 32 bytes in both 256-bit halves, shifted by 4(p % 2) and
+        // 4(p % 2) + 2 (elements 64p..64p + 32 and 64p + 32..64p + 64)
+        let q = std::array::from_fn(|p| {
+            let raw = _mm512_broadcast_i64x4(load(x.add(16 + 32 * (p / 2))));
+            let (a, b) = ((4 * (p % 2)) as i16, (4 * (p % 2) + 2) as i16);
+            let shift = _mm512_inserti64x4::<1>(
+                _mm512_castsi256_si512(_mm256_set1_epi16(a)),
+                _mm256_set1_epi16(b),
+            );
+            _mm512_and_si512(_mm512_srlv_epi16(raw, shift), _mm512_set1_epi8(3))
+        });
+        let scv = std::array::from_fn(|p| {
+            let idx: [i16; 32] = std::array::from_fn(|l| (4 * p + l / 8) as i16);
+            _mm512_permutexvar_epi16(_mm512_loadu_si512(idx.as_ptr() as *const _), sc16)
+        });
+        Q2Wide {
+            q,
+            scv,
+            mins: _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sc, 4), nibble)),
+            d,
+            dmin,
+        }
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,avx512f,avx512bw")]
+    unsafe fn sums(x: &Q2Wide, y: *const u8) -> __m128i {
+        let part = |p: usize| {
+            let yv = _mm512_loadu_si512(y.add(Y_QS + 64 * p) as *const _);
+            // quants 0..=3 against i8: maddubs' pairs cannot saturate
+            _mm512_madd_epi16(_mm512_maddubs_epi16(x.q[p], yv), x.scv[p])
+        };
+        let half = |p: usize| {
+            let v = _mm512_add_epi32(part(p), part(p + 1));
+            _mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64::<1>(v))
+        };
+        reduce(half(0), half(2), _mm256_madd_epi16(x.mins, bsums(y)))
+    }
+
+    fn scales(x: &Q2Wide) -> (f32, f32) {
+        (x.d, x.dmin)
+    }
+}
+
+/// The four sums of [`HalfSums::sums`] as integers.
 #[inline(always)]
 unsafe fn lanes(v: __m128i) -> [i32; 4] {
     std::mem::transmute::<__m128i, [i32; 4]>(v)
+}
+
+/// Whether the CPU has what [`Wide`] needs.
+fn wide() -> bool {
+    is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512bw")
 }
 
 /// `DotKernel::dot` of a repacked Q2_K row: the gemv. Handed out only after run-time
 /// detection of AVX2, FMA and F16C (`kernel::build_repacked`); `row` and `act` are exactly
 /// the blocks of `n` elements.
 pub(crate) fn dot(n: usize, row: &[u8], act: &[u8]) -> f32 {
-    let nb = n / QK_K;
-    assert!(row.len() >= nb * WB && act.len() >= nb * AB);
-    // SAFETY: the features were detected before this function was handed out; the loads read
-    // within the `nb` blocks of both (checked above).
-    unsafe { gemv(nb, row.as_ptr(), act.as_ptr()) }
+    dot_with(wide(), n, row, act)
 }
 
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn gemv(nb: usize, x: *const u8, y: *const u8) -> f32 {
+/// [`dot`], by AVX512BW when `wide` (which the CPU must have).
+fn dot_with(wide: bool, n: usize, row: &[u8], act: &[u8]) -> f32 {
+    let nb = n / QK_K;
+    assert!(row.len() >= nb * WB && act.len() >= nb * AB);
+    assert!(!wide || self::wide());
+    // SAFETY: the features were detected (AVX512BW just above); the loads read within the
+    // `nb` blocks of both (checked above).
+    unsafe {
+        if wide {
+            gemv_512(nb, row.as_ptr(), act.as_ptr())
+        } else {
+            gemv_avx2(nb, row.as_ptr(), act.as_ptr())
+        }
+    }
+}
+
+#[inline(always)]
+unsafe fn gemv<H: HalfSums>(nb: usize, x: *const u8, y: *const u8) -> f32 {
     let (mut acc, mut acc_min) = (0f32, 0f32);
     for b in 0..nb {
         let (xb, yb) = (x.add(b * WB), y.add(b * AB));
-        let blk = decode(xb);
-        let [s0, s1, m0, m1] = lanes(half_sums(&blk, yb));
-        let yd = y_d(yb);
-        acc = ((s0 + s1) as f32).mul_add(blk.d * yd, acc);
-        acc_min = ((m0 + m1) as f32).mul_add(blk.dmin * yd, acc_min);
+        let blk = H::decode(xb);
+        let [s0, s1, m0, m1] = lanes(H::sums(&blk, yb));
+        let ((d, dmin), yd) = (H::scales(&blk), y_d(yb));
+        acc = ((s0 + s1) as f32).mul_add(d * yd, acc);
+        acc_min = ((m0 + m1) as f32).mul_add(dmin * yd, acc_min);
     }
     acc - acc_min
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn gemv_avx2(nb: usize, x: *const u8, y: *const u8) -> f32 {
+    gemv::<Narrow>(nb, x, y)
+}
+
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw")]
+unsafe fn gemv_512(nb: usize, x: *const u8, y: *const u8) -> f32 {
+    gemv::<Wide>(nb, x, y)
 }
 
 /// `DotKernel::dot_rows_multi` of repacked Q2_K rows (`repack::multi_k`'s split: the gemm for
@@ -104,6 +223,32 @@ pub(crate) fn multi(
     n_cols: usize,
     out: &mut [f32],
 ) {
+    multi_with(
+        wide(),
+        n,
+        rows,
+        row_stride,
+        n_rows,
+        acts,
+        act_stride,
+        n_cols,
+        out,
+    )
+}
+
+/// [`multi`], by AVX512BW when `wide` (which the CPU must have).
+#[allow(clippy::too_many_arguments)] // two strided matrices and their shapes
+fn multi_with(
+    wide: bool,
+    n: usize,
+    rows: &[u8],
+    row_stride: usize,
+    n_rows: usize,
+    acts: &[u8],
+    act_stride: usize,
+    n_cols: usize,
+    out: &mut [f32],
+) {
     let nb = n / QK_K;
     if n_rows == 0 || n_cols == 0 {
         return;
@@ -111,22 +256,21 @@ pub(crate) fn multi(
     assert!(rows.len() >= (n_rows - 1) * row_stride + nb * WB);
     assert!(acts.len() >= (n_cols - 1) * act_stride + nb * AB);
     assert!(out.len() >= n_rows * n_cols);
+    assert!(!wide || self::wide());
     let gemm_cols = n_cols - n_cols % 4;
     let (mut acc, mut acc_min) = (vec![0f32; n_cols], vec![0f32; n_cols]);
     for i in 0..n_rows {
         acc.fill(0.0);
         acc_min.fill(0.0);
-        // SAFETY: as in `dot`; row i and every column lie within the checked lengths.
+        let x = rows.as_ptr().wrapping_add(i * row_stride);
+        let y = acts.as_ptr();
+        // SAFETY: as in `dot_with`; row i and every column lie within the checked lengths.
         unsafe {
-            row_into(
-                nb,
-                rows.as_ptr().add(i * row_stride),
-                acts.as_ptr(),
-                act_stride,
-                gemm_cols,
-                &mut acc,
-                &mut acc_min,
-            )
+            if wide {
+                row_512(nb, x, y, act_stride, gemm_cols, &mut acc, &mut acc_min)
+            } else {
+                row_avx2(nb, x, y, act_stride, gemm_cols, &mut acc, &mut acc_min)
+            }
         };
         for c in 0..n_cols {
             out[c * n_rows + i] = acc[c] - acc_min[c];
@@ -136,8 +280,8 @@ pub(crate) fn multi(
 
 /// One row's accumulators against every column (`acc.len()` of them, `stride` bytes apart):
 /// the gemm's two fmas per half for the first `gemm_cols`, the gemv's one per block after.
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn row_into(
+#[inline(always)]
+unsafe fn row_into<H: HalfSums>(
     nb: usize,
     x: *const u8,
     y: *const u8,
@@ -147,12 +291,13 @@ unsafe fn row_into(
     acc_min: &mut [f32],
 ) {
     for b in 0..nb {
-        let blk = decode(x.add(b * WB));
+        let blk = H::decode(x.add(b * WB));
+        let (bd, bdmin) = H::scales(&blk);
         for (c, (acc, acc_min)) in acc.iter_mut().zip(acc_min.iter_mut()).enumerate() {
             let yb = y.add(c * stride + b * AB);
-            let [s0, s1, m0, m1] = lanes(half_sums(&blk, yb));
+            let [s0, s1, m0, m1] = lanes(H::sums(&blk, yb));
             let yd = y_d(yb);
-            let (d, dmin) = (blk.d * yd, blk.dmin * yd);
+            let (d, dmin) = (bd * yd, bdmin * yd);
             if c < gemm_cols {
                 *acc = (s0 as f32).mul_add(d, *acc);
                 *acc_min = (m0 as f32).mul_add(dmin, *acc_min);
@@ -164,6 +309,32 @@ unsafe fn row_into(
             }
         }
     }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn row_avx2(
+    nb: usize,
+    x: *const u8,
+    y: *const u8,
+    stride: usize,
+    gemm_cols: usize,
+    acc: &mut [f32],
+    acc_min: &mut [f32],
+) {
+    row_into::<Narrow>(nb, x, y, stride, gemm_cols, acc, acc_min)
+}
+
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw")]
+unsafe fn row_512(
+    nb: usize,
+    x: *const u8,
+    y: *const u8,
+    stride: usize,
+    gemm_cols: usize,
+    acc: &mut [f32],
+    acc_min: &mut [f32],
+) {
+    row_into::<Wide>(nb, x, y, stride, gemm_cols, acc, acc_min)
 }
 
 #[cfg(test)]
@@ -233,6 +404,18 @@ mod tests {
             let mut want = vec![0f32; n_rows * n_cols];
             reference.dot_rows_multi(n, &rows, rb, n_rows, &acts, ab, n_cols, &mut want);
             assert_eq!(bits(&got), bits(&want), "{what}");
+            // both widths, batches and single dots (the gemv) alike
+            for wide in [false, super::wide()] {
+                got.fill(0.0);
+                super::multi_with(wide, n, &rows, rb, n_rows, &acts, ab, n_cols, &mut got);
+                assert_eq!(bits(&got), bits(&want), "{what}: wide {wide}");
+                for (c, i) in (0..n_cols).flat_map(|c| (0..n_rows).map(move |i| (c, i))) {
+                    let (row, col) = (&rows[i * rb..(i + 1) * rb], &acts[c * ab..(c + 1) * ab]);
+                    let one = super::dot_with(wide, n, row, col).to_bits();
+                    let want = reference.dot(n, row, col).to_bits();
+                    assert_eq!(one, want, "{what}: wide {wide}, row {i}, column {c}");
+                }
+            }
             for c in 0..n_cols {
                 let act = &acts[c * ab..(c + 1) * ab];
                 let mut got_rows = vec![0f32; n_rows];
