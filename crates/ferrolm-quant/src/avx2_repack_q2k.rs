@@ -151,6 +151,26 @@ impl HalfSums for Wide {
     }
 }
 
+impl Wide {
+    /// `[a, b, c, e]` with `a + b` the block's `S` and `c + e` its `M`, fewer steps than
+    /// [`HalfSums::sums`] where the halves need not be apart (the gemv).
+    #[inline]
+    #[target_feature(enable = "avx2,avx512f,avx512bw")]
+    unsafe fn totals(x: &Q2Wide, y: *const u8) -> __m128i {
+        let part = |p: usize| {
+            let yv = _mm512_loadu_si512(y.add(Y_QS + 64 * p) as *const _);
+            _mm512_madd_epi16(_mm512_maddubs_epi16(x.q[p], yv), x.scv[p])
+        };
+        let v = _mm512_add_epi32(
+            _mm512_add_epi32(part(0), part(1)),
+            _mm512_add_epi32(part(2), part(3)),
+        );
+        let v = _mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64::<1>(v));
+        let t = _mm256_hadd_epi32(v, _mm256_madd_epi16(x.mins, bsums(y)));
+        _mm_add_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256::<1>(t))
+    }
+}
+
 /// The four sums of [`HalfSums::sums`] as integers.
 #[inline(always)]
 unsafe fn lanes(v: __m128i) -> [i32; 4] {
@@ -183,6 +203,69 @@ fn dot_with(wide: bool, n: usize, row: &[u8], act: &[u8]) -> f32 {
             gemv_avx2(nb, row.as_ptr(), act.as_ptr())
         }
     }
+}
+
+/// `DotKernel::dot_rows` of repacked Q2_K rows: the gemv, four rows at a time by AVX512BW
+/// where the CPU has it (their sums reduced together, their two fmas each in the lanes of one
+/// vector), under the same conditions as [`dot`].
+pub(crate) fn rows(n: usize, rows: &[u8], row_stride: usize, act: &[u8], out: &mut [f32]) {
+    rows_with(wide(), n, rows, row_stride, act, out)
+}
+
+/// [`rows`], by AVX512BW when `wide` (which the CPU must have).
+fn rows_with(wide: bool, n: usize, rows: &[u8], row_stride: usize, act: &[u8], out: &mut [f32]) {
+    let nb = n / QK_K;
+    assert!(act.len() >= nb * AB);
+    assert!(out.is_empty() || rows.len() >= (out.len() - 1) * row_stride + nb * WB);
+    assert!(!wide || self::wide());
+    let quads = if wide { out.len() / 4 } else { 0 };
+    for g in 0..quads {
+        // SAFETY: AVX512BW was detected (asserted above), the rest before this function was
+        // handed out; rows 4g..4g + 4 and the column lie within the checked lengths.
+        let four = unsafe {
+            gemv4_512(
+                nb,
+                rows.as_ptr().add(4 * g * row_stride),
+                row_stride,
+                act.as_ptr(),
+            )
+        };
+        out[4 * g..4 * g + 4].copy_from_slice(&four);
+    }
+    for (i, o) in out.iter_mut().enumerate().skip(4 * quads) {
+        *o = dot_with(
+            wide,
+            n,
+            &rows[i * row_stride..i * row_stride + nb * WB],
+            act,
+        );
+    }
+}
+
+/// Four rows (`stride` bytes apart) against one column, the gemv: lanes `2r`, `2r + 1` of one
+/// vector hold row r's `acc` and `acc_min`, each its own chain in block order.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw")]
+unsafe fn gemv4_512(nb: usize, x: *const u8, stride: usize, y: *const u8) -> [f32; 4] {
+    let mut acc = _mm256_setzero_ps();
+    for b in 0..nb {
+        let yb = y.add(b * AB);
+        // plain loops: closures would not inherit the target features, nor be inlined
+        let mut t = [_mm_setzero_si128(); 4];
+        let mut dm = [0i32; 4];
+        for r in 0..4 {
+            let xb = x.add(r * stride + b * WB);
+            t[r] = Wide::totals(&Wide::decode(xb), yb);
+            // the row's d and dmin, side by side as in its block
+            dm[r] = (xb.add(80) as *const i32).read_unaligned();
+        }
+        // [S_0, M_0, S_1, M_1 | S_2, M_2, S_3, M_3]
+        let sm = _mm256_set_m128i(_mm_hadd_epi32(t[2], t[3]), _mm_hadd_epi32(t[0], t[1]));
+        let dm = _mm256_cvtph_ps(_mm_loadu_si128(dm.as_ptr() as *const __m128i));
+        let scale = _mm256_mul_ps(dm, _mm256_set1_ps(y_d(yb)));
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sm), scale, acc);
+    }
+    let a = std::mem::transmute::<__m256, [f32; 8]>(acc);
+    std::array::from_fn(|r| a[2 * r] - a[2 * r + 1])
 }
 
 #[inline(always)]
@@ -414,6 +497,16 @@ mod tests {
                     let one = super::dot_with(wide, n, row, col).to_bits();
                     let want = reference.dot(n, row, col).to_bits();
                     assert_eq!(one, want, "{what}: wide {wide}, row {i}, column {c}");
+                }
+                let mut got_rows = vec![0f32; n_rows];
+                super::rows_with(wide, n, &rows, rb, &acts[..ab], &mut got_rows);
+                for (i, g) in got_rows.iter().enumerate() {
+                    let want = reference.dot(n, &rows[i * rb..(i + 1) * rb], &acts[..ab]);
+                    assert_eq!(
+                        g.to_bits(),
+                        want.to_bits(),
+                        "{what}: wide {wide}, rows, row {i}"
+                    );
                 }
             }
             for c in 0..n_cols {

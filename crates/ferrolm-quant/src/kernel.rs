@@ -666,7 +666,7 @@ fn q2_k_repacked(isa: Isa) -> (DotFn, Option<RowsFn>, MultiFn) {
     #[cfg(target_arch = "x86_64")]
     if isa == Isa::Avx2 {
         use crate::avx2::repack_q2k;
-        return (repack_q2k::dot, None, repack_q2k::multi);
+        return (repack_q2k::dot, Some(repack_q2k::rows), repack_q2k::multi);
     }
     let _ = isa; // the scalar reference for every other instruction set
     (
