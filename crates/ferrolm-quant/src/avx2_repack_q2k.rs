@@ -373,10 +373,41 @@ unsafe fn row_into<H: HalfSums>(
     acc: &mut [f32],
     acc_min: &mut [f32],
 ) {
+    let wide = gemm_cols - gemm_cols % 8;
     for b in 0..nb {
         let blk = H::decode(x.add(b * WB));
         let (bd, bdmin) = H::scales(&blk);
-        for (c, (acc, acc_min)) in acc.iter_mut().zip(acc_min.iter_mut()).enumerate() {
+        // gemm columns eight at a time: their sums transposed so that lane j is column
+        // c0 + j, then the same fmas in the lanes, each column's chain in order
+        for c0 in (0..wide).step_by(8) {
+            let mut t = [_mm_setzero_si128(); 8];
+            let mut yd = [0f32; 8];
+            for j in 0..8 {
+                let yb = y.add((c0 + j) * stride + b * AB);
+                t[j] = H::sums(&blk, yb);
+                yd[j] = y_d(yb);
+            }
+            let [s0, s1, m0, m1] = transpose8(&t);
+            let yd = _mm256_loadu_ps(yd.as_ptr());
+            let (d, dmin) = (
+                _mm256_mul_ps(_mm256_set1_ps(bd), yd),
+                _mm256_mul_ps(_mm256_set1_ps(bdmin), yd),
+            );
+            let (pa, pm) = (acc.as_mut_ptr().add(c0), acc_min.as_mut_ptr().add(c0));
+            let (mut a, mut m) = (_mm256_loadu_ps(pa), _mm256_loadu_ps(pm));
+            a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s0), d, a);
+            m = _mm256_fmadd_ps(_mm256_cvtepi32_ps(m0), dmin, m);
+            a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s1), d, a);
+            m = _mm256_fmadd_ps(_mm256_cvtepi32_ps(m1), dmin, m);
+            _mm256_storeu_ps(pa, a);
+            _mm256_storeu_ps(pm, m);
+        }
+        for (c, (acc, acc_min)) in acc
+            .iter_mut()
+            .zip(acc_min.iter_mut())
+            .enumerate()
+            .skip(wide)
+        {
             let yb = y.add(c * stride + b * AB);
             let [s0, s1, m0, m1] = lanes(H::sums(&blk, yb));
             let yd = y_d(yb);
@@ -392,6 +423,30 @@ unsafe fn row_into<H: HalfSums>(
             }
         }
     }
+}
+
+/// Eight columns' `[S_0, S_1, M_0, M_1]` to four vectors whose lane j is column j's.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn transpose8(t: &[__m128i; 8]) -> [__m256i; 4] {
+    let four = |t: &[__m128i]| {
+        let (u0, u1) = (
+            _mm_unpacklo_epi32(t[0], t[1]),
+            _mm_unpacklo_epi32(t[2], t[3]),
+        );
+        let (u2, u3) = (
+            _mm_unpackhi_epi32(t[0], t[1]),
+            _mm_unpackhi_epi32(t[2], t[3]),
+        );
+        [
+            _mm_unpacklo_epi64(u0, u1),
+            _mm_unpackhi_epi64(u0, u1),
+            _mm_unpacklo_epi64(u2, u3),
+            _mm_unpackhi_epi64(u2, u3),
+        ]
+    };
+    let (lo, hi) = (four(&t[..4]), four(&t[4..]));
+    [0, 1, 2, 3].map(|k| _mm256_set_m128i(hi[k], lo[k]))
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -477,7 +532,8 @@ mod tests {
         assert!(fast.repacked() && reference.repacked() && fast.isa() == "avx2");
         let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
         let mut gemm_differs = false;
-        for (n, n_rows, n_cols) in [(256, 1, 1), (768, 3, 5), (512, 13, 7), (4096, 9, 12)] {
+        let cases = [(256, 1, 1), (768, 3, 5), (512, 13, 7), (4096, 9, 12), (512, 5, 21)];
+        for (n, n_rows, n_cols) in cases {
             let rows = q2_k_rows(n_rows, n, &mut next);
             let acts = q8_k_cols(n_cols, n, &mut next);
             let (rb, ab) = (rows.len() / n_rows, acts.len() / n_cols);
