@@ -532,7 +532,13 @@ mod tests {
         assert!(fast.repacked() && reference.repacked() && fast.isa() == "avx2");
         let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
         let mut gemm_differs = false;
-        let cases = [(256, 1, 1), (768, 3, 5), (512, 13, 7), (4096, 9, 12), (512, 5, 21)];
+        let cases = [
+            (256, 1, 1),
+            (768, 3, 5),
+            (512, 13, 7),
+            (4096, 9, 12),
+            (512, 5, 21),
+        ];
         for (n, n_rows, n_cols) in cases {
             let rows = q2_k_rows(n_rows, n, &mut next);
             let acts = q8_k_cols(n_cols, n, &mut next);

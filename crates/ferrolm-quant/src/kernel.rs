@@ -733,12 +733,48 @@ pub fn expert_kernel(
         return build(ty, options);
     }
     let kernel = build_repacked(ty, options)?;
-    // no gemm: the batch falls back to `dot`, the gemv, per element
-    let gemm_differs = matches!(ty, TensorType::Q4_K | TensorType::Q2_K);
-    Ok(DotKernel {
-        multi: if gemm_differs { None } else { kernel.multi },
-        ..kernel
-    })
+    // no gemm: a batch is the gemv's, column by column (or, scalar, `dot` per element)
+    let multi = match ty {
+        TensorType::Q4_K | TensorType::Q2_K => gemv_columns(ty, kernel.isa),
+        _ => kernel.multi,
+    };
+    Ok(DotKernel { multi, ..kernel })
+}
+
+/// A batch of repacked Q4_K or Q2_K rows as the gemv's rows, one column at a time, for `isa`.
+fn gemv_columns(ty: TensorType, isa: Isa) -> Option<MultiFn> {
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx2 {
+        /// `rows` for each column.
+        #[allow(clippy::too_many_arguments)] // two strided matrices and their shapes
+        fn columns<const Q2: bool>(
+            n: usize,
+            rows: &[u8],
+            row_stride: usize,
+            n_rows: usize,
+            acts: &[u8],
+            act_stride: usize,
+            n_cols: usize,
+            out: &mut [f32],
+        ) {
+            let gemv: RowsFn = if Q2 {
+                crate::avx2::repack_q2k::rows
+            } else {
+                crate::avx2::repack_rows_q4_k
+            };
+            for c in 0..n_cols {
+                let out = &mut out[c * n_rows..(c + 1) * n_rows];
+                gemv(n, rows, row_stride, &acts[c * act_stride..], out);
+            }
+        }
+        return Some(if ty == TensorType::Q2_K {
+            columns::<true>
+        } else {
+            columns::<false>
+        });
+    }
+    let _ = (ty, isa);
+    None
 }
 
 /// The kernel for the products of a 2-D weight tensor of `ty` with `rows` rows (its whole
