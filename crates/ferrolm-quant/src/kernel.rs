@@ -713,7 +713,8 @@ pub fn dot_kernel_scalar(ty: TensorType) -> Result<DotKernel, QuantError> {
 }
 
 /// A kernel for rows of `ty` as `options` say, for products whose weights llama.cpp keeps as
-/// they are (a token embedding, a 3-D expert tensor): no repacking.
+/// they are (a token embedding, the tensor of a single expert): no repacking (3-D expert
+/// tensors: [`expert_kernel`]).
 pub fn dot_kernel_with(ty: TensorType, options: &KernelOptions) -> Result<DotKernel, QuantError> {
     build(ty, options)
 }
