@@ -38,8 +38,18 @@ Files and records:
                   [weights (m rows), the activations (n random f32 columns) quantized by the
                   vec_dot_type's from_float, out f32 (n x m, column j at j*m)]: with repacked
                   the weights live in the CPU_REPACK buffer (Q4_K: ggml_gemv/gemm_q4_K_8x8_q8_K;
-                  Q4_0, IQ4_NL, MXFP4: ggml_gemv/gemm_q4_0/iq4_nl/mxfp4_8x8_q8_0),
+                  Q4_0, IQ4_NL, MXFP4: ggml_gemv/gemm_q4_0/iq4_nl/mxfp4_8x8_q8_0; Q2_K, AVX512
+                  builds only: ggml_gemv/gemm_q2_K_8x8_q8_K),
                   otherwise in a plain one (K-quants with >= 8 columns: the tiled matmul).
+  products_id.bin (python3 scripts/ggml_oracle.py products_id) expert products through
+                  ggml_mul_mat_id with the 3-D weights in the CPU_REPACK buffer (llama.cpp's MoE
+                  layers, whose expert tensors it repacks like 2-D ones: its gemv for every
+                  routed row):
+                  "mul_mat_id" [weight type, k elements, m rows per expert, experts, used
+                  experts, tokens, repacked 0/1] [weights (experts x m rows), the activations
+                  (one f32 column per token, shared by its used experts) quantized by the
+                  vec_dot_type's from_float, ids i32 (tokens x used), out f32 (tokens x used x
+                  m: token t's slot u at (t * used + u) * m)].
 
 Run from the repository root:  python3 scripts/ggml_oracle.py
 """
@@ -50,7 +60,8 @@ import struct
 import numpy as np
 
 # GGML_LIB_DIR overrides where the compiled libggml-base/libggml-cpu are taken from (e.g. the
-# build folder of an unfinished llama-cpp-python install).
+# build folder of an unfinished llama-cpp-python install, or a build of b11312's ggml/ folder
+# alone: cmake -S ggml -B build -DGGML_NATIVE=ON -DBUILD_SHARED_LIBS=ON, then build/src).
 LIB = os.environ.get("GGML_LIB_DIR",
                      "/root/.pyenv/versions/3.11.7/lib/python3.11/site-packages/llama_cpp/lib")
 OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "crates", "ferrolm-quant",
@@ -462,6 +473,65 @@ def mul_mat(t, k, m, w, x, repacked):
     return out
 
 
+def mul_mat_id(t, k, m, n_expert, w, x, ids, repacked):
+    """ggml_mul_mat_id of n_expert stacked m x k matrices of type t (bytes w) by the tokens'
+    columns of x (f32, k each, one per token, broadcast over its used experts), the experts of
+    token j at ids[j * n_used:]: out[(j * n_used + u) * m + i]. One thread; the weights in the
+    CPU_REPACK buffer or a plain one."""
+    repack_buft = _graph_api()
+    vp = ctypes.c_void_p
+    for f, res, args in [("ggml_new_tensor_3d", vp, [vp, ctypes.c_int, ctypes.c_int64,
+                                                     ctypes.c_int64, ctypes.c_int64]),
+                         ("ggml_mul_mat_id", vp, [vp, vp, vp, vp])]:
+        getattr(base, f).restype, getattr(base, f).argtypes = res, args
+    n_tok = len(x) // k
+    n_used = len(ids) // n_tok
+    wctx = base.ggml_init(InitParams(1 << 16, None, True))
+    a = base.ggml_new_tensor_3d(wctx, t, k, m, n_expert)
+    buft = repack_buft() if repacked else cpu.ggml_backend_cpu_buffer_type()
+    buf = base.ggml_backend_alloc_ctx_tensors_from_buft(wctx, buft)
+    base.ggml_backend_tensor_set(a, ptr(w), 0, len(w))  # the repack happens here
+    ctx = base.ggml_init(InitParams(64 << 20, None, False))
+    b = base.ggml_new_tensor_3d(ctx, T["F32"], k, 1, n_tok)
+    ctypes.memmove(base.ggml_get_data(b), ptr(x), x.nbytes)
+    i = base.ggml_new_tensor_2d(ctx, 26, n_used, n_tok)  # GGML_TYPE_I32
+    ids = np.ascontiguousarray(ids, dtype=np.int32)
+    ctypes.memmove(base.ggml_get_data(i), ptr(ids), ids.nbytes)
+    c = base.ggml_mul_mat_id(ctx, a, b, i)
+    graph = base.ggml_new_graph(ctx)
+    base.ggml_build_forward_expand(graph, c)
+    cpu.ggml_graph_compute_with_ctx(ctx, graph, 1)
+    count = m * n_used * n_tok
+    out = np.ctypeslib.as_array((ctypes.c_float * count).from_address(base.ggml_get_data(c)))
+    out = out.copy()
+    base.ggml_free(ctx)
+    base.ggml_backend_buffer_free(buf)
+    base.ggml_free(wctx)
+    return out
+
+
+def gen_products_id():
+    w = Writer("products_id.bin")
+    # 4 experts, 2 used per token; 16 and 24 rows per expert (the gemv's 8-row groups); 1, 3
+    # and 9 tokens (so some experts meet several tokens, a batch llama.cpp still runs row by
+    # row through its gemv); Q2_K is repacked only by an AVX512 build
+    cases = [(t, m, n) for t in ("MXFP4", "Q4_0", "IQ4_NL", "Q4_K", "Q2_K") for m in (16, 24)
+             for n in (1, 3, 9)]
+    for tname, m, n in cases:
+        t = T[tname]
+        k = 7 * 32 if SIZES[t][0] == 32 else 2 * 256
+        n_expert, n_used = 4, 2
+        rows = np.concatenate([quantize_weights(t, weights(k)) for _ in range(n_expert * m)])
+        cols = [activations(k) for _ in range(n)]
+        x = np.concatenate(cols).astype(np.float32)
+        q = np.concatenate([from_float(traits(t).vec_dot_type, c) for c in cols])
+        ids = np.concatenate([rng.choice(n_expert, n_used, replace=False) for _ in range(n)])
+        out = mul_mat_id(t, k, m, n_expert, rows, x, ids, 1)
+        w.rec("mul_mat_id", [t, k, m, n_expert, n_used, n, 1],
+              [rows, q, ids.astype(np.int32), out])
+    w.close()
+
+
 def gen_products():
     w = Writer("products.bin")
     # Q4_K: 24 rows take the AVX512 gemm for 16 and its AVX2 loop for the last 8
@@ -474,6 +544,10 @@ def gen_products():
               for n in (1, 3, 4, 5, 16, 21)]
     # MXFP4 (mxfp4_8x8_q8_0): the same kernels, an e8m0 scale per block
     cases += [("MXFP4", 1, m, n) for m in (8, 24, 40) for n in (1, 3, 4, 5, 16, 21)]
+    # Q2_K (q2_K_8x8_q8_K, repacked only by an AVX512 build): the AVX512 gemm takes 16 rows
+    # by 16 columns, its AVX2 loops the rest of the rows (8) and columns (multiples of 4), the
+    # gemv the last n % 4; kept last so that the cases above keep their random draws
+    cases += [("Q2_K", 1, m, n) for m in (8, 24, 40) for n in (1, 3, 4, 5, 16, 21)]
     for tname, repacked, m, n in cases:
         t = T[tname]
         k = 7 * 32 if SIZES[t][0] == 32 else 2 * 256
@@ -496,6 +570,9 @@ if __name__ == "__main__":
         sys.exit(0)
     if sys.argv[1:] == ["products"]:
         gen_products()
+        sys.exit(0)
+    if sys.argv[1:] == ["products_id"]:
+        gen_products_id()
         sys.exit(0)
     gen_from_float()
     gen_vec_dot()

@@ -268,8 +268,18 @@ impl Binder<'_> {
         n_expert: usize,
     ) -> Result<Vec<Matrix>> {
         let t = self.info(name, &[cols as u64, rows as u64, n_expert as u64])?;
-        // llama.cpp repacks 3-D expert tensors too (`mul_mat_id`); not mirrored
-        let kernel = self.kernel(name, t.ty, None)?;
+        // llama.cpp repacks a 3-D expert tensor (only 3-D: one of a single expert is a 2-D
+        // tensor, which its `mul_mat_id` path does not take) as it does a 2-D weight
+        let kernel = if n_expert > 1 {
+            ferrolm_quant::expert_kernel(t.ty, rows, self.kernels).map_err(|_| {
+                ModelError::UnsupportedTensorType {
+                    name: name.into(),
+                    ty: t.ty,
+                }
+            })?
+        } else {
+            self.kernel(name, t.ty, None)?
+        };
         let start = (self.file.data_offset() + t.offset) as usize;
         let per_expert = t.size as usize / n_expert.max(1);
         Ok((0..n_expert)

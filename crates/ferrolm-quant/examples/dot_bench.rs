@@ -4,7 +4,7 @@
 //! [--quick]`
 //!
 //! The kernels are those of a weight tensor of `rows` rows (`matrix_kernel`): with llama.cpp's
-//! default paths mirrored (Q4_K, Q4_0, IQ4_NL, MXFP4 repacked on x86-64 with AVX2, the tiled
+//! default paths mirrored (Q4_K, Q4_0, IQ4_NL, MXFP4 repacked on x86-64 with AVX2, Q2_K with AVX512, the tiled
 //! batches), or with `--plain` without them (`KernelOptions::PLAIN`).
 //!
 //! For each weight type: a random `rows x cols` matrix (default 4096 x 4096) in that type, a

@@ -63,6 +63,8 @@ mod lattice512;
 mod lowbit;
 #[path = "avx2_repack.rs"]
 pub(crate) mod repack_b32;
+#[path = "avx2_repack_q2k.rs"]
+pub(crate) mod repack_q2k;
 #[path = "avx2_tiled.rs"]
 pub(crate) mod tiled512;
 
@@ -2444,7 +2446,7 @@ mod batch_tests {
         let rows = quantized(n_rows, rb, quantize_q4_k);
         let acts = quantized(n_cols, ab, quantize_q8_k);
         let mut want = vec![0f32; n_rows * n_cols];
-        crate::repack::multi_q4_k(
+        crate::repack::multi_k(
             crate::repack::pair_sums,
             n,
             &rows,
@@ -2476,7 +2478,7 @@ mod batch_tests {
             let mut gemv = vec![0f32; n_rows];
             super::repack_rows_with(vnni, n, &rows, rb, &act, &mut gemv);
             for (i, g) in gemv.iter().enumerate() {
-                let one = crate::repack::dot_q4_k(
+                let one = crate::repack::dot_k(
                     crate::repack::pair_sums,
                     n,
                     &rows[i * rb..(i + 1) * rb],

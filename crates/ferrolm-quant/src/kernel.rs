@@ -78,8 +78,8 @@ pub struct KernelOptions {
     /// tested against.
     pub scalar: bool,
     /// Mirror llama.cpp's CPU_REPACK products where it repacks a weight on this CPU (Q4_K,
-    /// Q4_0, IQ4_NL and MXFP4 matrices with a multiple of 8 rows, on x86-64 with AVX2; see
-    /// [`matrix_kernel`]).
+    /// Q4_0, IQ4_NL and MXFP4 matrices with a multiple of 8 rows, on x86-64 with AVX2; Q2_K
+    /// ones with AVX512; see [`matrix_kernel`]).
     pub repack: bool,
     /// Mirror llama.cpp's tiled matmul for products of 8 or more activation columns (Q2_K..Q6_K,
     /// the 256-element i-quants and IQ4_XS, when not repacked).
@@ -628,13 +628,14 @@ fn build(ty: TensorType, options: &KernelOptions) -> Result<DotKernel, QuantErro
     })
 }
 
-/// The kernel of a repacked Q4_K, Q4_0, IQ4_NL or MXFP4 matrix (`repack`).
+/// The kernel of a repacked Q4_K, Q2_K, Q4_0, IQ4_NL or MXFP4 matrix (`repack`).
 fn build_repacked(ty: TensorType, options: &KernelOptions) -> Result<DotKernel, QuantError> {
     let plain = build(ty, options)?;
     let (dot, rows, multi): (DotFn, Option<RowsFn>, MultiFn) = match (ty, plain.isa) {
         (TensorType::Q4_0, isa) => b32_repacked::<repack::Q4_0>(isa),
         (TensorType::IQ4_NL, isa) => b32_repacked::<repack::Iq4Nl>(isa),
         (TensorType::MXFP4, isa) => b32_repacked::<repack::Mxfp4>(isa),
+        (TensorType::Q2_K, isa) => q2_k_repacked(isa),
         #[cfg(target_arch = "x86_64")]
         (_, Isa::Avx2) => (
             crate::avx2::repack_dot_q4_k,
@@ -642,10 +643,10 @@ fn build_repacked(ty: TensorType, options: &KernelOptions) -> Result<DotKernel, 
             crate::avx2::repack_multi_q4_k,
         ),
         (_, _) => (
-            |n, row, act| repack::dot_q4_k(repack::pair_sums, n, row, act),
+            |n, row, act| repack::dot_k(repack::pair_sums, n, row, act),
             None,
             |n, rows, rs, nr, acts, as_, nc, out| {
-                repack::multi_q4_k(repack::pair_sums, n, rows, rs, nr, acts, as_, nc, out)
+                repack::multi_k(repack::pair_sums, n, rows, rs, nr, acts, as_, nc, out)
             },
         ),
     };
@@ -658,6 +659,23 @@ fn build_repacked(ty: TensorType, options: &KernelOptions) -> Result<DotKernel, 
         repacked: true,
         ..plain
     })
+}
+
+/// The functions of a repacked Q2_K matrix for `isa`.
+fn q2_k_repacked(isa: Isa) -> (DotFn, Option<RowsFn>, MultiFn) {
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx2 {
+        use crate::avx2::repack_q2k;
+        return (repack_q2k::dot, Some(repack_q2k::rows), repack_q2k::multi);
+    }
+    let _ = isa; // the scalar reference for every other instruction set
+    (
+        |n, row, act| repack::dot_k(repack::half_sums_q2_k, n, row, act),
+        None,
+        |n, rows, rs, nr, acts, as_, nc, out| {
+            repack::multi_k(repack::half_sums_q2_k, n, rows, rs, nr, acts, as_, nc, out)
+        },
+    )
 }
 
 /// The functions of a repacked Q4_0, IQ4_NL or MXFP4 matrix for `isa`.
@@ -695,15 +713,75 @@ pub fn dot_kernel_scalar(ty: TensorType) -> Result<DotKernel, QuantError> {
 }
 
 /// A kernel for rows of `ty` as `options` say, for products whose weights llama.cpp keeps as
-/// they are (a token embedding, a 3-D expert tensor): no repacking.
+/// they are (a token embedding, the tensor of a single expert): no repacking (3-D expert
+/// tensors: [`expert_kernel`]).
 pub fn dot_kernel_with(ty: TensorType, options: &KernelOptions) -> Result<DotKernel, QuantError> {
     build(ty, options)
+}
+
+/// The kernel for the products of one expert of a 3-D expert tensor of `ty` (more than one
+/// expert) with `rows` rows per expert, as `options` say. llama.cpp repacks such a tensor
+/// under the same conditions as a 2-D one ([`matrix_kernel`]) and its `mul_mat_id` then runs
+/// the gemv for every routed row, whatever the batch: there every element is the gemv's (for
+/// Q4_0, IQ4_NL and MXFP4 the gemm's too; for Q4_K and Q2_K not); elsewhere
+/// [`dot_kernel_with`].
+pub fn expert_kernel(
+    ty: TensorType,
+    rows: usize,
+    options: &KernelOptions,
+) -> Result<DotKernel, QuantError> {
+    if !(options.repack && repack::mirrors(ty, rows)) {
+        return build(ty, options);
+    }
+    let kernel = build_repacked(ty, options)?;
+    // no gemm: a batch is the gemv's, column by column (or, scalar, `dot` per element)
+    let multi = match ty {
+        TensorType::Q4_K | TensorType::Q2_K => gemv_columns(ty, kernel.isa),
+        _ => kernel.multi,
+    };
+    Ok(DotKernel { multi, ..kernel })
+}
+
+/// A batch of repacked Q4_K or Q2_K rows as the gemv's rows, one column at a time, for `isa`.
+fn gemv_columns(ty: TensorType, isa: Isa) -> Option<MultiFn> {
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx2 {
+        /// `rows` for each column.
+        #[allow(clippy::too_many_arguments)] // two strided matrices and their shapes
+        fn columns<const Q2: bool>(
+            n: usize,
+            rows: &[u8],
+            row_stride: usize,
+            n_rows: usize,
+            acts: &[u8],
+            act_stride: usize,
+            n_cols: usize,
+            out: &mut [f32],
+        ) {
+            let gemv: RowsFn = if Q2 {
+                crate::avx2::repack_q2k::rows
+            } else {
+                crate::avx2::repack_rows_q4_k
+            };
+            for c in 0..n_cols {
+                let out = &mut out[c * n_rows..(c + 1) * n_rows];
+                gemv(n, rows, row_stride, &acts[c * act_stride..], out);
+            }
+        }
+        return Some(if ty == TensorType::Q2_K {
+            columns::<true>
+        } else {
+            columns::<false>
+        });
+    }
+    let _ = (ty, isa);
+    None
 }
 
 /// The kernel for the products of a 2-D weight tensor of `ty` with `rows` rows (its whole
 /// row count, also for a view of some of its rows), as `options` say: where llama.cpp built
 /// for this CPU repacks such a tensor at load and ferrolm mirrors it ([`KernelOptions::repack`];
-/// Q4_K, Q4_0, IQ4_NL and MXFP4 with AVX2), its gemv/gemm arithmetic ([`DotKernel::repacked`]); otherwise
+/// Q4_K, Q4_0, IQ4_NL and MXFP4 with AVX2, Q2_K with AVX512), its gemv/gemm arithmetic ([`DotKernel::repacked`]); otherwise
 /// [`dot_kernel_with`].
 pub fn matrix_kernel(
     ty: TensorType,

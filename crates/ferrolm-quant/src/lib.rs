@@ -22,9 +22,11 @@
 //! llama.cpp's other CPU paths are mirrored as its default configuration takes them, each
 //! behind a switch of [`KernelOptions`]: its CPU_REPACK products of Q4_K, Q4_0, IQ4_NL and
 //! MXFP4 weights (`repack`, for the tensors [`matrix_kernel`] is asked about: 2-D, a multiple
-//! of 8 rows, x86-64 with AVX2) and its tiled matmul for batches of 8 or more columns
-//! (`tiled`: Q2_K..Q6_K, the i-quants, IQ4_XS; the AVX512-VNNI microkernel's arithmetic). Not
-//! mirrored: the repacked (AVX512) Q2_K products, nor llama.cpp's aarch64 tiles.
+//! of 8 rows, x86-64 with AVX2) and of Q2_K weights (the same, with AVX512), 3-D expert tensors
+//! among them ([`expert_kernel`]: its gemv for every routed row), and its tiled
+//! matmul for batches of 8 or more columns (`tiled`: Q2_K..Q6_K, the i-quants, IQ4_XS, when
+//! not repacked; the AVX512-VNNI microkernel's arithmetic). Not mirrored: llama.cpp's aarch64
+//! tiles.
 #![deny(missing_docs)]
 // `unsafe` lives only in the SIMD modules (`avx2`, `neon`), around the intrinsics.
 #![deny(unsafe_code)]
@@ -56,7 +58,8 @@ mod neon;
 
 pub use ferrolm_gguf::TensorType;
 pub use kernel::{
-    dot_kernel, dot_kernel_scalar, dot_kernel_with, matrix_kernel, DotKernel, KernelOptions,
+    dot_kernel, dot_kernel_scalar, dot_kernel_with, expert_kernel, matrix_kernel, DotKernel,
+    KernelOptions,
 };
 pub use random_blocks::random_blocks;
 

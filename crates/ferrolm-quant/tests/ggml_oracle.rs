@@ -8,8 +8,8 @@
 use std::path::PathBuf;
 
 use ferrolm_quant::{
-    dequantize, dot_kernel, dot_kernel_scalar, ggml_vec, matrix_kernel, quantize_activation,
-    KernelOptions, TensorType,
+    dequantize, dot_kernel, dot_kernel_scalar, expert_kernel, ggml_vec, matrix_kernel,
+    quantize_activation, KernelOptions, TensorType,
 };
 use half::f16;
 
@@ -241,7 +241,7 @@ fn dot_rows_multi_matches_llama_cpp_sgemm() {
 }
 
 /// Whole products through llama.cpp's mul_mat in its default configuration: Q4_K, Q4_0,
-/// IQ4_NL and MXFP4 weights repacked (its gemm for the first `n - n % 4` columns, its gemv for the rest) and the
+/// IQ4_NL, MXFP4 and (an AVX512 build) Q2_K weights repacked (its gemm for the first `n - n % 4` columns, its gemv for the rest) and the
 /// K-quants' tiled matmul from 8 columns; each compared with the kernel [`matrix_kernel`]
 /// hands out for such a tensor (scalar and this CPU's), and column by column for the batch
 /// split the CPU backend makes between threads (parts starting at multiples of 4).
@@ -263,11 +263,16 @@ fn products_match_llama_cpp_default_paths() {
                 ..Default::default()
             };
             // a tensor of 3 rows is never repacked; one of m (a multiple of 8) is, with AVX2
+            // (Q2_K: with AVX512)
             let kern = matrix_kernel(t, if repacked == 1 { m } else { 3 }, &options).unwrap();
             if repacked == 1 && !kern.repacked() {
                 #[cfg(target_arch = "x86_64")]
-                assert!(!std::arch::is_x86_feature_detected!("avx2"));
-                continue; // llama.cpp does not repack without AVX2 either
+                assert!(
+                    !std::arch::is_x86_feature_detected!("avx2")
+                        || (t == TensorType::Q2_K
+                            && !std::arch::is_x86_feature_detected!("avx512f"))
+                );
+                continue; // nor does llama.cpp built for this CPU
             }
             let mut out = vec![0f32; m * nc];
             kern.dot_rows_multi(k, w, rb, m, q, ab, nc, &mut out);
@@ -290,6 +295,69 @@ fn products_match_llama_cpp_default_paths() {
             }
         }
     }
+    fails.finish(total);
+}
+
+/// Expert products through llama.cpp's mul_mat_id with the 3-D weights repacked (its gemv
+/// for every routed row), each expert's tokens as ferrolm's MoE layers give them to the
+/// kernel [`expert_kernel`] hands out: as one batch, and one token at a time.
+#[test]
+fn expert_products_match_llama_cpp_repacked() {
+    let recs = read("products_id.bin");
+    let mut fails = Failures::default();
+    let mut total = 0;
+    for r in &recs {
+        assert_eq!(r.kind, "mul_mat_id");
+        let t = ty(r.ints[0]);
+        let [k, m, n_expert, n_used, n_tok] = [1, 2, 3, 4, 5].map(|i| r.ints[i] as usize);
+        let (w, q) = (&r.arrays[0], &r.arrays[1]);
+        let ids: Vec<usize> = r.arrays[2]
+            .chunks_exact(4)
+            .map(|c| i32::from_le_bytes(c.try_into().unwrap()) as usize)
+            .collect();
+        let want = f32s(&r.arrays[3]);
+        let (rb, ab) = (w.len() / (n_expert * m), q.len() / n_tok);
+        for scalar in [true, false] {
+            let options = KernelOptions {
+                scalar,
+                ..Default::default()
+            };
+            let kern = expert_kernel(t, m, &options).unwrap();
+            if !kern.repacked() {
+                #[cfg(target_arch = "x86_64")]
+                assert!(
+                    !std::arch::is_x86_feature_detected!("avx2")
+                        || (t == TensorType::Q2_K
+                            && !std::arch::is_x86_feature_detected!("avx512f"))
+                );
+                continue; // nor does llama.cpp built for this CPU
+            }
+            for e in 0..n_expert {
+                let rows = &w[e * m * rb..(e + 1) * m * rb];
+                // the (token, slot) pairs routed to expert e, their columns side by side
+                let routed: Vec<usize> = (0..n_tok * n_used).filter(|&p| ids[p] == e).collect();
+                let acts: Vec<u8> = routed
+                    .iter()
+                    .flat_map(|&p| q[p / n_used * ab..(p / n_used + 1) * ab].to_vec())
+                    .collect();
+                let mut batch = vec![0f32; m * routed.len()];
+                kern.dot_rows_multi(k, rows, rb, m, &acts, ab, routed.len(), &mut batch);
+                for (c, &p) in routed.iter().enumerate() {
+                    let mut one = vec![0f32; m];
+                    kern.dot_rows(k, rows, rb, &acts[c * ab..(c + 1) * ab], &mut one);
+                    for i in 0..m {
+                        let want = want[p * m + i].to_bits();
+                        let what =
+                            || format!("{t} {} m={m} n={n_tok} expert {e} [{p}, {i}]", kern.isa());
+                        total += 2;
+                        fails.check(what, batch[c * m + i].to_bits(), want);
+                        fails.check(|| format!("{} alone", what()), one[i].to_bits(), want);
+                    }
+                }
+            }
+        }
+    }
+    assert!(total > 0);
     fails.finish(total);
 }
 
