@@ -357,7 +357,9 @@ fn expert_products_match_llama_cpp_repacked() {
             }
         }
     }
-    assert!(total > 0);
+    // (llama.cpp repacks the experts for x86 with AVX2 only: elsewhere nothing is compared)
+    #[cfg(target_arch = "x86_64")]
+    assert!(total > 0 || !std::arch::is_x86_feature_detected!("avx2"));
     fails.finish(total);
 }
 
