@@ -382,6 +382,21 @@ extern "C" __global__ void quantize_act(const float* x, u8* xq, int n, int mode)
     quantize_group(v, xq, n, g, mode);
 }
 
+// Each row of x (f16, n values; a batched step's norms or activations) quantized as
+// quantize_act quantizes it, row t into xq + t * (n + 8 * (n / 32)): grid (groups / 8, rows).
+extern "C" __global__ void quantize_rows_f16(const u16* x, u8* xq, int n, int mode) {
+    int g = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    if (256 * g >= n) return;
+    const u16* xr = x + (size_t)blockIdx.y * n;
+    float v[8];
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        int j = 256 * g + 8 * lane + i;
+        v[i] = j < n ? h2f(xr[j]) : 0.f;
+    }
+    quantize_group(v, xq + (size_t)blockIdx.y * (n + 8 * (n / 32)), n, g, mode);
+}
+
 // ---- chunk dequantizers: w[0..32) = the values of chunk c of a row ----
 
 struct F32 {
@@ -1579,6 +1594,11 @@ __device__ __forceinline__ void matvec_glu(const u8* G, const u8* U, int row_byt
 // matvecf_T: matvec with f32 activations x quantized chunk by chunk as the blocks load them.
 #define FOR_QTYPE(T)                                                                             \
     FOR_PRODUCTS(T, true, q_##T, false)                                                          \
+    extern "C" __global__ void matmul_cols_##T(const u8* W, int row_bytes, int n_chunks,        \
+                                               int n_rows, const u8* xq, int n_cols, float* y,   \
+                                               float beta) {                                     \
+        matmul_cols<T>(W, row_bytes, n_chunks, n_rows, xq, n_cols, y, beta);                     \
+    }                                                                                            \
     extern "C" __global__ void matvecf_##T(const u8* W, int row_bytes, int n_chunks,            \
                                            int n_rows, const void* x, const float* bias,         \
                                            const float* res, float* y) {                         \
@@ -1594,6 +1614,74 @@ __device__ __forceinline__ void matvec_glu(const u8* G, const u8* U, int row_byt
                               x + (size_t)(blockIdx.y / x_per) * x_stride, nullptr, nullptr,     \
                               y + (size_t)blockIdx.y * n_rows);                                  \
     }
+
+// ---- y[t][r] (+)= W[r] . x_t for a few rows t of activations at once (a batched decode
+// step's products): each weight chunk is read once for COLS columns. ----
+//
+// A warp takes COL_ROWS rows, its lanes the chunks 32 apart; for each chunk a lane fetches the
+// rows' words once and meets each column's quantized activations (quantize_rows_f16's layout)
+// with them, so that the weights, the bulk of the bytes, are read once per step and the
+// activations (a few KB, from L1) once per COL_ROWS rows. Grid: (column groups, row groups),
+// the column groups of the same rows launched side by side so that the second reads the
+// weights from L2. A lane's chunks are summed in order, then the lanes by warp_sum.
+#define COLS 8
+#define COL_ROWS 4
+template <typename T>
+__device__ __forceinline__ void matmul_cols(const u8* __restrict__ W, int row_bytes, int n_chunks,
+                                            int n_rows, const u8* __restrict__ xq, int n_cols,
+                                            float* y, float beta) {
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int r0 = (blockIdx.y * (blockDim.x >> 5) + warp) * COL_ROWS, t0 = blockIdx.x * COLS;
+    if (r0 >= n_rows) return;
+    const u8* rows[COL_ROWS];
+#pragma unroll
+    for (int r = 0; r < COL_ROWS; r++) rows[r] = W + (size_t)min(r0 + r, n_rows - 1) * row_bytes;
+    int nt = min(COLS, n_cols - t0);
+    size_t stride = (size_t)n_chunks * 40;
+    const u8* x0 = xq + (size_t)t0 * stride;
+    float acc[COL_ROWS][COLS];
+#pragma unroll
+    for (int r = 0; r < COL_ROWS; r++)
+#pragma unroll
+        for (int j = 0; j < COLS; j++) acc[r][j] = 0.f;
+    for (int c = lane; c < n_chunks; c += 32) {
+        if constexpr (HasRaw<T>::value) {
+            typename T::Raw w[COL_ROWS];
+#pragma unroll
+            for (int r = 0; r < COL_ROWS; r++) w[r] = T::template fetch<false>(rows[r], c, n_chunks);
+#pragma unroll
+            for (int j = 0; j < COLS; j++) {
+                if (j < nt) {
+                    Act a;
+                    load_act(x0 + j * stride, n_chunks, c, a);
+#pragma unroll
+                    for (int r = 0; r < COL_ROWS; r++) acc[r][j] += T::dot_raw(w[r], c, a);
+                }
+            }
+        } else {
+#pragma unroll
+            for (int j = 0; j < COLS; j++) {
+                if (j < nt) {
+                    Act a;
+                    load_act(x0 + j * stride, n_chunks, c, a);
+#pragma unroll
+                    for (int r = 0; r < COL_ROWS; r++) acc[r][j] += T::dot(rows[r], c, n_chunks, a);
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < COL_ROWS; r++) {
+#pragma unroll
+        for (int j = 0; j < COLS; j++) {
+            float v = warp_sum(acc[r][j]);
+            if (lane == 0 && j < nt && r0 + r < n_rows) {
+                float* o = y + (size_t)(t0 + j) * n_rows + r0 + r;
+                *o = beta != 0.f ? v + beta * *o : v;
+            }
+        }
+    }
+}
 
 // ---- block-wide sum (blockDim a multiple of 32, at most 1024) ----
 __device__ float block_sum(float v) {

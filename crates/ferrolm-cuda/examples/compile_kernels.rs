@@ -1,0 +1,33 @@
+//! Compiles the kernels with NVRTC for `sm_90` (or the architecture given) into the kernel cache
+//! (`$FERROLM_HOME/kernels`), on a machine without a GPU: a GPU machine given that cache starts
+//! without minutes of compilation. `FERROLM_CUDA_DEFINES` is honoured as the backend honours it.
+//!
+//! `cargo run --release -p ferrolm-cuda --example compile_kernels [sm_90]`
+
+use ferrolm_cuda::kernels;
+
+fn main() {
+    let arch: &'static str = Box::leak(
+        std::env::args()
+            .nth(1)
+            .unwrap_or_else(|| "sm_90".into())
+            .into_boxed_str(),
+    );
+    let source = kernels::source_with_defines(std::env::var("FERROLM_CUDA_DEFINES").ok());
+    let started = std::time::Instant::now();
+    match kernels::compile(&source, arch) {
+        Ok(ptx) => {
+            let dir = kernels::cache_dir();
+            kernels::write_cached(&dir, &source, arch, &ptx.to_src());
+            println!(
+                "{} ({:.0} s)",
+                dir.join(kernels::cache_file_name(&source, arch)).display(),
+                started.elapsed().as_secs_f64()
+            );
+        }
+        Err(e) => {
+            eprintln!("the kernels do not compile: {e}");
+            std::process::exit(1);
+        }
+    }
+}
