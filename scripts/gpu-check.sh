@@ -7,17 +7,20 @@
 # TOKENIZER_GGUF: a GGUF holding the default model's tokenizer.* keys (the GPU machine cannot
 # fetch the default model); the real-shape files borrow it. Env: SECTIONS="small shapes"
 # (and "newer": the i-quant, ternary, 1-bit and NVFP4 types, the hybrids and gpt-oss;
-# "unverified": the kernels waiting behind FERROLM_CUDA_UNVERIFIED for a first comparison on a
-# GPU, checked and timed beside the kernels they would replace; "hybrid": issue 19's 1 GB
+# "prompts": the prompt kernels of the hybrids and the experts, heads of 64 and 128, and
+# issue 19's 1 GB qwen3next file timed; "hybrid": issue 19's 1 GB
 # qwen3next file, checked and timed).
 # The first CUDA start on a fresh machine compiles the kernels with NVRTC (minutes); the
 # kernels are compiled first here, while the files are made, and cached in $FERROLM_HOME.
+# KERNEL_CACHE=DIR: *.ptx files made beforehand on any machine with NVRTC (`cargo run --release
+# -p ferrolm-cuda --example compile_kernels`, FERROLM_HOME=...) put in that cache first.
 set -uo pipefail
 BIN=${1:-target/release/ferrolm}
 TOK=${2:-}
 W=${WORK:-/tmp/ferrolm-gpu}
 mkdir -p "$W"
 export FERROLM_HOME=$W/home
+[ -n "${KERNEL_CACHE:-}" ] && mkdir -p "$FERROLM_HOME/kernels" && cp "$KERNEL_CACHE"/*.ptx "$FERROLM_HOME/kernels/"
 SUMMARY=$W/summary.md
 : > "$SUMMARY"
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader || true
@@ -109,24 +112,19 @@ for section in ${SECTIONS:-small shapes}; do
     "$BIN" synth --arch qwen3next --ssm-split -o "$W/small-qwen3next-split.gguf" >/dev/null \
       && check small-qwen3next-split 128 32
   fi
-  if [ "$section" = unverified ]; then
-    # The kernels behind FERROLM_CUDA_UNVERIFIED (docs/ARCHITECTURE.md): the prompts'
-    # delta-net convolution and delta rule (heads of 64 and 128) and moe_group; each file
-    # checked with them, then timed with and without them.
+  if [ "$section" = prompts ]; then
+    # The prompts' delta-net convolution in runs and per-warp delta rule (heads of 64 and 128)
+    # and moe_group_warp, on small files; then the 1 GB hybrid checked and timed.
     for spec in "qwen3next:--ssm-state 64" "qwen3next-split:--ssm-split --ssm-state 64" \
       "qwen35:--ssm-state 128" "qwen35moe:--ssm-state 64" "qwen3moe:--head-dim 64"; do
       name=${spec%%:*}; a=${name%-split}
-      "$BIN" synth --arch "$a" ${spec#*:} -o "$W/unv-$name.gguf" >/dev/null &&
-        FERROLM_CUDA_UNVERIFIED=1 check "unv-$name" 256 32
+      "$BIN" synth --arch "$a" ${spec#*:} -o "$W/prompt-$name.gguf" >/dev/null &&
+        check "prompt-$name" 256 32
     done
     "$BIN" synth --arch qwen3next --embd 2048 --layers 24 --heads 16 --kv-heads 2 --head-dim 128 \
       --ff 512 --experts 16 --experts-used 4 --ssm-state 128 --ssm-k-heads 16 --ssm-v-heads 32 \
       --full-attention-interval 4 --ctx 4096 --type q4_0 ${TOK:+--tokenizer-from "$TOK"} \
-      -o "$W/hybrid-1g.gguf" >/dev/null && FERROLM_CUDA_UNVERIFIED=1 check hybrid-1g 256 8 &&
-      for u in 0 1; do
-        echo "== hybrid-1g, FERROLM_CUDA_UNVERIFIED=$u"
-        FERROLM_CUDA_UNVERIFIED=$u "$BIN" bench -m "$W/hybrid-1g.gguf" --device cuda -p 512 -n 128 -r 3
-      done
+      -o "$W/hybrid-1g.gguf" >/dev/null && check hybrid-1g 256 8 && bench hybrid-1g
   fi
   if [ "$section" = hybrid ]; then
     # Issue 19's hybrid benchmark file: qwen3next, 24 layers 2048 wide (attention every 4th:

@@ -1618,25 +1618,25 @@ __device__ __forceinline__ void matvec_glu(const u8* G, const u8* U, int row_byt
 // ---- y[t][r] (+)= W[r] . x_t for a few rows t of activations at once (a batched decode
 // step's products): each weight chunk is read once for COLS columns. ----
 //
-// A warp takes COL_ROWS rows, its lanes the chunks 32 apart; for each chunk a lane fetches the
-// rows' words once and meets each column's quantized activations (quantize_rows_f16's layout)
-// with them, so that the weights, the bulk of the bytes, are read once per step and the
-// activations (a few KB, from L1) once per COL_ROWS rows. Grid: (column groups, row groups),
-// the column groups of the same rows launched side by side so that the second reads the
-// weights from L2. A lane's chunks are summed in order, then the lanes by warp_sum.
+// A block takes COL_ROWS rows and COLS columns, its threads the chunks blockDim apart (as
+// matvec's): for each chunk a thread fetches the rows' words once and meets each column's
+// quantized activations (quantize_rows_f16's layout, from L1) with them, so that the weights,
+// the bulk of the bytes, are read once per step. Grid: (column groups, row groups), the column
+// groups of the same rows launched side by side so that the second reads the weights from L2.
+// A thread's chunks are summed in order, then the warps' sums in order.
 #define COLS 8
 #define COL_ROWS 4
 template <typename T>
 __device__ __forceinline__ void matmul_cols(const u8* __restrict__ W, int row_bytes, int n_chunks,
                                             int n_rows, const u8* __restrict__ xq, int n_cols,
                                             float* y, float beta) {
-    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    int r0 = (blockIdx.y * (blockDim.x >> 5) + warp) * COL_ROWS, t0 = blockIdx.x * COLS;
-    if (r0 >= n_rows) return;
+    __shared__ float part[4][COL_ROWS * COLS];
+    int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, nt = blockDim.x;
+    int r0 = blockIdx.y * COL_ROWS, t0 = blockIdx.x * COLS;
     const u8* rows[COL_ROWS];
 #pragma unroll
     for (int r = 0; r < COL_ROWS; r++) rows[r] = W + (size_t)min(r0 + r, n_rows - 1) * row_bytes;
-    int nt = min(COLS, n_cols - t0);
+    int ncol = min(COLS, n_cols - t0);
     size_t stride = (size_t)n_chunks * 40;
     const u8* x0 = xq + (size_t)t0 * stride;
     float acc[COL_ROWS][COLS];
@@ -1644,14 +1644,14 @@ __device__ __forceinline__ void matmul_cols(const u8* __restrict__ W, int row_by
     for (int r = 0; r < COL_ROWS; r++)
 #pragma unroll
         for (int j = 0; j < COLS; j++) acc[r][j] = 0.f;
-    for (int c = lane; c < n_chunks; c += 32) {
+    for (int c = tid; c < n_chunks; c += nt) {
         if constexpr (HasRaw<T>::value) {
             typename T::Raw w[COL_ROWS];
 #pragma unroll
             for (int r = 0; r < COL_ROWS; r++) w[r] = T::template fetch<false>(rows[r], c, n_chunks);
 #pragma unroll
             for (int j = 0; j < COLS; j++) {
-                if (j < nt) {
+                if (j < ncol) {
                     Act a;
                     load_act(x0 + j * stride, n_chunks, c, a);
 #pragma unroll
@@ -1661,7 +1661,7 @@ __device__ __forceinline__ void matmul_cols(const u8* __restrict__ W, int row_by
         } else {
 #pragma unroll
             for (int j = 0; j < COLS; j++) {
-                if (j < nt) {
+                if (j < ncol) {
                     Act a;
                     load_act(x0 + j * stride, n_chunks, c, a);
 #pragma unroll
@@ -1671,14 +1671,20 @@ __device__ __forceinline__ void matmul_cols(const u8* __restrict__ W, int row_by
         }
     }
 #pragma unroll
-    for (int r = 0; r < COL_ROWS; r++) {
+    for (int r = 0; r < COL_ROWS; r++)
 #pragma unroll
         for (int j = 0; j < COLS; j++) {
             float v = warp_sum(acc[r][j]);
-            if (lane == 0 && j < nt && r0 + r < n_rows) {
-                float* o = y + (size_t)(t0 + j) * n_rows + r0 + r;
-                *o = beta != 0.f ? v + beta * *o : v;
-            }
+            if (lane == 0) part[warp][r * COLS + j] = v;
+        }
+    __syncthreads();
+    if (tid < COL_ROWS * COLS) {
+        int r = tid / COLS, j = tid % COLS;
+        if (j < ncol && r0 + r < n_rows) {
+            float v = 0.f;
+            for (int w = 0; w < (nt >> 5); w++) v += part[w][tid];
+            float* o = y + (size_t)(t0 + j) * n_rows + r0 + r;
+            *o = beta != 0.f ? v + beta * *o : v;
         }
     }
 }
@@ -3171,7 +3177,7 @@ extern "C" __global__ void moe_combine(const float* ys, const float* w, int k, i
 }
 
 // A batch's (token, slot) pairs grouped by expert, in pair order within each expert (one
-// thread: the order is the same every run): counts[e] pairs chose expert e, its group starts
+// thread, for more than 1024 experts: the order is the same every run): counts[e] pairs chose expert e, its group starts
 // at offsets[e], and pair i lands at row at[i] of the grouped rows.
 extern "C" __global__ void moe_group(const u32* ids, int n_pairs, int ne, u32* counts,
                                      u32* offsets, u32* at) {
@@ -3187,8 +3193,7 @@ extern "C" __global__ void moe_group(const u32* ids, int n_pairs, int ne, u32* c
     for (int e = 0; e < ne; e++) offsets[e] -= counts[e];
 }
 
-// moe_group's result from one warp (ne at most 1024; under CudaTuning::unverified: not yet
-// compared on a GPU): the counts in shared memory, their prefix sum, then the pairs 32 at a
+// moe_group's result from one warp (ne at most 1024): the counts in shared memory, their prefix sum, then the pairs 32 at a
 // time, the lanes of one expert (__match_any_sync) taking its next places in lane order.
 extern "C" __global__ void moe_group_warp(const u32* ids, int n_pairs, int ne, u32* counts,
                                      u32* offsets, u32* at) {

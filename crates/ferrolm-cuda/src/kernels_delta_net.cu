@@ -94,14 +94,12 @@ __device__ __forceinline__ DeltaGates delta_gates(const float* ba, const float* 
 // ssm_a); the state S (s x s, key-major: S[i][j] at i * s + j; zeros when fresh) decayed,
 // u = beta (v - S^T k), S += k u^T, o = S^T q / sqrt(s); returns rms_norm(o) * norm * silu(z).
 // Every thread of the block calls it (block-wide sums); qs, ks: s floats of shared memory. The
-// thread's column of S is in place in S (R = 0), or in registers `col` (R = s: a prompt's
-// tokens one after another, the state read and written once for all of them).
-template <int R>
+// thread's column of S is in place in S.
 __device__ __forceinline__ float delta_rule_token(const float* c, DeltaGates g,
                                                   const float* dt_bias, const float* ssm_a,
-                                                  const float* norm, float* S, float* col,
-                                                  bool fresh, int vh, int kh, int key_dim, int s,
-                                                  float eps, float* qs, float* ks) {
+                                                  const float* norm, float* S, bool fresh, int vh,
+                                                  int kh, int key_dim, int s, float eps,
+                                                  float* qs, float* ks) {
     int j = threadIdx.x;
     __syncthreads();
     qs[j] = l2_normalized(c[kh * s + j], s, eps);
@@ -112,23 +110,12 @@ __device__ __forceinline__ float delta_rule_token(const float* c, DeltaGates g,
     __syncthreads();
     // S^T k over the decayed state, summed in key order as the CPU's.
     float sk = 0.f, o = 0.f;
-    if constexpr (R > 0) {
-#pragma unroll
-        for (int i = 0; i < R; i++) sk += ks[i] * (fresh ? 0.f : col[i] * decay);
-        float u = (v - sk) * beta;
-#pragma unroll
-        for (int i = 0; i < R; i++) {
-            col[i] = (fresh ? 0.f : col[i] * decay) + ks[i] * u;
-            o += qs[i] * col[i];
-        }
-    } else {
-        for (int i = 0; i < s; i++) sk += ks[i] * (fresh ? 0.f : S[(size_t)i * s + j] * decay);
-        float u = (v - sk) * beta;
-        for (int i = 0; i < s; i++) {
-            float x = (fresh ? 0.f : S[(size_t)i * s + j] * decay) + ks[i] * u;
-            S[(size_t)i * s + j] = x;
-            o += qs[i] * x;
-        }
+    for (int i = 0; i < s; i++) sk += ks[i] * (fresh ? 0.f : S[(size_t)i * s + j] * decay);
+    float u = (v - sk) * beta;
+    for (int i = 0; i < s; i++) {
+        float x = (fresh ? 0.f : S[(size_t)i * s + j] * decay) + ks[i] * u;
+        S[(size_t)i * s + j] = x;
+        o += qs[i] * x;
     }
     o *= 1.f / sqrtf((float)s);
     float r = rms_scale((double)(o * o), s, eps);
@@ -146,8 +133,8 @@ extern "C" __global__ void delta_rule(const float* conv, const float* ba, const 
     int vh = blockIdx.x, zi = vh * s + threadIdx.x, ratio = n_v_heads / n_k_heads;
     int kh = tiled ? vh % n_k_heads : vh / ratio;
     DeltaGates g = delta_gates(ba, alpha, in_fused, z, vh, zi, ratio, s);
-    out[zi] = delta_rule_token<0>(conv, g, dt_bias, ssm_a, norm, state + (size_t)vh * s * s,
-                                  nullptr, *pos == 0, vh, kh, n_k_heads * s, s, eps, qs, ks);
+    out[zi] = delta_rule_token(conv, g, dt_bias, ssm_a, norm, state + (size_t)vh * s * s,
+                               *pos == 0, vh, kh, n_k_heads * s, s, eps, qs, ks);
 }
 
 // ---- The same over a prompt's n tokens (the prompt pass) ------------------------------------
@@ -157,73 +144,31 @@ extern "C" __global__ void delta_rule(const float* conv, const float* ba, const 
 // output GEMM's input. The delta rule runs the decode step's recurrence token after token in
 // one launch, not yet the chunked form on the tensor cores.
 
-extern "C" __global__ void delta_conv_rows(const float* in, int in_stride, int fused,
-                                           const float* w, float* state, int pos0, float* out,
-                                           int channels, int taps, int key_dim, int s, int ratio,
-                                           int n) {
-    int c = blockIdx.x * blockDim.x + threadIdx.x;
-    if (c >= channels) return;
-    const float* wc = w + (size_t)c * taps;
-    int src = conv_source(c, fused, key_dim, s, ratio);
-    for (int t = 0; t < n; t++)
-        out[(size_t)t * channels + c] = conv_token(in[(size_t)t * in_stride + src], state, wc,
-                                                   taps, channels, c, pos0 == 0 && t == 0);
-}
-
-// R as delta_rule_token's: the thread's state column in registers for heads of R (64, 128),
-// in place otherwise.
-template <int R>
-__device__ __forceinline__ void delta_rule_rows_of(
-    const float* conv, const float* ba, int ba_stride, const float* alpha, const float* dt_bias,
-    const float* ssm_a, const float* norm, const float* in_fused, const float* z, int z_stride,
-    float* state, int pos0, u16* out, int n_k_heads, int n_v_heads, int s, int tiled, float eps,
-    int n) {
-    __shared__ float qs[256], ks[256];
-    int vh = blockIdx.x, j = threadIdx.x, zi = vh * s + j, ratio = n_v_heads / n_k_heads;
-    int kh = tiled ? vh % n_k_heads : vh / ratio;
-    int key_dim = n_k_heads * s, value_dim = n_v_heads * s, channels = 2 * key_dim + value_dim;
-    float* S = state + (size_t)vh * s * s;
-    float col[R > 0 ? R : 1];
-    if constexpr (R > 0) {
-#pragma unroll
-        for (int i = 0; i < R; i++) col[i] = pos0 == 0 ? 0.f : S[(size_t)i * s + j];
-    }
-    for (int t = 0; t < n; t++) {
-        DeltaGates g = delta_gates(ba + (size_t)t * ba_stride,
-                                   alpha ? alpha + (size_t)t * n_v_heads : nullptr,
-                                   in_fused + (size_t)t * z_stride,
-                                   z ? z + (size_t)t * z_stride : nullptr, vh, zi, ratio, s);
-        // (with the column in registers, "fresh" is already in it: zeros)
-        bool fresh = R == 0 && pos0 == 0 && t == 0;
-        float o = delta_rule_token<R>(conv + (size_t)t * channels, g, dt_bias, ssm_a, norm, S,
-                                      col, fresh, vh, kh, key_dim, s, eps, qs, ks);
-        out[(size_t)t * value_dim + zi] = f2h(o);
-    }
-    if constexpr (R > 0) {
-#pragma unroll
-        for (int i = 0; i < R; i++) S[(size_t)i * s + j] = col[i];
-    }
-}
-
+// Heads of other widths than 64 and 128 (delta_rule_rows_warps): the state in place, a token
+// at a time through delta_rule_token.
 extern "C" __global__ void delta_rule_rows(const float* conv, const float* ba, int ba_stride,
                                            const float* alpha, const float* dt_bias,
                                            const float* ssm_a, const float* norm,
                                            const float* in_fused, const float* z, int z_stride,
                                            float* state, int pos0, u16* out, int n_k_heads,
                                            int n_v_heads, int s, int tiled, float eps, int n) {
-#define DELTA_RULE_ROWS(R)                                                                        \
-    delta_rule_rows_of<R>(conv, ba, ba_stride, alpha, dt_bias, ssm_a, norm, in_fused, z, z_stride, \
-                          state, pos0, out, n_k_heads, n_v_heads, s, tiled, eps, n)
-    if (s == 128) DELTA_RULE_ROWS(128);
-    else if (s == 64) DELTA_RULE_ROWS(64);
-    else DELTA_RULE_ROWS(0);
-#undef DELTA_RULE_ROWS
+    __shared__ float qs[256], ks[256];
+    int vh = blockIdx.x, j = threadIdx.x, zi = vh * s + j, ratio = n_v_heads / n_k_heads;
+    int kh = tiled ? vh % n_k_heads : vh / ratio;
+    int key_dim = n_k_heads * s, value_dim = n_v_heads * s, channels = 2 * key_dim + value_dim;
+    float* S = state + (size_t)vh * s * s;
+    for (int t = 0; t < n; t++) {
+        DeltaGates g = delta_gates(ba + (size_t)t * ba_stride,
+                                   alpha ? alpha + (size_t)t * n_v_heads : nullptr,
+                                   in_fused + (size_t)t * z_stride,
+                                   z ? z + (size_t)t * z_stride : nullptr, vh, zi, ratio, s);
+        float o = delta_rule_token(conv + (size_t)t * channels, g, dt_bias, ssm_a, norm, S,
+                                   pos0 == 0 && t == 0, vh, kh, key_dim, s, eps, qs, ks);
+        out[(size_t)t * value_dim + zi] = f2h(o);
+    }
 }
 
-// ---- Faster forms of the prompt's kernels, served under CudaTuning::unverified ---------------
-// Written and emulated, not yet compared with the CPU on a GPU.
-
-// delta_conv_rows' outputs, block (x, y) taking channels x * blockDim.x.. over the y-th of
+// A prompt's convolution, block (x, y) taking channels x * blockDim.x.. over the y-th of
 // gridDim.y runs of tokens: each output reads the inputs themselves (the state's for the tokens
 // before the batch), so the runs are independent. Only the first run reads the state (the host makes every run at least
 // taps - 1 tokens long), and it writes the new one after its reads: the batch's last inputs.
@@ -255,11 +200,14 @@ extern "C" __global__ void delta_conv_rows_runs(const float* in, int in_stride, 
     }
 }
 
-// Heads of R (64, 128): thread j holds column j of the state in registers for the whole
-// prompt. Each warp normalizes the key head's query and key itself (no block-wide sum for
+// A prompt's delta rule for heads of R (64, 128): thread j holds column j of the state in
+// registers for the whole prompt. Each warp normalizes the key head's query and key itself (no block-wide sum for
 // them) into its own shared copy, the next token's inputs are loaded while this one's are used,
 // and the read-out's norm is the one block-wide sum a token. The arithmetic is
 // delta_rule_token's.
+#ifndef DELTA_SPLIT
+#define DELTA_SPLIT 1
+#endif
 template <int R>
 __device__ __forceinline__ void delta_rule_rows_reg(
     const float* conv, const float* ba, int ba_stride, const float* alpha, const float* dt_bias,
@@ -320,16 +268,26 @@ __device__ __forceinline__ void delta_rule_rows_reg(
         __syncwarp();
         float beta = 1.f / (1.f + expf(-g.b));
         float decay = expf(softplus_f(g.a + dtb) * sa);
-        // S^T k over the decayed state, summed in key order as the CPU's.
-        float sk = 0.f, o = 0.f;
+        // S^T k over the decayed state, then S^T q: DELTA_SPLIT partial sums over keys i,
+        // i + DELTA_SPLIT, ... (1: in key order, as the CPU sums) added in order; more than one
+        // shortens the chain of dependent adds a token waits on.
+        float skp[DELTA_SPLIT], op[DELTA_SPLIT];
 #pragma unroll
-        for (int i = 0; i < R; i++) sk += ks[warp][i] * (col[i] * decay);
+        for (int p = 0; p < DELTA_SPLIT; p++) skp[p] = op[p] = 0.f;
+#pragma unroll
+        for (int i = 0; i < R; i++) skp[i % DELTA_SPLIT] += ks[warp][i] * (col[i] * decay);
+        float sk = skp[0], o;
+#pragma unroll
+        for (int p = 1; p < DELTA_SPLIT; p++) sk += skp[p];
         float u = (v - sk) * beta;
 #pragma unroll
         for (int i = 0; i < R; i++) {
             col[i] = col[i] * decay + ks[warp][i] * u;
-            o += qs[warp][i] * col[i];
+            op[i % DELTA_SPLIT] += qs[warp][i] * col[i];
         }
+        o = op[0];
+#pragma unroll
+        for (int p = 1; p < DELTA_SPLIT; p++) o += op[p];
         o *= inv_sqrt;
         double so = (double)(o * o);
 #pragma unroll
@@ -406,8 +364,8 @@ extern "C" __global__ void delta_rule_slots(const float* conv, const float* ba, 
                                in_fused + (size_t)t * z_stride,
                                z ? z + (size_t)t * z_stride : nullptr, vh, zi, ratio, s);
     float* S = ssm_state + (size_t)slot[t] * ssm_stride + (size_t)vh * s * s;
-    float o = delta_rule_token<0>(conv + (size_t)t * channels, g, dt_bias, ssm_a, norm, S,
-                                  nullptr, pos[t] == 0, vh, kh, key_dim, s, eps, qs, ks);
+    float o = delta_rule_token(conv + (size_t)t * channels, g, dt_bias, ssm_a, norm, S,
+                               pos[t] == 0, vh, kh, key_dim, s, eps, qs, ks);
     out[(size_t)t * value_dim + zi] = f2h(o);
 }
 

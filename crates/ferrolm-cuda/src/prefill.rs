@@ -33,7 +33,7 @@ const MMA_QUERIES: usize = 64;
 
 /// Columns (rows of activations) of a `matmul_cols` block (`COLS` in the kernels).
 pub const MATMUL_COLS: usize = 8;
-/// Weight rows per warp of a `matmul_cols` block (`COL_ROWS` in the kernels).
+/// Weight rows of a `matmul_cols` block (`COL_ROWS` in the kernels).
 pub const MATMUL_COL_ROWS: usize = 4;
 
 /// The tensor-core attention kernel for heads of `head_dim` (`attn_mma_64`, `attn_mma_128`),
@@ -587,14 +587,15 @@ impl<D: BatchDevice> Prefill<D> {
                 ],
             )?;
         }
-        let warps = 4;
+        // (a thread a chunk, one warp to four, as the decode step's products)
+        let threads = chunks.next_multiple_of(32).clamp(32, 128) as u32;
         self.dev.launch(
             &format!("matmul_cols_{}", spec.kernel),
             (
                 n.div_ceil(MATMUL_COLS) as u32,
-                spec.rows.div_ceil(warps * MATMUL_COL_ROWS) as u32,
+                spec.rows.div_ceil(MATMUL_COL_ROWS) as u32,
             ),
-            32 * warps as u32,
+            threads,
             &[
                 Value::Ptr(w),
                 Value::I32(spec.row_bytes() as i32),
@@ -1039,7 +1040,7 @@ impl<D: BatchDevice> Prefill<D> {
     }
 
     /// Layer `l`'s gated delta-net over the batch's `n` rows (their f16 norms in `h`): the
-    /// projections' GEMMs, then for a prompt `delta_conv_rows` and `delta_rule_rows` (the
+    /// projections' GEMMs, then for a prompt `delta_conv_rows_runs` and `delta_rule_rows(_warps)` (the
     /// layer's states carried from the batch before, or zeros at position 0), for a batched
     /// step `delta_conv_slots` and `delta_rule_slots` (each row its slot's states); the
     /// read-out in the hybrid buffers' `out` for the output product.
@@ -1131,19 +1132,15 @@ impl<D: BatchDevice> Prefill<D> {
                 args.extend([pos0, Value::Ptr(conv)]);
                 args.extend(conv_shape);
                 args.push(Value::I32(n as i32));
-                if self.tuning.unverified {
-                    // Runs of at least 16 tokens (the kernel wants taps - 1 at least; the plan
-                    // caps the taps at 16), at most 64 of them.
-                    let runs = (n / 16).clamp(1, 64) as u32;
-                    self.run("delta_conv_rows_runs", (conv_grid, runs), 128, &args)?;
-                } else {
-                    self.run("delta_conv_rows", (conv_grid, 1), 128, &args)?;
-                }
+                // Runs of at least 16 tokens (the kernel wants taps - 1 at least; the plan
+                // caps the taps at 16), at most 64 of them.
+                let runs = (n / 16).clamp(1, 64) as u32;
+                self.run("delta_conv_rows_runs", (conv_grid, runs), 128, &args)?;
                 let mut args = rule_in.to_vec();
                 args.extend([pos0, Value::Ptr(out)]);
                 args.extend(rule_shape);
                 args.push(Value::I32(n as i32));
-                let rule = if self.tuning.unverified && (s == 64 || s == 128) {
+                let rule = if s == 64 || s == 128 {
                     "delta_rule_rows_warps"
                 } else {
                     "delta_rule_rows"
@@ -1280,7 +1277,7 @@ impl<D: BatchDevice> Prefill<D> {
         let [wg, wu, wd] = m.experts;
         let grouped = matches!(rows, Placement::Prompt { .. });
         if grouped {
-            let group = if self.tuning.unverified {
+            let group = if ne <= 1024 {
                 "moe_group_warp"
             } else {
                 "moe_group"

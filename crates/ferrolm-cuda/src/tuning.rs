@@ -44,11 +44,6 @@ pub struct CudaTuning {
     /// over all the experts, where that pads at most to twice the rows; a GEMM per used
     /// expert otherwise (`FERROLM_CUDA_NO_PADDED_GROUPS`).
     pub padded_expert_groups: bool,
-    /// Serve the kernels written and emulated on the CPU but not yet compared with the CPU on
-    /// a GPU (`cuda-check`) in place of the ones they would replace: the prompts' delta-net
-    /// convolution in runs of tokens and delta rule with per-warp norms, a warp's grouping of
-    /// the experts' pairs (`FERROLM_CUDA_UNVERIFIED`).
-    pub unverified: bool,
     /// f16 copies of the quantized matrices kept for the batched passes' GEMMs where the device
     /// has room (and no `gpu_memory` budget), instead of dequantizing each matrix for every
     /// batch (`FERROLM_CUDA_NO_F16_WEIGHTS`).
@@ -83,7 +78,6 @@ impl Default for CudaTuning {
             defines: None,
             kernel_cache: Some(crate::kernels::cache_dir()),
             padded_expert_groups: true,
-            unverified: false,
             f16_weights: true,
             f16_experts: true,
             gpu_memory: None,
@@ -115,7 +109,6 @@ impl CudaTuning {
             defines: std::env::var("FERROLM_CUDA_DEFINES").ok(),
             kernel_cache: d.kernel_cache.clone(),
             padded_expert_groups: unset("FERROLM_CUDA_NO_PADDED_GROUPS"),
-            unverified: !unset("FERROLM_CUDA_UNVERIFIED"),
             f16_weights: unset("FERROLM_CUDA_NO_F16_WEIGHTS"),
             f16_experts: unset("FERROLM_CUDA_NO_F16_EXPERTS"),
             gpu_memory: None,

@@ -144,7 +144,7 @@ pub fn run(dev: &HostDevice, name: &str, grid: (u32, u32), block: u32, args: &[V
                 .collect();
             mem.write(at, &y);
         }
-    } else if name == "delta_conv_rows" || name == "delta_conv_rows_runs" {
+    } else if name == "delta_conv_rows_runs" {
         // (the runs of tokens: the same outputs and state)
         delta_conv_rows(mem, &a);
     } else if name == "delta_rule_rows" || name == "delta_rule_rows_warps" {
@@ -650,7 +650,7 @@ fn expert_products(dev: &HostDevice, mem: &mut Memory, name: &str, grid: (u32, u
 }
 
 /// matmul_cols(W, row_bytes, n_chunks, n_rows, xq, n_cols, y, beta): block (8 columns, 4
-/// warps of 4 rows); column t of y (n_rows wide) = W . row t of xq (+ beta times what it held),
+/// rows); column t of y (n_rows wide) = W . row t of xq (+ beta times what it held),
 /// the CPU's quantization and dot kernels standing for the device's.
 fn matmul_cols(
     dev: &HostDevice,
@@ -669,8 +669,8 @@ fn matmul_cols(
         (spec.kernel, spec.row_bytes(), spec.cols, 0)
     );
     assert!(grid.0 as usize * MATMUL_COLS >= n_cols, "columns left out");
-    let rows_covered = grid.1 as usize * (block as usize / 32) * MATMUL_COL_ROWS;
-    assert!(rows_covered >= n_rows, "rows left out");
+    assert!(grid.1 as usize * MATMUL_COL_ROWS >= n_rows, "rows left out");
+    assert!(block % 32 == 0 && block <= 128, "{block} threads");
     let beta = a.float(7);
     for t in 0..n_cols {
         let x = mem.quantized(a.ptr(4) + (t * (cols + 8 * (cols / 32))) as u64, spec.ty);
