@@ -670,7 +670,7 @@ fn matmul_cols(
     );
     assert!(grid.0 as usize * MATMUL_COLS >= n_cols, "columns left out");
     assert!(grid.1 as usize * MATMUL_COL_ROWS >= n_rows, "rows left out");
-    assert!(block % 32 == 0 && block <= 128, "{block} threads");
+    assert!(block.is_multiple_of(32) && block <= 128, "{block} threads");
     let beta = a.float(7);
     for t in 0..n_cols {
         let x = mem.quantized(a.ptr(4) + (t * (cols + 8 * (cols / 32))) as u64, spec.ty);
