@@ -12,7 +12,7 @@
 # qwen3next file, checked and timed).
 # The first CUDA start on a fresh machine compiles the kernels with NVRTC (minutes); the
 # kernels are compiled first here, while the files are made, and cached in $FERROLM_HOME.
-# KERNEL_CACHE=DIR: *.ptx files made beforehand on any machine with NVRTC (`cargo run --release
+# KERNEL_CACHE=DIR: *.cubin files made beforehand on any machine with NVRTC (`cargo run --release
 # -p ferrolm-cuda --example compile_kernels`, FERROLM_HOME=...) put in that cache first.
 set -uo pipefail
 BIN=${1:-target/release/ferrolm}
@@ -20,7 +20,7 @@ TOK=${2:-}
 W=${WORK:-/tmp/ferrolm-gpu}
 mkdir -p "$W"
 export FERROLM_HOME=$W/home
-[ -n "${KERNEL_CACHE:-}" ] && mkdir -p "$FERROLM_HOME/kernels" && cp "$KERNEL_CACHE"/*.ptx "$FERROLM_HOME/kernels/"
+[ -n "${KERNEL_CACHE:-}" ] && mkdir -p "$FERROLM_HOME/kernels" && cp "$KERNEL_CACHE"/*.cubin "$FERROLM_HOME/kernels/"
 SUMMARY=$W/summary.md
 : > "$SUMMARY"
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader || true

@@ -16,9 +16,9 @@ fn main() {
     let source = kernels::source_with_defines(std::env::var("FERROLM_CUDA_DEFINES").ok());
     let started = std::time::Instant::now();
     match kernels::compile(&source, arch) {
-        Ok(ptx) => {
+        Ok(cubin) => {
             let dir = kernels::cache_dir();
-            kernels::write_cached(&dir, &source, arch, &ptx.to_src());
+            kernels::write_cached(&dir, &source, arch, &cubin);
             println!(
                 "{} ({:.0} s)",
                 dir.join(kernels::cache_file_name(&source, arch)).display(),

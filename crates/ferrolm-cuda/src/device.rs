@@ -1490,17 +1490,16 @@ fn load_module(
     let dir = tuning.kernel_cache.as_deref();
     let source = kernels::source_with_defines(tuning.defines.clone());
     let source = source.as_str();
-    let ptx = match dir.and_then(|dir| kernels::read_cached(dir, source, &arch)) {
-        Some(text) => cudarc::nvrtc::Ptx::from_src(text),
+    let cubin = match dir.and_then(|dir| kernels::read_cached(dir, source, &arch)) {
+        Some(bytes) => bytes,
         None => {
-            // NVRTC wants a `'static` name; there are few architectures, leaked once each.
-            let arch_static: &'static str = Box::leak(arch.clone().into_boxed_str());
-            let ptx = kernels::compile(source, arch_static).map_err(CudaError::Compile)?;
+            let cubin = kernels::compile(source, &arch).map_err(CudaError::Compile)?;
             if let Some(dir) = dir {
-                kernels::write_cached(dir, source, &arch, &ptx.to_src());
+                kernels::write_cached(dir, source, &arch, &cubin);
             }
-            ptx
+            cubin
         }
     };
+    let ptx = cudarc::nvrtc::Ptx::from_binary(cubin);
     ctx.load_module(ptx).map_err(driver("loading the kernels"))
 }

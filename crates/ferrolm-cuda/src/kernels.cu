@@ -382,21 +382,6 @@ extern "C" __global__ void quantize_act(const float* x, u8* xq, int n, int mode)
     quantize_group(v, xq, n, g, mode);
 }
 
-// Each row of x (f16, n values; a batched step's norms or activations) quantized as
-// quantize_act quantizes it, row t into xq + t * (n + 8 * (n / 32)): grid (groups / 8, rows).
-extern "C" __global__ void quantize_rows_f16(const u16* x, u8* xq, int n, int mode) {
-    int g = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
-    if (256 * g >= n) return;
-    const u16* xr = x + (size_t)blockIdx.y * n;
-    float v[8];
-#pragma unroll
-    for (int i = 0; i < 8; i++) {
-        int j = 256 * g + 8 * lane + i;
-        v[i] = j < n ? h2f(xr[j]) : 0.f;
-    }
-    quantize_group(v, xq + (size_t)blockIdx.y * (n + 8 * (n / 32)), n, g, mode);
-}
-
 // ---- chunk dequantizers: w[0..32) = the values of chunk c of a row ----
 
 struct F32 {
@@ -1594,11 +1579,6 @@ __device__ __forceinline__ void matvec_glu(const u8* G, const u8* U, int row_byt
 // matvecf_T: matvec with f32 activations x quantized chunk by chunk as the blocks load them.
 #define FOR_QTYPE(T)                                                                             \
     FOR_PRODUCTS(T, true, q_##T, false)                                                          \
-    extern "C" __global__ void matmul_cols_##T(const u8* W, int row_bytes, int n_chunks,        \
-                                               int n_rows, const u8* xq, int n_cols, float* y,   \
-                                               float beta) {                                     \
-        matmul_cols<T>(W, row_bytes, n_chunks, n_rows, xq, n_cols, y, beta);                     \
-    }                                                                                            \
     extern "C" __global__ void matvecf_##T(const u8* W, int row_bytes, int n_chunks,            \
                                            int n_rows, const void* x, const float* bias,         \
                                            const float* res, float* y) {                         \
@@ -1614,80 +1594,6 @@ __device__ __forceinline__ void matvec_glu(const u8* G, const u8* U, int row_byt
                               x + (size_t)(blockIdx.y / x_per) * x_stride, nullptr, nullptr,     \
                               y + (size_t)blockIdx.y * n_rows);                                  \
     }
-
-// ---- y[t][r] (+)= W[r] . x_t for a few rows t of activations at once (a batched decode
-// step's products): each weight chunk is read once for COLS columns. ----
-//
-// A block takes COL_ROWS rows and COLS columns, its threads the chunks blockDim apart (as
-// matvec's): for each chunk a thread fetches the rows' words once and meets each column's
-// quantized activations (quantize_rows_f16's layout, from L1) with them, so that the weights,
-// the bulk of the bytes, are read once per step. Grid: (column groups, row groups), the column
-// groups of the same rows launched side by side so that the second reads the weights from L2.
-// A thread's chunks are summed in order, then the warps' sums in order.
-#define COLS 8
-#define COL_ROWS 4
-template <typename T>
-__device__ __forceinline__ void matmul_cols(const u8* __restrict__ W, int row_bytes, int n_chunks,
-                                            int n_rows, const u8* __restrict__ xq, int n_cols,
-                                            float* y, float beta) {
-    __shared__ float part[4][COL_ROWS * COLS];
-    int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, nt = blockDim.x;
-    int r0 = blockIdx.y * COL_ROWS, t0 = blockIdx.x * COLS;
-    const u8* rows[COL_ROWS];
-#pragma unroll
-    for (int r = 0; r < COL_ROWS; r++) rows[r] = W + (size_t)min(r0 + r, n_rows - 1) * row_bytes;
-    int ncol = min(COLS, n_cols - t0);
-    size_t stride = (size_t)n_chunks * 40;
-    const u8* x0 = xq + (size_t)t0 * stride;
-    float acc[COL_ROWS][COLS];
-#pragma unroll
-    for (int r = 0; r < COL_ROWS; r++)
-#pragma unroll
-        for (int j = 0; j < COLS; j++) acc[r][j] = 0.f;
-    for (int c = tid; c < n_chunks; c += nt) {
-        if constexpr (HasRaw<T>::value) {
-            typename T::Raw w[COL_ROWS];
-#pragma unroll
-            for (int r = 0; r < COL_ROWS; r++) w[r] = T::template fetch<false>(rows[r], c, n_chunks);
-#pragma unroll
-            for (int j = 0; j < COLS; j++) {
-                if (j < ncol) {
-                    Act a;
-                    load_act(x0 + j * stride, n_chunks, c, a);
-#pragma unroll
-                    for (int r = 0; r < COL_ROWS; r++) acc[r][j] += T::dot_raw(w[r], c, a);
-                }
-            }
-        } else {
-#pragma unroll
-            for (int j = 0; j < COLS; j++) {
-                if (j < ncol) {
-                    Act a;
-                    load_act(x0 + j * stride, n_chunks, c, a);
-#pragma unroll
-                    for (int r = 0; r < COL_ROWS; r++) acc[r][j] += T::dot(rows[r], c, n_chunks, a);
-                }
-            }
-        }
-    }
-#pragma unroll
-    for (int r = 0; r < COL_ROWS; r++)
-#pragma unroll
-        for (int j = 0; j < COLS; j++) {
-            float v = warp_sum(acc[r][j]);
-            if (lane == 0) part[warp][r * COLS + j] = v;
-        }
-    __syncthreads();
-    if (tid < COL_ROWS * COLS) {
-        int r = tid / COLS, j = tid % COLS;
-        if (j < ncol && r0 + r < n_rows) {
-            float v = 0.f;
-            for (int w = 0; w < (nt >> 5); w++) v += part[w][tid];
-            float* o = y + (size_t)(t0 + j) * n_rows + r0 + r;
-            *o = beta != 0.f ? v + beta * *o : v;
-        }
-    }
-}
 
 // ---- block-wide sum (blockDim a multiple of 32, at most 1024) ----
 __device__ float block_sum(float v) {
@@ -3177,8 +3083,8 @@ extern "C" __global__ void moe_combine(const float* ys, const float* w, int k, i
 }
 
 // A batch's (token, slot) pairs grouped by expert, in pair order within each expert (one
-// thread, for more than 1024 experts: the order is the same every run): counts[e] pairs chose expert e, its group starts
-// at offsets[e], and pair i lands at row at[i] of the grouped rows.
+// thread, for more than 1024 experts: the order is the same every run): counts[e] pairs chose
+// expert e, its group starts at offsets[e], and pair i lands at row at[i] of the grouped rows.
 extern "C" __global__ void moe_group(const u32* ids, int n_pairs, int ne, u32* counts,
                                      u32* offsets, u32* at) {
     if (threadIdx.x != 0) return;
@@ -3193,8 +3099,9 @@ extern "C" __global__ void moe_group(const u32* ids, int n_pairs, int ne, u32* c
     for (int e = 0; e < ne; e++) offsets[e] -= counts[e];
 }
 
-// moe_group's result from one warp (ne at most 1024): the counts in shared memory, their prefix sum, then the pairs 32 at a
-// time, the lanes of one expert (__match_any_sync) taking its next places in lane order.
+// moe_group's result from one warp (ne at most 1024): the counts in shared memory, their
+// prefix sum, then the pairs 32 at a time, the lanes of one expert (__match_any_sync) taking
+// its next places in lane order.
 extern "C" __global__ void moe_group_warp(const u32* ids, int n_pairs, int ne, u32* counts,
                                      u32* offsets, u32* at) {
     __shared__ u32 count[1024], next[1024];

@@ -44,15 +44,41 @@ pub fn source_with_defines(defines: Option<String>) -> String {
     out
 }
 
-/// `source` compiled by NVRTC for `arch` (`sm_90`), as the device loads it (needs the NVRTC
-/// library only, no GPU).
-pub fn compile(source: &str, arch: &'static str) -> Result<cudarc::nvrtc::Ptx, String> {
-    let opts = cudarc::nvrtc::CompileOptions {
-        arch: Some(arch),
-        options: vec!["-std=c++17".into()],
-        ..Default::default()
-    };
-    cudarc::nvrtc::compile_ptx_with_opts(source, opts).map_err(|e| e.to_string())
+/// `source` compiled by NVRTC for `arch` (`sm_90`) into machine code (a CUBIN), as the device
+/// loads it (needs the NVRTC library only, no GPU). Machine code rather than PTX: the driver
+/// would otherwise compile the PTX again at every load on a machine it has not cached it on,
+/// which for this source takes minutes.
+pub fn compile(source: &str, arch: &str) -> Result<Vec<u8>, String> {
+    use cudarc::nvrtc::{result, sys};
+    let src = std::ffi::CString::new(source).map_err(|_| "a NUL byte in the source")?;
+    let prog = result::create_program(&src, None).map_err(|e| e.to_string())?;
+    let options = [format!("--gpu-architecture={arch}"), "-std=c++17".into()];
+    // SAFETY: `prog` was created above and is destroyed once, at the end; the buffers handed
+    // to NVRTC are as long as the sizes it reported.
+    unsafe {
+        let compiled = result::compile_program(prog, &options).map_err(|e| {
+            let log = result::get_program_log(prog).unwrap_or_default();
+            let log: Vec<u8> = log
+                .iter()
+                .map(|&c| c as u8)
+                .take_while(|&b| b != 0)
+                .collect();
+            format!("{e}: {}", String::from_utf8_lossy(&log))
+        });
+        let cubin = compiled.and_then(|()| {
+            let mut size = 0usize;
+            sys::nvrtcGetCUBINSize(prog, &mut size)
+                .result()
+                .map_err(|e| e.to_string())?;
+            let mut bytes = vec![0u8; size];
+            sys::nvrtcGetCUBIN(prog, bytes.as_mut_ptr().cast())
+                .result()
+                .map_err(|e| e.to_string())?;
+            Ok(bytes)
+        });
+        let _ = result::destroy_program(prog);
+        cubin
+    }
 }
 
 /// FNV-1a, 64 bits: stable across Rust versions and platforms (unlike `DefaultHasher`).
@@ -70,13 +96,13 @@ pub fn arch_name(major: i32, minor: i32) -> String {
     format!("sm_{major}{minor}")
 }
 
-/// The cache file name of `source` compiled for `arch`: `<16 hex digits of the hash>-<arch>.ptx`.
+/// The cache file name of `source` compiled for `arch`: `<16 hex digits of the hash>-<arch>.cubin`.
 pub fn cache_file_name(source: &str, arch: &str) -> String {
     let mut keyed = Vec::with_capacity(source.len() + arch.len() + 1);
     keyed.extend_from_slice(source.as_bytes());
     keyed.push(0);
     keyed.extend_from_slice(arch.as_bytes());
-    format!("{:016x}-{arch}.ptx", fnv1a64(&keyed))
+    format!("{:016x}-{arch}.cubin", fnv1a64(&keyed))
 }
 
 /// `$FERROLM_HOME/kernels`, or `~/.cache/ferrolm/kernels`.
@@ -94,18 +120,18 @@ pub fn cache_dir() -> PathBuf {
 }
 
 /// Reads a cached compilation, if present and not empty.
-pub fn read_cached(dir: &Path, source: &str, arch: &str) -> Option<String> {
-    let text = std::fs::read_to_string(dir.join(cache_file_name(source, arch))).ok()?;
-    (!text.is_empty()).then_some(text)
+pub fn read_cached(dir: &Path, source: &str, arch: &str) -> Option<Vec<u8>> {
+    let bytes = std::fs::read(dir.join(cache_file_name(source, arch))).ok()?;
+    (!bytes.is_empty()).then_some(bytes)
 }
 
 /// Writes a compilation to the cache (atomically: a temporary file renamed into place, so that
 /// a concurrent reader never sees half a file). Failures only cost a recompilation next time.
-pub fn write_cached(dir: &Path, source: &str, arch: &str, ptx: &str) {
+pub fn write_cached(dir: &Path, source: &str, arch: &str, code: &[u8]) {
     let name = cache_file_name(source, arch);
     let tmp = dir.join(format!("{name}.{}.tmp", std::process::id()));
     let ok = std::fs::create_dir_all(dir).is_ok()
-        && std::fs::write(&tmp, ptx).is_ok()
+        && std::fs::write(&tmp, code).is_ok()
         && std::fs::rename(&tmp, dir.join(&name)).is_ok();
     if !ok {
         let _ = std::fs::remove_file(&tmp);
@@ -127,8 +153,10 @@ mod tests {
             eprintln!("skipped: libnvrtc is not on this machine");
             return;
         }
-        if let Err(e) = super::compile(&super::source_with_defines(None), "sm_90") {
-            panic!("the kernels do not compile: {e}");
+        match super::compile(&super::source_with_defines(None), "sm_90") {
+            // (machine code: an ELF image)
+            Ok(cubin) => assert!(cubin.starts_with(b"\x7fELF"), "not a CUBIN"),
+            Err(e) => panic!("the kernels do not compile: {e}"),
         }
     }
 
@@ -147,7 +175,7 @@ mod tests {
         assert_eq!(a, cache_file_name("kernel", "sm_90"));
         assert_ne!(a, cache_file_name("kernel ", "sm_90"));
         assert_ne!(a, cache_file_name("kernel", "sm_89"));
-        assert!(a.ends_with("-sm_90.ptx"));
+        assert!(a.ends_with("-sm_90.cubin"));
         assert_eq!(arch_name(9, 0), "sm_90");
     }
 
@@ -156,10 +184,10 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("ferrolm-kcache-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         assert_eq!(read_cached(&dir, "src", "sm_90"), None);
-        write_cached(&dir, "src", "sm_90", ".version 8.0");
+        write_cached(&dir, "src", "sm_90", b"\x7fELF");
         assert_eq!(
             read_cached(&dir, "src", "sm_90").as_deref(),
-            Some(".version 8.0")
+            Some(&b"\x7fELF"[..])
         );
         assert_eq!(read_cached(&dir, "src2", "sm_90"), None);
         assert_eq!(read_cached(&dir, "src", "sm_80"), None);

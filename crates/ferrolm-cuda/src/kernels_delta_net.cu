@@ -205,9 +205,6 @@ extern "C" __global__ void delta_conv_rows_runs(const float* in, int in_stride, 
 // them) into its own shared copy, the next token's inputs are loaded while this one's are used,
 // and the read-out's norm is the one block-wide sum a token. The arithmetic is
 // delta_rule_token's.
-#ifndef DELTA_SPLIT
-#define DELTA_SPLIT 1
-#endif
 template <int R>
 __device__ __forceinline__ void delta_rule_rows_reg(
     const float* conv, const float* ba, int ba_stride, const float* alpha, const float* dt_bias,
@@ -268,26 +265,16 @@ __device__ __forceinline__ void delta_rule_rows_reg(
         __syncwarp();
         float beta = 1.f / (1.f + expf(-g.b));
         float decay = expf(softplus_f(g.a + dtb) * sa);
-        // S^T k over the decayed state, then S^T q: DELTA_SPLIT partial sums over keys i,
-        // i + DELTA_SPLIT, ... (1: in key order, as the CPU sums) added in order; more than one
-        // shortens the chain of dependent adds a token waits on.
-        float skp[DELTA_SPLIT], op[DELTA_SPLIT];
+        // S^T k over the decayed state, summed in key order as the CPU's.
+        float sk = 0.f, o = 0.f;
 #pragma unroll
-        for (int p = 0; p < DELTA_SPLIT; p++) skp[p] = op[p] = 0.f;
-#pragma unroll
-        for (int i = 0; i < R; i++) skp[i % DELTA_SPLIT] += ks[warp][i] * (col[i] * decay);
-        float sk = skp[0], o;
-#pragma unroll
-        for (int p = 1; p < DELTA_SPLIT; p++) sk += skp[p];
+        for (int i = 0; i < R; i++) sk += ks[warp][i] * (col[i] * decay);
         float u = (v - sk) * beta;
 #pragma unroll
         for (int i = 0; i < R; i++) {
             col[i] = col[i] * decay + ks[warp][i] * u;
-            op[i % DELTA_SPLIT] += qs[warp][i] * col[i];
+            o += qs[warp][i] * col[i];
         }
-        o = op[0];
-#pragma unroll
-        for (int p = 1; p < DELTA_SPLIT; p++) o += op[p];
         o *= inv_sqrt;
         double so = (double)(o * o);
 #pragma unroll

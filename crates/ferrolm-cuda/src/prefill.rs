@@ -17,8 +17,8 @@ use ferrolm_gguf::TensorType;
 use crate::batch_device::{BatchDevice, CudaBatch, Gemm, Value};
 use crate::device::Rows;
 use crate::schedule::{
-    activation_format, expert_product_kernel, DecodePlan, DeltaNetProjection, DeltaNetRefs,
-    LayerRefs, MatrixSpec, MixerRefs, MoeRefs, MATVEC_ROWS,
+    expert_product_kernel, DecodePlan, DeltaNetProjection, DeltaNetRefs, LayerRefs, MatrixSpec,
+    MixerRefs, MoeRefs, MATVEC_ROWS,
 };
 use crate::{CudaError, CudaTuning};
 
@@ -30,11 +30,6 @@ const ATTN_TILE: usize = 16;
 
 /// Tokens per block of the tensor-core attention (`FQ` in the kernels).
 const MMA_QUERIES: usize = 64;
-
-/// Columns (rows of activations) of a `matmul_cols` block (`COLS` in the kernels).
-pub const MATMUL_COLS: usize = 8;
-/// Weight rows of a `matmul_cols` block (`COL_ROWS` in the kernels).
-pub const MATMUL_COL_ROWS: usize = 4;
 
 /// The tensor-core attention kernel for heads of `head_dim` (`attn_mma_64`, `attn_mma_128`),
 /// or `None`: the f32 tiles (`attn_tile`) then.
@@ -146,12 +141,6 @@ pub struct Prefill<D: BatchDevice = CudaBatch> {
     moe: Option<MoeBuffers<D>>,
     /// The hybrids' buffers (`None`: no delta-net layer or gated attention output).
     hybrid: Option<HybridBuffers<D>>,
-    /// A small batched step's activations quantized for `matmul_cols` (`quantize_rows_f16`'s
-    /// layout, [`CudaTuning::quantized_columns`] rows), whether the step being launched uses
-    /// them, and which input and format they hold now (`None` after any other launch).
-    xq_rows: D::Buffer<u32>,
-    quantized_step: bool,
-    xq_holds: Option<(u64, i32)>,
 }
 
 /// What a batch's delta-net layers and gated attention outputs hold between launches: the
@@ -396,15 +385,6 @@ impl<D: BatchDevice> Prefill<D> {
                 None
             },
             hybrid: HybridBuffers::new(&dev, p)?,
-            xq_rows: dev.alloc_zeros::<u32>(
-                tuning.quantized_columns.max(1)
-                    * p.matrices.iter().map(|m| m.cols).max().unwrap_or(32)
-                    * 10
-                    / 32,
-                "quantized batch rows",
-            )?,
-            quantized_step: false,
-            xq_holds: None,
             dev,
         })
     }
@@ -421,7 +401,6 @@ impl<D: BatchDevice> Prefill<D> {
         block: u32,
         args: &[Value],
     ) -> Result<(), CudaError> {
-        self.xq_holds = None;
         self.dev.launch(kernel, grid, block, args)
     }
 
@@ -480,7 +459,6 @@ impl<D: BatchDevice> Prefill<D> {
         c: u64,
         beta: f32,
     ) -> Result<(), CudaError> {
-        self.xq_holds = None;
         self.dev.gemm(Gemm {
             w16,
             rows,
@@ -537,13 +515,6 @@ impl<D: BatchDevice> Prefill<D> {
         beta: f32,
     ) -> Result<(), CudaError> {
         let spec = &p.matrices[m];
-        if let (true, 1, Some(mode)) = (
-            self.quantized_step,
-            spec.experts,
-            activation_format(spec.ty),
-        ) {
-            return self.product_columns(spec, at.matrices[m], mode, a, n, c, beta);
-        }
         // F16 weights are GEMM operands as they are; kept f16 copies too.
         let kept = self.w16_kept.get(m).copied().flatten();
         let w16 = if spec.ty == TensorType::F16 {
@@ -556,59 +527,6 @@ impl<D: BatchDevice> Prefill<D> {
             dst
         };
         self.gemm(w16, spec.rows, spec.cols, a, n, c, beta)
-    }
-
-    /// [`Prefill::product`] of a small batched step: the `n` f16 input rows at `a` quantized
-    /// for the matrix's blocks (once for consecutive products of the same input), then
-    /// `matmul_cols`, which reads each weight once for all the rows.
-    #[allow(clippy::too_many_arguments)]
-    fn product_columns(
-        &mut self,
-        spec: &MatrixSpec,
-        w: u64,
-        mode: i32,
-        a: u64,
-        n: usize,
-        c: u64,
-        beta: f32,
-    ) -> Result<(), CudaError> {
-        let (cols, chunks) = (spec.cols, spec.cols / 32);
-        let xq = self.dev.address(&self.xq_rows);
-        if self.xq_holds != Some((a, mode)) {
-            self.dev.launch(
-                "quantize_rows_f16",
-                (cols.div_ceil(256 * 8) as u32, n as u32),
-                256,
-                &[
-                    Value::Ptr(a),
-                    Value::Ptr(xq),
-                    Value::I32(cols as i32),
-                    Value::I32(mode),
-                ],
-            )?;
-        }
-        // (a thread a chunk, one warp to four, as the decode step's products)
-        let threads = chunks.next_multiple_of(32).clamp(32, 128) as u32;
-        self.dev.launch(
-            &format!("matmul_cols_{}", spec.kernel),
-            (
-                n.div_ceil(MATMUL_COLS) as u32,
-                spec.rows.div_ceil(MATMUL_COL_ROWS) as u32,
-            ),
-            threads,
-            &[
-                Value::Ptr(w),
-                Value::I32(spec.row_bytes() as i32),
-                Value::I32(chunks as i32),
-                Value::I32(spec.rows as i32),
-                Value::Ptr(xq),
-                Value::I32(n as i32),
-                Value::Ptr(c),
-                Value::F32(beta),
-            ],
-        )?;
-        self.xq_holds = Some((a, mode));
-        Ok(())
     }
 
     /// Keeps an f16 copy of every quantized matrix, so that a batch's GEMMs read each weight
@@ -790,7 +708,7 @@ impl<D: BatchDevice> Prefill<D> {
             let q_dim = ar.n_head * ar.head_dim;
             let kv_dim = ar.n_head_kv * ar.head_dim;
             let fused_qkv = match rows {
-                Placement::Slots { .. } if !ar.gated_output && !self.quantized_step => {
+                Placement::Slots { .. } if !ar.gated_output => {
                     self.qkv_kept.get(l).copied().flatten()
                 }
                 _ => None,
@@ -1000,10 +918,7 @@ impl<D: BatchDevice> Prefill<D> {
         let n_ff = p.matrices[g].rows;
         let total = (n * n_ff) as u64;
         let fused_gu = match rows {
-            Placement::Slots { .. } if !self.quantized_step => {
-                self.gate_up_kept.get(l).copied().flatten()
-            }
-            Placement::Slots { .. } => None,
+            Placement::Slots { .. } => self.gate_up_kept.get(l).copied().flatten(),
             Placement::Prompt { .. } => None,
         };
         match (fused_gu, &self.gate_up_rows) {
@@ -1787,13 +1702,8 @@ impl<D: BatchDevice> Prefill<D> {
         n: usize,
         (slot_stride, spare): (&[usize], u32),
     ) -> Result<(), CudaError> {
-        self.quantized_step =
-            self.tuning.quantized_activations && n <= self.tuning.quantized_columns;
-        let launched = self
-            .launch_layers(p, at, n, Placement::Slots { slot_stride, spare })
-            .and_then(|()| self.logits_rows(p, at, n).map(|_| ()));
-        self.quantized_step = false;
-        launched
+        self.launch_layers(p, at, n, Placement::Slots { slot_stride, spare })?;
+        self.logits_rows(p, at, n).map(|_| ())
     }
 
     /// The output head over the `n` rows of the residual stream: their logits in

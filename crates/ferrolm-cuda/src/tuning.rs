@@ -56,10 +56,6 @@ pub struct CudaTuning {
     /// leaves no room for stay in pinned host memory, read over the bus ([`crate::tiers`]);
     /// `None`: no budget, all on the device.
     pub gpu_memory: Option<u64>,
-    /// The most rows of a batched decode step whose products multiply the quantized blocks
-    /// with 8-bit activations, several columns at once (`matmul_cols`), instead of f16 GEMMs
-    /// over the f16 copies (`FERROLM_CUDA_QUANTIZED_COLUMNS`; 0: never).
-    pub quantized_columns: usize,
 }
 
 impl Default for CudaTuning {
@@ -81,7 +77,6 @@ impl Default for CudaTuning {
             f16_weights: true,
             f16_experts: true,
             gpu_memory: None,
-            quantized_columns: 0,
         }
     }
 }
@@ -112,8 +107,6 @@ impl CudaTuning {
             f16_weights: unset("FERROLM_CUDA_NO_F16_WEIGHTS"),
             f16_experts: unset("FERROLM_CUDA_NO_F16_EXPERTS"),
             gpu_memory: None,
-            quantized_columns: number("FERROLM_CUDA_QUANTIZED_COLUMNS")
-                .unwrap_or(d.quantized_columns),
         }
     }
 

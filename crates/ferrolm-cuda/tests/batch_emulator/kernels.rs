@@ -267,17 +267,6 @@ pub fn run(dev: &HostDevice, name: &str, grid: (u32, u32), block: u32, args: &[V
             let row = mem.read::<u16>(a.ptr(0) + (2 * (i / k) * d) as u64, d);
             mem.write(a.ptr(4) + (2 * to as usize * d) as u64, &row);
         }
-    } else if name == "quantize_rows_f16" {
-        // quantize_rows_f16(x, xq, n, mode): block (group of 8 x 256 values, row)
-        let n = a.int(2);
-        assert!(grid.0 as usize * 8 * 256 >= n, "{name}: values left out");
-        for t in 0..grid.1 as usize {
-            let row = mem.f16s(a.ptr(0) + (2 * t * n) as u64, n);
-            let at = a.ptr(1) + (t * (n + 8 * (n / 32))) as u64;
-            mem.quantize(at, n + 8 * (n / 32), row, a.int(3) as i32);
-        }
-    } else if let Some(kernel) = name.strip_prefix("matmul_cols_") {
-        matmul_cols(dev, mem, kernel, grid, block, &a);
     } else if name.starts_with("moe_matvec") {
         expert_products(dev, mem, name, grid, &a);
     } else if name == "moe_combine" {
@@ -646,41 +635,6 @@ fn expert_products(dev: &HostDevice, mem: &mut Memory, name: &str, grid: (u32, u
         let input = mem.f32s(x + (4 * (j / per) * stride) as u64, cols);
         let y = products(dev, mem, a.ptr(0), first + e * n_rows, n_rows, &input);
         mem.write(a.ptr(9) + (4 * j * n_rows) as u64, &y);
-    }
-}
-
-/// matmul_cols(W, row_bytes, n_chunks, n_rows, xq, n_cols, y, beta): block (8 columns, 4
-/// rows); column t of y (n_rows wide) = W . row t of xq (+ beta times what it held),
-/// the CPU's quantization and dot kernels standing for the device's.
-fn matmul_cols(
-    dev: &HostDevice,
-    mem: &mut Memory,
-    kernel: &str,
-    grid: (u32, u32),
-    block: u32,
-    a: &Args,
-) {
-    use ferrolm_cuda::prefill::{MATMUL_COLS, MATMUL_COL_ROWS};
-    let (rb, cols, n_rows, n_cols) = (a.int(1), 32 * a.int(2), a.int(3), a.int(5));
-    let (m, first) = dev.matrix(a.ptr(0));
-    let spec = &dev.plan.matrices[m];
-    assert_eq!(
-        (kernel, rb, cols, first),
-        (spec.kernel, spec.row_bytes(), spec.cols, 0)
-    );
-    assert!(grid.0 as usize * MATMUL_COLS >= n_cols, "columns left out");
-    assert!(grid.1 as usize * MATMUL_COL_ROWS >= n_rows, "rows left out");
-    assert!(block.is_multiple_of(32) && block <= 128, "{block} threads");
-    let beta = a.float(7);
-    for t in 0..n_cols {
-        let x = mem.quantized(a.ptr(4) + (t * (cols + 8 * (cols / 32))) as u64, spec.ty);
-        let mut y = products(dev, mem, a.ptr(0), 0, n_rows, &x);
-        let out = a.ptr(6) + (4 * t * n_rows) as u64;
-        if beta != 0.0 {
-            let was = mem.f32s(out, n_rows);
-            y.iter_mut().zip(was).for_each(|(y, w)| *y += beta * w);
-        }
-        mem.write(out, &y);
     }
 }
 
