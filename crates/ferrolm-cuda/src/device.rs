@@ -1490,16 +1490,20 @@ fn load_module(
     let dir = tuning.kernel_cache.as_deref();
     let source = kernels::source_with_defines(tuning.defines.clone());
     let source = source.as_str();
-    let cubin = match dir.and_then(|dir| kernels::read_cached(dir, source, &arch)) {
-        Some(bytes) => bytes,
-        None => {
-            let cubin = kernels::compile(source, &arch).map_err(CudaError::Compile)?;
-            if let Some(dir) = dir {
-                kernels::write_cached(dir, source, &arch, &cubin);
-            }
-            cubin
+    let compile = || {
+        let cubin = kernels::compile(source, &arch).map_err(CudaError::Compile)?;
+        if let Some(dir) = dir {
+            kernels::write_cached(dir, source, &arch, &cubin);
         }
+        Ok::<_, CudaError>(cubin)
     };
-    let ptx = cudarc::nvrtc::Ptx::from_binary(cubin);
-    ctx.load_module(ptx).map_err(driver("loading the kernels"))
+    let load = |cubin: Vec<u8>| ctx.load_module(cudarc::nvrtc::Ptx::from_binary(cubin));
+    match dir.and_then(|dir| kernels::read_cached(dir, source, &arch)) {
+        // A cached image the driver refuses (damaged, or from another driver) is made again.
+        Some(cached) => match load(cached) {
+            Ok(module) => Ok(module),
+            Err(_) => load(compile()?).map_err(driver("loading the kernels")),
+        },
+        None => load(compile()?).map_err(driver("loading the kernels")),
+    }
 }
