@@ -27,7 +27,8 @@ macro_rules! bytes_block {
             true, $($rest)*);
     };
     (@with $features:literal, $avx512:expr, $name:ident, $qk:expr, $wb:expr, $ab:expr,
-     |$x:ident, $y:ident, $acc:ident| $apply:block $(, finish |$facc:ident| $finish:block)?) => {
+     |$x:ident, $y:ident, $acc:ident| $apply:block $(, finish |$facc:ident| $finish:block)?
+     $(, one_row $one_row:literal)?) => {
         pub(crate) struct $name;
         impl Block for $name {
             const QK: usize = $qk;
@@ -35,6 +36,7 @@ macro_rules! bytes_block {
             const AB: usize = $ab;
             type W = *const u8;
             const AVX512: bool = $avx512;
+            $(const ONE_ROW: bool = $one_row;)?
             #[inline]
             #[target_feature(enable = $features)]
             unsafe fn decode(x: *const u8) -> *const u8 {
@@ -791,6 +793,9 @@ trait Block {
     /// Whether the kernel needs AVX-512 (BMI2, F, BW, VL, VNNI, VBMI), detected before it is
     /// handed out: the block loops then have those features too.
     const AVX512: bool = false;
+    /// Whether several rows go one at a time, not four side by side (a kernel that needs
+    /// all the registers: four rows' accumulators and steps interleaved spill).
+    const ONE_ROW: bool = false;
     /// Unpacks the weight block at `x`.
     ///
     /// # Safety
@@ -1663,7 +1668,7 @@ macro_rules! block_loops {
             out: &mut [f32],
         ) {
             let mut i = 0;
-            while i + 4 <= out.len() {
+            while !B::ONE_ROW && i + 4 <= out.len() {
                 let zero = Acc {
                     v: _mm256_setzero_ps(),
                     s: 0.0,

@@ -125,53 +125,123 @@ bytes_block!(
 );
 
 // IQ1_M: grid lanes and delta-sign lanes, both by the multipliers of each 16 elements, into
-// two accumulators; the end is `hsum(v) + 0.125 * hsum(v2)`.
+// two accumulators; the end is `hsum(v) + 0.125 * hsum(v2)`. The block's grid indices, delta
+// signs and multipliers are built for all chunks at once in vectors (one index at a time in
+// scalar code was most of the block's instructions).
 bytes_block!(
     Iq1M,
     256,
     56,
     292,
     |x, y, acc| {
-        let sc: [u16; 4] =
-            std::array::from_fn(|k| u16::from_le_bytes([*x.add(48 + 2 * k), *x.add(49 + 2 * k)]));
-        let bits = (sc[0] >> 12) | (sc[1] >> 8 & 0x00f0) | (sc[2] >> 4 & 0x0f00) | (sc[3] & 0xf000);
-        let d = y_d(y) * half::f16::from_bits(bits).to_f32();
+        let sc = (x.add(48) as *const u64).read_unaligned();
+        let bits = (sc >> 12 & 0xf) | (sc >> 24 & 0xf0) | (sc >> 36 & 0xf00) | (sc >> 48 & 0xf000);
+        let d = y_d(y) * _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)));
+        let idx = iq1m_indices(x);
+        let signs = iq1m_delta_signs(x);
+        let mult = iq1m_multipliers(sc);
         let (mut grid, mut delta) = (_mm256_setzero_si256(), _mm256_setzero_si256());
         for ib in 0..8 {
-            let low = u32::from_le_bytes([
-                *x.add(4 * ib),
-                *x.add(1 + 4 * ib),
-                *x.add(2 + 4 * ib),
-                *x.add(3 + 4 * ib),
-            ]);
-            let hi = u16::from_le_bytes([*x.add(32 + 2 * ib), *x.add(33 + 2 * ib)]);
-            let nib = |g: usize| (hi >> (4 * g) & 0xf) as u8;
-            let g = |l: usize| {
-                let idx = (low >> (8 * l) & 255) as usize | ((nib(l) as usize & 7) << 8);
-                IQ1S_GRID[idx] as i64
-            };
-            let sg = |l: usize| {
-                if nib(l) & 8 != 0 {
-                    -1i64
-                } else {
-                    0x0101_0101_0101_0101
-                }
-            };
+            let i = if ib % 2 == 0 {
+                _mm_cvtsi128_si64(idx[ib / 2])
+            } else {
+                _mm_extract_epi64::<1>(idx[ib / 2])
+            } as u64;
+            // 11-bit indices, inside the table
+            let g = |l: u64| *IQ1S_GRID_PLUS1.get_unchecked((i >> (16 * l) & 0xffff) as usize) as i64;
             let q = _mm256_set_epi64x(g(3), g(2), g(1), g(0));
-            let s = _mm256_set_epi64x(sg(3), sg(2), sg(1), sg(0));
-            let word = sc[ib / 2] as i32 >> (6 * (ib % 2));
-            let m = halves(2 * (word & 7) + 1, 2 * (word >> 3 & 7) + 1);
+            // qword l: the sign of group 4 (ib % 4) + l of the chunk's half of the block
+            let b = |l: usize| 0x0101_0101_0101_0101 * (4 * (ib % 4) + l) as i64;
+            let pick = _mm256_set_epi64x(b(3), b(2), b(1), b(0));
+            let s = _mm256_shuffle_epi8(signs[ib / 4], pick);
+            // the two multipliers of the chunk: u16 (ib / 2) of qword ib % 2 of each half
+            let o = (8 * (ib % 2) + 2 * (ib / 2)) as i16;
+            let m = _mm256_shuffle_epi8(mult, _mm256_set1_epi16(o | (o + 1) << 8));
+            // pair sums of q y as those of (q + 1) y less those of y, which the delta takes
             let yv = load(y.add(Y_QS + 32 * ib));
-            let p16 = _mm256_maddubs_epi16(_mm256_sign_epi8(q, q), _mm256_sign_epi8(yv, q));
+            let ys = _mm256_maddubs_epi16(_mm256_set1_epi8(1), yv);
+            let p16 = _mm256_sub_epi16(_mm256_maddubs_epi16(q, yv), ys);
             grid = _mm256_add_epi32(grid, _mm256_madd_epi16(p16, m));
-            let d16 = _mm256_maddubs_epi16(_mm256_set1_epi8(1), _mm256_sign_epi8(yv, s));
+            let d16 = _mm256_sign_epi16(ys, s);
             delta = _mm256_add_epi32(delta, _mm256_madd_epi16(d16, m));
         }
         fma_i32(acc, d, grid);
         acc.v2 = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(delta), acc.v2);
     },
-    finish | acc | { hsum_f32(acc.v) + 0.125 * hsum_f32(acc.v2) }
+    finish | acc | { hsum_f32(acc.v) + 0.125 * hsum_f32(acc.v2) },
+    one_row true
 );
+
+/// The IQ1 grid's entries plus 1 in each byte: 0..=2, unsigned for `maddubs`.
+static IQ1S_GRID_PLUS1: [u64; 2048] = {
+    let mut t = [0u64; 2048];
+    let mut i = 0;
+    while i < 2048 {
+        let mut b = 0;
+        while b < 8 {
+            let v = (IQ1S_GRID[i] >> (8 * b)) as u8 as i8 + 1;
+            t[i] |= (v as u8 as u64) << (8 * b);
+            b += 1;
+        }
+        i += 1;
+    }
+    t
+};
+
+/// IQ1_M's 32 11-bit grid indices of the block at `x` as u16: entries 8k..8k + 8 (chunks 2k
+/// and 2k + 1) in vector k. Entry j is low byte j with nibble j of the `qh` bytes (its 3 low
+/// bits) on top.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn iq1m_indices(x: *const u8) -> [__m128i; 4] {
+    let qh = _mm_loadu_si128(x.add(32) as *const __m128i);
+    let m7 = _mm_set1_epi8(7);
+    let (even, odd) = (
+        _mm_and_si128(qh, m7),
+        _mm_and_si128(_mm_srli_epi16::<4>(qh), m7),
+    );
+    let high = [_mm_unpacklo_epi8(even, odd), _mm_unpackhi_epi8(even, odd)];
+    let low = [
+        _mm_loadu_si128(x as *const __m128i),
+        _mm_loadu_si128(x.add(16) as *const __m128i),
+    ];
+    [
+        _mm_unpacklo_epi8(low[0], high[0]),
+        _mm_unpackhi_epi8(low[0], high[0]),
+        _mm_unpacklo_epi8(low[1], high[1]),
+        _mm_unpackhi_epi8(low[1], high[1]),
+    ]
+}
+
+/// IQ1_M's delta signs (bit 3 of each `qh` nibble, one per group of 8) as bytes 0x81
+/// (negative) or 0x01, which spread over a group's bytes make `sign_epi16` operands: groups
+/// 0..16 (byte g) in both halves of the first vector, 16..32 in the second.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn iq1m_delta_signs(x: *const u8) -> [__m256i; 2] {
+    let qh = _mm_loadu_si128(x.add(32) as *const __m128i);
+    // bit 7 of byte 2k: the low nibble's bit 3; of byte 2k + 1: the high nibble's
+    let low = _mm_slli_epi16::<4>(qh);
+    let s = |v: __m128i| {
+        let v = _mm_or_si128(
+            _mm_and_si128(v, _mm_set1_epi8(0x80u8 as i8)),
+            _mm_set1_epi8(1),
+        );
+        _mm256_broadcastsi128_si256(v)
+    };
+    [s(_mm_unpacklo_epi8(low, qh)), s(_mm_unpackhi_epi8(low, qh))]
+}
+
+/// IQ1_M's sixteen multipliers `2 s + 1` as u16 from its scale words `sc`: u16 `p` of qword
+/// `q` is the 3-bit scale at bit (0, 6, 3, 9)[q] of word `p`, so that chunk ib's first 16
+/// elements' multiplier is in the low half, its second 16's in the high half.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn iq1m_multipliers(sc: u64) -> __m256i {
+    let s = _mm256_srlv_epi64(_mm256_set1_epi64x(sc as i64), _mm256_set_epi64x(9, 3, 6, 0));
+    let s = _mm256_and_si256(s, _mm256_set1_epi16(7));
+    _mm256_add_epi16(_mm256_add_epi16(s, s), _mm256_set1_epi16(1))
+}
 
 /// Q8_0 activation blocks: f16 d, then 32 quants.
 const Q8_0_BYTES: usize = 34;
