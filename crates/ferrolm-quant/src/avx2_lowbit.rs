@@ -142,11 +142,7 @@ bytes_block!(
         let mult = iq1m_multipliers(sc);
         let (mut grid, mut delta) = (_mm256_setzero_si256(), _mm256_setzero_si256());
         for ib in 0..8 {
-            let i = if ib % 2 == 0 {
-                _mm_cvtsi128_si64(idx[ib / 2])
-            } else {
-                _mm_extract_epi64::<1>(idx[ib / 2])
-            } as u64;
+            let i = chunk_indices(&idx, ib);
             // 11-bit indices, inside the table
             let g = |l: u64| *IQ1S_GRID_PLUS1.get_unchecked((i >> (16 * l) & 0xffff) as usize) as i64;
             let q = _mm256_set_epi64x(g(3), g(2), g(1), g(0));
@@ -154,9 +150,7 @@ bytes_block!(
             let b = |l: usize| 0x0101_0101_0101_0101 * (4 * (ib % 4) + l) as i64;
             let pick = _mm256_set_epi64x(b(3), b(2), b(1), b(0));
             let s = _mm256_shuffle_epi8(signs[ib / 4], pick);
-            // the two multipliers of the chunk: u16 (ib / 2) of qword ib % 2 of each half
-            let o = (8 * (ib % 2) + 2 * (ib / 2)) as i16;
-            let m = _mm256_shuffle_epi8(mult, _mm256_set1_epi16(o | (o + 1) << 8));
+            let m = dword_spread(mult[ib % 2], ib / 2);
             // pair sums of q y as those of (q + 1) y less those of y, which the delta takes
             let yv = load(y.add(Y_QS + 32 * ib));
             let ys = _mm256_maddubs_epi16(_mm256_set1_epi8(1), yv);
@@ -232,15 +226,17 @@ unsafe fn iq1m_delta_signs(x: *const u8) -> [__m256i; 2] {
     [s(_mm_unpacklo_epi8(low, qh)), s(_mm_unpackhi_epi8(low, qh))]
 }
 
-/// IQ1_M's sixteen multipliers `2 s + 1` as u16 from its scale words `sc`: u16 `p` of qword
-/// `q` is the 3-bit scale at bit (0, 6, 3, 9)[q] of word `p`, so that chunk ib's first 16
-/// elements' multiplier is in the low half, its second 16's in the high half.
+/// IQ1_M's sixteen multipliers `2 s + 1` from its scale words `sc`, each twice in a dword:
+/// chunk ib's first 16 elements' in dword ib / 2 of the low half of vector ib % 2, its second
+/// 16's in the high half, so that one `pshufd` spreads them.
 #[inline]
 #[target_feature(enable = "avx2")]
-unsafe fn iq1m_multipliers(sc: u64) -> __m256i {
+unsafe fn iq1m_multipliers(sc: u64) -> [__m256i; 2] {
+    // u16 p of qword q: the 3-bit scale at bit (0, 6, 3, 9)[q] of word p
     let s = _mm256_srlv_epi64(_mm256_set1_epi64x(sc as i64), _mm256_set_epi64x(9, 3, 6, 0));
     let s = _mm256_and_si256(s, _mm256_set1_epi16(7));
-    _mm256_add_epi16(_mm256_add_epi16(s, s), _mm256_set1_epi16(1))
+    let m = _mm256_add_epi16(_mm256_add_epi16(s, s), _mm256_set1_epi16(1));
+    [_mm256_unpacklo_epi16(m, m), _mm256_unpackhi_epi16(m, m)]
 }
 
 /// Q8_0 activation blocks: f16 d, then 32 quants.
