@@ -83,46 +83,86 @@ unsafe fn top_trit(q: __m256i) -> __m256i {
 }
 
 // IQ1_S: grid lanes by the odd multipliers (fma by d into `v`), the delta's integer sum from the
-// block sums (fma by d into `s`); the end is `hsum(v) + 0.125 * s`.
+// block sums (fma by d into `s`); the end is `hsum(v) + 0.125 * s`. The grid indices and the
+// multipliers are built for the block at once in vectors, the delta's sum by one `madd` of
+// the block sums (each index and each chunk's delta in scalar code took longer).
 bytes_block!(
     Iq1S,
     256,
     50,
     292,
     |x, y, acc| {
+        let qh = _mm_loadu_si128(x.add(34) as *const __m128i);
+        let idx = iq1s_indices(x, qh);
+        // chunk ib's multiplier twice in dword ib, negated where its delta is negative
+        let m = _mm_add_epi16(_mm_and_si128(_mm_srli_epi16::<11>(qh), _mm_set1_epi16(14)), _mm_set1_epi16(1));
+        let neg = _mm_srai_epi16::<15>(qh);
+        let signed = _mm_sub_epi16(_mm_xor_si128(m, neg), neg);
+        let dm = |v: __m128i| _mm256_set_m128i(v, v);
+        let mult = [dm(_mm_unpacklo_epi16(m, m)), dm(_mm_unpackhi_epi16(m, m))];
+        let delta = _mm256_madd_epi16(
+            bsums(y),
+            _mm256_set_m128i(_mm_unpackhi_epi16(signed, signed), _mm_unpacklo_epi16(signed, signed)),
+        );
         let mut sum = _mm256_setzero_si256();
-        let mut sumi1 = 0i32;
         for ib in 0..8 {
-            let qh = u16::from_le_bytes([*x.add(34 + 2 * ib), *x.add(35 + 2 * ib)]) as usize;
-            let low = u32::from_le_bytes([
-                *x.add(2 + 4 * ib),
-                *x.add(3 + 4 * ib),
-                *x.add(4 + 4 * ib),
-                *x.add(5 + 4 * ib),
-            ]);
-            let g = |l: usize| {
-                let idx = (low >> (8 * l) & 255) as usize | ((qh >> (3 * l) & 7) << 8);
-                IQ1S_GRID[idx] as i64
-            };
+            let i = chunk_indices(&idx, ib);
+            // 11-bit indices, inside the table
+            let g = |l: u64| *IQ1S_GRID.get_unchecked((i >> (16 * l) & 0xffff) as usize) as i64;
             let q = _mm256_set_epi64x(g(3), g(2), g(1), g(0));
-            let m = 2 * (qh >> 12 & 7) as i32 + 1;
             let p16 = _mm256_maddubs_epi16(
                 _mm256_sign_epi8(q, q),
                 _mm256_sign_epi8(load(y.add(Y_QS + 32 * ib)), q),
             );
-            sum = _mm256_add_epi32(sum, _mm256_madd_epi16(p16, _mm256_set1_epi16(m as i16)));
-            let bs = |j: usize| {
-                i16::from_le_bytes([*y.add(Y_BSUMS + 2 * j), *y.add(Y_BSUMS + 2 * j + 1)]) as i32
-            };
-            let sign = if qh & 0x8000 != 0 { -1 } else { 1 };
-            sumi1 += (bs(2 * ib) + bs(2 * ib + 1)) * sign * m;
+            let m = dword_spread(mult[ib / 4], ib % 4);
+            sum = _mm256_add_epi32(sum, _mm256_madd_epi16(p16, m));
         }
+        let sumi1 = hsum_i32(delta);
         let d = y_d(y) * f16_at(x);
         fma_i32(acc, d, sum);
         acc.s = d.mul_add(sumi1 as f32, acc.s);
     },
-    finish | acc | { hsum_f32(acc.v) + 0.125 * acc.s }
+    finish | acc | { hsum_f32(acc.v) + 0.125 * acc.s },
+    one_row true
 );
+
+/// IQ1_S's 32 11-bit grid indices of the block at `x` (`qh` its eight words at byte 34) as
+/// u16: entries 8k..8k + 8 (chunks 2k and 2k + 1) in vector k. Entry `j` is low byte `j` with
+/// bits `3 (j % 4)..` of word `j / 4` on top.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn iq1s_indices(x: *const u8, qh: __m128i) -> [__m128i; 4] {
+    let (r0, r1) = (_mm_unpacklo_epi16(qh, qh), _mm_unpackhi_epi16(qh, qh));
+    // each word four times, shifted so that its bits 3l..3l + 3 land on bits 13..16, then 8..11
+    let shifts = _mm_set_epi16(16, 128, 1024, 8192, 16, 128, 1024, 8192);
+    let high = |r: __m128i| {
+        let t = _mm_srli_epi16::<5>(_mm_mullo_epi16(r, shifts));
+        _mm_and_si128(t, _mm_set1_epi16(0x700))
+    };
+    let low = [
+        _mm_loadu_si128(x.add(2) as *const __m128i),
+        _mm_loadu_si128(x.add(18) as *const __m128i),
+    ];
+    let z = _mm_setzero_si128();
+    [
+        _mm_or_si128(
+            _mm_unpacklo_epi8(low[0], z),
+            high(_mm_unpacklo_epi32(r0, r0)),
+        ),
+        _mm_or_si128(
+            _mm_unpackhi_epi8(low[0], z),
+            high(_mm_unpackhi_epi32(r0, r0)),
+        ),
+        _mm_or_si128(
+            _mm_unpacklo_epi8(low[1], z),
+            high(_mm_unpacklo_epi32(r1, r1)),
+        ),
+        _mm_or_si128(
+            _mm_unpackhi_epi8(low[1], z),
+            high(_mm_unpackhi_epi32(r1, r1)),
+        ),
+    ]
+}
 
 // IQ1_M: grid lanes and delta-sign lanes, both by the multipliers of each 16 elements, into
 // two accumulators; the end is `hsum(v) + 0.125 * hsum(v2)`. The block's grid indices, delta
