@@ -1805,19 +1805,6 @@ unsafe fn bits_to_bytes(bits: u32) -> __m256i {
     _mm256_cmpeq_epi8(_mm256_and_si256(spread, mask), mask)
 }
 
-/// The four u16 grid indices of chunk `ib` (of eight) in a word, from vectors of two chunks'
-/// indices each.
-#[inline]
-#[target_feature(enable = "avx2")]
-unsafe fn chunk_indices(idx: &[__m128i; 4], ib: usize) -> u64 {
-    let v = idx[ib / 2];
-    (if ib.is_multiple_of(2) {
-        _mm_cvtsi128_si64(v)
-    } else {
-        _mm_extract_epi64::<1>(v)
-    }) as u64
-}
-
 /// Dword `k` (< 4) of each half of `v` in all four dwords of that half (one `pshufd`).
 #[inline]
 #[target_feature(enable = "avx2")]

@@ -181,7 +181,11 @@ mod iq2_s {
     lattice_block!(Iq2S, tiled, 82, 0.125, |x, ib| {
         let signs = u32_at(x.add(34 + 4 * ib));
         let idx = iq2s_indices(x);
-        let i = chunk_indices(&idx, ib);
+        let i = if ib.is_multiple_of(2) {
+            _mm_cvtsi128_si64(idx[ib / 2])
+        } else {
+            _mm_extract_epi64::<1>(idx[ib / 2])
+        } as u64;
         // 10-bit indices, inside the table
         let g = |l: u64| *IQ2S_GRID.get_unchecked((i >> (16 * l) & 0xffff) as usize) as i64;
         let sc = *x.add(74 + ib) as i32;

@@ -106,7 +106,11 @@ bytes_block!(
         );
         let mut sum = _mm256_setzero_si256();
         for ib in 0..8 {
-            let i = chunk_indices(&idx, ib);
+            let i = if ib % 2 == 0 {
+                _mm_cvtsi128_si64(idx[ib / 2])
+            } else {
+                _mm_extract_epi64::<1>(idx[ib / 2])
+            } as u64;
             // 11-bit indices, inside the table
             let g = |l: u64| *IQ1S_GRID.get_unchecked((i >> (16 * l) & 0xffff) as usize) as i64;
             let q = _mm256_set_epi64x(g(3), g(2), g(1), g(0));
@@ -182,7 +186,11 @@ bytes_block!(
         let mult = iq1m_multipliers(sc);
         let (mut grid, mut delta) = (_mm256_setzero_si256(), _mm256_setzero_si256());
         for ib in 0..8 {
-            let i = chunk_indices(&idx, ib);
+            let i = if ib % 2 == 0 {
+                _mm_cvtsi128_si64(idx[ib / 2])
+            } else {
+                _mm_extract_epi64::<1>(idx[ib / 2])
+            } as u64;
             // 11-bit indices, inside the table
             let g = |l: u64| *IQ1S_GRID_PLUS1.get_unchecked((i >> (16 * l) & 0xffff) as usize) as i64;
             let q = _mm256_set_epi64x(g(3), g(2), g(1), g(0));
