@@ -283,7 +283,7 @@ mod iq3_s {
             hi: m,
             m: None,
         }
-    }, one_row true);
+    });
 }
 
 mod iq4_xs {

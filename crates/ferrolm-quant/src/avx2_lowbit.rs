@@ -95,14 +95,20 @@ bytes_block!(
         let qh = _mm_loadu_si128(x.add(34) as *const __m128i);
         let idx = iq1s_indices(x, qh);
         // chunk ib's multiplier twice in dword ib, negated where its delta is negative
-        let m = _mm_add_epi16(_mm_and_si128(_mm_srli_epi16::<11>(qh), _mm_set1_epi16(14)), _mm_set1_epi16(1));
+        let m = _mm_add_epi16(
+            _mm_and_si128(_mm_srli_epi16::<11>(qh), _mm_set1_epi16(14)),
+            _mm_set1_epi16(1),
+        );
         let neg = _mm_srai_epi16::<15>(qh);
         let signed = _mm_sub_epi16(_mm_xor_si128(m, neg), neg);
         let dm = |v: __m128i| _mm256_set_m128i(v, v);
         let mult = [dm(_mm_unpacklo_epi16(m, m)), dm(_mm_unpackhi_epi16(m, m))];
         let delta = _mm256_madd_epi16(
             bsums(y),
-            _mm256_set_m128i(_mm_unpackhi_epi16(signed, signed), _mm_unpacklo_epi16(signed, signed)),
+            _mm256_set_m128i(
+                _mm_unpackhi_epi16(signed, signed),
+                _mm_unpacklo_epi16(signed, signed),
+            ),
         );
         let mut sum = _mm256_setzero_si256();
         for ib in 0..8 {
@@ -126,8 +132,7 @@ bytes_block!(
         fma_i32(acc, d, sum);
         acc.s = d.mul_add(sumi1 as f32, acc.s);
     },
-    finish | acc | { hsum_f32(acc.v) + 0.125 * acc.s },
-    one_row true
+    finish | acc | { hsum_f32(acc.v) + 0.125 * acc.s }
 );
 
 /// IQ1_S's 32 11-bit grid indices of the block at `x` (`qh` its eight words at byte 34) as
@@ -192,7 +197,8 @@ bytes_block!(
                 _mm_extract_epi64::<1>(idx[ib / 2])
             } as u64;
             // 11-bit indices, inside the table
-            let g = |l: u64| *IQ1S_GRID_PLUS1.get_unchecked((i >> (16 * l) & 0xffff) as usize) as i64;
+            let g =
+                |l: u64| *IQ1S_GRID_PLUS1.get_unchecked((i >> (16 * l) & 0xffff) as usize) as i64;
             let q = _mm256_set_epi64x(g(3), g(2), g(1), g(0));
             // qword l: the sign of group 4 (ib % 4) + l of the chunk's half of the block
             let b = |l: usize| 0x0101_0101_0101_0101 * (4 * (ib % 4) + l) as i64;
@@ -210,8 +216,7 @@ bytes_block!(
         fma_i32(acc, d, grid);
         acc.v2 = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(delta), acc.v2);
     },
-    finish | acc | { hsum_f32(acc.v) + 0.125 * hsum_f32(acc.v2) },
-    one_row true
+    finish | acc | { hsum_f32(acc.v) + 0.125 * hsum_f32(acc.v2) }
 );
 
 /// The IQ1 grid's entries plus 1 in each byte: 0..=2, unsigned for `maddubs`.
