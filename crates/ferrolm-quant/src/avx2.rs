@@ -27,7 +27,8 @@ macro_rules! bytes_block {
             true, $($rest)*);
     };
     (@with $features:literal, $avx512:expr, $name:ident, $qk:expr, $wb:expr, $ab:expr,
-     |$x:ident, $y:ident, $acc:ident| $apply:block $(, finish |$facc:ident| $finish:block)?) => {
+     |$x:ident, $y:ident, $acc:ident| $apply:block $(, finish |$facc:ident| $finish:block)?
+     $(, one_row $one_row:literal)?) => {
         pub(crate) struct $name;
         impl Block for $name {
             const QK: usize = $qk;
@@ -35,6 +36,7 @@ macro_rules! bytes_block {
             const AB: usize = $ab;
             type W = *const u8;
             const AVX512: bool = $avx512;
+            $(const ONE_ROW: bool = $one_row;)?
             #[inline]
             #[target_feature(enable = $features)]
             unsafe fn decode(x: *const u8) -> *const u8 {
@@ -791,6 +793,9 @@ trait Block {
     /// Whether the kernel needs AVX-512 (BMI2, F, BW, VL, VNNI, VBMI), detected before it is
     /// handed out: the block loops then have those features too.
     const AVX512: bool = false;
+    /// Whether several rows go one at a time, not four side by side (a kernel that needs
+    /// all the registers: four rows' accumulators and steps interleaved spill).
+    const ONE_ROW: bool = false;
     /// Unpacks the weight block at `x`.
     ///
     /// # Safety
@@ -1663,7 +1668,7 @@ macro_rules! block_loops {
             out: &mut [f32],
         ) {
             let mut i = 0;
-            while i + 4 <= out.len() {
+            while !B::ONE_ROW && i + 4 <= out.len() {
                 let zero = Acc {
                     v: _mm256_setzero_ps(),
                     s: 0.0,
@@ -1798,6 +1803,18 @@ unsafe fn bits_to_bytes(bits: u32) -> __m256i {
     );
     let mask = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
     _mm256_cmpeq_epi8(_mm256_and_si256(spread, mask), mask)
+}
+
+/// Dword `k` (< 4) of each half of `v` in all four dwords of that half (one `pshufd`).
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn dword_spread(v: __m256i, k: usize) -> __m256i {
+    match k {
+        0 => _mm256_shuffle_epi32::<0x00>(v),
+        1 => _mm256_shuffle_epi32::<0x55>(v),
+        2 => _mm256_shuffle_epi32::<0xaa>(v),
+        _ => _mm256_shuffle_epi32::<0xff>(v),
+    }
 }
 
 #[inline]

@@ -65,13 +65,17 @@ struct Chunk {
     s: __m256i,
     lo: i32,
     hi: i32,
+    /// The `madd` multipliers where a format builds them as a vector (`halves(lo, hi)`
+    /// otherwise).
+    m: Option<__m256i>,
 }
 
 /// A lattice kernel from its chunk decoder `|x, ib| -> Chunk`: the vec_dot (`Block`) and the
 /// tiled batch kernel's unpacking (`$tiled`), which share it. `$factor` is the format's constant
 /// (the vec_dot's final multiplier, folded into the tiled kernel's row scale).
 macro_rules! lattice_block {
-    ($name:ident, $tiled:ident, $wb:expr, $factor:expr, |$x:ident, $ib:ident| $chunk:block) => {
+    ($name:ident, $tiled:ident, $wb:expr, $factor:expr, |$x:ident, $ib:ident| $chunk:block
+     $(, one_row $one_row:literal)?) => {
         #[inline]
         #[target_feature(enable = "avx2,fma,f16c")]
         unsafe fn chunk_of($x: *const u8, $ib: usize) -> Chunk $chunk
@@ -85,12 +89,13 @@ macro_rules! lattice_block {
                 let mut sum = _mm256_setzero_si256();
                 for ib in 0..8 {
                     let c = chunk_of(x, ib);
-                    let m = halves(c.lo, c.hi);
+                    let m = c.m.unwrap_or_else(|| halves(c.lo, c.hi));
                     sum = _mm256_add_epi32(sum, signed_lanes(c.q, c.s, y.add(Y_QS + 32 * ib), m));
                 }
                 fma_i32(acc, d_xy(x, y), sum);
             },
             finish | acc | { scaled_hsum(acc, $factor) }
+            $(, one_row $one_row)?
         );
 
         /// The tiled batch kernel's view of one block (`tiled::TiledBlock`) into `t`, with
@@ -117,6 +122,14 @@ macro_rules! lattice_block {
     };
 }
 
+/// A chunk's stored sign bits (bit `j`: value `j` negative) as sign bytes, spread in a vector
+/// (four table lookups and the shuffles that put them together took longer).
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn stored_signs(bits: u32) -> __m256i {
+    _mm256_or_si256(bits_to_bytes(bits), _mm256_set1_epi8(1))
+}
+
 /// The four sign bytes' patterns of a word of 7-bit sign indices, as four 8-byte lanes.
 #[inline]
 #[target_feature(enable = "avx2")]
@@ -140,6 +153,7 @@ mod iq2_xxs {
             s: even_signs4(aux),
             lo: m,
             hi: m,
+            m: None,
         }
     });
 }
@@ -157,6 +171,7 @@ mod iq2_xs {
             s: _mm256_set_epi64x(sg(3), sg(2), sg(1), sg(0)),
             lo: 2 * (sc & 15) + 1,
             hi: 2 * (sc >> 4) + 1,
+            m: None,
         }
     });
 }
@@ -164,21 +179,74 @@ mod iq2_xs {
 mod iq2_s {
     use super::*;
     lattice_block!(Iq2S, tiled, 82, 0.125, |x, ib| {
-        let qh = *x.add(66 + ib) as usize;
-        let (low, signs) = (u32_at(x.add(2 + 4 * ib)), u32_at(x.add(34 + 4 * ib)));
-        let g = |l: usize| {
-            let idx = (low >> (8 * l) & 255) as usize | (qh << (8 - 2 * l) & 0x300);
-            IQ2S_GRID[idx] as i64
-        };
-        let sg = |l: usize| SIGN_BYTES[(signs >> (8 * l) & 255) as usize] as i64;
+        let signs = u32_at(x.add(34 + 4 * ib));
+        let idx = iq2s_indices(x);
+        let i = if ib.is_multiple_of(2) {
+            _mm_cvtsi128_si64(idx[ib / 2])
+        } else {
+            _mm_extract_epi64::<1>(idx[ib / 2])
+        } as u64;
+        // 10-bit indices, inside the table
+        let g = |l: u64| *IQ2S_GRID.get_unchecked((i >> (16 * l) & 0xffff) as usize) as i64;
         let sc = *x.add(74 + ib) as i32;
+        // the block's sixteen multipliers (the same for every chunk: built once), each twice
+        // in a dword: chunk ib's first 16s' in dword ib % 4 of the low half of vector ib / 4,
+        // its second 16s' in the high half, so that one `pshufd` spreads them
+        let n = _mm_loadl_epi64(x.add(74) as *const __m128i);
+        let m4 = _mm_set1_epi8(15);
+        let n = _mm_unpacklo_epi64(
+            _mm_and_si128(n, m4),
+            _mm_and_si128(_mm_srli_epi16::<4>(n), m4),
+        );
+        let mult = _mm256_cvtepu8_epi16(_mm_add_epi8(_mm_add_epi8(n, n), _mm_set1_epi8(1)));
+        let mult = [
+            _mm256_unpacklo_epi16(mult, mult),
+            _mm256_unpackhi_epi16(mult, mult),
+        ];
         Chunk {
             q: _mm256_set_epi64x(g(3), g(2), g(1), g(0)),
-            s: _mm256_set_epi64x(sg(3), sg(2), sg(1), sg(0)),
+            s: stored_signs(signs),
             lo: 2 * (sc & 15) + 1,
             hi: 2 * (sc >> 4) + 1,
+            m: Some(dword_spread(mult[ib / 4], ib % 4)),
         }
-    });
+    }, one_row true);
+}
+
+/// IQ2_S's 32 10-bit grid indices of the block at `x` as u16, built together (one at a time
+/// in scalar code took longer): entries 8k..8k + 8 (chunks 2k and 2k + 1) in vector k. Entry
+/// `j` is low byte `j` with bits `2 (j % 4)..` of `qh` byte `j / 4` on top.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn iq2s_indices(x: *const u8) -> [__m128i; 4] {
+    let qh = _mm_cvtepu8_epi16(_mm_loadl_epi64(x.add(66) as *const __m128i));
+    let (r0, r1) = (_mm_unpacklo_epi16(qh, qh), _mm_unpackhi_epi16(qh, qh));
+    // each qh byte four times, shifted so that its bits 2l, 2l + 1 land on bits 8, 9
+    let shifts = _mm_set_epi16(4, 16, 64, 256, 4, 16, 64, 256);
+    let high = |r: __m128i| _mm_and_si128(_mm_mullo_epi16(r, shifts), _mm_set1_epi16(0x300));
+    let low = [
+        _mm_loadu_si128(x.add(2) as *const __m128i),
+        _mm_loadu_si128(x.add(18) as *const __m128i),
+    ];
+    let z = _mm_setzero_si128();
+    [
+        _mm_or_si128(
+            _mm_unpacklo_epi8(low[0], z),
+            high(_mm_unpacklo_epi32(r0, r0)),
+        ),
+        _mm_or_si128(
+            _mm_unpackhi_epi8(low[0], z),
+            high(_mm_unpackhi_epi32(r0, r0)),
+        ),
+        _mm_or_si128(
+            _mm_unpacklo_epi8(low[1], z),
+            high(_mm_unpacklo_epi32(r1, r1)),
+        ),
+        _mm_or_si128(
+            _mm_unpackhi_epi8(low[1], z),
+            high(_mm_unpackhi_epi32(r1, r1)),
+        ),
+    ]
 }
 
 mod iq3_xxs {
@@ -193,6 +261,7 @@ mod iq3_xxs {
             s: even_signs4(aux),
             lo: m,
             hi: m,
+            m: None,
         }
     });
 }
@@ -206,13 +275,13 @@ mod iq3_s {
             let idx = *x.add(2 + 8 * ib + k) as usize | (qh << (8 - k) & 256);
             IQ3S_GRID[idx] as i32
         };
-        let sg = |l: usize| SIGN_BYTES[*x.add(74 + 4 * ib + l) as usize] as i64;
         let m = 2 * (*x.add(106 + ib / 2) >> (4 * (ib % 2)) & 15) as i32 + 1;
         Chunk {
             q: _mm256_set_epi32(g(7), g(6), g(5), g(4), g(3), g(2), g(1), g(0)),
-            s: _mm256_set_epi64x(sg(3), sg(2), sg(1), sg(0)),
+            s: stored_signs(u32_at(x.add(74 + 4 * ib))),
             lo: m,
             hi: m,
+            m: None,
         }
     });
 }
@@ -230,6 +299,7 @@ mod iq4_xs {
             s: v,
             lo: ls,
             hi: ls,
+            m: None,
         }
     });
 }

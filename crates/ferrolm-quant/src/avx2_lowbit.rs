@@ -83,40 +83,51 @@ unsafe fn top_trit(q: __m256i) -> __m256i {
 }
 
 // IQ1_S: grid lanes by the odd multipliers (fma by d into `v`), the delta's integer sum from the
-// block sums (fma by d into `s`); the end is `hsum(v) + 0.125 * s`.
+// block sums (fma by d into `s`); the end is `hsum(v) + 0.125 * s`. The grid indices and the
+// multipliers are built for the block at once in vectors, the delta's sum by one `madd` of
+// the block sums (each index and each chunk's delta in scalar code took longer).
 bytes_block!(
     Iq1S,
     256,
     50,
     292,
     |x, y, acc| {
+        let qh = _mm_loadu_si128(x.add(34) as *const __m128i);
+        let idx = iq1s_indices(x, qh);
+        // chunk ib's multiplier twice in dword ib, negated where its delta is negative
+        let m = _mm_add_epi16(
+            _mm_and_si128(_mm_srli_epi16::<11>(qh), _mm_set1_epi16(14)),
+            _mm_set1_epi16(1),
+        );
+        let neg = _mm_srai_epi16::<15>(qh);
+        let signed = _mm_sub_epi16(_mm_xor_si128(m, neg), neg);
+        let dm = |v: __m128i| _mm256_set_m128i(v, v);
+        let mult = [dm(_mm_unpacklo_epi16(m, m)), dm(_mm_unpackhi_epi16(m, m))];
+        let delta = _mm256_madd_epi16(
+            bsums(y),
+            _mm256_set_m128i(
+                _mm_unpackhi_epi16(signed, signed),
+                _mm_unpacklo_epi16(signed, signed),
+            ),
+        );
         let mut sum = _mm256_setzero_si256();
-        let mut sumi1 = 0i32;
         for ib in 0..8 {
-            let qh = u16::from_le_bytes([*x.add(34 + 2 * ib), *x.add(35 + 2 * ib)]) as usize;
-            let low = u32::from_le_bytes([
-                *x.add(2 + 4 * ib),
-                *x.add(3 + 4 * ib),
-                *x.add(4 + 4 * ib),
-                *x.add(5 + 4 * ib),
-            ]);
-            let g = |l: usize| {
-                let idx = (low >> (8 * l) & 255) as usize | ((qh >> (3 * l) & 7) << 8);
-                IQ1S_GRID[idx] as i64
-            };
+            let i = if ib % 2 == 0 {
+                _mm_cvtsi128_si64(idx[ib / 2])
+            } else {
+                _mm_extract_epi64::<1>(idx[ib / 2])
+            } as u64;
+            // 11-bit indices, inside the table
+            let g = |l: u64| *IQ1S_GRID.get_unchecked((i >> (16 * l) & 0xffff) as usize) as i64;
             let q = _mm256_set_epi64x(g(3), g(2), g(1), g(0));
-            let m = 2 * (qh >> 12 & 7) as i32 + 1;
             let p16 = _mm256_maddubs_epi16(
                 _mm256_sign_epi8(q, q),
                 _mm256_sign_epi8(load(y.add(Y_QS + 32 * ib)), q),
             );
-            sum = _mm256_add_epi32(sum, _mm256_madd_epi16(p16, _mm256_set1_epi16(m as i16)));
-            let bs = |j: usize| {
-                i16::from_le_bytes([*y.add(Y_BSUMS + 2 * j), *y.add(Y_BSUMS + 2 * j + 1)]) as i32
-            };
-            let sign = if qh & 0x8000 != 0 { -1 } else { 1 };
-            sumi1 += (bs(2 * ib) + bs(2 * ib + 1)) * sign * m;
+            let m = dword_spread(mult[ib / 4], ib % 4);
+            sum = _mm256_add_epi32(sum, _mm256_madd_epi16(p16, m));
         }
+        let sumi1 = hsum_i32(delta);
         let d = y_d(y) * f16_at(x);
         fma_i32(acc, d, sum);
         acc.s = d.mul_add(sumi1 as f32, acc.s);
@@ -124,47 +135,82 @@ bytes_block!(
     finish | acc | { hsum_f32(acc.v) + 0.125 * acc.s }
 );
 
+/// IQ1_S's 32 11-bit grid indices of the block at `x` (`qh` its eight words at byte 34) as
+/// u16: entries 8k..8k + 8 (chunks 2k and 2k + 1) in vector k. Entry `j` is low byte `j` with
+/// bits `3 (j % 4)..` of word `j / 4` on top.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn iq1s_indices(x: *const u8, qh: __m128i) -> [__m128i; 4] {
+    let (r0, r1) = (_mm_unpacklo_epi16(qh, qh), _mm_unpackhi_epi16(qh, qh));
+    // each word four times, shifted so that its bits 3l..3l + 3 land on bits 13..16, then 8..11
+    let shifts = _mm_set_epi16(16, 128, 1024, 8192, 16, 128, 1024, 8192);
+    let high = |r: __m128i| {
+        let t = _mm_srli_epi16::<5>(_mm_mullo_epi16(r, shifts));
+        _mm_and_si128(t, _mm_set1_epi16(0x700))
+    };
+    let low = [
+        _mm_loadu_si128(x.add(2) as *const __m128i),
+        _mm_loadu_si128(x.add(18) as *const __m128i),
+    ];
+    let z = _mm_setzero_si128();
+    [
+        _mm_or_si128(
+            _mm_unpacklo_epi8(low[0], z),
+            high(_mm_unpacklo_epi32(r0, r0)),
+        ),
+        _mm_or_si128(
+            _mm_unpackhi_epi8(low[0], z),
+            high(_mm_unpackhi_epi32(r0, r0)),
+        ),
+        _mm_or_si128(
+            _mm_unpacklo_epi8(low[1], z),
+            high(_mm_unpacklo_epi32(r1, r1)),
+        ),
+        _mm_or_si128(
+            _mm_unpackhi_epi8(low[1], z),
+            high(_mm_unpackhi_epi32(r1, r1)),
+        ),
+    ]
+}
+
 // IQ1_M: grid lanes and delta-sign lanes, both by the multipliers of each 16 elements, into
-// two accumulators; the end is `hsum(v) + 0.125 * hsum(v2)`.
+// two accumulators; the end is `hsum(v) + 0.125 * hsum(v2)`. The block's grid indices, delta
+// signs and multipliers are built for all chunks at once in vectors (one index at a time in
+// scalar code was most of the block's instructions).
 bytes_block!(
     Iq1M,
     256,
     56,
     292,
     |x, y, acc| {
-        let sc: [u16; 4] =
-            std::array::from_fn(|k| u16::from_le_bytes([*x.add(48 + 2 * k), *x.add(49 + 2 * k)]));
-        let bits = (sc[0] >> 12) | (sc[1] >> 8 & 0x00f0) | (sc[2] >> 4 & 0x0f00) | (sc[3] & 0xf000);
-        let d = y_d(y) * half::f16::from_bits(bits).to_f32();
+        let sc = (x.add(48) as *const u64).read_unaligned();
+        let bits = (sc >> 12 & 0xf) | (sc >> 24 & 0xf0) | (sc >> 36 & 0xf00) | (sc >> 48 & 0xf000);
+        let d = y_d(y) * _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)));
+        let idx = iq1m_indices(x);
+        let signs = iq1m_delta_signs(x);
+        let mult = iq1m_multipliers(sc);
         let (mut grid, mut delta) = (_mm256_setzero_si256(), _mm256_setzero_si256());
         for ib in 0..8 {
-            let low = u32::from_le_bytes([
-                *x.add(4 * ib),
-                *x.add(1 + 4 * ib),
-                *x.add(2 + 4 * ib),
-                *x.add(3 + 4 * ib),
-            ]);
-            let hi = u16::from_le_bytes([*x.add(32 + 2 * ib), *x.add(33 + 2 * ib)]);
-            let nib = |g: usize| (hi >> (4 * g) & 0xf) as u8;
-            let g = |l: usize| {
-                let idx = (low >> (8 * l) & 255) as usize | ((nib(l) as usize & 7) << 8);
-                IQ1S_GRID[idx] as i64
-            };
-            let sg = |l: usize| {
-                if nib(l) & 8 != 0 {
-                    -1i64
-                } else {
-                    0x0101_0101_0101_0101
-                }
-            };
+            let i = if ib % 2 == 0 {
+                _mm_cvtsi128_si64(idx[ib / 2])
+            } else {
+                _mm_extract_epi64::<1>(idx[ib / 2])
+            } as u64;
+            // 11-bit indices, inside the table
+            let g =
+                |l: u64| *IQ1S_GRID_PLUS1.get_unchecked((i >> (16 * l) & 0xffff) as usize) as i64;
             let q = _mm256_set_epi64x(g(3), g(2), g(1), g(0));
-            let s = _mm256_set_epi64x(sg(3), sg(2), sg(1), sg(0));
-            let word = sc[ib / 2] as i32 >> (6 * (ib % 2));
-            let m = halves(2 * (word & 7) + 1, 2 * (word >> 3 & 7) + 1);
+            // qword l: the sign of group 4 (ib % 4) + l of the chunk's half of the block
+            let b = |l: usize| 0x0101_0101_0101_0101 * (4 * (ib % 4) + l) as i64;
+            let pick = _mm256_set_epi64x(b(3), b(2), b(1), b(0));
+            let s = _mm256_shuffle_epi8(signs[ib / 4], pick);
+            let m = dword_spread(mult[ib % 2], ib / 2);
+            // pair sums of q y as those of (q + 1) y less those of y, which the delta takes
             let yv = load(y.add(Y_QS + 32 * ib));
-            let p16 = _mm256_maddubs_epi16(_mm256_sign_epi8(q, q), _mm256_sign_epi8(yv, q));
+            let ys = _mm256_maddubs_epi16(_mm256_set1_epi8(1), yv);
+            let p16 = _mm256_sub_epi16(_mm256_maddubs_epi16(q, yv), ys);
             grid = _mm256_add_epi32(grid, _mm256_madd_epi16(p16, m));
-            let d16 = _mm256_maddubs_epi16(_mm256_set1_epi8(1), _mm256_sign_epi8(yv, s));
+            let d16 = _mm256_sign_epi16(ys, s);
             delta = _mm256_add_epi32(delta, _mm256_madd_epi16(d16, m));
         }
         fma_i32(acc, d, grid);
@@ -172,6 +218,79 @@ bytes_block!(
     },
     finish | acc | { hsum_f32(acc.v) + 0.125 * hsum_f32(acc.v2) }
 );
+
+/// The IQ1 grid's entries plus 1 in each byte: 0..=2, unsigned for `maddubs`.
+static IQ1S_GRID_PLUS1: [u64; 2048] = {
+    let mut t = [0u64; 2048];
+    let mut i = 0;
+    while i < 2048 {
+        let mut b = 0;
+        while b < 8 {
+            let v = (IQ1S_GRID[i] >> (8 * b)) as u8 as i8 + 1;
+            t[i] |= (v as u8 as u64) << (8 * b);
+            b += 1;
+        }
+        i += 1;
+    }
+    t
+};
+
+/// IQ1_M's 32 11-bit grid indices of the block at `x` as u16: entries 8k..8k + 8 (chunks 2k
+/// and 2k + 1) in vector k. Entry j is low byte j with nibble j of the `qh` bytes (its 3 low
+/// bits) on top.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn iq1m_indices(x: *const u8) -> [__m128i; 4] {
+    let qh = _mm_loadu_si128(x.add(32) as *const __m128i);
+    let m7 = _mm_set1_epi8(7);
+    let (even, odd) = (
+        _mm_and_si128(qh, m7),
+        _mm_and_si128(_mm_srli_epi16::<4>(qh), m7),
+    );
+    let high = [_mm_unpacklo_epi8(even, odd), _mm_unpackhi_epi8(even, odd)];
+    let low = [
+        _mm_loadu_si128(x as *const __m128i),
+        _mm_loadu_si128(x.add(16) as *const __m128i),
+    ];
+    [
+        _mm_unpacklo_epi8(low[0], high[0]),
+        _mm_unpackhi_epi8(low[0], high[0]),
+        _mm_unpacklo_epi8(low[1], high[1]),
+        _mm_unpackhi_epi8(low[1], high[1]),
+    ]
+}
+
+/// IQ1_M's delta signs (bit 3 of each `qh` nibble, one per group of 8) as bytes 0x81
+/// (negative) or 0x01, which spread over a group's bytes make `sign_epi16` operands: groups
+/// 0..16 (byte g) in both halves of the first vector, 16..32 in the second.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn iq1m_delta_signs(x: *const u8) -> [__m256i; 2] {
+    let qh = _mm_loadu_si128(x.add(32) as *const __m128i);
+    // bit 7 of byte 2k: the low nibble's bit 3; of byte 2k + 1: the high nibble's
+    let low = _mm_slli_epi16::<4>(qh);
+    let s = |v: __m128i| {
+        let v = _mm_or_si128(
+            _mm_and_si128(v, _mm_set1_epi8(0x80u8 as i8)),
+            _mm_set1_epi8(1),
+        );
+        _mm256_broadcastsi128_si256(v)
+    };
+    [s(_mm_unpacklo_epi8(low, qh)), s(_mm_unpackhi_epi8(low, qh))]
+}
+
+/// IQ1_M's sixteen multipliers `2 s + 1` from its scale words `sc`, each twice in a dword:
+/// chunk ib's first 16 elements' in dword ib / 2 of the low half of vector ib % 2, its second
+/// 16's in the high half, so that one `pshufd` spreads them.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn iq1m_multipliers(sc: u64) -> [__m256i; 2] {
+    // u16 p of qword q: the 3-bit scale at bit (0, 6, 3, 9)[q] of word p
+    let s = _mm256_srlv_epi64(_mm256_set1_epi64x(sc as i64), _mm256_set_epi64x(9, 3, 6, 0));
+    let s = _mm256_and_si256(s, _mm256_set1_epi16(7));
+    let m = _mm256_add_epi16(_mm256_add_epi16(s, s), _mm256_set1_epi16(1));
+    [_mm256_unpacklo_epi16(m, m), _mm256_unpackhi_epi16(m, m)]
+}
 
 /// Q8_0 activation blocks: f16 d, then 32 quants.
 const Q8_0_BYTES: usize = 34;
