@@ -81,6 +81,15 @@ bench() {
   ratio() { [ -n "$2" ] && [ -n "$1" ] && awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2fx", a / b }'; }
   echo "| $name | $pp | ${rpp} | $(ratio "$pp" "$rpp") | $tg | ${rtg} | $(ratio "$tg" "$rtg") | $bw |" >> "$SUMMARY.bench"
 }
+# Issue 19's hybrid benchmark file: qwen3next, 24 layers 2048 wide (attention every 4th: 16
+# heads of 128, 2 KV heads; delta-nets of 16 key / 32 value heads of 128), 16 experts top-4 of
+# 512, every matrix Q4_0: 1.09 GB, as $W/hybrid-1g.gguf.
+hybrid_1g() {
+  "$BIN" synth --arch qwen3next --embd 2048 --layers 24 --heads 16 --kv-heads 2 --head-dim 128 \
+    --ff 512 --experts 16 --experts-used 4 --ssm-state 128 --ssm-k-heads 16 --ssm-v-heads 32 \
+    --full-attention-interval 4 --ctx 4096 --type q4_0 ${TOK:+--tokenizer-from "$TOK"} \
+    -o "$W/hybrid-1g.gguf" >/dev/null
+}
 for section in ${SECTIONS:-small shapes}; do
   if [ "$section" = small ]; then
     # Small files of every block type the kernels read, and the layer features.
@@ -121,20 +130,12 @@ for section in ${SECTIONS:-small shapes}; do
       "$BIN" synth --arch "$a" ${spec#*:} -o "$W/prompt-$name.gguf" >/dev/null &&
         check "prompt-$name" 256 32
     done
-    "$BIN" synth --arch qwen3next --embd 2048 --layers 24 --heads 16 --kv-heads 2 --head-dim 128 \
-      --ff 512 --experts 16 --experts-used 4 --ssm-state 128 --ssm-k-heads 16 --ssm-v-heads 32 \
-      --full-attention-interval 4 --ctx 4096 --type q4_0 ${TOK:+--tokenizer-from "$TOK"} \
-      -o "$W/hybrid-1g.gguf" >/dev/null && check hybrid-1g 256 8 && bench hybrid-1g
+    hybrid_1g && check hybrid-1g 256 8 && bench hybrid-1g
   fi
   if [ "$section" = hybrid ]; then
-    # Issue 19's hybrid benchmark file: qwen3next, 24 layers 2048 wide (attention every 4th:
-    # 16 heads of 128, 2 KV heads; delta-nets of 16 key / 32 value heads of 128), 16 experts
-    # top-4 of 512, every matrix Q4_0: 1.09 GB. Checked, then timed; LLAMA_BENCH (a llama-bench
-    # binary) times llama.cpp on the same file in the same sitting.
-    "$BIN" synth --arch qwen3next --embd 2048 --layers 24 --heads 16 --kv-heads 2 --head-dim 128 \
-      --ff 512 --experts 16 --experts-used 4 --ssm-state 128 --ssm-k-heads 16 --ssm-v-heads 32 \
-      --full-attention-interval 4 --ctx 4096 --type q4_0 ${TOK:+--tokenizer-from "$TOK"} \
-      -o "$W/hybrid-1g.gguf" >/dev/null && check hybrid-1g 128 16 && bench hybrid-1g
+    # Issue 19's hybrid benchmark file (hybrid_1g), checked, then timed; LLAMA_BENCH (a
+    # llama-bench binary) times llama.cpp on the same file in the same sitting.
+    hybrid_1g && check hybrid-1g 128 16 && bench hybrid-1g
     [ -n "${LLAMA_BENCH:-}" ] && "$LLAMA_BENCH" -m "$W/hybrid-1g.gguf" -ngl 99 -fa 1 -p 512 -n 128
   fi
   if [ "$section" = shapes ]; then

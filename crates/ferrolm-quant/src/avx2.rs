@@ -1805,6 +1805,45 @@ unsafe fn bits_to_bytes(bits: u32) -> __m256i {
     _mm256_cmpeq_epi8(_mm256_and_si256(spread, mask), mask)
 }
 
+/// A block's 32 grid indices as u16, entries 8k..8k + 8 in vector k: entry `j` is byte `j` of
+/// the 32 at `low` with `high` of word `j / 4` of `words` on top (`high` gets each word four
+/// times in a row, once per entry of its group, and places the bits that entry takes).
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn grid_indices(
+    low: *const u8,
+    words: __m128i,
+    high: impl Fn(__m128i) -> __m128i,
+) -> [__m128i; 4] {
+    let (r0, r1) = (
+        _mm_unpacklo_epi16(words, words),
+        _mm_unpackhi_epi16(words, words),
+    );
+    let low = [
+        _mm_loadu_si128(low as *const __m128i),
+        _mm_loadu_si128(low.add(16) as *const __m128i),
+    ];
+    let z = _mm_setzero_si128();
+    [
+        _mm_or_si128(
+            _mm_unpacklo_epi8(low[0], z),
+            high(_mm_unpacklo_epi32(r0, r0)),
+        ),
+        _mm_or_si128(
+            _mm_unpackhi_epi8(low[0], z),
+            high(_mm_unpackhi_epi32(r0, r0)),
+        ),
+        _mm_or_si128(
+            _mm_unpacklo_epi8(low[1], z),
+            high(_mm_unpacklo_epi32(r1, r1)),
+        ),
+        _mm_or_si128(
+            _mm_unpackhi_epi8(low[1], z),
+            high(_mm_unpackhi_epi32(r1, r1)),
+        ),
+    ]
+}
+
 /// Dword `k` (< 4) of each half of `v` in all four dwords of that half (one `pshufd`).
 #[inline]
 #[target_feature(enable = "avx2")]

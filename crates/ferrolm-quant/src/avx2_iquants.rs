@@ -220,33 +220,11 @@ mod iq2_s {
 #[target_feature(enable = "avx2")]
 unsafe fn iq2s_indices(x: *const u8) -> [__m128i; 4] {
     let qh = _mm_cvtepu8_epi16(_mm_loadl_epi64(x.add(66) as *const __m128i));
-    let (r0, r1) = (_mm_unpacklo_epi16(qh, qh), _mm_unpackhi_epi16(qh, qh));
     // each qh byte four times, shifted so that its bits 2l, 2l + 1 land on bits 8, 9
     let shifts = _mm_set_epi16(4, 16, 64, 256, 4, 16, 64, 256);
-    let high = |r: __m128i| _mm_and_si128(_mm_mullo_epi16(r, shifts), _mm_set1_epi16(0x300));
-    let low = [
-        _mm_loadu_si128(x.add(2) as *const __m128i),
-        _mm_loadu_si128(x.add(18) as *const __m128i),
-    ];
-    let z = _mm_setzero_si128();
-    [
-        _mm_or_si128(
-            _mm_unpacklo_epi8(low[0], z),
-            high(_mm_unpacklo_epi32(r0, r0)),
-        ),
-        _mm_or_si128(
-            _mm_unpackhi_epi8(low[0], z),
-            high(_mm_unpackhi_epi32(r0, r0)),
-        ),
-        _mm_or_si128(
-            _mm_unpacklo_epi8(low[1], z),
-            high(_mm_unpacklo_epi32(r1, r1)),
-        ),
-        _mm_or_si128(
-            _mm_unpackhi_epi8(low[1], z),
-            high(_mm_unpackhi_epi32(r1, r1)),
-        ),
-    ]
+    grid_indices(x.add(2), qh, |r| {
+        _mm_and_si128(_mm_mullo_epi16(r, shifts), _mm_set1_epi16(0x300))
+    })
 }
 
 mod iq3_xxs {

@@ -141,36 +141,12 @@ bytes_block!(
 #[inline]
 #[target_feature(enable = "avx2")]
 unsafe fn iq1s_indices(x: *const u8, qh: __m128i) -> [__m128i; 4] {
-    let (r0, r1) = (_mm_unpacklo_epi16(qh, qh), _mm_unpackhi_epi16(qh, qh));
     // each word four times, shifted so that its bits 3l..3l + 3 land on bits 13..16, then 8..11
     let shifts = _mm_set_epi16(16, 128, 1024, 8192, 16, 128, 1024, 8192);
-    let high = |r: __m128i| {
+    grid_indices(x.add(2), qh, |r| {
         let t = _mm_srli_epi16::<5>(_mm_mullo_epi16(r, shifts));
         _mm_and_si128(t, _mm_set1_epi16(0x700))
-    };
-    let low = [
-        _mm_loadu_si128(x.add(2) as *const __m128i),
-        _mm_loadu_si128(x.add(18) as *const __m128i),
-    ];
-    let z = _mm_setzero_si128();
-    [
-        _mm_or_si128(
-            _mm_unpacklo_epi8(low[0], z),
-            high(_mm_unpacklo_epi32(r0, r0)),
-        ),
-        _mm_or_si128(
-            _mm_unpackhi_epi8(low[0], z),
-            high(_mm_unpackhi_epi32(r0, r0)),
-        ),
-        _mm_or_si128(
-            _mm_unpacklo_epi8(low[1], z),
-            high(_mm_unpacklo_epi32(r1, r1)),
-        ),
-        _mm_or_si128(
-            _mm_unpackhi_epi8(low[1], z),
-            high(_mm_unpackhi_epi32(r1, r1)),
-        ),
-    ]
+    })
 }
 
 // IQ1_M: grid lanes and delta-sign lanes, both by the multipliers of each 16 elements, into
