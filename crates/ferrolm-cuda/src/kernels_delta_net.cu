@@ -71,21 +71,31 @@ struct DeltaGates {
     float b, a, z;
 };
 
+__device__ __forceinline__ void delta_rate_decay(const float* ba, const float* alpha, int vh,
+                                                 int ratio, float& b, float& a) {
+    if (alpha) {
+        b = ba[vh];
+        a = alpha[vh];
+    } else {
+        int kg = vh / ratio, r = vh % ratio;
+        b = ba[kg * 2 * ratio + r];
+        a = ba[kg * 2 * ratio + ratio + r];
+    }
+}
+
+__device__ __forceinline__ float delta_gate_z(const float* in_fused, const float* z, int zi,
+                                              int ratio, int s) {
+    return z ? z[zi]
+             : in_fused[(zi / (ratio * s)) * (2 * s + 2 * ratio * s) + 2 * s + ratio * s +
+                        zi % (ratio * s)];
+}
+
 __device__ __forceinline__ DeltaGates delta_gates(const float* ba, const float* alpha,
                                                   const float* in_fused, const float* z, int vh,
                                                   int zi, int ratio, int s) {
     DeltaGates g;
-    if (alpha) {
-        g.b = ba[vh];
-        g.a = alpha[vh];
-    } else {
-        int kg = vh / ratio, r = vh % ratio;
-        g.b = ba[kg * 2 * ratio + r];
-        g.a = ba[kg * 2 * ratio + ratio + r];
-    }
-    g.z = z ? z[zi]
-            : in_fused[(zi / (ratio * s)) * (2 * s + 2 * ratio * s) + 2 * s + ratio * s +
-                       zi % (ratio * s)];
+    delta_rate_decay(ba, alpha, vh, ratio, g.b, g.a);
+    g.z = delta_gate_z(in_fused, z, zi, ratio, s);
     return g;
 }
 
@@ -141,11 +151,10 @@ extern "C" __global__ void delta_rule(const float* conv, const float* ba, const 
 // The projections are GEMMs over the batch's rows (row t of `in` is token t's, in_stride floats
 // apart; of ba, ba_stride; of alpha, n_v_heads; of z or in_fused, z_stride); the tokens at
 // positions pos0.. (pos0 == 0: the states start from zeros). The read-out rows are f16, the
-// output GEMM's input. The delta rule runs the decode step's recurrence token after token in
-// one launch, not yet the chunked form on the tensor cores.
+// output GEMM's input.
 
-// Heads of other widths than 64 and 128 (delta_rule_rows_warps): the state in place, a token
-// at a time through delta_rule_token.
+// Heads of other widths than 64 and 128 (those go in chunks, below): the state in place, a
+// token at a time through delta_rule_token.
 extern "C" __global__ void delta_rule_rows(const float* conv, const float* ba, int ba_stride,
                                            const float* alpha, const float* dt_bias,
                                            const float* ssm_a, const float* norm,
@@ -200,120 +209,224 @@ extern "C" __global__ void delta_conv_rows_runs(const float* in, int in_stride, 
     }
 }
 
-// A prompt's delta rule for heads of R (64, 128): thread j holds column j of the state in
-// registers for the whole prompt. Each warp normalizes the key head's query and key itself (no block-wide sum for
-// them) into its own shared copy, the next token's inputs are loaded while this one's are used,
-// and the read-out's norm is the one block-wide sum a token. The arithmetic is
-// delta_rule_token's.
-template <int R>
-__device__ __forceinline__ void delta_rule_rows_reg(
-    const float* conv, const float* ba, int ba_stride, const float* alpha, const float* dt_bias,
-    const float* ssm_a, const float* norm, const float* in_fused, const float* z, int z_stride,
-    float* state, int pos0, u16* out, int n_k_heads, int n_v_heads, int tiled, float eps,
-    int n) {
-    constexpr int PER = R / 32, WARPS = R / 32;
-    __shared__ float qs[WARPS][R], ks[WARPS][R];
-    __shared__ double part[2][WARPS];
-    int vh = blockIdx.x, j = threadIdx.x, warp = j >> 5, lane = j & 31;
-    int zi = vh * R + j, ratio = n_v_heads / n_k_heads;
-    int kh = tiled ? vh % n_k_heads : vh / ratio;
-    int key_dim = n_k_heads * R, value_dim = n_v_heads * R, channels = 2 * key_dim + value_dim;
-    float* S = state + (size_t)vh * R * R;
-    float col[R];
-#pragma unroll
-    for (int i = 0; i < R; i++) col[i] = pos0 == 0 ? 0.f : S[(size_t)i * R + j];
-    const float dtb = dt_bias[vh], sa = ssm_a[vh], nj = norm[j], inv_sqrt = 1.f / sqrtf((float)R);
-    // Token t's query and key values of this lane (i = lane + 32 m), value and gates.
-    auto load = [&](int t, float* q, float* k, float& v, DeltaGates& g) {
-        const float* c = conv + (size_t)t * channels;
-#pragma unroll
-        for (int m = 0; m < PER; m++) {
-            q[m] = c[kh * R + lane + 32 * m];
-            k[m] = c[key_dim + kh * R + lane + 32 * m];
-        }
-        v = c[2 * key_dim + vh * R + j];
-        g = delta_gates(ba + (size_t)t * ba_stride, alpha ? alpha + (size_t)t * n_v_heads : nullptr,
-                        in_fused + (size_t)t * z_stride, z ? z + (size_t)t * z_stride : nullptr,
-                        vh, zi, ratio, R);
-    };
-    float q[PER], k[PER], v = 0.f;
-    DeltaGates g = {0.f, 0.f, 0.f};
-    if (n > 0) load(0, q, k, v, g);
-    for (int t = 0; t < n; t++) {
-        float qn[PER], kn[PER], vn = 0.f;
-        DeltaGates gn = g;
-        if (t + 1 < n) load(t + 1, qn, kn, vn, gn);
-        double sq = 0.0, sk2 = 0.0;
-#pragma unroll
-        for (int m = 0; m < PER; m++) {
-            sq += (double)(q[m] * q[m]);
-            sk2 += (double)(k[m] * k[m]);
-        }
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) {
-            sq += __shfl_xor_sync(0xffffffffu, sq, o);
-            sk2 += __shfl_xor_sync(0xffffffffu, sk2, o);
-        }
-        float rq = 1.f / sqrtf((float)(sq / (double)R) + eps / (float)R);
-        float rk = 1.f / sqrtf((float)(sk2 / (double)R) + eps / (float)R);
-        __syncwarp();
-#pragma unroll
-        for (int m = 0; m < PER; m++) {
-            qs[warp][lane + 32 * m] = (q[m] * rq) * inv_sqrt;
-            ks[warp][lane + 32 * m] = (k[m] * rk) * inv_sqrt;
-        }
-        __syncwarp();
-        float beta = 1.f / (1.f + expf(-g.b));
-        float decay = expf(softplus_f(g.a + dtb) * sa);
-        // S^T k over the decayed state, summed in key order as the CPU's.
-        float sk = 0.f, o = 0.f;
-#pragma unroll
-        for (int i = 0; i < R; i++) sk += ks[warp][i] * (col[i] * decay);
-        float u = (v - sk) * beta;
-#pragma unroll
-        for (int i = 0; i < R; i++) {
-            col[i] = col[i] * decay + ks[warp][i] * u;
-            o += qs[warp][i] * col[i];
-        }
-        o *= inv_sqrt;
-        double so = (double)(o * o);
-#pragma unroll
-        for (int w = 16; w > 0; w >>= 1) so += __shfl_xor_sync(0xffffffffu, so, w);
-        // (two buffers: a warp still reading this token's sums cannot see the next one's)
-        if (lane == 0) part[t & 1][warp] = so;
-        __syncthreads();
-        double total = 0.0;
-#pragma unroll
-        for (int w = 0; w < WARPS; w++) total += part[t & 1][w];
-        float r = 1.f / sqrtf((float)(total / (double)R) + eps);
-        out[(size_t)t * value_dim + zi] = f2h((o * r) * nj * silu_f(g.z));
-#pragma unroll
-        for (int m = 0; m < PER; m++) {
-            q[m] = qn[m];
-            k[m] = kn[m];
-        }
-        v = vn;
-        g = gn;
-    }
-#pragma unroll
-    for (int i = 0; i < R; i++) S[(size_t)i * R + j] = col[i];
+// ---- A prompt's delta rule in chunks (heads of 64 and 128) -----------------------------------
+// The CPU's chunked (WY / UT) form, docs/ARCHITECTURE.md, with its sums in the same order and its
+// roundings (each product and sum rounded apiece, no fused multiply-adds): delta_qk_norm_rows
+// L2-normalizes the queries and keys in place; delta_chunk_gram takes each chunk's k_t . k_r and
+// q_t . k_r; delta_rule_chunks carries each value head's state through the chunks, a block per 32
+// of its columns (a column's update reads only that column); delta_gated_norm_rows applies the
+// read-out's gated norm.
+
+#define DELTA_CHUNK 64
+
+__device__ __forceinline__ float add_rn(float a, float b) { return __fadd_rn(a, b); }
+__device__ __forceinline__ float mul_rn(float a, float b) { return __fmul_rn(a, b); }
+
+// Block (kh, t), s threads: token t's query and key of key head kh.
+extern "C" __global__ void delta_qk_norm_rows(float* conv, int n_k_heads, int s, int channels,
+                                              float eps) {
+    int kh = blockIdx.x, j = threadIdx.x;
+    float* c = conv + (size_t)blockIdx.y * channels;
+    int key_dim = n_k_heads * s;
+    float q = c[kh * s + j], k = c[key_dim + kh * s + j];
+    float qn = l2_normalized(q, s, eps), kn = l2_normalized(k, s, eps);
+    c[kh * s + j] = qn;
+    c[key_dim + kh * s + j] = kn;
 }
 
-// delta_rule_rows' outputs for heads of 64 and 128 (the host launches it for those only).
-extern "C" __global__ void delta_rule_rows_warps(const float* conv, const float* ba,
-                                                 int ba_stride, const float* alpha,
-                                                 const float* dt_bias, const float* ssm_a,
-                                                 const float* norm, const float* in_fused,
-                                                 const float* z, int z_stride, float* state,
-                                                 int pos0, u16* out, int n_k_heads,
-                                                 int n_v_heads, int s, int tiled, float eps,
-                                                 int n) {
+// Block (kh, chunk), 256 threads: thread (t, r0) takes k_t . k_r and q_t . k_r for the chunk's
+// r = r0, r0 + 4, ..., each summed over the s dimensions in order from -0.0, the chunk's keys
+// staged 32 dimensions at a time. gram holds per (chunk, key head) kk then qk, C x C each.
+extern "C" __global__ void delta_chunk_gram(const float* conv, float* gram, int n_k_heads, int s,
+                                            int channels, int n) {
+    constexpr int C = DELTA_CHUNK, M = C / 4;
+    __shared__ float ks[C][33];
+    int kh = blockIdx.x, chunk = blockIdx.y, t0 = chunk * C, l = min(C, n - t0);
+    int key_dim = n_k_heads * s, t = threadIdx.x >> 2, r0 = threadIdx.x & 3;
+    const float* rows = conv + (size_t)t0 * channels;
+    float akk[M], aqk[M];
+#pragma unroll
+    for (int m = 0; m < M; m++) akk[m] = aqk[m] = -0.f;
+    for (int i0 = 0; i0 < s; i0 += 32) {
+        __syncthreads();
+        for (int e = threadIdx.x; e < C * 32; e += blockDim.x) {
+            int r = e >> 5, i = e & 31;
+            ks[r][i] = r < l ? rows[(size_t)r * channels + key_dim + kh * s + i0 + i] : 0.f;
+        }
+        __syncthreads();
+        if (t >= l) continue;
+        const float* qt = rows + (size_t)t * channels + kh * s + i0;
+        for (int i = 0; i < 32; i++) {
+            float qi = qt[i], ki = ks[t][i];
+#pragma unroll
+            for (int m = 0; m < M; m++) {
+                float kr = ks[r0 + 4 * m][i];
+                akk[m] = add_rn(akk[m], mul_rn(ki, kr));
+                aqk[m] = add_rn(aqk[m], mul_rn(qi, kr));
+            }
+        }
+    }
+    if (t >= l) return;
+    float* kk = gram + ((size_t)chunk * n_k_heads + kh) * 2 * C * C;
+#pragma unroll
+    for (int m = 0; m < M; m++) {
+        int r = r0 + 4 * m;
+        if (r < l) {
+            kk[t * C + r] = akk[m];
+            kk[C * C + t * C + r] = aqk[m];
+        }
+    }
+}
+
+// Block (vh, column block), 256 threads; lane j's column of the state (R x 32 of it in shared
+// memory) through the chunks: the right-hand sides u_t = beta_t (v_t - e^{G_t} S0^T k_t), the
+// unit lower-triangular solve (one warp, a column a lane), the read-outs e^{G_t} S0^T q_t +
+// sum_{r<=t} e^{G_t - G_r} (q_t . k_r) u_r, the state e^{G_last} S0 + sum_r e^{G_last - G_r}
+// k_r u_r^T. Read-outs (times 1 / sqrt(R)) in f32 rows of out.
+// (declared once in the kernel: each instance's own would all be allocated)
+struct DeltaChunkShared {
+    float S[128][32], U[DELTA_CHUNK][32], A[DELTA_CHUNK][DELTA_CHUNK + 1];
+    float beta[DELTA_CHUNK], cum[DELTA_CHUNK], wts[DELTA_CHUNK];
+};
+
+template <int R>
+__device__ __forceinline__ void delta_rule_chunks_in(
+    const float* conv, const float* ba, int ba_stride, const float* alpha, const float* dt_bias,
+    const float* ssm_a, const float* gram, float* state, int pos0, float* out, int n_k_heads,
+    int n_v_heads, int tiled, int n, DeltaChunkShared& sh) {
+    constexpr int C = DELTA_CHUNK, J = 32, W = 8;
+    float(*S)[J] = sh.S;
+    float(*U)[J] = sh.U;
+    float(*A)[C + 1] = sh.A;
+    float *beta = sh.beta, *cum = sh.cum, *wts = sh.wts;
+    int vh = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5, tid = threadIdx.x;
+    int j = blockIdx.y * J + lane, ratio = n_v_heads / n_k_heads;
+    int kh = tiled ? vh % n_k_heads : vh / ratio;
+    int key_dim = n_k_heads * R, value_dim = n_v_heads * R, channels = 2 * key_dim + value_dim;
+    float* St = state + (size_t)vh * R * R;
+    for (int i = warp; i < R; i += W) S[i][lane] = pos0 == 0 ? 0.f : St[(size_t)i * R + j];
+    const float dtb = dt_bias[vh], sa = ssm_a[vh], scale = 1.f / sqrtf((float)R);
+    for (int t0 = 0, chunk = 0; t0 < n; t0 += C, chunk++) {
+        int l = min(C, n - t0);
+        const float* kk = gram + ((size_t)chunk * n_k_heads + kh) * 2 * C * C;
+        const float* qk = kk + C * C;
+        const float* rows = conv + (size_t)t0 * channels;
+        const float* keys = rows + key_dim + kh * R;
+        const float* queries = rows + kh * R;
+        if (tid < l) {
+            float b, a;
+            delta_rate_decay(ba + (size_t)(t0 + tid) * ba_stride,
+                             alpha ? alpha + (size_t)(t0 + tid) * n_v_heads : nullptr, vh, ratio,
+                             b, a);
+            beta[tid] = 1.f / (1.f + expf(-b));
+            cum[tid] = softplus_f(a + dtb) * sa;
+        }
+        __syncthreads();
+        if (tid == 0) {
+            float acc = 0.f;
+            for (int t = 0; t < l; t++) cum[t] = acc = add_rn(acc, cum[t]);
+        }
+        __syncthreads();
+        // S0^T x_t for four tokens of the warp at a time (x: their keys or queries), each
+        // summed over the state's rows in order from 0.
+        auto state_dots = [&](const float* x, int t, float* acc) {
+#pragma unroll
+            for (int m = 0; m < 4; m++) acc[m] = 0.f;
+            for (int i = 0; i < R; i += 4) {
+                float s0 = S[i][lane], s1 = S[i + 1][lane], s2 = S[i + 2][lane],
+                      s3 = S[i + 3][lane];
+#pragma unroll
+                for (int m = 0; m < 4; m++) {
+                    if (t + m >= l) break;
+                    float4 v = *(const float4*)(x + (size_t)(t + m) * channels + i);
+                    acc[m] = add_rn(acc[m], mul_rn(v.x, s0));
+                    acc[m] = add_rn(acc[m], mul_rn(v.y, s1));
+                    acc[m] = add_rn(acc[m], mul_rn(v.z, s2));
+                    acc[m] = add_rn(acc[m], mul_rn(v.w, s3));
+                }
+            }
+        };
+        for (int t = 4 * warp; t < l; t += 4 * W) {
+            float acc[4];
+            state_dots(keys, t, acc);
+#pragma unroll
+            for (int m = 0; m < 4; m++) {
+                if (t + m >= l) break;
+                float v = rows[(size_t)(t + m) * channels + 2 * key_dim + vh * R + j];
+                U[t + m][lane] = mul_rn(beta[t + m], v - mul_rn(expf(cum[t + m]), acc[m]));
+            }
+        }
+        for (int e = tid; e < C * C; e += blockDim.x) {
+            int t = e / C, r = e % C;
+            if (t < l && r < t) A[t][r] = -((beta[t] * expf(cum[t] - cum[r])) * kk[t * C + r]);
+        }
+        __syncthreads();
+        if (warp == 0) {
+            for (int t = 1; t < l; t++) {
+                float acc = U[t][lane];
+                for (int r = 0; r < t; r++) acc = add_rn(acc, mul_rn(A[t][r], U[r][lane]));
+                U[t][lane] = acc;
+            }
+        }
+        __syncthreads();
+        for (int e = tid; e < C * C; e += blockDim.x) {
+            int t = e / C, r = e % C;
+            if (t < l && r <= t) A[t][r] = expf(cum[t] - cum[r]) * qk[t * C + r];
+        }
+        if (tid < l) wts[tid] = expf(cum[l - 1] - cum[tid]);
+        __syncthreads();
+        for (int t = 4 * warp; t < l; t += 4 * W) {
+            float acc[4];
+            state_dots(queries, t, acc);
+#pragma unroll
+            for (int m = 0; m < 4; m++) {
+                int tt = t + m;
+                if (tt >= l) break;
+                float o = mul_rn(expf(cum[tt]), acc[m]);
+                for (int r = 0; r <= tt; r++) o = add_rn(o, mul_rn(A[tt][r], U[r][lane]));
+                out[(size_t)(t0 + tt) * value_dim + vh * R + j] = mul_rn(o, scale);
+            }
+        }
+        __syncthreads();
+        const float total = expf(cum[l - 1]);
+        for (int i = warp; i < R; i += W) {
+            float x = mul_rn(S[i][lane], total);
+            for (int r = 0; r < l; r++)
+                x = add_rn(x, mul_rn(mul_rn(wts[r], keys[(size_t)r * channels + i]), U[r][lane]));
+            S[i][lane] = x;
+        }
+        __syncthreads();
+    }
+    for (int i = warp; i < R; i += W) St[(size_t)i * R + j] = S[i][lane];
+}
+
+extern "C" __global__ void delta_rule_chunks(const float* conv, const float* ba, int ba_stride,
+                                             const float* alpha, const float* dt_bias,
+                                             const float* ssm_a, const float* gram, float* state,
+                                             int pos0, float* out, int n_k_heads, int n_v_heads,
+                                             int s, int tiled, int n) {
+    __shared__ DeltaChunkShared sh;
     if (s == 128)
-        delta_rule_rows_reg<128>(conv, ba, ba_stride, alpha, dt_bias, ssm_a, norm, in_fused, z,
-                                 z_stride, state, pos0, out, n_k_heads, n_v_heads, tiled, eps, n);
+        delta_rule_chunks_in<128>(conv, ba, ba_stride, alpha, dt_bias, ssm_a, gram, state, pos0,
+                                  out, n_k_heads, n_v_heads, tiled, n, sh);
     else
-        delta_rule_rows_reg<64>(conv, ba, ba_stride, alpha, dt_bias, ssm_a, norm, in_fused, z,
-                                z_stride, state, pos0, out, n_k_heads, n_v_heads, tiled, eps, n);
+        delta_rule_chunks_in<64>(conv, ba, ba_stride, alpha, dt_bias, ssm_a, gram, state, pos0,
+                                 out, n_k_heads, n_v_heads, tiled, n, sh);
+}
+
+// Block (vh, t), s threads: token t's read-out of value head vh, rms_norm(o) * norm * silu(z),
+// as f16 (o: f32 rows of n_v_heads * s; z as delta_gates reads it).
+extern "C" __global__ void delta_gated_norm_rows(const float* o, const float* in_fused,
+                                                 const float* z, int z_stride, const float* norm,
+                                                 u16* out, int n_v_heads, int s, int ratio,
+                                                 float eps) {
+    int vh = blockIdx.x, t = blockIdx.y, j = threadIdx.x, zi = vh * s + j;
+    size_t at = (size_t)t * n_v_heads * s + zi;
+    float x = o[at];
+    float r = rms_scale((double)(x * x), s, eps);
+    float zv = delta_gate_z(in_fused + (size_t)t * z_stride, z ? z + (size_t)t * z_stride : nullptr,
+                            zi, ratio, s);
+    out[at] = f2h((x * r) * norm[j] * silu_f(zv));
 }
 
 // ---- One token of each of several sequences (the batched decode step) ------------------------

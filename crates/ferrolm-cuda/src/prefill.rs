@@ -25,6 +25,9 @@ use crate::{CudaError, CudaTuning};
 /// Tokens in one batch: longer prompts go through in batches of this many.
 pub const MAX_BATCH: usize = 512;
 
+/// Tokens per chunk of a prompt's delta rule (the CPU's chunk; `DELTA_CHUNK` in the kernels).
+const DELTA_CHUNK: usize = 64;
+
 /// Tokens per block of the batched attention (`QT` in the kernels).
 const ATTN_TILE: usize = 16;
 
@@ -155,12 +158,15 @@ struct HybridBuffers<D: BatchDevice> {
     ba: D::Buffer<f32>,
     alpha: D::Buffer<f32>,
     conv: D::Buffer<f32>,
+    /// A prompt's chunked delta rule: its read-outs in f32, each chunk's Gram blocks.
+    read_out: D::Buffer<f32>,
+    gram: D::Buffer<f32>,
     out: D::Buffer<u16>,
 }
 
 impl<D: BatchDevice> HybridBuffers<D> {
     /// Each buffer's elements (`MAX_BATCH` tokens): the f32 ones in field order, then the f16.
-    fn lens(p: &DecodePlan) -> ([usize; 7], usize) {
+    fn lens(p: &DecodePlan) -> ([usize; 9], usize) {
         let gated = p.max_attn > p.max_q;
         let b = MAX_BATCH;
         let f = [
@@ -171,6 +177,8 @@ impl<D: BatchDevice> HybridBuffers<D> {
             b * p.delta.gates,
             b * p.delta.alpha,
             b * p.delta.channels,
+            b * p.delta.value,
+            b.div_ceil(DELTA_CHUNK) * p.delta.key_heads * 2 * DELTA_CHUNK * DELTA_CHUNK,
         ];
         (f, b * p.delta.value)
     }
@@ -190,6 +198,8 @@ impl<D: BatchDevice> HybridBuffers<D> {
             ba: f32s(f[4])?,
             alpha: f32s(f[5])?,
             conv: f32s(f[6])?,
+            read_out: f32s(f[7])?,
+            gram: f32s(f[8])?,
             out: dev.alloc_zeros::<u16>(h.max(1), "hybrid buffers")?,
         }))
     }
@@ -955,7 +965,7 @@ impl<D: BatchDevice> Prefill<D> {
     }
 
     /// Layer `l`'s gated delta-net over the batch's `n` rows (their f16 norms in `h`): the
-    /// projections' GEMMs, then for a prompt `delta_conv_rows_runs` and `delta_rule_rows(_warps)` (the
+    /// projections' GEMMs, then for a prompt `delta_conv_rows_runs` and the chunked delta rule (the
     /// layer's states carried from the batch before, or zeros at position 0), for a batched
     /// step `delta_conv_slots` and `delta_rule_slots` (each row its slot's states); the
     /// read-out in the hybrid buffers' `out` for the output product.
@@ -981,6 +991,7 @@ impl<D: BatchDevice> Prefill<D> {
             addr(&b.conv),
         );
         let out = self.dev.address(&b.out);
+        let (read_out, gram) = (addr(&b.read_out), addr(&b.gram));
         let h = self.dev.address(&self.h);
         let (s, hk, hv) = (dn.head_dim, dn.n_k_heads, dn.n_v_heads);
         let (key_dim, value_dim, channels) = (hk * s, hv * s, dn.channels());
@@ -1051,16 +1062,75 @@ impl<D: BatchDevice> Prefill<D> {
                 // caps the taps at 16), at most 64 of them.
                 let runs = (n / 16).clamp(1, 64) as u32;
                 self.run("delta_conv_rows_runs", (conv_grid, runs), 128, &args)?;
-                let mut args = rule_in.to_vec();
-                args.extend([pos0, Value::Ptr(out)]);
-                args.extend(rule_shape);
-                args.push(Value::I32(n as i32));
-                let rule = if s == 64 || s == 128 {
-                    "delta_rule_rows_warps"
-                } else {
-                    "delta_rule_rows"
-                };
-                self.run(rule, (hv as u32, 1), s as u32, &args)
+                if s != 64 && s != 128 {
+                    let mut args = rule_in.to_vec();
+                    args.extend([pos0, Value::Ptr(out)]);
+                    args.extend(rule_shape);
+                    args.push(Value::I32(n as i32));
+                    return self.run("delta_rule_rows", (hv as u32, 1), s as u32, &args);
+                }
+                // The chunked form: queries and keys normalized in place, each chunk's Gram
+                // blocks, the states through the chunks a block per 32 columns, the gated norm.
+                let (hk32, s32, channels32) = (hk as i32, s as i32, channels as i32);
+                let norm_args = [
+                    Value::Ptr(conv),
+                    Value::I32(hk32),
+                    Value::I32(s32),
+                    Value::I32(channels32),
+                    Value::F32(p.norm_eps),
+                ];
+                self.run(
+                    "delta_qk_norm_rows",
+                    (hk as u32, n as u32),
+                    s as u32,
+                    &norm_args,
+                )?;
+                let gram_args = [
+                    Value::Ptr(conv),
+                    Value::Ptr(gram),
+                    Value::I32(hk32),
+                    Value::I32(s32),
+                    Value::I32(channels32),
+                    Value::I32(n as i32),
+                ];
+                let chunks = n.div_ceil(DELTA_CHUNK) as u32;
+                self.run("delta_chunk_gram", (hk as u32, chunks), 256, &gram_args)?;
+                let mut args = rule_in[..6].to_vec();
+                args.extend([
+                    Value::Ptr(gram),
+                    Value::Ptr(ssm_state),
+                    pos0,
+                    Value::Ptr(read_out),
+                    Value::I32(hk32),
+                    Value::I32(hv as i32),
+                    Value::I32(s32),
+                    Value::I32(i32::from(dn.tiled_key_heads)),
+                    Value::I32(n as i32),
+                ]);
+                self.run(
+                    "delta_rule_chunks",
+                    (hv as u32, (s / 32) as u32),
+                    256,
+                    &args,
+                )?;
+                let norm_args = [
+                    Value::Ptr(read_out),
+                    Value::Ptr(input),
+                    Value::Ptr(z_ptr),
+                    Value::I32(z_stride as i32),
+                    Value::Ptr(at.vectors[dn.norm]),
+                    Value::Ptr(out),
+                    Value::I32(hv as i32),
+                    Value::I32(s32),
+                    Value::I32(ratio as i32),
+                    Value::F32(p.norm_eps),
+                ];
+                self.run(
+                    "delta_gated_norm_rows",
+                    (hv as u32, n as u32),
+                    s as u32,
+                    &norm_args,
+                )
             }
             Placement::Slots { .. } => {
                 let [conv_floats, ssm_floats] = [dn.conv_state(), dn.ssm_state()];

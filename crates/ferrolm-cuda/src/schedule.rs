@@ -641,6 +641,8 @@ pub struct DeltaSizes {
     pub channels: usize,
     /// [`Buf::DeltaOut`].
     pub value: usize,
+    /// Most key heads of a layer (a prompt's chunked delta rule keeps their Gram blocks).
+    pub key_heads: usize,
 }
 
 /// The final soft cap and the logit scale, as the `adjust_logits` kernel takes them.
@@ -2143,6 +2145,7 @@ fn decode_plan_rank(
                 let key_dim = r.n_k_heads * r.head_dim;
                 delta.channels = delta.channels.max(channels);
                 delta.value = delta.value.max(value);
+                delta.key_heads = delta.key_heads.max(r.n_k_heads);
                 match r.input {
                     DeltaNetProjection::Fused(_) => {
                         delta.input = delta.input.max(2 * key_dim + 2 * value);

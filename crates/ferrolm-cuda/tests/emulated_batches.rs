@@ -479,18 +479,15 @@ fn check_prompt(what: &str, spec: &SyntheticSpec, tuning: &CudaTuning, n: usize)
         let padded = ["moe_pad_rows", "gemm batched"].map(|k| launched.iter().any(|l| l == k));
         assert_eq!(padded, [tuning.padded_expert_groups; 2], "{what}");
     }
-    let per_warp_rule = spec
+    let chunked_rule = spec
         .delta_net
         .as_ref()
         .is_some_and(|n| [64, 128].contains(&n.state_size));
     for (kernel, served) in [
         ("moe_group_warp", plan.max_experts > 0),
         ("delta_conv_rows_runs", spec.delta_net.is_some()),
-        ("delta_rule_rows_warps", per_warp_rule),
-        (
-            "delta_rule_rows",
-            spec.delta_net.is_some() && !per_warp_rule,
-        ),
+        ("delta_rule_chunks", chunked_rule),
+        ("delta_rule_rows", spec.delta_net.is_some() && !chunked_rule),
     ] {
         let launched = launched.iter().any(|l| l == kernel);
         assert_eq!(launched, served, "{what}: {kernel}");
@@ -549,7 +546,7 @@ fn the_prompt_pass_computes_what_the_cpu_computes() {
         let n = if spec.n_expert > 0 { 60 } else { 100 };
         check_prompt(name, &spec, &tensor_cores, n);
     }
-    // The delta rule's per-warp form serves heads of 64 and 128: given to the dense hybrid
+    // The delta rule's chunked form serves heads of 64 and 128: given to the dense hybrid
     // (the experts' files keep their heads, whose routers' near ties are known above).
     for (name, mut spec) in hybrid_and_gpt_oss_files() {
         if let Some(net) = spec.delta_net.as_mut().filter(|_| spec.n_expert == 0) {

@@ -147,8 +147,16 @@ pub fn run(dev: &HostDevice, name: &str, grid: (u32, u32), block: u32, args: &[V
     } else if name == "delta_conv_rows_runs" {
         // (the runs of tokens: the same outputs and state)
         delta_conv_rows(mem, &a);
-    } else if name == "delta_rule_rows" || name == "delta_rule_rows_warps" {
+    } else if name == "delta_rule_rows" {
         delta_rule_rows(mem, grid, block, &a);
+    } else if name == "delta_qk_norm_rows" {
+        delta_qk_norm_rows(mem, grid, block, &a);
+    } else if name == "delta_chunk_gram" {
+        delta_chunk_gram(mem, grid, &a);
+    } else if name == "delta_rule_chunks" {
+        delta_rule_chunks(mem, grid, block, &a);
+    } else if name == "delta_gated_norm_rows" {
+        delta_gated_norm_rows(mem, grid, block, &a);
     } else if name == "delta_conv_slots" {
         delta_conv_slots(mem, grid, &a);
     } else if name == "delta_rule_slots" {
@@ -755,20 +763,225 @@ fn row_gates(
     t: usize,
     (ba_stride, z_stride): (usize, usize),
 ) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
-    let (hv, s) = (shape.hv, shape.s);
+    let (b, al) = row_rates(mem, a, shape, t, ba_stride);
+    (b, al, row_z(mem, a, shape, t, z_stride, [7, 8]))
+}
+
+/// Row `t`'s rates and decay inputs per value head (arguments 1-3: ba, its stride, alpha).
+fn row_rates(
+    mem: &Memory,
+    a: &Args,
+    shape: math::DeltaShape,
+    t: usize,
+    ba_stride: usize,
+) -> (Vec<f32>, Vec<f32>) {
+    let hv = shape.hv;
     let ba = mem.f32s(a.ptr(1) + (4 * t * ba_stride) as u64, ba_stride);
-    let (b, al): (Vec<f32>, Vec<f32>) = match a.opt(3) {
+    match a.opt(3) {
         Some(alpha) => (ba[..hv].to_vec(), mem.f32s(alpha + (4 * t * hv) as u64, hv)),
         None => (0..hv).map(|vh| shape.fused_gates(&ba, vh)).unzip(),
-    };
-    let z: Vec<f32> = match a.opt(8) {
-        Some(z) => mem.f32s(z + (4 * t * z_stride) as u64, hv * s),
+    }
+}
+
+/// Row `t`'s output gates (arguments `fused` and `z`: the fused rows, or the split ones).
+fn row_z(
+    mem: &Memory,
+    a: &Args,
+    shape: math::DeltaShape,
+    t: usize,
+    z_stride: usize,
+    [fused, z]: [usize; 2],
+) -> Vec<f32> {
+    let n = shape.hv * shape.s;
+    match a.opt(z) {
+        Some(z) => mem.f32s(z + (4 * t * z_stride) as u64, n),
         None => {
-            let row = mem.f32s(a.ptr(7) + (4 * t * z_stride) as u64, z_stride);
-            (0..hv * s).map(|i| shape.fused_z(&row, i)).collect()
+            let row = mem.f32s(a.ptr(fused) + (4 * t * z_stride) as u64, z_stride);
+            (0..n).map(|i| shape.fused_z(&row, i)).collect()
         }
+    }
+}
+
+/// delta_qk_norm_rows(conv, hk, s, channels, eps): grid (key heads, tokens), the queries and
+/// keys L2-normalized in place.
+fn delta_qk_norm_rows(mem: &mut Memory, grid: (u32, u32), block: u32, a: &Args) {
+    let (hk, s, channels, eps) = (a.int(1), a.int(2), a.int(3), a.float(4));
+    assert_eq!(
+        (grid.0 as usize, block as usize),
+        (hk, s),
+        "a block per key head"
+    );
+    for t in 0..grid.1 as usize {
+        let row = a.ptr(0) + (4 * t * channels) as u64;
+        for at in (0..hk).flat_map(|kh| [kh * s, (hk + kh) * s]) {
+            let x = math::l2_normalized(&mem.f32s(row + (4 * at) as u64, s), eps);
+            mem.write(row + (4 * at) as u64, &x);
+        }
+    }
+}
+
+/// delta_chunk_gram(conv, gram, hk, s, channels, n): grid (key heads, chunks); per chunk and
+/// key head `k_t . k_r` then `q_t . k_r` (64 x 64 each), summed in order from -0.0.
+fn delta_chunk_gram(mem: &mut Memory, grid: (u32, u32), a: &Args) {
+    const C: usize = 64;
+    let (hk, s, channels, n) = (a.int(2), a.int(3), a.int(4), a.int(5));
+    assert_eq!(
+        (grid.0 as usize, grid.1 as usize),
+        (hk, n.div_ceil(C)),
+        "a block per key head and chunk"
+    );
+    let vec = |mem: &Memory, t: usize, at: usize| {
+        mem.f32s(a.ptr(0) + (4 * (t * channels + at)) as u64, s)
     };
-    (b, al, z)
+    for chunk in 0..n.div_ceil(C) {
+        let (t0, l) = (chunk * C, C.min(n - chunk * C));
+        for kh in 0..hk {
+            let q: Vec<_> = (0..l).map(|t| vec(mem, t0 + t, kh * s)).collect();
+            let k: Vec<_> = (0..l).map(|t| vec(mem, t0 + t, (hk + kh) * s)).collect();
+            let dot =
+                |x: &[f32], y: &[f32]| x.iter().zip(y).fold(-0.0f32, |acc, (x, y)| acc + x * y);
+            let mut block = vec![0f32; 2 * C * C];
+            for t in 0..l {
+                for r in 0..l {
+                    block[t * C + r] = dot(&k[t], &k[r]);
+                    block[C * C + t * C + r] = dot(&q[t], &k[r]);
+                }
+            }
+            let at = a.ptr(1) + (4 * (chunk * hk + kh) * 2 * C * C) as u64;
+            mem.write(at, &block);
+        }
+    }
+}
+
+/// delta_rule_chunks(conv, ba, ba_stride, alpha, dt_bias, ssm_a, gram, state, pos0, out, hk,
+/// hv, s, tiled, n): grid (value heads, columns / 32); the states through the chunks, the
+/// read-outs (times 1 / sqrt(s)) as f32 rows; each sum in the kernel's order.
+fn delta_rule_chunks(mem: &mut Memory, grid: (u32, u32), block: u32, a: &Args) {
+    const C: usize = 64;
+    let shape = math::DeltaShape {
+        hk: a.int(10),
+        hv: a.int(11),
+        s: a.int(12),
+        tiled: a.int(13) == 1,
+    };
+    let (hk, hv, s) = (shape.hk, shape.hv, shape.s);
+    assert_eq!(
+        (grid.0 as usize, grid.1 as usize, block),
+        (hv, s / 32, 256),
+        "a block per value head and 32 columns"
+    );
+    let (ba_stride, pos0, n) = (a.int(2), a.int(8), a.int(14));
+    let (channels, key_dim, ratio) = (shape.channels(), hk * s, hv / hk);
+    let [dt_bias, ssm_a] = [(4, hv), (5, hv)].map(|(i, len)| mem.f32s(a.ptr(i), len));
+    let rates: Vec<_> = (0..n)
+        .map(|t| row_rates(mem, a, shape, t, ba_stride))
+        .collect();
+    let scale = 1.0 / (s as f32).sqrt();
+    for vh in 0..hv {
+        let kh = if shape.tiled { vh % hk } else { vh / ratio };
+        let at = a.ptr(7) + (4 * vh * s * s) as u64;
+        let mut st = if pos0 == 0 {
+            vec![0.0; s * s]
+        } else {
+            mem.f32s(at, s * s)
+        };
+        for chunk in 0..n.div_ceil(C) {
+            let (t0, l) = (chunk * C, C.min(n - chunk * C));
+            let row = |t: usize, off: usize| {
+                mem.f32s(a.ptr(0) + (4 * ((t0 + t) * channels + off)) as u64, s)
+            };
+            let q: Vec<_> = (0..l).map(|t| row(t, kh * s)).collect();
+            let k: Vec<_> = (0..l).map(|t| row(t, key_dim + kh * s)).collect();
+            let v: Vec<_> = (0..l).map(|t| row(t, 2 * key_dim + vh * s)).collect();
+            let gram = mem.f32s(
+                a.ptr(6) + (4 * (chunk * hk + kh) * 2 * C * C) as u64,
+                2 * C * C,
+            );
+            let (kk, qk) = gram.split_at(C * C);
+            let (mut beta, mut cum) = (vec![0f32; l], vec![0f32; l]);
+            let mut acc = 0f32;
+            for t in 0..l {
+                let (b, al) = (&rates[t0 + t].0, &rates[t0 + t].1);
+                let (bt, g) = math::rate_and_log_decay(b[vh], al[vh], dt_bias[vh], ssm_a[vh]);
+                beta[t] = bt;
+                acc += g;
+                cum[t] = acc;
+            }
+            // S0^T x over the state's rows in order from 0.
+            let state_dot = |st: &[f32], x: &[f32], j: usize| {
+                (0..s).fold(0f32, |acc, i| acc + x[i] * st[i * s + j])
+            };
+            let mut u = vec![vec![0f32; s]; l];
+            for t in 0..l {
+                for j in 0..s {
+                    u[t][j] = beta[t] * (v[t][j] - cum[t].exp() * state_dot(&st, &k[t], j));
+                }
+            }
+            for t in 1..l {
+                let (done, rest) = u.split_at_mut(t);
+                for (j, x) in rest[0].iter_mut().enumerate() {
+                    for (r, ur) in done.iter().enumerate() {
+                        *x += -((beta[t] * (cum[t] - cum[r]).exp()) * kk[t * C + r]) * ur[j];
+                    }
+                }
+            }
+            for t in 0..l {
+                let mut o: Vec<f32> = (0..s)
+                    .map(|j| cum[t].exp() * state_dot(&st, &q[t], j))
+                    .collect();
+                for (j, o) in o.iter_mut().enumerate() {
+                    for r in 0..=t {
+                        *o += ((cum[t] - cum[r]).exp() * qk[t * C + r]) * u[r][j];
+                    }
+                    *o *= scale;
+                }
+                let out = a.ptr(9) + (4 * ((t0 + t) * hv * s + vh * s)) as u64;
+                mem.write(out, &o);
+            }
+            let total = cum[l - 1].exp();
+            for i in 0..s {
+                for j in 0..s {
+                    let mut x = st[i * s + j] * total;
+                    for r in 0..l {
+                        x += ((cum[l - 1] - cum[r]).exp() * k[r][i]) * u[r][j];
+                    }
+                    st[i * s + j] = x;
+                }
+            }
+        }
+        mem.write(at, &st);
+    }
+}
+
+/// delta_gated_norm_rows(o, in_fused, z, z_stride, norm, out, hv, s, ratio, eps): grid (value
+/// heads, tokens); rms_norm(o) * norm * silu(z) as f16 rows.
+fn delta_gated_norm_rows(mem: &mut Memory, grid: (u32, u32), block: u32, a: &Args) {
+    let (z_stride, hv, s, ratio, eps) = (a.int(3), a.int(6), a.int(7), a.int(8), a.float(9));
+    assert_eq!(
+        (grid.0 as usize, block as usize),
+        (hv, s),
+        "a block per value head"
+    );
+    let shape = math::DeltaShape {
+        hk: hv / ratio,
+        hv,
+        s,
+        tiled: false,
+    };
+    let norm = mem.f32s(a.ptr(4), s);
+    for t in 0..grid.1 as usize {
+        let z = row_z(mem, a, shape, t, z_stride, [1, 2]);
+        let o = mem.f32s(a.ptr(0) + (4 * t * hv * s) as u64, hv * s);
+        let mut y = Vec::with_capacity(hv * s);
+        for (vh, head) in o.chunks(s).enumerate() {
+            let normed = math::rms_norm(head, Some(&norm), eps);
+            y.extend(normed.iter().enumerate().map(|(j, x)| {
+                let zv = z[vh * s + j];
+                x * (zv / (1.0 + (-zv).exp()))
+            }));
+        }
+        mem.write_f16s(a.ptr(5) + (2 * t * hv * s) as u64, &y);
+    }
 }
 
 /// delta_conv_slots(in, in_stride, fused, w, conv_state, conv_stride, slot, pos, out,

@@ -363,6 +363,23 @@ pub fn delta_conv(state: &mut Vec<f32>, w: &[f32], x: &[f32], taps: usize) -> Ve
     sums.iter().map(|&v| v / (1.0 + (-v).exp())).collect()
 }
 
+/// `x / |x|` as the delta-net takes it: an RMS norm with epsilon `eps / len`, then a scale by
+/// `1 / sqrt(len)`.
+pub fn l2_normalized(x: &[f32], eps: f32) -> Vec<f32> {
+    let s = x.len();
+    let sum: f64 = x.iter().map(|&v| f64::from(v * v)).sum();
+    let scale = 1.0 / ((sum / s as f64) as f32 + eps / s as f32).sqrt();
+    let post = 1.0 / (s as f32).sqrt();
+    x.iter().map(|v| (v * scale) * post).collect()
+}
+
+/// `beta = sigmoid(b)` and the log-decay `softplus(a + dt_bias) * ssm_a` of a value head.
+pub fn rate_and_log_decay(b: f32, a: f32, dt_bias: f32, ssm_a: f32) -> (f32, f32) {
+    let x = a + dt_bias;
+    let softplus = if x > 20.0 { x } else { (1.0 + x.exp()).ln() };
+    (1.0 / (1.0 + (-b).exp()), softplus * ssm_a)
+}
+
 /// One token of the delta rule over every value head, in place on `state` (`hv` squares of
 /// `s`, key-major): `conv` the convolution's output, `b`, `a` and `z` per value head (and
 /// value dimension), the vectors of the layer; returns the gated-normed read-out.
@@ -377,12 +394,7 @@ pub fn delta_rule(
 ) -> Vec<f32> {
     let DeltaShape { hk, hv, s, tiled } = shape;
     let ratio = hv / hk;
-    let l2 = |x: &[f32]| -> Vec<f32> {
-        let sum: f64 = x.iter().map(|&v| f64::from(v * v)).sum();
-        let scale = 1.0 / ((sum / s as f64) as f32 + eps / s as f32).sqrt();
-        let post = 1.0 / (s as f32).sqrt();
-        x.iter().map(|v| (v * scale) * post).collect()
-    };
+    let l2 = |x: &[f32]| l2_normalized(x, eps);
     let key_dim = hk * s;
     let mut out = vec![0f32; hv * s];
     for vh in 0..hv {
@@ -390,10 +402,8 @@ pub fn delta_rule(
         let q = l2(&conv[kh * s..(kh + 1) * s]);
         let k = l2(&conv[key_dim + kh * s..key_dim + (kh + 1) * s]);
         let v = &conv[2 * key_dim + vh * s..2 * key_dim + (vh + 1) * s];
-        let beta = 1.0 / (1.0 + (-b[vh]).exp());
-        let x = a[vh] + dt_bias[vh];
-        let softplus = if x > 20.0 { x } else { (1.0 + x.exp()).ln() };
-        let decay = (softplus * ssm_a[vh]).exp();
+        let (beta, log_decay) = rate_and_log_decay(b[vh], a[vh], dt_bias[vh], ssm_a[vh]);
+        let decay = log_decay.exp();
         let st = &mut state[vh * s * s..(vh + 1) * s * s];
         st.iter_mut().for_each(|x| *x *= decay);
         let o = &mut out[vh * s..(vh + 1) * s];
