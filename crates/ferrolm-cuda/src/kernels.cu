@@ -382,6 +382,21 @@ extern "C" __global__ void quantize_act(const float* x, u8* xq, int n, int mode)
     quantize_group(v, xq, n, g, mode);
 }
 
+// Each row of x (f16, n values; a batched step's norms or activations) quantized as
+// quantize_act quantizes it, row t into xq + t * (n + 8 * (n / 32)): grid (groups / 8, rows).
+extern "C" __global__ void quantize_rows_f16(const u16* x, u8* xq, int n, int mode) {
+    int g = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    if (256 * g >= n) return;
+    const u16* xr = x + (size_t)blockIdx.y * n;
+    float v[8];
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        int j = 256 * g + 8 * lane + i;
+        v[i] = j < n ? h2f(xr[j]) : 0.f;
+    }
+    quantize_group(v, xq + (size_t)blockIdx.y * (n + 8 * (n / 32)), n, g, mode);
+}
+
 // ---- chunk dequantizers: w[0..32) = the values of chunk c of a row ----
 
 struct F32 {
@@ -1594,6 +1609,230 @@ __device__ __forceinline__ void matvec_glu(const u8* G, const u8* U, int row_byt
                               x + (size_t)(blockIdx.y / x_per) * x_stride, nullptr, nullptr,     \
                               y + (size_t)blockIdx.y * n_rows);                                  \
     }
+
+// ---- y[t][r] (+)= W[r] . x_t for the rows t of a small batched decode step, on the int8
+// tensor cores (Q4_K and Q6_K rows against Q8_K activations) ----
+//
+// A block takes MMQ_ROWS weight rows and MMQ_COLS columns (rows of activations, quantized by
+// quantize_rows_f16), its MMQ_WARPS warps every MMQ_WARPS-th super-block of the rows; the warps'
+// partial sums are added in warp order. Per super-block and output, the chunks' integer sums
+// are weighted by their scales in integers and the super-block's float scales applied once,
+// as the CPU's Q4_K / Q6_K dot kernels do. m16n8k16 products: lane (g, c) holds word c of
+// each 16-value half of a chunk (values 4c..4c+3) of rows g and g + 8 and of column g; the
+// activations' sums per half come from the same product with weights of ones. Grid: (column
+// groups, row groups), the column groups of the same rows side by side (the weights from L2).
+#define MMQ_ROWS 16
+#define MMQ_COLS 16
+#define MMQ_WARPS 8
+
+__device__ __forceinline__ void mma_s8_16816(int* d, u32 a0, u32 a1, u32 b) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5}, {%6}, "
+        "{%0,%1,%2,%3};"
+        : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+        : "r"(a0), "r"(a1), "r"(b));
+}
+
+// What a lane reads of one row's super-block.
+// (super-block sb of a row of nb; Q6_K's rows as GGUF has them or regrouped, repack.rs)
+struct MmqQ4K {
+    static constexpr bool Q6 = false;
+    uint4 head;
+    u32 q[8];  // chunk pair i: words c and 4 + c of its 32 bytes at 2i, 2i + 1
+    __device__ __forceinline__ void load(const u8* row, int sb, int nb, int c) {
+        const u8* b = row + 144 * (size_t)sb;
+        head = LD((const uint4*)b);
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            q[2 * i] = LD((const u32*)(b + 16 + 32 * i + 4 * c));
+            q[2 * i + 1] = LD((const u32*)(b + 16 + 32 * i + 16 + 4 * c));
+        }
+    }
+    // Chunk j's half h as int8 values.
+    __device__ __forceinline__ u32 word(int j, int h) const {
+        return (q[2 * (j >> 1) + h] >> (4 * (j & 1))) & 0x0f0f0f0fu;
+    }
+};
+
+template <bool REGROUPED>
+struct MmqQ6K {
+    static constexpr bool Q6 = true;
+    u32 ql[8], qh[4], sc[4];
+    u16 d;
+    __device__ __forceinline__ void load(const u8* row, int sb, int nb, int c) {
+        if constexpr (REGROUPED) {
+            const u8* l = row + 128 * (size_t)sb;
+            const u8* h = row + 128 * (size_t)nb + 64 * (size_t)sb;
+            const u8* s = row + 192 * (size_t)nb + 16 * (size_t)sb;
+#pragma unroll
+            for (int i = 0; i < 8; i++) ql[i] = LD((const u32*)(l + 16 * i + 4 * c));
+#pragma unroll
+            for (int i = 0; i < 4; i++) qh[i] = LD((const u32*)(h + 16 * i + 4 * c));
+            uint4 v = LD((const uint4*)s);
+            sc[0] = v.x; sc[1] = v.y; sc[2] = v.z; sc[3] = v.w;
+            d = LD((const u16*)(row + 208 * (size_t)nb + 2 * (size_t)sb));
+        } else {
+            const u8* b = row + 210 * (size_t)sb;
+#pragma unroll
+            for (int i = 0; i < 8; i++) ql[i] = ld_u16x2(b + 16 * i + 4 * c);
+#pragma unroll
+            for (int i = 0; i < 4; i++) qh[i] = ld_u16x2(b + 128 + 16 * i + 4 * c);
+#pragma unroll
+            for (int i = 0; i < 4; i++) sc[i] = ld_u16x2(b + 192 + 4 * i);
+            d = LD((const u16*)(b + 208));
+        }
+    }
+    // Chunk j (half n = j / 4, quarter k = j % 4) half h: the 6-bit values, 0..63.
+    __device__ __forceinline__ u32 word(int j, int h) const {
+        int n = j >> 2, k = j & 3;
+        u32 lo = (ql[4 * n + 2 * (k & 1) + h] >> (4 * (k >> 1))) & 0x0f0f0f0fu;
+        u32 hi = (qh[2 * n + h] >> (2 * k)) & 0x03030303u;
+        return lo | (hi << 4);
+    }
+    __device__ __forceinline__ int scale(int j, int h) const {
+        int i = 8 * (j >> 2) + 2 * (j & 3) + h;
+        return (int)(i8)((sc[i >> 2] >> (8 * (i & 3))) & 0xff);
+    }
+};
+
+template <typename T>
+__device__ __forceinline__ void mmq(const u8* __restrict__ W, int row_bytes, int n_chunks,
+                                    int n_rows, const u8* __restrict__ xq, int n_cols, float* y,
+                                    float beta) {
+    constexpr int NT = MMQ_COLS / 8;
+    constexpr bool Q6 = T::Q6;
+    __shared__ float part[MMQ_WARPS][NT * 4][32];
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
+    int r0 = blockIdx.y * MMQ_ROWS, t0 = blockIdx.x * MMQ_COLS;
+    const u8* rows[2] = {W + (size_t)min(r0 + g, n_rows - 1) * row_bytes,
+                         W + (size_t)min(r0 + g + 8, n_rows - 1) * row_bytes};
+    size_t stride = (size_t)n_chunks * 40;
+    // This lane's activation column of each n-tile (zeros past n_cols), and the columns of its
+    // outputs (2c, 2c + 1).
+    const u8* xcol[NT];
+    bool has[NT];
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++) {
+        has[nt] = t0 + 8 * nt + g < n_cols;
+        xcol[nt] = xq + (size_t)min(t0 + 8 * nt + g, n_cols - 1) * stride;
+    }
+    float acc[NT][4];
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) acc[nt][e] = 0.f;
+    const u32 ones = 0x01010101u;
+    int n_super = n_chunks / 8;
+    T cur[2], next[2];
+    int sb = warp;
+    if (sb < n_super) {
+        cur[0].load(rows[0], sb, n_super, c);
+        cur[1].load(rows[1], sb, n_super, c);
+    }
+    for (; sb < n_super; sb += MMQ_WARPS) {
+        if (sb + MMQ_WARPS < n_super) {
+            next[0].load(rows[0], sb + MMQ_WARPS, n_super, c);
+            next[1].load(rows[1], sb + MMQ_WARPS, n_super, c);
+        }
+        int isum[NT][4], msum[NT][4];
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) isum[nt][e] = msum[nt][e] = 0;
+        int sc[2][8], mn[2][8];
+        if constexpr (!Q6) {
+#pragma unroll
+            for (int r = 0; r < 2; r++)
+#pragma unroll
+                for (int j = 0; j < 8; j++) scale_min_k4_words(cur[r].head, j, &sc[r][j], &mn[r][j]);
+        }
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            int cc = 8 * sb + j;
+            u32 a[2][2];
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                a[0][h] = cur[0].word(j, h);
+                a[1][h] = cur[1].word(j, h);
+            }
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) {
+                int s[2][4] = {{0, 0, 0, 0}, {0, 0, 0, 0}}, as[2][4] = {{0, 0, 0, 0}, {0, 0, 0, 0}};
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    u32 b = has[nt] ? LD((const u32*)(xcol[nt] + 32 * (size_t)cc + 16 * h + 4 * c)) : 0u;
+                    mma_s8_16816(s[h], a[0][h], a[1][h], b);
+                    mma_s8_16816(as[h], ones, ones, b);
+                }
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    int r = e >> 1;
+                    if constexpr (Q6) {
+                        isum[nt][e] += cur[r].scale(j, 0) * (s[0][e] - 32 * as[0][e]) +
+                                       cur[r].scale(j, 1) * (s[1][e] - 32 * as[1][e]);
+                    } else {
+                        isum[nt][e] += sc[r][j] * (s[0][e] + s[1][e]);
+                        msum[nt][e] += mn[r][j] * (as[0][e] + as[1][e]);
+                    }
+                }
+            }
+        }
+        // The super-block's float scales: the activations' (Q8_K: one per 256) of columns
+        // 2c, 2c + 1, the rows'.
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) {
+            float ad[2];
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                int t = min(t0 + 8 * nt + 2 * c + e, n_cols - 1);
+                ad[e] = ((const float*)(xq + (size_t)t * stride + 32 * (size_t)n_chunks))[8 * sb];
+            }
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int r = e >> 1;
+                if constexpr (Q6) {
+                    acc[nt][e] += ad[e & 1] * h2f(cur[r].d) * (float)isum[nt][e];
+                } else {
+                    float d = h2f((u16)(cur[r].head.x & 0xffff)),
+                          dmin = h2f((u16)(cur[r].head.x >> 16));
+                    acc[nt][e] +=
+                        ad[e & 1] * (d * (float)isum[nt][e] - dmin * (float)msum[nt][e]);
+                }
+            }
+        }
+        cur[0] = next[0];
+        cur[1] = next[1];
+    }
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) part[warp][nt * 4 + e][lane] = acc[nt][e];
+    __syncthreads();
+    if (warp != 0) return;
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            float v = 0.f;
+#pragma unroll
+            for (int w = 0; w < MMQ_WARPS; w++) v += part[w][nt * 4 + e][lane];
+            int row = r0 + g + 8 * (e >> 1), t = t0 + 8 * nt + 2 * c + (e & 1);
+            if (row < n_rows && t < n_cols) {
+                float* o = y + (size_t)t * n_rows + row;
+                *o = beta != 0.f ? v + beta * *o : v;
+            }
+        }
+}
+
+#define MMQ(NAME, T)                                                                             \
+    extern "C" __global__ void __launch_bounds__(32 * MMQ_WARPS)                                \
+        mmq_##NAME(const u8* W, int row_bytes, int n_chunks, int n_rows, const u8* xq,          \
+                   int n_cols, float* y, float beta) {                                          \
+        mmq<T>(W, row_bytes, n_chunks, n_rows, xq, n_cols, y, beta);                             \
+    }
+MMQ(Q4_K, MmqQ4K)
+MMQ(Q6_K, MmqQ6K<false>)
+MMQ(Q6_KR, MmqQ6K<true>)
 
 // ---- block-wide sum (blockDim a multiple of 32, at most 1024) ----
 __device__ float block_sum(float v) {

@@ -17,8 +17,8 @@ use ferrolm_gguf::TensorType;
 use crate::batch_device::{BatchDevice, CudaBatch, Gemm, Value};
 use crate::device::Rows;
 use crate::schedule::{
-    expert_product_kernel, DecodePlan, DeltaNetProjection, DeltaNetRefs, LayerRefs, MatrixSpec,
-    MixerRefs, MoeRefs, MATVEC_ROWS,
+    activation_format, expert_product_kernel, DecodePlan, DeltaNetProjection, DeltaNetRefs,
+    LayerRefs, MatrixSpec, MixerRefs, MoeRefs, MATVEC_ROWS,
 };
 use crate::{CudaError, CudaTuning};
 
@@ -144,6 +144,24 @@ pub struct Prefill<D: BatchDevice = CudaBatch> {
     moe: Option<MoeBuffers<D>>,
     /// The hybrids' buffers (`None`: no delta-net layer or gated attention output).
     hybrid: Option<HybridBuffers<D>>,
+    /// A small batched step's activations quantized for the `mmq_*` products
+    /// (`quantize_rows_f16`'s layout, [`CudaTuning::mmq_max_rows`] rows), which input they
+    /// hold (consecutive products of one input quantize it once), and whether the step being
+    /// launched uses them.
+    xq_rows: Option<D::Buffer<u32>>,
+    xq_holds: Option<(u64, i32)>,
+    mmq_step: bool,
+}
+
+/// Rows and columns of an `mmq_*` block (`MMQ_ROWS`, `MMQ_COLS` in the kernels) and its threads.
+pub const MMQ_ROWS: usize = 16;
+/// See [`MMQ_ROWS`].
+pub const MMQ_COLS: usize = 16;
+const MMQ_THREADS: u32 = 256;
+
+/// Whether a matrix's rows have an `mmq_*` kernel (`mmq_` and [`MatrixSpec::kernel`]).
+fn has_mmq(spec: &MatrixSpec) -> bool {
+    spec.experts == 1 && matches!(spec.ty, TensorType::Q4_K | TensorType::Q6_K)
 }
 
 /// What a batch's delta-net layers and gated attention outputs hold between launches: the
@@ -395,6 +413,17 @@ impl<D: BatchDevice> Prefill<D> {
                 None
             },
             hybrid: HybridBuffers::new(&dev, p)?,
+            xq_rows: if tuning.mmq_max_rows > 0 {
+                let cols = p.matrices.iter().map(|m| m.cols).max().unwrap_or(0);
+                let rows = tuning.mmq_max_rows.min(MAX_BATCH);
+                // (bytes: rows of cols values and cols / 32 pairs of f32 scales)
+                let words = rows * (cols + cols / 4) / 4;
+                Some(dev.alloc_zeros::<u32>(words.max(1), "quantized rows")?)
+            } else {
+                None
+            },
+            xq_holds: None,
+            mmq_step: false,
             dev,
         })
     }
@@ -411,6 +440,10 @@ impl<D: BatchDevice> Prefill<D> {
         block: u32,
         args: &[Value],
     ) -> Result<(), CudaError> {
+        // (any other kernel may write the rows the quantized ones came from)
+        if !kernel.starts_with("mmq_") {
+            self.xq_holds = None;
+        }
         self.dev.launch(kernel, grid, block, args)
     }
 
@@ -469,6 +502,7 @@ impl<D: BatchDevice> Prefill<D> {
         c: u64,
         beta: f32,
     ) -> Result<(), CudaError> {
+        self.xq_holds = None;
         self.dev.gemm(Gemm {
             w16,
             rows,
@@ -525,6 +559,9 @@ impl<D: BatchDevice> Prefill<D> {
         beta: f32,
     ) -> Result<(), CudaError> {
         let spec = &p.matrices[m];
+        if self.mmq_step && has_mmq(spec) {
+            return self.product_mmq(spec, at.matrices[m], a, n, c, beta);
+        }
         // F16 weights are GEMM operands as they are; kept f16 copies too.
         let kept = self.w16_kept.get(m).copied().flatten();
         let w16 = if spec.ty == TensorType::F16 {
@@ -537,6 +574,65 @@ impl<D: BatchDevice> Prefill<D> {
             dst
         };
         self.gemm(w16, spec.rows, spec.cols, a, n, c, beta)
+    }
+
+    /// [`Prefill::product`] of a small batched step: the `n` f16 input rows at `a` quantized
+    /// to Q8_K (once for consecutive products of the same input), then `mmq_*`, which reads
+    /// the matrix's blocks once for every row on the int8 tensor cores.
+    fn product_mmq(
+        &mut self,
+        spec: &MatrixSpec,
+        w: u64,
+        a: u64,
+        n: usize,
+        c: u64,
+        beta: f32,
+    ) -> Result<(), CudaError> {
+        let cols = spec.cols;
+        let xq = self
+            .xq_rows
+            .as_ref()
+            .map(|b| self.dev.address(b))
+            .expect("the quantized rows are kept when mmq_max_rows > 0");
+        let mode = activation_format(spec.ty).expect("an 8-bit activation format");
+        if self.xq_holds != Some((a, mode)) {
+            self.run(
+                "quantize_rows_f16",
+                (cols.div_ceil(256 * 8) as u32, n as u32),
+                256,
+                &[
+                    Value::Ptr(a),
+                    Value::Ptr(xq),
+                    Value::I32(cols as i32),
+                    Value::I32(mode),
+                ],
+            )?;
+            self.xq_holds = Some((a, mode));
+        }
+        self.run(
+            &format!("mmq_{}", spec.kernel),
+            (
+                n.div_ceil(MMQ_COLS) as u32,
+                spec.rows.div_ceil(MMQ_ROWS) as u32,
+            ),
+            MMQ_THREADS,
+            &[
+                Value::Ptr(w),
+                Value::I32(spec.row_bytes() as i32),
+                Value::I32((cols / 32) as i32),
+                Value::I32(spec.rows as i32),
+                Value::Ptr(xq),
+                Value::I32(n as i32),
+                Value::Ptr(c),
+                Value::F32(beta),
+            ],
+        )
+    }
+
+    /// Whether matrices `ms` go through `mmq_*` in the step being launched (then not as one
+    /// stacked f16 GEMM).
+    fn all_mmq(&self, p: &DecodePlan, ms: &[usize]) -> bool {
+        self.mmq_step && ms.iter().all(|&m| has_mmq(&p.matrices[m]))
     }
 
     /// Keeps an f16 copy of every quantized matrix, so that a batch's GEMMs read each weight
@@ -718,7 +814,7 @@ impl<D: BatchDevice> Prefill<D> {
             let q_dim = ar.n_head * ar.head_dim;
             let kv_dim = ar.n_head_kv * ar.head_dim;
             let fused_qkv = match rows {
-                Placement::Slots { .. } if !ar.gated_output => {
+                Placement::Slots { .. } if !ar.gated_output && !self.all_mmq(p, &ar.qkv) => {
                     self.qkv_kept.get(l).copied().flatten()
                 }
                 _ => None,
@@ -928,8 +1024,10 @@ impl<D: BatchDevice> Prefill<D> {
         let n_ff = p.matrices[g].rows;
         let total = (n * n_ff) as u64;
         let fused_gu = match rows {
-            Placement::Slots { .. } => self.gate_up_kept.get(l).copied().flatten(),
-            Placement::Prompt { .. } => None,
+            Placement::Slots { .. } if !self.all_mmq(p, &[g, u]) => {
+                self.gate_up_kept.get(l).copied().flatten()
+            }
+            _ => None,
         };
         match (fused_gu, &self.gate_up_rows) {
             (Some(w), Some(rows_buf)) => {
@@ -1772,8 +1870,14 @@ impl<D: BatchDevice> Prefill<D> {
         n: usize,
         (slot_stride, spare): (&[usize], u32),
     ) -> Result<(), CudaError> {
-        self.launch_layers(p, at, n, Placement::Slots { slot_stride, spare })?;
-        self.logits_rows(p, at, n).map(|_| ())
+        self.mmq_step = self.xq_rows.is_some() && n <= self.tuning.mmq_max_rows;
+        self.xq_holds = None;
+        let launched = self
+            .launch_layers(p, at, n, Placement::Slots { slot_stride, spare })
+            .and_then(|()| self.logits_rows(p, at, n).map(|_| ()));
+        self.mmq_step = false;
+        self.xq_holds = None;
+        launched
     }
 
     /// The output head over the `n` rows of the residual stream: their logits in

@@ -56,6 +56,10 @@ pub struct CudaTuning {
     /// leaves no room for stay in pinned host memory, read over the bus ([`crate::tiers`]);
     /// `None`: no budget, all on the device.
     pub gpu_memory: Option<u64>,
+    /// Batched decode steps of at most this many rows multiply Q4_K and Q6_K matrices on the
+    /// int8 tensor cores against 8-bit activations (`mmq_*`, reading the quantized blocks)
+    /// instead of f16 GEMMs (`FERROLM_CUDA_MMQ_MAX_ROWS`; 0: never).
+    pub mmq_max_rows: usize,
 }
 
 impl Default for CudaTuning {
@@ -77,6 +81,7 @@ impl Default for CudaTuning {
             f16_weights: true,
             f16_experts: true,
             gpu_memory: None,
+            mmq_max_rows: 64,
         }
     }
 }
@@ -107,6 +112,7 @@ impl CudaTuning {
             f16_weights: unset("FERROLM_CUDA_NO_F16_WEIGHTS"),
             f16_experts: unset("FERROLM_CUDA_NO_F16_EXPERTS"),
             gpu_memory: None,
+            mmq_max_rows: number("FERROLM_CUDA_MMQ_MAX_ROWS").unwrap_or(d.mmq_max_rows),
         }
     }
 

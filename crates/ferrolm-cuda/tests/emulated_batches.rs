@@ -262,9 +262,19 @@ fn batched_steps(
     // per-pair expert products, the fused products of the kept copies.
     let launched = &prefill.device().launched;
     let mut expected = vec!["rope_rows_slots", "attn_rows"];
+    // (Q4_K and Q6_K matrices on the int8 tensor cores, the others as before)
+    let int8_type = |m: usize| matches!(plan.matrices[m].ty, TensorType::Q4_K | TensorType::Q6_K);
+    let int8 = batch <= tuning.mmq_max_rows;
+    if int8 && (0..plan.matrices.len()).any(|m| int8_type(m) && plan.matrices[m].experts == 1) {
+        expected.extend(["quantize_rows_f16", "mmq_"]);
+    }
+    let stacked_ffn = plan
+        .layers
+        .iter()
+        .any(|r| r.moe.is_none() && !(int8 && r.ffn[..2].iter().all(|&m| int8_type(m))));
     if plan.max_experts > 0 {
         expected.extend(["moe_group", "rms_norm_rows_f32"]);
-    } else if keep_f16 {
+    } else if keep_f16 && stacked_ffn {
         expected.push("_pairs_f16");
     }
     if plan.recurrent() {
@@ -375,8 +385,13 @@ fn the_batched_step_computes_what_the_cpu_computes() {
         for batch in [1, 3, 8] {
             distances.extend(batched_steps(&name, &spec, &tuning, batch, false, None));
         }
+        // (the Q4_K and Q6_K matrices through the f16 copies too, not the int8 tensor cores)
         let copies = format!("{name} (f16 copies)");
-        distances.extend(batched_steps(&copies, &spec, &tuning, 3, true, None));
+        let f16 = CudaTuning {
+            mmq_max_rows: 0,
+            ..tuning.clone()
+        };
+        distances.extend(batched_steps(&copies, &spec, &f16, 3, true, None));
         distances.iter().for_each(Distance::assert_close);
     }
     // Hybrids (each row's delta-net states its own slot's, fresh at position 0; the attention

@@ -144,6 +144,17 @@ pub fn run(dev: &HostDevice, name: &str, grid: (u32, u32), block: u32, args: &[V
                 .collect();
             mem.write(at, &y);
         }
+    } else if name == "quantize_rows_f16" {
+        // quantize_rows_f16(x, xq, n, mode): block (group of 8 x 256 values, row)
+        let n = a.int(2);
+        assert!(grid.0 as usize * 8 * 256 >= n, "{name}: values left out");
+        for t in 0..grid.1 as usize {
+            let row = mem.f16s(a.ptr(0) + (2 * t * n) as u64, n);
+            let at = a.ptr(1) + (t * (n + 8 * (n / 32))) as u64;
+            mem.quantize(at, n + 8 * (n / 32), row, a.int(3) as i32);
+        }
+    } else if let Some(kernel) = name.strip_prefix("mmq_") {
+        mmq(dev, mem, kernel, grid, block, &a);
     } else if name == "delta_conv_rows_runs" {
         // (the runs of tokens: the same outputs and state)
         delta_conv_rows(mem, &a);
@@ -428,6 +439,34 @@ fn products(
     (first..first + n)
         .map(|r| kernel.dot(x.len(), mem.bytes(base + (r * rb) as u64, rb), &act))
         .collect()
+}
+
+/// mmq_T(W, row_bytes, n_chunks, n_rows, xq, n_cols, y, beta): block (16 columns, 16 rows);
+/// column t of y (n_rows wide) = W . row t of xq (+ beta times what it held), as the CPU's dot
+/// kernel multiplies them.
+fn mmq(dev: &HostDevice, mem: &mut Memory, kernel: &str, grid: (u32, u32), block: u32, a: &Args) {
+    use ferrolm_cuda::prefill::{MMQ_COLS, MMQ_ROWS};
+    let (rb, cols, n_rows, n_cols) = (a.int(1), 32 * a.int(2), a.int(3), a.int(5));
+    let (m, first) = dev.matrix(a.ptr(0));
+    let spec = &dev.plan.matrices[m];
+    assert_eq!(
+        (kernel, rb, cols, first),
+        (spec.kernel, spec.row_bytes(), spec.cols, 0)
+    );
+    assert!(grid.0 as usize * MMQ_COLS >= n_cols, "columns left out");
+    assert!(grid.1 as usize * MMQ_ROWS >= n_rows, "rows left out");
+    assert_eq!(block, 256, "eight warps");
+    let beta = a.float(7);
+    for t in 0..n_cols {
+        let x = mem.quantized(a.ptr(4) + (t * (cols + 8 * (cols / 32))) as u64, spec.ty);
+        let mut y = products(dev, mem, a.ptr(0), 0, n_rows, &x);
+        let out = a.ptr(6) + (4 * t * n_rows) as u64;
+        if beta != 0.0 {
+            let was = mem.f32s(out, n_rows);
+            y.iter_mut().zip(was).for_each(|(y, w)| *y += beta * w);
+        }
+        mem.write(out, &y);
+    }
 }
 
 /// rope_rows (token t at position pos0 + t, its q, k, v rows packed) or, `by_slot`,

@@ -22,6 +22,9 @@ use ferrolm_gguf::GgufFile;
 pub struct Memory {
     allocations: BTreeMap<u64, Vec<u8>>,
     next: u64,
+    /// What `quantize_rows_f16` quantized at an address, and for which activation format:
+    /// the values themselves (the products quantize them again with the CPU's kernels).
+    quantized: BTreeMap<u64, (Vec<f32>, i32)>,
 }
 
 impl Memory {
@@ -103,6 +106,28 @@ impl Memory {
     /// `n` u32s at `addr`.
     pub fn u32s(&self, addr: u64, n: usize) -> Vec<u32> {
         self.read(addr, n)
+    }
+
+    /// `values` quantized for activation format `mode` into the `bytes` at `addr` (which
+    /// must lie in an allocation).
+    pub fn quantize(&mut self, addr: u64, bytes: usize, values: Vec<f32>, mode: i32) {
+        self.locate(addr, bytes);
+        self.quantized.insert(addr, (values, mode));
+    }
+
+    /// What [`Memory::quantize`] put at `addr`, checked to be in the format rows of type `ty`
+    /// multiply.
+    pub fn quantized(&self, addr: u64, ty: ferrolm_gguf::TensorType) -> Vec<f32> {
+        let (values, mode) = self
+            .quantized
+            .get(&addr)
+            .unwrap_or_else(|| panic!("no quantized activations at {addr:#x}"));
+        assert_eq!(
+            Some(*mode),
+            ferrolm_cuda::schedule::activation_format(ty),
+            "activations quantized for another row type"
+        );
+        values.clone()
     }
 }
 
