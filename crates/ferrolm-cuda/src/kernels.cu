@@ -2701,15 +2701,13 @@ extern "C" __global__ void attn_tile(const float* q, const u16* kc, const u16* v
 // ---- the prompt's attention on the tensor cores ----
 //
 // Flash attention with mma.sync m16n8k16 (f16 operands, f32 accumulation): block (h, y) takes
-// query head h for 64 tokens of the batch (16 a warp), key tiles of FK positions staged in
+// query head h for FQ tokens of the batch (16 a warp), key tiles of FK positions staged in
 // shared memory as f16 (the cache's own values), the query rounded to f16 as the CPU rounds
 // it. S = Q K^T, the scaled and masked scores' running max and sum per row, the
 // probabilities (unnormalized, rounded to f16) times V accumulated in f32, divided by the sum
 // at the end. Fragment layouts: PTX ISA, "Matrix Fragments for mma.m16n8k16" (g = lane / 4,
 // c = lane % 4; A: rows g, g+8, columns 2c, 2c+1 and 8 more; B: rows 2c, 2c+1 and 8 more,
 // column g; C: rows g, g+8, columns 2c, 2c+1).
-#define FQ 64
-#define FK 32
 #define FPAD 8
 
 __device__ __forceinline__ void mma16816(float* d, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0,
@@ -2725,7 +2723,7 @@ __device__ __forceinline__ u32 pack_h2(float lo, float hi) {
     return (u32)f2h(lo) | ((u32)f2h(hi) << 16);
 }
 
-template <int HD>
+template <int HD, int FQ, int FK>
 __device__ __forceinline__ void attn_mma(const float* q, const u16* kc, const u16* vc, u16* out,
                                          int pos0, int n_tok, int n_head, int n_head_kv,
                                          float scale, float cap, int window,
@@ -2874,15 +2872,19 @@ __device__ __forceinline__ void attn_mma(const float* q, const u16* kc, const u1
     }
 }
 
-#define ATTN_MMA(HD)                                                                             \
-    extern "C" __global__ void __launch_bounds__(128)                                            \
+// Heads of HD, FQ queries a block (a warp per 16), FK keys a tile: heads of 256 take half the
+// queries and keys, so that the staged rows fit the 48 KB of static shared memory.
+#define ATTN_MMA(HD, FQ, FK)                                                                     \
+    extern "C" __global__ void __launch_bounds__(2 * FQ)                                         \
         attn_mma_##HD(const float* q, const u16* kc, const u16* vc, u16* out, int pos0,          \
                       int n_tok, int n_head, int n_head_kv, float scale, float cap,            \
                       int window, const float* sinks) {                                          \
-        attn_mma<HD>(q, kc, vc, out, pos0, n_tok, n_head, n_head_kv, scale, cap, window, sinks); \
+        attn_mma<HD, FQ, FK>(q, kc, vc, out, pos0, n_tok, n_head, n_head_kv, scale, cap,        \
+                             window, sinks);                                                     \
     }
-ATTN_MMA(64)
-ATTN_MMA(128)
+ATTN_MMA(64, 64, 32)
+ATTN_MMA(128, 64, 32)
+ATTN_MMA(256, 32, 16)
 
 // out = silu(g) * u as f16, over n values.
 extern "C" __global__ void swiglu_f16(const float* g, const float* u, u16* out, long long n) {

@@ -31,15 +31,14 @@ const DELTA_CHUNK: usize = 64;
 /// Tokens per block of the batched attention (`QT` in the kernels).
 const ATTN_TILE: usize = 16;
 
-/// Tokens per block of the tensor-core attention (`FQ` in the kernels).
-const MMA_QUERIES: usize = 64;
-
-/// The tensor-core attention kernel for heads of `head_dim` (`attn_mma_64`, `attn_mma_128`),
-/// or `None`: the f32 tiles (`attn_tile`) then.
-fn mma_attention(head_dim: usize) -> Option<&'static str> {
+/// The tensor-core attention kernel for heads of `head_dim` (`attn_mma_64`, `_128`, `_256`)
+/// and its tokens per block (`FQ` in the kernels: 16 a warp), or `None`: the f32 tiles
+/// (`attn_tile`) then.
+pub fn mma_attention(head_dim: usize) -> Option<(&'static str, usize)> {
     match head_dim {
-        64 => Some("attn_mma_64"),
-        128 => Some("attn_mma_128"),
+        64 => Some(("attn_mma_64", 64)),
+        128 => Some(("attn_mma_128", 64)),
+        256 => Some(("attn_mma_256", 32)),
         _ => None,
     }
 }
@@ -910,11 +909,11 @@ impl<D: BatchDevice> Prefill<D> {
                         .tensor_core_attention
                         .then(|| mma_attention(ar.head_dim))
                         .flatten();
-                    let (kernel, tile) = match mma {
-                        Some(kernel) => (kernel, MMA_QUERIES),
+                    let (kernel, tile, threads) = match mma {
+                        Some((kernel, queries)) => (kernel, queries, 2 * queries as u32),
                         None => {
                             args.push(Value::I32(ar.head_dim as i32));
-                            ("attn_tile", ATTN_TILE)
+                            ("attn_tile", ATTN_TILE, 128)
                         }
                     };
                     args.extend([
@@ -926,7 +925,7 @@ impl<D: BatchDevice> Prefill<D> {
                     self.run(
                         kernel,
                         (ar.n_head as u32, n.div_ceil(tile) as u32),
-                        128,
+                        threads,
                         &args,
                     )?;
                 }
@@ -2005,16 +2004,18 @@ mod tests {
     #[test]
     fn the_tensor_core_attention_kernels_are_in_the_source() {
         let src = crate::kernels::SOURCE.as_str();
-        assert!(src.contains("void __launch_bounds__(128)                                            \\\n        attn_mma_##HD("));
-        for hd in [64, 128] {
-            let name = mma_attention(hd).expect("served");
+        assert!(src.contains("void __launch_bounds__(2 * FQ)"));
+        for hd in [64, 128, 256] {
+            let (name, queries) = mma_attention(hd).expect("served");
             let width = name.strip_prefix("attn_mma_").expect("name");
             assert_eq!(width, hd.to_string());
-            assert!(src.contains(&format!("\nATTN_MMA({hd})\n")), "{name}");
+            assert!(
+                src.contains(&format!("\nATTN_MMA({hd}, {queries}, ")),
+                "{name}"
+            );
         }
         // Other widths take the f32 tiles.
         assert_eq!(mma_attention(80), None);
-        assert_eq!(mma_attention(256), None);
-        assert!(src.contains(&format!("#define FQ {MMA_QUERIES}\n")));
+        assert_eq!(mma_attention(96), None);
     }
 }

@@ -498,6 +498,10 @@ fn check_prompt(what: &str, spec: &SyntheticSpec, tuning: &CudaTuning, n: usize)
         .delta_net
         .as_ref()
         .is_some_and(|n| [64, 128].contains(&n.state_size));
+    if let Some((kernel, _)) = ferrolm_cuda::prefill::mma_attention(spec.head_dim) {
+        let launched = launched.iter().any(|l| l == kernel);
+        assert_eq!(launched, tuning.tensor_core_attention, "{what}: {kernel}");
+    }
     for (kernel, served) in [
         ("moe_group_warp", plan.max_experts > 0),
         ("delta_conv_rows_runs", spec.delta_net.is_some()),
@@ -551,6 +555,11 @@ fn the_prompt_pass_computes_what_the_cpu_computes() {
     wide.n_head = 4;
     wide.head_dim = 128;
     check_prompt("llama, heads of 128", &wide, &tensor_cores, 80);
+    let mut gemma = SyntheticSpec::small("gemma3");
+    gemma.n_layer = 2;
+    gemma.head_dim = 256;
+    gemma.sliding_window = Some(8);
+    check_prompt("gemma3, heads of 256", &gemma, &tensor_cores, 80);
     // Hybrids (their delta-nets' states carried from one batch to the next, started from
     // zeros at position 0; the attention layers' gated output): qwen3next in both layouts,
     // qwen35 (value heads tiling the key heads), qwen35moe. Their positions sit near 2e-4

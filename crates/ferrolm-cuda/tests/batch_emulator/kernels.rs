@@ -204,7 +204,9 @@ pub fn run(dev: &HostDevice, name: &str, grid: (u32, u32), block: u32, args: &[V
     } else if let Some(hd) = name.strip_prefix("attn_mma_") {
         // attn_mma_HD(q, kc, vc, out, pos0, n, n_head, n_head_kv, scale, cap, window)
         let hd: usize = hd.parse().expect("a head width");
-        prompt_attention(mem, grid, 64, hd, &a, [8, 9, 10]);
+        let (_, queries) = ferrolm_cuda::prefill::mma_attention(hd).expect("a served width");
+        assert_eq!(block as usize, 2 * queries, "{name}: a warp per 16 queries");
+        prompt_attention(mem, grid, queries, hd, &a, [8, 9, 10]);
     } else if name == "attn_tile" {
         // attn_tile(q, kc, vc, out, pos0, n, n_head, n_head_kv, hd, scale, cap, window)
         prompt_attention(mem, grid, 16, a.int(8), &a, [9, 10, 11]);
