@@ -1507,6 +1507,27 @@ __device__ __forceinline__ float gelu_table(float g) {
     return h2f(f2h(0.5f * x * (1.f + t)));
 }
 
+// A batched step's gated activations act(g) * u (act as the decode step's: GLU_*) over rows of
+// n values: f16 into out, and each row quantized from f32 into xq's row (quantize_rows_f16's
+// layout) for the down product's mmq_*. Grid: (groups of 2048, rows), a warp per 256 values.
+extern "C" __global__ void glu_rows_q(const float* g, const float* u, u16* out, u8* xq, int n,
+                                      int act, int mode) {
+    int grp = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    if (256 * grp >= n) return;
+    size_t r = blockIdx.y;
+    float v[8];
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        int j = 256 * grp + 8 * lane + i;
+        float gv = j < n ? g[r * n + j] : 0.f, uv = j < n ? u[r * n + j] : 0.f;
+        v[i] = act == GLU_OAI    ? swiglu_oai_f(gv, uv)
+               : act == GLU_GELU ? gelu_table(gv) * uv
+                                 : gv / (1.f + expf(-gv)) * uv;
+        if (j < n) out[r * n + j] = f2h(v[i]);
+    }
+    quantize_group(v, xq + r * (n + 8 * (n / 32)), n, grp, mode);
+}
+
 // out[r] = act(G[r] . x) * (U[r] . x), act silu or GELU: the gate and up products and the
 // gated activation in one launch (a warp per row of both matrices).
 template <typename T, bool Q, bool STAGE = false>
@@ -1623,7 +1644,7 @@ __device__ __forceinline__ void matvec_glu(const u8* G, const u8* U, int row_byt
 // groups, row groups), the column groups of the same rows side by side (the weights from L2).
 #define MMQ_ROWS 16
 #define MMQ_COLS 16
-#define MMQ_WARPS 8
+#define MMQ_WARPS 4
 
 __device__ __forceinline__ void mma_s8_16816(int* d, u32 a0, u32 a1, u32 b) {
     asm volatile(
@@ -1695,6 +1716,35 @@ struct MmqQ6K {
     }
 };
 
+// A lane's activation words of one super-block (chunk j, n-tile nt, half h) and the Q8_K
+// scales of its output columns (n-tile nt, 2c + e).
+template <int NT>
+struct MmqActs {
+    u32 b[8][NT][2];
+    float d[NT][2];
+    __device__ __forceinline__ void load(const u8* const* xcol, const bool* has, const u8* xq,
+                                         int sb, int c, int t0, int n_cols, size_t stride,
+                                         int n_chunks) {
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                for (int h = 0; h < 2; h++)
+                    b[j][nt][h] = has[nt] ? LD((const u32*)(xcol[nt] + 32 * (size_t)(8 * sb + j) +
+                                                            16 * h + 4 * c))
+                                          : 0u;
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                int t = min(t0 + 8 * nt + 2 * c + e, n_cols - 1);
+                d[nt][e] = LD((const float*)(xq + (size_t)t * stride + 32 * (size_t)n_chunks) +
+                              8 * sb);
+            }
+    }
+};
+
 template <typename T>
 __device__ __forceinline__ void mmq(const u8* __restrict__ W, int row_bytes, int n_chunks,
                                     int n_rows, const u8* __restrict__ xq, int n_cols, float* y,
@@ -1707,8 +1757,7 @@ __device__ __forceinline__ void mmq(const u8* __restrict__ W, int row_bytes, int
     const u8* rows[2] = {W + (size_t)min(r0 + g, n_rows - 1) * row_bytes,
                          W + (size_t)min(r0 + g + 8, n_rows - 1) * row_bytes};
     size_t stride = (size_t)n_chunks * 40;
-    // This lane's activation column of each n-tile (zeros past n_cols), and the columns of its
-    // outputs (2c, 2c + 1).
+    // This lane's activation column of each n-tile (zeros past n_cols).
     const u8* xcol[NT];
     bool has[NT];
 #pragma unroll
@@ -1723,46 +1772,40 @@ __device__ __forceinline__ void mmq(const u8* __restrict__ W, int row_bytes, int
         for (int e = 0; e < 4; e++) acc[nt][e] = 0.f;
     const u32 ones = 0x01010101u;
     int n_super = n_chunks / 8;
+    // The next super-block's weights and activations are loaded while this one's are used.
     T cur[2], next[2];
+    MmqActs<NT> x, x_next;
     int sb = warp;
     if (sb < n_super) {
         cur[0].load(rows[0], sb, n_super, c);
         cur[1].load(rows[1], sb, n_super, c);
+        x.load(xcol, has, xq, sb, c, t0, n_cols, stride, n_chunks);
     }
     for (; sb < n_super; sb += MMQ_WARPS) {
         if (sb + MMQ_WARPS < n_super) {
             next[0].load(rows[0], sb + MMQ_WARPS, n_super, c);
             next[1].load(rows[1], sb + MMQ_WARPS, n_super, c);
+            x_next.load(xcol, has, xq, sb + MMQ_WARPS, c, t0, n_cols, stride, n_chunks);
         }
         int isum[NT][4], msum[NT][4];
 #pragma unroll
         for (int nt = 0; nt < NT; nt++)
 #pragma unroll
             for (int e = 0; e < 4; e++) isum[nt][e] = msum[nt][e] = 0;
-        int sc[2][8], mn[2][8];
-        if constexpr (!Q6) {
-#pragma unroll
-            for (int r = 0; r < 2; r++)
-#pragma unroll
-                for (int j = 0; j < 8; j++) scale_min_k4_words(cur[r].head, j, &sc[r][j], &mn[r][j]);
-        }
 #pragma unroll
         for (int j = 0; j < 8; j++) {
-            int cc = 8 * sb + j;
-            u32 a[2][2];
+            int sc[2], mn[2];
+            if constexpr (!Q6) {
 #pragma unroll
-            for (int h = 0; h < 2; h++) {
-                a[0][h] = cur[0].word(j, h);
-                a[1][h] = cur[1].word(j, h);
+                for (int r = 0; r < 2; r++) scale_min_k4_words(cur[r].head, j, &sc[r], &mn[r]);
             }
 #pragma unroll
             for (int nt = 0; nt < NT; nt++) {
                 int s[2][4] = {{0, 0, 0, 0}, {0, 0, 0, 0}}, as[2][4] = {{0, 0, 0, 0}, {0, 0, 0, 0}};
 #pragma unroll
                 for (int h = 0; h < 2; h++) {
-                    u32 b = has[nt] ? LD((const u32*)(xcol[nt] + 32 * (size_t)cc + 16 * h + 4 * c)) : 0u;
-                    mma_s8_16816(s[h], a[0][h], a[1][h], b);
-                    mma_s8_16816(as[h], ones, ones, b);
+                    mma_s8_16816(s[h], cur[0].word(j, h), cur[1].word(j, h), x.b[j][nt][h]);
+                    mma_s8_16816(as[h], ones, ones, x.b[j][nt][h]);
                 }
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
@@ -1771,8 +1814,8 @@ __device__ __forceinline__ void mmq(const u8* __restrict__ W, int row_bytes, int
                         isum[nt][e] += cur[r].scale(j, 0) * (s[0][e] - 32 * as[0][e]) +
                                        cur[r].scale(j, 1) * (s[1][e] - 32 * as[1][e]);
                     } else {
-                        isum[nt][e] += sc[r][j] * (s[0][e] + s[1][e]);
-                        msum[nt][e] += mn[r][j] * (as[0][e] + as[1][e]);
+                        isum[nt][e] += sc[r] * (s[0][e] + s[1][e]);
+                        msum[nt][e] += mn[r] * (as[0][e] + as[1][e]);
                     }
                 }
             }
@@ -1780,28 +1823,22 @@ __device__ __forceinline__ void mmq(const u8* __restrict__ W, int row_bytes, int
         // The super-block's float scales: the activations' (Q8_K: one per 256) of columns
         // 2c, 2c + 1, the rows'.
 #pragma unroll
-        for (int nt = 0; nt < NT; nt++) {
-            float ad[2];
-#pragma unroll
-            for (int e = 0; e < 2; e++) {
-                int t = min(t0 + 8 * nt + 2 * c + e, n_cols - 1);
-                ad[e] = ((const float*)(xq + (size_t)t * stride + 32 * (size_t)n_chunks))[8 * sb];
-            }
+        for (int nt = 0; nt < NT; nt++)
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 int r = e >> 1;
                 if constexpr (Q6) {
-                    acc[nt][e] += ad[e & 1] * h2f(cur[r].d) * (float)isum[nt][e];
+                    acc[nt][e] += x.d[nt][e & 1] * h2f(cur[r].d) * (float)isum[nt][e];
                 } else {
                     float d = h2f((u16)(cur[r].head.x & 0xffff)),
                           dmin = h2f((u16)(cur[r].head.x >> 16));
                     acc[nt][e] +=
-                        ad[e & 1] * (d * (float)isum[nt][e] - dmin * (float)msum[nt][e]);
+                        x.d[nt][e & 1] * (d * (float)isum[nt][e] - dmin * (float)msum[nt][e]);
                 }
             }
-        }
         cur[0] = next[0];
         cur[1] = next[1];
+        x = x_next;
     }
 #pragma unroll
     for (int nt = 0; nt < NT; nt++)
@@ -1879,7 +1916,8 @@ __device__ __forceinline__ void load8(const float* p, bool ok, float* v) {
 // are not read twice.
 template <bool QUANT>
 __device__ __forceinline__ void rms_norm_groups(const float* x, const float* w, float* out,
-                                                u8* xq, int n, float eps, int mode) {
+                                                u8* xq, int n, float eps, int mode,
+                                                u16* out16 = nullptr) {
     step_begin();
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
     int j0 = 256 * warp + 8 * lane;
@@ -1908,6 +1946,14 @@ __device__ __forceinline__ void rms_norm_groups(const float* x, const float* w, 
         for (int i = 0; i < 8; i++) v[i] = (xv[i] * scale) * wv[i];
         if constexpr (QUANT) {
             quantize_group(v, xq, n, g, mode);
+            if (out16 && j < n) {
+                uint4 hv;
+                hv.x = (u32)f2h(v[0]) | ((u32)f2h(v[1]) << 16);
+                hv.y = (u32)f2h(v[2]) | ((u32)f2h(v[3]) << 16);
+                hv.z = (u32)f2h(v[4]) | ((u32)f2h(v[5]) << 16);
+                hv.w = (u32)f2h(v[6]) | ((u32)f2h(v[7]) << 16);
+                *(uint4*)(out16 + j) = hv;
+            }
         } else if (j < n) {
             float4* o = (float4*)(out + j);
             o[0] = make_float4(v[0], v[1], v[2], v[3]);
@@ -1923,6 +1969,16 @@ extern "C" __global__ void rms_norm(const float* x, const float* w, float* out, 
 extern "C" __global__ void rms_norm_q(const float* x, const float* w, u8* xq, int n, float eps,
                                       int mode) {
     rms_norm_groups<true>(x, w, nullptr, xq, n, eps, mode);
+}
+
+// Row blockIdx.x of a batched step's residual stream normed as rms_norm_q norms one token's,
+// quantized from f32 into xq's row (quantize_rows_f16's layout: the mmq_* products' input, as
+// the CPU quantizes it) and written as f16 for the other products.
+extern "C" __global__ void rms_norm_rows_q(const float* x, const float* w, u16* out, u8* xq,
+                                           int n, float eps, int mode) {
+    size_t r = blockIdx.x;
+    rms_norm_groups<true>(x + r * n, w, nullptr, xq + r * (n + 8 * (n / 32)), n, eps, mode,
+                          out + r * n);
 }
 
 // Block b of a token's heads: b < n_head rotates query head b in place; otherwise it rotates

@@ -282,10 +282,14 @@ extern "C" __global__ void delta_chunk_gram(const float* conv, float* gram, int 
 // memory) through the chunks: the right-hand sides u_t = beta_t (v_t - e^{G_t} S0^T k_t), the
 // unit lower-triangular solve (one warp, a column a lane), the read-outs e^{G_t} S0^T q_t +
 // sum_{r<=t} e^{G_t - G_r} (q_t . k_r) u_r, the state e^{G_last} S0 + sum_r e^{G_last - G_r}
-// k_r u_r^T. Read-outs (times 1 / sqrt(R)) in f32 rows of out.
+// k_r u_r^T. Read-outs (times 1 / sqrt(R)) in f32 rows of out. Warp w takes tokens w, w + 8,
+// ... and the state's rows w, w + 8, ...; the chunk's keys and queries are staged 8
+// dimensions at a time (X), so that every warp reads them from shared memory.
+#define DELTA_SLICE 8
 // (declared once in the kernel: each instance's own would all be allocated)
 struct DeltaChunkShared {
-    float S[128][32], U[DELTA_CHUNK][32], A[DELTA_CHUNK][DELTA_CHUNK + 1];
+    float S[128][32], U[DELTA_CHUNK][32], A[DELTA_CHUNK][DELTA_CHUNK];
+    float Xk[DELTA_CHUNK][DELTA_SLICE], Xq[DELTA_CHUNK][DELTA_SLICE];
     float beta[DELTA_CHUNK], cum[DELTA_CHUNK], wts[DELTA_CHUNK];
 };
 
@@ -294,10 +298,10 @@ __device__ __forceinline__ void delta_rule_chunks_in(
     const float* conv, const float* ba, int ba_stride, const float* alpha, const float* dt_bias,
     const float* ssm_a, const float* gram, float* state, int pos0, float* out, int n_k_heads,
     int n_v_heads, int tiled, int n, DeltaChunkShared& sh) {
-    constexpr int C = DELTA_CHUNK, J = 32, W = 8;
+    constexpr int C = DELTA_CHUNK, J = 32, W = 8, M = C / W, X = DELTA_SLICE;
     float(*S)[J] = sh.S;
     float(*U)[J] = sh.U;
-    float(*A)[C + 1] = sh.A;
+    float(*A)[C] = sh.A;
     float *beta = sh.beta, *cum = sh.cum, *wts = sh.wts;
     int vh = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5, tid = threadIdx.x;
     int j = blockIdx.y * J + lane, ratio = n_v_heads / n_k_heads;
@@ -313,47 +317,54 @@ __device__ __forceinline__ void delta_rule_chunks_in(
         const float* rows = conv + (size_t)t0 * channels;
         const float* keys = rows + key_dim + kh * R;
         const float* queries = rows + kh * R;
+        // The rates and log-decays (wts holds the decays until the prefix sums), then each
+        // token's cumulative log-decay summed from the chunk's first, in order.
         if (tid < l) {
             float b, a;
             delta_rate_decay(ba + (size_t)(t0 + tid) * ba_stride,
                              alpha ? alpha + (size_t)(t0 + tid) * n_v_heads : nullptr, vh, ratio,
                              b, a);
             beta[tid] = 1.f / (1.f + expf(-b));
-            cum[tid] = softplus_f(a + dtb) * sa;
+            wts[tid] = softplus_f(a + dtb) * sa;
         }
         __syncthreads();
-        if (tid == 0) {
+        if (tid < l) {
             float acc = 0.f;
-            for (int t = 0; t < l; t++) cum[t] = acc = add_rn(acc, cum[t]);
+            for (int r = 0; r <= tid; r++) acc = add_rn(acc, wts[r]);
+            cum[tid] = acc;
         }
-        __syncthreads();
-        // S0^T x_t for four tokens of the warp at a time (x: their keys or queries), each
-        // summed over the state's rows in order from 0.
-        auto state_dots = [&](const float* x, int t, float* acc) {
+        // S0^T k_t and S0^T q_t of the warp's tokens, each summed over the state's rows in
+        // order from 0.
+        float sk[M], sq[M];
 #pragma unroll
-            for (int m = 0; m < 4; m++) acc[m] = 0.f;
-            for (int i = 0; i < R; i += 4) {
-                float s0 = S[i][lane], s1 = S[i + 1][lane], s2 = S[i + 2][lane],
-                      s3 = S[i + 3][lane];
+        for (int m = 0; m < M; m++) sk[m] = sq[m] = 0.f;
+        for (int i0 = 0; i0 < R; i0 += X) {
+            __syncthreads();
+            for (int e = tid; e < C * X; e += blockDim.x) {
+                int t = e / X, i = e % X;
+                sh.Xk[t][i] = t < l ? keys[(size_t)t * channels + i0 + i] : 0.f;
+                sh.Xq[t][i] = t < l ? queries[(size_t)t * channels + i0 + i] : 0.f;
+            }
+            __syncthreads();
+            float sv[X];
 #pragma unroll
-                for (int m = 0; m < 4; m++) {
-                    if (t + m >= l) break;
-                    float4 v = *(const float4*)(x + (size_t)(t + m) * channels + i);
-                    acc[m] = add_rn(acc[m], mul_rn(v.x, s0));
-                    acc[m] = add_rn(acc[m], mul_rn(v.y, s1));
-                    acc[m] = add_rn(acc[m], mul_rn(v.z, s2));
-                    acc[m] = add_rn(acc[m], mul_rn(v.w, s3));
+            for (int i = 0; i < X; i++) sv[i] = S[i0 + i][lane];
+#pragma unroll
+            for (int m = 0; m < M; m++) {
+                int t = warp + W * m;
+#pragma unroll
+                for (int i = 0; i < X; i++) {
+                    sk[m] = add_rn(sk[m], mul_rn(sh.Xk[t][i], sv[i]));
+                    sq[m] = add_rn(sq[m], mul_rn(sh.Xq[t][i], sv[i]));
                 }
             }
-        };
-        for (int t = 4 * warp; t < l; t += 4 * W) {
-            float acc[4];
-            state_dots(keys, t, acc);
+        }
 #pragma unroll
-            for (int m = 0; m < 4; m++) {
-                if (t + m >= l) break;
-                float v = rows[(size_t)(t + m) * channels + 2 * key_dim + vh * R + j];
-                U[t + m][lane] = mul_rn(beta[t + m], v - mul_rn(expf(cum[t + m]), acc[m]));
+        for (int m = 0; m < M; m++) {
+            int t = warp + W * m;
+            if (t < l) {
+                float v = rows[(size_t)t * channels + 2 * key_dim + vh * R + j];
+                U[t][lane] = mul_rn(beta[t], v - mul_rn(expf(cum[t]), sk[m]));
             }
         }
         for (int e = tid; e < C * C; e += blockDim.x) {
@@ -364,6 +375,7 @@ __device__ __forceinline__ void delta_rule_chunks_in(
         if (warp == 0) {
             for (int t = 1; t < l; t++) {
                 float acc = U[t][lane];
+#pragma unroll 8
                 for (int r = 0; r < t; r++) acc = add_rn(acc, mul_rn(A[t][r], U[r][lane]));
                 U[t][lane] = acc;
             }
@@ -375,24 +387,30 @@ __device__ __forceinline__ void delta_rule_chunks_in(
         }
         if (tid < l) wts[tid] = expf(cum[l - 1] - cum[tid]);
         __syncthreads();
-        for (int t = 4 * warp; t < l; t += 4 * W) {
-            float acc[4];
-            state_dots(queries, t, acc);
 #pragma unroll
-            for (int m = 0; m < 4; m++) {
-                int tt = t + m;
-                if (tt >= l) break;
-                float o = mul_rn(expf(cum[tt]), acc[m]);
-                for (int r = 0; r <= tt; r++) o = add_rn(o, mul_rn(A[tt][r], U[r][lane]));
-                out[(size_t)(t0 + tt) * value_dim + vh * R + j] = mul_rn(o, scale);
+        for (int m = 0; m < M; m++) {
+            int t = warp + W * m;
+            if (t < l) {
+                float o = mul_rn(expf(cum[t]), sq[m]);
+#pragma unroll 8
+                for (int r = 0; r <= t; r++) o = add_rn(o, mul_rn(A[t][r], U[r][lane]));
+                out[(size_t)(t0 + t) * value_dim + vh * R + j] = mul_rn(o, scale);
             }
         }
-        __syncthreads();
+        // The state after the chunk, the keys staged (times their weights) 8 rows at a time:
+        // warp w's row i0 + w.
         const float total = expf(cum[l - 1]);
-        for (int i = warp; i < R; i += W) {
+        for (int i0 = 0; i0 < R; i0 += X) {
+            __syncthreads();
+            for (int e = tid; e < C * X; e += blockDim.x) {
+                int t = e / X, i = e % X;
+                sh.Xk[t][i] = t < l ? mul_rn(wts[t], keys[(size_t)t * channels + i0 + i]) : 0.f;
+            }
+            __syncthreads();
+            int i = i0 + warp;
             float x = mul_rn(S[i][lane], total);
-            for (int r = 0; r < l; r++)
-                x = add_rn(x, mul_rn(mul_rn(wts[r], keys[(size_t)r * channels + i]), U[r][lane]));
+#pragma unroll 8
+            for (int r = 0; r < l; r++) x = add_rn(x, mul_rn(sh.Xk[r][warp], U[r][lane]));
             S[i][lane] = x;
         }
         __syncthreads();

@@ -156,7 +156,7 @@ pub struct Prefill<D: BatchDevice = CudaBatch> {
 pub const MMQ_ROWS: usize = 16;
 /// See [`MMQ_ROWS`].
 pub const MMQ_COLS: usize = 16;
-const MMQ_THREADS: u32 = 256;
+const MMQ_THREADS: u32 = 128;
 
 /// Whether a matrix's rows have an `mmq_*` kernel (`mmq_` and [`MatrixSpec::kernel`]).
 fn has_mmq(spec: &MatrixSpec) -> bool {
@@ -786,16 +786,8 @@ impl<D: BatchDevice> Prefill<D> {
         }
         let opt = |i: Option<usize>| Value::Ptr(i.map_or(0, |i| at.vectors[i]));
         for (l, r) in p.layers.iter().enumerate() {
-            let norm = |w: usize| {
-                [
-                    Value::Ptr(x),
-                    Value::Ptr(at.vectors[w]),
-                    Value::Ptr(h),
-                    Value::I32(d as i32),
-                    eps,
-                ]
-            };
-            self.run("rms_norm_rows", (n as u32, 1), 256, &norm(r.attn_norm))?;
+            let next = r.attention().map_or(&[][..], |a| &a.qkv[..]);
+            self.norm_rows(p, at.vectors[r.attn_norm], n, next)?;
             let ar = match &r.mixer {
                 MixerRefs::Attention(a) => a,
                 MixerRefs::DeltaNet(dn) => {
@@ -998,24 +990,18 @@ impl<D: BatchDevice> Prefill<D> {
         rows: Placement<'_>,
     ) -> Result<(), CudaError> {
         let d = p.n_embd;
-        let (x, h) = (self.dev.address(&self.x), self.dev.address(&self.h));
+        let h = self.dev.address(&self.h);
         let (gate, up, act) = (
             self.dev.address(&self.gate),
             self.dev.address(&self.up),
             self.dev.address(&self.act),
         );
-        self.run(
-            "rms_norm_rows",
-            (n as u32, 1),
-            256,
-            &[
-                Value::Ptr(x),
-                Value::Ptr(at.vectors[r.ffn_norm]),
-                Value::Ptr(h),
-                Value::I32(d as i32),
-                Value::F32(p.norm_eps),
-            ],
-        )?;
+        let next = if r.moe.is_some() {
+            &[][..]
+        } else {
+            &r.ffn[..2]
+        };
+        self.norm_rows(p, at.vectors[r.ffn_norm], n, next)?;
         if let Some(m) = &r.moe {
             return self.experts(p, at, (l, r, m), n, rows);
         }
@@ -1048,7 +1034,11 @@ impl<D: BatchDevice> Prefill<D> {
             _ => {
                 self.product(p, at, g, h, n, gate, 0.0)?;
                 self.product(p, at, u, h, n, up, 0.0)?;
-                self.glu_f16(r, [gate, up, act], total)?;
+                if self.all_mmq(p, &[down]) {
+                    self.glu_rows_q(p, r, [gate, up, act], n, down)?;
+                } else {
+                    self.glu_f16(r, [gate, up, act], total)?;
+                }
             }
         }
         self.block_output(
@@ -1590,6 +1580,78 @@ impl<D: BatchDevice> Prefill<D> {
         )
     }
 
+    /// The residual stream's `n` rows normed by `weight` into `h` (f16), and, where the
+    /// products `next` all go through `mmq_*`, quantized from f32 for them too.
+    fn norm_rows(
+        &mut self,
+        p: &DecodePlan,
+        weight: u64,
+        n: usize,
+        next: &[usize],
+    ) -> Result<(), CudaError> {
+        let (x, h) = (self.dev.address(&self.x), self.dev.address(&self.h));
+        let mut args = vec![Value::Ptr(x), Value::Ptr(weight), Value::Ptr(h)];
+        let quantized = self.quantized_rows(p, next);
+        let Some((xq, mode)) = quantized else {
+            args.extend([Value::I32(p.n_embd as i32), Value::F32(p.norm_eps)]);
+            return self.run("rms_norm_rows", (n as u32, 1), 256, &args);
+        };
+        args.extend([
+            Value::Ptr(xq),
+            Value::I32(p.n_embd as i32),
+            Value::F32(p.norm_eps),
+            Value::I32(mode),
+        ]);
+        let warps = p.n_embd.div_ceil(256).clamp(1, 32) as u32;
+        self.run("rms_norm_rows_q", (n as u32, 1), 32 * warps, &args)?;
+        self.xq_holds = Some((h, mode));
+        Ok(())
+    }
+
+    /// The quantized rows' address and activation format when products `ms` (at least one)
+    /// all go through `mmq_*` in the step being launched.
+    fn quantized_rows(&self, p: &DecodePlan, ms: &[usize]) -> Option<(u64, i32)> {
+        let first = *ms.first()?;
+        let xq = self.xq_rows.as_ref()?;
+        let mode = activation_format(p.matrices[first].ty)?;
+        let same = ms
+            .iter()
+            .all(|&m| activation_format(p.matrices[m].ty) == Some(mode));
+        (self.all_mmq(p, ms) && same).then(|| (self.dev.address(xq), mode))
+    }
+
+    /// `out = act(gate) * up` as f16 over the `n` rows, quantized from f32 for the `mmq_*`
+    /// product `down` too.
+    fn glu_rows_q(
+        &mut self,
+        p: &DecodePlan,
+        r: &LayerRefs,
+        [g, u, out]: [u64; 3],
+        n: usize,
+        down: usize,
+    ) -> Result<(), CudaError> {
+        let (xq, mode) = self
+            .quantized_rows(p, &[down])
+            .expect("called for an mmq product");
+        let ff = p.matrices[down].cols;
+        self.run(
+            "glu_rows_q",
+            (ff.div_ceil(2048) as u32, n as u32),
+            256,
+            &[
+                Value::Ptr(g),
+                Value::Ptr(u),
+                Value::Ptr(out),
+                Value::Ptr(xq),
+                Value::I32(ff as i32),
+                Value::I32(r.activation.code()),
+                Value::I32(mode),
+            ],
+        )?;
+        self.xq_holds = Some((out, mode));
+        Ok(())
+    }
+
     /// `out = act(gate) * up` as f16 over `total` values, `r`'s activation.
     fn glu_f16(
         &mut self,
@@ -1892,22 +1954,11 @@ impl<D: BatchDevice> Prefill<D> {
                     .alloc_zeros::<f32>(MAX_BATCH * p.n_vocab, "logits of every row")?,
             );
         }
-        let (x, h) = (self.dev.address(&self.x), self.dev.address(&self.h));
+        let h = self.dev.address(&self.h);
         let logits = self
             .dev
             .address(self.all_logits.as_ref().expect("allocated"));
-        self.run(
-            "rms_norm_rows",
-            (n as u32, 1),
-            256,
-            &[
-                Value::Ptr(x),
-                Value::Ptr(at.vectors[head.out_norm]),
-                Value::Ptr(h),
-                Value::I32(p.n_embd as i32),
-                Value::F32(p.norm_eps),
-            ],
-        )?;
+        self.norm_rows(p, at.vectors[head.out_norm], n, &[head.output])?;
         self.product(p, at, head.output, h, n, logits, 0.0)?;
         self.adjust_logits(p, logits, n * p.n_vocab)?;
         Ok(logits)

@@ -266,7 +266,11 @@ fn batched_steps(
     let int8_type = |m: usize| matches!(plan.matrices[m].ty, TensorType::Q4_K | TensorType::Q6_K);
     let int8 = batch <= tuning.mmq_max_rows;
     if int8 && (0..plan.matrices.len()).any(|m| int8_type(m) && plan.matrices[m].experts == 1) {
-        expected.extend(["quantize_rows_f16", "mmq_"]);
+        expected.push("mmq_");
+    }
+    // (the output head's norm quantizes for an int8 output product)
+    if int8 && plan.head.is_some_and(|h| int8_type(h.output)) {
+        expected.push("rms_norm_rows_q");
     }
     let stacked_ffn = plan
         .layers

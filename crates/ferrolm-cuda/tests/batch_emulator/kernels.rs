@@ -153,6 +153,31 @@ pub fn run(dev: &HostDevice, name: &str, grid: (u32, u32), block: u32, args: &[V
             let at = a.ptr(1) + (t * (n + 8 * (n / 32))) as u64;
             mem.quantize(at, n + 8 * (n / 32), row, a.int(3) as i32);
         }
+    } else if name == "rms_norm_rows_q" {
+        // rms_norm_rows_q(x, w, out, xq, n, eps, mode): a block per row, f16 rows and
+        // quantized ones
+        let (n, eps, mode) = (a.int(4), a.float(5), a.int(6) as i32);
+        let w = mem.f32s(a.ptr(1), n);
+        for r in 0..rows {
+            let x = mem.f32s(a.ptr(0) + (4 * r * n) as u64, n);
+            let y = math::rms_norm(&x, Some(&w), eps);
+            mem.write_f16s(a.ptr(2) + (2 * r * n) as u64, &y);
+            let at = a.ptr(3) + (r * (n + 8 * (n / 32))) as u64;
+            mem.quantize(at, n + 8 * (n / 32), y, mode);
+        }
+    } else if name == "glu_rows_q" {
+        // glu_rows_q(g, u, out, xq, n, act, mode): grid (groups of 2048, rows)
+        let (n, mode) = (a.int(4), a.int(6) as i32);
+        assert!(grid.0 as usize * 2048 >= n, "{name}: values left out");
+        let kernel = ["swiglu", "geglu", "swiglu_oai"][a.int(5)];
+        for r in 0..grid.1 as usize {
+            let g = mem.f32s(a.ptr(0) + (4 * r * n) as u64, n);
+            let u = mem.f32s(a.ptr(1) + (4 * r * n) as u64, n);
+            let y = math::gated(kernel, &g, &u);
+            mem.write_f16s(a.ptr(2) + (2 * r * n) as u64, &y);
+            let at = a.ptr(3) + (r * (n + 8 * (n / 32))) as u64;
+            mem.quantize(at, n + 8 * (n / 32), y, mode);
+        }
     } else if let Some(kernel) = name.strip_prefix("mmq_") {
         mmq(dev, mem, kernel, grid, block, &a);
     } else if name == "delta_conv_rows_runs" {
@@ -457,7 +482,7 @@ fn mmq(dev: &HostDevice, mem: &mut Memory, kernel: &str, grid: (u32, u32), block
     );
     assert!(grid.0 as usize * MMQ_COLS >= n_cols, "columns left out");
     assert!(grid.1 as usize * MMQ_ROWS >= n_rows, "rows left out");
-    assert_eq!(block, 256, "eight warps");
+    assert_eq!(block, 128, "four warps");
     let beta = a.float(7);
     for t in 0..n_cols {
         let x = mem.quantized(a.ptr(4) + (t * (cols + 8 * (cols / 32))) as u64, spec.ty);
