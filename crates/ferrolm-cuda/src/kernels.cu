@@ -397,6 +397,20 @@ extern "C" __global__ void quantize_rows_f16(const u16* x, u8* xq, int n, int mo
     quantize_group(v, xq + (size_t)blockIdx.y * (n + 8 * (n / 32)), n, g, mode);
 }
 
+// The same from f32 rows.
+extern "C" __global__ void quantize_rows_f32(const float* x, u8* xq, int n, int mode) {
+    int g = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    if (256 * g >= n) return;
+    const float* xr = x + (size_t)blockIdx.y * n;
+    float v[8];
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        int j = 256 * g + 8 * lane + i;
+        v[i] = j < n ? xr[j] : 0.f;
+    }
+    quantize_group(v, xq + (size_t)blockIdx.y * (n + 8 * (n / 32)), n, g, mode);
+}
+
 // ---- chunk dequantizers: w[0..32) = the values of chunk c of a row ----
 
 struct F32 {
@@ -1647,7 +1661,8 @@ __device__ __forceinline__ void matvec_glu(const u8* G, const u8* U, int row_byt
 #define MMQ_WARPS 4
 
 __device__ __forceinline__ void mma_s8_16816(int* d, u32 a0, u32 a1, u32 b) {
-    asm volatile(
+    // (not volatile: no side effects, so the compiler may interleave the chunk's products)
+    asm(
         "mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5}, {%6}, "
         "{%0,%1,%2,%3};"
         : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
@@ -2978,11 +2993,12 @@ extern "C" __global__ void rope_rows_slots(float* q, const float* k, const float
 
 // Block (h, t): query head h of token t over its slot's positions 0..pos[t] (the decode step's
 // attention, without splitting the positions: the step has a block per head and token). Writes
-// the normalized output as f16, the rows the output product's GEMM reads.
+// the normalized output as f16, the rows the output product's GEMM reads, or, where out32 is
+// given, as f32 there (to be quantized as the CPU quantizes its f32 rows, for mmq_*).
 extern "C" __global__ void attn_rows(const float* q, const u16* kc, const u16* vc, u16* out,
                                      const u32* slot, const u32* pos, long long slot_stride,
                                      int q_stride, int n_head, int n_head_kv, int hd, float scale,
-                                     float cap, int window, const float* sinks) {
+                                     float cap, int window, const float* sinks, float* out32) {
     __shared__ float so[256];
     int h = blockIdx.x, t = blockIdx.y;
     int kvh = h / (n_head / n_head_kv);
@@ -2994,7 +3010,12 @@ extern "C" __global__ void attn_rows(const float* q, const u16* kc, const u16* v
     attend_tiles(q + (size_t)t * q_stride + (size_t)h * hd, kc + base, vc + base, n_head_kv * hd,
                  kvh * hd, hd, lo, len, scale, cap, M, L, so);
     if (sinks) L += expf(sinks[h] - M);
-    for (int i = threadIdx.x; i < hd; i += blockDim.x) out[row + i] = f2h(so[i] / L);
+    for (int i = threadIdx.x; i < hd; i += blockDim.x) {
+        if (out32)
+            out32[row + i] = so[i] / L;
+        else
+            out[row + i] = f2h(so[i] / L);
+    }
 }
 
 // out[r] = the index of the largest of row r's n values (the first such, as the host's argmax).

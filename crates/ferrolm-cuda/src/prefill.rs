@@ -148,6 +148,8 @@ pub struct Prefill<D: BatchDevice = CudaBatch> {
     /// hold (consecutive products of one input quantize it once), and whether the step being
     /// launched uses them.
     xq_rows: Option<D::Buffer<u32>>,
+    /// Such a step's attention output in f32, the output product's input to quantize.
+    attn32: Option<D::Buffer<f32>>,
     xq_holds: Option<(u64, i32)>,
     mmq_step: bool,
 }
@@ -418,6 +420,12 @@ impl<D: BatchDevice> Prefill<D> {
                 // (bytes: rows of cols values and cols / 32 pairs of f32 scales)
                 let words = rows * (cols + cols / 4) / 4;
                 Some(dev.alloc_zeros::<u32>(words.max(1), "quantized rows")?)
+            } else {
+                None
+            },
+            attn32: if tuning.mmq_max_rows > 0 {
+                let rows = tuning.mmq_max_rows.min(MAX_BATCH);
+                Some(dev.alloc_zeros::<f32>((rows * p.max_q).max(1), "attention rows")?)
             } else {
                 None
             },
@@ -938,6 +946,11 @@ impl<D: BatchDevice> Prefill<D> {
                             Value::I32(kv_stride as i32),
                         ]),
                     )?;
+                    // (an mmq_* output product quantizes the f32 rows, as the CPU does)
+                    let quantized = self
+                        .quantized_rows(p, &[ar.wo])
+                        .filter(|_| !ar.gated_output)
+                        .zip(self.attn32.as_ref().map(|b| self.dev.address(b)));
                     self.run(
                         "attn_rows",
                         (ar.n_head as u32, n as u32),
@@ -958,8 +971,23 @@ impl<D: BatchDevice> Prefill<D> {
                             Value::F32(ar.softcap),
                             Value::I32(ar.window as i32),
                             opt(ar.sinks),
+                            Value::Ptr(quantized.map_or(0, |(_, a32)| a32)),
                         ],
                     )?;
+                    if let Some(((xq, mode), a32)) = quantized {
+                        self.run(
+                            "quantize_rows_f32",
+                            (q_dim.div_ceil(256 * 8) as u32, n as u32),
+                            256,
+                            &[
+                                Value::Ptr(a32),
+                                Value::Ptr(xq),
+                                Value::I32(q_dim as i32),
+                                Value::I32(mode),
+                            ],
+                        )?;
+                        self.xq_holds = Some((attn, mode));
+                    }
                 }
             }
             if let Some(b) = self.hybrid.as_ref().filter(|_| ar.gated_output) {

@@ -19,7 +19,7 @@ use std::sync::Arc;
 
 use batch_emulator::{HostDevice, Swap};
 use ferrolm_cuda::prefill::{Addresses, Prefill, RowsWant, MAX_BATCH};
-use ferrolm_cuda::schedule::{decode_plan_with, DecodePlan};
+use ferrolm_cuda::schedule::{decode_plan_with, DecodePlan, LayerRefs};
 use ferrolm_cuda::{CudaTuning, Rows};
 use ferrolm_gguf::{GgufFile, TensorType};
 use ferrolm_model::synthetic::{self, SyntheticSpec};
@@ -268,9 +268,17 @@ fn batched_steps(
     if int8 && (0..plan.matrices.len()).any(|m| int8_type(m) && plan.matrices[m].experts == 1) {
         expected.push("mmq_");
     }
-    // (the output head's norm quantizes for an int8 output product)
+    // (the output head's norm quantizes for an int8 output product, the attention's f32 rows
+    // for an int8 attention output product)
     if int8 && plan.head.is_some_and(|h| int8_type(h.output)) {
         expected.push("rms_norm_rows_q");
+    }
+    let int8_wo = |r: &LayerRefs| {
+        r.attention()
+            .is_some_and(|a| int8_type(a.wo) && !a.gated_output)
+    };
+    if int8 && plan.layers.iter().any(int8_wo) {
+        expected.push("quantize_rows_f32");
     }
     let stacked_ffn = plan
         .layers

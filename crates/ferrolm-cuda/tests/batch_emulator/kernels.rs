@@ -165,6 +165,15 @@ pub fn run(dev: &HostDevice, name: &str, grid: (u32, u32), block: u32, args: &[V
             let at = a.ptr(3) + (r * (n + 8 * (n / 32))) as u64;
             mem.quantize(at, n + 8 * (n / 32), y, mode);
         }
+    } else if name == "quantize_rows_f32" {
+        // quantize_rows_f32(x, xq, n, mode): block (group of 8 x 256 values, row)
+        let n = a.int(2);
+        assert!(grid.0 as usize * 8 * 256 >= n, "{name}: values left out");
+        for t in 0..grid.1 as usize {
+            let row = mem.f32s(a.ptr(0) + (4 * t * n) as u64, n);
+            let at = a.ptr(1) + (t * (n + 8 * (n / 32))) as u64;
+            mem.quantize(at, n + 8 * (n / 32), row, a.int(3) as i32);
+        }
     } else if name == "glu_rows_q" {
         // glu_rows_q(g, u, out, xq, n, act, mode): grid (groups of 2048, rows)
         let (n, mode) = (a.int(4), a.int(6) as i32);
@@ -610,7 +619,7 @@ fn prompt_attention(
 }
 
 /// attn_rows(q, kc, vc, out, slot, pos, slot_stride, q_stride, n_head, n_head_kv, hd, scale,
-/// cap, window): block (h, t) attends token t's query head over its slot's positions.
+/// cap, window, sinks, out32): block (h, t) attends token t's query head over its slot's positions.
 fn rows_attention(mem: &mut Memory, grid: (u32, u32), a: &Args) {
     let (stride, q_stride) = (a.long(6), a.int(7));
     let (nh, nkv, hd) = (a.int(8), a.int(9), a.int(10));
@@ -642,7 +651,11 @@ fn rows_attention(mem: &mut Memory, grid: (u32, u32), a: &Args) {
                 (lo, len),
                 (scale, cap, sinks.as_ref().map(|s| s[h])),
             );
-            mem.write_f16s(a.ptr(3) + 2 * ((t * nh + h) * hd) as u64, &o);
+            // (f32 rows where out32 is given, the f16 ones otherwise)
+            match a.opt(15) {
+                Some(out32) => mem.write(out32 + 4 * ((t * nh + h) * hd) as u64, &o),
+                None => mem.write_f16s(a.ptr(3) + 2 * ((t * nh + h) * hd) as u64, &o),
+            }
         }
     }
 }
