@@ -58,7 +58,9 @@ pub struct CudaTuning {
     pub gpu_memory: Option<u64>,
     /// Batched decode steps of at most this many rows multiply Q4_K and Q6_K matrices on the
     /// int8 tensor cores against 8-bit activations (`mmq_*`, reading the quantized blocks)
-    /// instead of f16 GEMMs (`FERROLM_CUDA_MMQ_MAX_ROWS`; 0: never).
+    /// instead of f16 GEMMs (`FERROLM_CUDA_MMQ_MAX_ROWS`; 0, the default: never). Measured
+    /// faster on an 8B at 2 to 8 rows only, slower on a 1B and from 16 rows
+    /// (docs/PERFORMANCE.md).
     pub mmq_max_rows: usize,
 }
 
@@ -81,7 +83,7 @@ impl Default for CudaTuning {
             f16_weights: true,
             f16_experts: true,
             gpu_memory: None,
-            mmq_max_rows: 64,
+            mmq_max_rows: 0,
         }
     }
 }
