@@ -382,33 +382,30 @@ extern "C" __global__ void quantize_act(const float* x, u8* xq, int n, int mode)
     quantize_group(v, xq, n, g, mode);
 }
 
-// Each row of x (f16, n values; a batched step's norms or activations) quantized as
+// Each row of x (f16 or f32, n values; a batched step's norms or activations) quantized as
 // quantize_act quantizes it, row t into xq + t * (n + 8 * (n / 32)): grid (groups / 8, rows).
-extern "C" __global__ void quantize_rows_f16(const u16* x, u8* xq, int n, int mode) {
+__device__ __forceinline__ float to_f32(u16 h) { return h2f(h); }
+__device__ __forceinline__ float to_f32(float f) { return f; }
+template <typename T>
+__device__ __forceinline__ void quantize_row_groups(const T* x, u8* xq, int n, int mode) {
     int g = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
     if (256 * g >= n) return;
-    const u16* xr = x + (size_t)blockIdx.y * n;
+    const T* xr = x + (size_t)blockIdx.y * n;
     float v[8];
 #pragma unroll
     for (int i = 0; i < 8; i++) {
         int j = 256 * g + 8 * lane + i;
-        v[i] = j < n ? h2f(xr[j]) : 0.f;
+        v[i] = j < n ? to_f32(xr[j]) : 0.f;
     }
     quantize_group(v, xq + (size_t)blockIdx.y * (n + 8 * (n / 32)), n, g, mode);
 }
 
-// The same from f32 rows.
+extern "C" __global__ void quantize_rows_f16(const u16* x, u8* xq, int n, int mode) {
+    quantize_row_groups(x, xq, n, mode);
+}
+
 extern "C" __global__ void quantize_rows_f32(const float* x, u8* xq, int n, int mode) {
-    int g = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
-    if (256 * g >= n) return;
-    const float* xr = x + (size_t)blockIdx.y * n;
-    float v[8];
-#pragma unroll
-    for (int i = 0; i < 8; i++) {
-        int j = 256 * g + 8 * lane + i;
-        v[i] = j < n ? xr[j] : 0.f;
-    }
-    quantize_group(v, xq + (size_t)blockIdx.y * (n + 8 * (n / 32)), n, g, mode);
+    quantize_row_groups(x, xq, n, mode);
 }
 
 // ---- chunk dequantizers: w[0..32) = the values of chunk c of a row ----

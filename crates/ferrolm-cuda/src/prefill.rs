@@ -603,17 +603,7 @@ impl<D: BatchDevice> Prefill<D> {
             .expect("the quantized rows are kept when mmq_max_rows > 0");
         let mode = activation_format(spec.ty).expect("an 8-bit activation format");
         if self.xq_holds != Some((a, mode)) {
-            self.run(
-                "quantize_rows_f16",
-                (cols.div_ceil(256 * 8) as u32, n as u32),
-                256,
-                &[
-                    Value::Ptr(a),
-                    Value::Ptr(xq),
-                    Value::I32(cols as i32),
-                    Value::I32(mode),
-                ],
-            )?;
+            self.quantize_rows("quantize_rows_f16", a, (n, cols), (xq, mode))?;
             self.xq_holds = Some((a, mode));
         }
         self.run(
@@ -634,6 +624,25 @@ impl<D: BatchDevice> Prefill<D> {
                 Value::F32(beta),
             ],
         )
+    }
+
+    /// The `n` rows of `cols` values at `x` quantized into `xq` for activation format `mode`
+    /// (`kernel`: `quantize_rows_f16` or `_f32`, after the rows' type).
+    fn quantize_rows(
+        &mut self,
+        kernel: &str,
+        x: u64,
+        (n, cols): (usize, usize),
+        (xq, mode): (u64, i32),
+    ) -> Result<(), CudaError> {
+        let args = [
+            Value::Ptr(x),
+            Value::Ptr(xq),
+            Value::I32(cols as i32),
+            Value::I32(mode),
+        ];
+        let grid = (cols.div_ceil(256 * 8) as u32, n as u32);
+        self.run(kernel, grid, 256, &args)
     }
 
     /// Whether matrices `ms` go through `mmq_*` in the step being launched (then not as one
@@ -975,17 +984,7 @@ impl<D: BatchDevice> Prefill<D> {
                         ],
                     )?;
                     if let Some(((xq, mode), a32)) = quantized {
-                        self.run(
-                            "quantize_rows_f32",
-                            (q_dim.div_ceil(256 * 8) as u32, n as u32),
-                            256,
-                            &[
-                                Value::Ptr(a32),
-                                Value::Ptr(xq),
-                                Value::I32(q_dim as i32),
-                                Value::I32(mode),
-                            ],
-                        )?;
+                        self.quantize_rows("quantize_rows_f32", a32, (n, q_dim), (xq, mode))?;
                         self.xq_holds = Some((attn, mode));
                     }
                 }

@@ -144,12 +144,16 @@ pub fn run(dev: &HostDevice, name: &str, grid: (u32, u32), block: u32, args: &[V
                 .collect();
             mem.write(at, &y);
         }
-    } else if name == "quantize_rows_f16" {
-        // quantize_rows_f16(x, xq, n, mode): block (group of 8 x 256 values, row)
+    } else if name == "quantize_rows_f16" || name == "quantize_rows_f32" {
+        // quantize_rows_f16/_f32(x, xq, n, mode): block (group of 8 x 256 values, row)
         let n = a.int(2);
         assert!(grid.0 as usize * 8 * 256 >= n, "{name}: values left out");
         for t in 0..grid.1 as usize {
-            let row = mem.f16s(a.ptr(0) + (2 * t * n) as u64, n);
+            let row = if name.ends_with("f16") {
+                mem.f16s(a.ptr(0) + (2 * t * n) as u64, n)
+            } else {
+                mem.f32s(a.ptr(0) + (4 * t * n) as u64, n)
+            };
             let at = a.ptr(1) + (t * (n + 8 * (n / 32))) as u64;
             mem.quantize(at, n + 8 * (n / 32), row, a.int(3) as i32);
         }
@@ -164,15 +168,6 @@ pub fn run(dev: &HostDevice, name: &str, grid: (u32, u32), block: u32, args: &[V
             mem.write_f16s(a.ptr(2) + (2 * r * n) as u64, &y);
             let at = a.ptr(3) + (r * (n + 8 * (n / 32))) as u64;
             mem.quantize(at, n + 8 * (n / 32), y, mode);
-        }
-    } else if name == "quantize_rows_f32" {
-        // quantize_rows_f32(x, xq, n, mode): block (group of 8 x 256 values, row)
-        let n = a.int(2);
-        assert!(grid.0 as usize * 8 * 256 >= n, "{name}: values left out");
-        for t in 0..grid.1 as usize {
-            let row = mem.f32s(a.ptr(0) + (4 * t * n) as u64, n);
-            let at = a.ptr(1) + (t * (n + 8 * (n / 32))) as u64;
-            mem.quantize(at, n + 8 * (n / 32), row, a.int(3) as i32);
         }
     } else if name == "glu_rows_q" {
         // glu_rows_q(g, u, out, xq, n, act, mode): grid (groups of 2048, rows)
