@@ -5,9 +5,10 @@
 // A delta-net layer is, between its products, delta_conv (the causal convolution over the
 // queries, keys and values, its state advanced) and delta_rule (per value head: L2 norms, decay
 // and rate, the state's update and read-out, the gated norm); each comes for one token (the
-// decode step), a prompt's tokens one after another (_rows) and one token of each of several
-// sequences (_slots). The states live on the device; a token at position 0 reads them as
-// zeros, so a new sequence needs no clearing launch. docs/ARCHITECTURE.md has the layouts.
+// decode step), a prompt's tokens (_rows; the delta rule of heads of 64 and 128 in chunks,
+// below) and one token of each of several sequences (_slots). The states live on the device;
+// a token at position 0 reads them as zeros, so a new sequence needs no clearing launch.
+// docs/ARCHITECTURE.md has the layouts.
 
 __device__ __forceinline__ float silu_f(float x) { return x / (1.f + expf(-x)); }
 
