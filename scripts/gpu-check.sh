@@ -9,7 +9,8 @@
 # (and "newer": the i-quant, ternary, 1-bit and NVFP4 types, the hybrids and gpt-oss;
 # "prompts": the prompt kernels of the hybrids and the experts, heads of 64 and 128, and
 # issue 19's 1 GB qwen3next file timed; "hybrid": issue 19's 1 GB
-# qwen3next file, checked and timed).
+# qwen3next file, checked and timed; "gemma": heads of 256 on the tensor cores, issue 19's
+# Gemma-3-1B shape checked and timed, with GEMMA_TOK's tokenizer where given).
 # The first CUDA start on a fresh machine compiles the kernels with NVRTC (minutes); the
 # kernels are compiled first here, while the files are made, and cached in $FERROLM_HOME.
 # KERNEL_CACHE=DIR: *.cubin files made beforehand on any machine with NVRTC (`cargo run --release
@@ -122,7 +123,7 @@ for section in ${SECTIONS:-small shapes}; do
       && check small-qwen3next-split 128 32
   fi
   if [ "$section" = prompts ]; then
-    # The prompts' delta-net convolution in runs and per-warp delta rule (heads of 64 and 128)
+    # The prompts' delta-net convolution in runs and chunked delta rule (heads of 64 and 128)
     # and moe_group_warp, on small files; then the 1 GB hybrid checked and timed.
     for spec in "qwen3next:--ssm-state 64" "qwen3next-split:--ssm-split --ssm-state 64" \
       "qwen35:--ssm-state 128" "qwen35moe:--ssm-state 64" "qwen3moe:--head-dim 64"; do
@@ -137,6 +138,18 @@ for section in ${SECTIONS:-small shapes}; do
     # llama-bench binary) times llama.cpp on the same file in the same sitting.
     hybrid_1g && check hybrid-1g 128 16 && bench hybrid-1g
     [ -n "${LLAMA_BENCH:-}" ] && "$LLAMA_BENCH" -m "$W/hybrid-1g.gguf" -ngl 99 -fa 1 -p 512 -n 128
+  fi
+  if [ "$section" = gemma ]; then
+    # Heads of 256 (attn_mma_256) on a small gemma3 file, then the Gemma-3-1B shape (the
+    # 262,144-token vocabulary with GEMMA_TOK, a GGUF holding Gemma 3's tokenizer); LLAMA_BENCH
+    # times llama.cpp on it in the same sitting.
+    "$BIN" synth --arch gemma3 --layers 4 --embd 512 --heads 4 --kv-heads 1 --head-dim 256 \
+      --ff 1024 --sliding-window 64 --type q8_0 -o "$W/gemma-256.gguf" >/dev/null &&
+      check gemma-256 256 16
+    "$BIN" synth --arch gemma3 --layers 26 --embd 1152 --heads 4 --kv-heads 1 --head-dim 256 \
+      --ff 6912 --sliding-window 512 --tied --type q8_0 ${GEMMA_TOK:+--tokenizer-from "$GEMMA_TOK"} \
+      -o "$W/gemma-1b.gguf" >/dev/null && check gemma-1b 256 8 && bench gemma-1b
+    [ -n "${LLAMA_BENCH:-}" ] && "$LLAMA_BENCH" -m "$W/gemma-1b.gguf" -ngl 99 -fa 1 -p 512 -n 128
   fi
   if [ "$section" = shapes ]; then
     # Real models' shapes and llama-quantize's type mixes (issue 6's table).
