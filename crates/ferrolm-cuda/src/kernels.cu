@@ -384,8 +384,13 @@ extern "C" __global__ void quantize_act(const float* x, u8* xq, int n, int mode)
 
 // Each row of x (f16 or f32, n values; a batched step's norms or activations) quantized as
 // quantize_act quantizes it, row t into xq + t * (n + 8 * (n / 32)): grid (groups / 8, rows).
-__device__ __forceinline__ float to_f32(u16 h) { return h2f(h); }
-__device__ __forceinline__ float to_f32(float f) { return f; }
+template <typename T>
+__device__ __forceinline__ float row_value(const T* row, int j) {
+    if constexpr (sizeof(T) == 2)
+        return h2f(row[j]);
+    else
+        return row[j];
+}
 template <typename T>
 __device__ __forceinline__ void quantize_row_groups(const T* x, u8* xq, int n, int mode) {
     int g = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
@@ -395,7 +400,7 @@ __device__ __forceinline__ void quantize_row_groups(const T* x, u8* xq, int n, i
 #pragma unroll
     for (int i = 0; i < 8; i++) {
         int j = 256 * g + 8 * lane + i;
-        v[i] = j < n ? to_f32(xr[j]) : 0.f;
+        v[i] = j < n ? row_value(xr, j) : 0.f;
     }
     quantize_group(v, xq + (size_t)blockIdx.y * (n + 8 * (n / 32)), n, g, mode);
 }
