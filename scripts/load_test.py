@@ -145,6 +145,20 @@ def percentile(xs, p):
     return xs[min(len(xs) - 1, int(round(p / 100 * (len(xs) - 1))))]
 
 
+def metric(port, name):
+    """One counter of the server's /metrics, or None."""
+    try:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        conn.request("GET", "/metrics")
+        text = conn.getresponse().read().decode()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    return None
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--binary", default=os.path.join(ROOT, "target/release/ferrolm"))
@@ -160,6 +174,8 @@ def main():
     ap.add_argument("--model", help="a GGUF file (default: the default model)")
     ap.add_argument("--device", help="cpu, cuda or cuda:N (default: the server's default)")
     ap.add_argument("--temperature", type=float, default=0.7, help="0: greedy")
+    ap.add_argument("--serve-arg", action="append", default=[],
+                    help="one more argument for `serve` (repeat it), e.g. --serve-arg=--kv-memory=1")
     args = ap.parse_args()
     parallel = args.parallel or args.concurrency
     # Killed, still stop the server (the `finally` below).
@@ -170,7 +186,8 @@ def main():
          "-c", str(args.ctx_size), "-t", str(args.threads),
          "--max-queue", str(max(64, args.requests)), "--model-name", "smollm2"]
         + (["-m", args.model] if args.model else [])
-        + (["--device", args.device] if args.device else []),
+        + (["--device", args.device] if args.device else [])
+        + args.serve_arg,
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
     )
     try:
@@ -204,6 +221,7 @@ def main():
         )
         time.sleep(0.5)
         after = rss_kib(server.pid)
+        paused = metric(port, "ferrolm_requests_paused_total")
 
         failures = list(errors)
         done = [r for r in results if r is not None]
@@ -246,6 +264,7 @@ def main():
             "ttft_p99_s": round(percentile(ttfts, 99), 3) if ttfts else None,
             "itl_p50_ms": round(1e3 * percentile(gaps, 50), 2) if gaps else None,
             "itl_p99_ms": round(1e3 * percentile(gaps, 99), 2) if gaps else None,
+            "paused": paused,
             "rss_idle_mib": round(idle / 1024, 1),
             "rss_after_mib": round(after / 1024, 1),
         }

@@ -54,6 +54,16 @@ pub fn open<'m>(
         one()?
     };
     if gpu.is_whole() {
+        if let Some(pool) = gpu.kv_pool_bytes() {
+            let whole = gpu.n_slots() as u64 * gpu.plan().kv_bytes_total();
+            eprintln!(
+                "ferrolm: KV caches paged from a pool of {} MB ({} sequences' whole contexts \
+                 would take {} MB); a request waits while others hold it",
+                pool >> 20,
+                gpu.n_slots(),
+                whole >> 20
+            );
+        }
         return Ok(Box::new(CudaBackend::new(gpu)));
     }
     Ok(Box::new(SplitBackend {
@@ -185,6 +195,29 @@ impl CudaBackend {
         Ok(())
     }
 
+    /// Room for `input` in its slot's cache, set aside now where the caller did not
+    /// ([`Backend::reserve`]).
+    fn make_room(&mut self, input: &SlotInput<'_>) -> Result<(), BackendError> {
+        let needed = self.pos(input.slot) + input.ids.len();
+        if self.reserve(input.slot, needed)? {
+            Ok(())
+        } else {
+            Err(BackendError::Device(format!(
+                "CUDA: no room in the KV cache pool ({} MB, --kv-memory) for slot {} to reach \
+                 position {needed}: other sequences hold it",
+                self.gpu.kv_pool_bytes().unwrap_or(0) >> 20,
+                input.slot
+            )))
+        }
+    }
+
+    /// Slots whose caches the device gave away hold nothing now.
+    fn forget_evicted(&mut self) {
+        for s in self.gpu.take_evicted() {
+            self.positions[s] = 0;
+        }
+    }
+
     /// Evaluates one slot's ids alone: slot 0 through the decode graph (or its prompt
     /// batches), another slot through the batched passes.
     fn eval_alone(&mut self, input: &SlotInput<'_>) -> Result<Vec<f32>, BackendError> {
@@ -222,9 +255,26 @@ impl CudaBackend {
         let mut outs: Vec<Option<Result<Out, BackendError>>> =
             inputs.iter().map(|_| None).collect();
         let mut singles = Vec::new();
+        // Room first for every input: one slot's room may take an idle slot's cache, and an
+        // input of that slot would then continue from a cache that is gone.
+        let before: Vec<usize> = inputs
+            .iter()
+            .map(|i| self.pos(i.slot.min(self.gpu.n_slots() - 1)))
+            .collect();
         for (i, input) in inputs.iter().enumerate() {
-            if let Err(e) = self.check(input) {
+            if let Err(e) = self.check(input).and_then(|_| self.make_room(input)) {
                 outs[i] = Some(Err(e));
+            }
+        }
+        for (i, input) in inputs.iter().enumerate() {
+            if outs[i].is_some() {
+                continue;
+            }
+            if self.pos(input.slot) != before[i] {
+                outs[i] = Some(Err(BackendError::Device(format!(
+                    "CUDA: slot {}'s cache was given to another sequence (reserve room first)",
+                    input.slot
+                ))));
             } else if input.ids.len() == 1 {
                 singles.push(i);
             } else {
@@ -342,6 +392,27 @@ impl Backend for CudaBackend {
             self.positions[slot] = if recurrent { 0 } else { keep };
         }
         Ok(self.pos(slot))
+    }
+
+    fn reserve(&mut self, slot: usize, positions: usize) -> Result<bool, BackendError> {
+        if slot >= self.gpu.n_slots() {
+            return one_slot(slot).map(|_| true);
+        }
+        let room = self.gpu.reserve(slot, positions).map_err(device_error)?;
+        self.forget_evicted();
+        match room {
+            None => Ok(false),
+            Some(evicted) => {
+                for s in evicted {
+                    self.positions[s] = 0;
+                }
+                Ok(true)
+            }
+        }
+    }
+
+    fn release(&mut self, slot: usize) {
+        self.gpu.release(slot);
     }
 
     fn forward(&mut self, inputs: &[SlotInput<'_>]) -> Vec<SlotOutput> {

@@ -12,6 +12,7 @@ use ferrolm_gguf::GgufFile;
 use ferrolm_model::ModelPlan;
 
 use crate::kernels;
+use crate::kv_pages::{KvPages, PagePool};
 use crate::prefill::{self, Addresses, Prefill, RowsWant, MAX_BATCH};
 use crate::schedule::{
     decode_plan_with, Arg, Buf, DecodePlan, SAMPLE_DRAWS, SAMPLE_MAX_K, TOKEN_RING,
@@ -326,6 +327,11 @@ pub struct CudaModel {
     /// Sequences the caches hold; slot s of layer l starts `slot_stride[l]` halfs after s - 1.
     slots: usize,
     slot_stride: Vec<usize>,
+    /// The caches' memory mapped in pages as slots grow (several slots): `None`, allocated
+    /// whole.
+    pages: Option<KvPages>,
+    /// Slots whose caches a step's room took ([`CudaModel::take_evicted`]).
+    evicted: Vec<usize>,
     /// The logits and choice of other slots' prompts (slot 0's are the graph's).
     rows_logits: CudaSlice<f32>,
     rows_token: CudaSlice<u32>,
@@ -476,8 +482,17 @@ impl CudaModel {
         // Bulk copies into shared memory need compute capability 9.0.
         let dp = if major >= 9 { dp } else { dp.unstaged() };
 
-        let fixed = (if slots > 1 { slots + 1 } else { 1 }) as u64 * dp.kv_bytes_total()
-            + prefill::scratch_bytes(&dp);
+        let pool = if slots > 1 && tuning.paged_kv {
+            let (free, _) = ctx.mem_get_info().map_err(driver("reading free memory"))?;
+            PagePool::plan(&dp, &ctx, ordinal, slots, tuning, free as u64)?
+        } else {
+            None
+        };
+        let caches = match &pool {
+            Some(p) => p.device_bytes() + (slots + 1) as u64 * dp.state_bytes(),
+            None => (if slots > 1 { slots + 1 } else { 1 }) as u64 * dp.kv_bytes_total(),
+        };
+        let fixed = caches + prefill::scratch_bytes(&dp);
         // Under a budget, the expert stacks it leaves no room for stay in host memory.
         let tiers = crate::tiers::place(&dp, fixed, tuning.gpu_memory)?;
         let on_device: u64 = dp
@@ -548,6 +563,10 @@ impl CudaModel {
         let token = stream.alloc_zeros::<u32>(1).map_err(driver("token"))?;
         let pos_buf = stream.alloc_zeros::<u32>(1).map_err(driver("position"))?;
 
+        let pages = match &pool {
+            Some(p) => Some(KvPages::new(&ctx, &stream, ordinal, p, dp.n_ctx, slots)?),
+            None => None,
+        };
         // Every other buffer the launches name, allocated once (zeroed: the caches too).
         let mut buffers = Vec::new();
         let mut ring = None;
@@ -570,6 +589,11 @@ impl CudaModel {
                             let (r, dev) = TokenRing::new(&ctx)?;
                             ring = Some(r);
                             dev
+                        }
+                        Buf::KCache(l) | Buf::VCache(l) if pages.is_some() => {
+                            let range = 2 * pool.as_ref().expect("with pages").range_of[l]
+                                + usize::from(matches!(b, Buf::VCache(_)));
+                            pages.as_ref().expect("checked").base(range)
                         }
                         _ => {
                             let s = stream
@@ -631,7 +655,15 @@ impl CudaModel {
                 .collect()
         };
         let (k_cache, v_cache) = (cache(Buf::KCache), cache(Buf::VCache));
-        let slot_stride = dp.kv_dims.iter().map(|&kv| dp.n_ctx * kv).collect();
+        let slot_stride = match (&pages, &pool) {
+            (Some(pages), Some(pool)) => (0..dp.layers.len())
+                .map(|l| match pool.range_of.get(l) {
+                    Some(&r) if dp.kv_dims[l] > 0 => pages.slot_stride(2 * r),
+                    _ => 0,
+                })
+                .collect(),
+            _ => dp.kv_dims.iter().map(|&kv| dp.n_ctx * kv).collect(),
+        };
         let rows_logits = stream
             .alloc_zeros::<f32>(dp.n_vocab)
             .map_err(driver("logits"))?;
@@ -661,6 +693,8 @@ impl CudaModel {
             pos: 0,
             slots,
             slot_stride,
+            pages,
+            evicted: Vec::new(),
             rows_logits,
             rows_token,
             name,
@@ -694,7 +728,9 @@ impl CudaModel {
                     .mem_get_info()
                     .map_err(driver("reading free memory"))?;
                 let spare = (2u64 << 30).max(total as u64 / 8);
-                if !on || want == 0 || want + spare >= free as u64 {
+                // The paged caches' pool comes first: the room it will map stays free.
+                let pool = model.pages.as_ref().map_or(0, |p| p.unmade_bytes());
+                if !on || want == 0 || want + spare + pool >= free as u64 {
                     continue;
                 }
                 let Some(p) = model.prefill.as_mut() else {
@@ -785,6 +821,67 @@ impl CudaModel {
         self.slots
     }
 
+    /// Room for `slot` to hold `positions` positions, set aside until [`CudaModel::release`]:
+    /// `Ok(None)` when other slots' requests hold the paged caches' pool now; else the idle
+    /// slots whose caches it took (their positions fall to 0; slot 0's here, the others' are
+    /// the caller's to reset). Caches allocated whole always have room.
+    pub fn reserve(
+        &mut self,
+        slot: usize,
+        positions: usize,
+    ) -> Result<Option<Vec<usize>>, CudaError> {
+        let Some(pages) = self.pages.as_mut() else {
+            return Ok(Some(Vec::new()));
+        };
+        let mut evicted = Vec::new();
+        if !pages.reserve(slot, positions.min(self.plan.n_ctx), &mut evicted)? {
+            return Ok(None);
+        }
+        if evicted.contains(&0) {
+            self.truncate(0)?;
+        }
+        Ok(Some(evicted))
+    }
+
+    /// Room for `slot` to hold `positions` positions before a step writes there (a caller
+    /// that did not [`CudaModel::reserve`] it); the slots whose caches it took are kept for
+    /// [`CudaModel::take_evicted`].
+    fn ensure_room(&mut self, slot: usize, positions: usize) -> Result<(), CudaError> {
+        if self.pages.is_none() {
+            return Ok(());
+        }
+        match self.reserve(slot, positions)? {
+            Some(evicted) => {
+                self.evicted.extend(evicted);
+                Ok(())
+            }
+            None => Err(CudaError::Model(format!(
+                "no room in the KV cache pool ({} MB, --kv-memory) for slot {slot} to reach \
+                 position {positions}: other sequences hold it",
+                self.kv_pool_bytes().unwrap_or(0) >> 20
+            ))),
+        }
+    }
+
+    /// The slots whose caches were given to others since the last call (their positions are
+    /// 0 now; slot 0's already is).
+    pub fn take_evicted(&mut self) -> Vec<usize> {
+        std::mem::take(&mut self.evicted)
+    }
+
+    /// `slot`'s request has ended: the room it set aside may go to other slots, and its cache
+    /// stays until one needs it.
+    pub fn release(&mut self, slot: usize) {
+        if let Some(pages) = self.pages.as_mut() {
+            pages.release(slot);
+        }
+    }
+
+    /// Bytes of the paged caches' pool (`None`: caches allocated whole).
+    pub fn kv_pool_bytes(&self) -> Option<u64> {
+        self.pages.as_ref().map(KvPages::capacity_bytes)
+    }
+
     /// Evaluates `ids` in `slot` from position `pos0` on (what the slot holds up to there
     /// stays; the caller tracks the slots' positions, slot 0's is [`CudaModel::position`])
     /// and returns every position's logits (`all`) or the last one's. Slot 0 takes the decode
@@ -801,6 +898,7 @@ impl CudaModel {
             return self.eval(ids, all);
         }
         self.check_slot(slot, pos0, ids)?;
+        self.ensure_room(slot, pos0 + ids.len())?;
         if ids.len() == 1 {
             let out = self.eval_rows(ids, &[slot as u32], &[pos0 as u32], RowsWant::Logits)?;
             return Ok(out.into_logits());
@@ -871,6 +969,9 @@ impl CudaModel {
                     self.pos
                 )));
             }
+        }
+        for (&slot, &p) in slots.iter().zip(pos) {
+            self.ensure_room(slot as usize, p as usize + 1)?;
         }
         let at = self.addresses(0);
         let spare = self.slots as u32;
@@ -983,6 +1084,7 @@ impl CudaModel {
                 n_ctx: self.plan.n_ctx,
             });
         }
+        self.ensure_room(0, self.pos + 1)?;
         match &self.graph {
             Some(g) => {
                 g.launch().map_err(driver("launching the graph"))?;
@@ -1387,6 +1489,30 @@ impl CudaModel {
         rows
     }
 
+    /// One batched decode step of `rows` slots (1 ..= `rows`, each at its caller-tracked
+    /// position 0 unless it holds more: the step writes their position-0 cache rows) with
+    /// every launch timed (CUDA events): per kernel name, launches and microseconds, slowest
+    /// first. Needs more than `rows` slots.
+    pub fn profile_rows(&mut self, rows: usize) -> Result<Vec<(String, usize, f64)>, CudaError> {
+        if rows >= self.slots {
+            return Err(CudaError::Model(format!(
+                "a profiled step of {rows} rows needs more slots than {}",
+                self.slots
+            )));
+        }
+        let Some(p) = self.prefill.as_mut() else {
+            return Ok(Vec::new());
+        };
+        p.set_profile(true)?;
+        let ids = vec![1u32; rows];
+        let slots: Vec<u32> = (1..=rows as u32).collect();
+        let pos = vec![0u32; rows];
+        let run = self.eval_rows(&ids, &slots, &pos, RowsWant::Greedy);
+        let timed = self.prefill.as_mut().expect("present").set_profile(false);
+        run?;
+        timed
+    }
+
     /// Whether prompts run as batches of GEMMs (cuBLAS found), not as decode steps.
     pub fn batched_prompts(&self) -> bool {
         self.prefill.is_some()
@@ -1399,6 +1525,7 @@ impl CudaModel {
     pub fn eval(&mut self, ids: &[u32], all: bool) -> Result<Vec<f32>, CudaError> {
         self.whole("eval")?;
         self.check(ids)?;
+        self.ensure_room(0, self.pos + ids.len())?;
         if ids.len() > 1 && self.prefill.is_some() {
             return self.eval_batched(ids, all);
         }

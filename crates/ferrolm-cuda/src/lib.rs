@@ -20,6 +20,7 @@ mod backend;
 pub mod batch_device;
 mod device;
 pub mod kernels;
+mod kv_pages;
 pub mod prefill;
 pub mod repack;
 pub mod schedule;

@@ -62,6 +62,13 @@ pub struct CudaTuning {
     /// faster on an 8B at 2 to 8 rows only, slower on a 1B and from 16 rows
     /// (docs/PERFORMANCE.md).
     pub mmq_max_rows: usize,
+    /// A model holding several sequences maps its KV caches' memory in pages as each
+    /// sequence grows, from a pool of `kv_memory` bytes ([`crate::kv_pages`];
+    /// `FERROLM_CUDA_NO_PAGED_KV`: every slot's whole context allocated up front).
+    pub paged_kv: bool,
+    /// Bytes of the paged KV caches' pool (`--kv-memory`); `None`: every slot's whole context
+    /// where free memory allows it, else what is free (at least one whole context).
+    pub kv_memory: Option<u64>,
 }
 
 impl Default for CudaTuning {
@@ -84,6 +91,8 @@ impl Default for CudaTuning {
             f16_experts: true,
             gpu_memory: None,
             mmq_max_rows: 0,
+            paged_kv: true,
+            kv_memory: None,
         }
     }
 }
@@ -115,6 +124,8 @@ impl CudaTuning {
             f16_experts: unset("FERROLM_CUDA_NO_F16_EXPERTS"),
             gpu_memory: None,
             mmq_max_rows: number("FERROLM_CUDA_MMQ_MAX_ROWS").unwrap_or(d.mmq_max_rows),
+            paged_kv: unset("FERROLM_CUDA_NO_PAGED_KV"),
+            kv_memory: None,
         }
     }
 

@@ -72,6 +72,20 @@ pub trait Backend {
     /// Evaluates every input (at most one per slot) and returns one output per input, in order.
     fn forward(&mut self, inputs: &[SlotInput<'_>]) -> Vec<SlotOutput>;
 
+    /// Sets aside room for `slot` to hold `positions` positions, kept until
+    /// [`Backend::release`]: `Ok(false)` when other slots' requests hold the room now (a
+    /// device whose caches are paged from a pool); the caller waits for one to end, or
+    /// pauses one. An error when `positions` could never fit. Setting room aside may take the
+    /// cache of a released slot, whose [`Backend::position`] then falls to 0. A backend whose
+    /// caches hold every slot's whole context always has room (the default).
+    fn reserve(&mut self, _slot: usize, _positions: usize) -> Result<bool, BackendError> {
+        Ok(true)
+    }
+
+    /// `slot`'s request has ended: its room may go to other slots (what its cache holds
+    /// stays until then, for a later prompt that starts the same way).
+    fn release(&mut self, _slot: usize) {}
+
     /// [`Backend::forward`] for inputs that each want their last logits only to take the
     /// largest (greedy decoding without penalties): returns each one's greedy choice (the
     /// first largest logit, as [`argmax`](crate::argmax)). A backend that can keeps the

@@ -157,19 +157,39 @@ impl<'t> Sequence<'t> {
     }
 
     /// The ids to evaluate in the next step: up to `prefill_chunk` ids of the prompt while it
-    /// lasts, then the last sampled id. The bool says whether the step must return the logits
-    /// of the last id (false for a prompt chunk that is not the prompt's last).
-    /// Empty once the sequence has finished.
+    /// lasts (or of the ids to evaluate again after [`Sequence::rewind`]), then the last
+    /// sampled id. The bool says whether the step must return the logits of the last id
+    /// (false for a chunk that does not end the ids). Empty once the sequence has finished.
     pub fn next_input(&self, prefill_chunk: usize) -> (&[u32], bool) {
         if self.finished.is_some() {
             return (&[], false);
         }
-        if self.in_prefill() {
-            let end = (self.evaluated + prefill_chunk.max(1)).min(self.prompt_len);
-            (&self.history[self.evaluated..end], end == self.prompt_len)
+        let len = self.history.len();
+        if len - self.evaluated > 1 {
+            let end = (self.evaluated + prefill_chunk.max(1)).min(len);
+            (&self.history[self.evaluated..end], end == len)
         } else {
-            (&self.history[self.history.len() - 1..], true)
+            (&self.history[len - 1..], true)
         }
+    }
+
+    /// The ids evaluated so far (what the slot's cache holds for this sequence).
+    pub fn evaluated_ids(&self) -> &[u32] {
+        &self.history[..self.evaluated]
+    }
+
+    /// The ids the next steps must have evaluated before the sequence can sample again: its
+    /// prompt and what it has generated.
+    pub fn ids(&self) -> &[u32] {
+        &self.history
+    }
+
+    /// The cache it was evaluated in now holds only its first `kept` ids (the sequence was
+    /// paused and its room given away, then placed again): the next steps evaluate the rest
+    /// again, in chunks as a prompt, before it samples its next token, which is then the one
+    /// it would have sampled without the pause.
+    pub fn rewind(&mut self, kept: usize) {
+        self.evaluated = self.evaluated.min(kept);
     }
 
     /// Records that the `n` ids of the last [`Sequence::next_input`] were evaluated, with the
@@ -225,7 +245,8 @@ impl<'t> Sequence<'t> {
         let Some(next) = next else {
             return Ok(step);
         };
-        if self.in_prefill() {
+        if self.evaluated < self.history.len() {
+            // (a chunk of the prompt, or of the ids evaluated again after a rewind)
             return Ok(step);
         }
         if let Some(c) = &mut self.constraint {

@@ -75,6 +75,8 @@ pub struct Metrics {
     pub prefix_hits: AtomicU64,
     /// Prompt ids those requests did not evaluate again.
     pub prefix_tokens_reused: AtomicU64,
+    /// Times a request was paused to give its KV cache room to older ones.
+    pub paused: AtomicU64,
     hist: Mutex<Histograms>,
 }
 
@@ -92,6 +94,7 @@ impl Metrics {
             steps: AtomicU64::new(0),
             prefix_hits: AtomicU64::new(0),
             prefix_tokens_reused: AtomicU64::new(0),
+            paused: AtomicU64::new(0),
             hist: Mutex::new(Histograms {
                 ttft: Histogram::new(LATENCY_S),
                 per_token: Histogram::new(LATENCY_S),
@@ -206,6 +209,12 @@ impl Metrics {
             "counter",
             "Prompt ids taken from a slot's cache instead of evaluated again.",
             self.prefix_tokens_reused.load(Relaxed),
+        );
+        gauge(
+            "ferrolm_requests_paused_total",
+            "counter",
+            "Times a request was paused to give its KV cache room to older ones (it resumes).",
+            self.paused.load(Relaxed),
         );
         gauge(
             "ferrolm_steps_total",

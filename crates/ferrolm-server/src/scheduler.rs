@@ -212,17 +212,8 @@ pub fn start(
             let moe = backend
                 .expert_counts()
                 .is_some_and(|c| c.iter().any(|l| !l.is_empty()));
-            Scheduler {
-                tokenizer: &tokenizer,
-                experts: moe,
-                slots: (0..n_slots).map(|_| None).collect(),
-                cached: vec![Vec::new(); n_slots],
-                rx,
-                shared: inner,
-                chunk,
-                n_ctx: backend.n_ctx().min(n_ctx),
-            }
-            .run(backend.as_mut())
+            let n_ctx = backend.n_ctx().min(n_ctx);
+            Scheduler::new(&tokenizer, moe, n_slots, rx, inner, chunk, n_ctx).run(backend.as_mut())
         })?;
     match ready_rx.recv() {
         Ok(Ok(_)) => Ok((SchedulerHandle { tx, shared }, join)),
@@ -259,6 +250,18 @@ struct Active<'t> {
     events: UnboundedSender<Event>,
     arrived: Instant,
     last_token: Option<Instant>,
+    /// When it was admitted (a counter): the youngest request pauses first.
+    order: u64,
+}
+
+/// Where [`Scheduler::place`] put a request.
+enum Placed {
+    /// In this slot, whose cache holds this many of its first ids.
+    Slot(usize, usize),
+    /// Nowhere yet: other requests hold the backend's room.
+    NoRoom,
+    /// Nowhere, ever: the message says why.
+    Failed(String),
 }
 
 struct Scheduler<'t> {
@@ -273,9 +276,43 @@ struct Scheduler<'t> {
     shared: Arc<Shared>,
     chunk: usize,
     n_ctx: usize,
+    /// Requests paused to give their room to older ones (a device whose caches are paged),
+    /// oldest first: they go back into slots before any new request.
+    paused: Vec<Active<'t>>,
+    /// A request taken from the queue that found no room yet.
+    waiting: Option<Job>,
+    /// Slots whose room is set aside ([`Backend::reserve`]), given back when they empty.
+    holding: Vec<bool>,
+    /// Requests admitted so far.
+    admitted: u64,
 }
 
 impl<'t> Scheduler<'t> {
+    fn new(
+        tokenizer: &'t Tokenizer,
+        experts: bool,
+        n_slots: usize,
+        rx: mpsc::Receiver<Job>,
+        shared: Arc<Shared>,
+        chunk: usize,
+        n_ctx: usize,
+    ) -> Scheduler<'t> {
+        Scheduler {
+            tokenizer,
+            experts,
+            slots: (0..n_slots).map(|_| None).collect(),
+            cached: vec![Vec::new(); n_slots],
+            rx,
+            shared,
+            chunk,
+            n_ctx,
+            paused: Vec::new(),
+            waiting: None,
+            holding: vec![false; n_slots],
+            admitted: 0,
+        }
+    }
+
     fn metrics(&self) -> &Metrics {
         &self.shared.metrics
     }
@@ -296,14 +333,17 @@ impl<'t> Scheduler<'t> {
             if let Some(deadline) = deadline {
                 self.reject_queued();
                 if Instant::now() >= deadline {
+                    let gone = || ApiError::unavailable("the server shut down before the end", 5);
                     for slot in 0..self.slots.len() {
-                        self.end_with_error(
-                            slot,
-                            ApiError::unavailable("the server shut down before the end", 5),
-                        );
+                        self.end_with_error(slot, gone());
+                    }
+                    for a in self.paused.drain(..) {
+                        let _ = a.events.send(Event::Error(gone()));
                     }
                 }
-                if self.active() == 0 {
+                // Paused requests still finish within the grace.
+                self.resume_paused(forward);
+                if self.active() == 0 && self.paused.is_empty() {
                     return;
                 }
             } else if !self.admit(forward) {
@@ -317,42 +357,48 @@ impl<'t> Scheduler<'t> {
         }
     }
 
-    /// Fills free slots from the queue (waiting a little when nothing is active). False when
-    /// every handle has gone.
+    /// Fills free slots, with paused requests first, then from the queue (waiting a little
+    /// when nothing is active). False when every handle has gone.
     fn admit(&mut self, forward: &mut dyn Backend) -> bool {
+        if !self.resume_paused(forward) {
+            return true;
+        }
         while self.slots.iter().any(|s| s.is_none()) {
-            let job = if self.active() == 0 {
-                match self.rx.recv_timeout(Duration::from_millis(50)) {
-                    Ok(job) => job,
-                    Err(RecvTimeoutError::Timeout) => return true,
-                    Err(RecvTimeoutError::Disconnected) => return false,
-                }
-            } else {
-                match self.rx.try_recv() {
-                    Ok(job) => job,
-                    Err(TryRecvError::Empty) => return true,
-                    Err(TryRecvError::Disconnected) => return false,
+            let job = match self.waiting.take() {
+                Some(job) => job,
+                None => {
+                    let job = if self.active() == 0 {
+                        match self.rx.recv_timeout(Duration::from_millis(50)) {
+                            Ok(job) => job,
+                            Err(RecvTimeoutError::Timeout) => return true,
+                            Err(RecvTimeoutError::Disconnected) => return false,
+                        }
+                    } else {
+                        match self.rx.try_recv() {
+                            Ok(job) => job,
+                            Err(TryRecvError::Empty) => return true,
+                            Err(TryRecvError::Disconnected) => return false,
+                        }
+                    };
+                    self.metrics().queue_depth.fetch_sub(1, Relaxed);
+                    job
                 }
             };
-            self.metrics().queue_depth.fetch_sub(1, Relaxed);
             if job.events.is_closed() {
                 self.metrics().cancelled.fetch_add(1, Relaxed);
                 continue;
             }
-            let (slot, common) = self.best_free_slot(&job.prompt);
-            // The slot goes back to the common start (a cache that cannot go back that far
-            // keeps less, down to nothing) and the sequence evaluates from there.
-            let kept = match forward.truncate(slot, common) {
-                Ok(kept) => kept.min(common),
-                Err(e) => {
-                    self.cached[slot].clear();
-                    let _ = job.events.send(Event::Error(ApiError::internal(format!(
-                        "the model failed: {e}"
-                    ))));
+            let (slot, kept) = match self.place(forward, &job.prompt) {
+                Placed::Slot(slot, kept) => (slot, kept),
+                Placed::NoRoom => {
+                    self.waiting = Some(job);
+                    return true;
+                }
+                Placed::Failed(why) => {
+                    let _ = job.events.send(Event::Error(ApiError::internal(why)));
                     continue;
                 }
             };
-            self.cached[slot].truncate(kept);
             let mut seq = Sequence::new(self.tokenizer, job.prompt, job.params, self.n_ctx)
                 .with_constraint(job.constraint)
                 .with_special_text(job.special_text);
@@ -366,17 +412,135 @@ impl<'t> Scheduler<'t> {
             self.metrics()
                 .prompt_tokens
                 .fetch_add(seq.prompt_tokens() as u64, Relaxed);
+            self.admitted += 1;
             self.slots[slot] = Some(Active {
                 seq,
                 events: job.events,
                 arrived: job.arrived,
                 last_token: None,
+                order: self.admitted,
             });
             if let Some(reason) = self.slots[slot].as_ref().and_then(|a| a.seq.finished()) {
                 self.finish(slot, reason);
             }
         }
         true
+    }
+
+    /// Puts paused requests back into free slots, oldest first; true when none is left
+    /// paused (new requests may come in).
+    fn resume_paused(&mut self, forward: &mut dyn Backend) -> bool {
+        while !self.paused.is_empty() && self.slots.iter().any(|s| s.is_none()) {
+            let mut a = self.paused.remove(0);
+            if a.events.is_closed() {
+                self.metrics().cancelled.fetch_add(1, Relaxed);
+                continue;
+            }
+            match self.place(forward, a.seq.ids()) {
+                Placed::Slot(slot, kept) => {
+                    // It evaluates again what the slot's cache no longer holds, then goes on.
+                    a.seq.rewind(kept);
+                    self.slots[slot] = Some(a);
+                }
+                Placed::NoRoom => {
+                    self.paused.insert(0, a);
+                    return false;
+                }
+                Placed::Failed(why) => {
+                    self.metrics().failed.fetch_add(1, Relaxed);
+                    let _ = a.events.send(Event::Error(ApiError::internal(why)));
+                }
+            }
+        }
+        self.paused.is_empty()
+    }
+
+    /// Gives back the room of slots whose request has left.
+    fn release_left(&mut self, forward: &mut dyn Backend) {
+        for slot in 0..self.slots.len() {
+            if self.slots[slot].is_none() && std::mem::take(&mut self.holding[slot]) {
+                forward.release(slot);
+            }
+        }
+    }
+
+    /// A free slot for a request whose ids are `ids` (the prompt, or all a paused request
+    /// has), gone back to the longest start it shares with them, with room set aside for them.
+    fn place(&mut self, forward: &mut dyn Backend, ids: &[u32]) -> Placed {
+        self.release_left(forward);
+        // A cache the backend gave to another slot since holds nothing now.
+        for slot in 0..self.slots.len() {
+            if self.slots[slot].is_none() {
+                self.cached[slot].truncate(forward.position(slot));
+            }
+        }
+        let (slot, common) = self.best_free_slot(ids);
+        // The slot goes back to the common start (a cache that cannot go back that far
+        // keeps less, down to nothing) and the sequence evaluates from there.
+        let kept = match forward.truncate(slot, common) {
+            Ok(kept) => kept.min(common),
+            Err(e) => {
+                self.cached[slot].clear();
+                return Placed::Failed(format!("the model failed: {e}"));
+            }
+        };
+        self.cached[slot].truncate(kept);
+        match forward.reserve(slot, ids.len()) {
+            Ok(true) => {
+                self.holding[slot] = true;
+                Placed::Slot(slot, kept)
+            }
+            Ok(false) => Placed::NoRoom,
+            Err(e) => Placed::Failed(e.to_string()),
+        }
+    }
+
+    /// Room for every active slot's next input, oldest request first; where a slot cannot
+    /// grow, the youngest request (perhaps its own) pauses until room frees, keeping what it
+    /// has generated.
+    fn make_room(&mut self, forward: &mut dyn Backend) {
+        self.release_left(forward);
+        let mut by_age: Vec<(u64, usize)> = self
+            .slots
+            .iter()
+            .enumerate()
+            .filter_map(|(slot, a)| a.as_ref().map(|a| (a.order, slot)))
+            .collect();
+        by_age.sort_unstable();
+        for &(_, slot) in &by_age {
+            while let Some(a) = self.slots[slot].as_ref() {
+                let needed = forward.position(slot) + a.seq.next_input(self.chunk).0.len();
+                match forward.reserve(slot, needed) {
+                    Ok(true) => break,
+                    Ok(false) => {
+                        let youngest = by_age
+                            .iter()
+                            .rev()
+                            .map(|&(_, s)| s)
+                            .find(|&s| self.slots[s].is_some())
+                            .expect("this slot is active");
+                        self.pause(forward, youngest);
+                    }
+                    Err(e) => {
+                        self.metrics().failed.fetch_add(1, Relaxed);
+                        let err =
+                            ApiError::invalid(e.to_string()).with_code("context_length_exceeded");
+                        self.end_with_error(slot, err);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Takes `slot`'s request out until room frees ([`Scheduler::resume_paused`]).
+    fn pause(&mut self, forward: &mut dyn Backend, slot: usize) {
+        if let Some(a) = self.slots[slot].take() {
+            self.holding[slot] = false;
+            forward.release(slot);
+            self.metrics().paused.fetch_add(1, Relaxed);
+            let at = self.paused.partition_point(|p| p.order < a.order);
+            self.paused.insert(at, a);
+        }
     }
 
     /// The free slot whose cache shares the longest start with `prompt` (the first free one
@@ -423,6 +587,7 @@ impl<'t> Scheduler<'t> {
                 self.metrics().cancelled.fetch_add(1, Relaxed);
             }
         }
+        self.make_room(forward);
         let mut inputs = Vec::new();
         for (slot, active) in self.slots.iter().enumerate() {
             if let Some(a) = active {
@@ -718,17 +883,7 @@ pub(crate) mod tests {
             let tok = &tok;
             s.spawn(move || {
                 let mut backend = backend;
-                Scheduler {
-                    tokenizer: tok,
-                    experts: false,
-                    slots: vec![None, None],
-                    cached: vec![Vec::new(); 2],
-                    rx,
-                    shared,
-                    chunk,
-                    n_ctx,
-                }
-                .run(&mut backend)
+                Scheduler::new(tok, false, 2, rx, shared, chunk, n_ctx).run(&mut backend)
             });
             body(&handle, &metrics);
             handle.shut_down();
@@ -945,22 +1100,156 @@ pub(crate) mod tests {
         });
     }
 
+    /// Two slots over a pool of `capacity` positions, as a paged device cache: room is set
+    /// aside per slot, a released slot keeps its cache until another needs the room, and
+    /// every evaluation outside a slot's room is counted as a violation.
+    struct Pooled<B> {
+        inner: B,
+        capacity: usize,
+        room: [usize; 2],
+        idle: [bool; 2],
+        /// Evaluations of a slot past its room, or of a released slot.
+        violations: Arc<std::sync::atomic::AtomicUsize>,
+    }
+
+    impl<B: Backend> Backend for Pooled<B> {
+        fn describe(&self) -> String {
+            self.inner.describe()
+        }
+        fn n_slots(&self) -> usize {
+            2
+        }
+        fn n_ctx(&self) -> usize {
+            self.inner.n_ctx()
+        }
+        fn n_vocab(&self) -> usize {
+            self.inner.n_vocab()
+        }
+        fn position(&self, slot: usize) -> usize {
+            self.inner.position(slot)
+        }
+        fn truncate(&mut self, slot: usize, pos: usize) -> Result<usize, BackendError> {
+            self.inner.truncate(slot, pos)
+        }
+        fn reserve(&mut self, slot: usize, positions: usize) -> Result<bool, BackendError> {
+            if positions > self.capacity {
+                return Err(BackendError::Device("never fits".into()));
+            }
+            let other = 1 - slot;
+            if self.room[slot] < positions {
+                if self.room[other] + positions > self.capacity {
+                    return Ok(false);
+                }
+                self.room[slot] = positions;
+            }
+            self.idle[slot] = false;
+            // An idle cache that no longer fits beside this one is given away.
+            if self.idle[other] && self.inner.position(other) + positions > self.capacity {
+                self.inner.truncate(other, 0)?;
+            }
+            Ok(true)
+        }
+        fn release(&mut self, slot: usize) {
+            self.room[slot] = 0;
+            self.idle[slot] = true;
+        }
+        fn forward(&mut self, inputs: &[SlotInput<'_>]) -> Vec<SlotOutput> {
+            for i in inputs {
+                if self.idle[i.slot] || self.position(i.slot) + i.ids.len() > self.room[i.slot] {
+                    self.violations.fetch_add(1, Relaxed);
+                }
+            }
+            self.inner.forward(inputs)
+        }
+    }
+
+    fn pooled<B: Backend>(
+        inner: B,
+        capacity: usize,
+    ) -> (Pooled<B>, Arc<std::sync::atomic::AtomicUsize>) {
+        let violations = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let p = Pooled {
+            inner,
+            capacity,
+            room: [0; 2],
+            idle: [true; 2],
+            violations: violations.clone(),
+        };
+        (p, violations)
+    }
+
+    /// Four requests that each grow to 32 positions over a pool of 48: two never fit at once,
+    /// so the younger pauses, gives its room away and resumes; every request ends whole and
+    /// nothing is ever evaluated outside its room.
+    #[test]
+    fn requests_pause_when_the_pool_runs_out_and_all_finish() {
+        let (fake, steps) = fake(None, None);
+        let (backend, violations) = pooled(fake, 48);
+        with_backend(backend, 8, 64, |h, m| {
+            let jobs: Vec<_> = (0..4).map(|_| job(8, 24)).collect();
+            let mut events = Vec::new();
+            for (j, rx) in jobs {
+                h.submit(j, h.reserve().unwrap()).unwrap();
+                events.push(rx);
+            }
+            for rx in &mut events {
+                assert_eq!(outcome(rx), Ok(24));
+            }
+            assert!(m.paused.load(Relaxed) >= 1, "the pool forced a pause");
+        });
+        assert_eq!(violations.load(Relaxed), 0);
+        // Two slots did run side by side while both fit.
+        assert!(steps.lock().unwrap().iter().any(|s| s.len() == 2));
+    }
+
+    /// The default model on the CPU over a pool too small for two requests at once: the
+    /// paused one evaluates its ids again and gives the greedy text it gives alone.
+    #[test]
+    fn a_paused_request_gives_the_text_it_gives_alone() {
+        let model = ferrolm_model::Model::load(model_path(), 1).unwrap();
+        let tok = tokenizer();
+        let prompts: Vec<Vec<u32>> = [" The capital of France is", " Once upon a time"]
+            .iter()
+            .map(|q| tok.encode_prompt(q))
+            .collect();
+        let run_all = |capacity: usize, together: bool| -> (Vec<String>, u64) {
+            let (backend, violations) =
+                pooled(ferrolm_engine::CpuBackend::new(&model, 2, 96), capacity);
+            let mut out = Vec::new();
+            let mut paused = 0;
+            with_backend(backend, 8, 96, |h, m| {
+                let mut rxs = Vec::new();
+                for p in &prompts {
+                    let (j, r) = job_with(p.clone(), 24);
+                    h.submit(j, h.reserve().unwrap()).unwrap();
+                    if together {
+                        rxs.push(r);
+                    } else {
+                        let mut r = r;
+                        out.push(text(&mut r).unwrap());
+                    }
+                }
+                for mut r in rxs {
+                    out.push(text(&mut r).unwrap());
+                }
+                paused = m.paused.load(Relaxed);
+            });
+            assert_eq!(violations.load(Relaxed), 0);
+            (out, paused)
+        };
+        let (alone, _) = run_all(96, false);
+        let longest = prompts.iter().map(Vec::len).max().unwrap() + 24;
+        let (squeezed, paused) = run_all(longest + 8, true);
+        assert!(paused >= 1, "the pool forced a pause");
+        assert_eq!(alone, squeezed);
+    }
+
     #[test]
     fn the_handle_reports_a_scheduler_thread_that_died() {
         let tok: &'static Tokenizer = Box::leak(Box::new(tokenizer()));
         let (h, rx, shared) = handle(4);
         let thread = std::thread::spawn(move || {
-            Scheduler {
-                tokenizer: tok,
-                experts: false,
-                slots: vec![None],
-                cached: vec![Vec::new()],
-                rx,
-                shared,
-                chunk: 16,
-                n_ctx: 64,
-            }
-            .run(&mut Dies)
+            Scheduler::new(tok, false, 1, rx, shared, 16, 64).run(&mut Dies)
         });
         assert_eq!(h.state(), SchedulerState::Running);
         let (job, _events) = job(4, 1);

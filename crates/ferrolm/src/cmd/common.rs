@@ -42,6 +42,12 @@ pub struct ModelArgs {
     /// too small for everything but the experts is an error saying how much is needed.
     #[arg(long, value_name = "GB")]
     pub gpu_memory: Option<f64>,
+    /// With CUDA and several sequences (`serve --parallel`, `bench --batch`), the most device
+    /// memory their KV caches may take, in GB: pages are mapped as sequences grow, and a
+    /// request waits while others hold the rest. Default: every sequence's whole context
+    /// where free memory allows it.
+    #[arg(long, value_name = "GB")]
+    pub kv_memory: Option<f64>,
     /// On the CPU, sum the products as llama.cpp does with `--no-repack` (its weights kept as
     /// in the file) instead of as its default, which repacks Q4_K matrices on x86-64 CPUs
     /// with AVX2 and sums them in another order.
@@ -53,14 +59,28 @@ pub struct ModelArgs {
     pub no_tiled: bool,
 }
 
+/// A flag's GB in bytes, refused when it is not a positive number.
+fn gigabytes(flag: &str, gb: Option<f64>) -> Result<Option<u64>> {
+    match gb {
+        None => Ok(None),
+        Some(gb) if gb.is_finite() && gb > 0.0 => Ok(Some((gb * 1e9) as u64)),
+        Some(gb) => bail!("{flag} {gb}: a positive number of GB"),
+    }
+}
+
 impl ModelArgs {
     /// `--gpu-memory` in bytes, refused when it is not a positive number of GB.
     pub fn gpu_memory_bytes(&self) -> Result<Option<u64>> {
-        match self.gpu_memory {
-            None => Ok(None),
-            Some(gb) if gb.is_finite() && gb > 0.0 => Ok(Some((gb * 1e9) as u64)),
-            Some(gb) => bail!("--gpu-memory {gb}: a positive number of GB"),
-        }
+        gigabytes("--gpu-memory", self.gpu_memory)
+    }
+
+    /// The CUDA tuning the environment and these flags give.
+    pub fn cuda_tuning(&self) -> Result<CudaTuning> {
+        Ok(CudaTuning {
+            gpu_memory: self.gpu_memory_bytes()?,
+            kv_memory: gigabytes("--kv-memory", self.kv_memory)?,
+            ..CudaTuning::from_env()
+        })
     }
 
     /// How to load the model these flags name; `FERROLM_FORCE_SCALAR` (set to anything) picks
@@ -144,10 +164,7 @@ pub fn open_backend<'m>(
             slots,
             gpu_layers: args.gpu_layers,
             verbose: true,
-            cuda: CudaTuning {
-                gpu_memory: args.gpu_memory_bytes()?,
-                ..CudaTuning::from_env()
-            },
+            cuda: args.cuda_tuning()?,
         },
     )
 }

@@ -5,7 +5,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Result};
 use clap::Args;
-use ferrolm_cuda::{CudaModel, CudaOptions, CudaTuning, Device};
+use ferrolm_cuda::{CudaModel, CudaOptions, Device};
 use ferrolm_engine::{eval_one, GenerateParams, Sampler};
 use ferrolm_model::{Logits, Model};
 use rand::{Rng, SeedableRng};
@@ -183,6 +183,10 @@ fn check_batched(args: &CheckArgs, model: &Model, cuda: CudaOptions) -> Result<(
         }
     }
     let row = compare("batched", &cpu_rows, &gpu_rows, n_vocab, t.elapsed());
+    drop(gpu);
+    if args.profile > 0 {
+        profile_rows(model, b, &cuda)?;
+    }
     check_selections(model, &cpu_rows, cuda)?;
     let most = sizes.iter().copied().max().unwrap_or(0);
     println!(
@@ -205,6 +209,32 @@ fn check_batched(args: &CheckArgs, model: &Model, cuda: CudaOptions) -> Result<(
             row.mean_kl,
             100.0 * row.top1_tied
         );
+    }
+    Ok(())
+}
+
+/// One batched step of `b` rows, launch by launch (events): where its time goes.
+fn profile_rows(model: &Model, b: usize, cuda: &CudaOptions) -> Result<()> {
+    let (plan, file) = (model.plan(), model.file());
+    let mut gpu = CudaModel::with_slots(
+        plan,
+        file,
+        cuda.ordinal,
+        cuda.n_ctx,
+        usize::MAX,
+        b + 1,
+        &cuda.tuning,
+    )
+    .map_err(|e| anyhow::anyhow!("cuda:{}: {e}", cuda.ordinal))?;
+    // The first run warms cuBLAS up; the second is timed.
+    gpu.profile_rows(b)?;
+    let rows = gpu.profile_rows(b)?;
+    let total: f64 = rows.iter().map(|r| r.2).sum();
+    println!("a batched step of {b} rows, launch by launch (events): {total:.1} us");
+    println!("| kernel | launches | us | share |");
+    println!("| --- | ---: | ---: | ---: |");
+    for (name, n, us) in &rows {
+        println!("| {name} | {n} | {us:.1} | {:.1}% |", 100.0 * us / total);
     }
     Ok(())
 }
@@ -357,10 +387,7 @@ pub fn check(args: CheckArgs) -> Result<()> {
         Some(Err(e)) => bail!(e),
     };
     let n_layer = model.plan().layers.len();
-    let tuning = CudaTuning {
-        gpu_memory: args.model.gpu_memory_bytes()?,
-        ..CudaTuning::from_env()
-    };
+    let tuning = args.model.cuda_tuning()?;
     let gpu_layers = args.model.gpu_layers.unwrap_or(n_layer);
     if let Some(b) = args.batch {
         let cuda = CudaOptions {
