@@ -2796,6 +2796,124 @@ __device__ __forceinline__ u32 pack_h2(float lo, float hi) {
     return (u32)f2h(lo) | ((u32)f2h(hi) << 16);
 }
 
+// ---- batched steps of at most 16 rows: Q4_K products on the tensor cores, f16 operands ----
+//
+// y[t][r] = a[t] . w[r] (+ beta y[t][r]) for the n <= 16 f16 rows t of a: the weights are
+// dequantized in registers in f16 arithmetic (the nibbles made halfs by a byte permutation,
+// then q * half(d sc) - half(dmin m) in one rounding), then m16n8k16 with f32 sums: the
+// quantized blocks are read once, a third of the f16 copies' bytes, and no conversion
+// instruction runs per weight. Block: 8 warps over DQ_ROWS matrix rows; warp w takes rows
+// 16 (w % 2) .. + 16 (two n-tiles of 8) and every fourth super-block from w / 2; the other
+// quarters' sums are added to the first's in shared memory, in order. Lane (g, c) =
+// (lane / 4, lane % 4) takes, of each super-block, row g of each n-tile at values 64c ..
+// 64c + 63 (nibble bytes 32c ..: the low nibbles are values 64c + i, the high 64c + 32 + i) and
+// the activations' rows g and g + 8 at the same values: an mma step s of half hi takes values
+// 64c + 32 hi + 4s .. + 3 on both operands (the k order inside the step permuted alike for both,
+// which changes no product, only the order of sums).
+#define DQ_ROWS 32
+__device__ __forceinline__ u32 hfma2(u32 a, u32 b, u32 c) {
+    u32 d;
+    asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
+__device__ __forceinline__ u32 hsub2(u32 a, u32 b) {
+    u32 d;
+    asm("sub.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+    return d;
+}
+extern "C" __global__ void __launch_bounds__(256)
+    dqmma_q4_k(const u8* __restrict__ W, int row_bytes, int n_rows, int n_sb,
+               const u16* __restrict__ A, int cols, int n, float* __restrict__ Y, float beta) {
+    __shared__ float others[3][2][2][32][4];
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int grp = warp & 1, quarter = warp >> 1;
+    int g = lane >> 2, c = lane & 3;
+    int r0 = blockIdx.x * DQ_ROWS + 16 * grp;
+    const u8* wrow[2];
+#pragma unroll
+    for (int nt = 0; nt < 2; nt++) {
+        // (rows past the matrix read its last row and are not written)
+        int r = min(r0 + 8 * nt + g, n_rows - 1);
+        wrow[nt] = W + (size_t)r * row_bytes;
+    }
+    // (rows of a past n hold whatever the buffer holds; they only reach rows of y not written)
+    const u16* a0 = A + (size_t)g * cols;
+    const u16* a1 = A + (size_t)(g + 8) * cols;
+    const u32 k1024 = 0x64006400u;  // (1024, 1024)
+    float acc[2][4];
+#pragma unroll
+    for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) acc[nt][i] = 0.f;
+    for (int sb = quarter; sb < n_sb; sb += 4) {
+        uint4 head[2], q[2][2];
+#pragma unroll
+        for (int nt = 0; nt < 2; nt++) {
+            const u8* b = wrow[nt] + 144 * sb;
+            head[nt] = LD((const uint4*)b);
+            q[nt][0] = LD((const uint4*)(b + 16 + 32 * c));
+            q[nt][1] = LD((const uint4*)(b + 32 + 32 * c));
+        }
+        int k0 = 256 * sb + 64 * c;
+#pragma unroll
+        for (int hi = 0; hi < 2; hi++) {
+            uint4 x0[4], x1[4];
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                x0[i] = LD((const uint4*)(a0 + k0 + 32 * hi + 8 * i));
+                x1[i] = LD((const uint4*)(a1 + k0 + 32 * hi + 8 * i));
+            }
+            u32 ds[2], ndm[2];
+#pragma unroll
+            for (int nt = 0; nt < 2; nt++) {
+                KHead h(head[nt], 2 * c + hi);
+                float d = h.d * (float)h.sc, m = -(h.dmin * (float)h.mn);
+                ds[nt] = pack_h2(d, d);
+                ndm[nt] = pack_h2(m, m);
+            }
+#pragma unroll
+            for (int s = 0; s < 8; s++) {
+                uint4 v0 = x0[s >> 1], v1 = x1[s >> 1];
+                bool odd = s & 1;
+                u32 ra0 = odd ? v0.z : v0.x, ra1 = odd ? v1.z : v1.x;
+                u32 ra2 = odd ? v0.w : v0.y, ra3 = odd ? v1.w : v1.y;
+#pragma unroll
+                for (int nt = 0; nt < 2; nt++) {
+                    uint4 qq = q[nt][s >> 2];
+                    u32 word = (s & 3) == 0 ? qq.x : (s & 3) == 1 ? qq.y : (s & 3) == 2 ? qq.z : qq.w;
+                    u32 nib = (word >> (4 * hi)) & 0x0F0F0F0Fu;
+                    // (1024 + q0, 1024 + q1) and (1024 + q2, 1024 + q3), then q exactly
+                    u32 q01 = hsub2(__byte_perm(nib, 0x64646464u, 0x4140), k1024);
+                    u32 q23 = hsub2(__byte_perm(nib, 0x64646464u, 0x4342), k1024);
+                    mma16816(acc[nt], ra0, ra1, ra2, ra3, hfma2(q01, ds[nt], ndm[nt]),
+                             hfma2(q23, ds[nt], ndm[nt]));
+                }
+            }
+        }
+    }
+    if (quarter > 0) {
+#pragma unroll
+        for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) others[quarter - 1][grp][nt][lane][i] = acc[nt][i];
+    }
+    __syncthreads();
+    if (quarter > 0) return;
+#pragma unroll
+    for (int nt = 0; nt < 2; nt++) {
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            int t = g + 8 * (i >> 1), r = r0 + 8 * nt + 2 * c + (i & 1);
+            if (t >= n || r >= n_rows) continue;
+            float v = acc[nt][i];
+#pragma unroll
+            for (int o = 0; o < 3; o++) v += others[o][grp][nt][lane][i];
+            float* y = Y + (size_t)t * n_rows + r;
+            *y = beta != 0.f ? v + beta * *y : v;
+        }
+    }
+}
+
 template <int HD, int FQ, int FK>
 __device__ __forceinline__ void attn_mma(const float* q, const u16* kc, const u16* vc, u16* out,
                                          int pos0, int n_tok, int n_head, int n_head_kv,
