@@ -152,9 +152,6 @@ pub struct Prefill<D: BatchDevice = CudaBatch> {
     attn32: Option<D::Buffer<f32>>,
     xq_holds: Option<(u64, i32)>,
     mmq_step: bool,
-    /// Whether the step being launched multiplies Q4_K matrices through `dqmma_q4_k`
-    /// ([`CudaTuning::dequantizing_mma`], at most [`DQ_MAX_ROWS`] rows).
-    dq_step: bool,
 }
 
 /// Rows and columns of an `mmq_*` block (`MMQ_ROWS`, `MMQ_COLS` in the kernels) and its threads.
@@ -162,16 +159,6 @@ pub const MMQ_ROWS: usize = 16;
 /// See [`MMQ_ROWS`].
 pub const MMQ_COLS: usize = 16;
 const MMQ_THREADS: u32 = 128;
-
-/// The most rows of a batched step whose Q4_K products go through `dqmma_q4_k`.
-pub const DQ_MAX_ROWS: usize = 16;
-/// Matrix rows of a `dqmma_q4_k` block (`DQ_ROWS` in the kernels).
-pub const DQ_ROWS: usize = 32;
-
-/// Whether `dqmma_q4_k` multiplies a matrix's rows: Q4_K, not an expert stack.
-fn has_dq(spec: &MatrixSpec) -> bool {
-    spec.experts == 1 && spec.ty == TensorType::Q4_K && spec.cols.is_multiple_of(256)
-}
 
 /// Whether a matrix's rows have an `mmq_*` kernel (`mmq_` and [`MatrixSpec::kernel`]).
 fn has_mmq(spec: &MatrixSpec) -> bool {
@@ -444,7 +431,6 @@ impl<D: BatchDevice> Prefill<D> {
             },
             xq_holds: None,
             mmq_step: false,
-            dq_step: false,
             dev,
         })
     }
@@ -583,24 +569,6 @@ impl<D: BatchDevice> Prefill<D> {
         if self.mmq_step && has_mmq(spec) {
             return self.product_mmq(spec, at.matrices[m], a, n, c, beta);
         }
-        if self.dq_step && has_dq(spec) {
-            return self.run(
-                "dqmma_q4_k",
-                (spec.rows.div_ceil(DQ_ROWS) as u32, 1),
-                256,
-                &[
-                    Value::Ptr(at.matrices[m]),
-                    Value::I32(spec.row_bytes() as i32),
-                    Value::I32(spec.rows as i32),
-                    Value::I32((spec.cols / 256) as i32),
-                    Value::Ptr(a),
-                    Value::I32(spec.cols as i32),
-                    Value::I32(n as i32),
-                    Value::Ptr(c),
-                    Value::F32(beta),
-                ],
-            );
-        }
         // F16 weights are GEMM operands as they are; kept f16 copies too.
         let kept = self.w16_kept.get(m).copied().flatten();
         let w16 = if spec.ty == TensorType::F16 {
@@ -675,13 +643,6 @@ impl<D: BatchDevice> Prefill<D> {
         ];
         let grid = (cols.div_ceil(256 * 8) as u32, n as u32);
         self.run(kernel, grid, 256, &args)
-    }
-
-    /// Whether matrices `ms` are multiplied as one stacked f16 GEMM in the step being launched
-    /// (where a stacked copy is kept): not when they all go through `mmq_*`, nor when one of
-    /// them goes through `dqmma_q4_k`.
-    fn stacks(&self, p: &DecodePlan, ms: &[usize]) -> bool {
-        !self.all_mmq(p, ms) && !(self.dq_step && ms.iter().any(|&m| has_dq(&p.matrices[m])))
     }
 
     /// Whether matrices `ms` go through `mmq_*` in the step being launched (then not as one
@@ -861,7 +822,7 @@ impl<D: BatchDevice> Prefill<D> {
             let q_dim = ar.n_head * ar.head_dim;
             let kv_dim = ar.n_head_kv * ar.head_dim;
             let fused_qkv = match rows {
-                Placement::Slots { .. } if !ar.gated_output && self.stacks(p, &ar.qkv) => {
+                Placement::Slots { .. } if !ar.gated_output && !self.all_mmq(p, &ar.qkv) => {
                     self.qkv_kept.get(l).copied().flatten()
                 }
                 _ => None,
@@ -1075,7 +1036,7 @@ impl<D: BatchDevice> Prefill<D> {
         let n_ff = p.matrices[g].rows;
         let total = (n * n_ff) as u64;
         let fused_gu = match rows {
-            Placement::Slots { .. } if self.stacks(p, &[g, u]) => {
+            Placement::Slots { .. } if !self.all_mmq(p, &[g, u]) => {
                 self.gate_up_kept.get(l).copied().flatten()
             }
             _ => None,
@@ -1998,13 +1959,11 @@ impl<D: BatchDevice> Prefill<D> {
         (slot_stride, spare): (&[usize], u32),
     ) -> Result<(), CudaError> {
         self.mmq_step = self.xq_rows.is_some() && n <= self.tuning.mmq_max_rows;
-        self.dq_step = self.tuning.dequantizing_mma && n <= DQ_MAX_ROWS;
         self.xq_holds = None;
         let launched = self
             .launch_layers(p, at, n, Placement::Slots { slot_stride, spare })
             .and_then(|()| self.logits_rows(p, at, n).map(|_| ()));
         self.mmq_step = false;
-        self.dq_step = false;
         self.xq_holds = None;
         launched
     }

@@ -62,11 +62,6 @@ pub struct CudaTuning {
     /// faster on an 8B at 2 to 8 rows only, slower on a 1B and from 16 rows
     /// (docs/PERFORMANCE.md).
     pub mmq_max_rows: usize,
-    /// Batched decode steps of at most 16 rows multiply Q4_K matrices with `dqmma_q4_k`
-    /// (the blocks dequantized in registers in f16 arithmetic, then f16 tensor-core products:
-    /// a third of the copies' bytes) instead of f16 GEMMs over the copies
-    /// (`FERROLM_CUDA_NO_DQ_MMA`).
-    pub dequantizing_mma: bool,
     /// A model holding several sequences maps its KV caches' memory in pages as each
     /// sequence grows, from a pool of `kv_memory` bytes ([`crate::kv_pages`];
     /// `FERROLM_CUDA_NO_PAGED_KV`: every slot's whole context allocated up front).
@@ -96,7 +91,6 @@ impl Default for CudaTuning {
             f16_experts: true,
             gpu_memory: None,
             mmq_max_rows: 0,
-            dequantizing_mma: false,
             paged_kv: true,
             kv_memory: None,
         }
@@ -130,7 +124,6 @@ impl CudaTuning {
             f16_experts: unset("FERROLM_CUDA_NO_F16_EXPERTS"),
             gpu_memory: None,
             mmq_max_rows: number("FERROLM_CUDA_MMQ_MAX_ROWS").unwrap_or(d.mmq_max_rows),
-            dequantizing_mma: std::env::var_os("FERROLM_CUDA_DQ_MMA").is_some(),
             paged_kv: unset("FERROLM_CUDA_NO_PAGED_KV"),
             kv_memory: None,
         }

@@ -268,12 +268,6 @@ fn batched_steps(
     if int8 && (0..plan.matrices.len()).any(|m| int8_type(m) && plan.matrices[m].experts == 1) {
         expected.push("mmq_");
     }
-    // (without them, Q4_K matrices through dqmma_q4_k, which no stacked copy then serves)
-    let dq_type = |m: usize| plan.matrices[m].ty == TensorType::Q4_K;
-    let dq = !int8 && tuning.dequantizing_mma && batch <= ferrolm_cuda::prefill::DQ_MAX_ROWS;
-    if dq && (0..plan.matrices.len()).any(|m| dq_type(m) && plan.matrices[m].experts == 1) {
-        expected.push("dqmma_q4_k");
-    }
     // (the output head's norm quantizes for an int8 output product, the attention's f32 rows
     // for an int8 attention output product)
     if int8 && plan.head.is_some_and(|h| int8_type(h.output)) {
@@ -286,11 +280,10 @@ fn batched_steps(
     if int8 && plan.layers.iter().any(int8_wo) {
         expected.push("quantize_rows_f32");
     }
-    let stacked_ffn = plan.layers.iter().any(|r| {
-        r.moe.is_none()
-            && !(int8 && r.ffn[..2].iter().all(|&m| int8_type(m)))
-            && !(dq && r.ffn[..2].iter().any(|&m| dq_type(m)))
-    });
+    let stacked_ffn = plan
+        .layers
+        .iter()
+        .any(|r| r.moe.is_none() && !(int8 && r.ffn[..2].iter().all(|&m| int8_type(m))));
     if plan.max_experts > 0 {
         expected.extend(["moe_group", "rms_norm_rows_f32"]);
     } else if keep_f16 && stacked_ffn {
@@ -412,7 +405,6 @@ fn the_batched_step_computes_what_the_cpu_computes() {
         let copies = format!("{name} (f16 copies)");
         let f16 = CudaTuning {
             mmq_max_rows: 0,
-            dequantizing_mma: true,
             ..tuning.clone()
         };
         distances.extend(batched_steps(&copies, &spec, &f16, 3, true, None));
