@@ -199,16 +199,9 @@ impl CudaBackend {
     /// ([`Backend::reserve`]).
     fn make_room(&mut self, input: &SlotInput<'_>) -> Result<(), BackendError> {
         let needed = self.pos(input.slot) + input.ids.len();
-        if self.reserve(input.slot, needed)? {
-            Ok(())
-        } else {
-            Err(BackendError::Device(format!(
-                "CUDA: no room in the KV cache pool ({} MB, --kv-memory) for slot {} to reach \
-                 position {needed}: other sequences hold it",
-                self.gpu.kv_pool_bytes().unwrap_or(0) >> 20,
-                input.slot
-            )))
-        }
+        let room = self.gpu.ensure_room(input.slot, needed);
+        self.forget_evicted();
+        room.map_err(device_error)
     }
 
     /// Slots whose caches the device gave away hold nothing now.
@@ -398,17 +391,9 @@ impl Backend for CudaBackend {
         if slot >= self.gpu.n_slots() {
             return one_slot(slot).map(|_| true);
         }
-        let room = self.gpu.reserve(slot, positions).map_err(device_error)?;
+        let room = self.gpu.reserve(slot, positions);
         self.forget_evicted();
-        match room {
-            None => Ok(false),
-            Some(evicted) => {
-                for s in evicted {
-                    self.positions[s] = 0;
-                }
-                Ok(true)
-            }
-        }
+        room.map_err(device_error)
     }
 
     fn release(&mut self, slot: usize) {

@@ -591,9 +591,8 @@ impl CudaModel {
                             dev
                         }
                         Buf::KCache(l) | Buf::VCache(l) if pages.is_some() => {
-                            let range = 2 * pool.as_ref().expect("with pages").range_of[l]
-                                + usize::from(matches!(b, Buf::VCache(_)));
-                            pages.as_ref().expect("checked").base(range)
+                            let values = matches!(b, Buf::VCache(_));
+                            pages.as_ref().expect("checked").cache(l, values)
                         }
                         _ => {
                             let s = stream
@@ -655,14 +654,9 @@ impl CudaModel {
                 .collect()
         };
         let (k_cache, v_cache) = (cache(Buf::KCache), cache(Buf::VCache));
-        let slot_stride = match (&pages, &pool) {
-            (Some(pages), Some(pool)) => (0..dp.layers.len())
-                .map(|l| match pool.range_of.get(l) {
-                    Some(&r) if dp.kv_dims[l] > 0 => pages.slot_stride(2 * r),
-                    _ => 0,
-                })
-                .collect(),
-            _ => dp.kv_dims.iter().map(|&kv| dp.n_ctx * kv).collect(),
+        let slot_stride = match &pages {
+            Some(pages) => (0..dp.layers.len()).map(|l| pages.slot_stride(l)).collect(),
+            None => dp.kv_dims.iter().map(|&kv| dp.n_ctx * kv).collect(),
         };
         let rows_logits = stream
             .alloc_zeros::<f32>(dp.n_vocab)
@@ -822,45 +816,35 @@ impl CudaModel {
     }
 
     /// Room for `slot` to hold `positions` positions, set aside until [`CudaModel::release`]:
-    /// `Ok(None)` when other slots' requests hold the paged caches' pool now; else the idle
-    /// slots whose caches it took (their positions fall to 0; slot 0's here, the others' are
-    /// the caller's to reset). Caches allocated whole always have room.
-    pub fn reserve(
-        &mut self,
-        slot: usize,
-        positions: usize,
-    ) -> Result<Option<Vec<usize>>, CudaError> {
+    /// `Ok(false)` when other slots' requests hold the paged caches' pool now. The idle slots
+    /// whose caches it took are kept for [`CudaModel::take_evicted`] (their positions fall to
+    /// 0: slot 0's here, the others' are the caller's to reset). Caches allocated whole always
+    /// have room.
+    pub fn reserve(&mut self, slot: usize, positions: usize) -> Result<bool, CudaError> {
         let Some(pages) = self.pages.as_mut() else {
-            return Ok(Some(Vec::new()));
+            return Ok(true);
         };
-        let mut evicted = Vec::new();
-        if !pages.reserve(slot, positions.min(self.plan.n_ctx), &mut evicted)? {
-            return Ok(None);
+        let before = self.evicted.len();
+        if !pages.reserve(slot, positions.min(self.plan.n_ctx), &mut self.evicted)? {
+            return Ok(false);
         }
-        if evicted.contains(&0) {
+        if self.evicted[before..].contains(&0) {
             self.truncate(0)?;
         }
-        Ok(Some(evicted))
+        Ok(true)
     }
 
-    /// Room for `slot` to hold `positions` positions before a step writes there (a caller
-    /// that did not [`CudaModel::reserve`] it); the slots whose caches it took are kept for
-    /// [`CudaModel::take_evicted`].
-    fn ensure_room(&mut self, slot: usize, positions: usize) -> Result<(), CudaError> {
-        if self.pages.is_none() {
+    /// [`CudaModel::reserve`], with no room an error: before a step writes there, for a
+    /// caller that did not set the room aside.
+    pub fn ensure_room(&mut self, slot: usize, positions: usize) -> Result<(), CudaError> {
+        if self.reserve(slot, positions)? {
             return Ok(());
         }
-        match self.reserve(slot, positions)? {
-            Some(evicted) => {
-                self.evicted.extend(evicted);
-                Ok(())
-            }
-            None => Err(CudaError::Model(format!(
-                "no room in the KV cache pool ({} MB, --kv-memory) for slot {slot} to reach \
-                 position {positions}: other sequences hold it",
-                self.kv_pool_bytes().unwrap_or(0) >> 20
-            ))),
-        }
+        Err(CudaError::Model(format!(
+            "no room in the KV cache pool ({} MB, --kv-memory) for slot {slot} to reach \
+             position {positions}: other sequences hold it",
+            self.kv_pool_bytes().unwrap_or(0) >> 20
+        )))
     }
 
     /// The slots whose caches were given to others since the last call (their positions are

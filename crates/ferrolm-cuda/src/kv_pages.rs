@@ -19,6 +19,7 @@ use std::sync::Arc;
 use cudarc::driver::sys;
 use cudarc::driver::{CudaContext, CudaStream};
 
+use crate::device::driver;
 use crate::schedule::DecodePlan;
 use crate::{CudaError, CudaTuning};
 
@@ -30,8 +31,9 @@ pub(crate) struct PagePool {
     /// Bytes of a position's row in each range: the keys, then the values, of each layer
     /// with a cache, in layer order.
     pub rows: Vec<usize>,
-    /// Each layer's place among the layers with a cache (its ranges are `2 r` and `2 r + 1`).
-    pub range_of: Vec<usize>,
+    /// Each layer's place among the layers with a cache (its ranges are `2 r` and `2 r + 1`),
+    /// `None` for a layer without one.
+    pub range_of: Vec<Option<usize>>,
     /// Granules of the pool.
     pub capacity: usize,
 }
@@ -52,10 +54,10 @@ impl PagePool {
         free: u64,
     ) -> Result<Option<PagePool>, CudaError> {
         let granule = KvPages::granule(ctx, ordinal)?;
-        let mut range_of = vec![0; plan.layers.len()];
+        let mut range_of = vec![None; plan.layers.len()];
         let mut rows = Vec::new();
         for l in (0..plan.layers.len()).filter(|&l| plan.kv_dims[l] > 0) {
-            range_of[l] = rows.len() / 2;
+            range_of[l] = Some(rows.len() / 2);
             rows.extend([2 * plan.kv_dims[l]; 2]);
         }
         let per_slot: usize = rows
@@ -304,8 +306,7 @@ impl PageBook {
 }
 
 fn check(what: &str, r: sys::CUresult) -> Result<(), CudaError> {
-    r.result()
-        .map_err(|e| CudaError::Driver(format!("{what}: {e}")))
+    r.result().map_err(driver(what))
 }
 
 /// The device side of the paged caches (see the module documentation).
@@ -317,6 +318,8 @@ pub(crate) struct KvPages {
     granule: usize,
     /// Each range's base address and the bytes of one slot's part.
     bases: Vec<(u64, usize)>,
+    /// Each layer's place among the layers with a cache ([`PagePool::range_of`]).
+    range_of: Vec<Option<usize>>,
     slots: usize,
     /// The shared zeroed granule, mapped wherever no pool granule is.
     zero: sys::CUmemGenericAllocationHandle,
@@ -325,8 +328,6 @@ pub(crate) struct KvPages {
     spare: Vec<sys::CUmemGenericAllocationHandle>,
     /// Pool granules made and not mapped.
     free: Vec<sys::CUmemGenericAllocationHandle>,
-    /// Pool granules made.
-    made: usize,
     /// The pool granule behind each slot's range's granule, where one is.
     backing: Vec<Vec<Vec<sys::CUmemGenericAllocationHandle>>>,
 }
@@ -335,7 +336,7 @@ impl KvPages {
     /// The driver's allocation unit on `ordinal`.
     pub fn granule(ctx: &Arc<CudaContext>, ordinal: usize) -> Result<usize, CudaError> {
         ctx.bind_to_thread()
-            .map_err(|e| CudaError::Driver(format!("binding the context: {e}")))?;
+            .map_err(driver("binding the context"))?;
         let prop = props(ordinal as i32);
         let mut granule = 0usize;
         // SAFETY: `prop` describes device memory on `ordinal`; the call writes one usize.
@@ -376,11 +377,11 @@ impl KvPages {
             ordinal: ordinal as i32,
             granule,
             bases: Vec::new(),
+            range_of: pool.range_of.clone(),
             slots,
             zero: 0,
             spare: Vec::new(),
             free: Vec::new(),
-            made: 0,
             backing: vec![vec![Vec::new(); shapes.len()]; slots],
         };
         pages.bind()?;
@@ -411,23 +412,24 @@ impl KvPages {
         pages
             .stream
             .synchronize()
-            .map_err(|e| CudaError::Driver(format!("zeroing the caches: {e}")))?;
+            .map_err(driver("zeroing the caches"))?;
         Ok(pages)
     }
 
-    /// Range `r`'s base address (its cache buffer's).
-    pub fn base(&self, r: usize) -> u64 {
-        self.bases[r].0
+    /// The address of layer `l`'s keys (or `values`) cache buffer (0: the layer has none).
+    pub fn cache(&self, l: usize, values: bool) -> u64 {
+        self.range_of[l].map_or(0, |r| self.bases[2 * r + usize::from(values)].0)
+    }
+
+    /// Halfs between one slot's part of layer `l`'s caches and the next's (0: none).
+    pub fn slot_stride(&self, l: usize) -> usize {
+        self.range_of[l].map_or(0, |r| self.bases[2 * r].1 / 2)
     }
 
     /// Bytes of the pool not made yet.
     pub fn unmade_bytes(&self) -> u64 {
-        ((self.book.capacity() - self.made) * self.granule) as u64
-    }
-
-    /// Halfs between one slot's part of range `r` and the next's.
-    pub fn slot_stride(&self, r: usize) -> usize {
-        self.bases[r].1 / 2
+        let made = self.free.len() + self.backing.iter().flatten().map(Vec::len).sum::<usize>();
+        ((self.book.capacity() - made) * self.granule) as u64
     }
 
     /// Bytes of the pool.
@@ -443,7 +445,7 @@ impl KvPages {
     fn bind(&self) -> Result<(), CudaError> {
         self.ctx
             .bind_to_thread()
-            .map_err(|e| CudaError::Driver(format!("binding the context: {e}")))
+            .map_err(driver("binding the context"))
     }
 
     fn create(&self) -> Result<sys::CUmemGenericAllocationHandle, CudaError> {
@@ -524,7 +526,7 @@ impl KvPages {
         self.bind()?;
         self.stream
             .synchronize()
-            .map_err(|e| CudaError::Driver(format!("before mapping cache memory: {e}")))?;
+            .map_err(driver("before mapping cache memory"))?;
         for c in changes.changes {
             match c {
                 Change::Map {
@@ -534,11 +536,7 @@ impl KvPages {
                 } => {
                     let h = match self.free.pop() {
                         Some(h) => h,
-                        None => {
-                            let h = self.create()?;
-                            self.made += 1;
-                            h
-                        }
+                        None => self.create()?,
                     };
                     self.remap(self.address(slot, range, granule), h)?;
                     let backing = &mut self.backing[slot][range];

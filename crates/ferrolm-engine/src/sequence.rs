@@ -173,11 +173,6 @@ impl<'t> Sequence<'t> {
         }
     }
 
-    /// The ids evaluated so far (what the slot's cache holds for this sequence).
-    pub fn evaluated_ids(&self) -> &[u32] {
-        &self.history[..self.evaluated]
-    }
-
     /// The ids the next steps must have evaluated before the sequence can sample again: its
     /// prompt and what it has generated.
     pub fn ids(&self) -> &[u32] {

@@ -229,14 +229,19 @@ fn profile_rows(model: &Model, b: usize, cuda: &CudaOptions) -> Result<()> {
     // The first run warms cuBLAS up; the second is timed.
     gpu.profile_rows(b)?;
     let rows = gpu.profile_rows(b)?;
+    print_launches(&format!("a batched step of {b} rows"), &rows);
+    Ok(())
+}
+
+/// Timed launches (kernel, launches, microseconds) as a table under `what`'s total.
+fn print_launches(what: &str, rows: &[(String, usize, f64)]) {
     let total: f64 = rows.iter().map(|r| r.2).sum();
-    println!("a batched step of {b} rows, launch by launch (events): {total:.1} us");
+    println!("{what}, launch by launch (events): {total:.1} us");
     println!("| kernel | launches | us | share |");
     println!("| --- | ---: | ---: | ---: |");
-    for (name, n, us) in &rows {
+    for (name, n, us) in rows {
         println!("| {name} | {n} | {us:.1} | {:.1}% |", 100.0 * us / total);
     }
-    Ok(())
 }
 
 /// The batched step's greedy choices and top-k candidates (`argmax_rows`, `topk_rows`) against
@@ -525,16 +530,7 @@ pub fn check(args: CheckArgs) -> Result<()> {
         gpu.reset()?;
         let batch = gpu.profile_batch(&ids)?;
         if !batch.is_empty() {
-            let total: f64 = batch.iter().map(|r| r.2).sum();
-            println!(
-                "prompt batch of {} tokens, launch by launch (events): {total:.1} us",
-                ids.len()
-            );
-            println!("| kernel | launches | us | share |");
-            println!("| --- | ---: | ---: | ---: |");
-            for (name, n, us) in &batch {
-                println!("| {name} | {n} | {us:.1} | {:.1}% |", 100.0 * us / total);
-            }
+            print_launches(&format!("prompt batch of {} tokens", ids.len()), &batch);
         }
         let rows = gpu.profile(args.profile)?;
         let total: f64 = rows.iter().map(|r| r.2).sum();
