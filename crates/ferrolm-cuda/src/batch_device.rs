@@ -136,7 +136,16 @@ pub struct CudaBatch {
     funcs: HashMap<String, CudaFunction>,
     /// Events around each launch, when profiling.
     profile: Option<Vec<(String, CudaEvent, CudaEvent)>>,
+    /// GEMMs of at most this many input rows run `skinny_gemm`, not cuBLAS
+    /// ([`crate::CudaTuning::skinny_gemm_max_rows`]).
+    skinny_max_rows: usize,
 }
+
+/// Weight rows of a `skinny_gemm` block (the kernel's `SG_ROWS`), its threads (`SG_WARPS`
+/// warps) and the most input rows it takes (two m16n8k16 tiles' 16).
+const SKINNY_BLOCK_ROWS: usize = 32;
+const SKINNY_THREADS: u32 = 256;
+const SKINNY_MOST_ROWS: usize = 16;
 
 impl CudaBatch {
     /// `stream`'s device with a new cuBLAS handle, or `None` when cuBLAS is not on this
@@ -144,6 +153,7 @@ impl CudaBatch {
     pub(crate) fn new(
         stream: &Arc<CudaStream>,
         module: &Arc<CudaModule>,
+        skinny_max_rows: usize,
     ) -> Result<Option<CudaBatch>, CudaError> {
         // SAFETY: only tries to open the library by its usual names.
         if !unsafe { blas_sys::is_culib_present() } {
@@ -157,6 +167,7 @@ impl CudaBatch {
             module: module.clone(),
             funcs: HashMap::new(),
             profile: None,
+            skinny_max_rows: skinny_max_rows.min(SKINNY_MOST_ROWS),
         }))
     }
 
@@ -167,6 +178,41 @@ impl CudaBatch {
         let f = self.module.load_function(name).map_err(driver(name))?;
         self.funcs.insert(name.to_string(), f.clone());
         Ok(f)
+    }
+
+    /// Whether `skinny_gemm` serves `g`: few input rows, whole 32-column chunks, and rows
+    /// that start on 16-byte boundaries (its loads' width).
+    fn skinny_fits(&self, g: &Gemm) -> bool {
+        g.n <= self.skinny_max_rows
+            && g.cols % 32 == 0
+            && g.rows > 0
+            && (g.w16 | g.a) % 16 == 0
+            && i32::try_from(g.rows).is_ok()
+            && i32::try_from(g.cols).is_ok()
+    }
+
+    /// A GEMM of few input rows by `skinny_gemm` (ARCHITECTURE.md: "Batched decode").
+    fn skinny_gemm(&mut self, g: Gemm) -> Result<(), CudaError> {
+        // One tile of 8 inputs where they fit, else two.
+        let kernel = if g.n <= 8 {
+            "skinny_gemm_8"
+        } else {
+            "skinny_gemm_16"
+        };
+        self.launch(
+            kernel,
+            (g.rows.div_ceil(SKINNY_BLOCK_ROWS) as u32, 1),
+            SKINNY_THREADS,
+            &[
+                Value::Ptr(g.w16),
+                Value::Ptr(g.a),
+                Value::Ptr(g.c),
+                Value::I32(g.rows as i32),
+                Value::I32(g.cols as i32),
+                Value::I32(g.n as i32),
+                Value::F32(g.beta),
+            ],
+        )
     }
 
     /// An event before a launch, when profiling.
@@ -269,6 +315,9 @@ impl BatchDevice for CudaBatch {
         } else {
             blas_sys::cudaDataType::CUDA_R_16F
         };
+        if batch == 1 && !f32_operands && self.skinny_fits(&g) {
+            return self.skinny_gemm(g);
+        }
         let start = self.mark()?;
         if batch > 1 {
             assert!(!f32_operands, "batched GEMMs read f16 operands");

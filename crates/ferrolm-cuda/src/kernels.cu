@@ -2630,11 +2630,40 @@ FOR_PRODUCTS(Q8_0R, true, s_Q8_0R, true)
 FOR_PRODUCTS(Q4_0, true, s_Q4_0, true)
 
 // out[t] = x[t] / rms(x[t]) * w as f16, one block per row t of n values.
+// Rows of a multiple of 4 values up to RMS_HELD * 4 * blockDim.x are read once, as float4s
+// held in registers; others as single values, twice.
+#define RMS_HELD 8
 extern "C" __global__ void rms_norm_rows(const float* x, const float* w, u16* out, int n,
                                          float eps) {
     const float* xr = x + (size_t)blockIdx.x * n;
     u16* o = out + (size_t)blockIdx.x * n;
     float s = 0.f;
+    if (n % 4 == 0 && n <= RMS_HELD * 4 * (int)blockDim.x) {
+        const float4* x4 = (const float4*)xr;
+        float4 v[RMS_HELD];
+#pragma unroll
+        for (int k = 0; k < RMS_HELD; k++) {
+            const int i = threadIdx.x + k * blockDim.x;
+            v[k].x = v[k].y = v[k].z = v[k].w = 0.f;
+            if (i < n / 4) v[k] = x4[i];
+            s += v[k].x * v[k].x + v[k].y * v[k].y + v[k].z * v[k].z + v[k].w * v[k].w;
+        }
+        s = block_sum(s);
+        const float scale = rsqrtf(s / (float)n + eps);
+        const float4* w4 = (const float4*)w;
+#pragma unroll
+        for (int k = 0; k < RMS_HELD; k++) {
+            const int i = threadIdx.x + k * blockDim.x;
+            if (i < n / 4) {
+                const float4 g = w4[i];
+                uint2 h;
+                h.x = (u32)f2h((v[k].x * scale) * g.x) | ((u32)f2h((v[k].y * scale) * g.y) << 16);
+                h.y = (u32)f2h((v[k].z * scale) * g.z) | ((u32)f2h((v[k].w * scale) * g.w) << 16);
+                ((uint2*)o)[i] = h;
+            }
+        }
+        return;
+    }
     for (int i = threadIdx.x; i < n; i += blockDim.x) s += xr[i] * xr[i];
     s = block_sum(s);
     float scale = rsqrtf(s / (float)n + eps);
@@ -2794,6 +2823,260 @@ __device__ __forceinline__ void mma16816(float* d, u32 a0, u32 a1, u32 a2, u32 a
 
 __device__ __forceinline__ u32 pack_h2(float lo, float hi) {
     return (u32)f2h(lo) | ((u32)f2h(hi) << 16);
+}
+
+// The f16 GEMMs of batched steps of at most 16 input rows, where a GEMM library's tiles are
+// made for wider inputs: c[t][r] = a[t] . w[r] (+ beta c[t][r]). A block of 8 warps owns 32
+// weight rows; its warps take 32-column chunks of them in turn (4 at a time, for enough loads
+// in flight) and multiply them with every input row on the tensor cores (m16n8k16 tiles: two
+// of weight rows by NT of 8 input rows); their f32 sums meet in shared memory, added in warp
+// order. A lane reads 16 bytes (8 columns) of a row at once: its mma k positions are then a
+// permutation of the columns, the same for weights and inputs, so each product sums the same
+// terms. Rows and inputs past the ends read the last ones and are not written.
+#define SG_ROWS 32
+#define SG_WARPS 8
+#define SG_UNROLL 4
+
+template <int NT>
+__device__ __forceinline__ void skinny_gemm(const u16* __restrict__ W, const u16* __restrict__ A,
+                                            float* C, int rows, int cols, int n, float beta) {
+    __shared__ float part[SG_WARPS][8 * NT][32];
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int g = lane / 4, c = lane % 4;
+    const int r0 = blockIdx.x * SG_ROWS;
+    const uint4* wr[4];
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+        wr[i] = (const uint4*)(W + (long long)min(r0 + g + 8 * i, rows - 1) * cols) + c;
+    const uint4* ar[NT];
+#pragma unroll
+    for (int t = 0; t < NT; t++) ar[t] = (const uint4*)(A + (long long)min(g + 8 * t, n - 1) * cols) + c;
+    float acc[2][NT][4];
+#pragma unroll
+    for (int m = 0; m < 2; m++)
+#pragma unroll
+        for (int t = 0; t < NT; t++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) acc[m][t][e] = 0.f;
+    const int chunks = cols / 32;
+    for (int j0 = warp * SG_UNROLL; j0 < chunks; j0 += SG_WARPS * SG_UNROLL) {
+        uint4 wv[SG_UNROLL][4], av[SG_UNROLL][NT];
+#pragma unroll
+        for (int u = 0; u < SG_UNROLL; u++) {
+            if (j0 + u < chunks) {
+#pragma unroll
+                for (int i = 0; i < 4; i++) wv[u][i] = __ldg(wr[i] + 4 * (j0 + u));
+#pragma unroll
+                for (int t = 0; t < NT; t++) av[u][t] = __ldg(ar[t] + 4 * (j0 + u));
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < SG_UNROLL; u++) {
+            if (j0 + u < chunks) {
+#pragma unroll
+                for (int m = 0; m < 2; m++) {
+                    const uint4 lo = wv[u][2 * m], hi = wv[u][2 * m + 1];
+#pragma unroll
+                    for (int t = 0; t < NT; t++) {
+                        mma16816(acc[m][t], lo.x, hi.x, lo.y, hi.y, av[u][t].x, av[u][t].y);
+                        mma16816(acc[m][t], lo.z, hi.z, lo.w, hi.w, av[u][t].z, av[u][t].w);
+                    }
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int m = 0; m < 2; m++)
+#pragma unroll
+        for (int t = 0; t < NT; t++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) part[warp][(m * NT + t) * 4 + e][lane] = acc[m][t][e];
+    __syncthreads();
+    // Output (row rr, input cc) of the block: fragment (m, t, e) of lane (g, c), as mma's
+    // accumulators lie (rows g and g + 8, inputs 8t + 2c and 8t + 2c + 1).
+    for (int o = threadIdx.x; o < SG_ROWS * 8 * NT; o += blockDim.x) {
+        const int rr = o % SG_ROWS, cc = o / SG_ROWS;
+        const int r = r0 + rr;
+        if (r >= rows || cc >= n) continue;
+        const int m = rr / 16, within = rr % 16, t = cc / 8, ct = cc % 8;
+        const int slot = (m * NT + t) * 4 + (within / 8) * 2 + ct % 2;
+        const int from = (within % 8) * 4 + ct / 2;
+        float s = 0.f;
+#pragma unroll
+        for (int w = 0; w < SG_WARPS; w++) s += part[w][slot][from];
+        float* out = C + (long long)cc * rows + r;
+        *out = beta != 0.f ? s + beta * *out : s;
+    }
+}
+
+// At most 8 input rows (one tile of inputs), and at most 16 (two).
+extern "C" __global__ void __launch_bounds__(SG_WARPS * 32)
+    skinny_gemm_8(const u16* __restrict__ W, const u16* __restrict__ A, float* C, int rows,
+                  int cols, int n, float beta) {
+    skinny_gemm<1>(W, A, C, rows, cols, n, beta);
+}
+
+extern "C" __global__ void __launch_bounds__(SG_WARPS * 32)
+    skinny_gemm_16(const u16* __restrict__ W, const u16* __restrict__ A, float* C, int rows,
+                   int cols, int n, float beta) {
+    skinny_gemm<2>(W, A, C, rows, cols, n, beta);
+}
+
+// Q4_K products of batched steps of at most 16 input rows, reading the quantized blocks
+// (a third of the f16 copies' bytes): c[t][r] = a[t] . w[r] (+ beta c[t][r]). The block and
+// warp layout is skinny_gemm's, with a 256-column super-block for a warp's step: lane (g, c)
+// reads 32 bytes of its rows' 4-bit values (group c: 64 columns, two sub-blocks of 32) and
+// their 16-byte header, dequantizes them to f16 in registers (d * scale and dmin * min in f32,
+// as the CPU's dequantization, then q * d1 - m1 in f16 arithmetic) and multiplies them on the
+// tensor cores. A 4-byte word of values gives, per nibble half, the columns (4t, 4t + 2) and
+// (4t + 1, 4t + 3): those are the lane's mma k positions, and its inputs are permuted alike.
+__device__ __forceinline__ void q4k_scale_min(uint4 h, int j, float& d1, float& m1) {
+    const float d = h2f((u16)(h.x & 0xFFFF)), dmin = h2f((u16)(h.x >> 16));
+    const int sh = 8 * (j & 3);
+    const u32 y = (h.y >> sh) & 0xFF, z = (h.z >> sh) & 0xFF, w = (h.w >> sh) & 0xFF;
+    u32 sc, m;
+    if (j < 4) {
+        sc = y & 63;
+        m = z & 63;
+    } else {
+        sc = (w & 15) | ((y >> 6) << 4);
+        m = (w >> 4) | ((z >> 6) << 4);
+    }
+    d1 = d * (float)sc;
+    m1 = dmin * (float)m;
+}
+
+// Two nibbles of x (bits 0 and 16 after shifting by `shift`) as an f16 pair, times the pair d
+// plus the pair nm (f16 arithmetic: 1024 + q made exact by the exponent bits, 1024 taken off).
+__device__ __forceinline__ u32 q4_pair(u32 x, int shift, u32 d, u32 nm) {
+    const u32 v = ((x >> shift) & 0x000F000Fu) | 0x64006400u;
+    u32 q, r;
+    asm("sub.rn.f16x2 %0, %1, %2;" : "=r"(q) : "r"(v), "r"(0x64006400u));
+    asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(q), "r"(d), "r"(nm));
+    return r;
+}
+
+// f as an f16 pair (both halves).
+__device__ __forceinline__ u32 f2h2(float f) {
+    const u32 h = f2h(f);
+    return h | (h << 16);
+}
+
+template <int NT>
+__device__ __forceinline__ void dq4k_gemm(const u8* __restrict__ W, int row_bytes, int rows,
+                                          int n_sb, const u16* __restrict__ A, int cols, int n,
+                                          float* C, float beta) {
+    __shared__ float part[SG_WARPS][8 * NT][32];
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int g = lane / 4, c = lane % 4;
+    const int r0 = blockIdx.x * SG_ROWS;
+    const u8* wr[4];
+#pragma unroll
+    for (int i = 0; i < 4; i++) wr[i] = W + (long long)min(r0 + g + 8 * i, rows - 1) * row_bytes;
+    const u16* ar[NT];
+#pragma unroll
+    for (int t = 0; t < NT; t++) ar[t] = A + (long long)min(g + 8 * t, n - 1) * cols + 64 * c;
+    float acc[2][NT][4];
+#pragma unroll
+    for (int m = 0; m < 2; m++)
+#pragma unroll
+        for (int t = 0; t < NT; t++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) acc[m][t][e] = 0.f;
+    for (int sb = warp; sb < n_sb; sb += SG_WARPS) {
+        uint4 hd[4], qv[4][2];
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const u8* b = wr[i] + sb * 144;
+            hd[i] = __ldg((const uint4*)b);
+            qv[i][0] = __ldg((const uint4*)(b + 16 + 32 * c));
+            qv[i][1] = __ldg((const uint4*)(b + 32 + 32 * c));
+        }
+        uint4 av[NT][8];
+#pragma unroll
+        for (int t = 0; t < NT; t++)
+#pragma unroll
+            for (int j = 0; j < 8; j++) av[t][j] = __ldg((const uint4*)(ar[t] + sb * 256) + j);
+        // Each row's two sub-blocks' (d * scale, -(dmin * min)) as f16 pairs.
+        u32 dl[4], ml[4], dh[4], mh[4];
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            float d1, m1, d2, m2;
+            q4k_scale_min(hd[i], 2 * c, d1, m1);
+            q4k_scale_min(hd[i], 2 * c + 1, d2, m2);
+            dl[i] = f2h2(d1);
+            ml[i] = f2h2(-m1);
+            dh[i] = f2h2(d2);
+            mh[i] = f2h2(-m2);
+        }
+#pragma unroll
+        for (int t4 = 0; t4 < 8; t4++) {
+            // Word t4 of a row's 32 bytes: columns 4 t4 .. 4 t4 + 3 of both sub-blocks.
+            u32 x[4];
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const uint4 q = qv[i][t4 / 4];
+                x[i] = (t4 % 4 == 0) ? q.x : (t4 % 4 == 1) ? q.y : (t4 % 4 == 2) ? q.z : q.w;
+            }
+#pragma unroll
+            for (int nib = 0; nib < 2; nib++) {
+                // Inputs: columns 32 half + 4 t4 .. + 3 (words (0, 1) and (2, 3)).
+                u32 b01[NT], b23[NT];
+#pragma unroll
+                for (int t = 0; t < NT; t++) {
+                    const uint4 a4 = av[t][nib * 4 + t4 / 2];
+                    const u32 lo = (t4 % 2 == 0) ? a4.x : a4.z, hi = (t4 % 2 == 0) ? a4.y : a4.w;
+                    b01[t] = __byte_perm(lo, hi, 0x5410);
+                    b23[t] = __byte_perm(lo, hi, 0x7632);
+                }
+                u32 w02[4], w13[4];
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    const u32 d = nib ? dh[i] : dl[i], nm = nib ? mh[i] : ml[i];
+                    w02[i] = q4_pair(x[i], 4 * nib, d, nm);
+                    w13[i] = q4_pair(x[i], 4 * nib + 8, d, nm);
+                }
+#pragma unroll
+                for (int m = 0; m < 2; m++)
+#pragma unroll
+                    for (int t = 0; t < NT; t++)
+                        mma16816(acc[m][t], w02[2 * m], w02[2 * m + 1], w13[2 * m], w13[2 * m + 1],
+                                 b01[t], b23[t]);
+            }
+        }
+    }
+#pragma unroll
+    for (int m = 0; m < 2; m++)
+#pragma unroll
+        for (int t = 0; t < NT; t++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) part[warp][(m * NT + t) * 4 + e][lane] = acc[m][t][e];
+    __syncthreads();
+    for (int o = threadIdx.x; o < SG_ROWS * 8 * NT; o += blockDim.x) {
+        const int rr = o % SG_ROWS, cc = o / SG_ROWS;
+        const int r = r0 + rr;
+        if (r >= rows || cc >= n) continue;
+        const int m = rr / 16, within = rr % 16, t = cc / 8, ct = cc % 8;
+        const int slot = (m * NT + t) * 4 + (within / 8) * 2 + ct % 2;
+        const int from = (within % 8) * 4 + ct / 2;
+        float s = 0.f;
+#pragma unroll
+        for (int w = 0; w < SG_WARPS; w++) s += part[w][slot][from];
+        float* out = C + (long long)cc * rows + r;
+        *out = beta != 0.f ? s + beta * *out : s;
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(SG_WARPS * 32)
+    dq4k_gemm_8(const u8* __restrict__ W, int row_bytes, int rows, int n_sb,
+                const u16* __restrict__ A, int cols, int n, float* C, float beta) {
+    dq4k_gemm<1>(W, row_bytes, rows, n_sb, A, cols, n, C, beta);
+}
+
+extern "C" __global__ void __launch_bounds__(SG_WARPS * 32)
+    dq4k_gemm_16(const u8* __restrict__ W, int row_bytes, int rows, int n_sb,
+                 const u16* __restrict__ A, int cols, int n, float* C, float beta) {
+    dq4k_gemm<2>(W, row_bytes, rows, n_sb, A, cols, n, C, beta);
 }
 
 template <int HD, int FQ, int FK>

@@ -152,6 +152,24 @@ pub struct Prefill<D: BatchDevice = CudaBatch> {
     attn32: Option<D::Buffer<f32>>,
     xq_holds: Option<(u64, i32)>,
     mmq_step: bool,
+    /// Whether the step being launched multiplies Q4_K matrices through `dq4k_gemm_*`
+    /// ([`CudaTuning::dq_gemm_max_rows`]).
+    dq_step: bool,
+}
+
+/// The most rows of a batched step whose Q4_K products read the blocks (`dq4k_gemm_16`).
+pub const DQ_MAX_ROWS: usize = 16;
+/// Matrix rows of a `dq4k_gemm_*` block (`SG_ROWS` in the kernels) and its threads.
+pub const DQ_ROWS: usize = 32;
+const DQ_THREADS: u32 = 256;
+
+/// Whether `dq4k_gemm_*` multiplies a matrix's rows: plain Q4_K blocks, not an expert stack,
+/// whole super-blocks (its weights then start on 16 bytes wherever the matrix does).
+fn has_dq(spec: &MatrixSpec) -> bool {
+    spec.experts == 1
+        && spec.ty == TensorType::Q4_K
+        && spec.kernel == "Q4_K"
+        && spec.cols.is_multiple_of(256)
 }
 
 /// Rows and columns of an `mmq_*` block (`MMQ_ROWS`, `MMQ_COLS` in the kernels) and its threads.
@@ -347,7 +365,7 @@ impl Prefill {
         if !p.batched_passes_serve() {
             return Ok(None);
         }
-        match CudaBatch::new(stream, module)? {
+        match CudaBatch::new(stream, module, tuning.skinny_gemm_max_rows)? {
             Some(dev) => Prefill::on(dev, p, tuning).map(Some),
             None => Ok(None),
         }
@@ -431,6 +449,7 @@ impl<D: BatchDevice> Prefill<D> {
             },
             xq_holds: None,
             mmq_step: false,
+            dq_step: false,
             dev,
         })
     }
@@ -569,6 +588,32 @@ impl<D: BatchDevice> Prefill<D> {
         if self.mmq_step && has_mmq(spec) {
             return self.product_mmq(spec, at.matrices[m], a, n, c, beta);
         }
+        let w = at.matrices[m];
+        if self.dq_step && has_dq(spec) && (w | a).is_multiple_of(16) {
+            self.xq_holds = None;
+            // One tile of 8 inputs where they fit, else two.
+            let kernel = if n <= 8 {
+                "dq4k_gemm_8"
+            } else {
+                "dq4k_gemm_16"
+            };
+            return self.run(
+                kernel,
+                (spec.rows.div_ceil(DQ_ROWS) as u32, 1),
+                DQ_THREADS,
+                &[
+                    Value::Ptr(w),
+                    Value::I32(spec.row_bytes() as i32),
+                    Value::I32(spec.rows as i32),
+                    Value::I32((spec.cols / 256) as i32),
+                    Value::Ptr(a),
+                    Value::I32(spec.cols as i32),
+                    Value::I32(n as i32),
+                    Value::Ptr(c),
+                    Value::F32(beta),
+                ],
+            );
+        }
         // F16 weights are GEMM operands as they are; kept f16 copies too.
         let kept = self.w16_kept.get(m).copied().flatten();
         let w16 = if spec.ty == TensorType::F16 {
@@ -643,6 +688,13 @@ impl<D: BatchDevice> Prefill<D> {
         ];
         let grid = (cols.div_ceil(256 * 8) as u32, n as u32);
         self.run(kernel, grid, 256, &args)
+    }
+
+    /// Whether matrices `ms` are multiplied as one stacked f16 GEMM in the step being launched
+    /// (where a stacked copy is kept): not when they all go through `mmq_*`, nor when one of
+    /// them reads its Q4_K blocks (`dq4k_gemm_*`).
+    fn stacks(&self, p: &DecodePlan, ms: &[usize]) -> bool {
+        !self.all_mmq(p, ms) && !(self.dq_step && ms.iter().any(|&m| has_dq(&p.matrices[m])))
     }
 
     /// Whether matrices `ms` go through `mmq_*` in the step being launched (then not as one
@@ -822,7 +874,7 @@ impl<D: BatchDevice> Prefill<D> {
             let q_dim = ar.n_head * ar.head_dim;
             let kv_dim = ar.n_head_kv * ar.head_dim;
             let fused_qkv = match rows {
-                Placement::Slots { .. } if !ar.gated_output && !self.all_mmq(p, &ar.qkv) => {
+                Placement::Slots { .. } if !ar.gated_output && self.stacks(p, &ar.qkv) => {
                     self.qkv_kept.get(l).copied().flatten()
                 }
                 _ => None,
@@ -1036,7 +1088,7 @@ impl<D: BatchDevice> Prefill<D> {
         let n_ff = p.matrices[g].rows;
         let total = (n * n_ff) as u64;
         let fused_gu = match rows {
-            Placement::Slots { .. } if !self.all_mmq(p, &[g, u]) => {
+            Placement::Slots { .. } if self.stacks(p, &[g, u]) => {
                 self.gate_up_kept.get(l).copied().flatten()
             }
             _ => None,
@@ -1959,11 +2011,13 @@ impl<D: BatchDevice> Prefill<D> {
         (slot_stride, spare): (&[usize], u32),
     ) -> Result<(), CudaError> {
         self.mmq_step = self.xq_rows.is_some() && n <= self.tuning.mmq_max_rows;
+        self.dq_step = n <= self.tuning.dq_gemm_max_rows.min(DQ_MAX_ROWS);
         self.xq_holds = None;
         let launched = self
             .launch_layers(p, at, n, Placement::Slots { slot_stride, spare })
             .and_then(|()| self.logits_rows(p, at, n).map(|_| ()));
         self.mmq_step = false;
+        self.dq_step = false;
         self.xq_holds = None;
         launched
     }

@@ -62,6 +62,14 @@ pub struct CudaTuning {
     /// faster on an 8B at 2 to 8 rows only, slower on a 1B and from 16 rows
     /// (docs/PERFORMANCE.md).
     pub mmq_max_rows: usize,
+    /// The f16 GEMMs of at most this many input rows (up to 16) run ferrolm's
+    /// `skinny_gemm_8`/`_16` instead of cuBLAS's (`FERROLM_CUDA_SKINNY_GEMM_MAX_ROWS`; 0:
+    /// cuBLAS always). The default, 8, is where it was measured faster (docs/PERFORMANCE.md).
+    pub skinny_gemm_max_rows: usize,
+    /// Batched decode steps of at most this many rows (up to 16) multiply Q4_K matrices by
+    /// `dq4k_gemm_*`, which reads their blocks and dequantizes them in registers, instead of
+    /// GEMMs over f16 copies (`FERROLM_CUDA_DQ_GEMM_MAX_ROWS`; 0: never; docs/PERFORMANCE.md).
+    pub dq_gemm_max_rows: usize,
     /// A model holding several sequences maps its KV caches' memory in pages as each
     /// sequence grows, from a pool of `kv_memory` bytes ([`crate::kv_pages`];
     /// `FERROLM_CUDA_NO_PAGED_KV`: every slot's whole context allocated up front).
@@ -91,6 +99,8 @@ impl Default for CudaTuning {
             f16_experts: true,
             gpu_memory: None,
             mmq_max_rows: 0,
+            skinny_gemm_max_rows: 8,
+            dq_gemm_max_rows: 16,
             paged_kv: true,
             kv_memory: None,
         }
@@ -124,6 +134,9 @@ impl CudaTuning {
             f16_experts: unset("FERROLM_CUDA_NO_F16_EXPERTS"),
             gpu_memory: None,
             mmq_max_rows: number("FERROLM_CUDA_MMQ_MAX_ROWS").unwrap_or(d.mmq_max_rows),
+            skinny_gemm_max_rows: number("FERROLM_CUDA_SKINNY_GEMM_MAX_ROWS")
+                .unwrap_or(d.skinny_gemm_max_rows),
+            dq_gemm_max_rows: number("FERROLM_CUDA_DQ_GEMM_MAX_ROWS").unwrap_or(d.dq_gemm_max_rows),
             paged_kv: unset("FERROLM_CUDA_NO_PAGED_KV"),
             kv_memory: None,
         }

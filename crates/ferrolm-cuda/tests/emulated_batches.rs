@@ -280,10 +280,21 @@ fn batched_steps(
     if int8 && plan.layers.iter().any(int8_wo) {
         expected.push("quantize_rows_f32");
     }
-    let stacked_ffn = plan
-        .layers
-        .iter()
-        .any(|r| r.moe.is_none() && !(int8 && r.ffn[..2].iter().all(|&m| int8_type(m))));
+    // (without them, Q4_K matrices through dq4k_gemm_*, which no stacked copy then serves)
+    let dq_type = |m: usize| plan.matrices[m].ty == TensorType::Q4_K;
+    let dq = !int8
+        && batch
+            <= tuning
+                .dq_gemm_max_rows
+                .min(ferrolm_cuda::prefill::DQ_MAX_ROWS);
+    if dq && (0..plan.matrices.len()).any(|m| dq_type(m) && plan.matrices[m].experts == 1) {
+        expected.push("dq4k_gemm_");
+    }
+    let stacked_ffn = plan.layers.iter().any(|r| {
+        r.moe.is_none()
+            && !(int8 && r.ffn[..2].iter().all(|&m| int8_type(m)))
+            && !(dq && r.ffn[..2].iter().any(|&m| dq_type(m)))
+    });
     if plan.max_experts > 0 {
         expected.extend(["moe_group", "rms_norm_rows_f32"]);
     } else if keep_f16 && stacked_ffn {
@@ -408,6 +419,19 @@ fn the_batched_step_computes_what_the_cpu_computes() {
             ..tuning.clone()
         };
         distances.extend(batched_steps(&copies, &spec, &f16, 3, true, None));
+        // (and the Q4_K matrices' blocks read by dq4k_gemm_* at 3 rows, and 12 (two tiles of
+        // inputs) where no expert routing meets the near ties more sequences bring)
+        let blocks = format!("{name} (Q4_K blocks)");
+        let sizes: &[usize] = if spec.n_expert == 0 { &[3, 12] } else { &[3] };
+        for &batch in sizes {
+            distances.extend(batched_steps(&blocks, &spec, &f16, batch, true, None));
+        }
+        // (every matrix through the f16 copies)
+        let all_copies = CudaTuning {
+            dq_gemm_max_rows: 0,
+            ..f16.clone()
+        };
+        distances.extend(batched_steps(&copies, &spec, &all_copies, 3, true, None));
         distances.iter().for_each(Distance::assert_close);
     }
     // Hybrids (each row's delta-net states its own slot's, fresh at position 0; the attention

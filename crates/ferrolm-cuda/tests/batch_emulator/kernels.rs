@@ -182,6 +182,8 @@ pub fn run(dev: &HostDevice, name: &str, grid: (u32, u32), block: u32, args: &[V
             let at = a.ptr(3) + (r * (n + 8 * (n / 32))) as u64;
             mem.quantize(at, n + 8 * (n / 32), y, mode);
         }
+    } else if let Some(most) = name.strip_prefix("dq4k_gemm_") {
+        dq4k_gemm(dev, mem, most, grid, block, &a);
     } else if let Some(kernel) = name.strip_prefix("mmq_") {
         mmq(dev, mem, kernel, grid, block, &a);
     } else if name == "delta_conv_rows_runs" {
@@ -498,6 +500,79 @@ fn mmq(dev: &HostDevice, mem: &mut Memory, kernel: &str, grid: (u32, u32), block
         }
         mem.write(out, &y);
     }
+}
+
+/// dq4k_gemm_8/_16(W, row_bytes, n_rows, n_sb, a, cols, n, y, beta): a block of 256 threads
+/// per 32 matrix rows; `y[t][r] = a[t] . w[r] (+ beta y[t][r])` for the n (at most 8 or 16)
+/// f16 rows of `a`, f32 sums, each weight as the kernel makes it: `q * half(d sc) -
+/// half(dmin m)` rounded once to f16.
+fn dq4k_gemm(
+    dev: &HostDevice,
+    mem: &mut Memory,
+    most: &str,
+    grid: (u32, u32),
+    block: u32,
+    a: &Args,
+) {
+    use ferrolm_cuda::prefill::{DQ_MAX_ROWS, DQ_ROWS};
+    let (rb, n_rows, n_sb, cols, n) = (a.int(1), a.int(2), a.int(3), a.int(5), a.int(6));
+    let (m, first) = dev.matrix(a.ptr(0));
+    let spec = &dev.plan.matrices[m];
+    assert_eq!(
+        (spec.kernel, rb, n_rows, 256 * n_sb, cols),
+        ("Q4_K", spec.row_bytes(), spec.rows, spec.cols, spec.cols)
+    );
+    assert_eq!(first, 0, "a whole matrix");
+    assert!(grid.0 as usize * DQ_ROWS >= n_rows, "rows left out");
+    let most: usize = most.parse().expect("dq4k_gemm_8 or _16");
+    assert!(
+        n <= most && most <= DQ_MAX_ROWS,
+        "{n} rows in dq4k_gemm_{most}"
+    );
+    assert_eq!(block, 256, "eight warps");
+    let rows = mem.bytes(a.ptr(0), n_rows * rb);
+    let w: Vec<f32> = rows.chunks_exact(144).flat_map(q4_k_in_f16).collect();
+    let x = mem.f16s(a.ptr(4), n * cols);
+    let beta = a.float(8);
+    let out = a.ptr(7);
+    let mut y = if beta == 0.0 {
+        vec![0f32; n * n_rows]
+    } else {
+        mem.f32s(out, n * n_rows).iter().map(|v| v * beta).collect()
+    };
+    for t in 0..n {
+        let xt = &x[t * cols..][..cols];
+        for r in 0..n_rows {
+            let wr = &w[r * cols..][..cols];
+            y[t * n_rows + r] += xt.iter().zip(wr).map(|(x, w)| x * w).sum::<f32>();
+        }
+    }
+    mem.write(out, &y);
+}
+
+/// A Q4_K super-block's 256 weights as `dq4k_gemm_*` makes them in f16 arithmetic.
+fn q4_k_in_f16(b: &[u8]) -> Vec<f32> {
+    use half::f16;
+    let h = |i: usize| f16::from_le_bytes([b[i], b[i + 1]]).to_f32();
+    let (d, dmin, s, qs) = (h(0), h(2), &b[4..16], &b[16..]);
+    let mut out = vec![0f32; 256];
+    for j in 0..8 {
+        let (sc, mn) = if j < 4 {
+            (s[j] & 63, s[j + 4] & 63)
+        } else {
+            (
+                (s[j + 4] & 15) | ((s[j - 4] >> 6) << 4),
+                (s[j + 4] >> 4) | ((s[j] >> 6) << 4),
+            )
+        };
+        let ds = f16::from_f32(d * f32::from(sc)).to_f64();
+        let dm = f16::from_f32(dmin * f32::from(mn)).to_f64();
+        for l in 0..32 {
+            let q = (qs[32 * (j / 2) + l] >> (4 * (j % 2))) & 15;
+            out[32 * j + l] = f16::from_f64(f64::from(q) * ds - dm).to_f32();
+        }
+    }
+    out
 }
 
 /// rope_rows (token t at position pos0 + t, its q, k, v rows packed) or, `by_slot`,
