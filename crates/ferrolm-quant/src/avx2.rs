@@ -28,7 +28,7 @@ macro_rules! bytes_block {
     };
     (@with $features:literal, $avx512:expr, $name:ident, $qk:expr, $wb:expr, $ab:expr,
      |$x:ident, $y:ident, $acc:ident| $apply:block $(, finish |$facc:ident| $finish:block)?
-     $(, one_row $one_row:literal)?) => {
+     $(, one_row $one_row:literal)? $(, rows_inline $why:literal)?) => {
         pub(crate) struct $name;
         impl Block for $name {
             const QK: usize = $qk;
@@ -49,6 +49,18 @@ macro_rules! bytes_block {
                 #[inline]
                 #[target_feature(enable = "avx2,fma")]
                 unsafe fn finish($facc: &Acc) -> f32 $finish
+            )?
+            $(
+                /// The block's body written out for each row, not `apply` called:
+                #[doc = $why]
+                #[inline]
+                #[target_feature(enable = $features)]
+                unsafe fn step4(x: *const u8, stride: usize, $y: *const u8, accs: &mut [Acc; 4]) {
+                    for (r, $acc) in accs.iter_mut().enumerate() {
+                        let $x = x.add(r * stride);
+                        $apply
+                    }
+                }
             )?
         }
     };
@@ -814,6 +826,18 @@ trait Block {
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn step(x: *const u8, y: *const u8, acc: &mut Acc) {
         Self::apply(&Self::decode(x), y, acc)
+    }
+    /// `step` of the blocks of four rows `stride` bytes apart at `x`, into `acc[r]`.
+    ///
+    /// # Safety
+    /// As for `step`, for each of the four rows.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn step4(x: *const u8, stride: usize, y: *const u8, acc: &mut [Acc; 4]) {
+        Self::step(x, y, &mut acc[0]);
+        Self::step(x.add(stride), y, &mut acc[1]);
+        Self::step(x.add(2 * stride), y, &mut acc[2]);
+        Self::step(x.add(3 * stride), y, &mut acc[3]);
     }
     /// The dot from a finished accumulator: `hsum_float_8(v) + s`.
     ///
@@ -1692,10 +1716,7 @@ macro_rules! block_loops {
                     }
                     let yb = y.add(b * B::AB);
                     let xb = base.add(b * B::WB);
-                    B::step(xb, yb, &mut acc[0]);
-                    B::step(xb.add(stride), yb, &mut acc[1]);
-                    B::step(xb.add(2 * stride), yb, &mut acc[2]);
-                    B::step(xb.add(3 * stride), yb, &mut acc[3]);
+                    B::step4(xb, stride, yb, &mut acc);
                 }
                 for r in 0..4 {
                     out[i + r] = B::finish(&acc[r]);

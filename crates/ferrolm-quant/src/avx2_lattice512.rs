@@ -135,7 +135,8 @@ unsafe fn lanes(q: [__m512i; 4], masks: [u64; 4], mult: [__m512i; 4], y: *const 
 /// A lattice [`Block`] of this module: `$lanes(x, y)` gives a block's eight i32 lanes,
 /// `$factor` is the format's constant.
 macro_rules! xxs_block {
-    ($name:ident, $wb:expr, $factor:expr, |$x:ident, $y:ident| $lanes:block) => {
+    ($name:ident, $wb:expr, $factor:expr, |$x:ident, $y:ident| $lanes:block
+     $(, rows_inline $why:literal)?) => {
         bytes_block!(
             avx512 $name,
             256,
@@ -146,6 +147,7 @@ macro_rules! xxs_block {
                 fma_i32(acc, f16_at($x) * y_d($y), sum);
             },
             finish | acc | { $factor * hsum_f32(acc.v) }
+            $(, rows_inline $why)?
         );
     };
 }
@@ -174,7 +176,8 @@ xxs_block!(Iq3Xxs, 98, 0.25, |x, y| {
     let aux = _mm512_cvtepu32_epi64(_mm256_loadu_si256(x.add(66) as *const __m256i));
     let (masks, mult) = xxs_signs(aux);
     lanes(q, masks, mult, y)
-});
+},
+rows_inline "LLVM does not inline this `apply`, which costs a call per block and row.");
 
 /// Grid entries of IQ3_XXS chunks `2k` and `2k + 1` of the block at `x`.
 #[inline]
@@ -290,11 +293,11 @@ unsafe fn magnitudes(q: [__m512i; 4]) -> ([__m512i; 4], [u64; 4]) {
     out
 }
 
-/// IQ1_M's grid entries of chunks `2k` and `2k + 1`, as [`iq1_pair`] gives them: each
-/// chunk's four 11-bit indices put together in the u16 fields of one word by two `pdep`s (its
-/// four low bytes, and its two `qh` bytes' nibbles without their delta-sign bits), which takes
-/// fewer instructions than shifting and masking each index. Without target features of its
-/// own, so that it is inlined (with them it was called); only for the IQ1_M block's `apply`.
+/// IQ1_M's grid entries plus one (`lowbit::IQ1S_GRID_PLUS1`) of chunks `2k` and `2k + 1`:
+/// each chunk's four 11-bit indices put together in the u16 fields of one word by two `pdep`s
+/// (its four low bytes, and its two `qh` bytes' nibbles without their delta-sign bits), fewer
+/// instructions than shifting and masking each index (`vpgatherqq` was slower on Zen 4 and 5).
+/// Without target features of its own, so that it is inlined.
 #[inline(always)]
 unsafe fn iq1m_pair(x: *const u8, k: usize) -> __m512i {
     let mut idx = [0u64; 2];
@@ -305,7 +308,8 @@ unsafe fn iq1m_pair(x: *const u8, k: usize) -> __m512i {
         *idx =
             _pdep_u64(low, 0x00ff_00ff_00ff_00ff) | _pdep_u64(high & 0x7777, 0x0f00_0f00_0f00_0f00);
     }
-    let g = |i: u64, l: u64| *IQ1S_GRID.get_unchecked((i >> (16 * l) & 0xffff) as usize) as i64;
+    let grid = &lowbit::IQ1S_GRID_PLUS1;
+    let g = |i: u64, l: u64| *grid.get_unchecked((i >> (16 * l) & 0xffff) as usize) as i64;
     let [a, b] = idx;
     // closures handed to another function were not inlined here
     _mm512_set_epi64(
@@ -365,11 +369,27 @@ bytes_block!(
     fma_i32(acc, d, sum);
     acc.s = d.mul_add(sumi1 as f32, acc.s);
 },
-    finish | acc | { hsum_f32(acc.v) + 0.125 * acc.s }
+    finish | acc | { hsum_f32(acc.v) + 0.125 * acc.s },
+    rows_inline "LLVM does not inline this `apply`, which costs a call per block and row."
 );
 
-// IQ1_M (as `lowbit::Iq1M`): grid lanes and delta-sign lanes, both by the multipliers of each
-// 16, into two accumulators; the end is `hsum(v) + 0.125 * hsum(v2)`.
+/// Byte `b` of vector `h`: the `qh` byte of group `16 h + b / 4` (4 bytes per group of 8,
+/// the group's four i16 pairs).
+static IQ1M_DELTA_PICK: [[u8; 64]; 2] = {
+    let mut t = [[0u8; 64]; 2];
+    let mut b = 0;
+    while b < 64 {
+        t[0][b] = (b / 8) as u8;
+        t[1][b] = (8 + b / 8) as u8;
+        b += 1;
+    }
+    t
+};
+
+// IQ1_M (as `lowbit::Iq1M`): the pair sums of `q y` as those of `(q + 1) y` less those of `y`
+// (unsigned grid bytes for `maddubs`, no sign masks), the delta's as those of `y` negated per
+// group by a mask; both by the multipliers of each 16, into two accumulators; the end is
+// `hsum(v) + 0.125 * hsum(v2)`.
 bytes_block!(
     avx512 Iq1M,
     256,
@@ -379,38 +399,36 @@ bytes_block!(
     let sc = (x.add(48) as *const u64).read_unaligned();
     let bits = (sc >> 12 & 0xf) | (sc >> 24 & 0xf0) | (sc >> 36 & 0xf00) | (sc >> 48 & 0xf000);
     let d = y_d(y) * _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)));
-    let high = |k: usize| (x.add(32 + 4 * k) as *const u32).read_unaligned();
-    let q = [
-        iq1m_pair(x, 0),
-        iq1m_pair(x, 1),
-        iq1m_pair(x, 2),
-        iq1m_pair(x, 3),
-    ];
-    let (mags, masks) = magnitudes(q);
     // the 3-bit multipliers of each 16: bits 0, 3, 6, 9 of each of the four scale words
     let fields = _mm_set_epi64x(0x3936_3330_2926_2320, 0x1916_1310_0906_0300);
     let m = _mm_multishift_epi64_epi8(fields, _mm_set1_epi64x(sc as i64));
     let m = odd(_mm512_cvtepu8_epi32(_mm_and_si128(m, _mm_set1_epi8(7))));
     let mult = multipliers(m, &PER_16, 4);
-    let grid = lanes(mags, masks, mult, y);
-    // the delta's sign: bit 3 of each 4-bit high part, one per group of 8
-    let mut delta = _mm512_setzero_si512();
+    // the delta's sign: bit 3 of each group's nibble, bit 3 or 7 of its `qh` byte
+    let qh = _mm512_castsi128_si512(_mm_loadu_si128(x.add(32) as *const __m128i));
+    let pattern = _mm512_set1_epi64(0x8080_8080_0808_0808u64 as i64);
+    let pick = |h: usize| _mm512_loadu_si512(IQ1M_DELTA_PICK[h].as_ptr() as *const _);
+    let negative =
+        [0, 1].map(|h| _mm512_test_epi8_mask(_mm512_permutexvar_epi8(pick(h), qh), pattern));
+    let (mut grid, mut delta) = (_mm512_setzero_si512(), _mm512_setzero_si512());
     for (k, m) in mult.iter().enumerate() {
-        let negative = _pext_u32(high(k), 0x8888_8888) as u64;
-        let mask = _pdep_u64(negative, 0x0101_0101_0101_0101) * 0xff;
+        let q = iq1m_pair(x, k);
         let yv = _mm512_loadu_si512(y.add(Y_QS + 64 * k) as *const _);
-        let ys = _mm512_mask_sub_epi8(yv, mask, _mm512_setzero_si512(), yv);
-        let d16 = _mm512_maddubs_epi16(_mm512_set1_epi8(1), ys);
+        let ys = _mm512_maddubs_epi16(_mm512_set1_epi8(1), yv);
+        let p16 = _mm512_sub_epi16(_mm512_maddubs_epi16(q, yv), ys);
+        grid = _mm512_dpwssd_epi32(grid, p16, *m);
+        let neg = (negative[k / 2] >> (32 * (k % 2))) as u32;
+        let d16 = _mm512_mask_sub_epi16(ys, neg, _mm512_setzero_si512(), ys);
         delta = _mm512_dpwssd_epi32(delta, d16, *m);
     }
-    let delta = _mm256_add_epi32(
-        _mm512_castsi512_si256(delta),
-        _mm512_extracti64x4_epi64::<1>(delta),
-    );
-    fma_i32(acc, d, grid);
-    acc.v2 = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(delta), acc.v2);
+    let half = |v: __m512i| {
+        _mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64::<1>(v))
+    };
+    fma_i32(acc, d, half(grid));
+    acc.v2 = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(half(delta)), acc.v2);
 },
-    finish | acc | { hsum_f32(acc.v) + 0.125 * hsum_f32(acc.v2) }
+    finish | acc | { hsum_f32(acc.v) + 0.125 * hsum_f32(acc.v2) },
+    rows_inline "LLVM does not inline this `apply`, which costs a call per block and row."
 );
 
 // Q1_0 (as `lowbit::Q1_0`): 128 values over four Q8_0 blocks, two per register, the
@@ -451,9 +469,17 @@ pub(crate) struct Tq1_0;
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
 unsafe fn top_trit(q: __m512i) -> __m512i {
-    let x = _mm512_subs_epu8(q, _mm512_set1_epi8(1));
-    let t = _mm512_avg_epu8(x, _mm512_avg_epu8(x, _mm512_setzero_si512()));
-    _mm512_and_si512(_mm512_srli_epi16::<6>(t), _mm512_set1_epi8(3))
+    // (3 q) >> 8 is (q >= 86) + (q >= 171) for every byte: two compares into masks take
+    // fewer operations than the `avg` form
+    let one = _mm512_maskz_mov_epi8(
+        _mm512_cmpge_epu8_mask(q, _mm512_set1_epi8(86)),
+        _mm512_set1_epi8(1),
+    );
+    _mm512_mask_mov_epi8(
+        one,
+        _mm512_cmpge_epu8_mask(q, _mm512_set1_epi8(171u8 as i8)),
+        _mm512_set1_epi8(2),
+    )
 }
 
 /// Each byte times 9, wrapping.

@@ -196,7 +196,7 @@ bytes_block!(
 );
 
 /// The IQ1 grid's entries plus 1 in each byte: 0..=2, unsigned for `maddubs`.
-static IQ1S_GRID_PLUS1: [u64; 2048] = {
+pub(super) static IQ1S_GRID_PLUS1: [u64; 2048] = {
     let mut t = [0u64; 2048];
     let mut i = 0;
     while i < 2048 {
