@@ -24,17 +24,12 @@ fn fnv(bytes: &[u8]) -> u64 {
 /// The bytes the device would upload for matrix `i`.
 fn matrix_bytes(file: &GgufFile, p: &DecodePlan, i: usize) -> Vec<u8> {
     let m = &p.matrices[i];
-    let info = file.tensor(&m.name).expect("the tensor");
-    m.data(file.tensor_data(info)).expect("its rows").into_owned()
+    m.bytes(file.file_bytes()).expect("its rows").into_owned()
 }
 
 /// The values the device would upload for vector `i`.
-fn vector_values(file: &GgufFile, p: &DecodePlan, i: usize) -> Vec<f32> {
-    let v = &p.vectors[i];
-    let info = file.tensor(&v.name).expect("the tensor");
-    let mut out = vec![0f32; v.len];
-    ferrolm_quant::dequantize(info.ty, file.tensor_data(info), &mut out).unwrap();
-    out
+fn vector_values(_: &GgufFile, p: &DecodePlan, i: usize) -> Vec<f32> {
+    p.vectors[i].values.to_vec()
 }
 
 /// Everything a plan says but its labels, as text.
@@ -223,11 +218,10 @@ fn plans() -> Vec<(String, String)> {
         let file =
             Arc::new(GgufFile::from_bytes(synthetic::build(&spec).unwrap().to_bytes()).unwrap());
         let model = Model::from_file(file.clone(), 1).unwrap();
-        let types = |name: &str| file.tensor(name).map(|t| t.ty);
         let n_layer = model.plan().layers.len();
         for (t, tuning) in tunings() {
             for n_ctx in [8, 300] {
-                let p = decode_plan_with(model.plan(), n_ctx, &types, n_layer, &tuning).unwrap();
+                let p = decode_plan_with(model.plan(), model.weights(), n_ctx, n_layer, &tuning).unwrap();
                 out.push((format!("{name} / {t} / {n_ctx}"), dump(&file, &p)));
             }
         }
@@ -235,7 +229,7 @@ fn plans() -> Vec<(String, String)> {
             // --gpu-layers
             for layers in [1, 2] {
                 let tuning = CudaTuning::default();
-                let p = decode_plan_with(model.plan(), 64, &types, layers, &tuning).unwrap();
+                let p = decode_plan_with(model.plan(), model.weights(), 64, layers, &tuning).unwrap();
                 out.push((format!("{name} / first {layers}"), dump(&file, &p)));
             }
         }
@@ -250,10 +244,9 @@ fn plans() -> Vec<(String, String)> {
         let file =
             Arc::new(GgufFile::from_bytes(synthetic::build(&spec).unwrap().to_bytes()).unwrap());
         let model = Model::from_file(file.clone(), 1).unwrap();
-        let types = |name: &str| file.tensor(name).map(|t| t.ty);
         for ranks in [2, 4] {
             let plans =
-                tensor_parallel_plans(model.plan(), 64, &types, ranks, &CudaTuning::default())
+                tensor_parallel_plans(model.plan(), model.weights(), 64, ranks, &CudaTuning::default())
                     .unwrap();
             for (r, p) in plans.iter().enumerate() {
                 let name = format!("llama tied {tied} / rank {r} of {ranks}");
