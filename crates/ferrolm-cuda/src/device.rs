@@ -418,14 +418,7 @@ impl CudaModel {
         n_ctx: usize,
         gpu_layers: usize,
     ) -> Result<CudaModel, CudaError> {
-        CudaModel::with_slots(
-            model,
-            ordinal,
-            n_ctx,
-            gpu_layers,
-            1,
-            &CudaTuning::default(),
-        )
+        CudaModel::with_slots(model, ordinal, n_ctx, gpu_layers, 1, &CudaTuning::default())
     }
 
     /// [`CudaModel::with_layers`] with caches for `slots` sequences (at least 1): slot 0 is

@@ -959,7 +959,10 @@ impl Builder {
     /// The bound vector `v` of `len` values, labelled `label`.
     fn vector(&mut self, v: &Vector, label: String, len: usize) -> Result<usize, Decline> {
         if v.len() != len {
-            return Err(decline(label, format!("{} values, {len} expected", v.len())));
+            return Err(decline(
+                label,
+                format!("{} values, {len} expected", v.len()),
+            ));
         }
         self.vectors.push(VectorSpec {
             label,
@@ -1179,7 +1182,10 @@ impl Builder {
         // A rank's rows of Q, K and V (all of them for one rank). Fused Q/K/V (Phi-3's
         // `attn_qkv`) are the binding's row views: one rank takes them as they are.
         if rank.of > 1 && ![q_w, k_w, v_w].iter().all(|m| m.is_whole()) {
-            return Err(decline("attention", "a fused attn_qkv across ranks"));
+            return Err(decline(
+                "attention",
+                "fused Q/K/V rows (Phi-3) across ranks",
+            ));
         }
         let r = rank.index;
         let (wq, wk, wv) = (
@@ -1497,8 +1503,18 @@ impl Builder {
     ) -> Result<usize, Decline> {
         // (the binding's experts are row views of one 3-D tensor, in order)
         let Some(first) = stack.first().filter(|_| stack.len() == n_expert) else {
-            return Err(decline(label, format!("{} of {n_expert} experts", stack.len())));
+            return Err(decline(
+                label,
+                format!("{} of {n_expert} experts", stack.len()),
+            ));
         };
+        let in_order = stack
+            .iter()
+            .enumerate()
+            .all(|(e, m)| m.tensor_range() == first.tensor_range() && m.first_row() == e * rows);
+        if !in_order {
+            return Err(decline(label, "experts that are not one stack in order"));
+        }
         let m = self.matrix_rows(first, label, 0, n_expert * rows, cols)?;
         let spec = &mut self.matrices[m];
         spec.kernel = kernel_type(spec.ty).expect("checked by matrix");
@@ -1543,7 +1559,10 @@ impl Builder {
             biases: biases_w,
         } = w
         else {
-            return Err(decline(format!("layer {l} ffn"), "dense weights for experts"));
+            return Err(decline(
+                format!("layer {l} ffn"),
+                "dense weights for experts",
+            ));
         };
         let MoeBiases {
             router: router_bias_w,
@@ -2130,7 +2149,8 @@ fn decode_plan_rank(
     // Every field, no `..`: a field added to the plan stops this from compiling until someone
     // decides whether the CUDA path serves it.
     let ModelPlan {
-        architecture,
+        // (it names the tensors, which the binding read)
+        architecture: _,
         n_embd,
         n_vocab,
         n_ctx_train: _,
@@ -2209,14 +2229,17 @@ fn decode_plan_rank(
     }
     let (mut max_q, mut max_kv, mut max_ff, mut max_part, mut max_hs) = (0, 0, 0, 0, 0);
     let mut max_attn = 0;
-    // (the architecture names tensors, which the binding read)
-    let _ = architecture;
     let mut delta = DeltaSizes::default();
     let (mut max_experts, mut max_used) = (0, 0);
     let mut kv_dims = Vec::new();
     let mut refs = Vec::new();
     let mut rope_freqs: Option<usize> = None;
-    for (l, (layer, w)) in layers.iter().zip(layer_weights).enumerate().take(gpu_layers) {
+    for (l, (layer, w)) in layers
+        .iter()
+        .zip(layer_weights)
+        .enumerate()
+        .take(gpu_layers)
+    {
         let LayerPlan {
             attention,
             mixer,
@@ -2326,8 +2349,7 @@ fn decode_plan_rank(
             _ => return Err(decline(label("mixer"), "weights of another kind")),
         };
 
-        let post_ffn =
-            b.opt_vector(*post_ffn_norm, post_ffn_norm_w, label("post-ffn norm"), d)?;
+        let post_ffn = b.opt_vector(*post_ffn_norm, post_ffn_norm_w, label("post-ffn norm"), d)?;
         let ffn_norm = b.vector(ffn_norm_w, label("ffn norm"), d)?;
         if !n_ff.is_multiple_of(32) {
             return Err(decline("ffn.n_ff", n_ff));
@@ -2354,7 +2376,10 @@ fn decode_plan_rank(
             // ffn_up holds the gate's rows then up's (Phi-3): the binding's row views, which
             // one rank takes as they are.
             if rank.of > 1 && !(gate_w.is_whole() && up_w.is_whole()) {
-                return Err(decline("ffn", "a fused ffn_up across ranks"));
+                return Err(decline(
+                    "ffn",
+                    "fused gate and up rows (Phi-3) across ranks",
+                ));
             }
             let first = rank.index * n_ff;
             let (gate, up) = (
@@ -2828,14 +2853,8 @@ pub(crate) mod tests {
         assert_eq!(p.launches[3].kernel, "rope_store");
         // With f32 activations: no quantizing launches.
         let pl = plan(4, 32);
-        let f = decode_plan_layers(
-            &pl,
-            &all(&pl, TensorType::Q4_0),
-            512,
-            4,
-            Activations::F32,
-        )
-        .unwrap();
+        let f =
+            decode_plan_layers(&pl, &all(&pl, TensorType::Q4_0), 512, 4, Activations::F32).unwrap();
         assert_eq!(f.launches.len(), 1 + 7 * 4 + 3);
         assert!(f.launches.iter().all(|l| !l.kernel.contains("q_")));
         assert!(p.launches.iter().all(|l| l.kernel != "attn_combine"));

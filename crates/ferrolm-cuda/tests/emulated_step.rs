@@ -708,7 +708,14 @@ fn emulate(
         quantize_on_load_max: on_load_max,
         ..CudaTuning::default()
     };
-    let plan = decode_plan_with(model.plan(), model.weights(), ids.len() + 1, n_layer, &tuning).unwrap();
+    let plan = decode_plan_with(
+        model.plan(),
+        model.weights(),
+        ids.len() + 1,
+        n_layer,
+        &tuning,
+    )
+    .unwrap();
     let mut e = Emulator::new(&file, &plan);
     let mut logits = Vec::new();
     for (p, &id) in ids.iter().enumerate() {
@@ -917,7 +924,8 @@ fn a_misplaced_argument_is_caught() {
     let file = Arc::new(GgufFile::from_bytes(synthetic::build(&spec).unwrap().to_bytes()).unwrap());
     let model = Model::from_file(file.clone(), 1).unwrap();
     let n = 12;
-    let mut plan = decode_plan_layers(model.plan(), model.weights(), n + 1, 2, Activations::F32).unwrap();
+    let mut plan =
+        decode_plan_layers(model.plan(), model.weights(), n + 1, 2, Activations::F32).unwrap();
     let attn = plan
         .launches
         .iter()
@@ -975,11 +983,12 @@ fn a_wrong_argument_of_the_new_launches_is_caught() {
         let file =
             Arc::new(GgufFile::from_bytes(synthetic::build(&spec).unwrap().to_bytes()).unwrap());
         let model = Model::from_file(file.clone(), 1).unwrap();
-            let layers = model.plan().layers.len();
+        let layers = model.plan().layers.len();
         let tuning = CudaTuning {
             ..CudaTuning::default()
         };
-        let mut plan = decode_plan_with(model.plan(), model.weights(), n + 1, layers, &tuning).unwrap();
+        let mut plan =
+            decode_plan_with(model.plan(), model.weights(), n + 1, layers, &tuning).unwrap();
         mutate(&mut plan);
         let mut e = Emulator::new(&file, &plan);
         let mut logits = Vec::new();
@@ -1064,9 +1073,14 @@ fn tensor_parallel_ranks_compute_what_the_cpu_computes() {
     let cpu = model.session(n + 1).eval(&ids(n), Logits::All).unwrap();
     let n_vocab = cpu.len() / n;
     let run = |ranks: usize, drop_rank: Option<usize>| -> Vec<f32> {
-        let plans =
-            tensor_parallel_plans(model.plan(), model.weights(), n + 1, ranks, &CudaTuning::default())
-                .unwrap();
+        let plans = tensor_parallel_plans(
+            model.plan(),
+            model.weights(),
+            n + 1,
+            ranks,
+            &CudaTuning::default(),
+        )
+        .unwrap();
         let mut emus: Vec<Emulator> = plans.iter().map(|p| Emulator::new(&file, p)).collect();
         let mut logits = Vec::new();
         for (p, &id) in ids(n).iter().enumerate() {

@@ -137,7 +137,14 @@ fn files() -> Vec<(&'static str, SyntheticSpec)> {
             s.n_expert_used = 2;
             s.n_ff = 256;
         }
-        cases.push((if arch == "llama" { "llama experts" } else { arch }, s));
+        cases.push((
+            if arch == "llama" {
+                "llama experts"
+            } else {
+                arch
+            },
+            s,
+        ));
     }
     for arch in ["qwen3next", "qwen35", "qwen35moe"] {
         cases.push((arch, SyntheticSpec::small(arch)));
@@ -221,7 +228,8 @@ fn plans() -> Vec<(String, String)> {
         let n_layer = model.plan().layers.len();
         for (t, tuning) in tunings() {
             for n_ctx in [8, 300] {
-                let p = decode_plan_with(model.plan(), model.weights(), n_ctx, n_layer, &tuning).unwrap();
+                let p = decode_plan_with(model.plan(), model.weights(), n_ctx, n_layer, &tuning)
+                    .unwrap();
                 out.push((format!("{name} / {t} / {n_ctx}"), dump(&file, &p)));
             }
         }
@@ -229,7 +237,8 @@ fn plans() -> Vec<(String, String)> {
             // --gpu-layers
             for layers in [1, 2] {
                 let tuning = CudaTuning::default();
-                let p = decode_plan_with(model.plan(), model.weights(), 64, layers, &tuning).unwrap();
+                let p =
+                    decode_plan_with(model.plan(), model.weights(), 64, layers, &tuning).unwrap();
                 out.push((format!("{name} / first {layers}"), dump(&file, &p)));
             }
         }
@@ -245,9 +254,14 @@ fn plans() -> Vec<(String, String)> {
             Arc::new(GgufFile::from_bytes(synthetic::build(&spec).unwrap().to_bytes()).unwrap());
         let model = Model::from_file(file.clone(), 1).unwrap();
         for ranks in [2, 4] {
-            let plans =
-                tensor_parallel_plans(model.plan(), model.weights(), 64, ranks, &CudaTuning::default())
-                    .unwrap();
+            let plans = tensor_parallel_plans(
+                model.plan(),
+                model.weights(),
+                64,
+                ranks,
+                &CudaTuning::default(),
+            )
+            .unwrap();
             for (r, p) in plans.iter().enumerate() {
                 let name = format!("llama tied {tied} / rank {r} of {ranks}");
                 out.push((name, dump(&file, p)));
@@ -387,14 +401,38 @@ const EXPECTED: &[(&str, u64)] = &[
     ("llama YaRN / f32 / 300", 0x4375dc40247e9f59),
     ("llama YaRN / plain rows / 8", 0x09ae2d7800b4a982),
     ("llama YaRN / plain rows / 300", 0xea697f2d01c1c916),
-    ("llama Q4_K, frequency factors, tied / default / 8", 0xad9a9e27d4be02c9),
-    ("llama Q4_K, frequency factors, tied / default / 300", 0xb2d4da2da74cfc00),
-    ("llama Q4_K, frequency factors, tied / quantize apart / 8", 0x0c64ee59734b1e77),
-    ("llama Q4_K, frequency factors, tied / quantize apart / 300", 0x2fa23777a6b64f56),
-    ("llama Q4_K, frequency factors, tied / f32 / 8", 0x3db0a9b8b5ae855f),
-    ("llama Q4_K, frequency factors, tied / f32 / 300", 0xc73a5ca19a4129ce),
-    ("llama Q4_K, frequency factors, tied / plain rows / 8", 0x70d96e5094263cfe),
-    ("llama Q4_K, frequency factors, tied / plain rows / 300", 0x8b20b177ad2b43db),
+    (
+        "llama Q4_K, frequency factors, tied / default / 8",
+        0xad9a9e27d4be02c9,
+    ),
+    (
+        "llama Q4_K, frequency factors, tied / default / 300",
+        0xb2d4da2da74cfc00,
+    ),
+    (
+        "llama Q4_K, frequency factors, tied / quantize apart / 8",
+        0x0c64ee59734b1e77,
+    ),
+    (
+        "llama Q4_K, frequency factors, tied / quantize apart / 300",
+        0x2fa23777a6b64f56,
+    ),
+    (
+        "llama Q4_K, frequency factors, tied / f32 / 8",
+        0x3db0a9b8b5ae855f,
+    ),
+    (
+        "llama Q4_K, frequency factors, tied / f32 / 300",
+        0xc73a5ca19a4129ce,
+    ),
+    (
+        "llama Q4_K, frequency factors, tied / plain rows / 8",
+        0x70d96e5094263cfe,
+    ),
+    (
+        "llama Q4_K, frequency factors, tied / plain rows / 300",
+        0x8b20b177ad2b43db,
+    ),
     ("llama Q4_0 / default / 8", 0x88aaa546da7f1557),
     ("llama Q4_0 / default / 300", 0x69af5ff0e0b5f17a),
     ("llama Q4_0 / quantize apart / 8", 0x0b485f6f58b24c77),
@@ -406,7 +444,10 @@ const EXPECTED: &[(&str, u64)] = &[
     ("llama mixed types / default / 8", 0x3135ba7e9ebd0fd8),
     ("llama mixed types / default / 300", 0x3a8a1a6a85fcb5d5),
     ("llama mixed types / quantize apart / 8", 0x7419170986800efc),
-    ("llama mixed types / quantize apart / 300", 0x54900ea9d8e85a5d),
+    (
+        "llama mixed types / quantize apart / 300",
+        0x54900ea9d8e85a5d,
+    ),
     ("llama mixed types / f32 / 8", 0x825e072d61bc61d7),
     ("llama mixed types / f32 / 300", 0xacea407dca3f8e0c),
     ("llama mixed types / plain rows / 8", 0x3f49fc4b07381262),

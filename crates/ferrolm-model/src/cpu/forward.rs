@@ -570,8 +570,9 @@ struct ExpertBias<'a> {
 impl<'a> ExpertBias<'a> {
     /// Expert `e`'s rows of the layer's biases (`n_ff` for gate and up, `d` for down).
     fn of(b: &'a MoeBiases, e: usize, n_ff: usize, d: usize) -> ExpertBias<'a> {
-        let row =
-            |v: &'a Option<crate::weights::Vector>, len: usize| v.as_deref().map(|v| &v[e * len..(e + 1) * len]);
+        let row = |v: &'a Option<crate::weights::Vector>, len: usize| {
+            v.as_deref().map(|v| &v[e * len..(e + 1) * len])
+        };
         ExpertBias {
             gate: row(&b.gate, n_ff),
             up: row(&b.up, n_ff),

@@ -247,13 +247,8 @@ fn print_launches(what: &str, rows: &[(String, usize, f64)]) {
 /// a few levels so that many values tie (the first of equal values wins, as on the host).
 fn check_selections(model: &Model, rows: &[f32], cuda: CudaOptions) -> Result<()> {
     let n_vocab = model.plan().n_vocab;
-    let mut gpu = CudaModel::with_tuning(
-        model,
-        cuda.ordinal,
-        cuda.n_ctx,
-        &cuda.tuning,
-    )
-    .map_err(|e| anyhow::anyhow!("cuda:{}: {e}", cuda.ordinal))?;
+    let mut gpu = CudaModel::with_tuning(model, cuda.ordinal, cuda.n_ctx, &cuda.tuning)
+        .map_err(|e| anyhow::anyhow!("cuda:{}: {e}", cuda.ordinal))?;
     let n = (rows.len() / n_vocab).min(64);
     let rows = &rows[..n * n_vocab];
     let tied: Vec<f32> = rows.iter().map(|v| (v * 2.0).round() / 2.0).collect();
