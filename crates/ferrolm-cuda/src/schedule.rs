@@ -1586,19 +1586,13 @@ impl Builder {
         let bias = self.opt_vector(selection_bias, selection_w, label("selection bias"), ne)?;
         // gpt-oss's router and experts' biases.
         let router_bias = self.opt_vector(biases, router_bias_w, label("router bias"), ne)?;
-        let expert_biases = if biases {
-            let mut v = |b: &Option<Vector>, what: &str, len: usize| {
-                self.opt_vector(true, b, label(what), len)
-                    .map(|v| v.expect("wanted"))
-            };
-            Some([
-                v(gate_bias_w, "gate bias", ne * n_ff)?,
-                v(up_bias_w, "up bias", ne * n_ff)?,
-                v(down_bias_w, "down bias", ne * d)?,
-            ])
-        } else {
-            None
-        };
+        let gate_bias = self.opt_vector(biases, gate_bias_w, label("gate bias"), ne * n_ff)?;
+        let up_bias = self.opt_vector(biases, up_bias_w, label("up bias"), ne * n_ff)?;
+        let down_bias = self.opt_vector(biases, down_bias_w, label("down bias"), ne * d)?;
+        let expert_biases = gate_bias
+            .zip(up_bias)
+            .zip(down_bias)
+            .map(|((g, u), d)| [g, u, d]);
         // The normed input in f32 (H); each product's quantized copy in Xq, made again only
         // when the format changes (`held`: what Xq holds now).
         self.rms_norm(Buf::X, ffn_norm, Buf::H, d, eps, None);
