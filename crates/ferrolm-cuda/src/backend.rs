@@ -39,11 +39,11 @@ pub fn open<'m>(
 ) -> Result<Box<dyn Backend + 'm>, CudaError> {
     let layers = options.gpu_layers.unwrap_or(usize::MAX);
     let whole = layers >= model.plan().layers.len();
-    let (plan, file, ordinal, n_ctx) = (model.plan(), model.file(), options.ordinal, options.n_ctx);
+    let (ordinal, n_ctx) = (options.ordinal, options.n_ctx);
     let tuning = &options.tuning;
-    let one = || CudaModel::with_slots(plan, file, ordinal, n_ctx, layers, 1, tuning);
+    let one = || CudaModel::with_slots(model, ordinal, n_ctx, layers, 1, tuning);
     let gpu = if whole && options.slots > 1 {
-        match CudaModel::with_slots(plan, file, ordinal, n_ctx, layers, options.slots, tuning) {
+        match CudaModel::with_slots(model, ordinal, n_ctx, layers, options.slots, tuning) {
             Err(CudaError::Model(why)) => {
                 eprintln!("ferrolm: {why}; one sequence at a time");
                 one()?

@@ -8,8 +8,7 @@ use cudarc::driver::{
     sys, CudaContext, CudaEvent, CudaFunction, CudaGraph, CudaSlice, CudaStream, DevicePtr,
     LaunchConfig, PinnedHostSlice, PushKernelArg,
 };
-use ferrolm_gguf::GgufFile;
-use ferrolm_model::ModelPlan;
+use ferrolm_model::Model;
 
 use crate::kernels;
 use crate::kv_pages::{KvPages, PagePool};
@@ -392,26 +391,21 @@ fn buffer_bytes(p: &DecodePlan, b: Buf, slots: usize) -> usize {
 }
 
 impl CudaModel {
-    /// Uploads `plan`'s weights from `file` to GPU `ordinal`, with a KV cache of `n_ctx`
-    /// positions, compiles (or loads from the cache) the kernels and captures the decode step.
-    pub fn new(
-        plan: &ModelPlan,
-        file: &GgufFile,
-        ordinal: usize,
-        n_ctx: usize,
-    ) -> Result<CudaModel, CudaError> {
-        CudaModel::with_layers(plan, file, ordinal, n_ctx, usize::MAX)
+    /// Uploads `model`'s bound weights ([`Model::weights`]: the CPU's own, from its file) to
+    /// GPU `ordinal`, with a KV cache of `n_ctx` positions, compiles (or loads from the cache)
+    /// the kernels and captures the decode step.
+    pub fn new(model: &Model, ordinal: usize, n_ctx: usize) -> Result<CudaModel, CudaError> {
+        CudaModel::with_layers(model, ordinal, n_ctx, usize::MAX)
     }
 
     /// [`CudaModel::new`] as `tuning` says (its switches and sizes, to compare variants).
     pub fn with_tuning(
-        plan: &ModelPlan,
-        file: &GgufFile,
+        model: &Model,
         ordinal: usize,
         n_ctx: usize,
         tuning: &CudaTuning,
     ) -> Result<CudaModel, CudaError> {
-        CudaModel::with_slots(plan, file, ordinal, n_ctx, usize::MAX, 1, tuning)
+        CudaModel::with_slots(model, ordinal, n_ctx, usize::MAX, 1, tuning)
     }
 
     /// [`CudaModel::new`] for the first `gpu_layers` layers only (`--gpu-layers`): the device
@@ -419,21 +413,12 @@ impl CudaModel {
     /// the residual stream they leave for the CPU's layers and output head. As many layers as
     /// the model has, or more: the whole model.
     pub fn with_layers(
-        plan: &ModelPlan,
-        file: &GgufFile,
+        model: &Model,
         ordinal: usize,
         n_ctx: usize,
         gpu_layers: usize,
     ) -> Result<CudaModel, CudaError> {
-        CudaModel::with_slots(
-            plan,
-            file,
-            ordinal,
-            n_ctx,
-            gpu_layers,
-            1,
-            &CudaTuning::default(),
-        )
+        CudaModel::with_slots(model, ordinal, n_ctx, gpu_layers, 1, &CudaTuning::default())
     }
 
     /// [`CudaModel::with_layers`] with caches for `slots` sequences (at least 1): slot 0 is
@@ -442,8 +427,7 @@ impl CudaModel {
     /// cuBLAS), every quantized matrix is also kept as f16 where memory allows, for the GEMMs
     /// of batched steps. More than one slot needs the whole model and cuBLAS.
     pub fn with_slots(
-        plan: &ModelPlan,
-        file: &GgufFile,
+        model: &Model,
         ordinal: usize,
         n_ctx: usize,
         gpu_layers: usize,
@@ -453,8 +437,8 @@ impl CudaModel {
         let slots = slots.max(1);
         // The plan first: a model the path declines says so (and runs on the CPU) wherever it
         // is, with or without CUDA.
-        let types = |name: &str| file.tensor(name).map(|t| t.ty);
-        let dp = decode_plan_with(plan, n_ctx, &types, gpu_layers, tuning)
+        let (plan, file) = (model.plan(), model.file());
+        let dp = decode_plan_with(plan, model.weights(), n_ctx, gpu_layers, tuning)
             .map_err(CudaError::Declined)?;
         let count = device_count()?;
         if ordinal >= count {
@@ -514,18 +498,16 @@ impl CudaModel {
 
         let mut matrices = Vec::with_capacity(dp.matrices.len());
         for (m, &tier) in dp.matrices.iter().zip(&tiers) {
-            let info = file
-                .tensor(&m.name)
-                .ok_or_else(|| CudaError::Model(format!("tensor {} is missing", m.name)))?;
-            let data = file.tensor_data(info);
-            let Some(data) = m.data(data) else {
+            // (the bound matrix's bytes in the file, as the CPU reads them)
+            let Some(data) = m.bytes(file.file_bytes()) else {
                 return Err(CudaError::Model(format!(
-                    "tensor {} holds {} bytes, rows {}..{} of {} bytes expected",
-                    m.name,
-                    data.len(),
+                    "{}: bytes {:?} of the file, rows {}..{} of {} bytes, past its {} bytes",
+                    m.label,
+                    m.tensor,
                     m.first_row,
                     m.first_row + m.rows,
-                    m.row_bytes()
+                    m.row_bytes(),
+                    file.file_bytes().len()
                 )));
             };
             // Regrouped for aligned loads where the plan's kernels read a regrouped layout.
@@ -536,26 +518,15 @@ impl CudaModel {
             let bytes = packed.as_deref().unwrap_or(&data);
             matrices.push(match tier {
                 Tier::Device => {
-                    MatrixMemory::Device(stream.clone_htod(bytes).map_err(driver(&m.name))?)
+                    MatrixMemory::Device(stream.clone_htod(bytes).map_err(driver(&m.label))?)
                 }
-                Tier::Host => MatrixMemory::mapped(&ctx, bytes, &m.name)?,
+                Tier::Host => MatrixMemory::mapped(&ctx, bytes, &m.label)?,
             });
         }
         let mut vectors = Vec::with_capacity(dp.vectors.len());
         for v in &dp.vectors {
-            let info = file
-                .tensor(&v.name)
-                .ok_or_else(|| CudaError::Model(format!("tensor {} is missing", v.name)))?;
-            let mut host = vec![0f32; v.len];
-            if info.n_elements as usize != v.len {
-                return Err(CudaError::Model(format!(
-                    "tensor {} has {} elements, {} expected",
-                    v.name, info.n_elements, v.len
-                )));
-            }
-            ferrolm_quant_dequantize(info.ty, file.tensor_data(info), &mut host)
-                .map_err(|e| CudaError::Model(format!("tensor {}: {e}", v.name)))?;
-            vectors.push(stream.clone_htod(&host).map_err(driver(&v.name))?);
+            // (the bound values, read into f32 once by the binding)
+            vectors.push(stream.clone_htod(&v.values[..]).map_err(driver(&v.label))?);
         }
         let logits = stream
             .alloc_zeros::<f32>(dp.n_vocab)
@@ -1580,14 +1551,6 @@ impl CudaModel {
         self.stats.host_syncs += 1;
         Ok(())
     }
-}
-
-fn ferrolm_quant_dequantize(
-    ty: ferrolm_gguf::TensorType,
-    data: &[u8],
-    out: &mut [f32],
-) -> Result<(), String> {
-    ferrolm_quant::dequantize(ty, data, out).map_err(|e| e.to_string())
 }
 
 /// Compiles the kernels for `sm_<major><minor>`, or loads them from the cache.

@@ -63,13 +63,14 @@ pub fn place(p: &DecodePlan, fixed: u64, budget: Option<u64>) -> Result<Vec<Tier
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::schedule::tests::plan;
+    use crate::schedule::tests::{all, plan};
     use crate::schedule::{decode_plan, MatrixSpec};
     use ferrolm_gguf::TensorType;
 
     /// A plan of two layers whose last three matrices are turned into expert stacks.
     fn with_stacks() -> DecodePlan {
-        let mut dp = decode_plan(&plan(2, 32), 64, &|_| Some(TensorType::Q8_0)).unwrap();
+        let pl = plan(2, 32);
+        let mut dp = decode_plan(&pl, &all(&pl, TensorType::Q8_0), 64).unwrap();
         let n = dp.matrices.len();
         for m in &mut dp.matrices[n - 4..n - 1] {
             *m = MatrixSpec {

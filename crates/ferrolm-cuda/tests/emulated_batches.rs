@@ -57,9 +57,8 @@ fn load_layers(
 ) -> (Arc<GgufFile>, Model, DecodePlan) {
     let file = Arc::new(GgufFile::from_bytes(synthetic::build(spec).unwrap().to_bytes()).unwrap());
     let model = Model::from_file(file.clone(), 1).unwrap();
-    let types = |name: &str| file.tensor(name).map(|t| t.ty);
     let n_layer = gpu_layers.unwrap_or(model.plan().layers.len());
-    let plan = decode_plan_with(model.plan(), n_ctx, &types, n_layer, tuning).unwrap();
+    let plan = decode_plan_with(model.plan(), model.weights(), n_ctx, n_layer, tuning).unwrap();
     (file, model, plan)
 }
 

@@ -100,12 +100,7 @@ impl<'f> Emulator<'f> {
     /// A vector (weights from the file) or an f32 buffer.
     fn read(&self, b: Buf) -> Vec<f32> {
         match b {
-            Buf::Vector(i) => {
-                let info = self.file.tensor(&self.plan.vectors[i].name).unwrap();
-                let mut out = vec![0f32; self.plan.vectors[i].len];
-                ferrolm_quant::dequantize(info.ty, self.file.tensor_data(info), &mut out).unwrap();
-                out
-            }
+            Buf::Vector(i) => self.plan.vectors[i].values.to_vec(),
             b => self
                 .f32s
                 .get(&b)
@@ -131,11 +126,11 @@ impl<'f> Emulator<'f> {
         assert!(
             r < spec.rows,
             "row {r} of {} ({} rows)",
-            spec.name,
+            spec.label,
             spec.rows
         );
-        let info = self.file.tensor(&spec.name).unwrap();
-        (info.ty, &self.file.tensor_data(info)[spec.row_range(r)])
+        let tensor = &self.file.file_bytes()[spec.tensor.clone()];
+        (spec.ty, &tensor[spec.row_range(r)])
     }
 
     /// Rows `rows` of `m` dotted with input `x` (f32, or the quantized activations), as the
@@ -707,14 +702,20 @@ fn emulate(
 ) -> (Vec<f32>, Vec<f32>, Vec<String>) {
     let file = Arc::new(GgufFile::from_bytes(synthetic::build(spec).unwrap().to_bytes()).unwrap());
     let model = Model::from_file(file.clone(), 1).unwrap();
-    let types = |name: &str| file.tensor(name).map(|t| t.ty);
     let n_layer = model.plan().layers.len();
     let tuning = CudaTuning {
         quantized_activations: activations == Activations::Quantized,
         quantize_on_load_max: on_load_max,
         ..CudaTuning::default()
     };
-    let plan = decode_plan_with(model.plan(), ids.len() + 1, &types, n_layer, &tuning).unwrap();
+    let plan = decode_plan_with(
+        model.plan(),
+        model.weights(),
+        ids.len() + 1,
+        n_layer,
+        &tuning,
+    )
+    .unwrap();
     let mut e = Emulator::new(&file, &plan);
     let mut logits = Vec::new();
     for (p, &id) in ids.iter().enumerate() {
@@ -922,9 +923,9 @@ fn a_misplaced_argument_is_caught() {
     spec.n_layer = 2;
     let file = Arc::new(GgufFile::from_bytes(synthetic::build(&spec).unwrap().to_bytes()).unwrap());
     let model = Model::from_file(file.clone(), 1).unwrap();
-    let types = |name: &str| file.tensor(name).map(|t| t.ty);
     let n = 12;
-    let mut plan = decode_plan_layers(model.plan(), n + 1, &types, 2, Activations::F32).unwrap();
+    let mut plan =
+        decode_plan_layers(model.plan(), model.weights(), n + 1, 2, Activations::F32).unwrap();
     let attn = plan
         .launches
         .iter()
@@ -982,12 +983,12 @@ fn a_wrong_argument_of_the_new_launches_is_caught() {
         let file =
             Arc::new(GgufFile::from_bytes(synthetic::build(&spec).unwrap().to_bytes()).unwrap());
         let model = Model::from_file(file.clone(), 1).unwrap();
-        let types = |name: &str| file.tensor(name).map(|t| t.ty);
         let layers = model.plan().layers.len();
         let tuning = CudaTuning {
             ..CudaTuning::default()
         };
-        let mut plan = decode_plan_with(model.plan(), n + 1, &types, layers, &tuning).unwrap();
+        let mut plan =
+            decode_plan_with(model.plan(), model.weights(), n + 1, layers, &tuning).unwrap();
         mutate(&mut plan);
         let mut e = Emulator::new(&file, &plan);
         let mut logits = Vec::new();
@@ -1010,13 +1011,12 @@ fn the_first_layers_hand_the_cpu_their_residual_stream() {
     spec.n_layer = 4;
     let file = Arc::new(GgufFile::from_bytes(synthetic::build(&spec).unwrap().to_bytes()).unwrap());
     let model = Model::from_file(file.clone(), 1).unwrap();
-    let types = |name: &str| file.tensor(name).map(|t| t.ty);
     let ids = ids(16);
     let first = 2;
     let plan = decode_plan_layers(
         model.plan(),
+        model.weights(),
         ids.len() + 1,
-        &types,
         first,
         Activations::Quantized,
     )
@@ -1069,14 +1069,18 @@ fn tensor_parallel_ranks_compute_what_the_cpu_computes() {
     spec.sliding_window = None;
     let file = Arc::new(GgufFile::from_bytes(synthetic::build(&spec).unwrap().to_bytes()).unwrap());
     let model = Model::from_file(file.clone(), 1).unwrap();
-    let types = |name: &str| file.tensor(name).map(|t| t.ty);
     let n = 10;
     let cpu = model.session(n + 1).eval(&ids(n), Logits::All).unwrap();
     let n_vocab = cpu.len() / n;
     let run = |ranks: usize, drop_rank: Option<usize>| -> Vec<f32> {
-        let plans =
-            tensor_parallel_plans(model.plan(), n + 1, &types, ranks, &CudaTuning::default())
-                .unwrap();
+        let plans = tensor_parallel_plans(
+            model.plan(),
+            model.weights(),
+            n + 1,
+            ranks,
+            &CudaTuning::default(),
+        )
+        .unwrap();
         let mut emus: Vec<Emulator> = plans.iter().map(|p| Emulator::new(&file, p)).collect();
         let mut logits = Vec::new();
         for (p, &id) in ids(n).iter().enumerate() {

@@ -12,7 +12,7 @@ pub mod plan;
 pub mod shapes;
 pub mod synthetic;
 mod synthetic_moe;
-mod weights;
+pub mod weights;
 
 use std::path::Path;
 use std::sync::Arc;
@@ -130,6 +130,12 @@ impl Model {
     /// The file the weights come from.
     pub fn file(&self) -> &GgufFile {
         &self.file
+    }
+
+    /// The bound weights: each layer's matrices (views into [`Model::file`]'s bytes) and
+    /// vectors, which every executor reads (the CUDA backend uploads them).
+    pub fn weights(&self) -> &Weights {
+        &self.weights
     }
 
     /// Threads the forward pass uses.

@@ -1,7 +1,15 @@
 //! Binding the tensors a plan needs, with their shapes checked: matrices stay quantized in the
 //! mapped file; norms and biases (small) are read into `f32`.
+//!
+//! The bound weights are what every executor reads: the CPU's forward pass, and the CUDA
+//! backend's lowering, which uploads these very matrices (their bytes in the file, fused
+//! tensors' row views included) and vectors, and never looks a tensor up by name. Their types
+//! are plain data, read-only to other crates (they only ever get a shared reference), with
+//! every field public so that a fast path can take them apart without `..` (DESIGN.md,
+//! principle 2): a weight added later does not compile there until somebody decides.
 
 use std::ops::Range;
+use std::sync::Arc;
 
 use ferrolm_gguf::{GgufFile, TensorType};
 use ferrolm_quant::{DotKernel, KernelOptions};
@@ -9,10 +17,16 @@ use ferrolm_quant::{DotKernel, KernelOptions};
 use crate::error::{ModelError, Result};
 use crate::plan::{DeltaNet, Ffn, Mixer, ModelPlan, Rope};
 
-/// A weight matrix in the file: `rows` rows of `cols` elements in the blocks of `ty`.
+/// A small vector read into `f32` at binding (a norm's weights, a bias, RoPE's divisors),
+/// shared by the executors that read it (the CUDA backend uploads the same values).
+pub type Vector = Arc<[f32]>;
+
+/// A weight matrix in the file: `rows` rows of `cols` elements in the blocks of `ty`; a whole
+/// 2-D tensor, or a run of rows of one (a fused tensor's part, one expert of a stack).
 #[derive(Clone, Debug)]
 pub struct Matrix {
-    /// The tensor's name.
+    /// The tensor's name (with the rows of a view: `blk.0.attn_qkv.weight[0..512]`), for
+    /// messages.
     pub name: String,
     /// The block type.
     pub ty: TensorType,
@@ -24,6 +38,11 @@ pub struct Matrix {
     pub row_bytes: usize,
     /// Where the data is in the file.
     pub(crate) range: Range<usize>,
+    /// Where the whole tensor it is rows of is in the file (`range` for a whole tensor; a 3-D
+    /// stack of experts counts as one tensor of `n_expert x rows` rows).
+    pub(crate) tensor: Range<usize>,
+    /// Its first row in that tensor.
+    pub(crate) first_row: usize,
     /// The dot-product kernel of its products, chosen at load (`ferrolm_quant::matrix_kernel`:
     /// whether llama.cpp repacks the tensor on this CPU).
     pub(crate) kernel: DotKernel,
@@ -34,101 +53,158 @@ impl Matrix {
     pub fn data<'f>(&self, file: &'f [u8]) -> &'f [u8] {
         &file[self.range.clone()]
     }
+
+    /// Where its bytes are in the file's bytes ([`ferrolm_gguf::GgufFile::file_bytes`]).
+    pub fn range(&self) -> Range<usize> {
+        self.range.clone()
+    }
+
+    /// Where the bytes of the tensor it is rows of are in the file's bytes (its own for a
+    /// whole tensor; the whole stack for an expert's matrix).
+    pub fn tensor_range(&self) -> Range<usize> {
+        self.tensor.clone()
+    }
+
+    /// Its first row in that tensor (0 for a whole tensor).
+    pub fn first_row(&self) -> usize {
+        self.first_row
+    }
+
+    /// Whether it is its tensor entire, not a row view (of a fused tensor, of a stack).
+    pub fn is_whole(&self) -> bool {
+        self.range == self.tensor
+    }
 }
 
 /// The weights of one decoder layer.
 #[derive(Debug)]
 pub struct LayerWeights {
-    pub(crate) attn_norm: Vec<f32>,
-    pub(crate) mixer: MixerWeights,
-    pub(crate) post_attn_norm: Option<Vec<f32>>,
-    pub(crate) ffn_norm: Vec<f32>,
-    pub(crate) post_ffn_norm: Option<Vec<f32>>,
-    pub(crate) ffn: FfnWeights,
+    /// The token mixer's input norm (`attn_norm`).
+    pub attn_norm: Vector,
+    /// The token mixer: attention or a gated delta-net.
+    pub mixer: MixerWeights,
+    /// The norm of the mixer's output before the residual add (Gemma), where the plan has one.
+    pub post_attn_norm: Option<Vector>,
+    /// The feed-forward block's input norm.
+    pub ffn_norm: Vector,
+    /// The norm of the feed-forward output before the residual add (Gemma), where the plan has
+    /// one.
+    pub post_ffn_norm: Option<Vector>,
+    /// The feed-forward block.
+    pub ffn: FfnWeights,
 }
 
 /// The weights of a layer's token mixer.
 #[derive(Debug)]
-pub(crate) enum MixerWeights {
+pub enum MixerWeights {
+    /// Self-attention.
     Attention(AttentionWeights),
+    /// A gated delta-net.
     DeltaNet(DeltaNetWeights),
 }
 
 /// The projections, biases and norms of an attention block.
 #[derive(Debug)]
-pub(crate) struct AttentionWeights {
-    pub(crate) wq: Matrix,
-    pub(crate) wk: Matrix,
-    pub(crate) wv: Matrix,
-    pub(crate) wo: Matrix,
-    pub(crate) bq: Option<Vec<f32>>,
-    pub(crate) bk: Option<Vec<f32>>,
-    pub(crate) bv: Option<Vec<f32>>,
-    pub(crate) q_norm: Option<Vec<f32>>,
-    pub(crate) k_norm: Option<Vec<f32>>,
+pub struct AttentionWeights {
+    /// The Q projection (with a gated output: per head the query's rows, then its gate's).
+    pub wq: Matrix,
+    /// The K projection.
+    pub wk: Matrix,
+    /// The V projection.
+    pub wv: Matrix,
+    /// The output projection.
+    pub wo: Matrix,
+    /// The Q projection's bias, where the plan has Q/K/V biases.
+    pub bq: Option<Vector>,
+    /// The K projection's bias.
+    pub bk: Option<Vector>,
+    /// The V projection's bias.
+    pub bv: Option<Vector>,
+    /// The queries' per-head RMS norm, one head wide, where the plan has Q/K norms.
+    pub q_norm: Option<Vector>,
+    /// The keys' per-head RMS norm.
+    pub k_norm: Option<Vector>,
     /// The output projection's bias (`attn_output.bias`).
-    pub(crate) bo: Option<Vec<f32>>,
+    pub bo: Option<Vector>,
     /// One logit per query head (`attn_sinks.weight`).
-    pub(crate) sinks: Option<Vec<f32>>,
+    pub sinks: Option<Vector>,
 }
 
-/// The tensors of a gated delta-net block (qwen3next's fused layout).
+/// The tensors of a gated delta-net block.
 #[derive(Debug)]
-pub(crate) struct DeltaNetWeights {
+pub struct DeltaNetWeights {
     /// The input projections, in one of llama.cpp's two layouts.
-    pub(crate) input: DeltaNetInput,
+    pub input: DeltaNetInput,
     /// The projections of the rates `b` and decay inputs `a`.
-    pub(crate) gates: DeltaNetGates,
+    pub gates: DeltaNetGates,
     /// The convolution taps, `conv_kernel` per channel (`ssm_conv1d`).
-    pub(crate) conv: Vec<f32>,
+    pub conv: Vector,
     /// Per value head: the bias added to `a` (`ssm_dt.bias`).
-    pub(crate) dt_bias: Vec<f32>,
+    pub dt_bias: Vector,
     /// Per value head: `-exp(A_log)` (`ssm_a`).
-    pub(crate) a: Vec<f32>,
+    pub a: Vector,
     /// The gated RMS norm's weight, one head wide (`ssm_norm`).
-    pub(crate) norm: Vec<f32>,
+    pub norm: Vector,
     /// The output projection (`ssm_out`).
-    pub(crate) out: Matrix,
+    pub out: Matrix,
 }
 
 /// The projections of a delta-net's queries, keys, values and output gates `z`.
 #[derive(Debug)]
-pub(crate) enum DeltaNetInput {
+pub enum DeltaNetInput {
     /// `ssm_in`: per key head its query, its key, its value heads, their gates (the layout of
     /// published files).
     Fused(Matrix),
     /// `attn_qkv` (all queries, all keys, all values: the convolution's channel order) and
     /// `attn_gate` (all gates).
-    Split { qkv: Matrix, gate: Matrix },
+    Split {
+        /// The queries', keys' and values' rows.
+        qkv: Matrix,
+        /// The gates' rows.
+        gate: Matrix,
+    },
 }
 
 /// The projections of a delta-net's per-value-head rates `b` and decay inputs `a`.
 #[derive(Debug)]
-pub(crate) enum DeltaNetGates {
+pub enum DeltaNetGates {
     /// `ssm_ba`: per key head, the rates of its value heads, then their decay inputs
     /// (Qwen3-Next).
     Fused(Matrix),
     /// `ssm_beta` and `ssm_alpha`, one row per value head (Qwen3.5).
-    Split { beta: Matrix, alpha: Matrix },
+    Split {
+        /// The rates' rows.
+        beta: Matrix,
+        /// The decay inputs' rows.
+        alpha: Matrix,
+    },
 }
 
 /// The matrices of a feed-forward block.
 #[derive(Debug)]
 #[allow(clippy::large_enum_variant)] // one per layer, read every token: inline beats a box
-pub(crate) enum FfnWeights {
-    /// One gated FFN.
+pub enum FfnWeights {
+    /// One gated FFN (a fused `ffn_up` of gate then up rows bound as two row views).
     Dense {
+        /// The gate projection.
         gate: Matrix,
+        /// The up projection.
         up: Matrix,
+        /// The down projection.
         down: Matrix,
     },
     /// A router and, per expert, a gated FFN (each expert a contiguous matrix of the 3-D
-    /// `ffn_*_exps` tensors).
+    /// `ffn_*_exps` tensors: a row view of the stack).
     Moe {
+        /// The router's logits, one row per expert.
         router: Matrix,
+        /// Each expert's gate projection.
         gate: Vec<Matrix>,
+        /// Each expert's up projection.
         up: Vec<Matrix>,
+        /// Each expert's down projection.
         down: Vec<Matrix>,
+        /// The shared expert, if any.
         shared: Option<Box<SharedWeights>>,
         /// Biases of the router and of the experts, and the selection bias, where the plan
         /// has them.
@@ -140,41 +216,56 @@ pub(crate) enum FfnWeights {
 /// `exp_probs_b.bias` (`n_expert`), and per expert its gate, up (`n_ff` each) and down
 /// (`n_embd`) biases, expert after expert.
 #[derive(Debug, Default)]
-pub(crate) struct MoeBiases {
-    pub(crate) router: Option<Vec<f32>>,
-    pub(crate) selection: Option<Vec<f32>>,
-    pub(crate) gate: Option<Vec<f32>>,
-    pub(crate) up: Option<Vec<f32>>,
-    pub(crate) down: Option<Vec<f32>>,
+pub struct MoeBiases {
+    /// The router's bias, where the plan has biases.
+    pub router: Option<Vector>,
+    /// The selection bias, where the plan has one.
+    pub selection: Option<Vector>,
+    /// Every expert's gate bias, expert after expert.
+    pub gate: Option<Vector>,
+    /// Every expert's up bias.
+    pub up: Option<Vector>,
+    /// Every expert's down bias.
+    pub down: Option<Vector>,
 }
 
 /// A shared expert's matrices and, if gated, its gate (`ffn_gate_inp_shexp`, one row).
 #[derive(Debug)]
-pub(crate) struct SharedWeights {
-    pub(crate) gate_inp: Option<Matrix>,
-    pub(crate) gate: Matrix,
-    pub(crate) up: Matrix,
-    pub(crate) down: Matrix,
+pub struct SharedWeights {
+    /// The gate's logit row, when gated.
+    pub gate_inp: Option<Matrix>,
+    /// The gate projection.
+    pub gate: Matrix,
+    /// The up projection.
+    pub up: Matrix,
+    /// The down projection.
+    pub down: Matrix,
 }
 
 /// All the weights of a model.
 #[derive(Debug)]
 pub struct Weights {
-    pub(crate) token_embd: Matrix,
-    pub(crate) output_norm: Vec<f32>,
-    pub(crate) output: Matrix,
-    pub(crate) rope_freqs: Option<Vec<f32>>,
+    /// The token embedding (kept as it is for its row lookups).
+    pub token_embd: Matrix,
+    /// The output norm.
+    pub output_norm: Vector,
+    /// The output projection (the embedding's bytes again when the output is tied).
+    pub output: Matrix,
+    /// Llama 3's frequency divisors, where the plan has them.
+    pub rope_freqs: Option<Vector>,
     /// LongRoPE's divisors: (long, short).
-    pub(crate) long_rope: Option<(Vec<f32>, Vec<f32>)>,
-    pub(crate) layers: Vec<LayerWeights>,
+    pub long_rope: Option<(Vector, Vector)>,
+    /// Each layer's.
+    pub layers: Vec<LayerWeights>,
 }
 
 impl Weights {
-    /// The frequency divisors of `rope` for a sequence with room for `n_ctx` positions.
-    pub(crate) fn rope_factors(&self, rope: &Rope, n_ctx: usize) -> Option<&[f32]> {
+    /// The frequency divisors of `rope` for a sequence with room for `n_ctx` positions:
+    /// LongRoPE's long or short set, or Llama 3's factors.
+    pub fn rope_factors(&self, rope: &Rope, n_ctx: usize) -> Option<&Vector> {
         match (&rope.long_rope, &self.long_rope) {
             (Some(lr), Some((long, short))) => Some(if lr.uses_long(n_ctx) { long } else { short }),
-            _ => self.rope_freqs.as_deref(),
+            _ => self.rope_freqs.as_ref(),
         }
     }
 }
@@ -238,6 +329,8 @@ impl Binder<'_> {
             cols,
             row_bytes: t.size as usize / rows.max(1),
             range: start..start + t.size as usize,
+            tensor: start..start + t.size as usize,
+            first_row: 0,
             kernel,
         })
     }
@@ -254,6 +347,8 @@ impl Binder<'_> {
             cols,
             row_bytes: t.size as usize,
             range: start..start + t.size as usize,
+            tensor: start..start + t.size as usize,
+            first_row: 0,
             kernel,
         })
     }
@@ -290,6 +385,8 @@ impl Binder<'_> {
                 cols,
                 row_bytes: per_expert / rows.max(1),
                 range: start + e * per_expert..start + (e + 1) * per_expert,
+                tensor: start..start + t.size as usize,
+                first_row: e * rows,
                 kernel,
             })
             .collect())
@@ -309,12 +406,14 @@ impl Binder<'_> {
                 row_bytes: whole.row_bytes,
                 range: whole.range.start + r0 * whole.row_bytes
                     ..whole.range.start + (r0 + n) * whole.row_bytes,
+                tensor: whole.range.clone(),
+                first_row: r0,
                 kernel: whole.kernel,
             })
             .collect())
     }
 
-    fn vector(&self, name: &str, len: usize) -> Result<Vec<f32>> {
+    fn vector(&self, name: &str, len: usize) -> Result<Vector> {
         let t = self.info(name, &[len as u64])?;
         let mut v = vec![0.0; len];
         ferrolm_quant::dequantize(t.ty, self.file.tensor_data(t), &mut v).map_err(|_| {
@@ -323,7 +422,7 @@ impl Binder<'_> {
                 ty: t.ty,
             }
         })?;
-        Ok(v)
+        Ok(v.into())
     }
 
     /// A small 2-D tensor of `rows` rows of `cols` read into `f32` (per-expert biases), if
@@ -334,7 +433,7 @@ impl Binder<'_> {
         cols: usize,
         rows: usize,
         wanted: bool,
-    ) -> Result<Option<Vec<f32>>> {
+    ) -> Result<Option<Vector>> {
         if !wanted {
             return Ok(None);
         }
@@ -346,10 +445,10 @@ impl Binder<'_> {
                 ty: t.ty,
             }
         })?;
-        Ok(Some(v))
+        Ok(Some(v.into()))
     }
 
-    fn opt_vector(&self, name: &str, len: usize, wanted: bool) -> Result<Option<Vec<f32>>> {
+    fn opt_vector(&self, name: &str, len: usize, wanted: bool) -> Result<Option<Vector>> {
         if wanted {
             self.vector(name, len).map(Some)
         } else {
@@ -577,7 +676,7 @@ fn bind_delta_net(b: &Binder<'_>, net: &DeltaNet, i: usize, d: usize) -> Result<
         } else {
             DeltaNetGates::Fused(b.matrix(&n("ssm_ba.weight"), d, 2 * net.n_v_heads)?)
         },
-        conv,
+        conv: conv.into(),
         dt_bias: b.vector(&n("ssm_dt.bias"), net.n_v_heads)?,
         a: b.vector(&n("ssm_a"), net.n_v_heads)?,
         norm: b.vector(&n("ssm_norm.weight"), net.head_dim)?,

@@ -195,8 +195,7 @@ impl<'f> HostDevice<'f> {
         let mut matrix_at = BTreeMap::new();
         let mut matrices = Vec::new();
         for (m, spec) in plan.matrices.iter().enumerate() {
-            let info = file.tensor(&spec.name).expect("the plan's tensor");
-            let data = spec.data(file.tensor_data(info)).expect("the plan's rows");
+            let data = spec.bytes(file.file_bytes()).expect("the plan's rows");
             let addr = memory.alloc(data.len());
             memory.bytes_mut(addr, data.len()).copy_from_slice(&data);
             matrix_at.insert(addr, m);
@@ -204,11 +203,8 @@ impl<'f> HostDevice<'f> {
         }
         let mut vectors = Vec::new();
         for v in &plan.vectors {
-            let info = file.tensor(&v.name).expect("the plan's vector");
-            let mut host = vec![0f32; v.len];
-            ferrolm_quant::dequantize(info.ty, file.tensor_data(info), &mut host).unwrap();
-            let addr = memory.alloc(4 * v.len);
-            memory.write(addr, &host);
+            let addr = memory.alloc(4 * v.len());
+            memory.write(addr, &v.values);
             vectors.push(addr);
         }
         let cache = |memory: &mut Memory| -> Vec<u64> {

@@ -400,7 +400,7 @@ fn attention_block(
     ] {
         if let Some(b) = bias {
             buf.chunks_mut(dim)
-                .for_each(|row| row.iter_mut().zip(b).for_each(|(x, b)| *x += b));
+                .for_each(|row| row.iter_mut().zip(b.iter()).for_each(|(x, b)| *x += b));
         }
     }
     let gate = a.gated_output.then(|| {
@@ -420,7 +420,7 @@ fn attention_block(
         let angles = (0..n)
             .map(|t| {
                 let factors = model.weights.rope_factors(&a.rope, ctx_of[t]);
-                RopeAngles::new(&a.rope, factors, pos_of[t])
+                RopeAngles::new(&a.rope, factors.map(|f| &f[..]), pos_of[t])
             })
             .collect();
         scratch.angles.push((a.rope.clone(), angles));
@@ -570,8 +570,9 @@ struct ExpertBias<'a> {
 impl<'a> ExpertBias<'a> {
     /// Expert `e`'s rows of the layer's biases (`n_ff` for gate and up, `d` for down).
     fn of(b: &'a MoeBiases, e: usize, n_ff: usize, d: usize) -> ExpertBias<'a> {
-        let row =
-            |v: &'a Option<Vec<f32>>, len: usize| v.as_deref().map(|v| &v[e * len..(e + 1) * len]);
+        let row = |v: &'a Option<crate::weights::Vector>, len: usize| {
+            v.as_deref().map(|v| &v[e * len..(e + 1) * len])
+        };
         ExpertBias {
             gate: row(&b.gate, n_ff),
             up: row(&b.up, n_ff),

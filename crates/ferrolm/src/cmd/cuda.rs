@@ -215,10 +215,8 @@ fn check_batched(args: &CheckArgs, model: &Model, cuda: CudaOptions) -> Result<(
 
 /// One batched step of `b` rows, launch by launch (events): where its time goes.
 fn profile_rows(model: &Model, b: usize, cuda: &CudaOptions) -> Result<()> {
-    let (plan, file) = (model.plan(), model.file());
     let mut gpu = CudaModel::with_slots(
-        plan,
-        file,
+        model,
         cuda.ordinal,
         cuda.n_ctx,
         usize::MAX,
@@ -249,14 +247,8 @@ fn print_launches(what: &str, rows: &[(String, usize, f64)]) {
 /// a few levels so that many values tie (the first of equal values wins, as on the host).
 fn check_selections(model: &Model, rows: &[f32], cuda: CudaOptions) -> Result<()> {
     let n_vocab = model.plan().n_vocab;
-    let mut gpu = CudaModel::with_tuning(
-        model.plan(),
-        model.file(),
-        cuda.ordinal,
-        cuda.n_ctx,
-        &cuda.tuning,
-    )
-    .map_err(|e| anyhow::anyhow!("cuda:{}: {e}", cuda.ordinal))?;
+    let mut gpu = CudaModel::with_tuning(model, cuda.ordinal, cuda.n_ctx, &cuda.tuning)
+        .map_err(|e| anyhow::anyhow!("cuda:{}: {e}", cuda.ordinal))?;
     let n = (rows.len() / n_vocab).min(64);
     let rows = &rows[..n * n_vocab];
     let tied: Vec<f32> = rows.iter().map(|v| (v * 2.0).round() / 2.0).collect();
@@ -414,7 +406,7 @@ pub fn check(args: CheckArgs) -> Result<()> {
         };
         return check_split(&args, &model, cuda);
     }
-    let mut gpu = CudaModel::with_tuning(model.plan(), model.file(), ordinal, n_ctx, &tuning)
+    let mut gpu = CudaModel::with_tuning(&model, ordinal, n_ctx, &tuning)
         .map_err(|e| anyhow::anyhow!("cuda:{ordinal}: {e}"))?;
     eprintln!(
         "ferrolm: comparing {} (cuda:{ordinal}, graph: {}) with the CPU ({} threads)",
@@ -517,7 +509,7 @@ pub fn check(args: CheckArgs) -> Result<()> {
     if args.profile > 0 {
         // Room for the profiled steps.
         let n_ctx = (args.profile + 32).max(ids.len() + 1);
-        let mut gpu = CudaModel::with_tuning(model.plan(), model.file(), ordinal, n_ctx, &tuning)
+        let mut gpu = CudaModel::with_tuning(&model, ordinal, n_ctx, &tuning)
             .map_err(|e| anyhow::anyhow!("cuda:{ordinal}: {e}"))?;
         gpu.push(ids[0])?;
         let t = Instant::now();
