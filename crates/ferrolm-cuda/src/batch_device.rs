@@ -184,9 +184,9 @@ impl CudaBatch {
     /// that start on 16-byte boundaries (its loads' width).
     fn skinny_fits(&self, g: &Gemm) -> bool {
         g.n <= self.skinny_max_rows
-            && g.cols % 32 == 0
+            && g.cols.is_multiple_of(32)
             && g.rows > 0
-            && (g.w16 | g.a) % 16 == 0
+            && (g.w16 | g.a).is_multiple_of(16)
             && i32::try_from(g.rows).is_ok()
             && i32::try_from(g.cols).is_ok()
     }

@@ -694,7 +694,8 @@ impl<D: BatchDevice> Prefill<D> {
     /// (where a stacked copy is kept): not when they all go through `mmq_*`, nor when one of
     /// them reads its Q4_K blocks (`dq4k_gemm_*`).
     fn stacks(&self, p: &DecodePlan, ms: &[usize]) -> bool {
-        !self.all_mmq(p, ms) && !(self.dq_step && ms.iter().any(|&m| has_dq(&p.matrices[m])))
+        let reads_blocks = self.dq_step && ms.iter().any(|&m| has_dq(&p.matrices[m]));
+        !self.all_mmq(p, ms) && !reads_blocks
     }
 
     /// Whether matrices `ms` go through `mmq_*` in the step being launched (then not as one
