@@ -2837,6 +2837,37 @@ __device__ __forceinline__ u32 pack_h2(float lo, float hi) {
 #define SG_WARPS 8
 #define SG_UNROLL 4
 
+// The end of skinny_gemm and dq4k_gemm: each warp's accumulators (m16n8k16 tiles: m of weight
+// rows by t of inputs) through shared memory, summed in warp order, for the block's SG_ROWS of
+// `rows` rows and the n inputs. Output (row rr, input cc) of the block is fragment (m, t, e) of
+// lane (g, c), as mma's accumulators lie (rows g and g + 8, inputs 8t + 2c and 8t + 2c + 1).
+template <int NT>
+__device__ __forceinline__ void skinny_store(float (*part)[8 * NT][32],
+                                             const float (&acc)[2][NT][4], int r0, int rows,
+                                             int n, float* C, float beta) {
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+#pragma unroll
+    for (int m = 0; m < 2; m++)
+#pragma unroll
+        for (int t = 0; t < NT; t++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) part[warp][(m * NT + t) * 4 + e][lane] = acc[m][t][e];
+    __syncthreads();
+    for (int o = threadIdx.x; o < SG_ROWS * 8 * NT; o += blockDim.x) {
+        const int rr = o % SG_ROWS, cc = o / SG_ROWS;
+        const int r = r0 + rr;
+        if (r >= rows || cc >= n) continue;
+        const int m = rr / 16, within = rr % 16, t = cc / 8, ct = cc % 8;
+        const int slot = (m * NT + t) * 4 + (within / 8) * 2 + ct % 2;
+        const int from = (within % 8) * 4 + ct / 2;
+        float s = 0.f;
+#pragma unroll
+        for (int w = 0; w < SG_WARPS; w++) s += part[w][slot][from];
+        float* out = C + (long long)cc * rows + r;
+        *out = beta != 0.f ? s + beta * *out : s;
+    }
+}
+
 template <int NT>
 __device__ __forceinline__ void skinny_gemm(const u16* __restrict__ W, const u16* __restrict__ A,
                                             float* C, int rows, int cols, int n, float beta) {
@@ -2885,28 +2916,7 @@ __device__ __forceinline__ void skinny_gemm(const u16* __restrict__ W, const u16
             }
         }
     }
-#pragma unroll
-    for (int m = 0; m < 2; m++)
-#pragma unroll
-        for (int t = 0; t < NT; t++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) part[warp][(m * NT + t) * 4 + e][lane] = acc[m][t][e];
-    __syncthreads();
-    // Output (row rr, input cc) of the block: fragment (m, t, e) of lane (g, c), as mma's
-    // accumulators lie (rows g and g + 8, inputs 8t + 2c and 8t + 2c + 1).
-    for (int o = threadIdx.x; o < SG_ROWS * 8 * NT; o += blockDim.x) {
-        const int rr = o % SG_ROWS, cc = o / SG_ROWS;
-        const int r = r0 + rr;
-        if (r >= rows || cc >= n) continue;
-        const int m = rr / 16, within = rr % 16, t = cc / 8, ct = cc % 8;
-        const int slot = (m * NT + t) * 4 + (within / 8) * 2 + ct % 2;
-        const int from = (within % 8) * 4 + ct / 2;
-        float s = 0.f;
-#pragma unroll
-        for (int w = 0; w < SG_WARPS; w++) s += part[w][slot][from];
-        float* out = C + (long long)cc * rows + r;
-        *out = beta != 0.f ? s + beta * *out : s;
-    }
+    skinny_store<NT>(part, acc, r0, rows, n, C, beta);
 }
 
 // At most 8 input rows (one tile of inputs), and at most 16 (two).
@@ -3045,26 +3055,7 @@ __device__ __forceinline__ void dq4k_gemm(const u8* __restrict__ W, int row_byte
             }
         }
     }
-#pragma unroll
-    for (int m = 0; m < 2; m++)
-#pragma unroll
-        for (int t = 0; t < NT; t++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) part[warp][(m * NT + t) * 4 + e][lane] = acc[m][t][e];
-    __syncthreads();
-    for (int o = threadIdx.x; o < SG_ROWS * 8 * NT; o += blockDim.x) {
-        const int rr = o % SG_ROWS, cc = o / SG_ROWS;
-        const int r = r0 + rr;
-        if (r >= rows || cc >= n) continue;
-        const int m = rr / 16, within = rr % 16, t = cc / 8, ct = cc % 8;
-        const int slot = (m * NT + t) * 4 + (within / 8) * 2 + ct % 2;
-        const int from = (within % 8) * 4 + ct / 2;
-        float s = 0.f;
-#pragma unroll
-        for (int w = 0; w < SG_WARPS; w++) s += part[w][slot][from];
-        float* out = C + (long long)cc * rows + r;
-        *out = beta != 0.f ? s + beta * *out : s;
-    }
+    skinny_store<NT>(part, acc, r0, rows, n, C, beta);
 }
 
 extern "C" __global__ void __launch_bounds__(SG_WARPS * 32)

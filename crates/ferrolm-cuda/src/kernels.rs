@@ -221,11 +221,27 @@ mod tests {
             if !(line.starts_with("extern \"C\" __global__") || plain_device) {
                 continue;
             }
-            let Some(open) = line.find('(') else { continue };
-            let name = line[..open].split_whitespace().last().unwrap_or("");
+            // (a kernel's launch bounds go before its name, which may then start the next line)
+            let mut text = line.to_string();
+            if let Some(at) = text.find("__launch_bounds__(") {
+                let close = text[at..].find(')').map_or(text.len(), |c| at + c + 1);
+                text.replace_range(at..close, "");
+                if !text.contains('(') {
+                    text.push_str(lines.get(i + 1).copied().unwrap_or(""));
+                }
+            }
+            let Some(open) = text.find('(') else { continue };
+            let name = text[..open].split_whitespace().last().unwrap_or("");
             assert!(seen.insert(name.to_string()), "{name} is defined twice");
         }
-        for kernel in ["rope_rows_slots", "attn_rows", "argmax_rows", "topk_rows"] {
+        for kernel in [
+            "rope_rows_slots",
+            "attn_rows",
+            "argmax_rows",
+            "topk_rows",
+            "skinny_gemm_16",
+            "dq4k_gemm_16",
+        ] {
             assert!(seen.contains(kernel), "{kernel}");
         }
     }
