@@ -64,6 +64,14 @@ FILES = {
                      "--tensor-type", "attn_output=q2_0", "--tensor-type", "ffn_gate=nvfp4",
                      "--tensor-type", "ffn_up=iq4_xs", "--tensor-type", "ffn_down=tq2_0",
                      "--tensor-type", "token_embd=iq4_xs"],
+    # llama-quantize's IQ2_M mix of this 8-layer shape (b11312's llama_tensor_get_type, checked
+    # with its dry run): IQ2_S, IQ3_S embedding / attention output / blk.0 ffn_down, Q4_K V, Q5_K head
+    "llama-iq2m": ["--arch", "llama", "--layers", "8", "--tensor-type", "attn_output=iq3_s",
+                   "--tensor-type", "output.weight=q5_k", "--tensor-type", "token_embd=iq3_s",
+                   "--tensor-type", "attn_v.=q4_k", "--tensor-type", "blk.0.ffn_down=iq3_s",
+                   "--tensor-type", "attn_q.=iq2_s", "--tensor-type", "attn_k.=iq2_s",
+                   "--tensor-type", "ffn_gate=iq2_s", "--tensor-type", "ffn_up=iq2_s",
+                   "--tensor-type", "ffn_down=iq2_s"],
 }
 # The context llama.cpp is created with, where not 1024 (the tests use the same, from the JSON).
 N_CTX = {"phi3-longrope-long": 2048}

@@ -86,6 +86,29 @@ fn spec(name: &str) -> SyntheticSpec {
                 ],
             )
         }
+        "llama-iq2m" => {
+            // llama-quantize's IQ2_M mix (LLAMA_FTYPE_MOSTLY_IQ2_M, b11312's
+            // llama_tensor_get_type) of this 8-layer shape: IQ2_S by default, IQ3_S for the
+            // embedding, the attention output and the first eighth of ffn_down, Q4_K for V
+            // (4 query heads per KV head), Q5_K for the output head
+            let mut s = SyntheticSpec::small("llama");
+            s.n_layer = 8;
+            with_types(
+                s,
+                &[
+                    ("attn_output", TensorType::IQ3_S),
+                    ("output.weight", TensorType::Q5_K),
+                    ("token_embd", TensorType::IQ3_S),
+                    ("attn_v.", TensorType::Q4_K),
+                    ("blk.0.ffn_down", TensorType::IQ3_S),
+                    ("attn_q.", TensorType::IQ2_S),
+                    ("attn_k.", TensorType::IQ2_S),
+                    ("ffn_gate", TensorType::IQ2_S),
+                    ("ffn_up", TensorType::IQ2_S),
+                    ("ffn_down", TensorType::IQ2_S),
+                ],
+            )
+        }
         arch => SyntheticSpec::small(arch),
     }
 }
@@ -102,6 +125,13 @@ fn with_types(mut spec: SyntheticSpec, types: &[(&str, TensorType)]) -> Syntheti
 #[test]
 fn llama_with_iquants_matches_llama_cpp() {
     check("llama-iquants");
+}
+
+/// The per-tensor types of llama-quantize's IQ2_M mix (IQ2_S, IQ3_S, Q4_K, Q5_K), in random
+/// valid blocks (llama.cpp makes IQ2_M only with an importance matrix).
+#[test]
+fn llama_iq2_m_mix_matches_llama_cpp() {
+    check("llama-iq2m");
 }
 
 /// TQ1_0, TQ2_0, Q1_0, Q2_0 and NVFP4 matrices and an IQ4_XS embedding.

@@ -6,7 +6,8 @@
 //!   (`quantize_row_*_ref`); [`quantize_activation`] writes them the way llama.cpp's CPU backend
 //!   quantizes activations on this machine's architecture.
 //! * [`random_blocks`] writes random valid blocks of the types without a quantizer here (the
-//!   i-quants, TQ1_0, TQ2_0, Q1_0, Q2_0, NVFP4) at a chosen scale, for synthetic files.
+//!   i-quants, TQ1_0, TQ2_0, Q1_0, Q2_0, NVFP4, and Q2_K, Q3_K, Q5_K) at a chosen scale, for
+//!   synthetic files.
 //! * [`dot_kernel`] picks, once per process, the fastest dot product of a weight row with an
 //!   activation vector quantized to [`vec_dot_type`]; [`dot_kernel_scalar`] is the reference
 //!   every SIMD kernel is tested against.

@@ -11,6 +11,9 @@ use crate::{dequantize, QuantError, TensorType};
 enum Scale {
     /// An f16 at this byte offset.
     F16(usize),
+    /// The f16 `d` and `dmin` of a K-quant with minimums, at these byte offsets (both set to
+    /// the same value: the values are linear in the two together).
+    WithMin(usize, usize),
     /// IQ1_M's f16, one nibble at the top of each of the four u16 words from byte 48.
     Iq1m,
     /// NVFP4's four unsigned E4M3 sub-block scales (all set alike).
@@ -27,6 +30,10 @@ fn scale_of(ty: TensorType) -> Option<Scale> {
         T::TQ1_0 => Scale::F16(52),
         T::TQ2_0 => Scale::F16(64),
         T::IQ1_M => Scale::Iq1m,
+        // K-quants without a quantizer here (their llama.cpp mixes put them beside i-quants)
+        T::Q2_K => Scale::WithMin(80, 82),
+        T::Q3_K => Scale::F16(108),
+        T::Q5_K => Scale::WithMin(0, 2),
         T::NVFP4 => Scale::Nvfp4,
         _ => return None,
     })
@@ -48,6 +55,10 @@ fn nearest_ue4m3(v: f32) -> u8 {
 fn set_scale(scale: &Scale, block: &mut [u8], d: f32) {
     match *scale {
         Scale::F16(at) => block[at..at + 2].copy_from_slice(&f32_to_f16(d)),
+        Scale::WithMin(at, at_min) => {
+            block[at..at + 2].copy_from_slice(&f32_to_f16(d));
+            block[at_min..at_min + 2].copy_from_slice(&f32_to_f16(d));
+        }
         Scale::Iq1m => {
             let bits = u16::from_le_bytes(f32_to_f16(d));
             for k in 0..4 {
@@ -63,7 +74,8 @@ fn set_scale(scale: &Scale, block: &mut [u8], d: f32) {
 /// `n` elements of `ty` (a whole number of blocks) as random valid blocks whose values have
 /// a root mean square of about `rms` per block; `next_u64` supplies the random bits.
 /// Supported: IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ4_XS, TQ1_0, TQ2_0,
-/// Q1_0, Q2_0, NVFP4.
+/// Q1_0, Q2_0, NVFP4, and the K-quants Q2_K, Q3_K and Q5_K (random scales and minimums; `d`
+/// and `dmin` set alike).
 pub fn random_blocks(
     ty: TensorType,
     n: usize,
@@ -117,6 +129,9 @@ mod tests {
             TensorType::Q1_0,
             TensorType::Q2_0,
             TensorType::NVFP4,
+            TensorType::Q2_K,
+            TensorType::Q3_K,
+            TensorType::Q5_K,
         ] {
             let n = 8 * ty.block_size().max(256);
             let data = random_blocks(ty, n, 0.05, &mut next).unwrap();
