@@ -199,13 +199,24 @@ impl Resp {
     }
 }
 
+/// One `read`, again where a signal interrupted it (the server's worker processes end with
+/// SIGCHLD, which can interrupt a blocking read in this process), as `read_to_end` does.
+fn read_some(s: &mut TcpStream, buf: &mut [u8]) -> std::io::Result<usize> {
+    loop {
+        match s.read(buf) {
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            other => return other,
+        }
+    }
+}
+
 /// Everything until the server closes; a reset after an answer (413 before the whole body was
 /// sent) keeps what arrived.
 fn read_all(s: &mut TcpStream) -> Vec<u8> {
     let mut raw = Vec::new();
     let mut buf = [0u8; 65536];
     loop {
-        match s.read(&mut buf) {
+        match read_some(s, &mut buf) {
             Ok(0) => return raw,
             Ok(n) => raw.extend_from_slice(&buf[..n]),
             Err(e) if !raw.is_empty() && e.kind() == std::io::ErrorKind::ConnectionReset => {
@@ -565,7 +576,7 @@ fn read_until_first_event(s: &mut TcpStream) {
     let mut buf = [0u8; 4096];
     while !String::from_utf8_lossy(&seen).contains("data: ") {
         assert!(Instant::now() < deadline, "no event");
-        let n = s.read(&mut buf).unwrap();
+        let n = read_some(s, &mut buf).unwrap();
         assert!(n > 0, "closed early: {}", String::from_utf8_lossy(&seen));
         seen.extend_from_slice(&buf[..n]);
     }
@@ -1010,7 +1021,7 @@ fn closed_within(s: &mut TcpStream, limit: Duration) -> bool {
     let start = Instant::now();
     let mut buf = [0u8; 4096];
     loop {
-        match s.read(&mut buf) {
+        match read_some(s, &mut buf) {
             Ok(0) => return start.elapsed() <= limit,
             Ok(_) => {}
             Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return true,
@@ -1112,7 +1123,7 @@ fn hostile_clients_are_refused_and_cut_off() {
     let mut raw = Vec::new();
     let mut buf = [0u8; 4096];
     while !raw.windows(4).any(|w| w == b"\r\n\r\n") {
-        let n = s.read(&mut buf).expect("an answer before the read timeout");
+        let n = read_some(&mut s, &mut buf).expect("an answer before the read timeout");
         assert!(n > 0, "closed without an answer");
         raw.extend_from_slice(&buf[..n]);
     }
@@ -1135,7 +1146,7 @@ fn hostile_clients_are_refused_and_cut_off() {
         .unwrap();
     let mut raw = Vec::new();
     while !String::from_utf8_lossy(&raw).contains("\"queue_depth\"") {
-        let n = s.read(&mut buf).unwrap();
+        let n = read_some(&mut s, &mut buf).unwrap();
         assert!(n > 0);
         raw.extend_from_slice(&buf[..n]);
     }
