@@ -4,7 +4,8 @@
 #   scripts/gpu-batched.sh BIN TOKENIZER_GGUF LLAMA_SRC
 # TOKENIZER_GGUF: a GGUF holding the default model's tokenizer.* keys (`ferrolm synth --arch llama
 # --layers 1 --embd 64 --heads 2 --kv-heads 1 --ff 64` borrows them); LLAMA_SRC: llama.cpp's
-# source (../shared/bench/fetch-llama-cpp.sh). Env: SHAPES="llama-3.1-8b llama-3.2-1b",
+# source (../shared/bench/fetch-llama-cpp.sh). BUILD_LLAMA: ../shared/bench/build-llama-cpp.sh,
+# copied into the carried folder (shared/ beside the checkout does not travel). Env: SHAPES="llama-3.1-8b llama-3.2-1b",
 # BATCHES=1,2,4,8,16,64, VARIANTS="default" or names of FERROLM_CUDA_* settings to compare,
 # e.g. VARIANTS="default FERROLM_CUDA_DQ_GEMM_MAX_ROWS=0"; NCU=1 profiles a few of the 16-row
 # decode steps' dq4k_gemm launches with Nsight Compute (prompts do not launch it).
