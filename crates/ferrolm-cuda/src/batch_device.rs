@@ -141,11 +141,11 @@ pub struct CudaBatch {
     skinny_max_rows: usize,
 }
 
-/// Weight rows of a `skinny_gemm` block (the kernel's `SG_ROWS`), its threads (`SG_WARPS`
-/// warps) and the most input rows it takes (two m16n8k16 tiles' 16).
-const SKINNY_BLOCK_ROWS: usize = 32;
-const SKINNY_THREADS: u32 = 256;
-const SKINNY_MOST_ROWS: usize = 16;
+/// Weight rows of a `skinny_gemm` or `dq4k_gemm` block (the kernels' `SG_ROWS`), its threads
+/// (`SG_WARPS` warps) and the most input rows they take (two m16n8k16 tiles' 16).
+pub const SKINNY_BLOCK_ROWS: usize = 32;
+pub(crate) const SKINNY_THREADS: u32 = 256;
+pub(crate) const SKINNY_MOST_ROWS: usize = 16;
 
 impl CudaBatch {
     /// `stream`'s device with a new cuBLAS handle, or `None` when cuBLAS is not on this

@@ -2882,13 +2882,7 @@ __device__ __forceinline__ void skinny_gemm(const u16* __restrict__ W, const u16
     const uint4* ar[NT];
 #pragma unroll
     for (int t = 0; t < NT; t++) ar[t] = (const uint4*)(A + (long long)min(g + 8 * t, n - 1) * cols) + c;
-    float acc[2][NT][4];
-#pragma unroll
-    for (int m = 0; m < 2; m++)
-#pragma unroll
-        for (int t = 0; t < NT; t++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) acc[m][t][e] = 0.f;
+    float acc[2][NT][4] = {};
     const int chunks = cols / 32;
     for (int j0 = warp * SG_UNROLL; j0 < chunks; j0 += SG_WARPS * SG_UNROLL) {
         uint4 wv[SG_UNROLL][4], av[SG_UNROLL][NT];
@@ -2986,13 +2980,7 @@ __device__ __forceinline__ void dq4k_gemm(const u8* __restrict__ W, int row_byte
     const u16* ar[NT];
 #pragma unroll
     for (int t = 0; t < NT; t++) ar[t] = A + (long long)min(g + 8 * t, n - 1) * cols + 64 * c;
-    float acc[2][NT][4];
-#pragma unroll
-    for (int m = 0; m < 2; m++)
-#pragma unroll
-        for (int t = 0; t < NT; t++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) acc[m][t][e] = 0.f;
+    float acc[2][NT][4] = {};
     for (int sb = warp; sb < n_sb; sb += SG_WARPS) {
         uint4 hd[4], qv[4][2];
 #pragma unroll

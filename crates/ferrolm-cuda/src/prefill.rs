@@ -158,10 +158,9 @@ pub struct Prefill<D: BatchDevice = CudaBatch> {
 }
 
 /// The most rows of a batched step whose Q4_K products read the blocks (`dq4k_gemm_16`).
-pub const DQ_MAX_ROWS: usize = 16;
-/// Matrix rows of a `dq4k_gemm_*` block (`SG_ROWS` in the kernels) and its threads.
-pub const DQ_ROWS: usize = 32;
-const DQ_THREADS: u32 = 256;
+pub const DQ_MAX_ROWS: usize = crate::batch_device::SKINNY_MOST_ROWS;
+/// Matrix rows of a `dq4k_gemm_*` block: `skinny_gemm`'s block layout.
+pub const DQ_ROWS: usize = crate::batch_device::SKINNY_BLOCK_ROWS;
 
 /// Whether `dq4k_gemm_*` multiplies a matrix's rows: plain Q4_K blocks, not an expert stack,
 /// whole super-blocks (its weights then start on 16 bytes wherever the matrix does).
@@ -600,7 +599,7 @@ impl<D: BatchDevice> Prefill<D> {
             return self.run(
                 kernel,
                 (spec.rows.div_ceil(DQ_ROWS) as u32, 1),
-                DQ_THREADS,
+                crate::batch_device::SKINNY_THREADS,
                 &[
                     Value::Ptr(w),
                     Value::I32(spec.row_bytes() as i32),
