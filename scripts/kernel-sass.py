@@ -74,6 +74,14 @@ def cubin(lib, source, arch):
     return out.raw
 
 
+def whole_source():
+    """The source NVRTC compiles: kernels.cu with the i-quants' tables and kernels and the
+    delta-net kernels put in by ferrolm-cuda (its compile_kernels example prints it)."""
+    return subprocess.run(["cargo", "run", "-q", "--release", "-p", "ferrolm-cuda", "--example",
+                           "compile_kernels", "--", "--source"], cwd=ROOT, capture_output=True,
+                          text=True, check=True).stdout
+
+
 def with_defines(text, defines):
     head = "".join(f"#define {d.replace('=', ' ', 1)}\n" for d in defines)
     return head + text
@@ -138,8 +146,7 @@ def main():
                 f.write(cubin(lib, with_defines(text, args.define), args.arch))
             return disassemble(bindir, path), resources(bindir, path)
 
-        with open(SOURCE) as f:
-            now, res = build(f.read(), "now")
+        now, res = build(whole_source(), "now")
         names = sorted(now) if args.all or not args.kernels else args.kernels
         before = None
         if args.against:

@@ -2,11 +2,16 @@
 //! (`$FERROLM_HOME/kernels`), on a machine without a GPU: a GPU machine given that cache starts
 //! without minutes of compilation. `FERROLM_CUDA_DEFINES` is honoured as the backend honours it.
 //!
-//! `cargo run --release -p ferrolm-cuda --example compile_kernels [sm_90]`
+//! `cargo run --release -p ferrolm-cuda --example compile_kernels [sm_90]`; with `--source` it
+//! prints the whole source NVRTC compiles instead (for scripts/kernel-sass.py).
 
 use ferrolm_cuda::kernels;
 
 fn main() {
+    if std::env::args().nth(1).as_deref() == Some("--source") {
+        print!("{}", *kernels::SOURCE);
+        return;
+    }
     let arch: &'static str = Box::leak(
         std::env::args()
             .nth(1)

@@ -110,6 +110,17 @@ pub trait BatchDevice {
         grid: (u32, u32),
         block: u32,
         args: &[Value],
+    ) -> Result<(), CudaError> {
+        self.launch_shared(kernel, grid, block, 0, args)
+    }
+    /// [`BatchDevice::launch`] with `shared` bytes of dynamic shared memory a block.
+    fn launch_shared(
+        &mut self,
+        kernel: &str,
+        grid: (u32, u32),
+        block: u32,
+        shared: u32,
+        args: &[Value],
     ) -> Result<(), CudaError>;
     /// Runs a GEMM.
     fn gemm(&mut self, g: Gemm) -> Result<(), CudaError>;
@@ -139,6 +150,8 @@ pub struct CudaBatch {
     /// GEMMs of at most this many input rows run `skinny_gemm`, not cuBLAS
     /// ([`crate::CudaTuning::skinny_gemm_max_rows`]).
     skinny_max_rows: usize,
+    /// The kernels allowed more than 48 KiB of dynamic shared memory so far.
+    wide_shared: std::collections::HashSet<String>,
 }
 
 /// Weight rows of a `skinny_gemm` or `dq4k_gemm` block (the kernels' `SG_ROWS`), its threads
@@ -168,6 +181,7 @@ impl CudaBatch {
             funcs: HashMap::new(),
             profile: None,
             skinny_max_rows: skinny_max_rows.min(SKINNY_MOST_ROWS),
+            wide_shared: Default::default(),
         }))
     }
 
@@ -279,18 +293,27 @@ impl BatchDevice for CudaBatch {
         self.stream.synchronize().map_err(driver(what))
     }
 
-    fn launch(
+    fn launch_shared(
         &mut self,
         kernel: &str,
         grid: (u32, u32),
         block: u32,
+        shared: u32,
         args: &[Value],
     ) -> Result<(), CudaError> {
         let f = self.func(kernel)?;
+        // Past 48 KiB a kernel must ask for its dynamic shared memory first.
+        if shared > 48 << 10 && self.wide_shared.insert(kernel.to_string()) {
+            f.set_attribute(
+                cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                shared as i32,
+            )
+            .map_err(driver(kernel))?;
+        }
         let cfg = LaunchConfig {
             grid_dim: (grid.0, grid.1, 1),
             block_dim: (block, 1, 1),
-            shared_mem_bytes: 0,
+            shared_mem_bytes: shared,
         };
         let start = self.mark()?;
         launch(&self.stream, &f, cfg, args)?;

@@ -3058,6 +3058,189 @@ extern "C" __global__ void __launch_bounds__(SG_WARPS * 32)
     dq4k_gemm<2>(W, row_bytes, rows, n_sb, A, cols, n, C, beta);
 }
 
+// The same products in a pipeline (dq4k_pipe_*): a block of WARPS warps takes WARPS x 32 rows
+// and a run of their super-blocks (blockIdx.y: the runs split K, so that small matrices still
+// fill the GPU); the super-blocks' weights and the inputs' 256 columns are copied into shared
+// memory STAGES - 1 super-blocks ahead (cp.async), so loads stay in flight while the warps
+// dequantize and multiply, each warp its own 32 rows of the shared inputs, as dq4k_gemm does.
+// A run's sums go to `partial`; the block that finishes a row block's last run adds the runs'
+// sums in run order (the same bits whatever order the blocks ran in) and writes the outputs.
+__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
+    const u32 d = (u32)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(src));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;" ::"n"(N));
+}
+
+template <int NT, int WARPS, int STAGES>
+__device__ __forceinline__ void dq4k_pipe(const u8* __restrict__ W, int row_bytes, int rows,
+                                          int n_sb, int run, const u16* __restrict__ A,
+                                          int cols, int n, float* C, float beta,
+                                          float* __restrict__ partial, u32* counters) {
+    constexpr int BLOCK_ROWS = 32 * WARPS, STAGE_WEIGHTS = BLOCK_ROWS * 144, STAGE_BYTES = STAGE_WEIGHTS + NT * 8 * 512;
+    extern __shared__ __align__(16) u8 stage_mem[];
+    __shared__ int last;
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+    const int g = lane / 4, c = lane % 4;
+    const int r0 = blockIdx.x * BLOCK_ROWS;
+    const int sb0 = blockIdx.y * run, count = min(n_sb, sb0 + run) - sb0;
+    // Super-block i of the run into its stage: each row's 144 bytes, and the inputs' 256
+    // columns as lanes read them (chunk j of 8 columns of lane (g, c): [t][j][lane]).
+    auto issue = [&](int i) {
+        u8* st = stage_mem + (i % STAGES) * STAGE_BYTES;
+        const long long at = (long long)(sb0 + i) * 144;
+        for (int p = tid; p < BLOCK_ROWS * 9; p += 32 * WARPS) {
+            const int rr = p / 9, part = p % 9;
+            cp_async16(st + rr * 144 + 16 * part,
+                       W + (long long)min(r0 + rr, rows - 1) * row_bytes + at + 16 * part);
+        }
+        for (int p = tid; p < NT * 8 * 32; p += 32 * WARPS) {
+            const int row = p / 32, piece = p % 32, t = row / 8, gg = row % 8;
+            const int cc = piece / 8, j = piece % 8;
+            cp_async16(st + STAGE_WEIGHTS + ((t * 8 + j) * 32 + gg * 4 + cc) * 16,
+                       A + (long long)min(row, n - 1) * cols + (sb0 + i) * 256 + 8 * piece);
+        }
+    };
+#pragma unroll
+    for (int i = 0; i < STAGES - 1; i++) {
+        if (i < count) issue(i);
+        cp_async_commit();
+    }
+    float acc[2][NT][4] = {};
+    for (int i = 0; i < count; i++) {
+        cp_async_wait<STAGES - 2>();
+        __syncthreads();
+        if (i + STAGES - 1 < count) issue(i + STAGES - 1);
+        cp_async_commit();
+        const u8* st = stage_mem + (i % STAGES) * STAGE_BYTES;
+        const uint4* sa = (const uint4*)(st + STAGE_WEIGHTS) + lane;
+        uint4 hd[4], qv[4][2];
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            const u8* b = st + (32 * warp + g + 8 * k) * 144;
+            hd[k] = *(const uint4*)b;
+            qv[k][0] = *(const uint4*)(b + 16 + 32 * c);
+            qv[k][1] = *(const uint4*)(b + 32 + 32 * c);
+        }
+        u32 dl[4], ml[4], dh[4], mh[4];
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            float d1, m1, d2, m2;
+            q4k_scale_min(hd[k], 2 * c, d1, m1);
+            q4k_scale_min(hd[k], 2 * c + 1, d2, m2);
+            dl[k] = f2h2(d1);
+            ml[k] = f2h2(-m1);
+            dh[k] = f2h2(d2);
+            mh[k] = f2h2(-m2);
+        }
+#pragma unroll
+        for (int nib = 0; nib < 2; nib++) {
+#pragma unroll
+            for (int j2 = 0; j2 < 4; j2++) {
+                uint4 av[NT];
+#pragma unroll
+                for (int t = 0; t < NT; t++) av[t] = sa[(t * 8 + nib * 4 + j2) * 32];
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    const int t4 = 2 * j2 + h;
+                    u32 b01[NT], b23[NT];
+#pragma unroll
+                    for (int t = 0; t < NT; t++) {
+                        const u32 lo = h == 0 ? av[t].x : av[t].z, hi = h == 0 ? av[t].y : av[t].w;
+                        b01[t] = __byte_perm(lo, hi, 0x5410);
+                        b23[t] = __byte_perm(lo, hi, 0x7632);
+                    }
+                    u32 w02[4], w13[4];
+#pragma unroll
+                    for (int k = 0; k < 4; k++) {
+                        const uint4 q = qv[k][t4 / 4];
+                        const u32 x = (t4 % 4 == 0) ? q.x : (t4 % 4 == 1) ? q.y : (t4 % 4 == 2) ? q.z : q.w;
+                        const u32 d = nib ? dh[k] : dl[k], nm = nib ? mh[k] : ml[k];
+                        w02[k] = q4_pair(x, 4 * nib, d, nm);
+                        w13[k] = q4_pair(x, 4 * nib + 8, d, nm);
+                    }
+#pragma unroll
+                    for (int m = 0; m < 2; m++)
+#pragma unroll
+                        for (int t = 0; t < NT; t++)
+                            mma16816(acc[m][t], w02[2 * m], w02[2 * m + 1], w13[2 * m],
+                                     w13[2 * m + 1], b01[t], b23[t]);
+                }
+            }
+        }
+    }
+    // Runs past the first: every run's sums through `partial`, added by the last block.
+    if (gridDim.y > 1) {
+        float4* mine = (float4*)partial +
+                       (((long long)blockIdx.y * gridDim.x + blockIdx.x) * blockDim.x + tid) * 2 * NT;
+#pragma unroll
+        for (int m = 0; m < 2; m++)
+#pragma unroll
+            for (int t = 0; t < NT; t++)
+                mine[m * NT + t] = make_float4(acc[m][t][0], acc[m][t][1], acc[m][t][2], acc[m][t][3]);
+        __threadfence();
+        __syncthreads();
+        if (tid == 0) last = atomicAdd(&counters[blockIdx.x], 1u) == gridDim.y - 1;
+        __syncthreads();
+        if (!last) return;
+        __threadfence();
+#pragma unroll
+        for (int m = 0; m < 2; m++)
+#pragma unroll
+            for (int t = 0; t < NT; t++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) acc[m][t][e] = 0.f;
+        for (int y = 0; y < (int)gridDim.y; y++) {
+            const float4* theirs = (const float4*)partial +
+                ((long long)y * gridDim.x + blockIdx.x) * blockDim.x * 2 * NT + tid * 2 * NT;
+#pragma unroll
+            for (int m = 0; m < 2; m++)
+#pragma unroll
+                for (int t = 0; t < NT; t++) {
+                    const float4 v = __ldcg(theirs + m * NT + t);
+                    acc[m][t][0] += v.x;
+                    acc[m][t][1] += v.y;
+                    acc[m][t][2] += v.z;
+                    acc[m][t][3] += v.w;
+                }
+        }
+        if (tid == 0) counters[blockIdx.x] = 0;
+    }
+    // Output (row g + 8 (e / 2) of tile m, input 2c + e % 2 of tile t) of this warp's rows.
+#pragma unroll
+    for (int m = 0; m < 2; m++)
+#pragma unroll
+        for (int t = 0; t < NT; t++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int r = r0 + 32 * warp + 16 * m + g + 8 * (e / 2), cc = 8 * t + 2 * c + e % 2;
+                if (r >= rows || cc >= n) continue;
+                float* out = C + (long long)cc * rows + r;
+                *out = beta != 0.f ? acc[m][t][e] + beta * *out : acc[m][t][e];
+            }
+}
+
+#define DQ4K_PIPE(NAME, NT, WARPS, STAGES)                                                     \
+    extern "C" __global__ void __launch_bounds__(WARPS * 32)                                  \
+        NAME(const u8* __restrict__ W, int row_bytes, int rows, int n_sb, int run,            \
+             const u16* __restrict__ A, int cols, int n, float* C, float beta,                \
+             float* __restrict__ partial, u32* counters) {                                    \
+        dq4k_pipe<NT, WARPS, STAGES>(W, row_bytes, rows, n_sb, run, A, cols, n, C, beta,      \
+                                     partial, counters);                                      \
+    }
+// dq4k_pipe_{8,16}_{warps}x{stages}: the layouts the tuning may choose (CudaTuning::dq_pipe).
+DQ4K_PIPE(dq4k_pipe_8_4x4, 1, 4, 4)
+DQ4K_PIPE(dq4k_pipe_16_4x4, 2, 4, 4)
+DQ4K_PIPE(dq4k_pipe_8_4x3, 1, 4, 3)
+DQ4K_PIPE(dq4k_pipe_16_4x3, 2, 4, 3)
+DQ4K_PIPE(dq4k_pipe_8_8x3, 1, 8, 3)
+DQ4K_PIPE(dq4k_pipe_16_8x3, 2, 8, 3)
+DQ4K_PIPE(dq4k_pipe_8_2x4, 1, 2, 4)
+DQ4K_PIPE(dq4k_pipe_16_2x4, 2, 2, 4)
+
 template <int HD, int FQ, int FK>
 __device__ __forceinline__ void attn_mma(const float* q, const u16* kc, const u16* vc, u16* out,
                                          int pos0, int n_tok, int n_head, int n_head_kv,

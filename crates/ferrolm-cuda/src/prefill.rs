@@ -155,12 +155,54 @@ pub struct Prefill<D: BatchDevice = CudaBatch> {
     /// Whether the step being launched multiplies Q4_K matrices through `dq4k_gemm_*`
     /// ([`CudaTuning::dq_gemm_max_rows`]).
     dq_step: bool,
+    /// `dq4k_pipe_*`'s runs' sums and its row blocks' counts of finished runs (zero between
+    /// launches).
+    dq_partial: D::Buffer<f32>,
+    dq_counters: D::Buffer<u32>,
 }
 
 /// The most rows of a batched step whose Q4_K products read the blocks (`dq4k_gemm_16`).
 pub const DQ_MAX_ROWS: usize = crate::batch_device::SKINNY_MOST_ROWS;
 /// Matrix rows of a `dq4k_gemm_*` block: `skinny_gemm`'s block layout.
 pub const DQ_ROWS: usize = crate::batch_device::SKINNY_BLOCK_ROWS;
+
+/// The layouts of `dq4k_pipe_*` that the kernels define: (warps a block, super-blocks in flight).
+pub const DQ_PIPES: [(usize, usize); 4] = [(4, 4), (4, 3), (8, 3), (2, 4)];
+/// About how many blocks a `dq4k_pipe_*` launch aims at (two an SM of a 132-SM GPU): a matrix
+/// of fewer row blocks splits its columns into that many runs. A constant rather than the
+/// device's count, so that the sums' order is the matrix's alone.
+const DQ_PIPE_BLOCKS: usize = 264;
+
+/// A `dq4k_pipe_*` launch over `rows` rows of `n_sb` super-blocks, `warps` warps a block:
+/// (row blocks, runs, super-blocks a run).
+pub fn dq_pipe_grid(rows: usize, n_sb: usize, warps: usize) -> (usize, usize, usize) {
+    let row_blocks = rows.div_ceil(32 * warps);
+    let runs = (DQ_PIPE_BLOCKS / row_blocks).clamp(1, n_sb.max(1));
+    let run = n_sb.div_ceil(runs);
+    (row_blocks, n_sb.div_ceil(run).max(1), run)
+}
+
+/// Dynamic shared memory of a `dq4k_pipe_*` block: each stage's weights (144 bytes a row of a
+/// super-block) and `tiles` x 8 input rows of 256 f16 columns.
+pub fn dq_pipe_shared(warps: usize, stages: usize, tiles: usize) -> u32 {
+    (stages * (32 * warps * 144 + tiles * 8 * 512)) as u32
+}
+
+/// (f32 sums, counters) a `dq4k_pipe_*` launch of plan `p`'s Q4_K matrices needs at most.
+fn dq_pipe_scratch(p: &DecodePlan) -> (usize, usize) {
+    let mut most = (1, 1);
+    for &(warps, _) in &DQ_PIPES {
+        for m in p.matrices.iter().filter(|m| has_dq(m)) {
+            let (row_blocks, runs, _) = dq_pipe_grid(m.rows, m.cols / 256, warps);
+            if runs > 1 {
+                // (16 sums a thread: two tiles of rows by two of inputs)
+                most.0 = most.0.max(runs * row_blocks * 32 * warps * 16);
+            }
+            most.1 = most.1.max(row_blocks);
+        }
+    }
+    most
+}
 
 /// Whether `dq4k_gemm_*` multiplies a matrix's rows: plain Q4_K blocks, not an expert stack,
 /// whole super-blocks (its weights then start on 16 bytes wherever the matrix does).
@@ -339,7 +381,9 @@ pub fn scratch_bytes(p: &DecodePlan) -> u64 {
         0
     };
     let hybrid = HybridBuffers::<CudaBatch>::bytes(p);
-    (MAX_BATCH * per_token + 2 * widest + 4 * p.n_embd + moe + hybrid) as u64
+    let (sums, counters) = dq_pipe_scratch(p);
+    (MAX_BATCH * per_token + 2 * widest + 4 * p.n_embd + moe + hybrid + 4 * (sums + counters))
+        as u64
 }
 
 /// Elements of the largest matrix (the f16 scratch holds one at a time).
@@ -449,6 +493,8 @@ impl<D: BatchDevice> Prefill<D> {
             xq_holds: None,
             mmq_step: false,
             dq_step: false,
+            dq_partial: f32s(dq_pipe_scratch(p).0)?,
+            dq_counters: dev.alloc_zeros::<u32>(dq_pipe_scratch(p).1, "batch counters")?,
             dev,
         })
     }
@@ -590,6 +636,9 @@ impl<D: BatchDevice> Prefill<D> {
         let w = at.matrices[m];
         if self.dq_step && has_dq(spec) && (w | a).is_multiple_of(16) {
             self.xq_holds = None;
+            if let Some((warps, stages)) = self.tuning.dq_pipe {
+                return self.product_pipe(spec, w, a, n, c, beta, (warps, stages));
+            }
             // One tile of 8 inputs where they fit, else two.
             let kernel = if n <= 8 {
                 "dq4k_gemm_8"
@@ -625,6 +674,49 @@ impl<D: BatchDevice> Prefill<D> {
             dst
         };
         self.gemm(w16, spec.rows, spec.cols, a, n, c, beta)
+    }
+
+    /// [`Prefill::product`] of a Q4_K matrix at `w` by `dq4k_pipe_*` (docs/ARCHITECTURE.md,
+    /// "Batched decode").
+    #[allow(clippy::too_many_arguments)]
+    fn product_pipe(
+        &mut self,
+        spec: &MatrixSpec,
+        w: u64,
+        a: u64,
+        n: usize,
+        c: u64,
+        beta: f32,
+        (warps, stages): (usize, usize),
+    ) -> Result<(), CudaError> {
+        let tiles = if n <= 8 { 1 } else { 2 };
+        let n_sb = spec.cols / 256;
+        let (row_blocks, runs, run) = dq_pipe_grid(spec.rows, n_sb, warps);
+        let kernel = format!("dq4k_pipe_{}_{warps}x{stages}", 8 * tiles);
+        let (partial, counters) = (
+            self.dev.address(&self.dq_partial),
+            self.dev.address(&self.dq_counters),
+        );
+        self.dev.launch_shared(
+            &kernel,
+            (row_blocks as u32, runs as u32),
+            32 * warps as u32,
+            dq_pipe_shared(warps, stages, tiles),
+            &[
+                Value::Ptr(w),
+                Value::I32(spec.row_bytes() as i32),
+                Value::I32(spec.rows as i32),
+                Value::I32(n_sb as i32),
+                Value::I32(run as i32),
+                Value::Ptr(a),
+                Value::I32(spec.cols as i32),
+                Value::I32(n as i32),
+                Value::Ptr(c),
+                Value::F32(beta),
+                Value::Ptr(partial),
+                Value::Ptr(counters),
+            ],
+        )
     }
 
     /// [`Prefill::product`] of a small batched step: the `n` f16 input rows at `a` quantized

@@ -70,6 +70,9 @@ pub struct CudaTuning {
     /// `dq4k_gemm_*`, which reads their blocks and dequantizes them in registers, instead of
     /// GEMMs over f16 copies (`FERROLM_CUDA_DQ_GEMM_MAX_ROWS`; 0: never; docs/PERFORMANCE.md).
     pub dq_gemm_max_rows: usize,
+    /// Those products by `dq4k_pipe_*` (warps a block, super-blocks in flight), the pipelined
+    /// layout, rather than `dq4k_gemm_*` (`FERROLM_CUDA_DQ_PIPE=4x4`, `off`; docs/PERFORMANCE.md).
+    pub dq_pipe: Option<(usize, usize)>,
     /// A model holding several sequences maps its KV caches' memory in pages as each
     /// sequence grows, from a pool of `kv_memory` bytes ([`crate::kv_pages`];
     /// `FERROLM_CUDA_NO_PAGED_KV`: every slot's whole context allocated up front).
@@ -101,6 +104,7 @@ impl Default for CudaTuning {
             mmq_max_rows: 0,
             skinny_gemm_max_rows: 8,
             dq_gemm_max_rows: 16,
+            dq_pipe: Some((4, 4)),
             paged_kv: true,
             kv_memory: None,
         }
@@ -137,6 +141,15 @@ impl CudaTuning {
             skinny_gemm_max_rows: number("FERROLM_CUDA_SKINNY_GEMM_MAX_ROWS")
                 .unwrap_or(d.skinny_gemm_max_rows),
             dq_gemm_max_rows: number("FERROLM_CUDA_DQ_GEMM_MAX_ROWS").unwrap_or(d.dq_gemm_max_rows),
+            dq_pipe: match std::env::var("FERROLM_CUDA_DQ_PIPE").ok().as_deref() {
+                None => d.dq_pipe,
+                Some("off") => None,
+                Some(v) => v
+                    .split_once('x')
+                    .and_then(|(w, s)| Some((w.parse().ok()?, s.parse().ok()?)))
+                    .filter(|l| crate::prefill::DQ_PIPES.contains(l))
+                    .or(d.dq_pipe),
+            },
             paged_kv: unset("FERROLM_CUDA_NO_PAGED_KV"),
             kv_memory: None,
         }

@@ -287,7 +287,11 @@ fn batched_steps(
                 .dq_gemm_max_rows
                 .min(ferrolm_cuda::prefill::DQ_MAX_ROWS);
     if dq && (0..plan.matrices.len()).any(|m| dq_type(m) && plan.matrices[m].experts == 1) {
-        expected.push("dq4k_gemm_");
+        expected.push(if tuning.dq_pipe.is_some() {
+            "dq4k_pipe_"
+        } else {
+            "dq4k_gemm_"
+        });
     }
     let stacked_ffn = plan.layers.iter().any(|r| {
         r.moe.is_none()
@@ -425,6 +429,12 @@ fn the_batched_step_computes_what_the_cpu_computes() {
         for &batch in sizes {
             distances.extend(batched_steps(&blocks, &spec, &f16, batch, true, None));
         }
+        // (and through dq4k_gemm_*, the layout before the pipeline)
+        let unpiped = CudaTuning {
+            dq_pipe: None,
+            ..f16.clone()
+        };
+        distances.extend(batched_steps(&blocks, &spec, &unpiped, 3, true, None));
         // (every matrix through the f16 copies)
         let all_copies = CudaTuning {
             dq_gemm_max_rows: 0,

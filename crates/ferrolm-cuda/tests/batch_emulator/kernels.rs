@@ -183,7 +183,28 @@ pub fn run(dev: &HostDevice, name: &str, grid: (u32, u32), block: u32, args: &[V
             mem.quantize(at, n + 8 * (n / 32), y, mode);
         }
     } else if let Some(most) = name.strip_prefix("dq4k_gemm_") {
-        dq4k_gemm(dev, mem, most, grid, block, &a);
+        assert_eq!(block, 256, "eight warps");
+        assert!(
+            grid.0 as usize * ferrolm_cuda::prefill::DQ_ROWS >= a.int(2),
+            "rows left out"
+        );
+        dq4k_gemm(dev, mem, most, [0, 1, 2, 3, 4, 5, 6, 7, 8], &a);
+    } else if let Some(layout) = name.strip_prefix("dq4k_pipe_") {
+        // dq4k_pipe_{most}_{warps}x{stages}(W, row_bytes, n_rows, n_sb, run, a, cols, n, y,
+        // beta, partial, counters): row blocks of 32 x warps rows, runs of `run` super-blocks
+        let (most, pipe) = layout.split_once('_').expect("dq4k_pipe_{most}_{layout}");
+        let (warps, stages) = pipe.split_once('x').expect("{warps}x{stages}");
+        let warps: usize = warps.parse().expect("warps");
+        assert!(ferrolm_cuda::prefill::DQ_PIPES.contains(&(warps, stages.parse().expect("stages"))));
+        assert_eq!(block as usize, 32 * warps, "{name}: its warps");
+        let (n_rows, n_sb, run) = (a.int(2), a.int(3), a.int(4));
+        assert_eq!(
+            (grid.0 as usize, grid.1 as usize, run),
+            ferrolm_cuda::prefill::dq_pipe_grid(n_rows, n_sb, warps),
+            "{name}: its grid"
+        );
+        assert!(grid.1 as usize * run >= n_sb && (grid.1 as usize - 1) * run < n_sb);
+        dq4k_gemm(dev, mem, most, [0, 1, 2, 3, 5, 6, 7, 8, 9], &a);
     } else if let Some(kernel) = name.strip_prefix("mmq_") {
         mmq(dev, mem, kernel, grid, block, &a);
     } else if name == "delta_conv_rows_runs" {
@@ -502,39 +523,37 @@ fn mmq(dev: &HostDevice, mem: &mut Memory, kernel: &str, grid: (u32, u32), block
     }
 }
 
-/// dq4k_gemm_8/_16(W, row_bytes, n_rows, n_sb, a, cols, n, y, beta): a block of 256 threads
-/// per 32 matrix rows; `y[t][r] = a[t] . w[r] (+ beta y[t][r])` for the n (at most 8 or 16)
-/// f16 rows of `a`, f32 sums, each weight as the kernel makes it: `q * half(d sc) -
-/// half(dmin m)` rounded once to f16.
-fn dq4k_gemm(
-    dev: &HostDevice,
-    mem: &mut Memory,
-    most: &str,
-    grid: (u32, u32),
-    block: u32,
-    a: &Args,
-) {
-    use ferrolm_cuda::prefill::{DQ_MAX_ROWS, DQ_ROWS};
-    let (rb, n_rows, n_sb, cols, n) = (a.int(1), a.int(2), a.int(3), a.int(5), a.int(6));
-    let (m, first) = dev.matrix(a.ptr(0));
+/// dq4k_gemm_8/_16(W, row_bytes, n_rows, n_sb, a, cols, n, y, beta) and dq4k_pipe_*'s same
+/// arguments (at `at`, in that order): `y[t][r] = a[t] . w[r] (+ beta y[t][r])` for the n (at
+/// most 8 or 16) f16 rows of `a`, f32 sums, each weight as the kernels make it: `q * half(d
+/// sc) - half(dmin m)` rounded once to f16.
+fn dq4k_gemm(dev: &HostDevice, mem: &mut Memory, most: &str, at: [usize; 9], a: &Args) {
+    use ferrolm_cuda::prefill::DQ_MAX_ROWS;
+    let arg = |i: usize| at[i];
+    let (rb, n_rows, n_sb, cols, n) = (
+        a.int(arg(1)),
+        a.int(arg(2)),
+        a.int(arg(3)),
+        a.int(arg(5)),
+        a.int(arg(6)),
+    );
+    let (m, first) = dev.matrix(a.ptr(arg(0)));
     let spec = &dev.plan.matrices[m];
     assert_eq!(
         (spec.kernel, rb, n_rows, 256 * n_sb, cols),
         ("Q4_K", spec.row_bytes(), spec.rows, spec.cols, spec.cols)
     );
     assert_eq!(first, 0, "a whole matrix");
-    assert!(grid.0 as usize * DQ_ROWS >= n_rows, "rows left out");
     let most: usize = most.parse().expect("dq4k_gemm_8 or _16");
     assert!(
         n <= most && most <= DQ_MAX_ROWS,
         "{n} rows in dq4k_gemm_{most}"
     );
-    assert_eq!(block, 256, "eight warps");
-    let rows = mem.bytes(a.ptr(0), n_rows * rb);
+    let rows = mem.bytes(a.ptr(arg(0)), n_rows * rb);
     let w: Vec<f32> = rows.chunks_exact(144).flat_map(q4_k_in_f16).collect();
-    let x = mem.f16s(a.ptr(4), n * cols);
-    let beta = a.float(8);
-    let out = a.ptr(7);
+    let x = mem.f16s(a.ptr(arg(4)), n * cols);
+    let beta = a.float(arg(8));
+    let out = a.ptr(arg(7));
     let mut y = if beta == 0.0 {
         vec![0f32; n * n_rows]
     } else {

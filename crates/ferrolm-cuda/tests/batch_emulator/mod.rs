@@ -389,11 +389,12 @@ impl BatchDevice for HostDevice<'_> {
         Ok(())
     }
 
-    fn launch(
+    fn launch_shared(
         &mut self,
         kernel: &str,
         grid: (u32, u32),
         block: u32,
+        _shared: u32,
         args: &[Value],
     ) -> Result<(), CudaError> {
         let mut args = args.to_vec();
