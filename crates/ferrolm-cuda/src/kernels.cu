@@ -2952,8 +2952,11 @@ __device__ __forceinline__ void q4k_scale_min(uint4 h, int j, float& d1, float& 
 
 // Two nibbles of x (bits 0 and 16 after shifting by `shift`) as an f16 pair, times the pair d
 // plus the pair nm (f16 arithmetic: 1024 + q made exact by the exponent bits, 1024 taken off).
+// (the two masks from the constant bank: one operand of a LOP3 besides its immediate, where a
+// second immediate would take a register move each time)
+__constant__ u32 q4_masks[2] = {0x000F000Fu, 0x64006400u};
 __device__ __forceinline__ u32 q4_pair(u32 x, int shift, u32 d, u32 nm) {
-    const u32 v = ((x >> shift) & 0x000F000Fu) | 0x64006400u;
+    const u32 v = ((x >> shift) & q4_masks[0]) | q4_masks[1];
     u32 q, r;
     asm("sub.rn.f16x2 %0, %1, %2;" : "=r"(q) : "r"(v), "r"(0x64006400u));
     asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(q), "r"(d), "r"(nm));

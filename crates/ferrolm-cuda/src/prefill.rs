@@ -2242,4 +2242,40 @@ mod tests {
         assert_eq!(mma_attention(80), None);
         assert_eq!(mma_attention(96), None);
     }
+
+    #[test]
+    fn the_pipelined_q4k_products_cover_every_super_block_once() {
+        let src = crate::kernels::SOURCE.as_str();
+        for (warps, stages) in DQ_PIPES {
+            for most in [8, 16] {
+                let name = format!("dq4k_pipe_{most}_{warps}x{stages}");
+                let def = format!("DQ4K_PIPE({name}, {}, {warps}, {stages})", most / 8);
+                assert!(src.contains(&def), "{def}");
+            }
+            // An 8B's shapes, a 1B's, and small ones.
+            for (rows, n_sb) in [
+                (4096, 16),
+                (1024, 16),
+                (28672, 16),
+                (4096, 56),
+                (300, 1),
+                (64, 3),
+            ] {
+                let (row_blocks, runs, run) = dq_pipe_grid(rows, n_sb, warps);
+                assert!(row_blocks * 32 * warps >= rows && (row_blocks - 1) * 32 * warps < rows);
+                // Every run holds super-blocks, and the runs hold them all.
+                assert!(
+                    runs * run >= n_sb && (runs - 1) * run < n_sb,
+                    "{rows} {n_sb}"
+                );
+                // Few row blocks split their columns, many do not.
+                assert!(runs == 1 || row_blocks * runs <= DQ_PIPE_BLOCKS);
+                assert!(runs > 1 || row_blocks * 2 > DQ_PIPE_BLOCKS || n_sb == 1);
+            }
+            // Within the 227 KiB an H100 or H200 block may have.
+            assert!(dq_pipe_shared(warps, stages, 2) <= 227 << 10);
+        }
+        assert_eq!(dq_pipe_grid(4096, 16, 4), (32, 8, 2));
+        assert_eq!(dq_pipe_grid(28672, 16, 4), (224, 1, 16));
+    }
 }
