@@ -2938,14 +2938,11 @@ __device__ __forceinline__ void q4k_scale_min(uint4 h, int j, float& d1, float& 
     const float d = h2f((u16)(h.x & 0xFFFF)), dmin = h2f((u16)(h.x >> 16));
     const int sh = 8 * (j & 3);
     const u32 y = (h.y >> sh) & 0xFF, z = (h.z >> sh) & 0xFF, w = (h.w >> sh) & 0xFF;
-    u32 sc, m;
-    if (j < 4) {
-        sc = y & 63;
-        m = z & 63;
-    } else {
-        sc = (w & 15) | ((y >> 6) << 4);
-        m = (w >> 4) | ((z >> 6) << 4);
-    }
+    // (both forms, then a mask: j differs between the lanes of a warp, and a branch on it
+    // would run both sides one after the other)
+    const u32 high = 0u - (u32)(j >= 4);
+    const u32 sc = ((y & 63) & ~high) | (((w & 15) | ((y >> 6) << 4)) & high);
+    const u32 m = ((z & 63) & ~high) | (((w >> 4) | ((z >> 6) << 4)) & high);
     d1 = d * (float)sc;
     m1 = dmin * (float)m;
 }
