@@ -150,8 +150,8 @@ pub struct CudaBatch {
     /// GEMMs of at most this many input rows run `skinny_gemm`, not cuBLAS
     /// ([`crate::CudaTuning::skinny_gemm_max_rows`]).
     skinny_max_rows: usize,
-    /// The kernels allowed more than 48 KiB of dynamic shared memory so far.
-    wide_shared: std::collections::HashSet<String>,
+    /// The kernels allowed more than 48 KiB of dynamic shared memory, and how much.
+    wide_shared: HashMap<String, u32>,
 }
 
 /// Weight rows of a `skinny_gemm` or `dq4k_gemm` block (the kernels' `SG_ROWS`), its threads
@@ -174,15 +174,31 @@ impl CudaBatch {
         }
         let blas = CudaBlas::new(stream.clone())
             .map_err(|e| CudaError::Driver(format!("creating the cuBLAS handle: {e}")))?;
-        Ok(Some(CudaBatch {
+        let mut dev = CudaBatch {
             stream: stream.clone(),
             blas,
             module: module.clone(),
             funcs: HashMap::new(),
             profile: None,
             skinny_max_rows: skinny_max_rows.min(SKINNY_MOST_ROWS),
-            wide_shared: Default::default(),
-        }))
+            wide_shared: HashMap::new(),
+        };
+        // Past 48 KiB a kernel must be allowed its dynamic shared memory first: here, before
+        // any graph capture (which may refuse the call).
+        for (warps, stages) in crate::prefill::DQ_PIPES {
+            for tiles in [1, 2] {
+                let name = format!("dq4k_pipe_{}_{warps}x{stages}", 8 * tiles);
+                let bytes = crate::prefill::dq_pipe_shared(warps, stages, tiles);
+                dev.func(&name)?
+                    .set_attribute(
+                        sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                        bytes as i32,
+                    )
+                    .map_err(driver(&name))?;
+                dev.wide_shared.insert(name, bytes);
+            }
+        }
+        Ok(Some(dev))
     }
 
     fn func(&mut self, name: &str) -> Result<CudaFunction, CudaError> {
@@ -302,13 +318,10 @@ impl BatchDevice for CudaBatch {
         args: &[Value],
     ) -> Result<(), CudaError> {
         let f = self.func(kernel)?;
-        // Past 48 KiB a kernel must ask for its dynamic shared memory first.
-        if shared > 48 << 10 && self.wide_shared.insert(kernel.to_string()) {
-            f.set_attribute(
-                cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                shared as i32,
-            )
-            .map_err(driver(kernel))?;
+        if shared > self.wide_shared.get(kernel).copied().unwrap_or(48 << 10) {
+            return Err(CudaError::Driver(format!(
+                "{kernel} was not allowed {shared} bytes of shared memory"
+            )));
         }
         let cfg = LaunchConfig {
             grid_dim: (grid.0, grid.1, 1),
