@@ -185,10 +185,19 @@ impl CudaBatch {
         };
         // Past 48 KiB a kernel must be allowed its dynamic shared memory first: here, before
         // any graph capture (which may refuse the call).
-        for (warps, stages) in crate::prefill::DQ_PIPES {
-            for tiles in [1, 2] {
-                let name = format!("dq4k_pipe_{}_{warps}x{stages}", 8 * tiles);
-                let bytes = crate::prefill::dq_pipe_shared(warps, stages, tiles);
+        use crate::prefill::{dq_pipe_shared, DQ4K_STAGE_ROW, DQ6K_STAGE_ROW, DQ6_PIPE, DQ_PIPES};
+        let (w6, s6) = DQ6_PIPE;
+        for tiles in [1, 2] {
+            let most = 8 * tiles;
+            let q6 = (
+                format!("dq6k_pipe_{most}"),
+                dq_pipe_shared(DQ6K_STAGE_ROW, w6, s6, tiles),
+            );
+            let q4 = DQ_PIPES.map(|(w, s)| {
+                let name = format!("dq4k_pipe_{most}_{w}x{s}");
+                (name, dq_pipe_shared(DQ4K_STAGE_ROW, w, s, tiles))
+            });
+            for (name, bytes) in q4.into_iter().chain([q6]) {
                 dev.func(&name)?
                     .set_attribute(
                         sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,

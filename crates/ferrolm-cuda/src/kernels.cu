@@ -3075,27 +3075,115 @@ __device__ __forceinline__ void cp_async_wait() {
     asm volatile("cp.async.wait_group %0;" ::"n"(N));
 }
 
-template <int NT, int WARPS, int STAGES>
-__device__ __forceinline__ void dq4k_pipe(const u8* __restrict__ W, int row_bytes, int rows,
-                                          int n_sb, int run, const u16* __restrict__ A,
-                                          int cols, int n, float* C, float beta,
-                                          float* __restrict__ partial, u32* counters) {
-    constexpr int BLOCK_ROWS = 32 * WARPS, STAGE_WEIGHTS = BLOCK_ROWS * 144, STAGE_BYTES = STAGE_WEIGHTS + NT * 8 * 512;
+// The formats the pipeline reads. ROW: the bytes of one row's super-block a stage holds,
+// STAGE_PIECES of 16 bytes from `piece`; a lane's Row of them gives the f16 weight pairs of word t4
+// (columns 4t4 .. 4t4 + 3) of the half `nib` of its 64 columns: (4t4, 4t4 + 2) and
+// (4t4 + 1, 4t4 + 3), as dq4k_gemm's.
+struct PipeQ4K {
+    static constexpr int ROW = 144, STAGE_PIECES = 9;
+    static __device__ __forceinline__ const u8* piece(const u8* row, int, int sb, int part) {
+        return row + sb * 144 + 16 * part;
+    }
+    struct Row {
+        uint4 q[2];
+        u32 d[2], nm[2];
+        // b: the row's 144 bytes in the stage; c: the lane's 64 columns (two sub-blocks).
+        __device__ __forceinline__ void load(const u8* b, int c, int) {
+            const uint4 h = *(const uint4*)b;
+            q[0] = *(const uint4*)(b + 16 + 32 * c);
+            q[1] = *(const uint4*)(b + 32 + 32 * c);
+#pragma unroll
+            for (int s = 0; s < 2; s++) {
+                float d1, m1;
+                q4k_scale_min(h, 2 * c + s, d1, m1);
+                d[s] = f2h2(d1);
+                nm[s] = f2h2(-m1);
+            }
+        }
+        __device__ __forceinline__ void load_half(const u8*, int, int) {}
+        __device__ __forceinline__ void pairs(int nib, int t4, u32& w02, u32& w13) const {
+            const uint4 v = q[t4 / 4];
+            const u32 x = (t4 % 4 == 0) ? v.x : (t4 % 4 == 1) ? v.y : (t4 % 4 == 2) ? v.z : v.w;
+            w02 = q4_pair(x, 4 * nib, d[nib], nm[nib]);
+            w13 = q4_pair(x, 4 * nib + 8, d[nib], nm[nib]);
+        }
+    };
+};
+
+// Q6_K rows regrouped (Q6_KR: every ql, then every qh, scales and d of the row): a stage row
+// of 224 bytes, the super-block's 128 ql, 64 qh and 16 scale bytes and the 16 bytes holding
+// its d. Column 64c + 32 nib + l of a super-block is 6 bits from ql[64 (c / 2) + 32 nib + l]
+// (the low nibble for even c, the high for odd) and qh[32 (c / 2) + l] (bits 4 (c % 2) +
+// 2 nib), scaled by scale 4c + 2 nib + l / 16: the same columns of a lane as Q4_K's.
+__constant__ u32 q6_masks[3] = {0x000F000Fu, 0x64006400u, 0x00030003u};
+struct PipeQ6K {
+    static constexpr int ROW = 224, STAGE_PIECES = 14;
+    static __device__ __forceinline__ const u8* piece(const u8* row, int n_sb, int sb, int part) {
+        return part < 8 ? row + 128 * sb + 16 * part
+             : part < 12 ? row + 128 * n_sb + 64 * sb + 16 * (part - 8)
+             : part == 12 ? row + 192 * n_sb + 16 * sb
+                          : row + 208 * n_sb + 16 * (sb / 8);
+    }
+    struct Row {
+        uint4 l[2], h[2];
+        u32 dsc[4];
+        int c;
+        __device__ __forceinline__ void load(const u8* b, int lane_c, int sb) {
+            c = lane_c;
+            const float d = h2f(*(const u16*)(b + 208 + 2 * (sb % 8)));
+            const u32 sc = *(const u32*)(b + 192 + 4 * c);
+#pragma unroll
+            for (int i = 0; i < 4; i++) dsc[i] = f2h2(d * (float)(signed char)(sc >> (8 * i)));
+        }
+        __device__ __forceinline__ void load_half(const u8* b, int, int nib) {
+            const u8* ql = b + 64 * (c / 2) + 32 * nib;
+            l[0] = *(const uint4*)ql;
+            l[1] = *(const uint4*)(ql + 16);
+            h[0] = *(const uint4*)(b + 128 + 32 * (c / 2));
+            h[1] = *(const uint4*)(b + 144 + 32 * (c / 2));
+        }
+        __device__ __forceinline__ u32 pair(u32 x, u32 y, int lsh, int hsh, u32 s) const {
+            const u32 lo = ((x >> lsh) & q6_masks[0]) | q6_masks[1];
+            const u32 v = lo + (((y >> hsh) & q6_masks[2]) << 4);
+            u32 q, r;
+            asm("sub.rn.f16x2 %0, %1, %2;" : "=r"(q) : "r"(v), "r"(0x64206420u));
+            asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(q), "r"(s));
+            return r;
+        }
+        __device__ __forceinline__ void pairs(int nib, int t4, u32& w02, u32& w13) const {
+            const uint4 lv = l[t4 / 4], hv = h[t4 / 4];
+            const int e = t4 % 4;
+            const u32 x = e == 0 ? lv.x : e == 1 ? lv.y : e == 2 ? lv.z : lv.w;
+            const u32 y = e == 0 ? hv.x : e == 1 ? hv.y : e == 2 ? hv.z : hv.w;
+            const int lsh = 4 * (c % 2), hsh = 4 * (c % 2) + 2 * nib;
+            const u32 s = dsc[2 * nib + t4 / 4];
+            w02 = pair(x, y, lsh, hsh, s);
+            w13 = pair(x, y, lsh + 8, hsh + 8, s);
+        }
+    };
+};
+
+template <class F, int NT, int WARPS, int STAGES>
+__device__ __forceinline__ void dq_pipe(const u8* __restrict__ W, int row_bytes, int rows,
+                                        int n_sb, int run, const u16* __restrict__ A, int cols,
+                                        int n, float* C, float beta, float* __restrict__ partial,
+                                        u32* counters) {
+    constexpr int BLOCK_ROWS = 32 * WARPS, STAGE_WEIGHTS = BLOCK_ROWS * F::ROW;
+    constexpr int STAGE_BYTES = STAGE_WEIGHTS + NT * 8 * 512;
     extern __shared__ __align__(16) u8 stage_mem[];
     __shared__ int last;
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
     const int g = lane / 4, c = lane % 4;
     const int r0 = blockIdx.x * BLOCK_ROWS;
     const int sb0 = blockIdx.y * run, count = min(n_sb, sb0 + run) - sb0;
-    // Super-block i of the run into its stage: each row's 144 bytes, and the inputs' 256
-    // columns as lanes read them (chunk j of 8 columns of lane (g, c): [t][j][lane]).
+    // Super-block i of the run into its stage: each row's pieces, and the inputs' 256 columns
+    // as lanes read them (chunk j of 8 columns of lane (g, c): [t][j][lane]).
     auto issue = [&](int i) {
         u8* st = stage_mem + (i % STAGES) * STAGE_BYTES;
-        const long long at = (long long)(sb0 + i) * 144;
-        for (int p = tid; p < BLOCK_ROWS * 9; p += 32 * WARPS) {
-            const int rr = p / 9, part = p % 9;
-            cp_async16(st + rr * 144 + 16 * part,
-                       W + (long long)min(r0 + rr, rows - 1) * row_bytes + at + 16 * part);
+        for (int p = tid; p < BLOCK_ROWS * F::STAGE_PIECES; p += 32 * WARPS) {
+            const int rr = p / F::STAGE_PIECES, part = p % F::STAGE_PIECES;
+            const u8* row = W + (long long)min(r0 + rr, rows - 1) * row_bytes;
+            cp_async16(st + rr * F::ROW + 16 * part, F::piece(row, n_sb, sb0 + i, part));
         }
         for (int p = tid; p < NT * 8 * 32; p += 32 * WARPS) {
             const int row = p / 32, piece = p % 32, t = row / 8, gg = row % 8;
@@ -3117,27 +3205,14 @@ __device__ __forceinline__ void dq4k_pipe(const u8* __restrict__ W, int row_byte
         cp_async_commit();
         const u8* st = stage_mem + (i % STAGES) * STAGE_BYTES;
         const uint4* sa = (const uint4*)(st + STAGE_WEIGHTS) + lane;
-        uint4 hd[4], qv[4][2];
+        typename F::Row wr[4];
 #pragma unroll
-        for (int k = 0; k < 4; k++) {
-            const u8* b = st + (32 * warp + g + 8 * k) * 144;
-            hd[k] = *(const uint4*)b;
-            qv[k][0] = *(const uint4*)(b + 16 + 32 * c);
-            qv[k][1] = *(const uint4*)(b + 32 + 32 * c);
-        }
-        u32 dl[4], ml[4], dh[4], mh[4];
-#pragma unroll
-        for (int k = 0; k < 4; k++) {
-            float d1, m1, d2, m2;
-            q4k_scale_min(hd[k], 2 * c, d1, m1);
-            q4k_scale_min(hd[k], 2 * c + 1, d2, m2);
-            dl[k] = f2h2(d1);
-            ml[k] = f2h2(-m1);
-            dh[k] = f2h2(d2);
-            mh[k] = f2h2(-m2);
-        }
+        for (int k = 0; k < 4; k++) wr[k].load(st + (32 * warp + g + 8 * k) * F::ROW, c, sb0 + i);
 #pragma unroll
         for (int nib = 0; nib < 2; nib++) {
+#pragma unroll
+            for (int k = 0; k < 4; k++)
+                wr[k].load_half(st + (32 * warp + g + 8 * k) * F::ROW, c, nib);
 #pragma unroll
             for (int j2 = 0; j2 < 4; j2++) {
                 uint4 av[NT];
@@ -3155,13 +3230,7 @@ __device__ __forceinline__ void dq4k_pipe(const u8* __restrict__ W, int row_byte
                     }
                     u32 w02[4], w13[4];
 #pragma unroll
-                    for (int k = 0; k < 4; k++) {
-                        const uint4 q = qv[k][t4 / 4];
-                        const u32 x = (t4 % 4 == 0) ? q.x : (t4 % 4 == 1) ? q.y : (t4 % 4 == 2) ? q.z : q.w;
-                        const u32 d = nib ? dh[k] : dl[k], nm = nib ? mh[k] : ml[k];
-                        w02[k] = q4_pair(x, 4 * nib, d, nm);
-                        w13[k] = q4_pair(x, 4 * nib + 8, d, nm);
-                    }
+                    for (int k = 0; k < 4; k++) wr[k].pairs(nib, t4, w02[k], w13[k]);
 #pragma unroll
                     for (int m = 0; m < 2; m++)
 #pragma unroll
@@ -3223,23 +3292,26 @@ __device__ __forceinline__ void dq4k_pipe(const u8* __restrict__ W, int row_byte
             }
 }
 
-#define DQ4K_PIPE(NAME, NT, WARPS, STAGES)                                                     \
+#define DQ_PIPE(NAME, FORMAT, NT, WARPS, STAGES)                                               \
     extern "C" __global__ void __launch_bounds__(WARPS * 32)                                  \
         NAME(const u8* __restrict__ W, int row_bytes, int rows, int n_sb, int run,            \
              const u16* __restrict__ A, int cols, int n, float* C, float beta,                \
              float* __restrict__ partial, u32* counters) {                                    \
-        dq4k_pipe<NT, WARPS, STAGES>(W, row_bytes, rows, n_sb, run, A, cols, n, C, beta,      \
-                                     partial, counters);                                      \
+        dq_pipe<FORMAT, NT, WARPS, STAGES>(W, row_bytes, rows, n_sb, run, A, cols, n, C,      \
+                                           beta, partial, counters);                          \
     }
-// dq4k_pipe_{8,16}_{warps}x{stages}: the layouts the tuning may choose (CudaTuning::dq_pipe).
-DQ4K_PIPE(dq4k_pipe_8_4x4, 1, 4, 4)
-DQ4K_PIPE(dq4k_pipe_16_4x4, 2, 4, 4)
-DQ4K_PIPE(dq4k_pipe_8_4x3, 1, 4, 3)
-DQ4K_PIPE(dq4k_pipe_16_4x3, 2, 4, 3)
-DQ4K_PIPE(dq4k_pipe_8_8x3, 1, 8, 3)
-DQ4K_PIPE(dq4k_pipe_16_8x3, 2, 8, 3)
-DQ4K_PIPE(dq4k_pipe_8_2x4, 1, 2, 4)
-DQ4K_PIPE(dq4k_pipe_16_2x4, 2, 2, 4)
+// dq4k_pipe_{8,16}_{warps}x{stages}: the layouts the tuning may choose (CudaTuning::dq_pipe);
+// dq6k_pipe_{8,16}: Q6_KR rows, four warps, three stages (prefill.rs: DQ6_PIPE).
+DQ_PIPE(dq4k_pipe_8_4x4, PipeQ4K, 1, 4, 4)
+DQ_PIPE(dq4k_pipe_16_4x4, PipeQ4K, 2, 4, 4)
+DQ_PIPE(dq4k_pipe_8_4x3, PipeQ4K, 1, 4, 3)
+DQ_PIPE(dq4k_pipe_16_4x3, PipeQ4K, 2, 4, 3)
+DQ_PIPE(dq4k_pipe_8_8x3, PipeQ4K, 1, 8, 3)
+DQ_PIPE(dq4k_pipe_16_8x3, PipeQ4K, 2, 8, 3)
+DQ_PIPE(dq4k_pipe_8_2x4, PipeQ4K, 1, 2, 4)
+DQ_PIPE(dq4k_pipe_16_2x4, PipeQ4K, 2, 2, 4)
+DQ_PIPE(dq6k_pipe_8, PipeQ6K, 1, 4, 3)
+DQ_PIPE(dq6k_pipe_16, PipeQ6K, 2, 4, 3)
 
 template <int HD, int FQ, int FK>
 __device__ __forceinline__ void attn_mma(const float* q, const u16* kc, const u16* vc, u16* out,

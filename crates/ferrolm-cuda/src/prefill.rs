@@ -182,17 +182,24 @@ pub fn dq_pipe_grid(rows: usize, n_sb: usize, warps: usize) -> (usize, usize, us
     (row_blocks, n_sb.div_ceil(run).max(1), run)
 }
 
-/// Dynamic shared memory of a `dq4k_pipe_*` block: each stage's weights (144 bytes a row of a
-/// super-block) and `tiles` x 8 input rows of 256 f16 columns.
-pub fn dq_pipe_shared(warps: usize, stages: usize, tiles: usize) -> u32 {
-    (stages * (32 * warps * 144 + tiles * 8 * 512)) as u32
+/// The layout of `dq6k_pipe_*` (Q6_KR rows): warps a block, super-blocks in flight.
+pub const DQ6_PIPE: (usize, usize) = (4, 3);
+/// Bytes of a row's super-block in a pipeline's stage: Q4_K's block, Q6_KR's four fields.
+pub const DQ4K_STAGE_ROW: usize = 144;
+/// See [`DQ4K_STAGE_ROW`].
+pub const DQ6K_STAGE_ROW: usize = 224;
+
+/// Dynamic shared memory of a `dq4k_pipe_*` or `dq6k_pipe_*` block: each stage's weights
+/// (`row` bytes a row of a super-block) and `tiles` x 8 input rows of 256 f16 columns.
+pub fn dq_pipe_shared(row: usize, warps: usize, stages: usize, tiles: usize) -> u32 {
+    (stages * (32 * warps * row + tiles * 8 * 512)) as u32
 }
 
-/// (f32 sums, counters) a `dq4k_pipe_*` launch of plan `p`'s Q4_K matrices needs at most.
+/// (f32 sums, counters) a pipelined launch of plan `p`'s Q4_K or Q6_KR matrices needs at most.
 fn dq_pipe_scratch(p: &DecodePlan) -> (usize, usize) {
     let mut most = (1, 1);
     for &(warps, _) in &DQ_PIPES {
-        for m in p.matrices.iter().filter(|m| has_dq(m)) {
+        for m in p.matrices.iter().filter(|m| has_dq(m) || has_dq6(m)) {
             let (row_blocks, runs, _) = dq_pipe_grid(m.rows, m.cols / 256, warps);
             if runs > 1 {
                 // (16 sums a thread: two tiles of rows by two of inputs)
@@ -202,6 +209,12 @@ fn dq_pipe_scratch(p: &DecodePlan) -> (usize, usize) {
         }
     }
     most
+}
+
+/// Whether `dq6k_pipe_*` multiplies a matrix's rows: Q6_K regrouped (Q6_KR), not an expert
+/// stack.
+fn has_dq6(spec: &MatrixSpec) -> bool {
+    spec.experts == 1 && spec.ty == TensorType::Q6_K && spec.kernel == "Q6_KR"
 }
 
 /// Whether `dq4k_gemm_*` multiplies a matrix's rows: plain Q4_K blocks, not an expert stack,
@@ -634,10 +647,14 @@ impl<D: BatchDevice> Prefill<D> {
             return self.product_mmq(spec, at.matrices[m], a, n, c, beta);
         }
         let w = at.matrices[m];
-        if self.dq_step && has_dq(spec) && (w | a).is_multiple_of(16) {
+        if self.reads_blocks(spec) && (w | a).is_multiple_of(16) && has_dq6(spec) {
             self.xq_holds = None;
-            if let Some((warps, stages)) = self.tuning.dq_pipe {
-                return self.product_pipe(spec, w, a, n, c, beta, (warps, stages));
+            return self.product_pipe(spec, w, a, n, c, beta, "dq6k_pipe", None);
+        }
+        if self.reads_blocks(spec) && (w | a).is_multiple_of(16) {
+            self.xq_holds = None;
+            if let Some(layout) = self.tuning.dq_pipe {
+                return self.product_pipe(spec, w, a, n, c, beta, "dq4k_pipe", Some(layout));
             }
             // One tile of 8 inputs where they fit, else two.
             let kernel = if n <= 8 {
@@ -676,8 +693,15 @@ impl<D: BatchDevice> Prefill<D> {
         self.gemm(w16, spec.rows, spec.cols, a, n, c, beta)
     }
 
-    /// [`Prefill::product`] of a Q4_K matrix at `w` by `dq4k_pipe_*` (docs/ARCHITECTURE.md,
-    /// "Batched decode").
+    /// Whether the step being launched reads matrix `spec`'s blocks (`dq4k_gemm_*`,
+    /// `dq4k_pipe_*`, `dq6k_pipe_*`) rather than an f16 copy.
+    fn reads_blocks(&self, spec: &MatrixSpec) -> bool {
+        self.dq_step && (has_dq(spec) || (self.tuning.dq6_pipe && has_dq6(spec)))
+    }
+
+    /// [`Prefill::product`] of a Q4_K or Q6_KR matrix at `w` by the pipeline `kernel`
+    /// (`dq4k_pipe` in `layout`, `dq6k_pipe` in its one; docs/ARCHITECTURE.md, "Batched
+    /// decode").
     #[allow(clippy::too_many_arguments)]
     fn product_pipe(
         &mut self,
@@ -687,12 +711,20 @@ impl<D: BatchDevice> Prefill<D> {
         n: usize,
         c: u64,
         beta: f32,
-        (warps, stages): (usize, usize),
+        kernel: &str,
+        layout: Option<(usize, usize)>,
     ) -> Result<(), CudaError> {
         let tiles = if n <= 8 { 1 } else { 2 };
         let n_sb = spec.cols / 256;
+        let ((warps, stages), row, kernel) = match layout {
+            Some((w, s)) => (
+                (w, s),
+                DQ4K_STAGE_ROW,
+                format!("{kernel}_{}_{w}x{s}", 8 * tiles),
+            ),
+            None => (DQ6_PIPE, DQ6K_STAGE_ROW, format!("{kernel}_{}", 8 * tiles)),
+        };
         let (row_blocks, runs, run) = dq_pipe_grid(spec.rows, n_sb, warps);
-        let kernel = format!("dq4k_pipe_{}_{warps}x{stages}", 8 * tiles);
         let (partial, counters) = (
             self.dev.address(&self.dq_partial),
             self.dev.address(&self.dq_counters),
@@ -701,7 +733,7 @@ impl<D: BatchDevice> Prefill<D> {
             &kernel,
             (row_blocks as u32, runs as u32),
             32 * warps as u32,
-            dq_pipe_shared(warps, stages, tiles),
+            dq_pipe_shared(row, warps, stages, tiles),
             &[
                 Value::Ptr(w),
                 Value::I32(spec.row_bytes() as i32),
@@ -785,7 +817,7 @@ impl<D: BatchDevice> Prefill<D> {
     /// (where a stacked copy is kept): not when they all go through `mmq_*`, nor when one of
     /// them reads its Q4_K blocks (`dq4k_gemm_*`).
     fn stacks(&self, p: &DecodePlan, ms: &[usize]) -> bool {
-        let reads_blocks = self.dq_step && ms.iter().any(|&m| has_dq(&p.matrices[m]));
+        let reads_blocks = ms.iter().any(|&m| self.reads_blocks(&p.matrices[m]));
         !self.all_mmq(p, ms) && !reads_blocks
     }
 
@@ -2249,7 +2281,7 @@ mod tests {
         for (warps, stages) in DQ_PIPES {
             for most in [8, 16] {
                 let name = format!("dq4k_pipe_{most}_{warps}x{stages}");
-                let def = format!("DQ4K_PIPE({name}, {}, {warps}, {stages})", most / 8);
+                let def = format!("DQ_PIPE({name}, PipeQ4K, {}, {warps}, {stages})", most / 8);
                 assert!(src.contains(&def), "{def}");
             }
             // An 8B's shapes, a 1B's, and small ones.
@@ -2273,7 +2305,17 @@ mod tests {
                 assert!(runs > 1 || row_blocks * 2 > DQ_PIPE_BLOCKS || n_sb == 1);
             }
             // Within the 227 KiB an H100 or H200 block may have.
-            assert!(dq_pipe_shared(warps, stages, 2) <= 227 << 10);
+            assert!(dq_pipe_shared(DQ4K_STAGE_ROW, warps, stages, 2) <= 227 << 10);
+        }
+        // Two Q6_K blocks an SM.
+        let (warps, stages) = DQ6_PIPE;
+        assert!(2 * (dq_pipe_shared(DQ6K_STAGE_ROW, warps, stages, 2) + 1024) <= 228 << 10);
+        for most in [8, 16] {
+            let def = format!(
+                "DQ_PIPE(dq6k_pipe_{most}, PipeQ6K, {}, {warps}, {stages})",
+                most / 8
+            );
+            assert!(src.contains(&def), "{def}");
         }
         assert_eq!(dq_pipe_grid(4096, 16, 4), (32, 8, 2));
         assert_eq!(dq_pipe_grid(28672, 16, 4), (224, 1, 16));

@@ -73,6 +73,9 @@ pub struct CudaTuning {
     /// Those products by `dq4k_pipe_*` (warps a block, super-blocks in flight), the pipelined
     /// layout, rather than `dq4k_gemm_*` (`FERROLM_CUDA_DQ_PIPE=4x4`, `off`; docs/PERFORMANCE.md).
     pub dq_pipe: Option<(usize, usize)>,
+    /// Those steps' Q6_K matrices (regrouped, Q6_KR) through `dq6k_pipe_*` too, instead of f16
+    /// GEMMs over their copies (`FERROLM_CUDA_DQ6_PIPE=1`; off by default until measured).
+    pub dq6_pipe: bool,
     /// A model holding several sequences maps its KV caches' memory in pages as each
     /// sequence grows, from a pool of `kv_memory` bytes ([`crate::kv_pages`];
     /// `FERROLM_CUDA_NO_PAGED_KV`: every slot's whole context allocated up front).
@@ -105,6 +108,7 @@ impl Default for CudaTuning {
             skinny_gemm_max_rows: 8,
             dq_gemm_max_rows: 16,
             dq_pipe: Some((4, 4)),
+            dq6_pipe: false,
             paged_kv: true,
             kv_memory: None,
         }
@@ -141,6 +145,7 @@ impl CudaTuning {
             skinny_gemm_max_rows: number("FERROLM_CUDA_SKINNY_GEMM_MAX_ROWS")
                 .unwrap_or(d.skinny_gemm_max_rows),
             dq_gemm_max_rows: number("FERROLM_CUDA_DQ_GEMM_MAX_ROWS").unwrap_or(d.dq_gemm_max_rows),
+            dq6_pipe: std::env::var_os("FERROLM_CUDA_DQ6_PIPE").is_some(),
             dq_pipe: match std::env::var("FERROLM_CUDA_DQ_PIPE").ok().as_deref() {
                 None => d.dq_pipe,
                 Some("off") => None,

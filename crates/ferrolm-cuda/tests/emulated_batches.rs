@@ -279,14 +279,20 @@ fn batched_steps(
     if int8 && plan.layers.iter().any(int8_wo) {
         expected.push("quantize_rows_f32");
     }
-    // (without them, Q4_K matrices through dq4k_gemm_*, which no stacked copy then serves)
-    let dq_type = |m: usize| plan.matrices[m].ty == TensorType::Q4_K;
+    // (without them, Q4_K matrices through dq4k_gemm_* or dq4k_pipe_*, and where asked for
+    // Q6_K ones regrouped through dq6k_pipe_*, which no stacked copy then serves)
+    let q6r = |m: usize| plan.matrices[m].kernel == "Q6_KR" && tuning.dq6_pipe;
+    let dq_type = |m: usize| plan.matrices[m].ty == TensorType::Q4_K || q6r(m);
     let dq = !int8
         && batch
             <= tuning
                 .dq_gemm_max_rows
                 .min(ferrolm_cuda::prefill::DQ_MAX_ROWS);
-    if dq && (0..plan.matrices.len()).any(|m| dq_type(m) && plan.matrices[m].experts == 1) {
+    if dq && (0..plan.matrices.len()).any(|m| q6r(m) && plan.matrices[m].experts == 1) {
+        expected.push("dq6k_pipe_");
+    }
+    let q4k = |m: usize| plan.matrices[m].ty == TensorType::Q4_K;
+    if dq && (0..plan.matrices.len()).any(|m| q4k(m) && plan.matrices[m].experts == 1) {
         expected.push(if tuning.dq_pipe.is_some() {
             "dq4k_pipe_"
         } else {
@@ -345,6 +351,34 @@ fn batched_steps(
         }
     }
     distances
+}
+
+/// A batched step's Q6_K matrices read as blocks (`dq6k_pipe_*`, regrouped rows of 2048
+/// columns or more) beside its Q4_K ones, as a Q4_K_M file has them, at 3 and 12 rows.
+#[test]
+fn the_q6k_blocks_read_by_a_batched_step_give_the_cpus_logits() {
+    let mut spec = small("llama");
+    spec.default_type = TensorType::Q4_K;
+    spec.n_ff = 2048;
+    spec.types = vec![("ffn_down".into(), TensorType::Q6_K)];
+    let tuning = CudaTuning {
+        dq6_pipe: true,
+        ..host_tuning()
+    };
+    let (_, _, plan) = load(&spec, &tuning);
+    assert!(plan.matrices.iter().any(|m| m.kernel == "Q6_KR"));
+    let mut distances = Vec::new();
+    for batch in [3, 12] {
+        distances.extend(batched_steps(
+            "llama Q4_K + Q6_K",
+            &spec,
+            &tuning,
+            batch,
+            true,
+            None,
+        ));
+    }
+    distances.iter().for_each(Distance::assert_close);
 }
 
 /// The files the batched passes serve, as emulated_step.rs covers them: the llama family

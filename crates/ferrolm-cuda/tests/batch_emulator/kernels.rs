@@ -189,6 +189,17 @@ pub fn run(dev: &HostDevice, name: &str, grid: (u32, u32), block: u32, args: &[V
             "rows left out"
         );
         dq4k_gemm(dev, mem, most, [0, 1, 2, 3, 4, 5, 6, 7, 8], &a);
+    } else if let Some(most) = name.strip_prefix("dq6k_pipe_") {
+        // dq6k_pipe_{most}: dq4k_pipe's arguments, Q6_KR rows, DQ6_PIPE's layout
+        let (warps, _) = ferrolm_cuda::prefill::DQ6_PIPE;
+        assert_eq!(block as usize, 32 * warps, "{name}: its warps");
+        let (n_rows, n_sb, run) = (a.int(2), a.int(3), a.int(4));
+        assert_eq!(
+            (grid.0 as usize, grid.1 as usize, run),
+            ferrolm_cuda::prefill::dq_pipe_grid(n_rows, n_sb, warps),
+            "{name}: its grid"
+        );
+        dq4k_gemm(dev, mem, most, [0, 1, 2, 3, 5, 6, 7, 8, 9], &a);
     } else if let Some(layout) = name.strip_prefix("dq4k_pipe_") {
         // dq4k_pipe_{most}_{warps}x{stages}(W, row_bytes, n_rows, n_sb, run, a, cols, n, y,
         // beta, partial, counters): row blocks of 32 x warps rows, runs of `run` super-blocks
@@ -540,8 +551,8 @@ fn dq4k_gemm(dev: &HostDevice, mem: &mut Memory, most: &str, at: [usize; 9], a: 
     let (m, first) = dev.matrix(a.ptr(arg(0)));
     let spec = &dev.plan.matrices[m];
     assert_eq!(
-        (spec.kernel, rb, n_rows, 256 * n_sb, cols),
-        ("Q4_K", spec.row_bytes(), spec.rows, spec.cols, spec.cols)
+        (rb, n_rows, 256 * n_sb, cols),
+        (spec.row_bytes(), spec.rows, spec.cols, spec.cols)
     );
     assert_eq!(first, 0, "a whole matrix");
     let most: usize = most.parse().expect("dq4k_gemm_8 or _16");
@@ -550,7 +561,16 @@ fn dq4k_gemm(dev: &HostDevice, mem: &mut Memory, most: &str, at: [usize; 9], a: 
         "{n} rows in dq4k_gemm_{most}"
     );
     let rows = mem.bytes(a.ptr(arg(0)), n_rows * rb);
-    let w: Vec<f32> = rows.chunks_exact(144).flat_map(q4_k_in_f16).collect();
+    let w: Vec<f32> = match spec.kernel {
+        "Q4_K" => rows.chunks_exact(144).flat_map(q4_k_in_f16).collect(),
+        // (the emulator holds the file's rows: regrouped here as the device holds them)
+        "Q6_KR" => ferrolm_cuda::repack::repack(spec.ty, cols, &rows)
+            .expect("Q6_K regroups")
+            .chunks_exact(rb)
+            .flat_map(q6_kr_in_f16)
+            .collect(),
+        k => panic!("{k} rows read by a pipelined product"),
+    };
     let x = mem.f16s(a.ptr(arg(4)), n * cols);
     let beta = a.float(arg(8));
     let out = a.ptr(arg(7));
@@ -567,6 +587,33 @@ fn dq4k_gemm(dev: &HostDevice, mem: &mut Memory, most: &str, at: [usize; 9], a: 
         }
     }
     mem.write(out, &y);
+}
+
+/// A regrouped Q6_K row's weights (Q6_KR: every ql, then every qh, scales and d) as
+/// `dq6k_pipe_*` makes them: `(q - 32) * half(d sc)` rounded once to f16.
+fn q6_kr_in_f16(row: &[u8]) -> Vec<f32> {
+    use half::f16;
+    let nb = row.len() / 210;
+    let (ql, qh, sc, d) = (
+        &row[..128 * nb],
+        &row[128 * nb..192 * nb],
+        &row[192 * nb..208 * nb],
+        &row[208 * nb..],
+    );
+    let mut out = vec![0f32; 256 * nb];
+    for b in 0..nb {
+        let d = f16::from_le_bytes([d[2 * b], d[2 * b + 1]]).to_f32();
+        for (i, w) in out[256 * b..][..256].iter_mut().enumerate() {
+            // (value i: half n, quarter q, position l, as the CPU's dequantization reads them)
+            let (n, q, l) = (i / 128, i % 128 / 32, i % 32);
+            let lo = ql[128 * b + 64 * n + 32 * (q % 2) + l] >> (4 * (q / 2)) & 15;
+            let hi = qh[64 * b + 32 * n + l] >> (2 * q) & 3;
+            let s = sc[16 * b + 8 * n + 2 * q + l / 16] as i8;
+            let scale = f16::from_f32(d * f32::from(s)).to_f64();
+            *w = f16::from_f64(f64::from(i16::from(lo | hi << 4) - 32) * scale).to_f32();
+        }
+    }
+    out
 }
 
 /// A Q4_K super-block's 256 weights as `dq4k_gemm_*` makes them in f16 arithmetic.
