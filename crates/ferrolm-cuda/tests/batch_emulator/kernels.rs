@@ -564,7 +564,7 @@ fn dq4k_gemm(dev: &HostDevice, mem: &mut Memory, most: &str, at: [usize; 9], a: 
     let w: Vec<f32> = match spec.kernel {
         "Q4_K" => rows.chunks_exact(144).flat_map(q4_k_in_f16).collect(),
         // (the emulator holds the file's rows: regrouped here as the device holds them)
-        "Q6_KR" => ferrolm_cuda::repack::repack(spec.ty, cols, &rows)
+        "Q6_KR" => ferrolm_cuda::repack::repack(spec.ty, cols, rows)
             .expect("Q6_K regroups")
             .chunks_exact(rb)
             .flat_map(q6_kr_in_f16)
