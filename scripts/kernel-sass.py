@@ -9,8 +9,8 @@ dot products, barriers, branches), and with --order the sequence of loads and ar
 load issued after arithmetic that waits for an earlier load is a round trip in series (this is
 how the rows of the Q4_K product were found one after another, PERFORMANCE.md, session 6).
 With --against REV it says, per kernel, whether the code differs from kernels.cu at git
-revision REV (register names aside): a change that leaves a kernel's SASS alone needs no GPU to
-show it costs nothing.
+revision REV, the rest of the source as it is now (register names aside): a change that
+leaves a kernel's SASS alone needs no GPU to show it costs nothing.
 
   scripts/kernel-sass.py matvecq_Q4_K matvecs_Q4_K --order
   scripts/kernel-sass.py --define MATVEC_UNROLL=1 matvec_gluq_Q4_K
@@ -80,6 +80,17 @@ def whole_source():
     return subprocess.run(["cargo", "run", "-q", "--release", "-p", "ferrolm-cuda", "--example",
                            "compile_kernels", "--", "--source"], cwd=ROOT, capture_output=True,
                           text=True, check=True).stdout
+
+
+def with_old_kernels(whole, old):
+    """The whole source with kernels.cu's two parts (before and after its `// @IQUANTS` line)
+    replaced by those of `old`, another revision's kernels.cu."""
+    with open(SOURCE) as f:
+        now = f.read()
+    mark = "// @IQUANTS"
+    for part, was in zip(now.split(mark, 1), old.split(mark, 1)):
+        whole = whole.replace(part, was, 1)
+    return whole
 
 
 def with_defines(text, defines):
@@ -153,7 +164,7 @@ def main():
             rel = os.path.relpath(SOURCE, ROOT)
             old = subprocess.run(["git", "-C", ROOT, "show", f"{args.against}:{rel}"],
                                  capture_output=True, text=True, check=True).stdout
-            before, _ = build(old, "before")
+            before, _ = build(with_old_kernels(whole_source(), old), "before")
         for name in names:
             if name not in now:
                 print(f"{name}: not in the module")
