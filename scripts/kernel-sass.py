@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """The machine code (SASS) of ferrolm's CUDA kernels, on a machine without a GPU or a toolkit.
 
-NVRTC (the library ferrolm itself loads) compiles crates/ferrolm-cuda/src/kernels.cu to a cubin
-for one architecture; cuobjdump and nvdisasm disassemble it. The three come as Python wheels,
+NVRTC (the library ferrolm itself loads) compiles the kernels' whole source (kernels.cu with
+its i-quant and delta-net parts, as `compile_kernels --source` prints it) to a cubin for one
+architecture; cuobjdump and nvdisasm disassemble it. The three come as Python wheels,
 installed once under --tools. Per kernel it prints registers, shared memory and the counts of
 the instructions that matter to a decode product (global and shared loads, bulk copies, integer
 dot products, barriers, branches), and with --order the sequence of loads and arithmetic: a
