@@ -184,7 +184,8 @@ impl CudaBatch {
             wide_shared: HashMap::new(),
         };
         // Past 48 KiB a kernel must be allowed its dynamic shared memory first: here, before
-        // any graph capture (which may refuse the call).
+        // any graph capture (which may refuse the call). A device with less shared memory
+        // refuses some layouts: those then fail when launched, the others still run.
         use crate::prefill::{dq_pipe_shared, DQ4K_STAGE_ROW, DQ6K_STAGE_ROW, DQ6_PIPE, DQ_PIPES};
         let (w6, s6) = DQ6_PIPE;
         for tiles in [1, 2] {
@@ -198,13 +199,13 @@ impl CudaBatch {
                 (name, dq_pipe_shared(DQ4K_STAGE_ROW, w, s, tiles))
             });
             for (name, bytes) in q4.into_iter().chain([q6]) {
-                dev.func(&name)?
-                    .set_attribute(
-                        sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                        bytes as i32,
-                    )
-                    .map_err(driver(&name))?;
-                dev.wide_shared.insert(name, bytes);
+                let allowed = dev.func(&name)?.set_attribute(
+                    sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    bytes as i32,
+                );
+                if allowed.is_ok() {
+                    dev.wide_shared.insert(name, bytes);
+                }
             }
         }
         Ok(Some(dev))

@@ -70,8 +70,10 @@ pub struct CudaTuning {
     /// `dq4k_gemm_*`, which reads their blocks and dequantizes them in registers, instead of
     /// GEMMs over f16 copies (`FERROLM_CUDA_DQ_GEMM_MAX_ROWS`; 0: never; docs/PERFORMANCE.md).
     pub dq_gemm_max_rows: usize,
-    /// Those products by `dq4k_pipe_*` (warps a block, super-blocks in flight), the pipelined
-    /// layout, rather than `dq4k_gemm_*` (`FERROLM_CUDA_DQ_PIPE=4x4`, `off`; docs/PERFORMANCE.md).
+    /// Those products by `dq4k_pipe_*` (warps a block, super-blocks in flight: one of
+    /// [`crate::prefill::DQ_PIPES`]), the pipelined layout, rather than `dq4k_gemm_*`
+    /// (`FERROLM_CUDA_DQ_PIPE=4x4`; `None`, the default, until it is measured on a GPU:
+    /// docs/PERFORMANCE.md).
     pub dq_pipe: Option<(usize, usize)>,
     /// Those steps' Q6_K matrices (regrouped, Q6_KR) through `dq6k_pipe_*` too, instead of f16
     /// GEMMs over their copies (`FERROLM_CUDA_DQ6_PIPE=1`; off by default until measured).
@@ -107,7 +109,7 @@ impl Default for CudaTuning {
             mmq_max_rows: 0,
             skinny_gemm_max_rows: 8,
             dq_gemm_max_rows: 16,
-            dq_pipe: Some((4, 4)),
+            dq_pipe: None,
             dq6_pipe: false,
             paged_kv: true,
             kv_memory: None,
@@ -148,12 +150,10 @@ impl CudaTuning {
             dq6_pipe: std::env::var_os("FERROLM_CUDA_DQ6_PIPE").is_some(),
             dq_pipe: match std::env::var("FERROLM_CUDA_DQ_PIPE").ok().as_deref() {
                 None => d.dq_pipe,
-                Some("off") => None,
                 Some(v) => v
                     .split_once('x')
                     .and_then(|(w, s)| Some((w.parse().ok()?, s.parse().ok()?)))
-                    .filter(|l| crate::prefill::DQ_PIPES.contains(l))
-                    .or(d.dq_pipe),
+                    .filter(|l| crate::prefill::DQ_PIPES.contains(l)),
             },
             paged_kv: unset("FERROLM_CUDA_NO_PAGED_KV"),
             kv_memory: None,

@@ -363,6 +363,7 @@ fn the_q6k_blocks_read_by_a_batched_step_give_the_cpus_logits() {
     spec.types = vec![("ffn_down".into(), TensorType::Q6_K)];
     let tuning = CudaTuning {
         dq6_pipe: true,
+        dq_pipe: Some(ferrolm_cuda::prefill::DQ_PIPES[0]),
         ..host_tuning()
     };
     let (_, _, plan) = load(&spec, &tuning);
@@ -460,15 +461,15 @@ fn the_batched_step_computes_what_the_cpu_computes() {
         // inputs) where no expert routing meets the near ties more sequences bring)
         let blocks = format!("{name} (Q4_K blocks)");
         let sizes: &[usize] = if spec.n_expert == 0 { &[3, 12] } else { &[3] };
-        for &batch in sizes {
-            distances.extend(batched_steps(&blocks, &spec, &f16, batch, true, None));
-        }
-        // (and through dq4k_gemm_*, the layout before the pipeline)
-        let unpiped = CudaTuning {
-            dq_pipe: None,
+        // (and through dq4k_pipe_*, the pipelined layout behind its switch)
+        let piped = CudaTuning {
+            dq_pipe: Some(ferrolm_cuda::prefill::DQ_PIPES[0]),
             ..f16.clone()
         };
-        distances.extend(batched_steps(&blocks, &spec, &unpiped, 3, true, None));
+        for &batch in sizes {
+            distances.extend(batched_steps(&blocks, &spec, &f16, batch, true, None));
+            distances.extend(batched_steps(&blocks, &spec, &piped, batch, true, None));
+        }
         // (every matrix through the f16 copies)
         let all_copies = CudaTuning {
             dq_gemm_max_rows: 0,
