@@ -6,8 +6,10 @@
 # --layers 1 --embd 64 --heads 2 --kv-heads 1 --ff 64` borrows them); LLAMA_SRC: llama.cpp's
 # source (../shared/bench/fetch-llama-cpp.sh). BUILD_LLAMA: ../shared/bench/build-llama-cpp.sh,
 # copied into the carried folder (shared/ beside the checkout does not travel). Env: SHAPES="llama-3.1-8b llama-3.2-1b",
-# BATCHES=1,2,4,8,16,64, VARIANTS="default" or names of FERROLM_CUDA_* settings to compare,
-# e.g. VARIANTS="default FERROLM_CUDA_DQ_GEMM_MAX_ROWS=0"; NCU=1 profiles a few of the 16-row
+# BATCHES=1,2,4,8,16,64, VARIANTS="default" or FERROLM_CUDA_* settings to compare (several in one
+# variant joined by commas), e.g. VARIANTS="default FERROLM_CUDA_DQ_PIPE=4x4
+# FERROLM_CUDA_DQ_PIPE=4x4,FERROLM_CUDA_DQ6_PIPE=1"; CHECK_ENV: settings (commas) for the
+# exactness checks; NCU=1 profiles a few of the 16-row
 # decode steps' dq4k_gemm launches with Nsight Compute (prompts do not launch it).
 # llama.cpp builds in the background (about 3-5 minutes on 16 cores) while ferrolm runs; the
 # first cuda-check of a call is slow while it builds (its CPU reference shares the cores).
@@ -31,18 +33,18 @@ for shape in ${SHAPES:-llama-3.1-8b llama-3.2-1b}; do
   for v in ${VARIANTS:-default}; do
     echo "== $shape $v"
     [ "$v" = default ] && v=FERROLM_UNUSED=1
-    env "$v" "$BIN" bench -m "$W/$shape.gguf" --device cuda --batch "${BATCHES:-1,2,4,8,16,64}" \
+    env ${v//,/ } "$BIN" bench -m "$W/$shape.gguf" --device cuda --batch "${BATCHES:-1,2,4,8,16,64}" \
       -p 128 -n 128 2>&1 | grep -E '^\|'
   done
 done
 shape=${SHAPES:-llama-3.2-1b}; shape=${shape##* }
 echo "== exactness, $shape, 16 and 8 sequences joining and leaving"
 for b in 16 8; do
-  "$BIN" cuda-check -m "$W/$shape.gguf" --batch $b -p 160 -n 40 2>&1 | tail -1
+  env ${CHECK_ENV//,/ } FERROLM_UNUSED=1 "$BIN" cuda-check -m "$W/$shape.gguf" --batch $b -p 160 -n 40 2>&1 | tail -1
 done
 if [ "${NCU:-}" = 1 ]; then
   big=${SHAPES:-llama-3.1-8b}; big=${big%% *}
-  /usr/local/cuda/bin/ncu --clock-control none --kernel-name "regex:dq4k_gemm" \
+  /usr/local/cuda/bin/ncu --clock-control none --kernel-name "regex:dq[46]k_" \
     --launch-skip 10 --launch-count 6 --section SpeedOfLight --section Occupancy \
     --section LaunchStats --section WarpStateStats \
     "$BIN" bench -m "$W/$big.gguf" --device cuda --batch 16 -p 1 -n 4 -r 1 > "$W/ncu.txt" 2>&1
