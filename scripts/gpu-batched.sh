@@ -18,6 +18,7 @@ BIN=${1:?usage: gpu-batched.sh BIN TOKENIZER_GGUF LLAMA_SRC}
 TOK=${2:?}
 SRC=${3:?}
 W=${WORK:-/tmp/ferrolm-gpu}
+CHECK_ENV=${CHECK_ENV:-}
 mkdir -p "$W"
 export FERROLM_HOME=${FERROLM_HOME:-$W/home}
 HERE=$(cd "$(dirname "$0")" && pwd)
