@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One device call: issue 18's batched decode beside llama.cpp, with exactness and a profile.
-# On the GPU machine, with a release binary built elsewhere and llama.cpp's source beside it:
+# On the GPU machine, with a release binary built elsewhere and llama.cpp's source beside it
+# (scripts/gpu-pack.sh puts them in .bench/):
 #   scripts/gpu-batched.sh BIN TOKENIZER_GGUF LLAMA_SRC
 # TOKENIZER_GGUF: a GGUF holding the default model's tokenizer.* keys (`ferrolm synth --arch llama
 # --layers 1 --embd 64 --heads 2 --kv-heads 1 --ff 64` borrows them); LLAMA_SRC: llama.cpp's
