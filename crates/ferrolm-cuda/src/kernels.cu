@@ -1202,6 +1202,13 @@ __device__ __forceinline__ void copies_wait() {
     asm volatile("cp.async.wait_all;" ::: "memory");
 #endif
 }
+// All but this thread's last N groups of copies (`copies_issued`) have landed.
+template <int N>
+__device__ __forceinline__ void copies_wait_but() {
+#if __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+#endif
+}
 
 // The most threads a product over 16-bit float rows reads pieces with (the slots' size).
 #define PIECE_THREADS 256
@@ -3058,26 +3065,18 @@ extern "C" __global__ void __launch_bounds__(SG_WARPS * 32)
     dq4k_gemm<2>(W, row_bytes, rows, n_sb, A, cols, n, C, beta);
 }
 
-// The same products in a pipeline (dq4k_pipe_*): a block of WARPS warps takes WARPS x 32 rows
+// The same products in a pipeline (dq_pipe: dq4k_pipe_*, and dq6k_pipe_* over Q6_KR rows): a
+// block of WARPS warps takes WARPS x 32 rows
 // and a run of their super-blocks (blockIdx.y: the runs split K, so that small matrices still
 // fill the GPU); the super-blocks' weights and the inputs' 256 columns are copied into shared
 // memory STAGES - 1 super-blocks ahead (cp.async), so loads stay in flight while the warps
 // dequantize and multiply, each warp its own 32 rows of the shared inputs, as dq4k_gemm does.
 // A run's sums go to `partial`; the block that finishes a row block's last run adds the runs'
 // sums in run order (the same bits whatever order the blocks ran in) and writes the outputs.
-__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
-    const u32 d = (u32)__cvta_generic_to_shared(dst);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(src));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-    asm volatile("cp.async.wait_group %0;" ::"n"(N));
-}
 
 // The formats the pipeline reads. ROW: the bytes of one row's super-block a stage holds,
-// STAGE_PIECES of 16 bytes from `piece`; a lane's Row of them gives the f16 weight pairs of word t4
-// (columns 4t4 .. 4t4 + 3) of the half `nib` of its 64 columns: (4t4, 4t4 + 2) and
+// STAGE_PIECES of 16 bytes from `piece`; a lane's Row of them gives the f16 weight pairs of
+// word t4 (columns 4t4 .. 4t4 + 3) of the half `nib` of its 64 columns: (4t4, 4t4 + 2) and
 // (4t4 + 1, 4t4 + 3), as dq4k_gemm's.
 struct PipeQ4K {
     static constexpr int ROW = 144, STAGE_PIECES = 9;
@@ -3183,26 +3182,26 @@ __device__ __forceinline__ void dq_pipe(const u8* __restrict__ W, int row_bytes,
         for (int p = tid; p < BLOCK_ROWS * F::STAGE_PIECES; p += 32 * WARPS) {
             const int rr = p / F::STAGE_PIECES, part = p % F::STAGE_PIECES;
             const u8* row = W + (long long)min(r0 + rr, rows - 1) * row_bytes;
-            cp_async16(st + rr * F::ROW + 16 * part, F::piece(row, n_sb, sb0 + i, part));
+            copy16_async(st + rr * F::ROW + 16 * part, F::piece(row, n_sb, sb0 + i, part));
         }
         for (int p = tid; p < NT * 8 * 32; p += 32 * WARPS) {
             const int row = p / 32, piece = p % 32, t = row / 8, gg = row % 8;
             const int cc = piece / 8, j = piece % 8;
-            cp_async16(st + STAGE_WEIGHTS + ((t * 8 + j) * 32 + gg * 4 + cc) * 16,
+            copy16_async(st + STAGE_WEIGHTS + ((t * 8 + j) * 32 + gg * 4 + cc) * 16,
                        A + (long long)min(row, n - 1) * cols + (sb0 + i) * 256 + 8 * piece);
         }
     };
 #pragma unroll
     for (int i = 0; i < STAGES - 1; i++) {
         if (i < count) issue(i);
-        cp_async_commit();
+        copies_issued();
     }
     float acc[2][NT][4] = {};
     for (int i = 0; i < count; i++) {
-        cp_async_wait<STAGES - 2>();
+        copies_wait_but<STAGES - 2>();
         __syncthreads();
         if (i + STAGES - 1 < count) issue(i + STAGES - 1);
-        cp_async_commit();
+        copies_issued();
         const u8* st = stage_mem + (i % STAGES) * STAGE_BYTES;
         const uint4* sa = (const uint4*)(st + STAGE_WEIGHTS) + lane;
         typename F::Row wr[4];
@@ -3243,13 +3242,15 @@ __device__ __forceinline__ void dq_pipe(const u8* __restrict__ W, int row_bytes,
     }
     // Runs past the first: every run's sums through `partial`, added by the last block.
     if (gridDim.y > 1) {
-        float4* mine = (float4*)partial +
-                       (((long long)blockIdx.y * gridDim.x + blockIdx.x) * blockDim.x + tid) * 2 * NT;
+        const long long slot = ((long long)blockIdx.y * gridDim.x + blockIdx.x) * blockDim.x + tid;
+        float4* mine = (float4*)partial + slot * 2 * NT;
 #pragma unroll
         for (int m = 0; m < 2; m++)
 #pragma unroll
-            for (int t = 0; t < NT; t++)
-                mine[m * NT + t] = make_float4(acc[m][t][0], acc[m][t][1], acc[m][t][2], acc[m][t][3]);
+            for (int t = 0; t < NT; t++) {
+                const float* a = acc[m][t];
+                mine[m * NT + t] = make_float4(a[0], a[1], a[2], a[3]);
+            }
         __threadfence();
         __syncthreads();
         if (tid == 0) last = atomicAdd(&counters[blockIdx.x], 1u) == gridDim.y - 1;
