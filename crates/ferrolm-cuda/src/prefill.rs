@@ -453,6 +453,7 @@ impl<D: BatchDevice> Prefill<D> {
         let b = MAX_BATCH;
         let f32s = |n: usize| dev.alloc_zeros::<f32>(n.max(1), "batch buffers");
         let f16s = |n: usize| dev.alloc_zeros::<u16>(n.max(1), "batch buffers");
+        let (pipe_sums, pipe_counters) = dq_pipe_scratch(p);
         Ok(Prefill {
             ids: dev.alloc_zeros::<u32>(b, "batch ids")?,
             x: f32s(b * p.n_embd)?,
@@ -506,8 +507,8 @@ impl<D: BatchDevice> Prefill<D> {
             xq_holds: None,
             mmq_step: false,
             dq_step: false,
-            dq_partial: f32s(dq_pipe_scratch(p).0)?,
-            dq_counters: dev.alloc_zeros::<u32>(dq_pipe_scratch(p).1, "batch counters")?,
+            dq_partial: f32s(pipe_sums)?,
+            dq_counters: dev.alloc_zeros::<u32>(pipe_counters, "batch counters")?,
             dev,
         })
     }
@@ -647,14 +648,10 @@ impl<D: BatchDevice> Prefill<D> {
             return self.product_mmq(spec, at.matrices[m], a, n, c, beta);
         }
         let w = at.matrices[m];
-        if self.reads_blocks(spec) && (w | a).is_multiple_of(16) && has_dq6(spec) {
-            self.xq_holds = None;
-            return self.product_pipe(spec, w, a, n, c, beta, "dq6k_pipe", None);
-        }
         if self.reads_blocks(spec) && (w | a).is_multiple_of(16) {
             self.xq_holds = None;
-            if let Some(layout) = self.tuning.dq_pipe {
-                return self.product_pipe(spec, w, a, n, c, beta, "dq4k_pipe", Some(layout));
+            if has_dq6(spec) || self.tuning.dq_pipe.is_some() {
+                return self.product_pipe(spec, w, a, n, c, beta);
             }
             // One tile of 8 inputs where they fit, else two.
             let kernel = if n <= 8 {
@@ -699,10 +696,8 @@ impl<D: BatchDevice> Prefill<D> {
         self.dq_step && (has_dq(spec) || (self.tuning.dq6_pipe && has_dq6(spec)))
     }
 
-    /// [`Prefill::product`] of a Q4_K or Q6_KR matrix at `w` by the pipeline `kernel`
-    /// (`dq4k_pipe` in `layout`, `dq6k_pipe` in its one; docs/ARCHITECTURE.md, "Batched
-    /// decode").
-    #[allow(clippy::too_many_arguments)]
+    /// [`Prefill::product`] of a Q6_KR matrix at `w` by `dq6k_pipe_*`, or of a Q4_K one by
+    /// `dq4k_pipe_*` in the tuning's layout (docs/ARCHITECTURE.md, "Batched decode").
     fn product_pipe(
         &mut self,
         spec: &MatrixSpec,
@@ -711,18 +706,17 @@ impl<D: BatchDevice> Prefill<D> {
         n: usize,
         c: u64,
         beta: f32,
-        kernel: &str,
-        layout: Option<(usize, usize)>,
     ) -> Result<(), CudaError> {
         let tiles = if n <= 8 { 1 } else { 2 };
         let n_sb = spec.cols / 256;
-        let ((warps, stages), row, kernel) = match layout {
+        let ((warps, stages), row, kernel) = match self.tuning.dq_pipe {
+            _ if has_dq6(spec) => (DQ6_PIPE, DQ6K_STAGE_ROW, format!("dq6k_pipe_{}", 8 * tiles)),
             Some((w, s)) => (
                 (w, s),
                 DQ4K_STAGE_ROW,
-                format!("{kernel}_{}_{w}x{s}", 8 * tiles),
+                format!("dq4k_pipe_{}_{w}x{s}", 8 * tiles),
             ),
-            None => (DQ6_PIPE, DQ6K_STAGE_ROW, format!("{kernel}_{}", 8 * tiles)),
+            None => unreachable!("a Q4_K matrix through the pipeline without its layout"),
         };
         let (row_blocks, runs, run) = dq_pipe_grid(spec.rows, n_sb, warps);
         let (partial, counters) = (

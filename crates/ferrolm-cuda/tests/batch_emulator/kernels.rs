@@ -191,30 +191,14 @@ pub fn run(dev: &HostDevice, name: &str, grid: (u32, u32), block: u32, args: &[V
         dq4k_gemm(dev, mem, most, [0, 1, 2, 3, 4, 5, 6, 7, 8], &a);
     } else if let Some(most) = name.strip_prefix("dq6k_pipe_") {
         // dq6k_pipe_{most}: dq4k_pipe's arguments, Q6_KR rows, DQ6_PIPE's layout
-        let (warps, _) = ferrolm_cuda::prefill::DQ6_PIPE;
-        assert_eq!(block as usize, 32 * warps, "{name}: its warps");
-        let (n_rows, n_sb, run) = (a.int(2), a.int(3), a.int(4));
-        assert_eq!(
-            (grid.0 as usize, grid.1 as usize, run),
-            ferrolm_cuda::prefill::dq_pipe_grid(n_rows, n_sb, warps),
-            "{name}: its grid"
-        );
+        pipe_grid(name, grid, block, ferrolm_cuda::prefill::DQ6_PIPE.0, &a);
         dq4k_gemm(dev, mem, most, [0, 1, 2, 3, 5, 6, 7, 8, 9], &a);
     } else if let Some(layout) = name.strip_prefix("dq4k_pipe_") {
-        // dq4k_pipe_{most}_{warps}x{stages}(W, row_bytes, n_rows, n_sb, run, a, cols, n, y,
-        // beta, partial, counters): row blocks of 32 x warps rows, runs of `run` super-blocks
         let (most, pipe) = layout.split_once('_').expect("dq4k_pipe_{most}_{layout}");
         let (warps, stages) = pipe.split_once('x').expect("{warps}x{stages}");
         let warps: usize = warps.parse().expect("warps");
         assert!(ferrolm_cuda::prefill::DQ_PIPES.contains(&(warps, stages.parse().expect("stages"))));
-        assert_eq!(block as usize, 32 * warps, "{name}: its warps");
-        let (n_rows, n_sb, run) = (a.int(2), a.int(3), a.int(4));
-        assert_eq!(
-            (grid.0 as usize, grid.1 as usize, run),
-            ferrolm_cuda::prefill::dq_pipe_grid(n_rows, n_sb, warps),
-            "{name}: its grid"
-        );
-        assert!(grid.1 as usize * run >= n_sb && (grid.1 as usize - 1) * run < n_sb);
+        pipe_grid(name, grid, block, warps, &a);
         dq4k_gemm(dev, mem, most, [0, 1, 2, 3, 5, 6, 7, 8, 9], &a);
     } else if let Some(kernel) = name.strip_prefix("mmq_") {
         mmq(dev, mem, kernel, grid, block, &a);
@@ -532,6 +516,20 @@ fn mmq(dev: &HostDevice, mem: &mut Memory, kernel: &str, grid: (u32, u32), block
         }
         mem.write(out, &y);
     }
+}
+
+/// The launch of a pipelined product (dq4k_pipe_{most}_{warps}x{stages}, dq6k_pipe_{most}:
+/// W, row_bytes, n_rows, n_sb, run, a, cols, n, y, beta, partial, counters): row blocks of
+/// 32 x `warps` rows, runs of `run` super-blocks that hold them all, as `dq_pipe_grid` says.
+fn pipe_grid(name: &str, grid: (u32, u32), block: u32, warps: usize, a: &Args) {
+    assert_eq!(block as usize, 32 * warps, "{name}: its warps");
+    let (n_rows, n_sb, run) = (a.int(2), a.int(3), a.int(4));
+    assert_eq!(
+        (grid.0 as usize, grid.1 as usize, run),
+        ferrolm_cuda::prefill::dq_pipe_grid(n_rows, n_sb, warps),
+        "{name}: its grid"
+    );
+    assert!(grid.1 as usize * run >= n_sb && (grid.1 as usize - 1) * run < n_sb);
 }
 
 /// dq4k_gemm_8/_16(W, row_bytes, n_rows, n_sb, a, cols, n, y, beta) and dq4k_pipe_*'s same
