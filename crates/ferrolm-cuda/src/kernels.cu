@@ -2636,6 +2636,45 @@ FOR_PRODUCTS(Q6_KR, true, s_Q6_KR, true)
 FOR_PRODUCTS(Q8_0R, true, s_Q8_0R, true)
 FOR_PRODUCTS(Q4_0, true, s_Q4_0, true)
 
+// Q and K of type T0 and V of type T1 in one launch (llama-quantize's mixes give V more bits
+// in some layers): matvec3 and matvec3r with V's blocks reading rows of rb1 bytes as T1. The
+// host launches them only where the Q and K rows fill whole blocks (r0 + r1 a multiple of
+// ROWS), so that a block's rows are all of one type; their input format is shared. Arguments
+// as matvec3's and matvec3r's, then rb1.
+#define MIXED_QKV(T0, T1, S, ST0, ST1)                                                           \
+    extern "C" __global__ void matvec3##S(const u8* W0, const u8* W1, const u8* W2, int r0,     \
+                                          int r1, int r2, int rb0, int n_chunks, const void* x,  \
+                                          const float* b0, const float* b1, const float* b2,     \
+                                          float* y0, float* y1, float* y2, int rb1) {            \
+        if ((int)blockIdx.x * ROWS < r0 + r1)                                                    \
+            matvec3<T0, true, ST0>(W0, W1, W2, r0, r1, r2, rb0, n_chunks, x, b0, b1, b2, y0, y1, \
+                                   y2);                                                          \
+        else                                                                                     \
+            matvec3<T1, true, ST1>(W0, W1, W2, r0, r1, r2, rb1, n_chunks, x, b0, b1, b2, y0, y1, \
+                                   y2);                                                          \
+    }                                                                                            \
+    extern "C" __global__ void matvec3r##S(                                                      \
+        const u8* W0, const u8* W1, const u8* W2, int r0, int r1, int r2, int rb0, int n_chunks, \
+        const void* x, const float* b0, const float* b1, const float* b2, float* y0, u16* kc,    \
+        u16* vc, const u32* pos, int kv_dim, int hd, int n_dims, float theta_scale,              \
+        float freq_scale, const float* freq_factors, int rb1) {                                  \
+        if ((int)blockIdx.x * ROWS < r0 + r1)                                                    \
+            matvec3_rope<T0, true, ST0>(blockIdx.x, W0, W1, W2, r0, r1, r2, rb0, n_chunks, x,    \
+                                        b0, b1, b2, y0, kc, vc, pos, kv_dim, hd, n_dims,         \
+                                        theta_scale, freq_scale, freq_factors);                  \
+        else                                                                                     \
+            matvec3_rope<T1, true, ST1>(blockIdx.x, W0, W1, W2, r0, r1, r2, rb1, n_chunks, x,    \
+                                        b0, b1, b2, y0, kc, vc, pos, kv_dim, hd, n_dims,         \
+                                        theta_scale, freq_scale, freq_factors);                  \
+    }
+
+// (`schedule::MIXED_QKV` lists the same pairs)
+MIXED_QKV(Q5_0, Q8_0, q_Q5_0_Q8_0, false, false)
+MIXED_QKV(Q5_0, Q8_0R, q_Q5_0_Q8_0R, false, false)
+MIXED_QKV(Q4_K, Q6_KR, q_Q4_K_Q6_KR, false, false)
+MIXED_QKV(Q4_K, Q6_KR, s_Q4_K_Q6_KR, true, true)
+MIXED_QKV(Q4_K, Q6_K, q_Q4_K_Q6_K, false, false)
+
 // out[t] = x[t] / rms(x[t]) * w as f16, one block per row t of n values.
 // Rows of a multiple of 4 values up to RMS_HELD * 4 * blockDim.x are read once, as float4s
 // held in registers; others as single values, twice.

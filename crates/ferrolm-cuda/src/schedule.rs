@@ -850,6 +850,23 @@ pub fn staged_product(kernel: &str, row_bytes: usize) -> Option<(String, u32)> {
 /// The kernel types whose products can stage their rows (a `fetch<SHARED>` in kernels.cu).
 const STAGED_TYPES: [&str; 4] = ["Q4_K", "Q6_KR", "Q8_0R", "Q4_0"];
 
+/// The (Q and K, V) kernel types whose three products share one launch though V's type
+/// differs (`matvec3q_{Q}_{V}`, `matvec3rq_..`, staged `s` where both types stage: kernels.cu's
+/// MIXED_QKV): the mixes llama-quantize writes (Gemma 3 270M's Q5_0 with Q8_0 values, Q4_K_M's
+/// Q4_K with Q6_K values), a launch fewer in each such layer.
+pub const MIXED_QKV: [(&str, &str); 4] = [
+    ("Q5_0", "Q8_0"),
+    ("Q5_0", "Q8_0R"),
+    ("Q4_K", "Q6_KR"),
+    ("Q4_K", "Q6_K"),
+];
+
+/// The kernel of the mixed launch [`MIXED_QKV`] names for a pair: `base` (`matvec3` or
+/// `matvec3r`), staged (`s`) or reading its rows from global memory (`q`).
+pub fn mixed_qkv_kernel(base: &str, (qk, v): (&str, &str), staged: bool) -> String {
+    format!("{base}{}_{qk}_{v}", if staged { "s" } else { "q" })
+}
+
 impl Builder {
     /// The bound matrix `w` whole (`rows x cols`), labelled `label`.
     fn matrix(
@@ -1848,7 +1865,8 @@ impl Builder {
             let m = &self.matrices[p.0];
             m.ty == first.ty && m.cols == first.cols
         });
-        if !same {
+        let mixed = self.mixed_qkv("matvec3", parts.map(|p| p.0), x);
+        if !same && mixed.is_none() {
             for (m, bias, y) in parts {
                 self.matvec(m, x, bias, None, y);
             }
@@ -1870,13 +1888,58 @@ impl Builder {
                 .map(|p| p.1.map_or(Arg::Null, |b| Arg::Buf(Buf::Vector(b)))),
         );
         args.extend(parts.iter().map(|p| Arg::Buf(p.2)));
-        self.push_rows(
+        let grid = (total.div_ceil(MATVEC_ROWS) as u32, 1);
+        let block = self.tuning.matvec_threads(cols / 32, total);
+        match mixed {
+            Some(m) => self.push_mixed(m, grid, block, args),
+            None => self.push_rows(kernel, rb, grid, block, args),
+        }
+    }
+
+    /// The launch of Q, K and V products of `mats` where Q and K share a kernel type and V's
+    /// differs, as a pair of [`MIXED_QKV`] (quantized input `x`, Q and K filling whole blocks
+    /// of rows): its kernel, V's row bytes, and the shared memory it stages its rows in.
+    fn mixed_qkv(&self, base: &str, mats: [usize; 3], x: Buf) -> Option<(String, usize, u32)> {
+        let [q, k, v] = mats.map(|m| &self.matrices[m]);
+        let pair = (q.kernel, v.kernel);
+        let fits = self.tuning.mixed_qkv
+            && x == Buf::Xq
+            && k.kernel == q.kernel
+            && k.cols == q.cols
+            && v.cols == q.cols
+            && (q.rows + k.rows).is_multiple_of(MATVEC_ROWS)
+            && MIXED_QKV.contains(&pair);
+        if !fits {
+            return None;
+        }
+        let (rb0, rb1) = (q.row_bytes(), v.row_bytes());
+        let bytes = MATVEC_ROWS * rb0.max(rb1);
+        let staged = self.tuning.stage
+            && STAGED_TYPES.contains(&pair.0)
+            && STAGED_TYPES.contains(&pair.1)
+            && rb0.is_multiple_of(16)
+            && rb1.is_multiple_of(16)
+            && bytes <= SHARED_DEFAULT;
+        let shared = if staged { bytes as u32 } else { 0 };
+        Some((mixed_qkv_kernel(base, pair, staged), rb1, shared))
+    }
+
+    /// A launch [`Builder::mixed_qkv`] chose, `args` those of `matvec3` or `matvec3r`.
+    fn push_mixed(
+        &mut self,
+        (kernel, v_row_bytes, shared): (String, usize, u32),
+        grid: (u32, u32),
+        block: u32,
+        mut args: Vec<Arg>,
+    ) {
+        args.push(Arg::I32(v_row_bytes as i32));
+        self.launches.push(Launch {
             kernel,
-            rb,
-            (total.div_ceil(MATVEC_ROWS) as u32, 1),
-            self.tuning.matvec_threads(cols / 32, total),
+            grid,
+            block,
             args,
-        );
+            shared,
+        });
     }
 
     /// `out = act(G x) * (U x)` in one launch (G and U of one type).
@@ -1917,12 +1980,13 @@ impl Builder {
     /// consecutive matrices of one type and width. `rope`: kv_dim, head_dim, n_dims,
     /// theta_scale, freq_scale, frequency factors.
     fn qkv_rope(&mut self, parts: [(usize, Option<usize>); 3], x: Buf, l: usize, rope: [Arg; 6]) {
+        let mixed = self.mixed_qkv("matvec3r", parts.map(|p| p.0), x);
         let mut start = 0;
         while start < 3 {
             let first = &self.matrices[parts[start].0];
             let (ty, cols, rb) = (first.ty, first.cols, first.row_bytes());
             let kernel = product_kernel("matvec3r", first, x);
-            let mut end = start + 1;
+            let mut end = if mixed.is_some() { 3 } else { start + 1 };
             while end < 3 && {
                 let m = &self.matrices[parts[end].0];
                 m.ty == ty && m.cols == cols
@@ -1964,13 +2028,12 @@ impl Builder {
             ]);
             args.extend(rope);
             let total: usize = rows.iter().sum();
-            self.push_rows(
-                kernel,
-                rb,
-                (total.div_ceil(MATVEC_ROWS) as u32, 1),
-                self.tuning.matvec_threads(cols / 32, total),
-                args,
-            );
+            let grid = (total.div_ceil(MATVEC_ROWS) as u32, 1);
+            let block = self.tuning.matvec_threads(cols / 32, total);
+            match mixed.clone() {
+                Some(m) => self.push_mixed(m, grid, block, args),
+                None => self.push_rows(kernel, rb, grid, block, args),
+            }
             start = end;
         }
     }
@@ -2986,6 +3049,91 @@ pub(crate) mod tests {
                     });
                 assert!(found, "kernel {} is not in the source", l.kernel);
                 assert!(l.block <= 1024 && l.block % 32 == 0, "{}", l.kernel);
+            }
+        }
+    }
+
+    /// Q and K of one type with V of another (llama-quantize's mixes) in one launch where
+    /// kernels.cu instantiates the pair, its blocks reading V's rows with V's row bytes (the
+    /// launch's last argument); other pairs in a launch each.
+    #[test]
+    fn q_and_k_of_one_type_and_v_of_another_share_a_launch() {
+        let src = crate::kernels::SOURCE.as_str();
+        let mut seen = std::collections::BTreeSet::new();
+        // (V's rows regrouped where their width allows: Q6_KR at 2048, Q8_0R at 256)
+        for (qk, v, width, rope) in [
+            (TensorType::Q4_K, TensorType::Q6_K, 2048, true),
+            (TensorType::Q4_K, TensorType::Q6_K, 256, true),
+            (TensorType::Q5_0, TensorType::Q8_0, 256, true),
+            (TensorType::Q5_0, TensorType::Q8_0, 640, true),
+            (TensorType::Q4_0, TensorType::Q8_0, 256, false),
+        ] {
+            let mut pl = plan(2, 64);
+            pl.n_embd = width;
+            let types = |name: &str| if name.contains("attn_v") { v } else { qk };
+            for stage in [true, false] {
+                let tuning = CudaTuning {
+                    stage,
+                    ..CudaTuning::default()
+                };
+                let p = decode_plan_with(&pl, &bound(&pl, types), 512, 2, &tuning).unwrap();
+                let qkv: Vec<&Launch> = p
+                    .launches
+                    .iter()
+                    .filter(|l| l.kernel.starts_with("matvec3r"))
+                    .collect();
+                if !rope {
+                    assert_eq!(
+                        qkv.len(),
+                        4,
+                        "{qk:?} with {v:?}: a launch for Q and K, one for V"
+                    );
+                    continue;
+                }
+                assert_eq!(
+                    qkv.len(),
+                    2,
+                    "{qk:?} with {v:?}: a launch a layer: {:?}",
+                    qkv.iter().map(|l| &l.kernel).collect::<Vec<_>>()
+                );
+                for l in qkv {
+                    let [q, _, vm] = [0, 1, 2].map(|i| match l.args[i] {
+                        Arg::Buf(Buf::Matrix(m)) => &p.matrices[m],
+                        ref a => panic!("{a:?}"),
+                    });
+                    let staged = l.shared > 0;
+                    let both_stage =
+                        STAGED_TYPES.contains(&q.kernel) && STAGED_TYPES.contains(&vm.kernel);
+                    assert_eq!(staged, stage && both_stage, "{}", l.kernel);
+                    let pair = (q.kernel, vm.kernel);
+                    assert!(MIXED_QKV.contains(&pair));
+                    seen.insert(l.kernel.clone());
+                    assert_eq!(l.kernel, mixed_qkv_kernel("matvec3r", pair, staged));
+                    assert_eq!(l.args.len(), 23);
+                    assert_eq!(l.args[6], Arg::I32(q.row_bytes() as i32));
+                    assert_eq!(l.args[22], Arg::I32(vm.row_bytes() as i32));
+                    assert_ne!(q.row_bytes(), vm.row_bytes());
+                    let (s, flag) = if staged {
+                        ("s", "true")
+                    } else {
+                        ("q", "false")
+                    };
+                    let instance = format!(
+                        "MIXED_QKV({}, {}, {s}_{}_{}, {flag}, {flag})",
+                        q.kernel, vm.kernel, q.kernel, vm.kernel
+                    );
+                    assert!(src.contains(&instance), "no {instance}");
+                }
+            }
+        }
+        // (each pair, and the staged instance)
+        assert_eq!(seen.len(), MIXED_QKV.len() + 1, "{seen:?}");
+        // Every pair listed has its kernels in the source.
+        for (qk, v) in MIXED_QKV {
+            for base in ["matvec3", "matvec3r"] {
+                let name = mixed_qkv_kernel(base, (qk, v), false);
+                let s = name.strip_prefix(base).unwrap();
+                assert!(src.contains(&format!("MIXED_QKV({qk}, {v}, {s}, false, false)")));
             }
         }
     }

@@ -24,6 +24,9 @@ pub struct CudaTuning {
     /// Products that can copy their rows into shared memory before waiting do
     /// (`FERROLM_CUDA_NO_STAGE`).
     pub stage: bool,
+    /// Q and K of one type with V of another in one launch where the kernels have the pair
+    /// (`schedule::MIXED_QKV`; `FERROLM_CUDA_NO_MIXED_QKV`: a launch per type).
+    pub mixed_qkv: bool,
     /// Q8_0 and Q6_K rows uploaded regrouped for 16-byte loads (`FERROLM_CUDA_NO_REPACK`).
     pub repack: bool,
     /// Eight warps for few, wide rows (`FERROLM_CUDA_MATVEC_128`: at most four).
@@ -96,6 +99,7 @@ impl Default for CudaTuning {
             quantized_activations: true,
             tensor_core_attention: true,
             stage: true,
+            mixed_qkv: true,
             repack: true,
             wide_matvec: true,
             matvec_max_threads: 128,
@@ -131,6 +135,7 @@ impl CudaTuning {
             quantized_activations: unset("FERROLM_CUDA_F32_ACT"),
             tensor_core_attention: unset("FERROLM_CUDA_ATTN_TILE"),
             stage: unset("FERROLM_CUDA_NO_STAGE"),
+            mixed_qkv: unset("FERROLM_CUDA_NO_MIXED_QKV"),
             repack: unset("FERROLM_CUDA_NO_REPACK"),
             wide_matvec: unset("FERROLM_CUDA_MATVEC_128"),
             matvec_max_threads: number("FERROLM_CUDA_MATVEC_MAX_THREADS")

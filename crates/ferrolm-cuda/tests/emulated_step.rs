@@ -14,7 +14,8 @@ use std::sync::Arc;
 use host_math::{mean_kl, relative_difference, swiglu_oai, DeltaShape, Rope, Routing};
 
 use ferrolm_cuda::schedule::{
-    decode_plan_layers, decode_plan_with, Activations, Arg, Buf, DecodePlan, Launch, TOKEN_RING,
+    decode_plan_layers, decode_plan_with, Activations, Arg, Buf, DecodePlan, Launch, MIXED_QKV,
+    TOKEN_RING,
 };
 use ferrolm_cuda::CudaTuning;
 use ferrolm_gguf::{GgufFile, TensorType};
@@ -846,6 +847,20 @@ fn the_decode_step_computes_what_the_cpu_computes() {
         ("ffn_up".into(), TensorType::Q8_0),
     ];
     cases.push(mixed);
+    // Q and K of one type, V of another, in one launch (llama-quantize's mixes): Q4_K with
+    // Q6_K values (RoPE in the epilogue), Gemma 3's Q5_0 with Q8_0 values (Q/K norms after).
+    let mut q4_k = SyntheticSpec::small("llama");
+    q4_k.n_layer = 2;
+    q4_k.head_dim = 64;
+    q4_k.default_type = TensorType::Q4_K;
+    q4_k.types = vec![("attn_v".into(), TensorType::Q6_K)];
+    cases.push(q4_k);
+    let mut gemma = SyntheticSpec::small("gemma3");
+    gemma.head_dim = 64;
+    gemma.sliding_window = Some(8);
+    gemma.default_type = TensorType::Q5_0;
+    gemma.types = vec![("attn_v".into(), TensorType::Q8_0)];
+    cases.push(gemma);
     for spec in &cases {
         check_emulated(spec, 24);
     }
@@ -892,6 +907,18 @@ fn check_emulated(spec: &SyntheticSpec, n: usize) {
                     "no {k} in {kernels:?}"
                 );
             }
+        }
+        if spec.types.iter().any(|(t, _)| t == "attn_v") && act == Activations::Quantized {
+            let mixed = |n: &String| {
+                n.starts_with("matvec3")
+                    && MIXED_QKV
+                        .iter()
+                        .any(|(qk, v)| n.ends_with(&format!("_{qk}_{v}")))
+            };
+            assert!(
+                kernels.iter().any(mixed),
+                "no mixed Q/K/V launch in {kernels:?}"
+            );
         }
         if spec.types.is_empty() && act == Activations::Quantized {
             let (present, absent) = if on_load_max == 0 {
