@@ -1970,6 +1970,11 @@ __device__ __forceinline__ void rms_norm_groups(const float* x, const float* w, 
         for (int i = 0; i < 8; i++) v[i] = (xv[i] * scale) * wv[i];
         if constexpr (QUANT) {
             quantize_group(v, xq, n, g, mode);
+            if (out && j < n) {
+                float4* o = (float4*)(out + j);
+                o[0] = make_float4(v[0], v[1], v[2], v[3]);
+                o[1] = make_float4(v[4], v[5], v[6], v[7]);
+            }
             if (out16 && j < n) {
                 uint4 hv;
                 hv.x = (u32)f2h(v[0]) | ((u32)f2h(v[1]) << 16);
@@ -1993,6 +1998,13 @@ extern "C" __global__ void rms_norm(const float* x, const float* w, float* out, 
 extern "C" __global__ void rms_norm_q(const float* x, const float* w, u8* xq, int n, float eps,
                                       int mode) {
     rms_norm_groups<true>(x, w, nullptr, xq, n, eps, mode);
+}
+
+// rms_norm and rms_norm_q in one launch: the normed values in f32 (out) and quantized (xq), for
+// a mixture of experts whose router reads the one and other products the other.
+extern "C" __global__ void rms_norm_fq(const float* x, const float* w, float* out, u8* xq, int n,
+                                       float eps, int mode) {
+    rms_norm_groups<true>(x, w, out, xq, n, eps, mode);
 }
 
 // Row blockIdx.x of a batched step's residual stream normed as rms_norm_q norms one token's,

@@ -1611,9 +1611,11 @@ impl Builder {
             .zip(down_bias)
             .map(|((g, u), d)| [g, u, d]);
         // The normed input in f32 (H); each product's quantized copy in Xq, made again only
-        // when the format changes (`held`: what Xq holds now).
-        self.rms_norm(Buf::X, ffn_norm, Buf::H, d, eps, None);
-        let mut held = None;
+        // when the format changes (`held`: what Xq holds now). The router's copy comes from
+        // the norm's launch (`rms_norm_fq`).
+        let router_format = self.shared_format(&[router]);
+        self.rms_norm_f32_and(ffn_norm, d, eps, router_format);
+        let mut held = router_format;
         let mut input = |b: &mut Builder, mats: &[usize]| match b.shared_format(mats) {
             None => Buf::H,
             Some(f) if held == Some(f) => Buf::Xq,
@@ -2099,6 +2101,29 @@ impl Builder {
 
     /// `out = x / rms(x) * w` over `n` values, in f32, or quantized for `format`
     /// (`rms_norm_q`, the kernels' `ACT_*`).
+    /// The RMS norm of the residual stream (weights `w`) in f32 into [`Buf::H`], and quantized
+    /// in `format` into [`Buf::Xq`] by the same launch where there is one.
+    fn rms_norm_f32_and(&mut self, w: usize, n: usize, eps: f32, format: Option<i32>) {
+        let Some(format) = format else {
+            return self.rms_norm(Buf::X, w, Buf::H, n, eps, None);
+        };
+        let warps = n.div_ceil(256).clamp(1, 32) as u32;
+        self.push(
+            "rms_norm_fq",
+            (1, 1),
+            32 * warps,
+            vec![
+                Arg::Buf(Buf::X),
+                Arg::Buf(Buf::Vector(w)),
+                Arg::Buf(Buf::H),
+                Arg::Buf(Buf::Xq),
+                Arg::I32(n as i32),
+                Arg::F32(eps),
+                Arg::I32(format),
+            ],
+        );
+    }
+
     fn rms_norm(&mut self, x: Buf, w: usize, out: Buf, n: usize, eps: f32, format: Option<i32>) {
         let mut args = vec![
             Arg::Buf(x),

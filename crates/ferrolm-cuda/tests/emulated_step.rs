@@ -224,6 +224,21 @@ impl<'f> Emulator<'f> {
             } else {
                 self.write(Self::buf(&a[2]).unwrap(), 0, &y);
             }
+        } else if name == "rms_norm_fq" {
+            // rms_norm_fq(x, w, out, xq, n, eps, mode): both outputs of one norm
+            let n = Self::i(&a[4]);
+            let y = self.rms_norm(
+                Self::buf(&a[0]).unwrap(),
+                Self::buf(&a[1]).unwrap(),
+                n,
+                Self::f(&a[5]),
+            );
+            self.write(Self::buf(&a[2]).unwrap(), 0, &y);
+            let code = match a[6] {
+                Arg::I32(c) => c,
+                ref o => panic!("{o:?}"),
+            };
+            self.quantize_into(Self::buf(&a[3]).unwrap(), &y, code);
         } else if name == "quantize_act" {
             let n = Self::i(&a[2]);
             let x = self.read(Self::buf(&a[0]).unwrap());
