@@ -2223,15 +2223,16 @@ __device__ __forceinline__ void attend_tiles(const float* qh, const u16* kc, con
 
 // Split-K flash decoding: block (h, s) attends query head h over its share of the positions
 // 0..=*pos (the last `window` of them when window > 0). The number of splits used is chosen
-// each step from the visible length, a split per ATTN_TILE positions and at most n_splits (the
-// grid's width; the blocks past it return at once). With one split, the block writes
+// each step from the visible length, a split per `tile` positions (ATTN_TILE, fewer for models
+// of few heads, whose blocks would leave most SMs idle) and at most n_splits (the grid's width;
+// the blocks past it return at once). With one split, the block writes
 // out[h*hd..] itself; with more, each writes its unnormalized output with its max and sum, and
 // the last of head h to finish (a counter per head, reset for the next step) merges them.
 extern "C" __global__ void attn_split(const float* q, const u16* kc, const u16* vc,
                                       const u32* pos, float* part_o, float* part_ml, u32* done,
                                       float* out, int n_head, int n_head_kv, int hd,
                                       int n_splits, float scale, float cap, int window,
-                                      const float* sinks) {
+                                      const float* sinks, int tile) {
     step_begin();
     __shared__ float so[256];
     __shared__ bool last;
@@ -2239,7 +2240,7 @@ extern "C" __global__ void attn_split(const float* q, const u16* kc, const u16* 
     int kvh = h / (n_head / n_head_kv);
     int len = (int)*pos + 1;
     int lo = window > 0 ? max(0, len - window) : 0;
-    int ns = min(n_splits, (len - lo + ATTN_TILE - 1) / ATTN_TILE);
+    int ns = min(n_splits, (len - lo + tile - 1) / tile);
     if (s >= ns) return;
     int chunk = (len - lo + ns - 1) / ns;
     int start = lo + s * chunk, end = min(start + chunk, len);
