@@ -8,8 +8,8 @@
 # source (../shared/bench/fetch-llama-cpp.sh). BUILD_LLAMA: ../shared/bench/build-llama-cpp.sh,
 # copied into the carried folder (shared/ beside the checkout does not travel). Env: SHAPES="llama-3.1-8b llama-3.2-1b",
 # BATCHES=1,2,4,8,16,64, VARIANTS="default" or FERROLM_CUDA_* settings to compare (several in one
-# variant joined by commas), e.g. VARIANTS="default FERROLM_CUDA_DQ_PIPE=4x4
-# FERROLM_CUDA_DQ_PIPE=4x4,FERROLM_CUDA_DQ6_PIPE=1"; CHECK_ENV: settings (commas) for the
+# variant joined by commas), e.g. VARIANTS="default FERROLM_CUDA_DQ_PIPE=4x3
+# FERROLM_CUDA_DQ_PIPE=4x3,FERROLM_CUDA_DQ6_PIPE=1"; CHECK_ENV: settings (commas) for the
 # exactness checks; NCU=1 profiles a few of the 16-row
 # decode steps' dq4k_gemm launches with Nsight Compute (prompts do not launch it).
 # llama.cpp builds in the background (about 3-5 minutes on 16 cores) while ferrolm runs; the

@@ -75,11 +75,11 @@ pub struct CudaTuning {
     pub dq_gemm_max_rows: usize,
     /// Those products by `dq4k_pipe_*` (warps a block, super-blocks in flight: one of
     /// [`crate::prefill::DQ_PIPES`]), the pipelined layout, rather than `dq4k_gemm_*`
-    /// (`FERROLM_CUDA_DQ_PIPE=4x4`; `None`, the default, until it is measured on a GPU:
+    /// (`FERROLM_CUDA_DQ_PIPE=4x3`; `None`, the default: slower than `dq4k_gemm_*` on an H100,
     /// docs/PERFORMANCE.md).
     pub dq_pipe: Option<(usize, usize)>,
     /// Those steps' Q6_K matrices (regrouped, Q6_KR) through `dq6k_pipe_*` too, instead of f16
-    /// GEMMs over their copies (`FERROLM_CUDA_DQ6_PIPE=1`; off by default until measured).
+    /// GEMMs over their copies (`FERROLM_CUDA_DQ6_PIPE=1`; off: no faster on an H100).
     pub dq6_pipe: bool,
     /// A model holding several sequences maps its KV caches' memory in pages as each
     /// sequence grows, from a pool of `kv_memory` bytes ([`crate::kv_pages`];
