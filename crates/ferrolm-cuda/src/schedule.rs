@@ -737,19 +737,24 @@ pub fn theta_scale(freq_base: f32, n_dims: usize) -> f32 {
 /// position a thread of its block).
 pub const ATTN_TILE: usize = 128;
 
-/// The positions a split of the decode attention takes at least, for `n_head` query heads:
-/// ATTN_TILE from 32 heads, fewer below (16 for Gemma 3's 4), so that a short context still
-/// gives the GPU about as many blocks as 32 heads do.
-pub fn split_tile(n_head: usize) -> usize {
-    (ATTN_TILE * n_head / 32).clamp(16, ATTN_TILE)
+/// The positions a split of the decode attention takes at least, for `n_head` query heads,
+/// with `CudaTuning::fine_attention_splits`: ATTN_TILE from 32 heads, fewer below (16 for
+/// Gemma 3's 4), so that a short context still gives the GPU about as many blocks as 32 heads
+/// do. ATTN_TILE otherwise.
+pub fn split_tile(n_head: usize, fine: bool) -> usize {
+    if fine {
+        (ATTN_TILE * n_head / 32).clamp(16, ATTN_TILE)
+    } else {
+        ATTN_TILE
+    }
 }
 
-/// The split-K factor for a context of `n_ctx` positions and `n_head` query heads: the grid's
-/// width, a split per [`split_tile`] positions at full length, at least 1 and at most 16. Each
-/// step the kernel uses a split per that many visible positions, up to this many, so a short
-/// cache needs no merge.
-pub fn splits_for(n_ctx: usize, n_head: usize) -> usize {
-    n_ctx.div_ceil(split_tile(n_head)).clamp(1, 16)
+/// The split-K factor for a context of `n_ctx` positions, a split per `tile` positions
+/// ([`split_tile`]) at full length: the grid's width, at least 1 and at most 16. Each step the
+/// kernel uses a split per `tile` visible positions, up to this many, so a short cache needs no
+/// merge.
+pub fn splits_for(n_ctx: usize, tile: usize) -> usize {
+    n_ctx.div_ceil(tile).clamp(1, 16)
 }
 
 /// What the decode products multiply the weights with.
@@ -1326,7 +1331,7 @@ impl Builder {
                 Arg::F32(softcap),
                 Arg::I32(window as i32),
                 sink_logits.map_or(Arg::Null, |v| Arg::Buf(Buf::Vector(v))),
-                Arg::I32(split_tile(nh) as i32),
+                Arg::I32(split_tile(nh, b.tuning.fine_attention_splits) as i32),
             ],
         );
         if *gated_output {
@@ -2293,7 +2298,10 @@ fn decode_plan_rank(
         .map(|l| l.attention.n_head)
         .min()
         .unwrap_or(32);
-    let splits = splits_for(n_ctx, fewest_heads);
+    let splits = splits_for(
+        n_ctx,
+        split_tile(fewest_heads, tuning.fine_attention_splits),
+    );
     let mut b = Builder {
         matrices: Vec::new(),
         vectors: Vec::new(),
@@ -2960,7 +2968,7 @@ pub(crate) mod tests {
         assert_eq!(p.launches.last().unwrap().kernel, "choose_token");
         // 4 layers x 7 matrices + embedding + output.
         assert_eq!(p.matrices.len(), 4 * 7 + 2);
-        assert_eq!(p.splits, 16, "512 positions, 8 heads: splits of 32");
+        assert_eq!(p.splits, 4);
         // Mixed types: Q, K, V and gate, up launch one by one, with a separate activation,
         // which the down product quantizes as it loads it.
         let mixed = |name: &str| {
@@ -3096,18 +3104,28 @@ pub(crate) mod tests {
 
     #[test]
     fn few_heads_split_the_decode_attention_finer() {
-        assert_eq!(split_tile(32), ATTN_TILE);
-        assert_eq!(split_tile(64), ATTN_TILE);
-        assert_eq!(split_tile(8), 32);
-        assert_eq!(split_tile(4), 16);
-        assert_eq!(split_tile(1), 16);
-        let p = decode_plan(&plan(1, 64), &all(&plan(1, 64), TensorType::Q8_0), 512).unwrap();
-        let attn = p
-            .launches
-            .iter()
-            .find(|l| l.kernel == "attn_split")
-            .unwrap();
-        assert_eq!(attn.args.last(), Some(&Arg::I32(32)), "8 heads");
+        assert_eq!(split_tile(32, true), ATTN_TILE);
+        assert_eq!(split_tile(64, true), ATTN_TILE);
+        assert_eq!(split_tile(8, true), 32);
+        assert_eq!(split_tile(4, true), 16);
+        assert_eq!(split_tile(1, true), 16);
+        assert_eq!(split_tile(4, false), ATTN_TILE);
+        let pl = plan(1, 64);
+        for (fine, tile, splits) in [(true, 32, 16), (false, ATTN_TILE as i32, 4)] {
+            let tuning = CudaTuning {
+                fine_attention_splits: fine,
+                ..CudaTuning::default()
+            };
+            let p = decode_plan_with(&pl, &all(&pl, TensorType::Q8_0), 512, 1, &tuning).unwrap();
+            let attn = p
+                .launches
+                .iter()
+                .find(|l| l.kernel == "attn_split")
+                .unwrap();
+            assert_eq!(attn.args.last(), Some(&Arg::I32(tile)), "8 heads");
+            assert_eq!(attn.grid.1, splits);
+            assert_eq!(p.splits, splits as usize);
+        }
     }
 
     /// Q and K of one type with V of another (llama-quantize's mixes) in one launch where
@@ -3391,13 +3409,13 @@ pub(crate) mod tests {
 
     #[test]
     fn splits_grow_with_the_context_and_stay_bounded() {
-        assert_eq!(splits_for(1, 32), 1);
-        assert_eq!(splits_for(128, 32), 1);
-        assert_eq!(splits_for(129, 32), 2);
-        assert_eq!(splits_for(513, 32), 5);
-        assert_eq!(splits_for(1 << 20, 32), 16);
-        assert_eq!(splits_for(128, 4), 8);
-        assert_eq!(splits_for(513, 4), 16);
+        assert_eq!(splits_for(1, ATTN_TILE), 1);
+        assert_eq!(splits_for(128, ATTN_TILE), 1);
+        assert_eq!(splits_for(129, ATTN_TILE), 2);
+        assert_eq!(splits_for(513, ATTN_TILE), 5);
+        assert_eq!(splits_for(1 << 20, ATTN_TILE), 16);
+        assert_eq!(splits_for(128, 16), 8);
+        assert_eq!(splits_for(513, 16), 16);
     }
 
     #[test]

@@ -27,6 +27,9 @@ pub struct CudaTuning {
     /// Q and K of one type with V of another in one launch where the kernels have the pair
     /// (`schedule::MIXED_QKV`; `FERROLM_CUDA_NO_MIXED_QKV`: a launch per type).
     pub mixed_qkv: bool,
+    /// The decode attention of models of few query heads split finer over the context
+    /// (`schedule::split_tile`; `FERROLM_CUDA_FINE_SPLITS=1`; off until measured on a GPU).
+    pub fine_attention_splits: bool,
     /// Q8_0 and Q6_K rows uploaded regrouped for 16-byte loads (`FERROLM_CUDA_NO_REPACK`).
     pub repack: bool,
     /// Eight warps for few, wide rows (`FERROLM_CUDA_MATVEC_128`: at most four).
@@ -100,6 +103,7 @@ impl Default for CudaTuning {
             tensor_core_attention: true,
             stage: true,
             mixed_qkv: true,
+            fine_attention_splits: false,
             repack: true,
             wide_matvec: true,
             matvec_max_threads: 128,
@@ -136,6 +140,7 @@ impl CudaTuning {
             tensor_core_attention: unset("FERROLM_CUDA_ATTN_TILE"),
             stage: unset("FERROLM_CUDA_NO_STAGE"),
             mixed_qkv: unset("FERROLM_CUDA_NO_MIXED_QKV"),
+            fine_attention_splits: std::env::var_os("FERROLM_CUDA_FINE_SPLITS").is_some(),
             repack: unset("FERROLM_CUDA_NO_REPACK"),
             wide_matvec: unset("FERROLM_CUDA_MATVEC_128"),
             matvec_max_threads: number("FERROLM_CUDA_MATVEC_MAX_THREADS")
