@@ -45,7 +45,11 @@ fn main() {
     }
     let mut counts: Vec<_> = per_kernel.into_iter().collect();
     counts.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
-    println!("{} launches a token, {layers} layers", plan.launches.len());
+    println!(
+        "{} launches a token, {layers} layers, {:.1} MB of weights read a token",
+        plan.launches.len(),
+        plan.weight_bytes_per_token() as f64 / 1e6
+    );
     for (kernel, n) in counts {
         println!("{n:6}  {kernel}");
     }
