@@ -3795,6 +3795,57 @@ extern "C" __global__ void post_norm_add(const float* y, const float* w, float* 
     post_norm_add_row(y, w, x, n, eps, scale);
 }
 
+// post_norm_add and the next norm where a lane holds 8 values of each (n at most 256 x warps,
+// as the host launches it): both norms' weights loaded before waiting for the previous kernel
+// (they are the model's, no kernel writes them), the new residual kept in registers for the
+// second norm rather than read back. The same arithmetic as post_norm_add_row, then
+// rms_norm_groups (sums of squares in f64, whose order does not change the f32 result).
+template <bool QUANT>
+__device__ __forceinline__ void post_norm_add_norm_in_registers(const float* y, const float* w, float* x,
+                                                        int n, float eps, float scale,
+                                                        const float* nw, float* out, u8* xq,
+                                                        int mode) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int j0 = 256 * warp + 8 * lane;
+    bool ok = j0 < n;
+    float pw[8], nv[8], yv[8], xv[8];
+    load8(nw + j0, ok, nv);
+    load8(w ? w + j0 : nw + j0, ok && w, pw);
+    step_begin();
+    load8(y + j0, ok, yv);
+    load8(x + j0, ok, xv);
+    float r = 1.f;
+    if (w) {
+        double s = 0.0;
+#pragma unroll
+        for (int i = 0; i < 8; i++) s += (double)(yv[i] * yv[i]);
+        r = rms_scale(s, n, eps);
+    }
+    double s2 = 0.0;
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        float v = w ? (yv[i] * r) * pw[i] : yv[i];
+        xv[i] = __fadd_rn(xv[i], __fmul_rn(v, scale));
+        s2 += (double)(xv[i] * xv[i]);
+    }
+    if (ok) {
+        float4* o = (float4*)(x + j0);
+        o[0] = make_float4(xv[0], xv[1], xv[2], xv[3]);
+        o[1] = make_float4(xv[4], xv[5], xv[6], xv[7]);
+    }
+    float r2 = rms_scale(s2, n, eps);
+    float v[8];
+#pragma unroll
+    for (int i = 0; i < 8; i++) v[i] = (xv[i] * r2) * nv[i];
+    if constexpr (QUANT) {
+        quantize_group(v, xq, n, warp, mode);
+    } else if (ok) {
+        float4* o = (float4*)(out + j0);
+        o[0] = make_float4(v[0], v[1], v[2], v[3]);
+        o[1] = make_float4(v[4], v[5], v[6], v[7]);
+    }
+}
+
 // post_norm_add (one token), then the next block's RMS norm of the residual stream (weights
 // nw) as rms_norm or rms_norm_q writes it: one launch instead of two. The norm may write
 // where y was: y is read before the block's threads meet.
@@ -3814,6 +3865,20 @@ extern "C" __global__ void post_norm_add_norm_q(const float* y, const float* w, 
     post_norm_add_row(y, w, x, n, eps, scale);
     __syncthreads();
     rms_norm_groups<true>(x, nw, nullptr, xq, n, eps, mode);
+}
+
+// The same two with post_norm_add_norm_in_registers' layout (`CudaTuning::held_post_norm`; the host
+// launches them where n is at most 256 x warps).
+extern "C" __global__ void post_norm_add_norm_held(const float* y, const float* w, float* x,
+                                                   int n, float eps, float scale, const float* nw,
+                                                   float* out) {
+    post_norm_add_norm_in_registers<false>(y, w, x, n, eps, scale, nw, out, nullptr, 0);
+}
+
+extern "C" __global__ void post_norm_add_norm_held_q(const float* y, const float* w, float* x,
+                                                     int n, float eps, float scale,
+                                                     const float* nw, u8* xq, int mode) {
+    post_norm_add_norm_in_registers<true>(y, w, x, n, eps, scale, nw, nullptr, xq, mode);
 }
 
 // The logits through Gemma 2's final soft cap (cap 0: none; inv_cap = 1 / cap as the CPU

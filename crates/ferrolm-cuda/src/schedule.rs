@@ -2078,10 +2078,15 @@ impl Builder {
             .last()
             .is_some_and(|l| l.kernel == "post_norm_add" && l.args[2] == Arg::Buf(x));
         if after_post_norm {
+            // (a lane's 8 values held in registers where the block's warps cover n)
+            let held = self.tuning.held_post_norm;
             let l = self.launches.last_mut().expect("a launch");
-            l.kernel = match format {
-                Some(_) => "post_norm_add_norm_q",
-                None => "post_norm_add_norm",
+            let held = held && 8 * l.block as usize >= n;
+            l.kernel = match (format, held) {
+                (Some(_), false) => "post_norm_add_norm_q",
+                (None, false) => "post_norm_add_norm",
+                (Some(_), true) => "post_norm_add_norm_held_q",
+                (None, true) => "post_norm_add_norm_held",
             }
             .into();
             l.args.extend([Arg::Buf(Buf::Vector(w)), Arg::Buf(out)]);

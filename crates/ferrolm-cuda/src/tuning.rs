@@ -30,6 +30,11 @@ pub struct CudaTuning {
     /// The decode attention of models of few query heads split finer over the context
     /// (`schedule::split_tile`; `FERROLM_CUDA_FINE_SPLITS=1`; off until measured on a GPU).
     pub fine_attention_splits: bool,
+    /// A block's output through its post-norm, the residual add and the next norm with each
+    /// lane's values held in registers and the norms' weights loaded before the previous
+    /// kernel ends (`post_norm_add_norm_held*`; `FERROLM_CUDA_HELD_POST_NORM=1`; off until
+    /// measured on a GPU).
+    pub held_post_norm: bool,
     /// Q8_0 and Q6_K rows uploaded regrouped for 16-byte loads (`FERROLM_CUDA_NO_REPACK`).
     pub repack: bool,
     /// Eight warps for few, wide rows (`FERROLM_CUDA_MATVEC_128`: at most four).
@@ -104,6 +109,7 @@ impl Default for CudaTuning {
             stage: true,
             mixed_qkv: true,
             fine_attention_splits: false,
+            held_post_norm: false,
             repack: true,
             wide_matvec: true,
             matvec_max_threads: 128,
@@ -141,6 +147,7 @@ impl CudaTuning {
             stage: unset("FERROLM_CUDA_NO_STAGE"),
             mixed_qkv: unset("FERROLM_CUDA_NO_MIXED_QKV"),
             fine_attention_splits: std::env::var_os("FERROLM_CUDA_FINE_SPLITS").is_some(),
+            held_post_norm: std::env::var_os("FERROLM_CUDA_HELD_POST_NORM").is_some(),
             repack: unset("FERROLM_CUDA_NO_REPACK"),
             wide_matvec: unset("FERROLM_CUDA_MATVEC_128"),
             matvec_max_threads: number("FERROLM_CUDA_MATVEC_MAX_THREADS")

@@ -374,6 +374,9 @@ impl<'f> Emulator<'f> {
             let v: Vec<f32> = self.read(x)[..n].iter().map(|v| v * s).collect();
             self.write(x, 0, &v);
         } else if name.starts_with("post_norm_add") {
+            // (the _held kernels compute the same as the others)
+            let name = name.replace("_held", "");
+            let name = name.as_str();
             // post_norm_add(y, w, x, n, eps, scale): x += (norm(y) * w) * scale; _norm and
             // _norm_q then norm x (nw, out[, format]) as rms_norm and rms_norm_q do
             let (n, eps, scale) = (Self::i(&a[3]), Self::f(&a[4]), Self::f(&a[5]));
@@ -716,20 +719,29 @@ fn emulate(
     on_load_max: usize,
     ids: &[u32],
 ) -> (Vec<f32>, Vec<f32>, Vec<String>) {
-    let file = Arc::new(GgufFile::from_bytes(synthetic::build(spec).unwrap().to_bytes()).unwrap());
-    let model = Model::from_file(file.clone(), 1).unwrap();
-    let n_layer = model.plan().layers.len();
     let tuning = CudaTuning {
         quantized_activations: activations == Activations::Quantized,
         quantize_on_load_max: on_load_max,
         ..CudaTuning::default()
     };
+    emulate_tuned(spec, &tuning, ids)
+}
+
+/// [`emulate`] under `tuning`.
+fn emulate_tuned(
+    spec: &SyntheticSpec,
+    tuning: &CudaTuning,
+    ids: &[u32],
+) -> (Vec<f32>, Vec<f32>, Vec<String>) {
+    let file = Arc::new(GgufFile::from_bytes(synthetic::build(spec).unwrap().to_bytes()).unwrap());
+    let model = Model::from_file(file.clone(), 1).unwrap();
+    let n_layer = model.plan().layers.len();
     let plan = decode_plan_with(
         model.plan(),
         model.weights(),
         ids.len() + 1,
         n_layer,
-        &tuning,
+        tuning,
     )
     .unwrap();
     let mut e = Emulator::new(&file, &plan);
@@ -896,6 +908,32 @@ fn the_decode_step_computes_what_the_cpu_computes() {
     let mut gpt_oss = SyntheticSpec::small("gpt-oss");
     gpt_oss.sliding_window = Some(8);
     check_emulated(&gpt_oss, 9);
+}
+
+/// The switches off by default that change a Gemma step's launches (the post-norms held in
+/// registers, finer attention splits) compute what the CPU computes too.
+#[test]
+fn the_gemma_switches_compute_what_the_cpu_computes() {
+    let mut spec = SyntheticSpec::small("gemma3");
+    spec.head_dim = 64;
+    spec.sliding_window = Some(8);
+    let tuning = CudaTuning {
+        held_post_norm: true,
+        fine_attention_splits: true,
+        ..CudaTuning::default()
+    };
+    let (gpu, cpu, kernels) = emulate_tuned(&spec, &tuning, &ids(24));
+    assert!(
+        kernels.iter().any(|k| k == "post_norm_add_norm_held_q"),
+        "{kernels:?}"
+    );
+    for k in ["post_norm_add_norm_held", "post_norm_add_norm_held_q"] {
+        let defined = format!("__global__ void {k}(");
+        assert!(ferrolm_cuda::kernels::SOURCE.contains(&defined), "{k}");
+    }
+    let kl = mean_kl(&cpu, &gpu, cpu.len() / 24);
+    assert!(kl < 1e-3, "mean KL {kl:.3e}");
+    assert!(relative_difference(&cpu, &gpu) < 2e-2);
 }
 
 /// [`emulate`] of `spec` over `n` positions in each activation mode, against the CPU.
