@@ -3357,6 +3357,10 @@ __device__ __forceinline__ void dq_pipe(const u8* __restrict__ W, int row_bytes,
 // dq6k_pipe_{8,16}: Q6_KR rows, four warps, three stages (prefill.rs: DQ6_PIPE).
 DQ_PIPE(dq4k_pipe_8_4x3, PipeQ4K, 1, 4, 3)
 DQ_PIPE(dq4k_pipe_16_4x3, PipeQ4K, 2, 4, 3)
+DQ_PIPE(dq4k_pipe_8_4x2, PipeQ4K, 1, 4, 2)
+DQ_PIPE(dq4k_pipe_16_4x2, PipeQ4K, 2, 4, 2)
+DQ_PIPE(dq4k_pipe_8_8x2, PipeQ4K, 1, 8, 2)
+DQ_PIPE(dq4k_pipe_16_8x2, PipeQ4K, 2, 8, 2)
 DQ_PIPE(dq6k_pipe_8, PipeQ6K, 1, 4, 3)
 DQ_PIPE(dq6k_pipe_16, PipeQ6K, 2, 4, 3)
 
