@@ -2,9 +2,10 @@
 # One device call: the measurements docs/PERFORMANCE.md's latest CUDA section leaves for the
 # next call with a GPU, beside llama.cpp built in the same call. Run on the GPU machine from the
 # repository root after `scripts/gpu-pack.sh` filled .bench/ here:
-#   run(command="bash scripts/gpu-pending.sh", carry=[".bench"])   (about 6 minutes)
+#   run(command="bash scripts/gpu-pending.sh", carry=[".bench"])   (about 8 minutes)
 # 1. issue 18: the 8B Q4_K_M at B=16, `dq4k_gemm` (the default) against the pipelined layouts
-#    (FERROLM_CUDA_DQ_PIPE=4x3|4x2|8x2), beside llama-batched-bench;
+#    (FERROLM_CUDA_DQ_PIPE=4x3|4x2|8x2) and against itself held to 85 registers
+#    (FERROLM_CUDA_DEFINES=DQ_MIN_BLOCKS=3), beside llama-batched-bench;
 # 2. issue 19: Gemma-3-shaped files (270M and 1B, 4 heads of 256), tg128 with and without
 #    FERROLM_CUDA_FINE_SPLITS=1 and FERROLM_CUDA_HELD_POST_NORM=1, alternating, cuda-check with
 #    them, beside llama-bench;
@@ -27,9 +28,11 @@ G="--heads 4 --kv-heads 1 --head-dim 256 --sliding-window 512 --tied --tokenizer
 [ -f $W/g1b.gguf ] || $B synth --arch gemma3 --layers 26 --embd 1152 --ff 6912 $G --type q8_0 -o $W/g1b.gguf > /dev/null
 [ -f $W/moe.gguf ] || $B synth --arch qwen3moe --layers 4 --embd 1024 --heads 16 --kv-heads 4 --head-dim 64 --ff 512 --experts 32 --experts-used 4 --type q4_0 -o $W/moe.gguf > /dev/null
 say "== files $(el) s"
-for v in FERROLM_UNUSED=1 FERROLM_CUDA_DQ_PIPE=4x3 FERROLM_CUDA_DQ_PIPE=4x2 FERROLM_CUDA_DQ_PIPE=8x2 FERROLM_UNUSED=1; do
+# (DQ_MIN_BLOCKS=3: dq4k_gemm within 85 registers, three 8-warp blocks an SM; a define changes
+# the source, so that run compiles the kernels first, about 100 s)
+for v in FERROLM_UNUSED=1 FERROLM_CUDA_DQ_PIPE=4x3 FERROLM_CUDA_DQ_PIPE=4x2 FERROLM_CUDA_DQ_PIPE=8x2 FERROLM_CUDA_DEFINES=DQ_MIN_BLOCKS=3 FERROLM_UNUSED=1; do
   say "== 8b B=16 $v ($(el) s)"
-  env $v timeout 60 $B bench -m $W/8b.gguf --device cuda --batch 16 -p 128 -n 128 2>&1 | grep -E '^\| +[0-9]|rror|anic' | tee -a $LOG
+  env $v timeout 240 $B bench -m $W/8b.gguf --device cuda --batch 16 -p 128 -n 128 2>&1 | grep -E '^\| +[0-9]|rror|anic' | tee -a $LOG
 done
 FINE=FERROLM_CUDA_FINE_SPLITS=1; HELD=FERROLM_CUDA_HELD_POST_NORM=1
 for f in g270 g1b; do
