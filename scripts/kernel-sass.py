@@ -32,8 +32,15 @@ WHEELS = ["nvidia-cuda-nvrtc", "nvidia-cuda-cuobjdump", "nvidia-cuda-nvdisasm"]
 COUNTED = ["LDG", "LDS", "STG", "UBLKCP", "IDP", "FFMA", "BAR", "SYNCS", "SHFL", "BRA"]
 
 
+# The NVRTC that compiles the kernels a GPU machine runs (scripts/test and scripts/gpu-pack.sh
+# install it): its registers differ from the newest NVRTC's (dq4k_gemm_16: 102 against 140).
+SHIPPED_NVRTC = os.path.join(os.environ.get("FERROLM_HOME", os.path.expanduser("~/.cache/ferrolm")),
+                             "nvrtc", "nvidia", "cuda_nvrtc", "lib")
+
+
 def tools(directory):
-    """(libnvrtc path, directory holding cuobjdump and nvdisasm), installing the wheels once."""
+    """(libnvrtc path, directory holding cuobjdump and nvdisasm), installing the wheels once; the
+    shipped NVRTC where it is installed."""
     def find():
         lib = glob.glob(os.path.join(directory, "nvidia", "*", "lib", "libnvrtc.so*"))
         bins = glob.glob(os.path.join(directory, "nvidia", "*", "bin", "nvdisasm"))
@@ -50,7 +57,8 @@ def tools(directory):
         found = find()
     if found is None:
         sys.exit(f"no libnvrtc, cuobjdump or nvdisasm under {directory}")
-    return found
+    shipped = sorted(glob.glob(os.path.join(SHIPPED_NVRTC, "libnvrtc.so.*")))
+    return (shipped[0], found[1]) if shipped else found
 
 
 def cubin(lib, source, arch):

@@ -3105,22 +3105,25 @@ __device__ __forceinline__ void dq4k_gemm(const u8* __restrict__ W, int row_byte
     skinny_store<NT>(part, acc, r0, rows, n, C, beta);
 }
 
-// The blocks an SM must hold at once, which caps the registers a thread: 1 lets the compiler
-// take what it likes (102 registers for dq4k_gemm_16 on sm_90, two 8-warp blocks an SM);
-// `FERROLM_CUDA_DEFINES=DQ_MIN_BLOCKS=3` asks for three, to compare.
-#ifndef DQ_MIN_BLOCKS
-#define DQ_MIN_BLOCKS 1
+// `FERROLM_CUDA_DEFINES=DQ_MIN_BLOCKS=3` asks the compiler for three blocks an SM at once,
+// which caps a thread's registers, to compare. Without it the compiler takes what it likes
+// (102 registers for dq4k_gemm_16 with NVRTC 12.9, two 8-warp blocks an SM; asking for one
+// block explicitly gives 140).
+#ifdef DQ_MIN_BLOCKS
+#define DQ_BOUNDS __launch_bounds__(SG_WARPS * 32, DQ_MIN_BLOCKS)
+#else
+#define DQ_BOUNDS __launch_bounds__(SG_WARPS * 32)
 #endif
 
-extern "C" __global__ void __launch_bounds__(SG_WARPS * 32, DQ_MIN_BLOCKS)
-    dq4k_gemm_8(const u8* __restrict__ W, int row_bytes, int rows, int n_sb,
-                const u16* __restrict__ A, int cols, int n, float* C, float beta) {
+extern "C" __global__ void DQ_BOUNDS dq4k_gemm_8(const u8* __restrict__ W, int row_bytes,
+                                                 int rows, int n_sb, const u16* __restrict__ A,
+                                                 int cols, int n, float* C, float beta) {
     dq4k_gemm<1>(W, row_bytes, rows, n_sb, A, cols, n, C, beta);
 }
 
-extern "C" __global__ void __launch_bounds__(SG_WARPS * 32, DQ_MIN_BLOCKS)
-    dq4k_gemm_16(const u8* __restrict__ W, int row_bytes, int rows, int n_sb,
-                 const u16* __restrict__ A, int cols, int n, float* C, float beta) {
+extern "C" __global__ void DQ_BOUNDS dq4k_gemm_16(const u8* __restrict__ W, int row_bytes,
+                                                  int rows, int n_sb, const u16* __restrict__ A,
+                                                  int cols, int n, float* C, float beta) {
     dq4k_gemm<2>(W, row_bytes, rows, n_sb, A, cols, n, C, beta);
 }
 
