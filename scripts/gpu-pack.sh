@@ -7,6 +7,7 @@
 #                    minutes compiling them), as kernels/<hash>-sm_90.cubin
 #   tok.gguf         a one-layer GGUF holding the default model's tokenizer, for `synth
 #                    --tokenizer-from` there (the GPU machine cannot fetch the default model)
+#   gtok.gguf.gz     the same of Gemma 3 270M's tokenizer (gzipped, ~6 MB)
 #   llama.cpp.tar.gz llama.cpp b11312's trimmed source (../shared/bench/fetch-llama-cpp.sh)
 #   prep.sh          sourced by a call's script: unpacks the three into /tmp/fw, FERROLM_HOME set
 #   and ../shared/bench's scripts (shared/ does not travel).
@@ -38,6 +39,14 @@ if [ ! -f "$B/tok.gguf" ]; then
   [ -f "$DEFAULT" ] || target/release/ferrolm pull all
   target/release/ferrolm synth --arch llama --layers 1 --embd 64 --heads 2 --kv-heads 1 --ff 64 \
     --tokenizer-from "$DEFAULT" -o "$B/tok.gguf" > /dev/null
+fi
+if [ ! -f "$B/gtok.gguf.gz" ]; then
+  # (Gemma 3's 262,144-token vocabulary, for the Gemma-shaped files of scripts/gpu-pending.sh)
+  GEMMA="${FERROLM_HOME:-$HOME/.cache/ferrolm}/models/gemma-3-270m-q4_k_m.gguf"
+  [ -f "$GEMMA" ] || target/release/ferrolm pull all
+  target/release/ferrolm synth --arch gemma3 --layers 1 --embd 32 --heads 1 --kv-heads 1 \
+    --head-dim 32 --ff 32 --type q4_0 --tied --tokenizer-from "$GEMMA" -o "$B/gtok.gguf" > /dev/null
+  gzip -f "$B/gtok.gguf"
 fi
 if [ ! -f "$B/llama.cpp.tar.gz" ]; then
   T=$(mktemp -d)
