@@ -1933,6 +1933,13 @@ __device__ __forceinline__ void load8(const float* p, bool ok, float* v) {
     v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
 }
 
+// p[0..8) = v[0..8) (32-byte aligned), as two float4s.
+__device__ __forceinline__ void store8(float* p, const float* v) {
+    float4* o = (float4*)p;
+    o[0] = make_float4(v[0], v[1], v[2], v[3]);
+    o[1] = make_float4(v[4], v[5], v[6], v[7]);
+}
+
 // x / rms(x) * w over n values (a multiple of 32), written as f32 to out (QUANT false) or
 // quantized for `mode` to xq; one block, a warp per group of 256 (the host launches
 // ceil(n / 256) warps, at most 32; more groups go round again). A lane's 8 values of x and w
@@ -1970,11 +1977,7 @@ __device__ __forceinline__ void rms_norm_groups(const float* x, const float* w, 
         for (int i = 0; i < 8; i++) v[i] = (xv[i] * scale) * wv[i];
         if constexpr (QUANT) {
             quantize_group(v, xq, n, g, mode);
-            if (out && j < n) {
-                float4* o = (float4*)(out + j);
-                o[0] = make_float4(v[0], v[1], v[2], v[3]);
-                o[1] = make_float4(v[4], v[5], v[6], v[7]);
-            }
+            if (out && j < n) store8(out + j, v);
             if (out16 && j < n) {
                 uint4 hv;
                 hv.x = (u32)f2h(v[0]) | ((u32)f2h(v[1]) << 16);
@@ -1984,9 +1987,7 @@ __device__ __forceinline__ void rms_norm_groups(const float* x, const float* w, 
                 *(uint4*)(out16 + j) = hv;
             }
         } else if (j < n) {
-            float4* o = (float4*)(out + j);
-            o[0] = make_float4(v[0], v[1], v[2], v[3]);
-            o[1] = make_float4(v[4], v[5], v[6], v[7]);
+            store8(out + j, v);
         }
     }
 }
@@ -3815,10 +3816,10 @@ extern "C" __global__ void post_norm_add(const float* y, const float* w, float* 
 // second norm rather than read back. The same arithmetic as post_norm_add_row, then
 // rms_norm_groups (sums of squares in f64, whose order does not change the f32 result).
 template <bool QUANT>
-__device__ __forceinline__ void post_norm_add_norm_in_registers(const float* y, const float* w, float* x,
-                                                        int n, float eps, float scale,
-                                                        const float* nw, float* out, u8* xq,
-                                                        int mode) {
+__device__ __forceinline__ void post_norm_add_norm_in_registers(const float* y, const float* w,
+                                                                float* x, int n, float eps,
+                                                                float scale, const float* nw,
+                                                                float* out, u8* xq, int mode) {
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     int j0 = 256 * warp + 8 * lane;
     bool ok = j0 < n;
@@ -3842,11 +3843,7 @@ __device__ __forceinline__ void post_norm_add_norm_in_registers(const float* y, 
         xv[i] = __fadd_rn(xv[i], __fmul_rn(v, scale));
         s2 += (double)(xv[i] * xv[i]);
     }
-    if (ok) {
-        float4* o = (float4*)(x + j0);
-        o[0] = make_float4(xv[0], xv[1], xv[2], xv[3]);
-        o[1] = make_float4(xv[4], xv[5], xv[6], xv[7]);
-    }
+    if (ok) store8(x + j0, xv);
     float r2 = rms_scale(s2, n, eps);
     float v[8];
 #pragma unroll
@@ -3854,9 +3851,7 @@ __device__ __forceinline__ void post_norm_add_norm_in_registers(const float* y, 
     if constexpr (QUANT) {
         quantize_group(v, xq, n, warp, mode);
     } else if (ok) {
-        float4* o = (float4*)(out + j0);
-        o[0] = make_float4(v[0], v[1], v[2], v[3]);
-        o[1] = make_float4(v[4], v[5], v[6], v[7]);
+        store8(out + j0, v);
     }
 }
 
@@ -3881,8 +3876,8 @@ extern "C" __global__ void post_norm_add_norm_q(const float* y, const float* w, 
     rms_norm_groups<true>(x, nw, nullptr, xq, n, eps, mode);
 }
 
-// The same two with post_norm_add_norm_in_registers' layout (`CudaTuning::held_post_norm`; the host
-// launches them where n is at most 256 x warps).
+// The same two with post_norm_add_norm_in_registers' layout (`CudaTuning::held_post_norm`;
+// the host launches them where n is at most 256 x warps).
 extern "C" __global__ void post_norm_add_norm_held(const float* y, const float* w, float* x,
                                                    int n, float eps, float scale, const float* nw,
                                                    float* out) {

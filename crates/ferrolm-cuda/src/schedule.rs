@@ -1089,11 +1089,10 @@ impl Builder {
         }
         let d = self.matrices[m].rows;
         self.product_of_f32(m, x, bias, None, Buf::H);
-        let warps = d.div_ceil(256).clamp(1, 32) as u32;
         self.push(
             "post_norm_add",
             (1, 1),
-            32 * warps,
+            norm_threads(d),
             vec![
                 Arg::Buf(Buf::H),
                 post_norm.map_or(Arg::Null, |w| Arg::Buf(Buf::Vector(w))),
@@ -2118,19 +2117,16 @@ impl Builder {
         Buf::Xq
     }
 
-    /// `out = x / rms(x) * w` over `n` values, in f32, or quantized for `format`
-    /// (`rms_norm_q`, the kernels' `ACT_*`).
     /// The RMS norm of the residual stream (weights `w`) in f32 into [`Buf::H`], and quantized
     /// in `format` into [`Buf::Xq`] by the same launch where there is one.
     fn rms_norm_f32_and(&mut self, w: usize, n: usize, eps: f32, format: Option<i32>) {
         let Some(format) = format else {
             return self.rms_norm(Buf::X, w, Buf::H, n, eps, None);
         };
-        let warps = n.div_ceil(256).clamp(1, 32) as u32;
         self.push(
             "rms_norm_fq",
             (1, 1),
-            32 * warps,
+            norm_threads(n),
             vec![
                 Arg::Buf(Buf::X),
                 Arg::Buf(Buf::Vector(w)),
@@ -2143,6 +2139,8 @@ impl Builder {
         );
     }
 
+    /// `out = x / rms(x) * w` over `n` values, in f32, or quantized for `format`
+    /// (`rms_norm_q`, the kernels' `ACT_*`).
     fn rms_norm(&mut self, x: Buf, w: usize, out: Buf, n: usize, eps: f32, format: Option<i32>) {
         let mut args = vec![
             Arg::Buf(x),
@@ -2152,15 +2150,19 @@ impl Builder {
             Arg::F32(eps),
         ];
         args.extend(format.map(Arg::I32));
-        // A warp per group of 256 values.
-        let warps = n.div_ceil(256).clamp(1, 32) as u32;
         let kernel = if format.is_some() {
             "rms_norm_q"
         } else {
             "rms_norm"
         };
-        self.push(kernel, (1, 1), 32 * warps, args);
+        self.push(kernel, (1, 1), norm_threads(n), args);
     }
+}
+
+/// Threads of the one block that norms `n` values (`rms_norm*`, `post_norm_add*`): a warp per
+/// group of 256, at most 32.
+fn norm_threads(n: usize) -> u32 {
+    32 * n.div_ceil(256).clamp(1, 32) as u32
 }
 
 /// The decode step of `plan` with its bound `weights` (`Model::weights`, or
