@@ -2222,18 +2222,129 @@ __device__ __forceinline__ void attend_tiles(const float* qh, const u16* kc, con
     l_out = l;
 }
 
+// The warps of a block at most in attn_split_warps, and the widest head it takes.
+#define ATTN_WARPS 16
+#define ATTN_WARPS_HD 256
+
+// f[0..E) = E halfs of a cache row (E = 4 or 8: one 8- or 16-byte load).
+template <int E>
+__device__ __forceinline__ void load_halfs(const u16* p, float* f) {
+    if constexpr (E == 8) {
+        uint4 w = *(const uint4*)p;
+        u32 ws[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            f[2 * k] = h2f((u16)(ws[k] & 0xffff));
+            f[2 * k + 1] = h2f((u16)(ws[k] >> 16));
+        }
+    } else {
+        uint2 w = *(const uint2*)p;
+        u32 ws[2] = {w.x, w.y};
+#pragma unroll
+        for (int k = 0; k < 2; k++) {
+            f[2 * k] = h2f((u16)(ws[k] & 0xffff));
+            f[2 * k + 1] = h2f((u16)(ws[k] >> 16));
+        }
+    }
+}
+
+// attend_tiles' result by the block's warps instead of its tiles, for heads of 32 * E values:
+// warp w takes positions start + w, start + w + W, ... (W warps), a group of ATTN_GROUP at a
+// time, each lane holding E values of the query, the keys and the values; a score is a warp
+// sum. Each warp keeps its own running max, sum and output, and the block merges them through
+// `parts` (W x 32E floats). A short context's chain of dependent steps is then W times
+// shorter than the tiles' (few query heads: few blocks).
+#define ATTN_GROUP 4
+template <int E>
+__device__ __forceinline__ void attend_warps(const float* qh, const u16* kc, const u16* vc,
+                                             int stride, int kv_off, int start, int end,
+                                             float scale, float cap, float* parts,
+                                             float& m_out, float& l_out, float* so) {
+    __shared__ float wm[ATTN_WARPS], wl[ATTN_WARPS];
+    constexpr int HD = 32 * E;
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, W = blockDim.x >> 5;
+    float qv[E], acc[E];
+#pragma unroll
+    for (int k = 0; k < E; k++) {
+        qv[k] = h2f(f2h(qh[E * lane + k]));
+        acc[k] = 0.f;
+    }
+    float m = -INFINITY, l = 0.f;
+    for (int t0 = start + warp; t0 < end; t0 += ATTN_GROUP * W) {
+        float kv[ATTN_GROUP][E], vv[ATTN_GROUP][E], sc[ATTN_GROUP];
+#pragma unroll
+        for (int u = 0; u < ATTN_GROUP; u++) {
+            int t = t0 + u * W;
+            if (t < end) {
+                size_t at = (size_t)t * stride + kv_off + E * lane;
+                load_halfs<E>(kc + at, kv[u]);
+                load_halfs<E>(vc + at, vv[u]);
+            } else {
+#pragma unroll
+                for (int k = 0; k < E; k++) kv[u][k] = vv[u][k] = 0.f;
+            }
+        }
+        float mx = m;
+#pragma unroll
+        for (int u = 0; u < ATTN_GROUP; u++) {
+            float d = 0.f;
+#pragma unroll
+            for (int k = 0; k < E; k++) d += qv[k] * kv[u][k];
+            d = warp_sum(d);
+            sc[u] = soft_cap(d * scale, cap);
+            if (t0 + u * W < end) mx = fmaxf(mx, sc[u]);
+        }
+        float corr = m == -INFINITY ? 0.f : expf(m - mx);
+        l *= corr;
+#pragma unroll
+        for (int k = 0; k < E; k++) acc[k] *= corr;
+#pragma unroll
+        for (int u = 0; u < ATTN_GROUP; u++) {
+            float p = t0 + u * W < end ? expf(sc[u] - mx) : 0.f;
+            l += p;
+#pragma unroll
+            for (int k = 0; k < E; k++) acc[k] += p * vv[u][k];
+        }
+        m = mx;
+    }
+    if (lane == 0) {
+        wm[warp] = m;
+        wl[warp] = l;
+    }
+    __syncthreads();
+    float M = -INFINITY;
+    for (int w = 0; w < W; w++) M = fmaxf(M, wm[w]);
+    float f = m == -INFINITY ? 0.f : expf(m - M);
+#pragma unroll
+    for (int k = 0; k < E; k++) parts[warp * HD + E * lane + k] = acc[k] * f;
+    __syncthreads();
+    for (int i = threadIdx.x; i < HD; i += blockDim.x) {
+        float o = 0.f;
+        for (int w = 0; w < W; w++) o += parts[w * HD + i];
+        so[i] = o;
+    }
+    float L = 0.f;
+    for (int w = 0; w < W; w++)
+        if (wm[w] != -INFINITY) L += wl[w] * expf(wm[w] - M);
+    __syncthreads();
+    m_out = M;
+    l_out = L;
+}
+
 // Split-K flash decoding: block (h, s) attends query head h over its share of the positions
 // 0..=*pos (the last `window` of them when window > 0). The number of splits used is chosen
-// each step from the visible length, a split per `tile` positions (ATTN_TILE, fewer for models
-// of few heads, whose blocks would leave most SMs idle) and at most n_splits (the grid's width;
-// the blocks past it return at once). With one split, the block writes
+// each step from the visible length, a split per `tile` positions and at most n_splits (the
+// grid's width; the blocks past it return at once). With one split, the block writes
 // out[h*hd..] itself; with more, each writes its unnormalized output with its max and sum, and
 // the last of head h to finish (a counter per head, reset for the next step) merges them.
-extern "C" __global__ void attn_split(const float* q, const u16* kc, const u16* vc,
-                                      const u32* pos, float* part_o, float* part_ml, u32* done,
-                                      float* out, int n_head, int n_head_kv, int hd,
-                                      int n_splits, float scale, float cap, int window,
-                                      const float* sinks, int tile) {
+// WARPS: attend_warps (E = hd / 32), else attend_tiles.
+template <bool WARPS>
+__device__ __forceinline__ void attn_split_body(const float* q, const u16* kc, const u16* vc,
+                                                const u32* pos, float* part_o, float* part_ml,
+                                                u32* done, float* out, int n_head,
+                                                int n_head_kv, int hd, int n_splits,
+                                                float scale, float cap, int window,
+                                                const float* sinks, int tile) {
     step_begin();
     __shared__ float so[256];
     __shared__ bool last;
@@ -2246,8 +2357,18 @@ extern "C" __global__ void attn_split(const float* q, const u16* kc, const u16* 
     int chunk = (len - lo + ns - 1) / ns;
     int start = lo + s * chunk, end = min(start + chunk, len);
     float M, L;
-    attend_tiles(q + h * hd, kc, vc, n_head_kv * hd, kvh * hd, hd, start, end, scale, cap, M, L,
-                 so);
+    if constexpr (WARPS) {
+        __shared__ float parts[ATTN_WARPS * ATTN_WARPS_HD];
+        if (hd == 256)
+            attend_warps<8>(q + h * hd, kc, vc, n_head_kv * hd, kvh * hd, start, end, scale, cap,
+                            parts, M, L, so);
+        else
+            attend_warps<4>(q + h * hd, kc, vc, n_head_kv * hd, kvh * hd, start, end, scale, cap,
+                            parts, M, L, so);
+    } else {
+        attend_tiles(q + h * hd, kc, vc, n_head_kv * hd, kvh * hd, hd, start, end, scale, cap, M,
+                     L, so);
+    }
     // A sink (gpt-oss) joins the softmax as one more column with no value.
     if (ns == 1) {
         if (sinks) L += expf(sinks[h] - M);
@@ -2286,6 +2407,26 @@ extern "C" __global__ void attn_split(const float* q, const u16* kc, const u16* 
         }
         if (threadIdx.x == 0) done[h] = 0;
     }
+}
+
+// attn_split_body with the tiles: 128 threads (ATTN_TILE).
+extern "C" __global__ void attn_split(const float* q, const u16* kc, const u16* vc,
+                                      const u32* pos, float* part_o, float* part_ml, u32* done,
+                                      float* out, int n_head, int n_head_kv, int hd,
+                                      int n_splits, float scale, float cap, int window,
+                                      const float* sinks, int tile) {
+    attn_split_body<false>(q, kc, vc, pos, part_o, part_ml, done, out, n_head, n_head_kv, hd,
+                           n_splits, scale, cap, window, sinks, tile);
+}
+
+// attn_split_body with the warps: heads of 128 or 256 values, up to ATTN_WARPS warps.
+extern "C" __global__ void attn_split_warps(const float* q, const u16* kc, const u16* vc,
+                                            const u32* pos, float* part_o, float* part_ml,
+                                            u32* done, float* out, int n_head, int n_head_kv,
+                                            int hd, int n_splits, float scale, float cap,
+                                            int window, const float* sinks, int tile) {
+    attn_split_body<true>(q, kc, vc, pos, part_o, part_ml, done, out, n_head, n_head_kv, hd,
+                          n_splits, scale, cap, window, sinks, tile);
 }
 
 // out = swiglu_oai(g, u) (gpt-oss).
@@ -3106,15 +3247,9 @@ __device__ __forceinline__ void dq4k_gemm(const u8* __restrict__ W, int row_byte
     skinny_store<NT>(part, acc, r0, rows, n, C, beta);
 }
 
-// `FERROLM_CUDA_DEFINES=DQ_MIN_BLOCKS=3` asks the compiler for three blocks an SM at once,
-// which caps a thread's registers, to compare. Without it the compiler takes what it likes
-// (102 registers for dq4k_gemm_16 with NVRTC 12.9, two 8-warp blocks an SM; asking for one
-// block explicitly gives 140).
-#ifdef DQ_MIN_BLOCKS
-#define DQ_BOUNDS __launch_bounds__(SG_WARPS * 32, DQ_MIN_BLOCKS)
-#else
+// (An explicit `__launch_bounds__(256, 1)` takes dq4k_gemm_16 from 102 registers to 140, and
+// `DQ_MIN_BLOCKS=3`'s 80 registers measured slower: docs/PERFORMANCE.md.)
 #define DQ_BOUNDS __launch_bounds__(SG_WARPS * 32)
-#endif
 
 extern "C" __global__ void DQ_BOUNDS dq4k_gemm_8(const u8* __restrict__ W, int row_bytes,
                                                  int rows, int n_sb, const u16* __restrict__ A,
@@ -3368,10 +3503,6 @@ __device__ __forceinline__ void dq_pipe(const u8* __restrict__ W, int row_bytes,
 // dq6k_pipe_{8,16}: Q6_KR rows, four warps, three stages (prefill.rs: DQ6_PIPE).
 DQ_PIPE(dq4k_pipe_8_4x3, PipeQ4K, 1, 4, 3)
 DQ_PIPE(dq4k_pipe_16_4x3, PipeQ4K, 2, 4, 3)
-DQ_PIPE(dq4k_pipe_8_4x2, PipeQ4K, 1, 4, 2)
-DQ_PIPE(dq4k_pipe_16_4x2, PipeQ4K, 2, 4, 2)
-DQ_PIPE(dq4k_pipe_8_8x2, PipeQ4K, 1, 8, 2)
-DQ_PIPE(dq4k_pipe_16_8x2, PipeQ4K, 2, 8, 2)
 DQ_PIPE(dq6k_pipe_8, PipeQ6K, 1, 4, 3)
 DQ_PIPE(dq6k_pipe_16, PipeQ6K, 2, 4, 3)
 

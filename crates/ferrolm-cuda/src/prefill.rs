@@ -167,9 +167,8 @@ pub const DQ_MAX_ROWS: usize = crate::batch_device::SKINNY_MOST_ROWS;
 pub const DQ_ROWS: usize = crate::batch_device::SKINNY_BLOCK_ROWS;
 
 /// The layouts of `dq4k_pipe_*` that the kernels define: (warps a block, stages): the fastest
-/// of the four measured (4x3, docs/PERFORMANCE.md, session 17), and two of double buffering
-/// whose smaller stages leave room for twice the warps an SM (not yet measured).
-pub const DQ_PIPES: [(usize, usize); 3] = [(4, 3), (4, 2), (8, 2)];
+/// of the six measured (docs/PERFORMANCE.md, sessions 17 and 18), all slower than `dq4k_gemm_*`.
+pub const DQ_PIPES: [(usize, usize); 1] = [(4, 3)];
 /// About how many blocks a `dq4k_pipe_*` launch aims at (two an SM of a 132-SM GPU): a matrix
 /// of fewer row blocks splits its columns into that many runs. A constant rather than the
 /// device's count, so that the sums' order is the matrix's alone.

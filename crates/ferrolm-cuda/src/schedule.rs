@@ -737,20 +737,11 @@ pub fn theta_scale(freq_base: f32, n_dims: usize) -> f32 {
 /// position a thread of its block).
 pub const ATTN_TILE: usize = 128;
 
-/// The positions a split of the decode attention takes at least, for `n_head` query heads,
-/// with `CudaTuning::fine_attention_splits`: ATTN_TILE from 32 heads, fewer below (16 for
-/// Gemma 3's 4), so that a short context still gives the GPU about as many blocks as 32 heads
-/// do. ATTN_TILE otherwise.
-pub fn split_tile(n_head: usize, fine: bool) -> usize {
-    if fine {
-        (ATTN_TILE * n_head / 32).clamp(16, ATTN_TILE)
-    } else {
-        ATTN_TILE
-    }
-}
+/// The warps of an `attn_split_warps` block (the kernels' ATTN_WARPS).
+pub const ATTN_WARPS: usize = 16;
 
-/// The split-K factor for a context of `n_ctx` positions, a split per `tile` positions
-/// ([`split_tile`]) at full length: the grid's width, at least 1 and at most 16. Each step the
+/// The split-K factor for a context of `n_ctx` positions, a split per `tile` positions at full
+/// length: the grid's width, at least 1 and at most 16. Each step the
 /// kernel uses a split per `tile` visible positions, up to this many, so a short cache needs no
 /// merge.
 pub fn splits_for(n_ctx: usize, tile: usize) -> usize {
@@ -1309,10 +1300,17 @@ impl Builder {
         let wo = b.matrix_cols(o_w, label("output"), d, wo_cols)?;
         let sink_logits = b.opt_vector(*sinks, sinks_w, label("sinks"), nh)?;
         let wo_bias = b.opt_vector(*out_bias, bo_w, label("output bias"), d)?;
+        // (a warp per position a block's warps take, where a lane holds 4 or 8 of a head's
+        // values; the tiles, a position a thread, otherwise)
+        let warps = b.tuning.warp_attention && matches!(hd, 128 | 256);
         b.push(
-            "attn_split",
+            if warps {
+                "attn_split_warps"
+            } else {
+                "attn_split"
+            },
             (nh as u32, splits as u32),
-            128,
+            if warps { 32 * ATTN_WARPS as u32 } else { 128 },
             vec![
                 Arg::Buf(Buf::Q),
                 Arg::Buf(Buf::KCache(l)),
@@ -1330,7 +1328,7 @@ impl Builder {
                 Arg::F32(softcap),
                 Arg::I32(window as i32),
                 sink_logits.map_or(Arg::Null, |v| Arg::Buf(Buf::Vector(v))),
-                Arg::I32(split_tile(nh, b.tuning.fine_attention_splits) as i32),
+                Arg::I32(ATTN_TILE as i32),
             ],
         );
         if *gated_output {
@@ -2298,17 +2296,7 @@ fn decode_plan_rank(
     if n_ctx == 0 || n_ctx > u32::MAX as usize / 2 {
         return Err(decline("n_ctx", n_ctx));
     }
-    // (the fewest heads of an attention layer: the most splits any needs)
-    let fewest_heads = layers
-        .iter()
-        .filter(|l| matches!(l.mixer, Mixer::Attention))
-        .map(|l| l.attention.n_head)
-        .min()
-        .unwrap_or(32);
-    let splits = splits_for(
-        n_ctx,
-        split_tile(fewest_heads, tuning.fine_attention_splits),
-    );
+    let splits = splits_for(n_ctx, ATTN_TILE);
     let mut b = Builder {
         matrices: Vec::new(),
         vectors: Vec::new(),
@@ -3110,35 +3098,6 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn few_heads_split_the_decode_attention_finer() {
-        assert_eq!(split_tile(32, true), ATTN_TILE);
-        assert_eq!(split_tile(64, true), ATTN_TILE);
-        assert_eq!(split_tile(8, true), 32);
-        assert_eq!(split_tile(4, true), 16);
-        assert_eq!(split_tile(1, true), 16);
-        assert_eq!(split_tile(4, false), ATTN_TILE);
-        let pl = plan(1, 64);
-        for (fine, tile, splits) in [(true, 32, 16), (false, ATTN_TILE as i32, 4)] {
-            let tuning = CudaTuning {
-                fine_attention_splits: fine,
-                ..CudaTuning::default()
-            };
-            let p = decode_plan_with(&pl, &all(&pl, TensorType::Q8_0), 512, 1, &tuning).unwrap();
-            let attn = p
-                .launches
-                .iter()
-                .find(|l| l.kernel == "attn_split")
-                .unwrap();
-            assert_eq!(attn.args.last(), Some(&Arg::I32(tile)), "8 heads");
-            assert_eq!(attn.grid.1, splits);
-            assert_eq!(p.splits, splits as usize);
-        }
-    }
-
-    /// Q and K of one type with V of another (llama-quantize's mixes) in one launch where
-    /// kernels.cu instantiates the pair, its blocks reading V's rows with V's row bytes (the
-    /// launch's last argument); other pairs in a launch each.
-    #[test]
     fn q_and_k_of_one_type_and_v_of_another_share_a_launch() {
         let src = crate::kernels::SOURCE.as_str();
         let mut seen = std::collections::BTreeSet::new();
@@ -3338,7 +3297,7 @@ pub(crate) mod tests {
         let gemma_weights = all(&gemma_like, TensorType::F32);
         let dp = decode_plan(&gemma_like, &gemma_weights, 256).unwrap();
         let kernels: Vec<&str> = dp.launches.iter().map(|l| l.kernel.as_str()).collect();
-        for k in ["scale_f32", "post_norm_add_norm", "adjust_logits"] {
+        for k in ["scale_f32", "post_norm_add_norm_held", "adjust_logits"] {
             assert!(kernels.contains(&k), "no {k} in {kernels:?}");
         }
         let glu = dp
@@ -3468,6 +3427,38 @@ pub(crate) mod tests {
                 assert_eq!(p.kernel, s.kernel.replace("s_Q4_K", "q_Q4_K"));
             } else {
                 assert_eq!(p, s);
+            }
+        }
+    }
+
+    #[test]
+    fn heads_of_128_and_256_values_attend_by_warps() {
+        let src = crate::kernels::SOURCE.as_str();
+        assert!(src.contains(&format!("#define ATTN_WARPS {ATTN_WARPS}\n")));
+        for (hd, warps) in [(64, false), (128, true), (256, true)] {
+            for on in [true, false] {
+                let pl = plan(2, hd);
+                let tuning = CudaTuning {
+                    warp_attention: on,
+                    ..CudaTuning::default()
+                };
+                let p =
+                    decode_plan_with(&pl, &all(&pl, TensorType::Q8_0), 512, 1, &tuning).unwrap();
+                let attn: Vec<_> = p
+                    .launches
+                    .iter()
+                    .filter(|l| l.kernel.starts_with("attn_split"))
+                    .collect();
+                assert!(!attn.is_empty());
+                for l in attn {
+                    let (kernel, block) = if warps && on {
+                        ("attn_split_warps", 32 * ATTN_WARPS as u32)
+                    } else {
+                        ("attn_split", ATTN_TILE as u32)
+                    };
+                    assert_eq!((l.kernel.as_str(), l.block), (kernel, block), "{hd} {on}");
+                    assert_eq!(l.args.len(), 17);
+                }
             }
         }
     }

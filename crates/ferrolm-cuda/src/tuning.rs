@@ -27,14 +27,15 @@ pub struct CudaTuning {
     /// Q and K of one type with V of another in one launch where the kernels have the pair
     /// (`schedule::MIXED_QKV`; `FERROLM_CUDA_NO_MIXED_QKV`: a launch per type).
     pub mixed_qkv: bool,
-    /// The decode attention of models of few query heads split finer over the context
-    /// (`schedule::split_tile`; `FERROLM_CUDA_FINE_SPLITS=1`; off until measured on a GPU).
-    pub fine_attention_splits: bool,
     /// A block's output through its post-norm, the residual add and the next norm with each
     /// lane's values held in registers and the norms' weights loaded before the previous
-    /// kernel ends (`post_norm_add_norm_held*`; `FERROLM_CUDA_HELD_POST_NORM=1`; off until
-    /// measured on a GPU).
+    /// kernel ends (`post_norm_add_norm_held*`; `FERROLM_CUDA_NO_HELD_POST_NORM`: the
+    /// values through shared memory).
     pub held_post_norm: bool,
+    /// The decode attention of heads of 128 or 256 values by a block's warps, each over its
+    /// own positions (`attn_split_warps`; `FERROLM_CUDA_NO_WARP_ATTENTION`: by 128-position
+    /// tiles, `attn_split`).
+    pub warp_attention: bool,
     /// Q8_0 and Q6_K rows uploaded regrouped for 16-byte loads (`FERROLM_CUDA_NO_REPACK`).
     pub repack: bool,
     /// Eight warps for few, wide rows (`FERROLM_CUDA_MATVEC_128`: at most four).
@@ -108,8 +109,8 @@ impl Default for CudaTuning {
             tensor_core_attention: true,
             stage: true,
             mixed_qkv: true,
-            fine_attention_splits: false,
-            held_post_norm: false,
+            held_post_norm: true,
+            warp_attention: true,
             repack: true,
             wide_matvec: true,
             matvec_max_threads: 128,
@@ -146,8 +147,8 @@ impl CudaTuning {
             tensor_core_attention: unset("FERROLM_CUDA_ATTN_TILE"),
             stage: unset("FERROLM_CUDA_NO_STAGE"),
             mixed_qkv: unset("FERROLM_CUDA_NO_MIXED_QKV"),
-            fine_attention_splits: std::env::var_os("FERROLM_CUDA_FINE_SPLITS").is_some(),
-            held_post_norm: std::env::var_os("FERROLM_CUDA_HELD_POST_NORM").is_some(),
+            held_post_norm: unset("FERROLM_CUDA_NO_HELD_POST_NORM"),
+            warp_attention: unset("FERROLM_CUDA_NO_WARP_ATTENTION"),
             repack: unset("FERROLM_CUDA_NO_REPACK"),
             wide_matvec: unset("FERROLM_CUDA_MATVEC_128"),
             matvec_max_threads: number("FERROLM_CUDA_MATVEC_MAX_THREADS")

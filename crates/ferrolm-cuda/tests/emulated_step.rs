@@ -417,7 +417,7 @@ impl<'f> Emulator<'f> {
             self.write(x, 0, &v);
         } else if name == "rope_store" {
             self.rope_store(a);
-        } else if name == "attn_split" {
+        } else if name == "attn_split" || name == "attn_split_warps" {
             self.attention(a);
         } else if name == "choose_token" {
             let n = Self::i(&a[1]);
@@ -910,24 +910,23 @@ fn the_decode_step_computes_what_the_cpu_computes() {
     check_emulated(&gpt_oss, 9);
 }
 
-/// The switches off by default that change a Gemma step's launches (the post-norms held in
-/// registers, finer attention splits) compute what the CPU computes too.
+/// The post-norms through shared memory (`FERROLM_CUDA_NO_HELD_POST_NORM`, and what a norm
+/// wider than a held block's lanes takes) compute what the CPU computes too.
 #[test]
 fn the_gemma_switches_compute_what_the_cpu_computes() {
     let mut spec = SyntheticSpec::small("gemma3");
     spec.head_dim = 64;
     spec.sliding_window = Some(8);
     let tuning = CudaTuning {
-        held_post_norm: true,
-        fine_attention_splits: true,
+        held_post_norm: false,
         ..CudaTuning::default()
     };
     let (gpu, cpu, kernels) = emulate_tuned(&spec, &tuning, &ids(24));
     assert!(
-        kernels.iter().any(|k| k == "post_norm_add_norm_held_q"),
+        kernels.iter().any(|k| k == "post_norm_add_norm_q"),
         "{kernels:?}"
     );
-    for k in ["post_norm_add_norm_held", "post_norm_add_norm_held_q"] {
+    for k in ["post_norm_add_norm", "post_norm_add_norm_q"] {
         let defined = format!("__global__ void {k}(");
         assert!(ferrolm_cuda::kernels::SOURCE.contains(&defined), "{k}");
     }
