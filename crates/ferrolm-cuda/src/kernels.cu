@@ -2226,26 +2226,27 @@ __device__ __forceinline__ void attend_tiles(const float* qh, const u16* kc, con
 #define ATTN_WARPS 16
 #define ATTN_WARPS_HD 256
 
-// f[0..E) = E halfs of a cache row (E = 4 or 8: one 8- or 16-byte load).
+// E halfs of a cache row (E = 4 or 8: one 8- or 16-byte load), as loaded.
 template <int E>
-__device__ __forceinline__ void load_halfs(const u16* p, float* f) {
+struct Halfs {
+    u32 w[E / 2];
+};
+template <int E>
+__device__ __forceinline__ Halfs<E> load_halfs(const u16* p) {
+    Halfs<E> h;
     if constexpr (E == 8) {
-        uint4 w = *(const uint4*)p;
-        u32 ws[4] = {w.x, w.y, w.z, w.w};
-#pragma unroll
-        for (int k = 0; k < 4; k++) {
-            f[2 * k] = h2f((u16)(ws[k] & 0xffff));
-            f[2 * k + 1] = h2f((u16)(ws[k] >> 16));
-        }
+        uint4 v = *(const uint4*)p;
+        h.w[0] = v.x, h.w[1] = v.y, h.w[2] = v.z, h.w[3] = v.w;
     } else {
-        uint2 w = *(const uint2*)p;
-        u32 ws[2] = {w.x, w.y};
-#pragma unroll
-        for (int k = 0; k < 2; k++) {
-            f[2 * k] = h2f((u16)(ws[k] & 0xffff));
-            f[2 * k + 1] = h2f((u16)(ws[k] >> 16));
-        }
+        uint2 v = *(const uint2*)p;
+        h.w[0] = v.x, h.w[1] = v.y;
     }
+    return h;
+}
+// Value k of h.
+template <int E>
+__device__ __forceinline__ float half_at(const Halfs<E>& h, int k) {
+    return h2f((u16)(k % 2 ? h.w[k / 2] >> 16 : h.w[k / 2] & 0xffff));
 }
 
 // attend_tiles' result by the block's warps instead of its tiles, for heads of 32 * E values:
@@ -2271,25 +2272,21 @@ __device__ __forceinline__ void attend_warps(const float* qh, const u16* kc, con
     }
     float m = -INFINITY, l = 0.f;
     for (int t0 = start + warp; t0 < end; t0 += ATTN_GROUP * W) {
-        float kv[ATTN_GROUP][E], vv[ATTN_GROUP][E], sc[ATTN_GROUP];
+        Halfs<E> kh[ATTN_GROUP], vh[ATTN_GROUP];
+        float sc[ATTN_GROUP];
 #pragma unroll
         for (int u = 0; u < ATTN_GROUP; u++) {
-            int t = t0 + u * W;
-            if (t < end) {
-                size_t at = (size_t)t * stride + kv_off + E * lane;
-                load_halfs<E>(kc + at, kv[u]);
-                load_halfs<E>(vc + at, vv[u]);
-            } else {
-#pragma unroll
-                for (int k = 0; k < E; k++) kv[u][k] = vv[u][k] = 0.f;
-            }
+            // (a position past the end reads the last one, and counts for nothing)
+            size_t at = (size_t)min(t0 + u * W, end - 1) * stride + kv_off + E * lane;
+            kh[u] = load_halfs<E>(kc + at);
+            vh[u] = load_halfs<E>(vc + at);
         }
         float mx = m;
 #pragma unroll
         for (int u = 0; u < ATTN_GROUP; u++) {
             float d = 0.f;
 #pragma unroll
-            for (int k = 0; k < E; k++) d += qv[k] * kv[u][k];
+            for (int k = 0; k < E; k++) d += qv[k] * half_at(kh[u], k);
             d = warp_sum(d);
             sc[u] = soft_cap(d * scale, cap);
             if (t0 + u * W < end) mx = fmaxf(mx, sc[u]);
@@ -2303,7 +2300,7 @@ __device__ __forceinline__ void attend_warps(const float* qh, const u16* kc, con
             float p = t0 + u * W < end ? expf(sc[u] - mx) : 0.f;
             l += p;
 #pragma unroll
-            for (int k = 0; k < E; k++) acc[k] += p * vv[u][k];
+            for (int k = 0; k < E; k++) acc[k] += p * half_at(vh[u], k);
         }
         m = mx;
     }
@@ -2420,11 +2417,11 @@ extern "C" __global__ void attn_split(const float* q, const u16* kc, const u16* 
 }
 
 // attn_split_body with the warps: heads of 128 or 256 values, up to ATTN_WARPS warps.
-extern "C" __global__ void attn_split_warps(const float* q, const u16* kc, const u16* vc,
-                                            const u32* pos, float* part_o, float* part_ml,
-                                            u32* done, float* out, int n_head, int n_head_kv,
-                                            int hd, int n_splits, float scale, float cap,
-                                            int window, const float* sinks, int tile) {
+extern "C" __global__ void __launch_bounds__(ATTN_WARPS * 32)
+    attn_split_warps(const float* q, const u16* kc, const u16* vc, const u32* pos, float* part_o,
+                     float* part_ml, u32* done, float* out, int n_head, int n_head_kv, int hd,
+                     int n_splits, float scale, float cap, int window, const float* sinks,
+                     int tile) {
     attn_split_body<true>(q, kc, vc, pos, part_o, part_ml, done, out, n_head, n_head_kv, hd,
                           n_splits, scale, cap, window, sinks, tile);
 }
