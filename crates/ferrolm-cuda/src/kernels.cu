@@ -3943,6 +3943,30 @@ extern "C" __global__ void post_norm_add(const float* y, const float* w, float* 
 // (they are the model's, no kernel writes them), the new residual kept in registers for the
 // second norm rather than read back. The same arithmetic as post_norm_add_row, then
 // rms_norm_groups (sums of squares in f64, whose order does not change the f32 result).
+// The residual stream's new values xv (a lane's 8, at 256 warp + 8 lane) stored into x, then
+// its RMS norm (weights nv, loaded likewise) as rms_norm or rms_norm_q writes it.
+template <bool QUANT>
+__device__ __forceinline__ void store_and_norm_held(const float* xv, float* x, int n, float eps,
+                                                    const float* nv, float* out, u8* xq,
+                                                    int mode) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int j0 = 256 * warp + 8 * lane;
+    bool ok = j0 < n;
+    double s2 = 0.0;
+#pragma unroll
+    for (int i = 0; i < 8; i++) s2 += (double)(xv[i] * xv[i]);
+    if (ok) store8(x + j0, xv);
+    float r2 = rms_scale(s2, n, eps);
+    float v[8];
+#pragma unroll
+    for (int i = 0; i < 8; i++) v[i] = (xv[i] * r2) * nv[i];
+    if constexpr (QUANT) {
+        quantize_group(v, xq, n, warp, mode);
+    } else if (ok) {
+        store8(out + j0, v);
+    }
+}
+
 template <bool QUANT>
 __device__ __forceinline__ void post_norm_add_norm_in_registers(const float* y, const float* w,
                                                                 float* x, int n, float eps,
@@ -3964,23 +3988,12 @@ __device__ __forceinline__ void post_norm_add_norm_in_registers(const float* y, 
         for (int i = 0; i < 8; i++) s += (double)(yv[i] * yv[i]);
         r = rms_scale(s, n, eps);
     }
-    double s2 = 0.0;
 #pragma unroll
     for (int i = 0; i < 8; i++) {
         float v = w ? (yv[i] * r) * pw[i] : yv[i];
         xv[i] = __fadd_rn(xv[i], __fmul_rn(v, scale));
-        s2 += (double)(xv[i] * xv[i]);
     }
-    if (ok) store8(x + j0, xv);
-    float r2 = rms_scale(s2, n, eps);
-    float v[8];
-#pragma unroll
-    for (int i = 0; i < 8; i++) v[i] = (xv[i] * r2) * nv[i];
-    if constexpr (QUANT) {
-        quantize_group(v, xq, n, warp, mode);
-    } else if (ok) {
-        store8(out + j0, v);
-    }
+    store_and_norm_held<QUANT>(xv, x, n, eps, nv, out, xq, mode);
 }
 
 // post_norm_add (one token), then the next block's RMS norm of the residual stream (weights
@@ -4166,6 +4179,61 @@ extern "C" __global__ void moe_combine(const float* ys, const float* w, int k, i
         o = __fadd_rn(o, y);
     }
     x[i] = __fadd_rn(x[i], o);
+}
+
+// moe_combine of one token (at null), then the next block's RMS norm of the residual stream
+// (weights nw) as rms_norm or rms_norm_q writes it: one block whose lanes hold 8 values each
+// (the host launches them where d is at most 256 x warps), the same sums in the same order.
+template <bool QUANT>
+__device__ __forceinline__ void moe_combine_norm_in_registers(
+    const float* ys, const float* w, int k, int d, const float* shared, const float* shared_gate,
+    float* x, float eps, const float* nw, float* out, u8* xq, int mode) {
+    int j0 = 256 * (threadIdx.x >> 5) + 8 * (threadIdx.x & 31);
+    bool ok = j0 < d;
+    float nv[8], yv[8], o[8], xv[8];
+    load8(nw + j0, ok, nv);
+    step_begin();
+    load8(ys + j0, ok, yv);
+#pragma unroll
+    for (int i = 0; i < 8; i++) o[i] = __fmul_rn(yv[i], w[0]);
+    for (int j = 1; j < k; j++) {
+        load8(ys + (size_t)j * d + j0, ok, yv);
+        float wj = w[j];
+#pragma unroll
+        for (int i = 0; i < 8; i++) o[i] = __fadd_rn(o[i], __fmul_rn(yv[i], wj));
+    }
+    if (shared) {
+        load8(shared + j0, ok, yv);
+        float gs = 1.f;
+        if (shared_gate) {
+            float g = shared_gate[0];
+            gs = (g / (1.f + expf(-g))) / g;
+        }
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+            o[i] = __fadd_rn(o[i], shared_gate ? __fmul_rn(yv[i], gs) : yv[i]);
+    }
+    load8(x + j0, ok, xv);
+#pragma unroll
+    for (int i = 0; i < 8; i++) xv[i] = __fadd_rn(xv[i], o[i]);
+    store_and_norm_held<QUANT>(xv, x, d, eps, nv, out, xq, mode);
+}
+
+extern "C" __global__ void moe_combine_norm_held(const float* ys, const float* w, int k, int d,
+                                                 const float* shared, const float* shared_gate,
+                                                 float* x, const u32* at, float eps,
+                                                 const float* nw, float* out) {
+    moe_combine_norm_in_registers<false>(ys, w, k, d, shared, shared_gate, x, eps, nw, out,
+                                         nullptr, 0);
+}
+
+extern "C" __global__ void moe_combine_norm_held_q(const float* ys, const float* w, int k, int d,
+                                                   const float* shared,
+                                                   const float* shared_gate, float* x,
+                                                   const u32* at, float eps, const float* nw,
+                                                   u8* xq, int mode) {
+    moe_combine_norm_in_registers<true>(ys, w, k, d, shared, shared_gate, x, eps, nw, nullptr,
+                                        xq, mode);
 }
 
 // A batch's (token, slot) pairs grouped by expert, in pair order within each expert (one

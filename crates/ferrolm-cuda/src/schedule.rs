@@ -1253,7 +1253,7 @@ impl Builder {
             // A gated projection goes to Attn (free until the attention writes it), then
             // apart into the queries and the gates.
             let q_out = if *gated_output { Buf::Attn } else { Buf::Q };
-            b.matvec3([(wq, bq, q_out), (wk, bk, Buf::K), (wv, bv, Buf::V)], h);
+            b.matvec3(&[(wq, bq, q_out), (wk, bk, Buf::K), (wv, bv, Buf::V)], h);
             if *gated_output {
                 b.push(
                     "split_query_gate",
@@ -1448,9 +1448,9 @@ impl Builder {
         all.extend(products(gates, Buf::DeltaBa, Buf::DeltaAlpha));
         let mats: Vec<usize> = all.iter().map(|p| p.0).collect();
         let h = self.norm_for(Buf::X, attn_norm, d, end.eps, &mats);
-        for (m, y) in all {
-            self.matvec(m, h, None, None, y);
-        }
+        // (the input and gate projections in one launch where they share a type)
+        let parts: Vec<_> = all.iter().map(|&(m, y)| (m, None, y)).collect();
+        self.matvec3(&parts, h);
         let fused = matches!(input, DeltaNetProjection::Fused(_));
         self.push(
             "delta_conv",
@@ -1870,37 +1870,44 @@ impl Builder {
         );
     }
 
-    /// Products of up to three matrices with one input: one launch when they share a type and
-    /// width, one each otherwise.
-    fn matvec3(&mut self, parts: [(usize, Option<usize>, Buf); 3], x: Buf) {
+    /// Products of two or three matrices with one input: one launch when they share a type and
+    /// width (or are a pair of [`MIXED_QKV`]), one each otherwise. A missing third matrix is
+    /// a null pointer of no rows.
+    fn matvec3(&mut self, parts: &[(usize, Option<usize>, Buf)], x: Buf) {
         let first = &self.matrices[parts[0].0];
         let same = parts.iter().all(|p| {
             let m = &self.matrices[p.0];
             m.ty == first.ty && m.cols == first.cols
         });
-        let mixed = self.mixed_qkv("matvec3", parts.map(|p| p.0), x);
-        if !same && mixed.is_none() {
-            for (m, bias, y) in parts {
+        let mixed = match parts {
+            &[q, k, v] => self.mixed_qkv("matvec3", [q.0, k.0, v.0], x),
+            _ => None,
+        };
+        if parts.len() > 3 || !same && mixed.is_none() {
+            for &(m, bias, y) in parts {
                 self.matvec(m, x, bias, None, y);
             }
             return;
         }
         let kernel = product_kernel("matvec3", first, x);
         let (cols, rb) = (first.cols, first.row_bytes());
-        let rows: Vec<usize> = parts.iter().map(|p| self.matrices[p.0].rows).collect();
+        let part = |i: usize| parts.get(i).copied();
+        let rows: Vec<usize> = (0..3)
+            .map(|i| part(i).map_or(0, |p| self.matrices[p.0].rows))
+            .collect();
         let total: usize = rows.iter().sum();
         let mut args = vec![];
-        args.extend(parts.iter().map(|p| Arg::Buf(Buf::Matrix(p.0))));
+        args.extend((0..3).map(|i| part(i).map_or(Arg::Null, |p| Arg::Buf(Buf::Matrix(p.0)))));
         args.extend(rows.iter().map(|&r| Arg::I32(r as i32)));
         args.push(Arg::I32(rb as i32));
         args.push(Arg::I32((cols / 32) as i32));
         args.push(Arg::Buf(x));
-        args.extend(
-            parts
-                .iter()
-                .map(|p| p.1.map_or(Arg::Null, |b| Arg::Buf(Buf::Vector(b)))),
-        );
-        args.extend(parts.iter().map(|p| Arg::Buf(p.2)));
+        args.extend((0..3).map(|i| {
+            part(i)
+                .and_then(|p| p.1)
+                .map_or(Arg::Null, |b| Arg::Buf(Buf::Vector(b)))
+        }));
+        args.extend((0..3).map(|i| part(i).map_or(Arg::Null, |p| Arg::Buf(p.2))));
         let grid = (total.div_ceil(MATVEC_ROWS) as u32, 1);
         let block = self.tuning.matvec_threads(cols / 32, total);
         match mixed {
@@ -2087,6 +2094,25 @@ impl Builder {
             }
             .into();
             l.args.extend([Arg::Buf(Buf::Vector(w)), Arg::Buf(out)]);
+            l.args.extend(format.map(Arg::I32));
+            return out;
+        }
+        // After a mixture of experts' combination of one token: the same, by one block.
+        let after_moe = self.tuning.held_post_norm
+            && norm_threads(n) * 8 >= n as u32
+            && self.launches.last().is_some_and(|l| {
+                l.kernel == "moe_combine" && l.grid.1 == 1 && l.args[6] == Arg::Buf(x)
+            });
+        if after_moe {
+            let l = self.launches.last_mut().expect("a launch");
+            l.kernel = match format {
+                Some(_) => "moe_combine_norm_held_q",
+                None => "moe_combine_norm_held",
+            }
+            .into();
+            (l.grid, l.block) = ((1, 1), norm_threads(n));
+            l.args
+                .extend([Arg::F32(eps), Arg::Buf(Buf::Vector(w)), Arg::Buf(out)]);
             l.args.extend(format.map(Arg::I32));
             return out;
         }

@@ -253,7 +253,7 @@ impl<'f> Emulator<'f> {
             let rows = [Self::i(&a[3]), Self::i(&a[4]), Self::i(&a[5])];
             let cols = 32 * Self::i(&a[7]);
             let x = Self::buf(&a[8]).unwrap();
-            for p in 0..3 {
+            for p in (0..3).filter(|&p| rows[p] > 0) {
                 let mut y = self.products(Self::buf(&a[p]).unwrap(), rows[p], cols, x);
                 if let Some(b) = Self::buf(&a[9 + p]) {
                     y.iter_mut().zip(self.read(b)).for_each(|(y, b)| *y += b);
@@ -335,8 +335,9 @@ impl<'f> Emulator<'f> {
                 let y = self.products_at(w, e as usize * rows, rows, cols, x, j / per * stride);
                 self.write(Self::buf(&a[9]).unwrap(), j * rows, &y);
             }
-        } else if name == "moe_combine" {
-            // moe_combine(ys, w, k, d, shared, shared_gate, x)
+        } else if name.starts_with("moe_combine") {
+            // moe_combine(ys, w, k, d, shared, shared_gate, x); moe_combine_norm_held[_q] then
+            // norm x (eps, nw, out[, format]) as rms_norm and rms_norm_q do
             let (k, d) = (Self::i(&a[2]), Self::i(&a[3]));
             let (ys, w) = (
                 self.read(Self::buf(&a[0]).unwrap()),
@@ -360,6 +361,15 @@ impl<'f> Emulator<'f> {
                 *x += o;
             }
             self.write(xb, 0, &x);
+            if name != "moe_combine" {
+                let y = self.rms_norm(xb, Self::buf(&a[9]).unwrap(), d, Self::f(&a[8]));
+                match a.get(11) {
+                    Some(&Arg::I32(code)) => {
+                        self.quantize_into(Self::buf(&a[10]).unwrap(), &y, code)
+                    }
+                    _ => self.write(Self::buf(&a[10]).unwrap(), 0, &y),
+                }
+            }
         } else if name == "geglu" {
             let n = Self::i(&a[3]);
             let (g, u) = (
@@ -972,6 +982,15 @@ fn check_emulated(spec: &SyntheticSpec, n: usize) {
                 "no mixed Q/K/V launch in {kernels:?}"
             );
         }
+        if spec.n_expert > 0 {
+            // (a token's expert outputs combined and the next norm taken by one launch)
+            assert!(
+                kernels
+                    .iter()
+                    .any(|k| k.starts_with("moe_combine_norm_held")),
+                "{kernels:?}"
+            );
+        }
         if spec.types.is_empty() && act == Activations::Quantized {
             let (present, absent) = if on_load_max == 0 {
                 ("quantize_act", "matvecf_Q4_0")
@@ -996,6 +1015,33 @@ fn check_emulated(spec: &SyntheticSpec, n: usize) {
 
 /// The comparison can fail: a launch list with one argument out of place (the attention's
 /// output written where the next product does not read it) is far from the CPU.
+/// A delta-net layer's fused input and gate projections (one type) are one launch.
+#[test]
+fn a_delta_net_layer_projects_its_input_and_gates_in_one_launch() {
+    let spec = SyntheticSpec::small("qwen3next");
+    let file = Arc::new(GgufFile::from_bytes(synthetic::build(&spec).unwrap().to_bytes()).unwrap());
+    let model = Model::from_file(file, 1).unwrap();
+    let layers = model.plan().layers.len();
+    let plan = decode_plan_layers(
+        model.plan(),
+        model.weights(),
+        64,
+        layers,
+        Activations::Quantized,
+    )
+    .unwrap();
+    let both = plan.launches.iter().find(|l| {
+        l.kernel.starts_with("matvec3")
+            && l.args.contains(&Arg::Buf(Buf::DeltaIn))
+            && l.args.contains(&Arg::Buf(Buf::DeltaBa))
+    });
+    assert!(
+        both.is_some(),
+        "{:?}",
+        plan.launches.iter().map(|l| &l.kernel).collect::<Vec<_>>()
+    );
+}
+
 #[test]
 fn a_misplaced_argument_is_caught() {
     let mut spec = SyntheticSpec::small("llama");
