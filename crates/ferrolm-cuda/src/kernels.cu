@@ -4153,15 +4153,25 @@ extern "C" __global__ void moe_route(const float* logits, const float* sel_bias,
     }
 }
 
+// gate_w . h over d f32 values by the whole block (each block of a launch the same sum).
+__device__ __forceinline__ float shared_gate_logit(const float* gate_w, const float* h, int d) {
+    float s = 0.f;
+    for (int i = threadIdx.x; i < d; i += blockDim.x) s = fmaf(gate_w[i], h[i], s);
+    return block_sum(s);
+}
+
 // x += the k experts' outputs (rows of d), each times its weight, summed in slot order as the
 // CPU sums them, then the shared expert's output (null: none) times sigmoid of its gate logit
 // (null: 1; computed as silu(g) / g, as llama.cpp's graph does). Token t = blockIdx.y: its
 // slot j's output is row at[t * k + j] of ys (at null: row t * k + j), its weights, shared row
 // and residual row t's.
+// One token's shared-expert gate logit computed here instead (gate_w non-null: a row of d
+// f32 weights dotted with h, the normed input; shared_gate unused).
 extern "C" __global__ void moe_combine(const float* ys, const float* w, int k, int d,
                                        const float* shared, const float* shared_gate, float* x,
-                                       const u32* at) {
+                                       const u32* at, const float* gate_w, const float* h) {
     step_begin();
+    float gate = gate_w ? shared_gate_logit(gate_w, h, d) : 0.f;
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= d) return;
     size_t t = blockIdx.y;
@@ -4172,8 +4182,8 @@ extern "C" __global__ void moe_combine(const float* ys, const float* w, int k, i
     for (int j = 1; j < k; j++) o = __fadd_rn(o, __fmul_rn(ys[row(j) + i], w[j]));
     if (shared) {
         float y = shared[t * d + i];
-        if (shared_gate) {
-            float g = shared_gate[t];
+        if (shared_gate || gate_w) {
+            float g = gate_w ? gate : shared_gate[t];
             y = __fmul_rn(y, (g / (1.f + expf(-g))) / g);
         }
         o = __fadd_rn(o, y);
@@ -4187,12 +4197,14 @@ extern "C" __global__ void moe_combine(const float* ys, const float* w, int k, i
 template <bool QUANT>
 __device__ __forceinline__ void moe_combine_norm_in_registers(
     const float* ys, const float* w, int k, int d, const float* shared, const float* shared_gate,
-    float* x, float eps, const float* nw, float* out, u8* xq, int mode) {
+    float* x, const float* gate_w, const float* h, float eps, const float* nw, float* out, u8* xq,
+    int mode) {
     int j0 = 256 * (threadIdx.x >> 5) + 8 * (threadIdx.x & 31);
     bool ok = j0 < d;
     float nv[8], yv[8], o[8], xv[8];
     load8(nw + j0, ok, nv);
     step_begin();
+    float gate = gate_w ? shared_gate_logit(gate_w, h, d) : 0.f;
     load8(ys + j0, ok, yv);
 #pragma unroll
     for (int i = 0; i < 8; i++) o[i] = __fmul_rn(yv[i], w[0]);
@@ -4204,14 +4216,11 @@ __device__ __forceinline__ void moe_combine_norm_in_registers(
     }
     if (shared) {
         load8(shared + j0, ok, yv);
-        float gs = 1.f;
-        if (shared_gate) {
-            float g = shared_gate[0];
-            gs = (g / (1.f + expf(-g))) / g;
-        }
+        bool gated = shared_gate || gate_w;
+        float g = gate_w ? gate : gated ? shared_gate[0] : 0.f;
+        float gs = (g / (1.f + expf(-g))) / g;
 #pragma unroll
-        for (int i = 0; i < 8; i++)
-            o[i] = __fadd_rn(o[i], shared_gate ? __fmul_rn(yv[i], gs) : yv[i]);
+        for (int i = 0; i < 8; i++) o[i] = __fadd_rn(o[i], gated ? __fmul_rn(yv[i], gs) : yv[i]);
     }
     load8(x + j0, ok, xv);
 #pragma unroll
@@ -4221,19 +4230,21 @@ __device__ __forceinline__ void moe_combine_norm_in_registers(
 
 extern "C" __global__ void moe_combine_norm_held(const float* ys, const float* w, int k, int d,
                                                  const float* shared, const float* shared_gate,
-                                                 float* x, const u32* at, float eps,
-                                                 const float* nw, float* out) {
-    moe_combine_norm_in_registers<false>(ys, w, k, d, shared, shared_gate, x, eps, nw, out,
-                                         nullptr, 0);
+                                                 float* x, const u32* at, const float* gate_w,
+                                                 const float* h, float eps, const float* nw,
+                                                 float* out) {
+    moe_combine_norm_in_registers<false>(ys, w, k, d, shared, shared_gate, x, gate_w, h, eps, nw,
+                                         out, nullptr, 0);
 }
 
 extern "C" __global__ void moe_combine_norm_held_q(const float* ys, const float* w, int k, int d,
                                                    const float* shared,
                                                    const float* shared_gate, float* x,
-                                                   const u32* at, float eps, const float* nw,
+                                                   const u32* at, const float* gate_w,
+                                                   const float* h, float eps, const float* nw,
                                                    u8* xq, int mode) {
-    moe_combine_norm_in_registers<true>(ys, w, k, d, shared, shared_gate, x, eps, nw, nullptr,
-                                        xq, mode);
+    moe_combine_norm_in_registers<true>(ys, w, k, d, shared, shared_gate, x, gate_w, h, eps, nw,
+                                        nullptr, xq, mode);
 }
 
 // A batch's (token, slot) pairs grouped by expert, in pair order within each expert (one

@@ -1758,6 +1758,8 @@ impl<D: BatchDevice> Prefill<D> {
                 Value::Ptr(sh_gate),
                 Value::Ptr(x),
                 Value::Ptr(if grouped { at_rows } else { 0 }),
+                Value::Ptr(0),
+                Value::Ptr(0),
             ],
         )
     }

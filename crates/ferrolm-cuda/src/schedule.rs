@@ -1714,8 +1714,11 @@ impl Builder {
                     return Err(decline(label("shared gate's input"), "not bound"));
                 };
                 let gi = self.matrix(gate_inp_w, label("shared gate's input"), 1, d)?;
-                let x = input(self, &[gi]);
-                self.matvec(gi, x, None, None, Buf::SharedGate);
+                if self.matrices[gi].ty != TensorType::F32 {
+                    let x = input(self, &[gi]);
+                    self.matvec(gi, x, None, None, Buf::SharedGate);
+                }
+                // (an f32 row: the combination takes its dot with H itself, one launch fewer)
                 gate_inp = Some(gi);
             }
             self.product_of_f32(sd, Buf::Gate, None, None, Buf::SharedOut);
@@ -1727,6 +1730,8 @@ impl Builder {
                 n_ff: sh.n_ff,
             });
         }
+        let gate_inp = shared_refs.as_ref().and_then(|s| s.gate_inp);
+        let f32_gate = gate_inp.filter(|&g| self.matrices[g].ty == TensorType::F32);
         self.push(
             "moe_combine",
             (d.div_ceil(256) as u32, 1),
@@ -1739,12 +1744,14 @@ impl Builder {
                 shared_refs
                     .as_ref()
                     .map_or(Arg::Null, |_| Arg::Buf(Buf::SharedOut)),
-                shared_refs
-                    .as_ref()
-                    .and_then(|s| s.gate_inp)
-                    .map_or(Arg::Null, |_| Arg::Buf(Buf::SharedGate)),
+                match f32_gate {
+                    None => gate_inp.map_or(Arg::Null, |_| Arg::Buf(Buf::SharedGate)),
+                    Some(_) => Arg::Null,
+                },
                 Arg::Buf(Buf::X),
                 Arg::Null,
+                f32_gate.map_or(Arg::Null, |g| Arg::Buf(Buf::Matrix(g))),
+                f32_gate.map_or(Arg::Null, |_| Arg::Buf(Buf::H)),
             ],
         );
         Ok(MoeRefs {

@@ -344,10 +344,13 @@ impl<'f> Emulator<'f> {
                 self.read(Self::buf(&a[1]).unwrap()),
             );
             let shared = Self::buf(&a[4]).map(|b| self.read(b));
-            let gate = Self::buf(&a[5]).map(|b| {
-                let g = self.read(b)[0];
-                g / (1.0 + (-g).exp()) / g
-            });
+            // (an f32 gate row at a[8]: its dot with the normed input at a[9])
+            let logit = match (Self::buf(&a[5]), Self::buf(&a[8])) {
+                (Some(b), _) => Some(self.read(b)[0]),
+                (None, Some(gw)) => Some(self.products(gw, 1, d, Self::buf(&a[9]).unwrap())[0]),
+                _ => None,
+            };
+            let gate = logit.map(|g| g / (1.0 + (-g).exp()) / g);
             let xb = Self::buf(&a[6]).unwrap();
             let mut x = self.read(xb)[..d].to_vec();
             for (i, x) in x.iter_mut().enumerate() {
@@ -362,12 +365,12 @@ impl<'f> Emulator<'f> {
             }
             self.write(xb, 0, &x);
             if name != "moe_combine" {
-                let y = self.rms_norm(xb, Self::buf(&a[9]).unwrap(), d, Self::f(&a[8]));
-                match a.get(11) {
+                let y = self.rms_norm(xb, Self::buf(&a[11]).unwrap(), d, Self::f(&a[10]));
+                match a.get(13) {
                     Some(&Arg::I32(code)) => {
-                        self.quantize_into(Self::buf(&a[10]).unwrap(), &y, code)
+                        self.quantize_into(Self::buf(&a[12]).unwrap(), &y, code)
                     }
-                    _ => self.write(Self::buf(&a[10]).unwrap(), 0, &y),
+                    _ => self.write(Self::buf(&a[12]).unwrap(), 0, &y),
                 }
             }
         } else if name == "geglu" {
