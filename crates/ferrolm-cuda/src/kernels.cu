@@ -368,6 +368,26 @@ __device__ void quantize_group(const float* v, u8* xq, int n, int g, int mode) {
     }
 }
 
+// Value v of element e of a row of n values into xq as quantize_group writes its 32-value
+// chunk (ACT_Q8_0 or ACT_Q8_1), by a warp whose lanes hold the chunk's 32 elements in order:
+// the kernels that write a row a warp per 32 consecutive values quantize it for the next
+// product themselves (no quantize_act launch).
+__device__ __forceinline__ void quantize_lane(float v, int e, u8* xq, int n, int mode) {
+    float amax = warp_max(fabsf(v));
+    float dd = amax / 127.f;
+    float id = amax != 0.f ? 127.f / amax : 0.f;
+    int q = __float2int_rn(v * id);
+    int sum = q;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    xq[e] = (u8)(q & 0xff);
+    if ((e & 31) == 0) {
+        float* ds = (float*)(xq + n);
+        ds[e / 32] = h2f(f2h(dd));
+        ds[n / 32 + e / 32] = mode == ACT_Q8_1 ? h2f(f2h((float)sum * dd)) : 0.f;
+    }
+}
+
 // xq = x (n values) quantized for `mode`: a warp per group of 256.
 extern "C" __global__ void quantize_act(const float* x, u8* xq, int n, int mode) {
     step_begin();
@@ -2341,7 +2361,8 @@ __device__ __forceinline__ void attn_split_body(const float* q, const u16* kc, c
                                                 u32* done, float* out, int n_head,
                                                 int n_head_kv, int hd, int n_splits,
                                                 float scale, float cap, int window,
-                                                const float* sinks, int tile) {
+                                                const float* sinks, int tile, u8* xq,
+                                                int mode) {
     step_begin();
     __shared__ float so[256];
     __shared__ bool last;
@@ -2369,7 +2390,10 @@ __device__ __forceinline__ void attn_split_body(const float* q, const u16* kc, c
     // A sink (gpt-oss) joins the softmax as one more column with no value.
     if (ns == 1) {
         if (sinks) L += expf(sinks[h] - M);
-        for (int i = threadIdx.x; i < hd; i += blockDim.x) out[h * hd + i] = so[i] / L;
+        for (int i = threadIdx.x; i < hd; i += blockDim.x) {
+            out[h * hd + i] = so[i] / L;
+            if (xq) quantize_lane(so[i] / L, h * hd + i, xq, n_head * hd, mode);
+        }
     } else {
         size_t part = (size_t)h * n_splits + s;
         for (int i = threadIdx.x; i < hd; i += blockDim.x) part_o[part * hd + i] = so[i];
@@ -2401,19 +2425,21 @@ __device__ __forceinline__ void attn_split_body(const float* q, const u16* kc, c
                     o += __ldcg(part_o + ((size_t)h * n_splits + j) * hd + i) * expf(m - MM);
             }
             out[h * hd + i] = o / LL;
+            if (xq) quantize_lane(o / LL, h * hd + i, xq, n_head * hd, mode);
         }
         if (threadIdx.x == 0) done[h] = 0;
     }
 }
 
-// attn_split_body with the tiles: 128 threads (ATTN_TILE).
+// attn_split_body with the tiles: 128 threads (ATTN_TILE). xq non-null: the output quantized
+// into it too (quantize_lane's modes).
 extern "C" __global__ void attn_split(const float* q, const u16* kc, const u16* vc,
                                       const u32* pos, float* part_o, float* part_ml, u32* done,
                                       float* out, int n_head, int n_head_kv, int hd,
                                       int n_splits, float scale, float cap, int window,
-                                      const float* sinks, int tile) {
+                                      const float* sinks, int tile, u8* xq, int mode) {
     attn_split_body<false>(q, kc, vc, pos, part_o, part_ml, done, out, n_head, n_head_kv, hd,
-                           n_splits, scale, cap, window, sinks, tile);
+                           n_splits, scale, cap, window, sinks, tile, xq, mode);
 }
 
 // attn_split_body with the warps: heads of 128 or 256 values, up to ATTN_WARPS warps.
@@ -2421,9 +2447,9 @@ extern "C" __global__ void __launch_bounds__(ATTN_WARPS * 32)
     attn_split_warps(const float* q, const u16* kc, const u16* vc, const u32* pos, float* part_o,
                      float* part_ml, u32* done, float* out, int n_head, int n_head_kv, int hd,
                      int n_splits, float scale, float cap, int window, const float* sinks,
-                     int tile) {
+                     int tile, u8* xq, int mode) {
     attn_split_body<true>(q, kc, vc, pos, part_o, part_ml, done, out, n_head, n_head_kv, hd,
-                          n_splits, scale, cap, window, sinks, tile);
+                          n_splits, scale, cap, window, sinks, tile, xq, mode);
 }
 
 // out = swiglu_oai(g, u) (gpt-oss).

@@ -138,14 +138,18 @@ extern "C" __global__ void delta_rule(const float* conv, const float* ba, const 
                                       const float* dt_bias, const float* ssm_a,
                                       const float* norm, const float* in_fused, const float* z,
                                       float* state, const u32* pos, float* out, int n_k_heads,
-                                      int n_v_heads, int s, int tiled, float eps) {
+                                      int n_v_heads, int s, int tiled, float eps, u8* xq,
+                                      int mode) {
     step_begin();
     __shared__ float qs[256], ks[256];
     int vh = blockIdx.x, zi = vh * s + threadIdx.x, ratio = n_v_heads / n_k_heads;
     int kh = tiled ? vh % n_k_heads : vh / ratio;
     DeltaGates g = delta_gates(ba, alpha, in_fused, z, vh, zi, ratio, s);
-    out[zi] = delta_rule_token(conv, g, dt_bias, ssm_a, norm, state + (size_t)vh * s * s,
+    float o = delta_rule_token(conv, g, dt_bias, ssm_a, norm, state + (size_t)vh * s * s,
                                *pos == 0, vh, kh, n_k_heads * s, s, eps, qs, ks);
+    out[zi] = o;
+    // (xq non-null: quantized for the output product too, quantize_lane's modes)
+    if (xq) quantize_lane(o, zi, xq, n_v_heads * s, mode);
 }
 
 // ---- The same over a prompt's n tokens (the prompt pass) ------------------------------------
@@ -513,10 +517,15 @@ extern "C" __global__ void split_query_gate_rows(const float* qg, float* q, floa
     g[(size_t)t * w + i] = row[h * 2 * hd + hd + e];
 }
 
-extern "C" __global__ void sigmoid_mul(float* x, const float* g, int n) {
+// (xq non-null: the result quantized for the next product too, quantize_lane's modes; n a
+// multiple of 32)
+extern "C" __global__ void sigmoid_mul(float* x, const float* g, int n, u8* xq, int mode) {
     step_begin();
     int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) x[i] *= 1.f / (1.f + expf(-g[i]));
+    if (i < n) {
+        x[i] *= 1.f / (1.f + expf(-g[i]));
+        if (xq) quantize_lane(x[i], i, xq, n, mode);
+    }
 }
 
 extern "C" __global__ void sigmoid_mul_f16(u16* x, const float* g, long long n) {

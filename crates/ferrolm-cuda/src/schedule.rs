@@ -1329,6 +1329,8 @@ impl Builder {
                 Arg::I32(window as i32),
                 sink_logits.map_or(Arg::Null, |v| Arg::Buf(Buf::Vector(v))),
                 Arg::I32(ATTN_TILE as i32),
+                Arg::Null,
+                Arg::I32(0),
             ],
         );
         if *gated_output {
@@ -1340,6 +1342,8 @@ impl Builder {
                     Arg::Buf(Buf::Attn),
                     Arg::Buf(Buf::AttnGate),
                     Arg::I32(q_dim as i32),
+                    Arg::Null,
+                    Arg::I32(0),
                 ],
             );
         }
@@ -1500,6 +1504,8 @@ impl Builder {
                 Arg::I32(s as i32),
                 Arg::I32(i32::from(key_heads == KeyHeads::Tiled)),
                 Arg::F32(end.eps),
+                Arg::Null,
+                Arg::I32(0),
             ],
         );
         self.block_output(out, Buf::DeltaOut, None, end);
@@ -2133,6 +2139,9 @@ impl Builder {
         let Some(format) = self.shared_format(mats) else {
             return x;
         };
+        if self.quantized_by_producer(x, n, format) {
+            return Buf::Xq;
+        }
         // A warp per 256 values, four to a block.
         self.push(
             "quantize_act",
@@ -2146,6 +2155,36 @@ impl Builder {
             ],
         );
         Buf::Xq
+    }
+
+    /// Whether the last launch writes `x` (n values) a warp per 32 consecutive values and can
+    /// quantize them itself (Q8_0 and Q8_1, `quantize_lane`): then it is asked to, into
+    /// [`Buf::Xq`] (its last two arguments), and no quantize_act launch follows.
+    fn quantized_by_producer(&mut self, x: Buf, n: usize, format: i32) -> bool {
+        if !self.tuning.producer_quantize || !matches!(format, 3 | 4) {
+            return false;
+        }
+        let Some(l) = self.launches.last_mut() else {
+            return false;
+        };
+        let i = |a: &Arg| match *a {
+            Arg::I32(v) => v as usize,
+            _ => 0,
+        };
+        // (the output's argument and the row's width, as each kernel has them)
+        let (out, width) = match l.kernel.as_str() {
+            "attn_split" | "attn_split_warps" => (&l.args[7], i(&l.args[8]) * i(&l.args[10])),
+            "delta_rule" => (&l.args[10], i(&l.args[12]) * i(&l.args[13])),
+            "sigmoid_mul" => (&l.args[0], i(&l.args[2])),
+            _ => return false,
+        };
+        let k = l.args.len();
+        if *out != Arg::Buf(x) || width != n || l.args[k - 2] != Arg::Null {
+            return false;
+        }
+        l.args[k - 2] = Arg::Buf(Buf::Xq);
+        l.args[k - 1] = Arg::I32(format);
+        true
     }
 
     /// The RMS norm of the residual stream (weights `w`) in f32 into [`Buf::H`], and quantized
@@ -3465,6 +3504,36 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn the_attention_quantizes_the_output_products_input_itself() {
+        let pl = plan(2, 64);
+        for (on, ty, asked) in [
+            (true, TensorType::Q4_0, true),
+            (true, TensorType::Q4_K, false),
+            (false, TensorType::Q4_0, false),
+        ] {
+            let tuning = CudaTuning {
+                producer_quantize: on,
+                quantize_on_load_max: 0,
+                ..CudaTuning::default()
+            };
+            let p = decode_plan_with(&pl, &all(&pl, ty), 256, 1, &tuning).unwrap();
+            let at = p
+                .launches
+                .iter()
+                .position(|l| l.kernel.starts_with("attn_split"))
+                .unwrap();
+            let (attn, next) = (&p.launches[at], &p.launches[at + 1]);
+            // Q8_0 for Q4_0 rows: the attention's blocks; Q8_K (Q4_K): a launch of its own
+            assert_eq!(attn.args[17] == Arg::Buf(Buf::Xq), asked, "{on} {ty:?}");
+            assert_eq!(next.kernel == "quantize_act", !asked, "{on} {ty:?}");
+            if asked {
+                assert_eq!(attn.args[18], Arg::I32(3));
+                assert_eq!(next.args[4], Arg::Buf(Buf::Xq));
+            }
+        }
+    }
+
+    #[test]
     fn heads_of_128_and_256_values_attend_by_warps() {
         let src = crate::kernels::SOURCE.as_str();
         assert!(src.contains(&format!("#define ATTN_WARPS {ATTN_WARPS}\n")));
@@ -3490,7 +3559,7 @@ pub(crate) mod tests {
                         ("attn_split", ATTN_TILE as u32)
                     };
                     assert_eq!((l.kernel.as_str(), l.block), (kernel, block), "{hd} {on}");
-                    assert_eq!(l.args.len(), 17);
+                    assert_eq!(l.args.len(), 19);
                 }
             }
         }

@@ -36,6 +36,10 @@ pub struct CudaTuning {
     /// own positions (`attn_split_warps`; `FERROLM_CUDA_NO_WARP_ATTENTION`: by 128-position
     /// tiles, `attn_split`).
     pub warp_attention: bool,
+    /// The attention, the delta rule and the output gate quantize their outputs for the next
+    /// product themselves where its format is Q8_0 or Q8_1 (`FERROLM_CUDA_NO_PRODUCER_QUANT`:
+    /// a quantize_act launch).
+    pub producer_quantize: bool,
     /// Q8_0 and Q6_K rows uploaded regrouped for 16-byte loads (`FERROLM_CUDA_NO_REPACK`).
     pub repack: bool,
     /// Eight warps for few, wide rows (`FERROLM_CUDA_MATVEC_128`: at most four).
@@ -111,6 +115,7 @@ impl Default for CudaTuning {
             mixed_qkv: true,
             held_post_norm: true,
             warp_attention: true,
+            producer_quantize: true,
             repack: true,
             wide_matvec: true,
             matvec_max_threads: 128,
@@ -149,6 +154,7 @@ impl CudaTuning {
             mixed_qkv: unset("FERROLM_CUDA_NO_MIXED_QKV"),
             held_post_norm: unset("FERROLM_CUDA_NO_HELD_POST_NORM"),
             warp_attention: unset("FERROLM_CUDA_NO_WARP_ATTENTION"),
+            producer_quantize: unset("FERROLM_CUDA_NO_PRODUCER_QUANT"),
             repack: unset("FERROLM_CUDA_NO_REPACK"),
             wide_matvec: unset("FERROLM_CUDA_MATVEC_128"),
             matvec_max_threads: number("FERROLM_CUDA_MATVEC_MAX_THREADS")

@@ -432,6 +432,8 @@ impl<'f> Emulator<'f> {
             self.rope_store(a);
         } else if name == "attn_split" || name == "attn_split_warps" {
             self.attention(a);
+            let n = Self::i(&a[8]) * Self::i(&a[10]);
+            self.quantized_output(&a[7], n, &a[17..]);
         } else if name == "choose_token" {
             let n = Self::i(&a[1]);
             let logits = self.read(Self::buf(&a[0]).unwrap());
@@ -484,14 +486,26 @@ impl<'f> Emulator<'f> {
                 .map(|(x, g)| x * (1.0 / (1.0 + (-g).exp())))
                 .collect();
             self.write(xb, 0, &x);
+            self.quantized_output(&a[0], n, &a[3..]);
         } else if name == "delta_conv" {
             self.delta_conv(a);
         } else if name == "delta_rule" {
             self.delta_rule(a);
+            let n = Self::i(&a[12]) * Self::i(&a[13]);
+            self.quantized_output(&a[10], n, &a[16..]);
         } else if name == "advance_pos" {
             self.u32s.get_mut(&Buf::Pos).unwrap()[0] += 1;
         } else {
             panic!("no emulation of {name}");
+        }
+    }
+
+    /// A producer's output (`out`) quantized into `xq` in `format` where the launch asks for it
+    /// (`[xq, format]` its last two arguments, quantize_lane: as quantize_act).
+    fn quantized_output(&mut self, out: &Arg, n: usize, xq_format: &[Arg]) {
+        if let [Arg::Buf(xq), Arg::I32(code)] = *xq_format {
+            let y = self.read(Self::buf(out).unwrap());
+            self.quantize_into(xq, &y[..n], code);
         }
     }
 
