@@ -1720,7 +1720,7 @@ impl Builder {
                     return Err(decline(label("shared gate's input"), "not bound"));
                 };
                 let gi = self.matrix(gate_inp_w, label("shared gate's input"), 1, d)?;
-                if self.matrices[gi].ty != TensorType::F32 {
+                if !self.tuning.fused_moe_combine || self.matrices[gi].ty != TensorType::F32 {
                     let x = input(self, &[gi]);
                     self.matvec(gi, x, None, None, Buf::SharedGate);
                 }
@@ -1737,7 +1737,8 @@ impl Builder {
             });
         }
         let gate_inp = shared_refs.as_ref().and_then(|s| s.gate_inp);
-        let f32_gate = gate_inp.filter(|&g| self.matrices[g].ty == TensorType::F32);
+        let f32_gate = gate_inp
+            .filter(|&g| self.tuning.fused_moe_combine && self.matrices[g].ty == TensorType::F32);
         self.push(
             "moe_combine",
             (d.div_ceil(256) as u32, 1),
@@ -2111,7 +2112,7 @@ impl Builder {
             return out;
         }
         // After a mixture of experts' combination of one token: the same, by one block.
-        let after_moe = self.tuning.held_post_norm
+        let after_moe = self.tuning.fused_moe_combine
             && norm_threads(n) * 8 >= n as u32
             && self.launches.last().is_some_and(|l| {
                 l.kernel == "moe_combine" && l.grid.1 == 1 && l.args[6] == Arg::Buf(x)

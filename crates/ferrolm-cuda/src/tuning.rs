@@ -37,9 +37,13 @@ pub struct CudaTuning {
     /// tiles, `attn_split`).
     pub warp_attention: bool,
     /// The attention, the delta rule and the output gate quantize their outputs for the next
-    /// product themselves where its format is Q8_0 or Q8_1 (`FERROLM_CUDA_NO_PRODUCER_QUANT`:
-    /// a quantize_act launch).
+    /// product themselves where its format is Q8_0 or Q8_1, instead of a quantize_act launch
+    /// (`FERROLM_CUDA_PRODUCER_QUANT=1`; off until measured on a GPU).
     pub producer_quantize: bool,
+    /// A token's expert outputs combined and the next norm taken by one block
+    /// (`moe_combine_norm_held*`), an f32 shared-expert gate row dotted by the combination
+    /// itself (`FERROLM_CUDA_FUSED_COMBINE=1`; off until measured on a GPU).
+    pub fused_moe_combine: bool,
     /// Q8_0 and Q6_K rows uploaded regrouped for 16-byte loads (`FERROLM_CUDA_NO_REPACK`).
     pub repack: bool,
     /// Eight warps for few, wide rows (`FERROLM_CUDA_MATVEC_128`: at most four).
@@ -115,7 +119,8 @@ impl Default for CudaTuning {
             mixed_qkv: true,
             held_post_norm: true,
             warp_attention: true,
-            producer_quantize: true,
+            producer_quantize: false,
+            fused_moe_combine: false,
             repack: true,
             wide_matvec: true,
             matvec_max_threads: 128,
@@ -154,7 +159,8 @@ impl CudaTuning {
             mixed_qkv: unset("FERROLM_CUDA_NO_MIXED_QKV"),
             held_post_norm: unset("FERROLM_CUDA_NO_HELD_POST_NORM"),
             warp_attention: unset("FERROLM_CUDA_NO_WARP_ATTENTION"),
-            producer_quantize: unset("FERROLM_CUDA_NO_PRODUCER_QUANT"),
+            producer_quantize: !unset("FERROLM_CUDA_PRODUCER_QUANT"),
+            fused_moe_combine: !unset("FERROLM_CUDA_FUSED_COMBINE"),
             repack: unset("FERROLM_CUDA_NO_REPACK"),
             wide_matvec: unset("FERROLM_CUDA_MATVEC_128"),
             matvec_max_threads: number("FERROLM_CUDA_MATVEC_MAX_THREADS")

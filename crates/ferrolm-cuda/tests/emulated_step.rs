@@ -746,9 +746,13 @@ fn emulate(
     on_load_max: usize,
     ids: &[u32],
 ) -> (Vec<f32>, Vec<f32>, Vec<String>) {
+    // (with the switches not yet measured on a GPU on; `defaults_compute_what_the_cpu_computes`
+    // takes the defaults)
     let tuning = CudaTuning {
         quantized_activations: activations == Activations::Quantized,
         quantize_on_load_max: on_load_max,
+        producer_quantize: true,
+        fused_moe_combine: true,
         ..CudaTuning::default()
     };
     emulate_tuned(spec, &tuning, ids)
@@ -960,6 +964,33 @@ fn the_gemma_switches_compute_what_the_cpu_computes() {
     let kl = mean_kl(&cpu, &gpu, cpu.len() / 24);
     assert!(kl < 1e-3, "mean KL {kl:.3e}");
     assert!(relative_difference(&cpu, &gpu) < 2e-2);
+}
+
+/// The default switches (the fused combination and the producers' quantization off) on the
+/// files that take those paths: the hybrids, the shared experts, a Q8_0-read attention output.
+#[test]
+fn defaults_compute_what_the_cpu_computes() {
+    let mut specs: Vec<SyntheticSpec> = ["qwen3next", "qwen35moe", "qwen2moe", "qwen3moe"]
+        .into_iter()
+        .map(SyntheticSpec::small)
+        .collect();
+    for s in specs.iter_mut().skip(2) {
+        s.head_dim = 64;
+    }
+    for spec in &specs {
+        let tuning = CudaTuning {
+            quantize_on_load_max: 0,
+            ..CudaTuning::default()
+        };
+        let (gpu, cpu, kernels) = emulate_tuned(spec, &tuning, &ids(9));
+        assert!(
+            kernels.iter().all(|k| !k.starts_with("moe_combine_norm")),
+            "{kernels:?}"
+        );
+        let kl = mean_kl(&cpu, &gpu, cpu.len() / 9);
+        assert!(kl < 1e-3, "{}: mean KL {kl:.3e}", spec.arch);
+        assert!(relative_difference(&cpu, &gpu) < 2e-2, "{}", spec.arch);
+    }
 }
 
 /// [`emulate`] of `spec` over `n` positions in each activation mode, against the CPU.

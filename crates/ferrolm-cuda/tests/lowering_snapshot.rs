@@ -8,7 +8,7 @@
 use std::fmt::Write as _;
 use std::sync::Arc;
 
-use ferrolm_cuda::schedule::{decode_plan_with, tensor_parallel_plans, DecodePlan};
+use ferrolm_cuda::schedule::{decode_plan_with, tensor_parallel_plans, Arg, DecodePlan};
 use ferrolm_cuda::CudaTuning;
 use ferrolm_gguf::{GgufFile, TensorType};
 use ferrolm_model::synthetic::{self, SyntheticSpec};
@@ -275,128 +275,128 @@ fn plans() -> Vec<(String, String)> {
 const EXPECTED: &[(&str, u64)] = &[
     ("llama / default / 8", 0xdaf944621d3d4327),
     ("llama / default / 300", 0x1c6c5d95f5e8bdd7),
-    ("llama / quantize apart / 8", 0x81a229293b126253),
-    ("llama / quantize apart / 300", 0x9924f42f7bd3b54f),
+    ("llama / quantize apart / 8", 0xe07219299499878f),
+    ("llama / quantize apart / 300", 0x0c7be64528c4d19b),
     ("llama / f32 / 8", 0x3d6514bfb573909f),
     ("llama / f32 / 300", 0x0647e3ae7b2cc6ef),
     ("llama / plain rows / 8", 0x462d98b2c9ef7354),
     ("llama / plain rows / 300", 0x11b9d949c8b1b47c),
     ("qwen2 / default / 8", 0xb5b317390e1d0a57),
     ("qwen2 / default / 300", 0x0e8a657ee95dba5b),
-    ("qwen2 / quantize apart / 8", 0x9768e752e1b06283),
-    ("qwen2 / quantize apart / 300", 0xee238e7d5dd49833),
+    ("qwen2 / quantize apart / 8", 0x61185352cb73c1bf),
+    ("qwen2 / quantize apart / 300", 0x0d89c27a063f10af),
     ("qwen2 / f32 / 8", 0x92584e6f46fe90df),
     ("qwen2 / f32 / 300", 0xa4eb0a435096990b),
     ("qwen2 / plain rows / 8", 0x002edb3a6e883ad4),
     ("qwen2 / plain rows / 300", 0xc6a77d25bc030bd0),
     ("qwen3 / default / 8", 0x8a862673ae8894ec),
     ("qwen3 / default / 300", 0xd05c755195828fd8),
-    ("qwen3 / quantize apart / 8", 0x9bd984db23679b6c),
-    ("qwen3 / quantize apart / 300", 0xdf473baf387b3ef4),
+    ("qwen3 / quantize apart / 8", 0xbd30db4b75c50d88),
+    ("qwen3 / quantize apart / 300", 0xfa25621539cff0f0),
     ("qwen3 / f32 / 8", 0xc3e897e7cd38e896),
     ("qwen3 / f32 / 300", 0xa68ef9a61f7fe3c2),
     ("qwen3 / plain rows / 8", 0x4ad0fdbee4ca7035),
     ("qwen3 / plain rows / 300", 0x51c18c2a989651e1),
     ("gemma2 / default / 8", 0x67a4cbb354f3c0c1),
     ("gemma2 / default / 300", 0xf518e4f95527c3f5),
-    ("gemma2 / quantize apart / 8", 0xdf70a5a5949a532d),
-    ("gemma2 / quantize apart / 300", 0xb4286f10bf1abf0d),
+    ("gemma2 / quantize apart / 8", 0x403b1266342c6361),
+    ("gemma2 / quantize apart / 300", 0x5561cb0a8c6fd521),
     ("gemma2 / f32 / 8", 0x3c088e5248d3fa93),
     ("gemma2 / f32 / 300", 0xe29993307ec44057),
     ("gemma2 / plain rows / 8", 0xb9a06bbc4634d1a8),
     ("gemma2 / plain rows / 300", 0xbca4f0d40920137c),
     ("gemma3 / default / 8", 0x16b5db893f04761b),
     ("gemma3 / default / 300", 0xc7406ff85e13f30b),
-    ("gemma3 / quantize apart / 8", 0x955b9f7848605f6d),
-    ("gemma3 / quantize apart / 300", 0x4c37a2e3968f2ad1),
+    ("gemma3 / quantize apart / 8", 0xb774c43b75043f81),
+    ("gemma3 / quantize apart / 300", 0x60fce0b449674335),
     ("gemma3 / f32 / 8", 0xf5e6837659793ba3),
     ("gemma3 / f32 / 300", 0x7ed853117209cabb),
     ("gemma3 / plain rows / 8", 0xa8e556526087ca72),
     ("gemma3 / plain rows / 300", 0x98d011a9b8ab9daa),
     ("granite / default / 8", 0x907406a9d5dad557),
     ("granite / default / 300", 0x89013818259f84cb),
-    ("granite / quantize apart / 8", 0x241381cb6ea09885),
-    ("granite / quantize apart / 300", 0x59731f4e12f42401),
+    ("granite / quantize apart / 8", 0xca09f93d78f0f8e5),
+    ("granite / quantize apart / 300", 0xb490caef21ae9011),
     ("granite / f32 / 8", 0x1442ad05b598680d),
     ("granite / f32 / 300", 0xc2c0e3dea462a611),
     ("granite / plain rows / 8", 0xb0bcee58d98092cc),
     ("granite / plain rows / 300", 0xdd01bbd6767ee370),
     ("phi3 / default / 8", 0xc68a1ee17c622275),
     ("phi3 / default / 300", 0x5b7d9909548376d9),
-    ("phi3 / quantize apart / 8", 0x4daf3827b2120947),
-    ("phi3 / quantize apart / 300", 0x99e72429a461b423),
+    ("phi3 / quantize apart / 8", 0xd0e58c3bce1fd247),
+    ("phi3 / quantize apart / 300", 0xccdb498607c2ff53),
     ("phi3 / f32 / 8", 0xff04bb6f26120deb),
     ("phi3 / f32 / 300", 0xf936426094f942b7),
     ("phi3 / plain rows / 8", 0xd87d3d0ce1c87752),
     ("phi3 / plain rows / 300", 0x3310bc1786f9028e),
     ("phi3 LongRoPE / default / 8", 0x8c4ec187d8203602),
     ("phi3 LongRoPE / default / 300", 0x57f21a597d17ebaa),
-    ("phi3 LongRoPE / quantize apart / 8", 0x383687e04c387258),
-    ("phi3 LongRoPE / quantize apart / 300", 0xe22d29126b268fb8),
+    ("phi3 LongRoPE / quantize apart / 8", 0x27db5624bf054460),
+    ("phi3 LongRoPE / quantize apart / 300", 0x403b6b6c042de5b0),
     ("phi3 LongRoPE / f32 / 8", 0xaaebc995e3fa3784),
     ("phi3 LongRoPE / f32 / 300", 0x607a8122aac8676c),
     ("phi3 LongRoPE / plain rows / 8", 0x7cd4d55291e4080b),
     ("phi3 LongRoPE / plain rows / 300", 0x0a2bb23774cb53e3),
-    ("qwen3moe / default / 8", 0xcd56f33269e0855d),
-    ("qwen3moe / default / 300", 0x1b7b710cb60a0e09),
-    ("qwen3moe / quantize apart / 8", 0x79060f451cdb26e1),
-    ("qwen3moe / quantize apart / 300", 0xdbe3cd9bb1563d1d),
-    ("qwen3moe / f32 / 8", 0x47636720069119fd),
-    ("qwen3moe / f32 / 300", 0xf65e9eff0c093619),
-    ("qwen3moe / plain rows / 8", 0xe87a6834fa04e9ca),
-    ("qwen3moe / plain rows / 300", 0xa867df0d2616c4ae),
-    ("qwen2moe / default / 8", 0x3233f3fa8d01cc14),
-    ("qwen2moe / default / 300", 0xf48c5a35c4344a7c),
-    ("qwen2moe / quantize apart / 8", 0x4092479d343a8ce6),
-    ("qwen2moe / quantize apart / 300", 0x871da9067a0fb2ae),
-    ("qwen2moe / f32 / 8", 0xf6755a33c9ab64d6),
-    ("qwen2moe / f32 / 300", 0xf5250bc53d2b1ea6),
-    ("qwen2moe / plain rows / 8", 0x74d0bf4f2e3a9aa9),
-    ("qwen2moe / plain rows / 300", 0xba56ade2fc2d9769),
-    ("llama experts / default / 8", 0x2efa07da6cc57f9c),
-    ("llama experts / default / 300", 0xb12cfd8f386b66c0),
-    ("llama experts / quantize apart / 8", 0xe99692d76ce9c560),
-    ("llama experts / quantize apart / 300", 0x47f9cfb91004698c),
-    ("llama experts / f32 / 8", 0xc48b6293c7e3e858),
-    ("llama experts / f32 / 300", 0xd72cd32e1c1914c4),
-    ("llama experts / plain rows / 8", 0x72eb8593bf83ebb3),
-    ("llama experts / plain rows / 300", 0x84872cfafe222787),
-    ("qwen3next / default / 8", 0xa669f1ec3d0e9c58),
-    ("qwen3next / default / 300", 0xebffc9fe48f741dc),
-    ("qwen3next / quantize apart / 8", 0x99a20140afea4779),
-    ("qwen3next / quantize apart / 300", 0x0f02a468bda91ec5),
-    ("qwen3next / f32 / 8", 0x6ff281c5a9433266),
-    ("qwen3next / f32 / 300", 0x098b44f77ff88a0e),
-    ("qwen3next / plain rows / 8", 0x4db7c0e92c336496),
-    ("qwen3next / plain rows / 300", 0x4ab3bccbe63da2be),
+    ("qwen3moe / default / 8", 0xdc315b1ac10b32cd),
+    ("qwen3moe / default / 300", 0x69e9fcc633863f11),
+    ("qwen3moe / quantize apart / 8", 0xf65a1ddce7a7a6bd),
+    ("qwen3moe / quantize apart / 300", 0x70b0185dab97a761),
+    ("qwen3moe / f32 / 8", 0x05db118c9e74b891),
+    ("qwen3moe / f32 / 300", 0x8efcb084f95a0405),
+    ("qwen3moe / plain rows / 8", 0xbcee5643d15a0bba),
+    ("qwen3moe / plain rows / 300", 0xf40cf9db8944ad36),
+    ("qwen2moe / default / 8", 0xd14fc2cdc6d6e322),
+    ("qwen2moe / default / 300", 0x662449b4bd6b6b02),
+    ("qwen2moe / quantize apart / 8", 0x713c7200dc88826c),
+    ("qwen2moe / quantize apart / 300", 0x327015b49ec6b18c),
+    ("qwen2moe / f32 / 8", 0x1cf438137ad40e60),
+    ("qwen2moe / f32 / 300", 0xc3ecd1c92c2b4288),
+    ("qwen2moe / plain rows / 8", 0x283982acb9fb6b8b),
+    ("qwen2moe / plain rows / 300", 0x33244777a56a1da3),
+    ("llama experts / default / 8", 0xd2d96a76129448e6),
+    ("llama experts / default / 300", 0xa21cfcb468bd4c0a),
+    ("llama experts / quantize apart / 8", 0x00ba680ad1a93bae),
+    ("llama experts / quantize apart / 300", 0x636c3b013b065c5a),
+    ("llama experts / f32 / 8", 0x12cddad97ee266dc),
+    ("llama experts / f32 / 300", 0x54f1af8d6deeebc8),
+    ("llama experts / plain rows / 8", 0x4eb9375d3de6e6c9),
+    ("llama experts / plain rows / 300", 0x6c40ddf0d2926235),
+    ("qwen3next / default / 8", 0x67fa95aeaed47f48),
+    ("qwen3next / default / 300", 0x6122ff3117400294),
+    ("qwen3next / quantize apart / 8", 0x6f731fd3b1258910),
+    ("qwen3next / quantize apart / 300", 0x1ce58af3764357bc),
+    ("qwen3next / f32 / 8", 0x4e52edad2a07a660),
+    ("qwen3next / f32 / 300", 0xf98fcd371b02f1c8),
+    ("qwen3next / plain rows / 8", 0x28e822d495c7e05e),
+    ("qwen3next / plain rows / 300", 0x09f70dd7617a8476),
     ("qwen35 / default / 8", 0xdbc2aee953d19184),
     ("qwen35 / default / 300", 0x693276c3f7642834),
-    ("qwen35 / quantize apart / 8", 0x896641168fc5e523),
-    ("qwen35 / quantize apart / 300", 0xcae2558350c36b67),
+    ("qwen35 / quantize apart / 8", 0x6db9c3e3c40ecc4e),
+    ("qwen35 / quantize apart / 300", 0x7b59e66ff31e1d42),
     ("qwen35 / f32 / 8", 0x4ac584a458c88e39),
     ("qwen35 / f32 / 300", 0x96208a0700772f65),
     ("qwen35 / plain rows / 8", 0xd91b28c222fa6605),
     ("qwen35 / plain rows / 300", 0x9af9d720d2d281f5),
-    ("qwen35moe / default / 8", 0x9831b8ba90b59456),
-    ("qwen35moe / default / 300", 0x7ece6cb09cabc358),
-    ("qwen35moe / quantize apart / 8", 0xb6374e61e606bd5b),
-    ("qwen35moe / quantize apart / 300", 0xfcbcf904b5a01215),
-    ("qwen35moe / f32 / 8", 0xdc89420c062d1367),
-    ("qwen35moe / f32 / 300", 0x61b305cd0c681149),
-    ("qwen35moe / plain rows / 8", 0x952e2df346bbd88f),
-    ("qwen35moe / plain rows / 300", 0x091b144526c8a879),
-    ("qwen3next split / default / 8", 0xca2c1c00f8f0da8d),
-    ("qwen3next split / default / 300", 0x0f008764a9f821f7),
-    ("qwen3next split / quantize apart / 8", 0xd405759204d3a9de),
-    ("qwen3next split / quantize apart / 300", 0x99d15b7df06be058),
-    ("qwen3next split / f32 / 8", 0x665bb5b4afbfa797),
-    ("qwen3next split / f32 / 300", 0x0493d31a60f82b35),
-    ("qwen3next split / plain rows / 8", 0x08b81ee76910434b),
-    ("qwen3next split / plain rows / 300", 0xaeda2e2fdbfa6481),
+    ("qwen35moe / default / 8", 0x669e7eb2192b7658),
+    ("qwen35moe / default / 300", 0x616847780903bd8a),
+    ("qwen35moe / quantize apart / 8", 0x4388c3f258076f46),
+    ("qwen35moe / quantize apart / 300", 0xe14fba1513291760),
+    ("qwen35moe / f32 / 8", 0x4636b7173caea215),
+    ("qwen35moe / f32 / 300", 0x076217a34385aa27),
+    ("qwen35moe / plain rows / 8", 0xd4cc8a21e2ea85a5),
+    ("qwen35moe / plain rows / 300", 0xb16385b7417e8967),
+    ("qwen3next split / default / 8", 0xfbea850db93894a7),
+    ("qwen3next split / default / 300", 0xdce4d665042840e9),
+    ("qwen3next split / quantize apart / 8", 0x1efab557ed68174f),
+    ("qwen3next split / quantize apart / 300", 0x4e46e4c5554c9499),
+    ("qwen3next split / f32 / 8", 0x4e9bc5cdec3760f1),
+    ("qwen3next split / f32 / 300", 0x5ccc9d0b4e3e3987),
+    ("qwen3next split / plain rows / 8", 0x35d332ee4c790571),
+    ("qwen3next split / plain rows / 300", 0x694010f4008978af),
     ("llama YaRN / default / 8", 0xf8c9e89ded91bc59),
     ("llama YaRN / default / 300", 0xcba774570b202395),
-    ("llama YaRN / quantize apart / 8", 0xd0201aa362cf994d),
-    ("llama YaRN / quantize apart / 300", 0x3f060388f154a80d),
+    ("llama YaRN / quantize apart / 8", 0x5a7ca9d442700045),
+    ("llama YaRN / quantize apart / 300", 0xb8dc6393ce1b9d35),
     ("llama YaRN / f32 / 8", 0x58a652fbd91c26a9),
     ("llama YaRN / f32 / 300", 0x8b5a4cc2641dfeb5),
     ("llama YaRN / plain rows / 8", 0x9cc527d89a0a0ece),
@@ -411,11 +411,11 @@ const EXPECTED: &[(&str, u64)] = &[
     ),
     (
         "llama Q4_K, frequency factors, tied / quantize apart / 8",
-        0x539d98dbb3b9c477,
+        0x672a1da9bedc58ef,
     ),
     (
         "llama Q4_K, frequency factors, tied / quantize apart / 300",
-        0xa101c06c840fc19a,
+        0x854887952066999e,
     ),
     (
         "llama Q4_K, frequency factors, tied / f32 / 8",
@@ -435,43 +435,43 @@ const EXPECTED: &[(&str, u64)] = &[
     ),
     ("llama Q4_0 / default / 8", 0x5a710a9dc538302f),
     ("llama Q4_0 / default / 300", 0xd786487836011e72),
-    ("llama Q4_0 / quantize apart / 8", 0x597813b79def7b2d),
-    ("llama Q4_0 / quantize apart / 300", 0xdb31406d00a2ed9c),
+    ("llama Q4_0 / quantize apart / 8", 0x75ea3cd41e8e72d3),
+    ("llama Q4_0 / quantize apart / 300", 0x5f61b7f8680583ee),
     ("llama Q4_0 / f32 / 8", 0xcade7920975e854a),
     ("llama Q4_0 / f32 / 300", 0x2bf6f5bb8243c881),
     ("llama Q4_0 / plain rows / 8", 0x64852cbf8e848e13),
     ("llama Q4_0 / plain rows / 300", 0x760d6cf06c34d24e),
     ("llama mixed types / default / 8", 0x1764f0f9b9af21d0),
     ("llama mixed types / default / 300", 0x83b4db6ff14582bd),
-    ("llama mixed types / quantize apart / 8", 0x9a1581d27a3439d0),
+    ("llama mixed types / quantize apart / 8", 0x46d187489964df00),
     (
         "llama mixed types / quantize apart / 300",
-        0xf7c0d5bb8cca5eed,
+        0x90e3c3fc2a860d39,
     ),
     ("llama mixed types / f32 / 8", 0xdea4a296cdc9b06f),
     ("llama mixed types / f32 / 300", 0x46914e820f26e51c),
     ("llama mixed types / plain rows / 8", 0x89b91a38659020f6),
     ("llama mixed types / plain rows / 300", 0xb949bf5ee48ce93f),
-    ("dots1 / default / 8", 0xe7734ddee18cd416),
-    ("dots1 / default / 300", 0xd6a44f987d6bdd7a),
-    ("dots1 / quantize apart / 8", 0x505b4e2c13bcd956),
-    ("dots1 / quantize apart / 300", 0x72f836df299b037a),
-    ("dots1 / f32 / 8", 0x4c1cd5a87d9342e5),
-    ("dots1 / f32 / 300", 0x814290b0b1ab162d),
-    ("dots1 / plain rows / 8", 0x167137662436c83d),
-    ("dots1 / plain rows / 300", 0x7c9a08eeee3d4579),
-    ("gpt-oss / default / 8", 0xf3c3f01df037aec3),
-    ("gpt-oss / default / 300", 0xbdb537674d72a80e),
-    ("gpt-oss / quantize apart / 8", 0xa71441ecd6053c15),
-    ("gpt-oss / quantize apart / 300", 0xf3035b1e77cf28ec),
-    ("gpt-oss / f32 / 8", 0x64de9cf748ed1c8b),
-    ("gpt-oss / f32 / 300", 0x5273ead306b4f1de),
-    ("gpt-oss / plain rows / 8", 0x9b10f72f2869cb2e),
-    ("gpt-oss / plain rows / 300", 0x1ef24f2f93bd808d),
+    ("dots1 / default / 8", 0x72ec03c61746851a),
+    ("dots1 / default / 300", 0x0056a4838372a19e),
+    ("dots1 / quantize apart / 8", 0xefc2a80558c2c5fe),
+    ("dots1 / quantize apart / 300", 0x797d51dd1c8f1052),
+    ("dots1 / f32 / 8", 0xf101d2760994c265),
+    ("dots1 / f32 / 300", 0x4c7b20b02066bf6d),
+    ("dots1 / plain rows / 8", 0x207c7fb41cedf561),
+    ("dots1 / plain rows / 300", 0x1c1bd0e2a13738dd),
+    ("gpt-oss / default / 8", 0x4bd6facd19047881),
+    ("gpt-oss / default / 300", 0x64331e14676a7fcc),
+    ("gpt-oss / quantize apart / 8", 0x9a91294e2cd6e72d),
+    ("gpt-oss / quantize apart / 300", 0x1368309ababcd4c4),
+    ("gpt-oss / f32 / 8", 0x9f0dd568d825a8db),
+    ("gpt-oss / f32 / 300", 0xaa6873dfc1986f86),
+    ("gpt-oss / plain rows / 8", 0x51141212d223adec),
+    ("gpt-oss / plain rows / 300", 0xf48d93965bd2fadb),
     ("llama 4 layers / default / 8", 0x781ab9ffee0f10b5),
     ("llama 4 layers / default / 300", 0xd9999c6c117cccec),
-    ("llama 4 layers / quantize apart / 8", 0x1931d7debf66de23),
-    ("llama 4 layers / quantize apart / 300", 0xf08a9472ef6a48f6),
+    ("llama 4 layers / quantize apart / 8", 0x1da9fa039c60be13),
+    ("llama 4 layers / quantize apart / 300", 0xc7c47119052df92e),
     ("llama 4 layers / f32 / 8", 0xa3ffaff0b3197a8d),
     ("llama 4 layers / f32 / 300", 0xcbd2695623aef4cc),
     ("llama 4 layers / plain rows / 8", 0x2ef80af0b0a16d82),
@@ -524,5 +524,147 @@ fn lowered_plans_are_as_recorded() {
             differ.len(),
             found.len()
         );
+    }
+}
+
+/// A kernel's parameter as the source declares it.
+#[derive(Debug)]
+enum Param {
+    Pointer,
+    Int,
+    Float,
+    Long,
+}
+
+/// Kernels by name, with their parameters.
+type Kernels = std::collections::HashMap<String, Vec<Param>>;
+
+/// Every `__global__` kernel of the source by name, or by the prefix a macro pastes a suffix
+/// onto (`matvec3##S`: "matvec3"), with its parameters (a prefix may have several lists).
+fn kernel_parameters() -> (Kernels, Vec<(String, Vec<Param>)>) {
+    let src = ferrolm_cuda::kernels::SOURCE.replace("\\\n", " ");
+    let (mut literal, mut pasted) = (std::collections::HashMap::new(), Vec::new());
+    for (at, _) in src.match_indices("__global__") {
+        let mut head = &src[at + "__global__".len()..];
+        head = head
+            .trim_start()
+            .strip_prefix("void")
+            .unwrap_or(head)
+            .trim_start();
+        if let Some(rest) = head.strip_prefix("__launch_bounds__(") {
+            head = &rest[rest.find(')').unwrap() + 1..];
+        }
+        let open = head.find('(').unwrap();
+        let name = head[..open].trim().to_string();
+        let close = head[open..].find(')').unwrap() + open;
+        let params: Vec<Param> = head[open + 1..close]
+            .split(',')
+            .map(|p| {
+                let p = p.trim();
+                if p.contains('*') {
+                    Param::Pointer
+                } else if p.starts_with("long long") {
+                    Param::Long
+                } else if p.starts_with("float") {
+                    Param::Float
+                } else {
+                    assert!(
+                        ["int", "u32", "unsigned"].iter().any(|t| p.starts_with(t)),
+                        "{name}: {p}"
+                    );
+                    Param::Int
+                }
+            })
+            .collect();
+        match name.split_once("##") {
+            Some((prefix, _)) => pasted.push((prefix.to_string(), params)),
+            None => {
+                literal.insert(name, params);
+            }
+        }
+    }
+    (literal, pasted)
+}
+
+fn arg_fits(arg: &Arg, param: &Param) -> bool {
+    matches!(
+        (arg, param),
+        (Arg::Buf(_) | Arg::Null, Param::Pointer)
+            | (Arg::I32(_), Param::Int)
+            | (Arg::F32(_), Param::Float)
+            | (Arg::I64(_), Param::Long)
+    )
+}
+
+/// Every launch of every lowered plan passes as many arguments as its kernel declares, each
+/// of the kind declared (a pointer, an int, a float, a long long): on a GPU a missing or extra
+/// argument shifts the others silently.
+#[test]
+fn every_launch_passes_its_kernels_parameters() {
+    let (literal, pasted) = kernel_parameters();
+    let mut checked = std::collections::BTreeSet::new();
+    // (and heads of 128 and 256 values, attended by warps; Q and K of one type with V of
+    // another, one launch)
+    let mut extra = Vec::new();
+    for (arch, hd) in [("llama", 128), ("gemma3", 256), ("qwen3moe", 128)] {
+        let mut s = SyntheticSpec::small(arch);
+        s.head_dim = hd;
+        extra.push(("heads", s));
+    }
+    let mut mixed = SyntheticSpec::small("llama");
+    mixed.default_type = TensorType::Q5_0;
+    mixed.types = vec![("attn_v".into(), TensorType::Q8_0)];
+    extra.push(("mixed", mixed));
+    for (_, spec) in files().into_iter().chain(extra) {
+        let file =
+            Arc::new(GgufFile::from_bytes(synthetic::build(&spec).unwrap().to_bytes()).unwrap());
+        let model = Model::from_file(file, 1).unwrap();
+        let n_layer = model.plan().layers.len();
+        let unmeasured = CudaTuning {
+            producer_quantize: true,
+            fused_moe_combine: true,
+            ..CudaTuning::default()
+        };
+        for (_, tuning) in tunings().into_iter().chain([("unmeasured", unmeasured)]) {
+            for n_ctx in [8, 300] {
+                let p = decode_plan_with(model.plan(), model.weights(), n_ctx, n_layer, &tuning)
+                    .unwrap();
+                for l in &p.launches {
+                    let fits = |params: &Vec<Param>| {
+                        params.len() == l.args.len()
+                            && l.args.iter().zip(params).all(|(a, p)| arg_fits(a, p))
+                    };
+                    let ok = match literal.get(&l.kernel) {
+                        Some(params) => fits(params),
+                        None => {
+                            // (the longest pasted prefix; some have two forms, e.g. matvec3's
+                            // and the mixed Q/K/V launch's)
+                            let longest = pasted
+                                .iter()
+                                .filter(|(p, _)| l.kernel.starts_with(p.as_str()))
+                                .map(|(p, _)| p.len())
+                                .max()
+                                .unwrap_or_else(|| panic!("no kernel {}", l.kernel));
+                            pasted
+                                .iter()
+                                .filter(|(p, _)| {
+                                    p.len() == longest && l.kernel.starts_with(p.as_str())
+                                })
+                                .any(|(_, params)| fits(params))
+                        }
+                    };
+                    assert!(ok, "{}: {:?}", l.kernel, l.args);
+                    checked.insert(l.kernel.clone());
+                }
+            }
+        }
+    }
+    for k in [
+        "attn_split_warps",
+        "moe_combine_norm_held_q",
+        "delta_rule",
+        "sigmoid_mul",
+    ] {
+        assert!(checked.contains(k), "{k} not among {checked:?}");
     }
 }
