@@ -2038,10 +2038,6 @@ extern "C" __global__ void rms_norm_rows_q(const float* x, const float* w, u16* 
                           out + r * n);
 }
 
-// Block b of a token's heads: b < n_head rotates query head b in place; otherwise it rotates
-// key head h = b - n_head and stores it, and value head h, as f16 at position p of the caches
-// ([pos][n_head_kv * hd]). Biases (optional) are added first, then the optional per-head RMS
-// norm (Q/K norm), then the rotation.
 // YaRN's angle of pair i (plan.rs, YarnRamp): the unscaled angle `extrap` mixed with the
 // scaled one by the ramp between the correction dimensions low and high, times ext.
 __device__ __forceinline__ float yarn_angle(float extrap, float freq_scale, int i, float ext,
@@ -2053,6 +2049,46 @@ __device__ __forceinline__ float yarn_angle(float extrap, float freq_scale, int 
     return fmaf(interp, 1.f - mix, extrap * mix);
 }
 
+// A layer's rotation as rope_store takes it.
+struct RopeArgs {
+    int n_dims, neox;
+    float theta_scale, freq_scale;
+    const float* freq_factors;
+    float eps, mscale, ext, low, high;
+};
+
+// head[0..hd) = a head's hd values src (+ bias), through the optional per-head RMS norm
+// (weights nw: the Q/K norm), then rotated at position p; by the whole block.
+__device__ __forceinline__ void rope_values(const float* src, const float* bias,
+                                            const float* nw, float* head, int p, int hd,
+                                            const RopeArgs& r) {
+    for (int i = threadIdx.x; i < hd; i += blockDim.x) head[i] = src[i] + (bias ? bias[i] : 0.f);
+    __syncthreads();
+    if (nw) {
+        double s = 0.0;
+        for (int i = threadIdx.x; i < hd; i += blockDim.x) s += (double)(head[i] * head[i]);
+        float scale = rms_scale(s, hd, r.eps);
+        __syncthreads();
+        for (int i = threadIdx.x; i < hd; i += blockDim.x) head[i] = (head[i] * scale) * nw[i];
+    }
+    __syncthreads();
+    int half = r.n_dims / 2;
+    for (int i = threadIdx.x; i < half; i += blockDim.x) {
+        float a = yarn_angle(rope_angle(p, i, r.theta_scale, 1.f, r.freq_factors), r.freq_scale,
+                             i, r.ext, r.low, r.high);
+        int i0 = r.neox ? i : 2 * i, i1 = r.neox ? i + half : 2 * i + 1;
+        float x0 = head[i0], x1 = head[i1];
+        rotate_pair(x0, x1, a, r.mscale);
+        head[i0] = x0;
+        head[i1] = x1;
+    }
+    __syncthreads();
+}
+
+// Block b of a token's heads: b < n_head rotates query head b in place; otherwise it rotates
+// key head h = b - n_head and stores it, and value head h, as f16 at position p of the caches
+// ([pos][n_head_kv * hd]). Biases (optional) are added first, then the optional per-head RMS
+// norm (Q/K norm), then the rotation.
 __device__ __forceinline__ void rope_head(float* q, const float* k, const float* v,
                                           const float* q_bias, const float* k_bias,
                                           const float* v_bias, const float* q_norm,
@@ -2066,29 +2102,8 @@ __device__ __forceinline__ void rope_head(float* q, const float* k, const float*
     int h = is_q ? b : b - n_head;
     const float* src = is_q ? q + h * hd : k + h * hd;
     const float* bias = is_q ? q_bias : k_bias;
-    const float* nw = is_q ? q_norm : k_norm;
-    for (int i = threadIdx.x; i < hd; i += blockDim.x)
-        head[i] = src[i] + (bias ? bias[h * hd + i] : 0.f);
-    __syncthreads();
-    if (nw) {
-        double s = 0.0;
-        for (int i = threadIdx.x; i < hd; i += blockDim.x) s += (double)(head[i] * head[i]);
-        float scale = rms_scale(s, hd, eps);
-        __syncthreads();
-        for (int i = threadIdx.x; i < hd; i += blockDim.x) head[i] = (head[i] * scale) * nw[i];
-    }
-    __syncthreads();
-    int half = n_dims / 2;
-    for (int i = threadIdx.x; i < half; i += blockDim.x) {
-        float a = yarn_angle(rope_angle(p, i, theta_scale, 1.f, freq_factors), freq_scale, i,
-                             ext, low, high);
-        int i0 = neox ? i : 2 * i, i1 = neox ? i + half : 2 * i + 1;
-        float x0 = head[i0], x1 = head[i1];
-        rotate_pair(x0, x1, a, mscale);
-        head[i0] = x0;
-        head[i1] = x1;
-    }
-    __syncthreads();
+    RopeArgs r{n_dims, neox, theta_scale, freq_scale, freq_factors, eps, mscale, ext, low, high};
+    rope_values(src, bias ? bias + h * hd : nullptr, is_q ? q_norm : k_norm, head, p, hd, r);
     if (is_q) {
         for (int i = threadIdx.x; i < hd; i += blockDim.x) q[h * hd + i] = head[i];
     } else {
@@ -2276,10 +2291,13 @@ __device__ __forceinline__ float half_at(const Halfs<E>& h, int k) {
 // `parts` (W x 32E floats). A short context's chain of dependent steps is then W times
 // shorter than the tiles' (few query heads: few blocks).
 #define ATTN_GROUP 4
+// Position t_new (-1: none) reads its key and value from k_new and v_new (hd halfs) instead of
+// the caches.
 template <int E>
 __device__ __forceinline__ void attend_warps(const float* qh, const u16* kc, const u16* vc,
                                              int stride, int kv_off, int start, int end,
                                              float scale, float cap, float* parts,
+                                             const u16* k_new, const u16* v_new, int t_new,
                                              float& m_out, float& l_out, float* so) {
     __shared__ float wm[ATTN_WARPS], wl[ATTN_WARPS];
     constexpr int HD = 32 * E;
@@ -2297,9 +2315,10 @@ __device__ __forceinline__ void attend_warps(const float* qh, const u16* kc, con
 #pragma unroll
         for (int u = 0; u < ATTN_GROUP; u++) {
             // (a position past the end reads the last one, and counts for nothing)
-            size_t at = (size_t)min(t0 + u * W, end - 1) * stride + kv_off + E * lane;
-            kh[u] = load_halfs<E>(kc + at);
-            vh[u] = load_halfs<E>(vc + at);
+            int t = min(t0 + u * W, end - 1);
+            size_t at = (size_t)t * stride + kv_off + E * lane;
+            kh[u] = load_halfs<E>(t == t_new ? k_new + E * lane : kc + at);
+            vh[u] = load_halfs<E>(t == t_new ? v_new + E * lane : vc + at);
         }
         float mx = m;
 #pragma unroll
@@ -2354,20 +2373,28 @@ __device__ __forceinline__ void attend_warps(const float* qh, const u16* kc, con
 // grid's width; the blocks past it return at once). With one split, the block writes
 // out[h*hd..] itself; with more, each writes its unnormalized output with its max and sum, and
 // the last of head h to finish (a counter per head, reset for the next step) merges them.
-// WARPS: attend_warps (E = hd / 32), else attend_tiles.
+// WARPS: attend_warps (E = hd / 32), else attend_tiles. rope (attend_warps only): the query
+// is q's raw head, rotated (and Q-normed) here, and the token's key and value are k's and v's
+// raw heads, rotated and rounded here by the blocks whose split holds the new position, which
+// read them from shared memory; the first query head of each KV head stores them in the
+// caches (the rope_store launch this replaces).
 template <bool WARPS>
 __device__ __forceinline__ void attn_split_body(const float* q, const u16* kc, const u16* vc,
                                                 const u32* pos, float* part_o, float* part_ml,
                                                 u32* done, float* out, int n_head,
                                                 int n_head_kv, int hd, int n_splits,
                                                 float scale, float cap, int window,
-                                                const float* sinks, int tile, u8* xq,
-                                                int mode) {
+                                                const float* sinks, int tile, u8* xq, int mode,
+                                                const float* k = nullptr,
+                                                const float* v = nullptr,
+                                                const float* q_norm = nullptr,
+                                                const float* k_norm = nullptr,
+                                                const RopeArgs* rope = nullptr) {
     step_begin();
     __shared__ float so[256];
     __shared__ bool last;
     int h = blockIdx.x, s = blockIdx.y;
-    int kvh = h / (n_head / n_head_kv);
+    int group = n_head / n_head_kv, kvh = h / group;
     int len = (int)*pos + 1;
     int lo = window > 0 ? max(0, len - window) : 0;
     int ns = min(n_splits, (len - lo + tile - 1) / tile);
@@ -2377,12 +2404,36 @@ __device__ __forceinline__ void attn_split_body(const float* q, const u16* kc, c
     float M, L;
     if constexpr (WARPS) {
         __shared__ float parts[ATTN_WARPS * ATTN_WARPS_HD];
+        __shared__ float qr[ATTN_WARPS_HD], kr[ATTN_WARPS_HD];
+        __shared__ __align__(16) u16 k_new[ATTN_WARPS_HD], v_new[ATTN_WARPS_HD];
+        const float* qh = q + h * hd;
+        int t_new = -1;
+        if (rope) {
+            rope_values(qh, nullptr, q_norm, qr, len - 1, hd, *rope);
+            qh = qr;
+            if (end == len) {
+                rope_values(k + kvh * hd, nullptr, k_norm, kr, len - 1, hd, *rope);
+                for (int i = threadIdx.x; i < hd; i += blockDim.x) {
+                    k_new[i] = f2h(kr[i]);
+                    v_new[i] = f2h(v[kvh * hd + i]);
+                }
+                __syncthreads();
+                t_new = len - 1;
+                if (h % group == 0) {
+                    size_t row = (size_t)t_new * n_head_kv * hd + (size_t)kvh * hd;
+                    for (int i = threadIdx.x; i < hd; i += blockDim.x) {
+                        ((u16*)kc)[row + i] = k_new[i];
+                        ((u16*)vc)[row + i] = v_new[i];
+                    }
+                }
+            }
+        }
         if (hd == 256)
-            attend_warps<8>(q + h * hd, kc, vc, n_head_kv * hd, kvh * hd, start, end, scale, cap,
-                            parts, M, L, so);
+            attend_warps<8>(qh, kc, vc, n_head_kv * hd, kvh * hd, start, end, scale, cap, parts,
+                            k_new, v_new, t_new, M, L, so);
         else
-            attend_warps<4>(q + h * hd, kc, vc, n_head_kv * hd, kvh * hd, start, end, scale, cap,
-                            parts, M, L, so);
+            attend_warps<4>(qh, kc, vc, n_head_kv * hd, kvh * hd, start, end, scale, cap, parts,
+                            k_new, v_new, t_new, M, L, so);
     } else {
         attend_tiles(q + h * hd, kc, vc, n_head_kv * hd, kvh * hd, hd, start, end, scale, cap, M,
                      L, so);
@@ -2450,6 +2501,23 @@ extern "C" __global__ void __launch_bounds__(ATTN_WARPS * 32)
                      int tile, u8* xq, int mode) {
     attn_split_body<true>(q, kc, vc, pos, part_o, part_ml, done, out, n_head, n_head_kv, hd,
                           n_splits, scale, cap, window, sinks, tile, xq, mode);
+}
+
+// attn_split_warps with the token's rotation and cache store (rope_store's work) done here: q,
+// k and v the products' raw heads; then rope_store's arguments from q_norm on.
+extern "C" __global__ void __launch_bounds__(ATTN_WARPS * 32)
+    attn_rope_split_warps(const float* q, u16* kc, u16* vc, const u32* pos, float* part_o,
+                          float* part_ml, u32* done, float* out, int n_head, int n_head_kv,
+                          int hd, int n_splits, float scale, float cap, int window,
+                          const float* sinks, int tile, u8* xq, int mode, const float* k,
+                          const float* v, const float* q_norm, const float* k_norm, int n_dims,
+                          int neox, float theta_scale, float freq_scale,
+                          const float* freq_factors, float eps, float mscale, float ext,
+                          float low, float high) {
+    RopeArgs r{n_dims, neox, theta_scale, freq_scale, freq_factors, eps, mscale, ext, low, high};
+    attn_split_body<true>(q, kc, vc, pos, part_o, part_ml, done, out, n_head, n_head_kv, hd,
+                          n_splits, scale, cap, window, sinks, tile, xq, mode, k, v, q_norm,
+                          k_norm, &r);
 }
 
 // out = swiglu_oai(g, u) (gpt-oss).

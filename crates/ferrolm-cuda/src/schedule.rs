@@ -1238,6 +1238,11 @@ impl Builder {
         let vector_arg = |v: Option<usize>| v.map_or(Arg::Null, |i| Arg::Buf(Buf::Vector(i)));
         let qn = vector_arg(b.opt_vector(*qk_norm, q_norm_w, label("q norm"), hd)?);
         let kn = vector_arg(b.opt_vector(*qk_norm, k_norm_w, label("k norm"), hd)?);
+        // (a warp per position a block's warps take, where a lane holds 4 or 8 of a head's
+        // values; the tiles, a position a thread, otherwise)
+        let warps = b.tuning.warp_attention && matches!(hd, 128 | 256);
+        // rope_store's arguments where the attention rotates and stores the token itself
+        let mut rotated_by_attention = None;
         if !*qk_norm && neox == 0 && rope_scaling.is_plain() && !*gated_output {
             // Adjacent rows are rotation pairs: the products rotate and store themselves.
             let rope = [
@@ -1268,71 +1273,70 @@ impl Builder {
                     ],
                 );
             }
-            b.push(
-                "rope_store",
-                ((nh + nkv) as u32, 1),
-                128,
-                vec![
-                    Arg::Buf(Buf::Q),
-                    Arg::Buf(Buf::K),
-                    Arg::Buf(Buf::V),
-                    qn,
-                    kn,
-                    Arg::Buf(Buf::KCache(l)),
-                    Arg::Buf(Buf::VCache(l)),
-                    Arg::Buf(Buf::Pos),
-                    Arg::I32(nh as i32),
-                    Arg::I32(nkv as i32),
-                    Arg::I32(hd as i32),
-                    Arg::I32(*n_dims as i32),
-                    Arg::I32(neox),
-                    theta,
-                    Arg::F32(*freq_scale),
-                    ff,
-                    Arg::F32(end.eps),
-                ]
-                .into_iter()
-                .chain(rope_scaling.args().map(Arg::F32))
-                .collect(),
-            );
+            let rope_args: Vec<Arg> = vec![
+                Arg::Buf(Buf::Q),
+                Arg::Buf(Buf::K),
+                Arg::Buf(Buf::V),
+                qn,
+                kn,
+                Arg::Buf(Buf::KCache(l)),
+                Arg::Buf(Buf::VCache(l)),
+                Arg::Buf(Buf::Pos),
+                Arg::I32(nh as i32),
+                Arg::I32(nkv as i32),
+                Arg::I32(hd as i32),
+                Arg::I32(*n_dims as i32),
+                Arg::I32(neox),
+                theta,
+                Arg::F32(*freq_scale),
+                ff,
+                Arg::F32(end.eps),
+            ]
+            .into_iter()
+            .chain(rope_scaling.args().map(Arg::F32))
+            .collect();
+            if warps && b.tuning.rope_in_attention {
+                rotated_by_attention = Some(rope_args);
+            } else {
+                b.push("rope_store", ((nh + nkv) as u32, 1), 128, rope_args);
+            }
         }
         let wo_cols = (rank.index * q_dim, q_dim, q_all);
         let wo = b.matrix_cols(o_w, label("output"), d, wo_cols)?;
         let sink_logits = b.opt_vector(*sinks, sinks_w, label("sinks"), nh)?;
         let wo_bias = b.opt_vector(*out_bias, bo_w, label("output bias"), d)?;
-        // (a warp per position a block's warps take, where a lane holds 4 or 8 of a head's
-        // values; the tiles, a position a thread, otherwise)
-        let warps = b.tuning.warp_attention && matches!(hd, 128 | 256);
-        b.push(
-            if warps {
-                "attn_split_warps"
-            } else {
-                "attn_split"
-            },
-            (nh as u32, splits as u32),
-            if warps { 32 * ATTN_WARPS as u32 } else { 128 },
-            vec![
-                Arg::Buf(Buf::Q),
-                Arg::Buf(Buf::KCache(l)),
-                Arg::Buf(Buf::VCache(l)),
-                Arg::Buf(Buf::Pos),
-                Arg::Buf(Buf::PartO),
-                Arg::Buf(Buf::PartMl),
-                Arg::Buf(Buf::Done),
-                Arg::Buf(Buf::Attn),
-                Arg::I32(nh as i32),
-                Arg::I32(nkv as i32),
-                Arg::I32(hd as i32),
-                Arg::I32(splits as i32),
-                Arg::F32(*scale),
-                Arg::F32(softcap),
-                Arg::I32(window as i32),
-                sink_logits.map_or(Arg::Null, |v| Arg::Buf(Buf::Vector(v))),
-                Arg::I32(ATTN_TILE as i32),
-                Arg::Null,
-                Arg::I32(0),
-            ],
-        );
+        let mut attn_args = vec![
+            Arg::Buf(Buf::Q),
+            Arg::Buf(Buf::KCache(l)),
+            Arg::Buf(Buf::VCache(l)),
+            Arg::Buf(Buf::Pos),
+            Arg::Buf(Buf::PartO),
+            Arg::Buf(Buf::PartMl),
+            Arg::Buf(Buf::Done),
+            Arg::Buf(Buf::Attn),
+            Arg::I32(nh as i32),
+            Arg::I32(nkv as i32),
+            Arg::I32(hd as i32),
+            Arg::I32(splits as i32),
+            Arg::F32(*scale),
+            Arg::F32(softcap),
+            Arg::I32(window as i32),
+            sink_logits.map_or(Arg::Null, |v| Arg::Buf(Buf::Vector(v))),
+            Arg::I32(ATTN_TILE as i32),
+            Arg::Null,
+            Arg::I32(0),
+        ];
+        let kernel = match rotated_by_attention {
+            // (the rotation's raw K and V, the norms, then rope_store's arguments from n_dims)
+            Some(r) => {
+                attn_args.extend(r[1..5].iter().cloned().chain(r[11..].iter().cloned()));
+                "attn_rope_split_warps"
+            }
+            None if warps => "attn_split_warps",
+            None => "attn_split",
+        };
+        let block = if warps { 32 * ATTN_WARPS as u32 } else { 128 };
+        b.push(kernel, (nh as u32, splits as u32), block, attn_args);
         if *gated_output {
             b.push(
                 "sigmoid_mul",
@@ -2160,7 +2164,8 @@ impl Builder {
 
     /// Whether the last launch writes `x` (n values) a warp per 32 consecutive values and can
     /// quantize them itself (Q8_0 and Q8_1, `quantize_lane`): then it is asked to, into
-    /// [`Buf::Xq`] (its last two arguments), and no quantize_act launch follows.
+    /// [`Buf::Xq`] (two arguments of its own, null and 0 until then), and no quantize_act
+    /// launch follows.
     fn quantized_by_producer(&mut self, x: Buf, n: usize, format: i32) -> bool {
         if !self.tuning.producer_quantize || !matches!(format, 3 | 4) {
             return false;
@@ -2172,19 +2177,21 @@ impl Builder {
             Arg::I32(v) => v as usize,
             _ => 0,
         };
-        // (the output's argument and the row's width, as each kernel has them)
-        let (out, width) = match l.kernel.as_str() {
-            "attn_split" | "attn_split_warps" => (&l.args[7], i(&l.args[8]) * i(&l.args[10])),
-            "delta_rule" => (&l.args[10], i(&l.args[12]) * i(&l.args[13])),
-            "sigmoid_mul" => (&l.args[0], i(&l.args[2])),
+        // (the output's argument, the row's width and where xq and its format go, as each
+        // kernel has them)
+        let (out, width, at) = match l.kernel.as_str() {
+            "attn_split" | "attn_split_warps" | "attn_rope_split_warps" => {
+                (&l.args[7], i(&l.args[8]) * i(&l.args[10]), 17)
+            }
+            "delta_rule" => (&l.args[10], i(&l.args[12]) * i(&l.args[13]), 16),
+            "sigmoid_mul" => (&l.args[0], i(&l.args[2]), 3),
             _ => return false,
         };
-        let k = l.args.len();
-        if *out != Arg::Buf(x) || width != n || l.args[k - 2] != Arg::Null {
+        if *out != Arg::Buf(x) || width != n || l.args[at] != Arg::Null {
             return false;
         }
-        l.args[k - 2] = Arg::Buf(Buf::Xq);
-        l.args[k - 1] = Arg::I32(format);
+        l.args[at] = Arg::Buf(Buf::Xq);
+        l.args[at + 1] = Arg::I32(format);
         true
     }
 

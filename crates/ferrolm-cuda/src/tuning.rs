@@ -44,6 +44,10 @@ pub struct CudaTuning {
     /// (`moe_combine_norm_held*`), an f32 shared-expert gate row dotted by the combination
     /// itself (`FERROLM_CUDA_FUSED_COMBINE=1`; off until measured on a GPU).
     pub fused_moe_combine: bool,
+    /// The warps' decode attention rotates (and Q/K-norms) the token's query and key and stores
+    /// its key and value itself, in place of a rope_store launch
+    /// (`FERROLM_CUDA_ROPE_IN_ATTENTION=1`; off until measured on a GPU).
+    pub rope_in_attention: bool,
     /// Q8_0 and Q6_K rows uploaded regrouped for 16-byte loads (`FERROLM_CUDA_NO_REPACK`).
     pub repack: bool,
     /// Eight warps for few, wide rows (`FERROLM_CUDA_MATVEC_128`: at most four).
@@ -121,6 +125,7 @@ impl Default for CudaTuning {
             warp_attention: true,
             producer_quantize: false,
             fused_moe_combine: false,
+            rope_in_attention: false,
             repack: true,
             wide_matvec: true,
             matvec_max_threads: 128,
@@ -161,6 +166,7 @@ impl CudaTuning {
             warp_attention: unset("FERROLM_CUDA_NO_WARP_ATTENTION"),
             producer_quantize: !unset("FERROLM_CUDA_PRODUCER_QUANT"),
             fused_moe_combine: !unset("FERROLM_CUDA_FUSED_COMBINE"),
+            rope_in_attention: !unset("FERROLM_CUDA_ROPE_IN_ATTENTION"),
             repack: unset("FERROLM_CUDA_NO_REPACK"),
             wide_matvec: unset("FERROLM_CUDA_MATVEC_128"),
             matvec_max_threads: number("FERROLM_CUDA_MATVEC_MAX_THREADS")

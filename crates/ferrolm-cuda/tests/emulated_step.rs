@@ -430,6 +430,19 @@ impl<'f> Emulator<'f> {
             self.write(x, 0, &v);
         } else if name == "rope_store" {
             self.rope_store(a);
+        } else if name == "attn_rope_split_warps" {
+            // rope_store's work on its arguments (q, k, v, q_norm, k_norm, kc, vc, pos,
+            // n_head, n_head_kv, hd, then n_dims..), then the attention
+            let rope: Vec<Arg> = [&a[0], &a[19], &a[20], &a[21], &a[22], &a[1], &a[2], &a[3]]
+                .into_iter()
+                .chain(&a[8..11])
+                .chain(&a[23..])
+                .cloned()
+                .collect();
+            self.rope_store(&rope);
+            self.attention(a);
+            let n = Self::i(&a[8]) * Self::i(&a[10]);
+            self.quantized_output(&a[7], n, &a[17..19]);
         } else if name == "attn_split" || name == "attn_split_warps" {
             self.attention(a);
             let n = Self::i(&a[8]) * Self::i(&a[10]);
@@ -753,6 +766,7 @@ fn emulate(
         quantize_on_load_max: on_load_max,
         producer_quantize: true,
         fused_moe_combine: true,
+        rope_in_attention: true,
         ..CudaTuning::default()
     };
     emulate_tuned(spec, &tuning, ids)
@@ -964,6 +978,42 @@ fn the_gemma_switches_compute_what_the_cpu_computes() {
     let kl = mean_kl(&cpu, &gpu, cpu.len() / 24);
     assert!(kl < 1e-3, "mean KL {kl:.3e}");
     assert!(relative_difference(&cpu, &gpu) < 2e-2);
+}
+
+/// Heads of 128 and 256 values: the warps' attention, which rotates and stores the token
+/// itself where asked (`rope_in_attention`), over a context longer than a split.
+#[test]
+fn the_warps_attention_rotates_and_stores_the_token_itself() {
+    let mut gemma = SyntheticSpec::small("gemma3");
+    gemma.head_dim = 256;
+    gemma.sliding_window = Some(8);
+    let mut qwen3 = SyntheticSpec::small("qwen3");
+    qwen3.n_layer = 2;
+    qwen3.head_dim = 128;
+    let mut next = SyntheticSpec::small("qwen3next");
+    next.head_dim = 128;
+    for spec in [gemma, qwen3, next] {
+        for on in [true, false] {
+            let tuning = CudaTuning {
+                rope_in_attention: on,
+                producer_quantize: on,
+                ..CudaTuning::default()
+            };
+            let n = 140;
+            let (gpu, cpu, kernels) = emulate_tuned(&spec, &tuning, &ids(n));
+            let fused = kernels.iter().any(|k| k == "attn_rope_split_warps");
+            assert_eq!(fused, on, "{}: {kernels:?}", spec.arch);
+            assert_eq!(
+                kernels.iter().any(|k| k == "rope_store"),
+                !on,
+                "{}",
+                spec.arch
+            );
+            let kl = mean_kl(&cpu, &gpu, cpu.len() / n);
+            assert!(kl < 1e-3, "{} {on}: mean KL {kl:.3e}", spec.arch);
+            assert!(relative_difference(&cpu, &gpu) < 2e-2, "{} {on}", spec.arch);
+        }
+    }
 }
 
 /// The default switches (the fused combination and the producers' quantization off) on the

@@ -623,6 +623,7 @@ fn every_launch_passes_its_kernels_parameters() {
         let unmeasured = CudaTuning {
             producer_quantize: true,
             fused_moe_combine: true,
+            rope_in_attention: true,
             ..CudaTuning::default()
         };
         for (_, tuning) in tunings().into_iter().chain([("unmeasured", unmeasured)]) {
