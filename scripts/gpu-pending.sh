@@ -5,11 +5,12 @@
 # the tracked tree is ~28 MB of the 64 MiB):
 #   run(command="bash scripts/gpu-pending.sh", carry=[".bench/ferrolm.gz",
 #       ".bench/kernels.tar.gz", ".bench/prep.sh", ".bench/build-llama-cpp.sh",
-#       ".bench/llama.cpp.tar.gz", ".bench/tok.gguf"])   (about 8 minutes)
+#       ".bench/llama.cpp.tar.gz", ".bench/tok.gguf", ".bench/gtok.gguf.gz"])   (about 9 min)
 # 1. the switches written after session 18's sitting, off until measured
-#    (FERROLM_CUDA_FUSED_COMBINE=1, FERROLM_CUDA_PRODUCER_QUANT=1): cuda-check with both on the
-#    hybrid and small MoE files (qwen2moe: its f32 shared-expert gate; qwen3moe), then tg128
-#    on issue 19's hybrid-1g with none, each and both, alternating;
+#    (FERROLM_CUDA_FUSED_COMBINE=1, FERROLM_CUDA_PRODUCER_QUANT=1,
+#    FERROLM_CUDA_ROPE_IN_ATTENTION=1): cuda-check with all three on the hybrid, small MoE files
+#    (qwen2moe: its f32 shared-expert gate; qwen3moe, heads of 128) and the Gemma-3-270M shape,
+#    then tg128 on issue 19's hybrid-1g and the Gemma shape with none, each and all, alternating;
 # 2. issue 24: a Qwen3-30B-A3B-shaped file (48 layers, 128 experts top-8, Q4_0), resident
 #    tg64 with none and both, pp512;
 # 3. llama.cpp's pp512 and tg128 on the same files (llama-bench), the hybrid's tg bar 1.5x.
@@ -35,16 +36,23 @@ T="--tokenizer-from .bench/tok.gguf"
 [ -f $W/moe30.gguf ] || $B synth --arch qwen3moe --layers 48 --embd 2048 --heads 32 --kv-heads 4 \
   --head-dim 128 --ff 768 --experts 128 --experts-used 8 --type q4_0 $T -o $W/moe30.gguf > /dev/null
 say "== files $(el) s"
-BOTH="FERROLM_CUDA_FUSED_COMBINE=1 FERROLM_CUDA_PRODUCER_QUANT=1"
-for f in hy q2m q3m; do
+BOTH="FERROLM_CUDA_FUSED_COMBINE=1 FERROLM_CUDA_PRODUCER_QUANT=1 FERROLM_CUDA_ROPE_IN_ATTENTION=1"
+[ -f $W/gtok.gguf ] || gunzip -c .bench/gtok.gguf.gz > $W/gtok.gguf
+[ -f $W/g270.gguf ] || $B synth --arch gemma3 --layers 18 --embd 640 --ff 2048 --rope-base 1000000 \
+  --heads 4 --kv-heads 1 --head-dim 256 --sliding-window 512 --tied --tokenizer-from $W/gtok.gguf \
+  --type q5_0 --tensor-type attn_v=q8_0 --tensor-type attn_output=q4_k --tensor-type ffn_down=q6_k \
+  --tensor-type token_embd=q8_0 -o $W/g270.gguf > /dev/null
+for f in hy q2m q3m g270; do
   say "== $f cuda-check, both switches ($(el) s)"
   env $BOTH timeout 90 $B cuda-check -m $W/$f.gguf -p 128 -n 16 2>&1 | grep -E 'decode steps|prompt batch|kernels in' | tee -a $LOG
   say "== $f cuda-check, defaults ($(el) s)"
   timeout 90 $B cuda-check -m $W/$f.gguf -p 128 -n 16 2>&1 | grep -E 'decode steps|kernels in' | tee -a $LOG
 done
-for v in FERROLM_UNUSED=1 FERROLM_CUDA_FUSED_COMBINE=1 FERROLM_CUDA_PRODUCER_QUANT=1 "$BOTH" FERROLM_UNUSED=1 "$BOTH"; do
-  say "== hy tg128 $v ($(el) s)"
-  env $v timeout 40 $B bench -m $W/hy.gguf --device cuda -p 0 -n 128 -r 3 2>&1 | grep -E 'tg128|rror|anic' | tee -a $LOG
+for v in FERROLM_UNUSED=1 FERROLM_CUDA_FUSED_COMBINE=1 FERROLM_CUDA_PRODUCER_QUANT=1 FERROLM_CUDA_ROPE_IN_ATTENTION=1 "$BOTH" FERROLM_UNUSED=1 "$BOTH"; do
+  for f in hy g270; do
+    say "== $f tg128 $v ($(el) s)"
+    env $v timeout 40 $B bench -m $W/$f.gguf --device cuda -p 0 -n 128 -r 3 2>&1 | grep -E 'tg128|rror|anic' | tee -a $LOG
+  done
 done
 for v in FERROLM_UNUSED=1 "$BOTH" FERROLM_UNUSED=1 "$BOTH"; do
   say "== moe30 tg64 $v ($(el) s)"
@@ -56,5 +64,5 @@ for f in hy moe30; do
 done
 while [ ! -x $L/llama-bench ] && [ $(el) -lt 420 ]; do sleep 5; done
 say "== llama.cpp ($(el) s)"
-timeout 150 $L/llama-bench -m $W/hy.gguf,$W/moe30.gguf -ngl 99 -fa 1 -p 512 -n 128 -r 3 2>&1 | grep -E '^\|' | tee -a $LOG
+timeout 150 $L/llama-bench -m $W/hy.gguf,$W/moe30.gguf,$W/g270.gguf -ngl 99 -fa 1 -p 512 -n 128 -r 3 2>&1 | grep -E '^\|' | tee -a $LOG
 say "total $(el) s"
