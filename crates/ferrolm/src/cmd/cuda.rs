@@ -3,7 +3,7 @@
 
 use std::time::Instant;
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use clap::Args;
 use ferrolm_cuda::{CudaModel, CudaOptions, Device};
 use ferrolm_engine::{eval_one, GenerateParams, Sampler};
@@ -33,6 +33,11 @@ pub struct CheckArgs {
     /// Seed of the prompt ids.
     #[arg(long, default_value_t = 7)]
     pub seed: u64,
+    /// Take the prompts from this text (UTF-8; its tokens in order, the vocabulary's BOS
+    /// first) instead of random ids: random ids through a real model give activations that no
+    /// text does.
+    #[arg(long, value_name = "FILE")]
+    pub text: Option<std::path::PathBuf>,
     /// Also time each kernel (CUDA events, outside the graph) over this many extra steps.
     #[arg(long, default_value_t = 0)]
     pub profile: usize,
@@ -40,6 +45,63 @@ pub struct CheckArgs {
     /// lengths, decoded together, joining and leaving mid-stream, each against the CPU.
     #[arg(long, value_name = "B")]
     pub batch: Option<usize>,
+}
+
+/// Where the prompts' ids come from: a text's tokens, handed out in order, or random ids.
+enum Prompts {
+    Text {
+        tokens: Vec<u32>,
+        next: usize,
+    },
+    Random {
+        rng: rand::rngs::StdRng,
+        n_vocab: u32,
+    },
+}
+
+impl Prompts {
+    /// `--text`'s tokens (the model's tokenizer) or the seed's ids.
+    fn new(args: &CheckArgs, path: &std::path::Path, n_vocab: usize) -> Result<Prompts> {
+        let Some(file) = &args.text else {
+            let rng = rand::rngs::StdRng::seed_from_u64(args.seed);
+            return Ok(Prompts::Random {
+                rng,
+                n_vocab: n_vocab as u32,
+            });
+        };
+        let text = std::fs::read_to_string(file)
+            .with_context(|| format!("reading {} (UTF-8 text)", file.display()))?;
+        let gguf = ferrolm_gguf::GgufFile::open(path)?;
+        let tokenizer = ferrolm_tokenizer::Tokenizer::from_metadata(gguf.metadata())
+            .with_context(|| format!("reading the tokenizer of {}", path.display()))?;
+        Ok(Prompts::from_tokens(tokenizer.encode(&text, true, false)))
+    }
+
+    fn from_tokens(tokens: Vec<u32>) -> Prompts {
+        Prompts::Text { tokens, next: 0 }
+    }
+
+    /// The next prompt of `len` ids: the text's next `len` tokens, or `len` random ids.
+    fn take(&mut self, len: usize) -> Result<Vec<u32>> {
+        match self {
+            Prompts::Random { rng, n_vocab } => {
+                Ok((0..len).map(|_| rng.random_range(0..*n_vocab)).collect())
+            }
+            Prompts::Text { tokens, next } => {
+                let Some(ids) = tokens.get(*next..*next + len) else {
+                    bail!(
+                        "--text holds {} tokens; the prompts need {} (positions {}..{})",
+                        tokens.len(),
+                        *next + len,
+                        *next,
+                        *next + len
+                    );
+                };
+                *next += len;
+                Ok(ids.to_vec())
+            }
+        }
+    }
 }
 
 fn log_softmax(l: &[f32]) -> Vec<f64> {
@@ -61,13 +123,15 @@ fn kl(p: &[f32], q: &[f32]) -> f64 {
 
 /// `cuda-check --gpu-layers N`: the model split between the GPU (first N layers) and the CPU
 /// against the CPU alone: every position of a random prompt, then greedy continuations.
-fn check_split(args: &CheckArgs, model: &Model, cuda: CudaOptions) -> Result<()> {
+fn check_split(
+    args: &CheckArgs,
+    model: &Model,
+    cuda: CudaOptions,
+    prompts: &mut Prompts,
+) -> Result<()> {
     let n_ctx = cuda.n_ctx;
     let n_vocab = model.plan().n_vocab;
-    let mut rng = rand::rngs::StdRng::seed_from_u64(args.seed);
-    let ids: Vec<u32> = (0..args.n_prompt.max(1))
-        .map(|_| rng.random_range(0..n_vocab as u32))
-        .collect();
+    let ids = prompts.take(args.n_prompt.max(1))?;
     let layers = cuda.gpu_layers.unwrap_or(usize::MAX);
     let mut split = ferrolm_cuda::open(model, &cuda)
         .map_err(|e| anyhow::anyhow!("cuda:{}: {e}", cuda.ordinal))?;
@@ -123,7 +187,12 @@ fn check_split(args: &CheckArgs, model: &Model, cuda: CudaOptions) -> Result<()>
 /// odd ones join 3 steps late and sequence s leaves 2s steps early, so batches of every size
 /// and mixed prompt/decode steps occur. Each step's tokens are the CPU's greedy choices (both
 /// sides evaluate the same ids); every row of logits is compared.
-fn check_batched(args: &CheckArgs, model: &Model, cuda: CudaOptions) -> Result<()> {
+fn check_batched(
+    args: &CheckArgs,
+    model: &Model,
+    cuda: CudaOptions,
+    ids: &mut Prompts,
+) -> Result<()> {
     let b = cuda.slots;
     let n_vocab = model.plan().n_vocab;
     let mut gpu = ferrolm_cuda::open(model, &cuda)
@@ -135,15 +204,9 @@ fn check_batched(args: &CheckArgs, model: &Model, cuda: CudaOptions) -> Result<(
             gpu.n_slots()
         );
     }
-    let mut rng = rand::rngs::StdRng::seed_from_u64(args.seed);
     let prompts: Vec<Vec<u32>> = (0..b)
-        .map(|s| {
-            let len = args.n_prompt.saturating_sub(9 * s).max(2);
-            (0..len)
-                .map(|_| rng.random_range(0..n_vocab as u32))
-                .collect()
-        })
-        .collect();
+        .map(|s| ids.take(args.n_prompt.saturating_sub(9 * s).max(2)))
+        .collect::<Result<_>>()?;
     let start = |s: usize| if s % 2 == 1 { 3 } else { 0 };
     let end = |s: usize| start(s) + args.n_gen.saturating_sub(2 * s).max(1);
     let mut cpu: Vec<_> = (0..b).map(|_| model.session(cuda.n_ctx)).collect();
@@ -369,8 +432,9 @@ fn compare(
     }
 }
 
-/// `ferrolm cuda-check`: every position's logits of a random prompt on the CPU and on CUDA
-/// (mean and max KL, top-1 agreement, largest logit difference), then greedy continuations.
+/// `ferrolm cuda-check`: every position's logits of a prompt (random ids, or `--text`) on the
+/// CPU and on CUDA (mean and max KL, top-1 agreement, largest logit difference), then greedy
+/// continuations.
 pub fn check(args: CheckArgs) -> Result<()> {
     let path = models::resolve(args.model.model.as_deref())?;
     let model = args.model.load_model(&path)?;
@@ -385,6 +449,7 @@ pub fn check(args: CheckArgs) -> Result<()> {
     };
     let n_layer = model.plan().layers.len();
     let tuning = args.model.cuda_tuning()?;
+    let mut prompts = Prompts::new(&args, &path, model.plan().n_vocab)?;
     let gpu_layers = args.model.gpu_layers.unwrap_or(n_layer);
     if let Some(b) = args.batch {
         let cuda = CudaOptions {
@@ -394,7 +459,7 @@ pub fn check(args: CheckArgs) -> Result<()> {
             slots: b.max(2),
             tuning: tuning.clone(),
         };
-        return check_batched(&args, &model, cuda);
+        return check_batched(&args, &model, cuda, &mut prompts);
     }
     if gpu_layers < n_layer {
         let cuda = CudaOptions {
@@ -404,7 +469,7 @@ pub fn check(args: CheckArgs) -> Result<()> {
             slots: 1,
             tuning: tuning.clone(),
         };
-        return check_split(&args, &model, cuda);
+        return check_split(&args, &model, cuda, &mut prompts);
     }
     let mut gpu = CudaModel::with_tuning(&model, ordinal, n_ctx, &tuning)
         .map_err(|e| anyhow::anyhow!("cuda:{ordinal}: {e}"))?;
@@ -415,10 +480,7 @@ pub fn check(args: CheckArgs) -> Result<()> {
         model.threads()
     );
     let n_vocab = model.plan().n_vocab;
-    let mut rng = rand::rngs::StdRng::seed_from_u64(args.seed);
-    let ids: Vec<u32> = (0..args.n_prompt.max(1))
-        .map(|_| rng.random_range(0..n_vocab as u32))
-        .collect();
+    let ids = prompts.take(args.n_prompt.max(1))?;
     let t = Instant::now();
     let mut cpu = model.session(n_ctx);
     let cpu_logits = cpu.eval(&ids, Logits::All)?;
@@ -555,4 +617,34 @@ pub fn check(args: CheckArgs) -> Result<()> {
         );
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_text_hands_out_its_tokens_in_order_and_says_when_it_runs_out() {
+        let mut p = Prompts::from_tokens((10..20).collect());
+        assert_eq!(p.take(3).unwrap(), [10, 11, 12]);
+        assert_eq!(p.take(4).unwrap(), [13, 14, 15, 16]);
+        let e = p.take(4).unwrap_err().to_string();
+        assert!(
+            e.contains("holds 10 tokens") && e.contains("need 11"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn random_prompts_follow_the_seed_within_the_vocabulary() {
+        let random = |seed| Prompts::Random {
+            rng: rand::rngs::StdRng::seed_from_u64(seed),
+            n_vocab: 50,
+        };
+        let (mut a, mut b, mut c) = (random(7), random(7), random(8));
+        let ids = a.take(64).unwrap();
+        assert_eq!(ids, b.take(64).unwrap());
+        assert_ne!(ids, c.take(64).unwrap());
+        assert!(ids.iter().all(|&i| i < 50));
+    }
 }
