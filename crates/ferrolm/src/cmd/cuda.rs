@@ -54,7 +54,7 @@ enum Prompts {
         next: usize,
     },
     Random {
-        rng: rand::rngs::StdRng,
+        rng: Box<rand::rngs::StdRng>,
         n_vocab: u32,
     },
 }
@@ -63,7 +63,7 @@ impl Prompts {
     /// `--text`'s tokens (the model's tokenizer) or the seed's ids.
     fn new(args: &CheckArgs, path: &std::path::Path, n_vocab: usize) -> Result<Prompts> {
         let Some(file) = &args.text else {
-            let rng = rand::rngs::StdRng::seed_from_u64(args.seed);
+            let rng = Box::new(rand::rngs::StdRng::seed_from_u64(args.seed));
             return Ok(Prompts::Random {
                 rng,
                 n_vocab: n_vocab as u32,
@@ -638,7 +638,7 @@ mod tests {
     #[test]
     fn random_prompts_follow_the_seed_within_the_vocabulary() {
         let random = |seed| Prompts::Random {
-            rng: rand::rngs::StdRng::seed_from_u64(seed),
+            rng: Box::new(rand::rngs::StdRng::seed_from_u64(seed)),
             n_vocab: 50,
         };
         let (mut a, mut b, mut c) = (random(7), random(7), random(8));
