@@ -5,7 +5,7 @@
 # the tracked tree is ~28 MB of the 64 MiB):
 #   run(command="bash scripts/gpu-pending.sh", carry=[".bench/ferrolm.gz",
 #       ".bench/kernels.tar.gz", ".bench/prep.sh", ".bench/build-llama-cpp.sh",
-#       ".bench/llama.cpp.tar.gz", ".bench/tok.gguf", ".bench/gtok.gguf.gz"])   (about 9 min)
+#       ".bench/llama.cpp.tar.gz", ".bench/tok.gguf", ".bench/gtok.gguf.gz"])   (about 10 min: split it in two if a call's limit nears)
 # 1. the switches written after session 18's sitting, off until measured
 #    (FERROLM_CUDA_FUSED_COMBINE=1, FERROLM_CUDA_PRODUCER_QUANT=1,
 #    FERROLM_CUDA_ROPE_IN_ATTENTION=1): cuda-check with all three on the hybrid, small MoE files
@@ -13,7 +13,9 @@
 #    then tg128 on issue 19's hybrid-1g and the Gemma shape with none, each and all, alternating;
 # 2. issue 24: a Qwen3-30B-A3B-shaped file (48 layers, 128 experts top-8, Q4_0), resident
 #    tg64 with none and both, pp512;
-# 3. llama.cpp's pp512 and tg128 on the same files (llama-bench), the hybrid's tg bar 1.5x.
+# 3. issue 18: the 8B Q4_K_M at B=16 with and without FERROLM_CUDA_BATCH_OVERLAP=1 (the batched
+#    passes' kernels launched overlapping their predecessors), cuda-check --batch 16 with it;
+# 4. llama.cpp's pp512 and tg128 on the same files (llama-bench), llama-batched-bench on the 8B.
 # Everything lands in $OUT/pending.txt (and on stdout).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -58,6 +60,14 @@ for v in FERROLM_UNUSED=1 "$BOTH" FERROLM_UNUSED=1 "$BOTH"; do
   say "== moe30 tg64 $v ($(el) s)"
   env $v timeout 60 $B bench -m $W/moe30.gguf --device cuda -p 0 -n 64 -r 2 2>&1 | grep -E 'tg64|rror|anic' | tee -a $LOG
 done
+[ -f $W/8b.gguf ] || $B synth --shape llama-3.1-8b --type q4_k_m $T -o $W/8b.gguf > /dev/null
+OV=FERROLM_CUDA_BATCH_OVERLAP=1
+say "== 8b cuda-check --batch 16, $OV ($(el) s)"
+env $OV timeout 120 $B cuda-check -m $W/8b.gguf --batch 16 -p 64 -n 8 2>&1 | grep -E '^\| |rror' | tail -3 | tee -a $LOG
+for v in FERROLM_UNUSED=1 $OV FERROLM_UNUSED=1 $OV; do
+  say "== 8b B=16 $v ($(el) s)"
+  env $v timeout 100 $B bench -m $W/8b.gguf --device cuda --batch 16 -p 128 -n 128 2>&1 | grep -E '^\| +[0-9]|rror|anic' | tee -a $LOG
+done
 for f in hy moe30; do
   say "== $f pp512 tg128, both ($(el) s)"
   env $BOTH timeout 90 $B bench -m $W/$f.gguf --device cuda -p 512 -n 128 -r 3 2>&1 | grep -E 'pp512|tg128|rror|anic' | tee -a $LOG
@@ -65,4 +75,5 @@ done
 while [ ! -x $L/llama-bench ] && [ $(el) -lt 420 ]; do sleep 5; done
 say "== llama.cpp ($(el) s)"
 timeout 150 $L/llama-bench -m $W/hy.gguf,$W/moe30.gguf,$W/g270.gguf -ngl 99 -fa 1 -p 512 -n 128 -r 3 2>&1 | grep -E '^\|' | tee -a $LOG
+timeout 60 $L/llama-batched-bench -m $W/8b.gguf -ngl 99 -fa 1 -c 40000 -npp 128 -ntg 128 -npl 16 2>&1 | grep -E '^\|' | tail -1 | tee -a $LOG
 say "total $(el) s"

@@ -16,7 +16,7 @@ use cudarc::driver::{
     DeviceRepr, LaunchConfig, ValidAsZeroBits,
 };
 
-use crate::device::{driver, launch};
+use crate::device::{driver, launch, launch_overlapped};
 use crate::CudaError;
 
 pub use crate::device::Value;
@@ -152,6 +152,9 @@ pub struct CudaBatch {
     skinny_max_rows: usize,
     /// The kernels allowed more than 48 KiB of dynamic shared memory, and how much.
     wide_shared: HashMap<String, u32>,
+    /// Kernels launched to overlap their predecessors ([`crate::CudaTuning::batch_overlap`];
+    /// each waits for its input itself), except while profiling.
+    overlap: bool,
 }
 
 /// Weight rows of a `skinny_gemm` or `dq4k_gemm` block (the kernels' `SG_ROWS`), its threads
@@ -167,6 +170,7 @@ impl CudaBatch {
         stream: &Arc<CudaStream>,
         module: &Arc<CudaModule>,
         skinny_max_rows: usize,
+        overlap: bool,
     ) -> Result<Option<CudaBatch>, CudaError> {
         // SAFETY: only tries to open the library by its usual names.
         if !unsafe { blas_sys::is_culib_present() } {
@@ -182,6 +186,7 @@ impl CudaBatch {
             profile: None,
             skinny_max_rows: skinny_max_rows.min(SKINNY_MOST_ROWS),
             wide_shared: HashMap::new(),
+            overlap,
         };
         // Past 48 KiB a kernel must be allowed its dynamic shared memory first: here, before
         // any graph capture (which may refuse the call). A device with less shared memory
@@ -339,7 +344,11 @@ impl BatchDevice for CudaBatch {
             shared_mem_bytes: shared,
         };
         let start = self.mark()?;
-        launch(&self.stream, &f, cfg, args)?;
+        if self.overlap && self.profile.is_none() {
+            launch_overlapped(&self.stream, &f, cfg, args)?;
+        } else {
+            launch(&self.stream, &f, cfg, args)?;
+        }
         self.record(kernel, start)
     }
 

@@ -613,7 +613,7 @@ impl CudaModel {
             });
         }
         let prefill = if tuning.batched_prompts {
-            Prefill::new(&stream, &module, &dp, tuning)?
+            Prefill::new(&stream, &module, &dp, tuning, major >= 9)?
         } else {
             None
         };

@@ -426,10 +426,12 @@ __device__ __forceinline__ void quantize_row_groups(const T* x, u8* xq, int n, i
 }
 
 extern "C" __global__ void quantize_rows_f16(const u16* x, u8* xq, int n, int mode) {
+    step_begin();
     quantize_row_groups(x, xq, n, mode);
 }
 
 extern "C" __global__ void quantize_rows_f32(const float* x, u8* xq, int n, int mode) {
+    step_begin();
     quantize_row_groups(x, xq, n, mode);
 }
 
@@ -1555,6 +1557,7 @@ __device__ __forceinline__ float gelu_table(float g) {
 // layout) for the down product's mmq_*. Grid: (groups of 2048, rows), a warp per 256 values.
 extern "C" __global__ void glu_rows_q(const float* g, const float* u, u16* out, u8* xq, int n,
                                       int act, int mode) {
+    step_begin();
     int grp = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
     if (256 * grp >= n) return;
     size_t r = blockIdx.y;
@@ -1908,7 +1911,7 @@ __device__ __forceinline__ void mmq(const u8* __restrict__ W, int row_bytes, int
 #define MMQ(NAME, T)                                                                             \
     extern "C" __global__ void __launch_bounds__(32 * MMQ_WARPS)                                \
         mmq_##NAME(const u8* W, int row_bytes, int n_chunks, int n_rows, const u8* xq,          \
-                   int n_cols, float* y, float beta) {                                          \
+                   int n_cols, float* y, float beta) { step_begin();                            \
         mmq<T>(W, row_bytes, n_chunks, n_rows, xq, n_cols, y, beta);                             \
     }
 MMQ(Q4_K, MmqQ4K)
@@ -2807,11 +2810,11 @@ __device__ __forceinline__ void embed_rows(const u8* __restrict__ table, int row
 
 #define FOR_TYPE_BATCH(T)                                                                        \
     extern "C" __global__ void dequant_f16_##T(const u8* W, int row_bytes, int n_chunks,        \
-                                               long long total, u16* out) {                      \
+                                               long long total, u16* out) { step_begin();        \
         dequant_f16<T>(W, row_bytes, n_chunks, total, out);                                      \
     }                                                                                            \
     extern "C" __global__ void embed_rows_##T(const u8* table, int row_bytes, int n_chunks,     \
-                                              const u32* ids, float* x) {                        \
+                                              const u32* ids, float* x) { step_begin();          \
         embed_rows<T>(table, row_bytes, n_chunks, ids, x);                                       \
     }
 
@@ -2927,6 +2930,7 @@ MIXED_QKV(Q4_K, Q6_K, q_Q4_K_Q6_K, false, false)
 #define RMS_HELD 8
 extern "C" __global__ void rms_norm_rows(const float* x, const float* w, u16* out, int n,
                                          float eps) {
+    step_begin();
     const float* xr = x + (size_t)blockIdx.x * n;
     u16* o = out + (size_t)blockIdx.x * n;
     float s = 0.f;
@@ -2971,6 +2975,7 @@ extern "C" __global__ void rope_rows(float* q, const float* k, const float* v, c
                                      int neox, float theta_scale, float freq_scale,
                                      const float* freq_factors, float eps, float mscale,
                                      float ext, float low, float high) {
+    step_begin();
     int t = blockIdx.y;
     size_t qo = (size_t)t * n_head * hd, ko = (size_t)t * n_head_kv * hd;
     rope_head(q + qo, k + ko, v + ko, q_bias, k_bias, v_bias, q_norm, k_norm, kc, vc, pos0 + t,
@@ -2988,6 +2993,7 @@ extern "C" __global__ void rope_rows(float* q, const float* k, const float* v, c
 extern "C" __global__ void attn_tile(const float* q, const u16* kc, const u16* vc, u16* out,
                                      int pos0, int n_tok, int n_head, int n_head_kv, int hd,
                                      float scale, float cap, int window, const float* sinks) {
+    step_begin();
     __shared__ u32 ks[KT * 129];
     __shared__ u32 vs[KT * 128];
     __shared__ u32 qs[QT * 128];
@@ -3209,12 +3215,14 @@ __device__ __forceinline__ void skinny_gemm(const u16* __restrict__ W, const u16
 extern "C" __global__ void __launch_bounds__(SG_WARPS * 32)
     skinny_gemm_8(const u16* __restrict__ W, const u16* __restrict__ A, float* C, int rows,
                   int cols, int n, float beta) {
+    step_begin();
     skinny_gemm<1>(W, A, C, rows, cols, n, beta);
 }
 
 extern "C" __global__ void __launch_bounds__(SG_WARPS * 32)
     skinny_gemm_16(const u16* __restrict__ W, const u16* __restrict__ A, float* C, int rows,
                    int cols, int n, float beta) {
+    step_begin();
     skinny_gemm<2>(W, A, C, rows, cols, n, beta);
 }
 
@@ -3345,12 +3353,14 @@ __device__ __forceinline__ void dq4k_gemm(const u8* __restrict__ W, int row_byte
 extern "C" __global__ void DQ_BOUNDS dq4k_gemm_8(const u8* __restrict__ W, int row_bytes,
                                                  int rows, int n_sb, const u16* __restrict__ A,
                                                  int cols, int n, float* C, float beta) {
+    step_begin();
     dq4k_gemm<1>(W, row_bytes, rows, n_sb, A, cols, n, C, beta);
 }
 
 extern "C" __global__ void DQ_BOUNDS dq4k_gemm_16(const u8* __restrict__ W, int row_bytes,
                                                   int rows, int n_sb, const u16* __restrict__ A,
                                                   int cols, int n, float* C, float beta) {
+    step_begin();
     dq4k_gemm<2>(W, row_bytes, rows, n_sb, A, cols, n, C, beta);
 }
 
@@ -3586,7 +3596,7 @@ __device__ __forceinline__ void dq_pipe(const u8* __restrict__ W, int row_bytes,
     extern "C" __global__ void __launch_bounds__(WARPS * 32)                                  \
         NAME(const u8* __restrict__ W, int row_bytes, int rows, int n_sb, int run,            \
              const u16* __restrict__ A, int cols, int n, float* C, float beta,                \
-             float* __restrict__ partial, u32* counters) {                                    \
+             float* __restrict__ partial, u32* counters) { step_begin();                      \
         dq_pipe<FORMAT, NT, WARPS, STAGES>(W, row_bytes, rows, n_sb, run, A, cols, n, C,      \
                                            beta, partial, counters);                          \
     }
@@ -3752,7 +3762,7 @@ __device__ __forceinline__ void attn_mma(const float* q, const u16* kc, const u1
     extern "C" __global__ void __launch_bounds__(2 * FQ)                                         \
         attn_mma_##HD(const float* q, const u16* kc, const u16* vc, u16* out, int pos0,          \
                       int n_tok, int n_head, int n_head_kv, float scale, float cap,            \
-                      int window, const float* sinks) {                                          \
+                      int window, const float* sinks) { step_begin();                            \
         attn_mma<HD, FQ, FK>(q, kc, vc, out, pos0, n_tok, n_head, n_head_kv, scale, cap,        \
                              window, sinks);                                                     \
     }
@@ -3762,6 +3772,7 @@ ATTN_MMA(256, 32, 16)
 
 // out = silu(g) * u as f16, over n values.
 extern "C" __global__ void swiglu_f16(const float* g, const float* u, u16* out, long long n) {
+    step_begin();
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) {
         float x = g[i];
@@ -3786,6 +3797,7 @@ extern "C" __global__ void rope_rows_slots(float* q, const float* k, const float
                                            float freq_scale, const float* freq_factors,
                                            float eps, float mscale, float ext, float low,
                                            float high) {
+    step_begin();
     int t = blockIdx.y;
     size_t qo = (size_t)t * q_stride, ko = (size_t)t * kv_stride;
     size_t base = (size_t)slot[t] * (size_t)slot_stride;
@@ -3802,6 +3814,7 @@ extern "C" __global__ void attn_rows(const float* q, const u16* kc, const u16* v
                                      const u32* slot, const u32* pos, long long slot_stride,
                                      int q_stride, int n_head, int n_head_kv, int hd, float scale,
                                      float cap, int window, const float* sinks, float* out32) {
+    step_begin();
     __shared__ float so[256];
     int h = blockIdx.x, t = blockIdx.y;
     int kvh = h / (n_head / n_head_kv);
@@ -3823,6 +3836,7 @@ extern "C" __global__ void attn_rows(const float* q, const u16* kc, const u16* v
 
 // out[r] = the index of the largest of row r's n values (the first such, as the host's argmax).
 extern "C" __global__ void argmax_rows(const float* x, int n, u32* out) {
+    step_begin();
     __shared__ float wv[32];
     __shared__ int wi[32];
     const float* row = x + (size_t)blockIdx.x * n;
@@ -3873,6 +3887,7 @@ extern "C" __global__ void argmax_rows(const float* x, int n, u32* out) {
 // found exactly, 8 bits a pass (a histogram of the keys that match the bits found so far), then
 // the row is read in index order, taking every larger key and the first equal ones. k <= n.
 extern "C" __global__ void topk_rows(const float* x, int n, int k, u32* out_ids, float* out_vals) {
+    step_begin();
     __shared__ u32 hist[256];
     __shared__ u32 s_prefix, s_mask, s_need, s_taken;
     __shared__ u32 warp_counts[32];
@@ -3946,6 +3961,7 @@ extern "C" __global__ void topk_rows(const float* x, int n, int k, u32* out_ids,
 // act = silu(gate) * up as f16, where row t of gu holds its gate then its up values (one fused
 // product), ff of each.
 extern "C" __global__ void swiglu_pairs_f16(const float* gu, u16* act, int ff, long long n) {
+    step_begin();
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) {
         long long t = i / ff, j = i - t * ff;
@@ -3957,11 +3973,13 @@ extern "C" __global__ void swiglu_pairs_f16(const float* gu, u16* act, int ff, l
 // swiglu_oai over n values of a batch (gpt-oss), as f16; _pairs: each row (gate | up) as
 // swiglu_pairs_f16 reads it.
 extern "C" __global__ void swiglu_oai_f16(const float* g, const float* u, u16* out, long long n) {
+    step_begin();
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) out[i] = f2h(swiglu_oai_f(g[i], u[i]));
 }
 
 extern "C" __global__ void swiglu_oai_pairs_f16(const float* gu, u16* act, int ff, long long n) {
+    step_begin();
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) {
         long long t = i / ff, j = i - t * ff;
@@ -3972,6 +3990,7 @@ extern "C" __global__ void swiglu_oai_pairs_f16(const float* gu, u16* act, int f
 // x[i] += bias[i % d] over n values (a batch's rows of d: gpt-oss's output and router biases,
 // which the GEMMs leave out).
 extern "C" __global__ void add_bias_rows(float* x, const float* bias, int d, long long n) {
+    step_begin();
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) x[i] += bias[i % d];
 }
@@ -3994,12 +4013,14 @@ extern "C" __global__ void geglu(const float* g, const float* u, float* out, int
 
 // geglu over n values of a batch, as f16 (the down product's GEMM input).
 extern "C" __global__ void geglu_f16(const float* g, const float* u, u16* out, long long n) {
+    step_begin();
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) out[i] = f2h(gelu_table(g[i]) * u[i]);
 }
 
 // geglu_f16 where row t of gu holds its gate then its up values (one fused product).
 extern "C" __global__ void geglu_pairs_f16(const float* gu, u16* act, int ff, long long n) {
+    step_begin();
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) {
         long long t = i / ff, j = i - t * ff;
@@ -4346,6 +4367,7 @@ extern "C" __global__ void moe_combine_norm_held_q(const float* ys, const float*
 // expert e, its group starts at offsets[e], and pair i lands at row at[i] of the grouped rows.
 extern "C" __global__ void moe_group(const u32* ids, int n_pairs, int ne, u32* counts,
                                      u32* offsets, u32* at) {
+    step_begin();
     if (threadIdx.x != 0) return;
     for (int e = 0; e < ne; e++) counts[e] = 0;
     for (int i = 0; i < n_pairs; i++) counts[ids[i]]++;
@@ -4363,6 +4385,7 @@ extern "C" __global__ void moe_group(const u32* ids, int n_pairs, int ne, u32* c
 // its next places in lane order.
 extern "C" __global__ void moe_group_warp(const u32* ids, int n_pairs, int ne, u32* counts,
                                      u32* offsets, u32* at) {
+    step_begin();
     __shared__ u32 count[1024], next[1024];
     int lane = threadIdx.x;
     if (lane >= 32) return;
@@ -4409,12 +4432,14 @@ extern "C" __global__ void moe_group_warp(const u32* ids, int n_pairs, int ne, u
 // strided-batched GEMM per matrix takes every expert.
 extern "C" __global__ void moe_pad_rows(const u32* ids, const u32* offsets, u32* at, int n_pairs,
                                         int most) {
+    step_begin();
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n_pairs) at[i] = ids[i] * (u32)most + (at[i] - offsets[ids[i]]);
 }
 
 // Row at[i] of dst = row i / k of src (f16 rows of d): each pair's input in its expert's group.
 extern "C" __global__ void moe_gather_f16(const u16* src, const u32* at, int k, int d, u16* dst) {
+    step_begin();
     size_t i = blockIdx.x;
     const u16* s = src + (i / k) * (size_t)d;
     u16* o = dst + (size_t)at[i] * d;

@@ -166,6 +166,7 @@ extern "C" __global__ void delta_rule_rows(const float* conv, const float* ba, i
                                            const float* in_fused, const float* z, int z_stride,
                                            float* state, int pos0, u16* out, int n_k_heads,
                                            int n_v_heads, int s, int tiled, float eps, int n) {
+    step_begin();
     __shared__ float qs[256], ks[256];
     int vh = blockIdx.x, j = threadIdx.x, zi = vh * s + j, ratio = n_v_heads / n_k_heads;
     int kh = tiled ? vh % n_k_heads : vh / ratio;
@@ -190,6 +191,7 @@ extern "C" __global__ void delta_conv_rows_runs(const float* in, int in_stride, 
                                            const float* w, float* state, int pos0, float* out,
                                            int channels, int taps, int key_dim, int s, int ratio,
                                            int n) {
+    step_begin();
     int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= channels) return;
     const float* wc = w + (size_t)c * taps;
@@ -230,6 +232,7 @@ __device__ __forceinline__ float mul_rn(float a, float b) { return __fmul_rn(a, 
 // Block (kh, t), s threads: token t's query and key of key head kh.
 extern "C" __global__ void delta_qk_norm_rows(float* conv, int n_k_heads, int s, int channels,
                                               float eps) {
+    step_begin();
     int kh = blockIdx.x, j = threadIdx.x;
     float* c = conv + (size_t)blockIdx.y * channels;
     int key_dim = n_k_heads * s;
@@ -244,6 +247,7 @@ extern "C" __global__ void delta_qk_norm_rows(float* conv, int n_k_heads, int s,
 // staged 32 dimensions at a time. gram holds per (chunk, key head) kk then qk, C x C each.
 extern "C" __global__ void delta_chunk_gram(const float* conv, float* gram, int n_k_heads, int s,
                                             int channels, int n) {
+    step_begin();
     constexpr int C = DELTA_CHUNK, M = C / 4;
     __shared__ float ks[C][33];
     int kh = blockIdx.x, chunk = blockIdx.y, t0 = chunk * C, l = min(C, n - t0);
@@ -428,6 +432,7 @@ extern "C" __global__ void delta_rule_chunks(const float* conv, const float* ba,
                                              const float* ssm_a, const float* gram, float* state,
                                              int pos0, float* out, int n_k_heads, int n_v_heads,
                                              int s, int tiled, int n) {
+    step_begin();
     __shared__ DeltaChunkShared sh;
     if (s == 128)
         delta_rule_chunks_in<128>(conv, ba, ba_stride, alpha, dt_bias, ssm_a, gram, state, pos0,
@@ -443,6 +448,7 @@ extern "C" __global__ void delta_gated_norm_rows(const float* o, const float* in
                                                  const float* z, int z_stride, const float* norm,
                                                  u16* out, int n_v_heads, int s, int ratio,
                                                  float eps) {
+    step_begin();
     int vh = blockIdx.x, t = blockIdx.y, j = threadIdx.x, zi = vh * s + j;
     size_t at = (size_t)t * n_v_heads * s + zi;
     float x = o[at];
@@ -461,6 +467,7 @@ extern "C" __global__ void delta_conv_slots(const float* in, int in_stride, int 
                                             long long conv_stride, const u32* slot,
                                             const u32* pos, float* out, int channels, int taps,
                                             int key_dim, int s, int ratio) {
+    step_begin();
     int c = blockIdx.x * blockDim.x + threadIdx.x, t = blockIdx.y;
     if (c >= channels) return;
     float x = in[(size_t)t * in_stride + conv_source(c, fused, key_dim, s, ratio)];
@@ -478,6 +485,7 @@ extern "C" __global__ void delta_rule_slots(const float* conv, const float* ba, 
                                             const u32* slot, const u32* pos, u16* out,
                                             int n_k_heads, int n_v_heads, int s, int tiled,
                                             float eps) {
+    step_begin();
     __shared__ float qs[256], ks[256];
     int vh = blockIdx.x, t = blockIdx.y, zi = vh * s + threadIdx.x;
     int ratio = n_v_heads / n_k_heads, kh = tiled ? vh % n_k_heads : vh / ratio;
@@ -509,6 +517,7 @@ extern "C" __global__ void split_query_gate(const float* qg, float* q, float* g,
 
 extern "C" __global__ void split_query_gate_rows(const float* qg, float* q, float* g, int n_head,
                                                  int hd) {
+    step_begin();
     int i = blockIdx.x * blockDim.x + threadIdx.x, t = blockIdx.y, w = n_head * hd;
     if (i >= w) return;
     int h = i / hd, e = i % hd;
@@ -529,6 +538,7 @@ extern "C" __global__ void sigmoid_mul(float* x, const float* g, int n, u8* xq, 
 }
 
 extern "C" __global__ void sigmoid_mul_f16(u16* x, const float* g, long long n) {
+    step_begin();
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) x[i] = f2h(h2f(x[i]) * (1.f / (1.f + expf(-g[i]))));
 }

@@ -412,17 +412,20 @@ fn widest_matrix(p: &DecodePlan) -> usize {
 impl Prefill {
     /// Allocates the batch buffers, or `None` when cuBLAS is not on this machine or the plan
     /// has layers the prompt pass does not serve ([`DecodePlan::batched_passes_serve`]):
-    /// prompts then run as decode steps.
+    /// prompts then run as decode steps. `sm90`: the device can launch a kernel overlapping
+    /// its predecessor ([`CudaTuning::batch_overlap`]).
     pub(crate) fn new(
         stream: &Arc<CudaStream>,
         module: &Arc<CudaModule>,
         p: &DecodePlan,
         tuning: &CudaTuning,
+        sm90: bool,
     ) -> Result<Option<Prefill>, CudaError> {
         if !p.batched_passes_serve() {
             return Ok(None);
         }
-        match CudaBatch::new(stream, module, tuning.skinny_gemm_max_rows)? {
+        let overlap = sm90 && tuning.batch_overlap;
+        match CudaBatch::new(stream, module, tuning.skinny_gemm_max_rows, overlap)? {
             Some(dev) => Prefill::on(dev, p, tuning).map(Some),
             None => Ok(None),
         }

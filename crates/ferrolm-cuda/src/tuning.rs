@@ -48,6 +48,10 @@ pub struct CudaTuning {
     /// its key and value itself, in place of a rope_store launch
     /// (`FERROLM_CUDA_ROPE_IN_ATTENTION=1`; off until measured on a GPU).
     pub rope_in_attention: bool,
+    /// The batched passes' kernels (several sequences' steps, prompts) launched to overlap
+    /// their predecessors as the single stream's are (`FERROLM_CUDA_BATCH_OVERLAP=1`; off until
+    /// measured on a GPU).
+    pub batch_overlap: bool,
     /// Q8_0 and Q6_K rows uploaded regrouped for 16-byte loads (`FERROLM_CUDA_NO_REPACK`).
     pub repack: bool,
     /// Eight warps for few, wide rows (`FERROLM_CUDA_MATVEC_128`: at most four).
@@ -126,6 +130,7 @@ impl Default for CudaTuning {
             producer_quantize: false,
             fused_moe_combine: false,
             rope_in_attention: false,
+            batch_overlap: false,
             repack: true,
             wide_matvec: true,
             matvec_max_threads: 128,
@@ -167,6 +172,7 @@ impl CudaTuning {
             producer_quantize: !unset("FERROLM_CUDA_PRODUCER_QUANT"),
             fused_moe_combine: !unset("FERROLM_CUDA_FUSED_COMBINE"),
             rope_in_attention: !unset("FERROLM_CUDA_ROPE_IN_ATTENTION"),
+            batch_overlap: !unset("FERROLM_CUDA_BATCH_OVERLAP"),
             repack: unset("FERROLM_CUDA_NO_REPACK"),
             wide_matvec: unset("FERROLM_CUDA_MATVEC_128"),
             matvec_max_threads: number("FERROLM_CUDA_MATVEC_MAX_THREADS")

@@ -5,6 +5,8 @@
 //! the new table to paste below. `FERROLM_SNAPSHOT_DIR=dir` writes each plan's full text there
 //! (to see what changed with `diff`).
 
+mod kernel_source;
+
 use std::fmt::Write as _;
 use std::sync::Arc;
 
@@ -536,54 +538,28 @@ enum Param {
     Long,
 }
 
-/// Kernels by name, with their parameters.
-type Kernels = std::collections::HashMap<String, Vec<Param>>;
-
-/// Every `__global__` kernel of the source by name, or by the prefix a macro pastes a suffix
-/// onto (`matvec3##S`: "matvec3"), with its parameters (a prefix may have several lists).
-fn kernel_parameters() -> (Kernels, Vec<(String, Vec<Param>)>) {
-    let src = ferrolm_cuda::kernels::SOURCE.replace("\\\n", " ");
-    let (mut literal, mut pasted) = (std::collections::HashMap::new(), Vec::new());
-    for (at, _) in src.match_indices("__global__") {
-        let mut head = &src[at + "__global__".len()..];
-        head = head
-            .trim_start()
-            .strip_prefix("void")
-            .unwrap_or(head)
-            .trim_start();
-        if let Some(rest) = head.strip_prefix("__launch_bounds__(") {
-            head = &rest[rest.find(')').unwrap() + 1..];
-        }
-        let open = head.find('(').unwrap();
-        let name = head[..open].trim().to_string();
-        let close = head[open..].find(')').unwrap() + open;
-        let params: Vec<Param> = head[open + 1..close]
-            .split(',')
-            .map(|p| {
-                let p = p.trim();
-                if p.contains('*') {
-                    Param::Pointer
-                } else if p.starts_with("long long") {
-                    Param::Long
-                } else if p.starts_with("float") {
-                    Param::Float
-                } else {
-                    assert!(
-                        ["int", "u32", "unsigned"].iter().any(|t| p.starts_with(t)),
-                        "{name}: {p}"
-                    );
-                    Param::Int
-                }
-            })
-            .collect();
-        match name.split_once("##") {
-            Some((prefix, _)) => pasted.push((prefix.to_string(), params)),
-            None => {
-                literal.insert(name, params);
+/// The parameters of a kernel's list.
+fn parameters(k: &kernel_source::Kernel) -> Vec<Param> {
+    k.params
+        .split(',')
+        .map(|p| {
+            let p = p.trim();
+            if p.contains('*') {
+                Param::Pointer
+            } else if p.starts_with("long long") {
+                Param::Long
+            } else if p.starts_with("float") {
+                Param::Float
+            } else {
+                assert!(
+                    ["int", "u32", "unsigned"].iter().any(|t| p.starts_with(t)),
+                    "{}: {p}",
+                    k.name
+                );
+                Param::Int
             }
-        }
-    }
-    (literal, pasted)
+        })
+        .collect()
 }
 
 fn arg_fits(arg: &Arg, param: &Param) -> bool {
@@ -601,7 +577,7 @@ fn arg_fits(arg: &Arg, param: &Param) -> bool {
 /// argument shifts the others silently.
 #[test]
 fn every_launch_passes_its_kernels_parameters() {
-    let (literal, pasted) = kernel_parameters();
+    let all = kernel_source::kernels();
     let mut checked = std::collections::BTreeSet::new();
     // (and heads of 128 and 256 values, attended by warps; Q and K of one type with V of
     // another, one launch)
@@ -635,25 +611,11 @@ fn every_launch_passes_its_kernels_parameters() {
                         params.len() == l.args.len()
                             && l.args.iter().zip(params).all(|(a, p)| arg_fits(a, p))
                     };
-                    let ok = match literal.get(&l.kernel) {
-                        Some(params) => fits(params),
-                        None => {
-                            // (the longest pasted prefix; some have two forms, e.g. matvec3's
-                            // and the mixed Q/K/V launch's)
-                            let longest = pasted
-                                .iter()
-                                .filter(|(p, _)| l.kernel.starts_with(p.as_str()))
-                                .map(|(p, _)| p.len())
-                                .max()
-                                .unwrap_or_else(|| panic!("no kernel {}", l.kernel));
-                            pasted
-                                .iter()
-                                .filter(|(p, _)| {
-                                    p.len() == longest && l.kernel.starts_with(p.as_str())
-                                })
-                                .any(|(_, params)| fits(params))
-                        }
-                    };
+                    // (some pasted prefixes have two forms, e.g. matvec3's and the mixed Q/K/V
+                    // launch's)
+                    let ok = kernel_source::definitions(&all, &l.kernel)
+                        .iter()
+                        .any(|k| fits(&parameters(k)));
                     assert!(ok, "{}: {:?}", l.kernel, l.args);
                     checked.insert(l.kernel.clone());
                 }
@@ -668,4 +630,13 @@ fn every_launch_passes_its_kernels_parameters() {
     ] {
         assert!(checked.contains(k), "{k} not among {checked:?}");
     }
+}
+
+/// Every kernel waits for its predecessor (`step_begin`, itself or in a device function it
+/// calls) before it reads the step's buffers, so that any may be launched overlapping the one
+/// before it (the decode step's, and the batched passes' with `CudaTuning::batch_overlap`).
+#[test]
+fn every_kernel_waits_for_its_predecessor() {
+    let late = kernel_source::not_waiting();
+    assert!(late.is_empty(), "these kernels do not wait: {late:?}");
 }
