@@ -3350,16 +3350,28 @@ __device__ __forceinline__ void dq4k_gemm(const u8* __restrict__ W, int row_byte
 // `DQ_MIN_BLOCKS=3`'s 80 registers measured slower: docs/PERFORMANCE.md.)
 #define DQ_BOUNDS __launch_bounds__(SG_WARPS * 32)
 
+// prefetch non-zero: the block's weight rows asked of L2 before it waits for its predecessor
+// (which a launch overlapping that predecessor lets start early: CudaTuning::batch_overlap).
+__device__ __forceinline__ void dq_prefetch(const u8* W, int row_bytes, int rows, int prefetch) {
+    int r = blockIdx.x * SG_ROWS + threadIdx.x;
+    if (prefetch && threadIdx.x < SG_ROWS && r < rows)
+        prefetch_l2(W + (size_t)r * row_bytes, row_bytes);
+}
+
 extern "C" __global__ void DQ_BOUNDS dq4k_gemm_8(const u8* __restrict__ W, int row_bytes,
                                                  int rows, int n_sb, const u16* __restrict__ A,
-                                                 int cols, int n, float* C, float beta) {
+                                                 int cols, int n, float* C, float beta,
+                                                 int prefetch) {
+    dq_prefetch(W, row_bytes, rows, prefetch);
     step_begin();
     dq4k_gemm<1>(W, row_bytes, rows, n_sb, A, cols, n, C, beta);
 }
 
 extern "C" __global__ void DQ_BOUNDS dq4k_gemm_16(const u8* __restrict__ W, int row_bytes,
                                                   int rows, int n_sb, const u16* __restrict__ A,
-                                                  int cols, int n, float* C, float beta) {
+                                                  int cols, int n, float* C, float beta,
+                                                  int prefetch) {
+    dq_prefetch(W, row_bytes, rows, prefetch);
     step_begin();
     dq4k_gemm<2>(W, row_bytes, rows, n_sb, A, cols, n, C, beta);
 }

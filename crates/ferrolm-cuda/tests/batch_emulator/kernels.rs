@@ -188,6 +188,8 @@ pub fn run(dev: &HostDevice, name: &str, grid: (u32, u32), block: u32, args: &[V
             grid.0 as usize * ferrolm_cuda::prefill::DQ_ROWS >= a.int(2),
             "rows left out"
         );
+        // (the prefetch flag: computes nothing)
+        assert!(matches!(a.int(9), 0 | 1), "prefetch {}", a.int(9));
         dq4k_gemm(dev, mem, most, [0, 1, 2, 3, 4, 5, 6, 7, 8], &a);
     } else if let Some(most) = name.strip_prefix("dq6k_pipe_") {
         // dq6k_pipe_{most}: dq4k_pipe's arguments, Q6_KR rows, DQ6_PIPE's layout
@@ -532,8 +534,8 @@ fn pipe_grid(name: &str, grid: (u32, u32), block: u32, warps: usize, a: &Args) {
     assert!(grid.1 as usize * run >= n_sb && (grid.1 as usize - 1) * run < n_sb);
 }
 
-/// dq4k_gemm_8/_16(W, row_bytes, n_rows, n_sb, a, cols, n, y, beta) and dq4k_pipe_*'s same
-/// arguments (at `at`, in that order): `y[t][r] = a[t] . w[r] (+ beta y[t][r])` for the n (at
+/// dq4k_gemm_8/_16(W, row_bytes, n_rows, n_sb, a, cols, n, y, beta, prefetch) and
+/// dq4k_pipe_*'s same arguments (at `at`, in that order): `y[t][r] = a[t] . w[r] (+ beta y[t][r])` for the n (at
 /// most 8 or 16) f16 rows of `a`, f32 sums, each weight as the kernels make it: `q * half(d
 /// sc) - half(dmin m)` rounded once to f16.
 fn dq4k_gemm(dev: &HostDevice, mem: &mut Memory, most: &str, at: [usize; 9], a: &Args) {
