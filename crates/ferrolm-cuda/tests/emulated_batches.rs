@@ -14,6 +14,7 @@
 
 mod batch_emulator;
 mod host_math;
+mod kernel_source;
 
 use std::sync::Arc;
 

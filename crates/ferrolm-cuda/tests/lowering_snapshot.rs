@@ -529,40 +529,8 @@ fn lowered_plans_are_as_recorded() {
     }
 }
 
-/// A kernel's parameter as the source declares it.
-#[derive(Debug)]
-enum Param {
-    Pointer,
-    Int,
-    Float,
-    Long,
-}
-
-/// The parameters of a kernel's list.
-fn parameters(k: &kernel_source::Kernel) -> Vec<Param> {
-    k.params
-        .split(',')
-        .map(|p| {
-            let p = p.trim();
-            if p.contains('*') {
-                Param::Pointer
-            } else if p.starts_with("long long") {
-                Param::Long
-            } else if p.starts_with("float") {
-                Param::Float
-            } else {
-                assert!(
-                    ["int", "u32", "unsigned"].iter().any(|t| p.starts_with(t)),
-                    "{}: {p}",
-                    k.name
-                );
-                Param::Int
-            }
-        })
-        .collect()
-}
-
-fn arg_fits(arg: &Arg, param: &Param) -> bool {
+fn arg_fits(arg: &Arg, param: &kernel_source::Param) -> bool {
+    use kernel_source::Param;
     matches!(
         (arg, param),
         (Arg::Buf(_) | Arg::Null, Param::Pointer)
@@ -607,7 +575,7 @@ fn every_launch_passes_its_kernels_parameters() {
                 let p = decode_plan_with(model.plan(), model.weights(), n_ctx, n_layer, &tuning)
                     .unwrap();
                 for l in &p.launches {
-                    let fits = |params: &Vec<Param>| {
+                    let fits = |params: &Vec<kernel_source::Param>| {
                         params.len() == l.args.len()
                             && l.args.iter().zip(params).all(|(a, p)| arg_fits(a, p))
                     };
@@ -615,7 +583,7 @@ fn every_launch_passes_its_kernels_parameters() {
                     // launch's)
                     let ok = kernel_source::definitions(&all, &l.kernel)
                         .iter()
-                        .any(|k| fits(&parameters(k)));
+                        .any(|k| fits(&k.parameters()));
                     assert!(ok, "{}: {:?}", l.kernel, l.args);
                     checked.insert(l.kernel.clone());
                 }

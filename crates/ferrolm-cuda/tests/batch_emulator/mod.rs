@@ -397,6 +397,7 @@ impl BatchDevice for HostDevice<'_> {
         _shared: u32,
         args: &[Value],
     ) -> Result<(), CudaError> {
+        assert_parameters(kernel, args);
         let mut args = args.to_vec();
         if let Some(swap) = self.swap.filter(|s| s.kernel == kernel) {
             args.swap(swap.args.0, swap.args.1);
@@ -446,4 +447,27 @@ impl BatchDevice for HostDevice<'_> {
     fn set_profile(&mut self, _: bool) -> Result<Vec<(String, usize, f64)>, CudaError> {
         Ok(Vec::new())
     }
+}
+
+/// A launch passes as many arguments as its kernel declares in the source, each of the declared
+/// kind: on a GPU a missing or extra one shifts the others silently.
+fn assert_parameters(kernel: &str, args: &[Value]) {
+    use crate::kernel_source::{self, Kernel, Param};
+    static KERNELS: std::sync::OnceLock<Vec<Kernel>> = std::sync::OnceLock::new();
+    let all = KERNELS.get_or_init(kernel_source::kernels);
+    let fits = |k: &&Kernel| {
+        let params = k.parameters();
+        params.len() == args.len()
+            && args.iter().zip(&params).all(|(a, p)| {
+                matches!(
+                    (a, p),
+                    (Value::Ptr(_), Param::Pointer)
+                        | (Value::I32(_), Param::Int)
+                        | (Value::F32(_), Param::Float)
+                        | (Value::I64(_), Param::Long)
+                )
+            })
+    };
+    let defs = kernel_source::definitions(all, kernel);
+    assert!(defs.iter().any(fits), "{kernel}: {args:?}");
 }

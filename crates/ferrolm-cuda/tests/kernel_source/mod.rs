@@ -1,6 +1,8 @@
 //! The kernels' source read as text by the tests: each `__global__` kernel's parameters and
 //! body, and whether it waits for its predecessor (`step_begin`, directly or in a device
 //! function it calls) before it may be launched overlapped.
+// (each test binary that includes this module uses part of it)
+#![allow(dead_code)]
 
 use std::collections::HashMap;
 
@@ -11,6 +13,41 @@ pub struct Kernel {
     pub pasted: bool,
     pub params: String,
     pub body: String,
+}
+
+/// A kernel's parameter as the source declares it.
+#[derive(Debug)]
+pub enum Param {
+    Pointer,
+    Int,
+    Float,
+    Long,
+}
+
+impl Kernel {
+    /// Its parameters' kinds, in order.
+    pub fn parameters(&self) -> Vec<Param> {
+        self.params
+            .split(',')
+            .map(|p| {
+                let p = p.trim();
+                if p.contains('*') {
+                    Param::Pointer
+                } else if p.starts_with("long long") {
+                    Param::Long
+                } else if p.starts_with("float") {
+                    Param::Float
+                } else {
+                    assert!(
+                        ["int", "u32", "unsigned"].iter().any(|t| p.starts_with(t)),
+                        "{}: {p}",
+                        self.name
+                    );
+                    Param::Int
+                }
+            })
+            .collect()
+    }
 }
 
 /// The source with macro continuations joined.
