@@ -2382,7 +2382,7 @@ __device__ __forceinline__ void attend_warps(const float* qh, const u16* kc, con
 // read them from shared memory; the first query head of each KV head stores them in the
 // caches (the rope_store launch this replaces).
 template <bool WARPS>
-__device__ __forceinline__ void attn_split_body(const float* q, const u16* kc, const u16* vc,
+__device__ __forceinline__ void attn_split_body(const float* q, u16* kc, u16* vc,
                                                 const u32* pos, float* part_o, float* part_ml,
                                                 u32* done, float* out, int n_head,
                                                 int n_head_kv, int hd, int n_splits,
@@ -2425,8 +2425,8 @@ __device__ __forceinline__ void attn_split_body(const float* q, const u16* kc, c
                 if (h % group == 0) {
                     size_t row = (size_t)t_new * n_head_kv * hd + (size_t)kvh * hd;
                     for (int i = threadIdx.x; i < hd; i += blockDim.x) {
-                        ((u16*)kc)[row + i] = k_new[i];
-                        ((u16*)vc)[row + i] = v_new[i];
+                        kc[row + i] = k_new[i];
+                        vc[row + i] = v_new[i];
                     }
                 }
             }
@@ -2487,18 +2487,18 @@ __device__ __forceinline__ void attn_split_body(const float* q, const u16* kc, c
 
 // attn_split_body with the tiles: 128 threads (ATTN_TILE). xq non-null: the output quantized
 // into it too (quantize_lane's modes).
-extern "C" __global__ void attn_split(const float* q, const u16* kc, const u16* vc,
-                                      const u32* pos, float* part_o, float* part_ml, u32* done,
-                                      float* out, int n_head, int n_head_kv, int hd,
-                                      int n_splits, float scale, float cap, int window,
-                                      const float* sinks, int tile, u8* xq, int mode) {
+extern "C" __global__ void attn_split(const float* q, u16* kc, u16* vc, const u32* pos,
+                                      float* part_o, float* part_ml, u32* done, float* out,
+                                      int n_head, int n_head_kv, int hd, int n_splits,
+                                      float scale, float cap, int window, const float* sinks,
+                                      int tile, u8* xq, int mode) {
     attn_split_body<false>(q, kc, vc, pos, part_o, part_ml, done, out, n_head, n_head_kv, hd,
                            n_splits, scale, cap, window, sinks, tile, xq, mode);
 }
 
 // attn_split_body with the warps: heads of 128 or 256 values, up to ATTN_WARPS warps.
 extern "C" __global__ void __launch_bounds__(ATTN_WARPS * 32)
-    attn_split_warps(const float* q, const u16* kc, const u16* vc, const u32* pos, float* part_o,
+    attn_split_warps(const float* q, u16* kc, u16* vc, const u32* pos, float* part_o,
                      float* part_ml, u32* done, float* out, int n_head, int n_head_kv, int hd,
                      int n_splits, float scale, float cap, int window, const float* sinks,
                      int tile, u8* xq, int mode) {
@@ -3266,14 +3266,19 @@ __device__ __forceinline__ u32 f2h2(float f) {
     return h | (h << 16);
 }
 
+// prefetch non-zero: the block's weight rows asked of L2 before it waits for its predecessor
+// (which a launch overlapping that predecessor lets start early: CudaTuning::batch_overlap).
 template <int NT>
 __device__ __forceinline__ void dq4k_gemm(const u8* __restrict__ W, int row_bytes, int rows,
                                           int n_sb, const u16* __restrict__ A, int cols, int n,
-                                          float* C, float beta) {
+                                          float* C, float beta, int prefetch) {
     __shared__ float part[SG_WARPS][8 * NT][32];
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int g = lane / 4, c = lane % 4;
     const int r0 = blockIdx.x * SG_ROWS;
+    if (prefetch && threadIdx.x < SG_ROWS && r0 + (int)threadIdx.x < rows)
+        prefetch_l2(W + (size_t)(r0 + threadIdx.x) * row_bytes, row_bytes);
+    step_begin();
     const u8* wr[4];
 #pragma unroll
     for (int i = 0; i < 4; i++) wr[i] = W + (long long)min(r0 + g + 8 * i, rows - 1) * row_bytes;
@@ -3350,30 +3355,18 @@ __device__ __forceinline__ void dq4k_gemm(const u8* __restrict__ W, int row_byte
 // `DQ_MIN_BLOCKS=3`'s 80 registers measured slower: docs/PERFORMANCE.md.)
 #define DQ_BOUNDS __launch_bounds__(SG_WARPS * 32)
 
-// prefetch non-zero: the block's weight rows asked of L2 before it waits for its predecessor
-// (which a launch overlapping that predecessor lets start early: CudaTuning::batch_overlap).
-__device__ __forceinline__ void dq_prefetch(const u8* W, int row_bytes, int rows, int prefetch) {
-    int r = blockIdx.x * SG_ROWS + threadIdx.x;
-    if (prefetch && threadIdx.x < SG_ROWS && r < rows)
-        prefetch_l2(W + (size_t)r * row_bytes, row_bytes);
-}
-
 extern "C" __global__ void DQ_BOUNDS dq4k_gemm_8(const u8* __restrict__ W, int row_bytes,
                                                  int rows, int n_sb, const u16* __restrict__ A,
                                                  int cols, int n, float* C, float beta,
                                                  int prefetch) {
-    dq_prefetch(W, row_bytes, rows, prefetch);
-    step_begin();
-    dq4k_gemm<1>(W, row_bytes, rows, n_sb, A, cols, n, C, beta);
+    dq4k_gemm<1>(W, row_bytes, rows, n_sb, A, cols, n, C, beta, prefetch);
 }
 
 extern "C" __global__ void DQ_BOUNDS dq4k_gemm_16(const u8* __restrict__ W, int row_bytes,
                                                   int rows, int n_sb, const u16* __restrict__ A,
                                                   int cols, int n, float* C, float beta,
                                                   int prefetch) {
-    dq_prefetch(W, row_bytes, rows, prefetch);
-    step_begin();
-    dq4k_gemm<2>(W, row_bytes, rows, n_sb, A, cols, n, C, beta);
+    dq4k_gemm<2>(W, row_bytes, rows, n_sb, A, cols, n, C, beta, prefetch);
 }
 
 // The same products in a pipeline (dq_pipe: dq4k_pipe_*, and dq6k_pipe_* over Q6_KR rows): a
@@ -4065,11 +4058,6 @@ extern "C" __global__ void post_norm_add(const float* y, const float* w, float* 
     post_norm_add_row(y, w, x, n, eps, scale);
 }
 
-// post_norm_add and the next norm where a lane holds 8 values of each (n at most 256 x warps,
-// as the host launches it): both norms' weights loaded before waiting for the previous kernel
-// (they are the model's, no kernel writes them), the new residual kept in registers for the
-// second norm rather than read back. The same arithmetic as post_norm_add_row, then
-// rms_norm_groups (sums of squares in f64, whose order does not change the f32 result).
 // The residual stream's new values xv (a lane's 8, at 256 warp + 8 lane) stored into x, then
 // its RMS norm (weights nv, loaded likewise) as rms_norm or rms_norm_q writes it.
 template <bool QUANT>
@@ -4094,6 +4082,11 @@ __device__ __forceinline__ void store_and_norm_held(const float* xv, float* x, i
     }
 }
 
+// post_norm_add and the next norm where a lane holds 8 values of each (n at most 256 x warps,
+// as the host launches it): both norms' weights loaded before waiting for the previous kernel
+// (they are the model's, no kernel writes them), the new residual kept in registers for the
+// second norm rather than read back. The same arithmetic as post_norm_add_row, then
+// rms_norm_groups (sums of squares in f64, whose order does not change the f32 result).
 template <bool QUANT>
 __device__ __forceinline__ void post_norm_add_norm_in_registers(const float* y, const float* w,
                                                                 float* x, int n, float eps,
@@ -4291,9 +4284,8 @@ __device__ __forceinline__ float shared_gate_logit(const float* gate_w, const fl
 // CPU sums them, then the shared expert's output (null: none) times sigmoid of its gate logit
 // (null: 1; computed as silu(g) / g, as llama.cpp's graph does). Token t = blockIdx.y: its
 // slot j's output is row at[t * k + j] of ys (at null: row t * k + j), its weights, shared row
-// and residual row t's.
-// One token's shared-expert gate logit computed here instead (gate_w non-null: a row of d
-// f32 weights dotted with h, the normed input; shared_gate unused).
+// and residual row t's. gate_w non-null (one token): the gate logit is the dot of that row of
+// d f32 weights with h, the normed input, taken here (shared_gate unused).
 extern "C" __global__ void moe_combine(const float* ys, const float* w, int k, int d,
                                        const float* shared, const float* shared_gate, float* x,
                                        const u32* at, const float* gate_w, const float* h) {
@@ -4343,11 +4335,14 @@ __device__ __forceinline__ void moe_combine_norm_in_registers(
     }
     if (shared) {
         load8(shared + j0, ok, yv);
-        bool gated = shared_gate || gate_w;
-        float g = gate_w ? gate : gated ? shared_gate[0] : 0.f;
-        float gs = (g / (1.f + expf(-g))) / g;
+        if (shared_gate || gate_w) {
+            float g = gate_w ? gate : shared_gate[0];
+            float gs = (g / (1.f + expf(-g))) / g;
 #pragma unroll
-        for (int i = 0; i < 8; i++) o[i] = __fadd_rn(o[i], gated ? __fmul_rn(yv[i], gs) : yv[i]);
+            for (int i = 0; i < 8; i++) yv[i] = __fmul_rn(yv[i], gs);
+        }
+#pragma unroll
+        for (int i = 0; i < 8; i++) o[i] = __fadd_rn(o[i], yv[i]);
     }
     load8(x + j0, ok, xv);
 #pragma unroll

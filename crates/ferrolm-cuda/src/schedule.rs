@@ -741,9 +741,8 @@ pub const ATTN_TILE: usize = 128;
 pub const ATTN_WARPS: usize = 16;
 
 /// The split-K factor for a context of `n_ctx` positions, a split per `tile` positions at full
-/// length: the grid's width, at least 1 and at most 16. Each step the
-/// kernel uses a split per `tile` visible positions, up to this many, so a short cache needs no
-/// merge.
+/// length: the grid's width, at least 1 and at most 16. Each step the kernel uses a split per
+/// `tile` visible positions, up to this many, so a short cache needs no merge.
 pub fn splits_for(n_ctx: usize, tile: usize) -> usize {
     n_ctx.div_ceil(tile).clamp(1, 16)
 }
@@ -1241,8 +1240,8 @@ impl Builder {
         // (a warp per position a block's warps take, where a lane holds 4 or 8 of a head's
         // values; the tiles, a position a thread, otherwise)
         let warps = b.tuning.warp_attention && matches!(hd, 128 | 256);
-        // rope_store's arguments where the attention rotates and stores the token itself
-        let mut rotated_by_attention = None;
+        // what the attention takes to rotate and store the token itself, where it does
+        let mut rotated_by_attention: Option<Vec<Arg>> = None;
         if !*qk_norm && neox == 0 && rope_scaling.is_plain() && !*gated_output {
             // Adjacent rows are rotation pairs: the products rotate and store themselves.
             let rope = [
@@ -1273,18 +1272,8 @@ impl Builder {
                     ],
                 );
             }
-            let rope_args: Vec<Arg> = vec![
-                Arg::Buf(Buf::Q),
-                Arg::Buf(Buf::K),
-                Arg::Buf(Buf::V),
-                qn,
-                kn,
-                Arg::Buf(Buf::KCache(l)),
-                Arg::Buf(Buf::VCache(l)),
-                Arg::Buf(Buf::Pos),
-                Arg::I32(nh as i32),
-                Arg::I32(nkv as i32),
-                Arg::I32(hd as i32),
+            // (the rotation's own arguments: both kernels that rotate end with these)
+            let rotation: Vec<Arg> = [
                 Arg::I32(*n_dims as i32),
                 Arg::I32(neox),
                 theta,
@@ -1295,10 +1284,25 @@ impl Builder {
             .into_iter()
             .chain(rope_scaling.args().map(Arg::F32))
             .collect();
+            let raw = [Arg::Buf(Buf::K), Arg::Buf(Buf::V), qn, kn];
             if warps && b.tuning.rope_in_attention {
-                rotated_by_attention = Some(rope_args);
+                rotated_by_attention = Some(raw.into_iter().chain(rotation).collect());
             } else {
-                b.push("rope_store", ((nh + nkv) as u32, 1), 128, rope_args);
+                let caches = [
+                    Arg::Buf(Buf::KCache(l)),
+                    Arg::Buf(Buf::VCache(l)),
+                    Arg::Buf(Buf::Pos),
+                    Arg::I32(nh as i32),
+                    Arg::I32(nkv as i32),
+                    Arg::I32(hd as i32),
+                ];
+                let args = [Arg::Buf(Buf::Q)]
+                    .into_iter()
+                    .chain(raw)
+                    .chain(caches)
+                    .chain(rotation)
+                    .collect();
+                b.push("rope_store", ((nh + nkv) as u32, 1), 128, args);
             }
         }
         let wo_cols = (rank.index * q_dim, q_dim, q_all);
@@ -1327,9 +1331,9 @@ impl Builder {
             Arg::I32(0),
         ];
         let kernel = match rotated_by_attention {
-            // (the rotation's raw K and V, the norms, then rope_store's arguments from n_dims)
+            // (the raw K and V, the norms, then the rotation's arguments)
             Some(r) => {
-                attn_args.extend(r[1..5].iter().cloned().chain(r[11..].iter().cloned()));
+                attn_args.extend(r);
                 "attn_rope_split_warps"
             }
             None if warps => "attn_split_warps",
@@ -3177,6 +3181,9 @@ pub(crate) mod tests {
         }
     }
 
+    /// Q and K of one type with V of another (llama-quantize's mixes) in one launch where
+    /// kernels.cu instantiates the pair, its blocks reading V's rows with V's row bytes (the
+    /// launch's last argument); other pairs in a launch each.
     #[test]
     fn q_and_k_of_one_type_and_v_of_another_share_a_launch() {
         let src = crate::kernels::SOURCE.as_str();

@@ -50,9 +50,10 @@ impl Kernel {
     }
 }
 
-/// The source with macro continuations joined.
-fn source() -> String {
-    ferrolm_cuda::kernels::SOURCE.replace("\\\n", " ")
+/// The source with macro continuations joined (made once: the batch emulator asks per launch).
+fn source() -> &'static str {
+    static JOINED: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    JOINED.get_or_init(|| ferrolm_cuda::kernels::SOURCE.replace("\\\n", " "))
 }
 
 /// The text between the bracket at `open` and its match, and the index past the match.
@@ -82,7 +83,7 @@ pub fn kernels() -> Vec<Kernel> {
         let mut from = src.len() - rest.len();
         if rest.starts_with("__launch_bounds__(") {
             let open = from + "__launch_bounds__".len();
-            from = enclosed(&src, open, (b'(', b')')).1;
+            from = enclosed(src, open, (b'(', b')')).1;
         }
         let open = from + src[from..].find('(').unwrap();
         // (the last word: a macro of launch bounds may stand before the name)
@@ -91,9 +92,9 @@ pub fn kernels() -> Vec<Kernel> {
             .last()
             .unwrap_or("")
             .to_string();
-        let (params, after) = enclosed(&src, open, (b'(', b')'));
+        let (params, after) = enclosed(src, open, (b'(', b')'));
         let brace = after + src[after..].find('{').unwrap();
-        let (body, _) = enclosed(&src, brace, (b'{', b'}'));
+        let (body, _) = enclosed(src, brace, (b'{', b'}'));
         let (mut name, pasted) = match name.split_once("##") {
             Some((prefix, _)) => (prefix.to_string(), true),
             None => (name, false),
@@ -166,14 +167,14 @@ fn device_functions() -> HashMap<String, Vec<String>> {
             continue;
         };
         let name = name.trim_start_matches(['*', '&']).to_string();
-        let (_, after) = enclosed(&src, open, (b'(', b')'));
+        let (_, after) = enclosed(src, open, (b'(', b')'));
         let Some(brace) = src[after..].find(['{', ';']).map(|b| after + b) else {
             continue;
         };
         if src.as_bytes()[brace] != b'{' {
             continue;
         }
-        let (body, _) = enclosed(&src, brace, (b'{', b'}'));
+        let (body, _) = enclosed(src, brace, (b'{', b'}'));
         out.entry(name).or_default().push(body);
     }
     out

@@ -60,20 +60,19 @@ enum Prompts {
 }
 
 impl Prompts {
-    /// `--text`'s tokens (the model's tokenizer) or the seed's ids.
-    fn new(args: &CheckArgs, path: &std::path::Path, n_vocab: usize) -> Result<Prompts> {
+    /// `--text`'s tokens (the model file's tokenizer) or the seed's ids.
+    fn new(args: &CheckArgs, model: &Model) -> Result<Prompts> {
         let Some(file) = &args.text else {
             let rng = Box::new(rand::rngs::StdRng::seed_from_u64(args.seed));
             return Ok(Prompts::Random {
                 rng,
-                n_vocab: n_vocab as u32,
+                n_vocab: model.plan().n_vocab as u32,
             });
         };
         let text = std::fs::read_to_string(file)
             .with_context(|| format!("reading {} (UTF-8 text)", file.display()))?;
-        let gguf = ferrolm_gguf::GgufFile::open(path)?;
-        let tokenizer = ferrolm_tokenizer::Tokenizer::from_metadata(gguf.metadata())
-            .with_context(|| format!("reading the tokenizer of {}", path.display()))?;
+        let tokenizer = ferrolm_tokenizer::Tokenizer::from_metadata(model.file().metadata())
+            .context("reading the model's tokenizer")?;
         Ok(Prompts::from_tokens(tokenizer.encode(&text, true, false)))
     }
 
@@ -449,7 +448,7 @@ pub fn check(args: CheckArgs) -> Result<()> {
     };
     let n_layer = model.plan().layers.len();
     let tuning = args.model.cuda_tuning()?;
-    let mut prompts = Prompts::new(&args, &path, model.plan().n_vocab)?;
+    let mut prompts = Prompts::new(&args, &model)?;
     let gpu_layers = args.model.gpu_layers.unwrap_or(n_layer);
     if let Some(b) = args.batch {
         let cuda = CudaOptions {
