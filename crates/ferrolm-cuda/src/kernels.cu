@@ -1631,10 +1631,15 @@ __device__ __forceinline__ void matvec_glu(const u8* G, const u8* U, int row_byt
                                          float* y) {                                             \
         matvec<T, Q, false, ST>(W, row_bytes, n_chunks, n_rows, x, bias, res, y);                           \
     }                                                                                            \
-    extern "C" __global__ void moe_glu##S(const u8* G, const u8* U, long long expert_bytes,     \
+    extern "C" __global__ void moe_glu##S(const u8* G, const u8* U, long long expert_bytes,      \
                                           int row_bytes, int n_chunks, int n_rows, const void* x, \
-                                          const u32* ids, float* out, int act) {                 \
+                                          const u32* ids, float* out, int act, const u8* SG,     \
+                                          const u8* SU, float* sout, int s_rows) {               \
         step_begin();                                                                            \
+        if (SG && blockIdx.y == gridDim.y - 1) {                                                 \
+            matvec_glu<T, Q, ST>(SG, SU, row_bytes, n_chunks, s_rows, x, sout, act);             \
+            return;                                                                              \
+        }                                                                                        \
         size_t e = (size_t)ids[blockIdx.y] * (size_t)expert_bytes;                               \
         matvec_glu<T, Q, ST>(G + e, U + e, row_bytes, n_chunks, n_rows, x,                       \
                              out + (size_t)blockIdx.y * n_rows, act);                            \
@@ -1647,11 +1652,17 @@ __device__ __forceinline__ void matvec_glu(const u8* G, const u8* U, int row_byt
         step_begin();                                                                            \
         embed<T>(table, row_bytes, n_chunks, token, x);                                          \
     }                                                                                            \
-    extern "C" __global__ void moe_matvec_##T(const u8* W, long long expert_bytes,             \
+    extern "C" __global__ void moe_matvec_##T(const u8* W, long long expert_bytes,               \
                                               int row_bytes, int n_chunks, int n_rows,           \
                                               const float* x, int x_stride, int x_per,           \
-                                              const u32* ids, float* y) {                        \
+                                              const u32* ids, float* y, const u8* SW,            \
+                                              const float* sx, float* sy, int s_row_bytes,       \
+                                              int s_chunks) {                                    \
         step_begin();                                                                            \
+        if (SW && blockIdx.y == gridDim.y - 1) {                                                 \
+            matvec<T, false>(SW, s_row_bytes, s_chunks, n_rows, sx, nullptr, nullptr, sy);       \
+            return;                                                                              \
+        }                                                                                        \
         size_t e = (size_t)ids[blockIdx.y] * (size_t)expert_bytes;                               \
         matvec<T, false>(W + e, row_bytes, n_chunks, n_rows,                                     \
                          x + (size_t)(blockIdx.y / x_per) * x_stride, nullptr, nullptr,          \
@@ -1666,11 +1677,17 @@ __device__ __forceinline__ void matvec_glu(const u8* G, const u8* U, int row_byt
                                            const float* res, float* y) {                         \
         matvec<T, true, true>(W, row_bytes, n_chunks, n_rows, x, bias, res, y);                  \
     }                                                                                            \
-    extern "C" __global__ void moe_matvecf_##T(const u8* W, long long expert_bytes,            \
+    extern "C" __global__ void moe_matvecf_##T(const u8* W, long long expert_bytes,              \
                                                int row_bytes, int n_chunks, int n_rows,          \
                                                const float* x, int x_stride, int x_per,          \
-                                               const u32* ids, float* y) {                       \
+                                               const u32* ids, float* y, const u8* SW,           \
+                                               const float* sx, float* sy, int s_row_bytes,      \
+                                               int s_chunks) {                                   \
         step_begin();                                                                            \
+        if (SW && blockIdx.y == gridDim.y - 1) {                                                 \
+            matvec<T, true, true>(SW, s_row_bytes, s_chunks, n_rows, sx, nullptr, nullptr, sy);  \
+            return;                                                                              \
+        }                                                                                        \
         size_t e = (size_t)ids[blockIdx.y] * (size_t)expert_bytes;                               \
         matvec<T, true, true>(W + e, row_bytes, n_chunks, n_rows,                                \
                               x + (size_t)(blockIdx.y / x_per) * x_stride, nullptr, nullptr,     \

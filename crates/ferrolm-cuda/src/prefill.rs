@@ -1697,6 +1697,12 @@ impl<D: BatchDevice> Prefill<D> {
                         Value::I32(per as i32),
                         Value::Ptr(ids),
                         Value::Ptr(out),
+                        // (no shared expert in the grid)
+                        Value::Ptr(0),
+                        Value::Ptr(0),
+                        Value::Ptr(0),
+                        Value::I32(0),
+                        Value::I32(0),
                     ],
                 )
             };

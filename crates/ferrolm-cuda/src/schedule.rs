@@ -1677,41 +1677,68 @@ impl Builder {
                 Arg::I32(0),
             ],
         );
+        // The shared expert's matrices (bound after the routed experts', as the plan lists
+        // them); where their types match the routed experts', its products are one more grid
+        // row of theirs.
+        let shared_mats = match shared {
+            None => None,
+            Some(sh) => {
+                let Some(SharedWeights {
+                    gate_inp: gate_inp_w,
+                    gate: gate_w,
+                    up: up_w,
+                    down: down_w,
+                }) = shared_w.as_deref()
+                else {
+                    return Err(decline(label("shared expert"), "not bound"));
+                };
+                let sg = self.matrix(gate_w, label("shared gate"), sh.n_ff, d)?;
+                let su = self.matrix(up_w, label("shared up"), sh.n_ff, d)?;
+                let sd = self.matrix(down_w, label("shared down"), d, sh.n_ff)?;
+                Some((sh, [sg, su, sd], gate_inp_w))
+            }
+        };
+        let ty = |b: &Builder, m: usize| b.matrices[m].ty;
+        let in_grid = shared_mats.as_ref().is_some_and(|&(_, [sg, su, sd], _)| {
+            self.tuning.shared_expert_in_grid
+                && expert_biases.is_none()
+                && ty(self, gate) == ty(self, up)
+                && [(sg, gate), (su, up), (sd, down)]
+                    .iter()
+                    .all(|&(s, r)| ty(self, s) == ty(self, r))
+        });
+        let in_grid_glu = shared_mats
+            .filter(|_| in_grid)
+            .map(|(sh, [sg, su, _], _)| (sg, su, sh.n_ff));
         if self.matrices[gate].ty == self.matrices[up].ty && expert_biases.is_none() {
             let x = input(self, &[gate, up]);
-            self.expert_glu(gate, up, x, n_ff, k, act);
+            self.expert_glu(gate, up, x, n_ff, k, act, in_grid_glu);
         } else {
             // Gate and up apart, each quantizing the normed input as it loads it, their
             // biases added before the activation.
-            self.expert_product(gate, n_ff, Buf::H, 0, k, Buf::Gate);
-            self.expert_product(up, n_ff, Buf::H, 0, k, Buf::Up);
+            self.expert_product(gate, n_ff, Buf::H, 0, k, Buf::Gate, None);
+            self.expert_product(up, n_ff, Buf::H, 0, k, Buf::Up, None);
             if let Some([gb, ub, _]) = expert_biases {
                 self.expert_bias(Buf::Gate, gb, n_ff, k);
                 self.expert_bias(Buf::Up, ub, n_ff, k);
             }
             self.glu(act, [Buf::Gate, Buf::Up, Buf::Act], k * n_ff);
         }
-        // The down products quantize their f32 inputs as they load them.
-        self.expert_product(down, d, Buf::Act, n_ff, k, Buf::ExpertOut);
-        if let Some([_, _, db]) = expert_biases {
-            self.expert_bias(Buf::ExpertOut, db, d, k);
-        }
+        // The down products quantize their f32 inputs as they load them. (In the grid, the
+        // shared expert's gate logit comes first: its product may quantize H into Xq, which
+        // the down products do not read.)
         let mut shared_refs = None;
-        if let Some(sh) = shared {
-            let Some(SharedWeights {
-                gate_inp: gate_inp_w,
-                gate: gate_w,
-                up: up_w,
-                down: down_w,
-            }) = shared_w.as_deref()
-            else {
-                return Err(decline(label("shared expert"), "not bound"));
-            };
+        if !in_grid {
+            self.expert_product(down, d, Buf::Act, n_ff, k, Buf::ExpertOut, None);
+            if let Some([_, _, db]) = expert_biases {
+                self.expert_bias(Buf::ExpertOut, db, d, k);
+            }
+        }
+        if let Some((sh, [sg, su, sd], gate_inp_w)) = shared_mats {
             let mut gate_inp = None;
-            let sg = self.matrix(gate_w, label("shared gate"), sh.n_ff, d)?;
-            let su = self.matrix(up_w, label("shared up"), sh.n_ff, d)?;
-            let sd = self.matrix(down_w, label("shared down"), d, sh.n_ff)?;
-            if self.matrices[sg].ty == self.matrices[su].ty {
+            if in_grid {
+                // (its gate/up products ran in the routed experts' launch, into Gate)
+            } else if self.matrices[sg].ty == self.matrices[su].ty {
                 let x = input(self, &[sg, su]);
                 self.matvec_glu(sg, su, x, Buf::Gate, act);
             } else {
@@ -1735,7 +1762,12 @@ impl Builder {
                 // (an f32 row: the combination takes its dot with H itself, one launch fewer)
                 gate_inp = Some(gi);
             }
-            self.product_of_f32(sd, Buf::Gate, None, None, Buf::SharedOut);
+            if in_grid {
+                let sh_down = (sd, Buf::Gate, Buf::SharedOut);
+                self.expert_product(down, d, Buf::Act, n_ff, k, Buf::ExpertOut, Some(sh_down));
+            } else {
+                self.product_of_f32(sd, Buf::Gate, None, None, Buf::SharedOut);
+            }
             shared_refs = Some(SharedRefs {
                 gate: sg,
                 up: su,
@@ -1788,15 +1820,31 @@ impl Builder {
     /// The `k` chosen experts' products of stacked matrix `m` (`rows` a expert) with the f32
     /// input `x` (`x_stride` values apart per expert; 0: one input for all), quantized as
     /// they load it where the rows take quantized activations; expert `j`'s rows into `y`
-    /// from `j * rows` on.
-    fn expert_product(&mut self, m: usize, rows: usize, x: Buf, x_stride: usize, k: usize, y: Buf) {
+    /// from `j * rows` on. `shared`: a matrix of as many rows and the same type (the shared
+    /// expert's), its input and output, as one more grid row.
+    #[allow(clippy::too_many_arguments)]
+    fn expert_product(
+        &mut self,
+        m: usize,
+        rows: usize,
+        x: Buf,
+        x_stride: usize,
+        k: usize,
+        y: Buf,
+        shared: Option<(usize, Buf, Buf)>,
+    ) {
         let spec = &self.matrices[m];
         let (rb, cols) = (spec.row_bytes(), spec.cols);
         let kernel = expert_product_kernel(spec, self.activations == Activations::Quantized);
+        let k_rows = k + usize::from(shared.is_some());
+        let (s_rb, s_cols) = shared.map_or((0, 0), |s| {
+            let m = &self.matrices[s.0];
+            (m.row_bytes(), m.cols)
+        });
         self.push(
             kernel,
-            (rows.div_ceil(MATVEC_ROWS) as u32, k as u32),
-            self.tuning.matvec_threads(cols / 32, rows * k),
+            (rows.div_ceil(MATVEC_ROWS) as u32, k_rows as u32),
+            self.tuning.matvec_threads(cols / 32, rows * k_rows),
             vec![
                 Arg::Buf(Buf::Matrix(m)),
                 Arg::I64((rows * rb) as i64),
@@ -1808,6 +1856,11 @@ impl Builder {
                 Arg::I32(1),
                 Arg::Buf(Buf::ExpertIds),
                 Arg::Buf(y),
+                shared.map_or(Arg::Null, |s| Arg::Buf(Buf::Matrix(s.0))),
+                shared.map_or(Arg::Null, |s| Arg::Buf(s.1)),
+                shared.map_or(Arg::Null, |s| Arg::Buf(s.2)),
+                Arg::I32(s_rb as i32),
+                Arg::I32((s_cols / 32) as i32),
             ],
         );
     }
@@ -1829,7 +1882,9 @@ impl Builder {
     }
 
     /// The `k` chosen experts' gate and up products (one type) and the gated activation,
-    /// expert `j`'s into `Act` from `j * n_ff` on.
+    /// expert `j`'s into `Act` from `j * n_ff` on; `shared`: the shared expert's gate and up
+    /// (the same type and width) and its rows as one more grid row, into `Gate`.
+    #[allow(clippy::too_many_arguments)]
     fn expert_glu(
         &mut self,
         g: usize,
@@ -1838,15 +1893,21 @@ impl Builder {
         n_ff: usize,
         k: usize,
         act: GateActivation,
+        shared: Option<(usize, usize, usize)>,
     ) {
         let spec = &self.matrices[g];
         let (rb, cols) = (spec.row_bytes(), spec.cols);
         let kernel = product_kernel("moe_glu", spec, x);
+        let k_rows = k + usize::from(shared.is_some());
+        let s_rows = shared.map_or(0, |s| s.2);
         self.push_rows(
             kernel,
             rb,
-            (n_ff.div_ceil(MATVEC_ROWS / 2) as u32, k as u32),
-            self.tuning.matvec_threads(cols / 32, 2 * n_ff * k),
+            (
+                n_ff.max(s_rows).div_ceil(MATVEC_ROWS / 2) as u32,
+                k_rows as u32,
+            ),
+            self.tuning.matvec_threads(cols / 32, 2 * n_ff * k_rows),
             vec![
                 Arg::Buf(Buf::Matrix(g)),
                 Arg::Buf(Buf::Matrix(u)),
@@ -1858,6 +1919,10 @@ impl Builder {
                 Arg::Buf(Buf::ExpertIds),
                 Arg::Buf(Buf::Act),
                 Arg::I32(act.code()),
+                shared.map_or(Arg::Null, |s| Arg::Buf(Buf::Matrix(s.0))),
+                shared.map_or(Arg::Null, |s| Arg::Buf(Buf::Matrix(s.1))),
+                shared.map_or(Arg::Null, |_| Arg::Buf(Buf::Gate)),
+                Arg::I32(s_rows as i32),
             ],
         );
     }
@@ -2743,9 +2808,13 @@ impl DecodePlan {
                 if l.kernel.starts_with("embed_") {
                     total += spec.row_bytes() as u64;
                 } else if seen.insert(*m) {
-                    // (a stack's launch has a grid row per chosen expert)
+                    // (a stack's launch has a grid row per chosen expert, and one more for
+                    // a shared expert's matrix beside it)
+                    let beside = l.args.iter().any(
+                        |a| matches!(a, Arg::Buf(Buf::Matrix(s)) if self.matrices[*s].experts <= 1),
+                    );
                     let rows = if spec.experts > 1 {
-                        spec.rows / spec.experts * l.grid.1 as usize
+                        spec.rows / spec.experts * (l.grid.1 as usize - usize::from(beside))
                     } else {
                         spec.rows
                     };

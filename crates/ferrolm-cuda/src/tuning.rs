@@ -38,19 +38,23 @@ pub struct CudaTuning {
     pub warp_attention: bool,
     /// The attention, the delta rule and the output gate quantize their outputs for the next
     /// product themselves where its format is Q8_0 or Q8_1, instead of a quantize_act launch
-    /// (`FERROLM_CUDA_PRODUCER_QUANT=1`; off until measured on a GPU).
+    /// (`FERROLM_CUDA_NO_PRODUCER_QUANT`: the launch).
     pub producer_quantize: bool,
     /// A token's expert outputs combined and the next norm taken by one block
     /// (`moe_combine_norm_held*`), an f32 shared-expert gate row dotted by the combination
-    /// itself (`FERROLM_CUDA_FUSED_COMBINE=1`; off until measured on a GPU).
+    /// itself (`FERROLM_CUDA_NO_FUSED_COMBINE`: a launch each).
     pub fused_moe_combine: bool,
+    /// The shared expert's gate/up and down products as one more grid row of the chosen
+    /// experts' launches, where its rows match theirs in type and size
+    /// (`FERROLM_CUDA_SHARED_IN_GRID=1`; off until measured on a GPU).
+    pub shared_expert_in_grid: bool,
     /// The warps' decode attention rotates (and Q/K-norms) the token's query and key and stores
     /// its key and value itself, in place of a rope_store launch
-    /// (`FERROLM_CUDA_ROPE_IN_ATTENTION=1`; off until measured on a GPU).
+    /// (`FERROLM_CUDA_NO_ROPE_IN_ATTENTION`: the rope_store launch).
     pub rope_in_attention: bool,
     /// The batched passes' kernels (several sequences' steps, prompts) launched to overlap
-    /// their predecessors as the single stream's are (`FERROLM_CUDA_BATCH_OVERLAP=1`; off until
-    /// measured on a GPU).
+    /// their predecessors as the single stream's are (`FERROLM_CUDA_BATCH_OVERLAP=1`; off: slower
+    /// decode steps, faster prompts, docs/PERFORMANCE.md).
     pub batch_overlap: bool,
     /// Q8_0 and Q6_K rows uploaded regrouped for 16-byte loads (`FERROLM_CUDA_NO_REPACK`).
     pub repack: bool,
@@ -127,9 +131,10 @@ impl Default for CudaTuning {
             mixed_qkv: true,
             held_post_norm: true,
             warp_attention: true,
-            producer_quantize: false,
-            fused_moe_combine: false,
-            rope_in_attention: false,
+            producer_quantize: true,
+            fused_moe_combine: true,
+            shared_expert_in_grid: false,
+            rope_in_attention: true,
             batch_overlap: false,
             repack: true,
             wide_matvec: true,
@@ -169,9 +174,10 @@ impl CudaTuning {
             mixed_qkv: unset("FERROLM_CUDA_NO_MIXED_QKV"),
             held_post_norm: unset("FERROLM_CUDA_NO_HELD_POST_NORM"),
             warp_attention: unset("FERROLM_CUDA_NO_WARP_ATTENTION"),
-            producer_quantize: !unset("FERROLM_CUDA_PRODUCER_QUANT"),
-            fused_moe_combine: !unset("FERROLM_CUDA_FUSED_COMBINE"),
-            rope_in_attention: !unset("FERROLM_CUDA_ROPE_IN_ATTENTION"),
+            producer_quantize: unset("FERROLM_CUDA_NO_PRODUCER_QUANT"),
+            fused_moe_combine: unset("FERROLM_CUDA_NO_FUSED_COMBINE"),
+            shared_expert_in_grid: !unset("FERROLM_CUDA_SHARED_IN_GRID"),
+            rope_in_attention: unset("FERROLM_CUDA_NO_ROPE_IN_ATTENTION"),
             batch_overlap: !unset("FERROLM_CUDA_BATCH_OVERLAP"),
             repack: unset("FERROLM_CUDA_NO_REPACK"),
             wide_matvec: unset("FERROLM_CUDA_MATVEC_128"),

@@ -308,32 +308,63 @@ impl<'f> Emulator<'f> {
         } else if name == "moe_route" {
             self.route(a);
         } else if product("moe_glu") {
-            // moe_glu(G, U, expert_bytes, row_bytes, n_chunks, n_rows, x, ids, out, act): a
-            // grid row per chosen expert
+            // moe_glu(G, U, expert_bytes, row_bytes, n_chunks, n_rows, x, ids, out, act, SG, SU,
+            // sout, s_rows): a grid row per chosen expert, and the last for SG and SU when given
             let (cols, rows) = (32 * Self::i(&a[4]), Self::i(&a[5]));
             let x = Self::buf(&a[6]).unwrap();
+            let shared = Self::buf(&a[10]).map(|sg| [sg, Self::buf(&a[11]).unwrap()]);
+            let routed = l.grid.1 as usize - usize::from(shared.is_some());
             let ids = self.u32s[&Buf::ExpertIds].clone();
-            for (j, &e) in ids.iter().enumerate().take(l.grid.1 as usize) {
-                let first = e as usize * rows;
-                let g = self.products_at(Self::buf(&a[0]).unwrap(), first, rows, cols, x, 0);
-                let u = self.products_at(Self::buf(&a[1]).unwrap(), first, rows, cols, x, 0);
-                let mut out = vec![0f32; rows];
+            assert!(
+                ids.len() >= routed,
+                "{name}: {routed} grid rows of {} ids",
+                ids.len()
+            );
+            let glu = |g: Vec<f32>, u: Vec<f32>| {
+                let mut out = vec![0f32; g.len()];
                 match Self::i(&a[9]) {
                     0 => ferrolm_quant::ggml_vec::swiglu(&g, &u, &mut out),
                     _ => ferrolm_quant::ggml_vec::geglu(&g, &u, &mut out),
                 }
-                self.write(Self::buf(&a[8]).unwrap(), j * rows, &out);
+                out
+            };
+            for (j, &e) in ids.iter().enumerate().take(routed) {
+                let first = e as usize * rows;
+                let g = self.products_at(Self::buf(&a[0]).unwrap(), first, rows, cols, x, 0);
+                let u = self.products_at(Self::buf(&a[1]).unwrap(), first, rows, cols, x, 0);
+                self.write(Self::buf(&a[8]).unwrap(), j * rows, &glu(g, u));
+            }
+            if let Some([sg, su]) = shared {
+                let s_rows = Self::i(&a[13]);
+                let (g, u) = (
+                    self.products(sg, s_rows, cols, x),
+                    self.products(su, s_rows, cols, x),
+                );
+                self.write(Self::buf(&a[12]).unwrap(), 0, &glu(g, u));
             }
         } else if name.starts_with("moe_matvec") {
             // moe_matvec(W, expert_bytes, row_bytes, n_chunks, n_rows, x, x_stride, x_per, ids,
-            // y): grid row j reads input j / x_per
+            // y, SW, sx, sy, s_row_bytes, s_chunks): grid row j reads input j / x_per; the last
+            // SW's, when given
             let (cols, rows) = (32 * Self::i(&a[3]), Self::i(&a[4]));
             let (x, stride, per) = (Self::buf(&a[5]).unwrap(), Self::i(&a[6]), Self::i(&a[7]));
+            let shared = Self::buf(&a[10]);
+            let routed = l.grid.1 as usize - usize::from(shared.is_some());
             let ids = self.u32s[&Buf::ExpertIds].clone();
-            for (j, &e) in ids.iter().enumerate().take(l.grid.1 as usize) {
+            assert!(
+                ids.len() >= routed,
+                "{name}: {routed} grid rows of {} ids",
+                ids.len()
+            );
+            for (j, &e) in ids.iter().enumerate().take(routed) {
                 let w = Self::buf(&a[0]).unwrap();
                 let y = self.products_at(w, e as usize * rows, rows, cols, x, j / per * stride);
                 self.write(Self::buf(&a[9]).unwrap(), j * rows, &y);
+            }
+            if let Some(sw) = shared {
+                let s_cols = 32 * Self::i(&a[14]);
+                let y = self.products(sw, rows, s_cols, Self::buf(&a[11]).unwrap());
+                self.write(Self::buf(&a[12]).unwrap(), 0, &y);
             }
         } else if name.starts_with("moe_combine") {
             // moe_combine(ys, w, k, d, shared, shared_gate, x); moe_combine_norm_held[_q] then
@@ -759,14 +790,12 @@ fn emulate(
     on_load_max: usize,
     ids: &[u32],
 ) -> (Vec<f32>, Vec<f32>, Vec<String>) {
-    // (with the switches not yet measured on a GPU on; `defaults_compute_what_the_cpu_computes`
-    // takes the defaults)
+    // (with the switch not yet measured on a GPU on; `unfused_launches_compute_what_the_cpu_
+    // computes` takes the fusions' switches off)
     let tuning = CudaTuning {
         quantized_activations: activations == Activations::Quantized,
         quantize_on_load_max: on_load_max,
-        producer_quantize: true,
-        fused_moe_combine: true,
-        rope_in_attention: true,
+        shared_expert_in_grid: true,
         ..CudaTuning::default()
     };
     emulate_tuned(spec, &tuning, ids)
@@ -955,6 +984,49 @@ fn the_decode_step_computes_what_the_cpu_computes() {
     check_emulated(&gpt_oss, 9);
 }
 
+/// A shared expert whose rows match the routed experts' in type rides in their launches as
+/// one more grid row (`FERROLM_CUDA_SHARED_IN_GRID`): two launches a layer fewer,
+/// the CPU's logits still. A hybrid (gated shared expert) and qwen2moe, one type throughout.
+#[test]
+fn the_shared_expert_in_the_experts_grid_computes_what_the_cpu_computes() {
+    // (shared experts of 256 and 384 beside routed ones of 128 and 256)
+    let mut specs = vec![
+        SyntheticSpec::small_qwen3next(),
+        SyntheticSpec::small("qwen2moe"),
+    ];
+    for spec in &mut specs {
+        spec.default_type = TensorType::Q4_0;
+        spec.types = Vec::new();
+        if spec.head_dim == 0 {
+            spec.head_dim = 64;
+        }
+    }
+    for spec in &specs {
+        let mut counts = vec![];
+        for in_grid in [false, true] {
+            let tuning = CudaTuning {
+                shared_expert_in_grid: in_grid,
+                ..CudaTuning::default()
+            };
+            let (gpu, cpu, kernels) = emulate_tuned(spec, &tuning, &ids(12));
+            let kl = mean_kl(&cpu, &gpu, cpu.len() / 12);
+            assert!(
+                kl < 1e-3,
+                "{} in_grid {in_grid}: mean KL {kl:.3e}",
+                spec.arch
+            );
+            counts.push(kernels.len());
+        }
+        // (gate/up and down of the shared expert in every MoE layer, the 4 layers)
+        assert_eq!(
+            counts[0] - counts[1],
+            2 * spec.n_layer,
+            "{}: {counts:?}",
+            spec.arch
+        );
+    }
+}
+
 /// The post-norms through shared memory (`FERROLM_CUDA_NO_HELD_POST_NORM`, and what a norm
 /// wider than a held block's lanes takes) compute what the CPU computes too.
 #[test]
@@ -1016,10 +1088,11 @@ fn the_warps_attention_rotates_and_stores_the_token_itself() {
     }
 }
 
-/// The default switches (the fused combination and the producers' quantization off) on the
-/// files that take those paths: the hybrids, the shared experts, a Q8_0-read attention output.
+/// The fusions' switches off (`FERROLM_CUDA_NO_FUSED_COMBINE`, `_NO_PRODUCER_QUANT`,
+/// `_NO_ROPE_IN_ATTENTION`; the shared expert's own launches) on the files that take those paths: the
+/// hybrids, the shared experts, a Q8_0-read attention output.
 #[test]
-fn defaults_compute_what_the_cpu_computes() {
+fn unfused_launches_compute_what_the_cpu_computes() {
     let mut specs: Vec<SyntheticSpec> = ["qwen3next", "qwen35moe", "qwen2moe", "qwen3moe"]
         .into_iter()
         .map(SyntheticSpec::small)
@@ -1030,11 +1103,17 @@ fn defaults_compute_what_the_cpu_computes() {
     for spec in &specs {
         let tuning = CudaTuning {
             quantize_on_load_max: 0,
+            producer_quantize: false,
+            fused_moe_combine: false,
+            shared_expert_in_grid: false,
+            rope_in_attention: false,
             ..CudaTuning::default()
         };
         let (gpu, cpu, kernels) = emulate_tuned(spec, &tuning, &ids(9));
         assert!(
-            kernels.iter().all(|k| !k.starts_with("moe_combine_norm")),
+            kernels
+                .iter()
+                .all(|k| !k.starts_with("moe_combine_norm") && !k.starts_with("attn_rope")),
             "{kernels:?}"
         );
         let kl = mean_kl(&cpu, &gpu, cpu.len() / 9);

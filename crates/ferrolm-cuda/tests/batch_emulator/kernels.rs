@@ -853,6 +853,10 @@ fn expert_products(dev: &HostDevice, mem: &mut Memory, name: &str, grid: (u32, u
         grid.0 as usize * MATVEC_ROWS >= n_rows,
         "{name}: rows left out"
     );
+    assert!(
+        a.opt(10).is_none(),
+        "{name}: a batched pass's grid holds no shared expert"
+    );
     for j in 0..grid.1 as usize {
         let e = mem.u32s(a.ptr(8) + 4 * j as u64, 1)[0] as usize;
         let input = mem.f32s(x + (4 * (j / per) * stride) as u64, cols);
