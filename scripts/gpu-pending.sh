@@ -5,12 +5,13 @@
 # the tracked tree is ~28 MB of the 64 MiB):
 #   run(command="bash scripts/gpu-pending.sh", carry=[".bench/ferrolm.gz",
 #       ".bench/kernels.tar.gz", ".bench/prep.sh", ".bench/build-llama-cpp.sh",
-#       ".bench/llama.cpp.tar.gz", ".bench/tok.gguf"])   (about 9 min)
+#       ".bench/llama.cpp.tar.gz", ".bench/tok.gguf", ".bench/make_moe.py",
+#       ".bench/make_gguf.py"])   (about 9 min)
 # 1. `FERROLM_CUDA_SHARED_IN_GRID=1` (the shared expert as one more grid row of the routed
 #    experts' launches; off until measured): cuda-check on the hybrid and qwen2moe, then tg128
 #    on issue 19's hybrid-1g with and without, alternating;
-# 2. issue 24: a Qwen3-30B-A3B-shaped file (48 layers, 128 experts top-8, Q4_0; its synth
-#    took over 4 minutes in session 19, so it starts first, in the background), resident
+# 2. issue 24: a Qwen3-30B-A3B-shaped file (48 layers, 128 experts top-8, Q4_0, by
+#    make_moe.py in the background from the start), resident
 #    tg64 with and without `FERROLM_CUDA_NO_FUSED_COMBINE=1`, pp512;
 # 3. llama.cpp's pp512 and tg on the same files (llama-bench).
 # Everything lands in $OUT/pending.txt (and on stdout).
@@ -25,9 +26,10 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | 
   (setsid nice -n 5 bash .bench/build-llama-cpp.sh .bench/llama.cpp /tmp/lcp-build > /tmp/lcp.out 2>&1 &)
 t0=$(date +%s); el() { echo $(( $(date +%s) - t0 )); }
 T="--tokenizer-from .bench/tok.gguf"
-[ -f $W/moe30.gguf ] || (setsid nice -n 2 $B synth --arch qwen3moe --layers 48 --embd 2048 --heads 32 \
-  --kv-heads 4 --head-dim 128 --ff 768 --experts 128 --experts-used 8 --type q4_0 $T \
-  -o $W/moe30.tmp > /dev/null 2>&1 && mv $W/moe30.tmp $W/moe30.gguf &)
+# (make_moe.py: random Q4_0 blocks from torch on the GPU, about 25 s; `ferrolm synth --arch`
+# quantizes random values on one core, minutes for 17 GB)
+[ -f $W/moe30.gguf ] || (PYTHONPATH=.bench/llama.cpp/gguf-py setsid python3 .bench/make_moe.py \
+  qwen3-30b-a3b $W/moe30.tmp > /tmp/moe30.out 2>&1 && mv $W/moe30.tmp $W/moe30.gguf &)
 [ -f $W/hy.gguf ] || $B synth --arch qwen3next --embd 2048 --layers 24 --heads 16 --kv-heads 2 \
   --head-dim 128 --ff 512 --experts 16 --experts-used 4 --ssm-state 128 --ssm-k-heads 16 \
   --ssm-v-heads 32 --full-attention-interval 4 --ctx 4096 --type q4_0 $T -o $W/hy.gguf > /dev/null
