@@ -497,6 +497,11 @@ impl Backend for CudaBackend {
         cached.as_ref().map(|c| c.counts.clone())
     }
 
+    fn expert_tier_stats(&self) -> Option<ferrolm_engine::ExpertTierStats> {
+        let counts = self.expert_counts()?;
+        self.gpu.expert_tiers(&counts)
+    }
+
     fn decode_report(&self, tokens_per_s: f64, position: usize) -> Option<String> {
         let (now, before) = (self.gpu.stats(), self.since);
         let steps = (now.tokens - before.tokens).max(1) as f64;

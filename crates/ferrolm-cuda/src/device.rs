@@ -1101,6 +1101,29 @@ impl CudaModel {
             .weight_bytes_per_token_of(|m| self.tiers[m] == Tier::Host)
     }
 
+    /// What the memory tiers served for `counts` (the selection counters), and the expert
+    /// rows' bytes on each tier; `None` when every expert is in device memory.
+    pub fn expert_tiers(&self, counts: &[Vec<u64>]) -> Option<ferrolm_engine::ExpertTierStats> {
+        let stack_bytes = |tier: Tier| -> u64 {
+            (0..self.plan.matrices.len())
+                .filter(|&m| self.plan.matrices[m].experts > 1 && self.tiers[m] == tier)
+                .map(|m| (self.plan.matrices[m].rows * self.plan.matrices[m].row_bytes()) as u64)
+                .sum()
+        };
+        let host_expert_bytes = stack_bytes(Tier::Host);
+        if host_expert_bytes == 0 {
+            return None;
+        }
+        let t = crate::tiers::traffic(&self.plan, &self.tiers, counts);
+        Some(ferrolm_engine::ExpertTierStats {
+            device_expert_bytes: stack_bytes(Tier::Device),
+            host_expert_bytes,
+            device_selections: t.device,
+            host_selections: t.host,
+            host_bytes: t.host_bytes,
+        })
+    }
+
     /// How often each expert of each layer was chosen since the model was made (empty per
     /// dense layer), read from the device (a sync).
     pub fn expert_counts(&self) -> Result<Vec<Vec<u64>>, CudaError> {

@@ -2922,6 +2922,25 @@ pub(crate) mod tests {
         }
     }
 
+    /// [`plan`] of two layers, the second a mixture of 8 experts (top-2) of 256.
+    pub(crate) fn moe_plan() -> ModelPlan {
+        let mut pl = plan(2, 64);
+        pl.layers[1].ffn = Ffn::Moe(ferrolm_model::plan::Moe {
+            n_expert: 8,
+            n_expert_used: 2,
+            n_ff: 256,
+            activation: Activation::Silu,
+            gating: Gating::Softmax,
+            selection_bias: false,
+            groups: None,
+            biases: false,
+            norm_weights: true,
+            weights_scale: None,
+            shared: None,
+        });
+        pl
+    }
+
     /// `plan`'s weights, bound by ferrolm-model from a file written for it: every tensor the
     /// binding reads, of the type `ty` gives it by name (norms, biases and RoPE's divisors
     /// f32), the matrices zeros, each vector filled with its index in the file.
@@ -3352,24 +3371,14 @@ pub(crate) mod tests {
     /// per token read two experts' gate, up and down rows more.
     #[test]
     fn an_expert_stack_counts_the_chosen_experts_rows_per_token() {
-        let moe_plan = |k: usize| {
-            let mut pl = plan(2, 64);
-            pl.layers[1].ffn = Ffn::Moe(ferrolm_model::plan::Moe {
-                n_expert: 8,
-                n_expert_used: k,
-                n_ff: 256,
-                activation: Activation::Silu,
-                gating: Gating::Softmax,
-                selection_bias: false,
-                groups: None,
-                biases: false,
-                norm_weights: true,
-                weights_scale: None,
-                shared: None,
-            });
+        let with_used = |k: usize| {
+            let mut pl = moe_plan();
+            if let Ffn::Moe(m) = &mut pl.layers[1].ffn {
+                m.n_expert_used = k;
+            }
             decode_plan(&pl, &all(&pl, TensorType::Q8_0), 256).unwrap()
         };
-        let (two, four) = (moe_plan(2), moe_plan(4));
+        let (two, four) = (with_used(2), with_used(4));
         let stack = |p: &DecodePlan| -> Vec<u64> {
             p.matrices
                 .iter()

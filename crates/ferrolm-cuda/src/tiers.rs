@@ -60,6 +60,47 @@ pub fn place(p: &DecodePlan, fixed: u64, budget: Option<u64>) -> Result<Vec<Tier
         .collect())
 }
 
+/// What the tiers served, from the selection counts (per layer, per expert; empty per dense
+/// layer): the selections whose gate, up and down rows are all in device memory, the others,
+/// and the bytes of the others' host-memory rows (each selection's: a decode step reads a
+/// chosen expert's rows once per token; a prompt batch reads them once for all its tokens, so
+/// it moves less than this over the bus).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TierTraffic {
+    /// Selections served from device memory alone.
+    pub device: u64,
+    /// Selections that read rows in host memory.
+    pub host: u64,
+    /// Bytes of those rows.
+    pub host_bytes: u64,
+}
+
+/// [`TierTraffic`] of `counts` under `tiers`.
+pub fn traffic(p: &DecodePlan, tiers: &[Tier], counts: &[Vec<u64>]) -> TierTraffic {
+    let mut t = TierTraffic::default();
+    for (layer, counts) in p.layers.iter().zip(counts) {
+        let Some(moe) = &layer.moe else { continue };
+        // (one expert's rows of each stack that lives on the host)
+        let host_bytes: u64 = moe
+            .experts
+            .iter()
+            .filter(|&&m| tiers[m] == Tier::Host)
+            .map(|&m| {
+                let spec = &p.matrices[m];
+                (spec.rows / spec.experts.max(1) * spec.row_bytes()) as u64
+            })
+            .sum();
+        let selections: u64 = counts.iter().sum();
+        if host_bytes == 0 {
+            t.device += selections;
+        } else {
+            t.host += selections;
+            t.host_bytes += selections * host_bytes;
+        }
+    }
+    t
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -118,6 +159,51 @@ mod tests {
             .map(|m| bytes(&dp, m))
             .sum();
         assert!(held + 1000 <= dense + 1000 + bytes(&dp, stacks[0]));
+    }
+
+    #[test]
+    fn traffic_counts_each_selection_where_its_rows_live() {
+        let pl = crate::schedule::tests::moe_plan();
+        let dp = decode_plan(&pl, &all(&pl, TensorType::Q8_0), 64).unwrap();
+        let moe_layers: Vec<usize> = (0..dp.layers.len())
+            .filter(|&l| dp.layers[l].moe.is_some())
+            .collect();
+        assert!(!moe_layers.is_empty());
+        let counts: Vec<Vec<u64>> = dp
+            .layers
+            .iter()
+            .enumerate()
+            .map(|(l, r)| {
+                let n = r.moe.as_ref().map_or(0, |m| m.n_expert);
+                (0..n as u64).map(|e| e + l as u64).collect()
+            })
+            .collect();
+        let total: u64 = counts.iter().flatten().sum();
+        let on_device = vec![Tier::Device; dp.matrices.len()];
+        assert_eq!(
+            traffic(&dp, &on_device, &counts),
+            TierTraffic {
+                device: total,
+                host: 0,
+                host_bytes: 0
+            }
+        );
+        // The first MoE layer's up stack on the host: that layer's selections read it.
+        let l = moe_layers[0];
+        let up = dp.layers[l].moe.as_ref().unwrap().experts[1];
+        let mut tiers = on_device.clone();
+        tiers[up] = Tier::Host;
+        let spec = &dp.matrices[up];
+        let one = (spec.rows / spec.experts * spec.row_bytes()) as u64;
+        let layer: u64 = counts[l].iter().sum();
+        assert_eq!(
+            traffic(&dp, &tiers, &counts),
+            TierTraffic {
+                device: total - layer,
+                host: layer,
+                host_bytes: layer * one
+            }
+        );
     }
 
     #[test]

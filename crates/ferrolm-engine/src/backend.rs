@@ -148,6 +148,41 @@ pub trait Backend {
     fn expert_cache_stats(&self) -> Option<ExpertCacheStats> {
         None
     }
+
+    /// Where the experts' selections were served from, where a memory budget split the
+    /// experts between the device and host memory (`None`: all in one place).
+    fn expert_tier_stats(&self) -> Option<ExpertTierStats> {
+        None
+    }
+}
+
+/// Where a backend's expert selections were served from under a device memory budget
+/// (`--gpu-memory`), from its selection counters.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ExpertTierStats {
+    /// Bytes of expert rows in device memory.
+    pub device_expert_bytes: u64,
+    /// Bytes of expert rows left in host memory.
+    pub host_expert_bytes: u64,
+    /// Selections (one token choosing one expert in one layer) served from device memory.
+    pub device_selections: u64,
+    /// Selections that read rows in host memory.
+    pub host_selections: u64,
+    /// Bytes of host-memory rows those selections read (each selection's; a prompt batch
+    /// reads a shared expert's rows once for its tokens, so the bus moves at most this).
+    pub host_bytes: u64,
+}
+
+impl ExpertTierStats {
+    /// Device selections over all selections (0 before any).
+    pub fn device_share(&self) -> f64 {
+        let all = self.device_selections + self.host_selections;
+        if all == 0 {
+            0.0
+        } else {
+            self.device_selections as f64 / all as f64
+        }
+    }
 }
 
 /// The CPU backend: one [`Session`] per slot; a call over several slots is one forward pass

@@ -9,7 +9,9 @@ mod generate;
 mod sampler;
 pub mod sequence;
 
-pub use backend::{Backend, BackendError, CpuBackend, SlotInput, SlotOutput, TopOutput};
+pub use backend::{
+    Backend, BackendError, CpuBackend, ExpertTierStats, SlotInput, SlotOutput, TopOutput,
+};
 pub use generate::{
     eval_one, generate, generate_observed, FinishReason, GenerateError, GenerateParams, Generation,
 };

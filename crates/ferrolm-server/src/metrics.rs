@@ -58,6 +58,7 @@ struct Histograms {
     experts: Vec<Vec<u64>>,
     /// The streamed-expert cache's counters (`None` when the experts are resident).
     expert_cache: Option<ferrolm_model::ExpertCacheStats>,
+    expert_tiers: Option<ferrolm_engine::ExpertTierStats>,
 }
 
 /// Everything `/metrics` reports.
@@ -102,6 +103,7 @@ impl Metrics {
                 requests: BTreeMap::new(),
                 experts: Vec::new(),
                 expert_cache: None,
+                expert_tiers: None,
             }),
         }
     }
@@ -136,6 +138,11 @@ impl Metrics {
         self.hist().expert_cache = stats;
     }
 
+    /// Where the backend's expert selections were served from under a GPU memory budget.
+    pub fn set_expert_tiers(&self, stats: Option<ferrolm_engine::ExpertTierStats>) {
+        self.hist().expert_tiers = stats;
+    }
+
     pub fn batch_size(&self, n: usize) {
         self.steps.fetch_add(1, Relaxed);
         self.hist().batch.observe(n as f64);
@@ -145,10 +152,7 @@ impl Metrics {
     pub fn render(&self) -> String {
         let mut out = String::new();
         let mut gauge = |name: &str, kind: &str, help: &str, v: u64| {
-            let _ = writeln!(
-                out,
-                "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}"
-            );
+            scalars(&mut out, &[(name, kind, help, v)]);
         };
         gauge(
             "ferrolm_slots",
@@ -248,37 +252,72 @@ impl Metrics {
             }
         }
         if let Some(st) = &h.expert_cache {
-            for (name, kind, help, v) in [
-                (
-                    "ferrolm_expert_cache_bytes",
-                    "gauge",
-                    "Budget of the streamed-expert cache.",
-                    st.cache_bytes as u64,
-                ),
-                (
-                    "ferrolm_expert_cache_hits_total",
-                    "counter",
-                    "Expert uses served from the streamed-expert cache.",
-                    st.hits,
-                ),
-                (
-                    "ferrolm_expert_cache_misses_total",
-                    "counter",
-                    "Expert uses that read the expert from the file.",
-                    st.misses,
-                ),
-                (
-                    "ferrolm_expert_cache_read_bytes_total",
-                    "counter",
-                    "Bytes of expert weights read from the file.",
-                    st.bytes_read,
-                ),
-            ] {
-                let _ = writeln!(
-                    out,
-                    "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}"
-                );
-            }
+            scalars(
+                &mut out,
+                &[
+                    (
+                        "ferrolm_expert_cache_bytes",
+                        "gauge",
+                        "Budget of the streamed-expert cache.",
+                        st.cache_bytes as u64,
+                    ),
+                    (
+                        "ferrolm_expert_cache_hits_total",
+                        "counter",
+                        "Expert uses served from the streamed-expert cache.",
+                        st.hits,
+                    ),
+                    (
+                        "ferrolm_expert_cache_misses_total",
+                        "counter",
+                        "Expert uses that read the expert from the file.",
+                        st.misses,
+                    ),
+                    (
+                        "ferrolm_expert_cache_read_bytes_total",
+                        "counter",
+                        "Bytes of expert weights read from the file.",
+                        st.bytes_read,
+                    ),
+                ],
+            );
+        }
+        if let Some(st) = &h.expert_tiers {
+            scalars(
+                &mut out,
+                &[
+                    (
+                        "ferrolm_expert_device_bytes",
+                        "gauge",
+                        "Bytes of expert weights in device memory under the GPU memory budget.",
+                        st.device_expert_bytes,
+                    ),
+                    (
+                        "ferrolm_expert_host_bytes",
+                        "gauge",
+                        "Bytes of expert weights left in host memory under the GPU memory budget.",
+                        st.host_expert_bytes,
+                    ),
+                    (
+                        "ferrolm_expert_device_selections_total",
+                        "counter",
+                        "Expert selections served from device memory.",
+                        st.device_selections,
+                    ),
+                    (
+                        "ferrolm_expert_host_selections_total",
+                        "counter",
+                        "Expert selections that read rows in host memory.",
+                        st.host_selections,
+                    ),
+                    (
+                        "ferrolm_expert_host_read_bytes_total",
+                        "counter",
+                        "Bytes of host-memory expert rows the selections read.",
+                        st.host_bytes,
+                    ),
+                ],
+            );
         }
         h.batch.write(
             &mut out,
@@ -296,6 +335,16 @@ impl Metrics {
             "Between consecutive generated tokens of a request.",
         );
         out
+    }
+}
+
+/// Scalar metrics (name, type, help, value), each with its HELP and TYPE lines.
+fn scalars(out: &mut String, metrics: &[(&str, &str, &str, u64)]) {
+    for (name, kind, help, v) in metrics {
+        let _ = writeln!(
+            out,
+            "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}"
+        );
     }
 }
 
@@ -321,6 +370,31 @@ mod tests {
         }
         assert!(!text.contains("layer=\"0\""));
         assert!(!text.contains("ferrolm_expert_cache"));
+        assert!(!text.contains("ferrolm_expert_host"));
+    }
+
+    #[test]
+    fn expert_tier_counters_appear_under_a_budget() {
+        let m = Metrics::new(1);
+        m.set_expert_tiers(Some(ferrolm_engine::ExpertTierStats {
+            device_expert_bytes: 3000,
+            host_expert_bytes: 9000,
+            device_selections: 4,
+            host_selections: 12,
+            host_bytes: 6000,
+        }));
+        let text = m.render();
+        for line in [
+            "ferrolm_expert_device_bytes 3000",
+            "ferrolm_expert_host_bytes 9000",
+            "ferrolm_expert_device_selections_total 4",
+            "ferrolm_expert_host_selections_total 12",
+            "ferrolm_expert_host_read_bytes_total 6000",
+            "# TYPE ferrolm_expert_host_selections_total counter",
+            "# TYPE ferrolm_expert_host_bytes gauge",
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line} in:\n{text}");
+        }
     }
 
     #[test]

@@ -646,6 +646,7 @@ impl<'t> Scheduler<'t> {
                 .set_expert_counts(forward.expert_counts().unwrap_or_default());
             self.metrics()
                 .set_expert_cache(forward.expert_cache_stats());
+            self.metrics().set_expert_tiers(forward.expert_tier_stats());
         }
         for (((slot, n, wanted), output), ids) in done.into_iter().zip(outputs).zip(evaluated) {
             let logits = match output {

@@ -128,6 +128,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
     }
     let peak_rss = telemetry::peak_rss_bytes();
     let cache = model.expert_cache_stats();
+    let tiers = backend.expert_tier_stats();
     if args.json {
         let mut obj: serde_json::Map<String, serde_json::Value> = results
             .iter()
@@ -138,6 +139,9 @@ pub fn run(args: BenchArgs) -> Result<()> {
         }
         if let Some(st) = &cache {
             obj.insert("expert_cache".into(), telemetry::expert_cache_json(st));
+        }
+        if let Some(st) = &tiers {
+            obj.insert("expert_tiers".into(), telemetry::expert_tier_json(st));
         }
         println!("{}", serde_json::Value::Object(obj));
         return Ok(());
@@ -161,6 +165,9 @@ pub fn run(args: BenchArgs) -> Result<()> {
     }
     if let Some(st) = &cache {
         eprintln!("{}", telemetry::expert_cache_line(st));
+    }
+    if let Some(st) = &tiers {
+        eprintln!("{}", telemetry::expert_tier_line(st));
     }
     Ok(())
 }

@@ -124,6 +124,9 @@ pub fn run(args: RunArgs) -> Result<()> {
             if let Some(st) = model.expert_cache_stats() {
                 v["expert_cache"] = super::telemetry::expert_cache_json(&st);
             }
+            if let Some(st) = backend.expert_tier_stats() {
+                v["expert_tiers"] = super::telemetry::expert_tier_json(&st);
+            }
         }
         writeln!(out, "{v}")?;
     } else {
@@ -136,6 +139,9 @@ pub fn run(args: RunArgs) -> Result<()> {
         );
         if let Some(st) = model.expert_cache_stats() {
             eprintln!("{}", super::telemetry::expert_cache_line(&st));
+        }
+        if let Some(st) = backend.expert_tier_stats() {
+            eprintln!("{}", super::telemetry::expert_tier_line(&st));
         }
     }
     eprintln!(

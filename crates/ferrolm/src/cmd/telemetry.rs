@@ -1,5 +1,6 @@
 //! What `run --expert-stats` and `bench` report about memory and the expert cache.
 
+use ferrolm_engine::ExpertTierStats;
 use ferrolm_model::ExpertCacheStats;
 
 /// The process's peak resident set in bytes (`VmHWM` of `/proc/self/status`): mapped file
@@ -36,5 +37,32 @@ pub fn expert_cache_json(st: &ExpertCacheStats) -> serde_json::Value {
         "misses": st.misses,
         "hit_rate": st.hit_rate(),
         "bytes_read": st.bytes_read,
+    })
+}
+
+/// One line about the experts' memory tiers under a GPU memory budget: how much each holds,
+/// the share of selections served from device memory, the host rows they read.
+pub fn expert_tier_line(st: &ExpertTierStats) -> String {
+    let mb = |b: u64| b as f64 / (1u64 << 20) as f64;
+    format!(
+        "ferrolm: expert tiers ({:.1} MB in device memory, {:.1} MB in host memory): {} selections from the device, {} from host memory ({:.1}% on the device), {:.1} MB of host rows read",
+        mb(st.device_expert_bytes),
+        mb(st.host_expert_bytes),
+        st.device_selections,
+        st.host_selections,
+        100.0 * st.device_share(),
+        mb(st.host_bytes),
+    )
+}
+
+/// The tiers' counters as a JSON object.
+pub fn expert_tier_json(st: &ExpertTierStats) -> serde_json::Value {
+    serde_json::json!({
+        "device_expert_bytes": st.device_expert_bytes,
+        "host_expert_bytes": st.host_expert_bytes,
+        "device_selections": st.device_selections,
+        "host_selections": st.host_selections,
+        "device_share": st.device_share(),
+        "host_bytes": st.host_bytes,
     })
 }
