@@ -13,7 +13,9 @@
 # 2. issue 24: a Qwen3-30B-A3B-shaped file (48 layers, 128 experts top-8, Q4_0, by
 #    make_moe.py in the background from the start), resident
 #    tg64 with and without `FERROLM_CUDA_NO_FUSED_COMBINE=1`, pp512;
-# 3. llama.cpp's pp512 and tg on the same files (llama-bench).
+# 3. issue 18: the 8B Q4_K_M at B=16 with `FERROLM_CUDA_DQ_WARPS=4` (dq4k_gemm4w_*: blocks of 4
+#    warps, three an SM) and without, alternating, and cuda-check --batch 16 with it;
+# 4. llama.cpp's pp512 and tg on the same files (llama-bench), llama-batched-bench on the 8B.
 # Everything lands in $OUT/pending.txt (and on stdout).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -52,7 +54,16 @@ for v in FERROLM_UNUSED=1 FERROLM_CUDA_NO_FUSED_COMBINE=1 FERROLM_UNUSED=1 FERRO
 done
 say "== moe30 pp512 ($(el) s)"
 timeout 90 $B bench -m $W/moe30.gguf --device cuda -p 512 -n 0 -r 2 2>&1 | grep -E 'pp512|rror|anic' | tee -a $LOG
+[ -f $W/8b.gguf ] || $B synth --shape llama-3.1-8b --type q4_k_m $T -o $W/8b.gguf > /dev/null
+DW=FERROLM_CUDA_DQ_WARPS=4
+say "== 8b cuda-check --batch 16, $DW ($(el) s)"
+env $DW timeout 90 $B cuda-check -m $W/8b.gguf --batch 16 -p 32 -n 4 2>&1 | grep -E '^\| |rror' | tail -2 | tee -a $LOG
+for v in FERROLM_UNUSED=1 $DW FERROLM_UNUSED=1 $DW; do
+  say "== 8b B=16 $v ($(el) s)"
+  env $v timeout 60 $B bench -m $W/8b.gguf --device cuda --batch 16 -p 128 -n 128 2>&1 | grep -E '^\| +[0-9]|rror|anic' | tee -a $LOG
+done
 while [ ! -x $L/llama-bench ] && [ $(el) -lt 420 ]; do sleep 5; done
 say "== llama.cpp ($(el) s)"
 timeout 150 $L/llama-bench -m $W/hy.gguf,$W/moe30.gguf -ngl 99 -fa 1 -p 512 -n 64 -r 2 2>&1 | grep -E '^\|' | tee -a $LOG
+timeout 60 $L/llama-batched-bench -m $W/8b.gguf -ngl 99 -fa 1 -c 40000 -npp 128 -ntg 128 -npl 16 2>&1 | grep -E '^\|' | tail -1 | tee -a $LOG
 say "total $(el) s"

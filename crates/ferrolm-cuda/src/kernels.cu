@@ -1636,7 +1636,10 @@ __device__ __forceinline__ void matvec_glu(const u8* G, const u8* U, int row_byt
                                           const u32* ids, float* out, int act, const u8* SG,     \
                                           const u8* SU, float* sout, int s_rows) {               \
         step_begin();                                                                            \
-        if (SG && blockIdx.y == gridDim.y - 1) {                                                 \
+        /* (the grid covers the wider of the two: a block past its own rows has none) */         \
+        const bool shared = SG && blockIdx.y == gridDim.y - 1;                                   \
+        if ((int)blockIdx.x * (ROWS / 2) >= (shared ? s_rows : n_rows)) return;                  \
+        if (shared) {                                                                            \
             matvec_glu<T, Q, ST>(SG, SU, row_bytes, n_chunks, s_rows, x, sout, act);             \
             return;                                                                              \
         }                                                                                        \
@@ -3156,7 +3159,7 @@ __device__ __forceinline__ u32 pack_h2(float lo, float hi) {
 // rows by t of inputs) through shared memory, summed in warp order, for the block's SG_ROWS of
 // `rows` rows and the n inputs. Output (row rr, input cc) of the block is fragment (m, t, e) of
 // lane (g, c), as mma's accumulators lie (rows g and g + 8, inputs 8t + 2c and 8t + 2c + 1).
-template <int NT>
+template <int NT, int WARPS = SG_WARPS>
 __device__ __forceinline__ void skinny_store(float (*part)[8 * NT][32],
                                              const float (&acc)[2][NT][4], int r0, int rows,
                                              int n, float* C, float beta) {
@@ -3177,7 +3180,7 @@ __device__ __forceinline__ void skinny_store(float (*part)[8 * NT][32],
         const int from = (within % 8) * 4 + ct / 2;
         float s = 0.f;
 #pragma unroll
-        for (int w = 0; w < SG_WARPS; w++) s += part[w][slot][from];
+        for (int w = 0; w < WARPS; w++) s += part[w][slot][from];
         float* out = C + (long long)cc * rows + r;
         *out = beta != 0.f ? s + beta * *out : s;
     }
@@ -3285,11 +3288,12 @@ __device__ __forceinline__ u32 f2h2(float f) {
 
 // prefetch non-zero: the block's weight rows asked of L2 before it waits for its predecessor
 // (which a launch overlapping that predecessor lets start early: CudaTuning::batch_overlap).
-template <int NT>
+// WARPS: the block's warps, each taking every WARPS-th super-block of the rows.
+template <int NT, int WARPS = SG_WARPS>
 __device__ __forceinline__ void dq4k_gemm(const u8* __restrict__ W, int row_bytes, int rows,
                                           int n_sb, const u16* __restrict__ A, int cols, int n,
                                           float* C, float beta, int prefetch) {
-    __shared__ float part[SG_WARPS][8 * NT][32];
+    __shared__ float part[WARPS][8 * NT][32];
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int g = lane / 4, c = lane % 4;
     const int r0 = blockIdx.x * SG_ROWS;
@@ -3303,7 +3307,7 @@ __device__ __forceinline__ void dq4k_gemm(const u8* __restrict__ W, int row_byte
 #pragma unroll
     for (int t = 0; t < NT; t++) ar[t] = A + (long long)min(g + 8 * t, n - 1) * cols + 64 * c;
     float acc[2][NT][4] = {};
-    for (int sb = warp; sb < n_sb; sb += SG_WARPS) {
+    for (int sb = warp; sb < n_sb; sb += WARPS) {
         uint4 hd[4], qv[4][2];
 #pragma unroll
         for (int i = 0; i < 4; i++) {
@@ -3365,7 +3369,7 @@ __device__ __forceinline__ void dq4k_gemm(const u8* __restrict__ W, int row_byte
             }
         }
     }
-    skinny_store<NT>(part, acc, r0, rows, n, C, beta);
+    skinny_store<NT, WARPS>(part, acc, r0, rows, n, C, beta);
 }
 
 // (An explicit `__launch_bounds__(256, 1)` takes dq4k_gemm_16 from 102 registers to 140, and
@@ -3384,6 +3388,25 @@ extern "C" __global__ void DQ_BOUNDS dq4k_gemm_16(const u8* __restrict__ W, int 
                                                   int cols, int n, float* C, float beta,
                                                   int prefetch) {
     dq4k_gemm<2>(W, row_bytes, rows, n_sb, A, cols, n, C, beta, prefetch);
+}
+
+// The same with four warps a block (`CudaTuning::dq_gemm_warps`): three blocks an SM at the
+// eight-warp kernel's registers, so more of an SM's loads in flight, each warp twice the
+// super-blocks.
+#define DQ4_BOUNDS __launch_bounds__(128, 3)
+
+extern "C" __global__ void DQ4_BOUNDS dq4k_gemm4w_8(const u8* __restrict__ W, int row_bytes,
+                                                   int rows, int n_sb, const u16* __restrict__ A,
+                                                   int cols, int n, float* C, float beta,
+                                                   int prefetch) {
+    dq4k_gemm<1, 4>(W, row_bytes, rows, n_sb, A, cols, n, C, beta, prefetch);
+}
+
+extern "C" __global__ void DQ4_BOUNDS dq4k_gemm4w_16(const u8* __restrict__ W, int row_bytes,
+                                                    int rows, int n_sb, const u16* __restrict__ A,
+                                                    int cols, int n, float* C, float beta,
+                                                    int prefetch) {
+    dq4k_gemm<2, 4>(W, row_bytes, rows, n_sb, A, cols, n, C, beta, prefetch);
 }
 
 // The same products in a pipeline (dq_pipe: dq4k_pipe_*, and dq6k_pipe_* over Q6_KR rows): a

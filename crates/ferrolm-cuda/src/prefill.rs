@@ -657,16 +657,17 @@ impl<D: BatchDevice> Prefill<D> {
             if has_dq6(spec) || self.tuning.dq_pipe.is_some() {
                 return self.product_pipe(spec, w, a, n, c, beta);
             }
-            // One tile of 8 inputs where they fit, else two.
-            let kernel = if n <= 8 {
-                "dq4k_gemm_8"
-            } else {
-                "dq4k_gemm_16"
+            // One tile of 8 inputs where they fit, else two; blocks of 8 warps or of 4.
+            let (kernel, threads) = match (n <= 8, self.tuning.dq_gemm_warps == 4) {
+                (true, false) => ("dq4k_gemm_8", crate::batch_device::SKINNY_THREADS),
+                (false, false) => ("dq4k_gemm_16", crate::batch_device::SKINNY_THREADS),
+                (true, true) => ("dq4k_gemm4w_8", 128),
+                (false, true) => ("dq4k_gemm4w_16", 128),
             };
             return self.run(
                 kernel,
                 (spec.rows.div_ceil(DQ_ROWS) as u32, 1),
-                crate::batch_device::SKINNY_THREADS,
+                threads,
                 &[
                     Value::Ptr(w),
                     Value::I32(spec.row_bytes() as i32),

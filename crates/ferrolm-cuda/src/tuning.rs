@@ -102,6 +102,9 @@ pub struct CudaTuning {
     /// `dq4k_gemm_*`, which reads their blocks and dequantizes them in registers, instead of
     /// GEMMs over f16 copies (`FERROLM_CUDA_DQ_GEMM_MAX_ROWS`; 0: never; docs/PERFORMANCE.md).
     pub dq_gemm_max_rows: usize,
+    /// Warps of a `dq4k_gemm_*` block: 8, or 4 (`dq4k_gemm4w_*`: more blocks an SM;
+    /// `FERROLM_CUDA_DQ_WARPS=4`, off until measured on a GPU).
+    pub dq_gemm_warps: usize,
     /// Those products by `dq4k_pipe_*` (warps a block, super-blocks in flight: one of
     /// [`crate::prefill::DQ_PIPES`]), the pipelined layout, rather than `dq4k_gemm_*`
     /// (`FERROLM_CUDA_DQ_PIPE=4x3`; `None`, the default: slower than `dq4k_gemm_*` on an H100,
@@ -149,6 +152,7 @@ impl Default for CudaTuning {
             mmq_max_rows: 0,
             skinny_gemm_max_rows: 8,
             dq_gemm_max_rows: 16,
+            dq_gemm_warps: 8,
             dq_pipe: None,
             dq6_pipe: false,
             paged_kv: true,
@@ -195,6 +199,9 @@ impl CudaTuning {
             skinny_gemm_max_rows: number("FERROLM_CUDA_SKINNY_GEMM_MAX_ROWS")
                 .unwrap_or(d.skinny_gemm_max_rows),
             dq_gemm_max_rows: number("FERROLM_CUDA_DQ_GEMM_MAX_ROWS").unwrap_or(d.dq_gemm_max_rows),
+            dq_gemm_warps: number("FERROLM_CUDA_DQ_WARPS")
+                .filter(|&w| w == 4)
+                .unwrap_or(d.dq_gemm_warps),
             dq6_pipe: std::env::var_os("FERROLM_CUDA_DQ6_PIPE").is_some(),
             dq_pipe: match std::env::var("FERROLM_CUDA_DQ_PIPE").ok().as_deref() {
                 None => d.dq_pipe,

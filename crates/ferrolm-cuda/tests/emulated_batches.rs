@@ -296,6 +296,8 @@ fn batched_steps(
     if dq && (0..plan.matrices.len()).any(|m| q4k(m) && plan.matrices[m].experts == 1) {
         expected.push(if tuning.dq_pipe.is_some() {
             "dq4k_pipe_"
+        } else if tuning.dq_gemm_warps == 4 {
+            "dq4k_gemm4w_"
         } else {
             "dq4k_gemm_"
         });
@@ -373,6 +375,31 @@ fn the_q6k_blocks_read_by_a_batched_step_give_the_cpus_logits() {
     for batch in [3, 12] {
         distances.extend(batched_steps(
             "llama Q4_K + Q6_K",
+            &spec,
+            &tuning,
+            batch,
+            true,
+            None,
+        ));
+    }
+    distances.iter().for_each(Distance::assert_close);
+}
+
+/// A batched step's Q4_K products by blocks of four warps (`dq4k_gemm4w_*`,
+/// `FERROLM_CUDA_DQ_WARPS=4`) at 3 and 12 rows: the CPU's logits still.
+#[test]
+fn four_warp_q4k_blocks_give_the_cpus_logits() {
+    let mut spec = small("llama");
+    spec.default_type = TensorType::Q4_K;
+    spec.types = Vec::new();
+    let tuning = CudaTuning {
+        dq_gemm_warps: 4,
+        ..host_tuning()
+    };
+    let mut distances = Vec::new();
+    for batch in [3, 12] {
+        distances.extend(batched_steps(
+            "llama Q4_K, four warps",
             &spec,
             &tuning,
             batch,

@@ -14,8 +14,8 @@ use std::sync::Arc;
 use host_math::{mean_kl, relative_difference, swiglu_oai, DeltaShape, Rope, Routing};
 
 use ferrolm_cuda::schedule::{
-    decode_plan_layers, decode_plan_with, Activations, Arg, Buf, DecodePlan, Launch, MIXED_QKV,
-    TOKEN_RING,
+    decode_plan_layers, decode_plan_with, Activations, Arg, Buf, DecodePlan, Launch, MATVEC_ROWS,
+    MIXED_QKV, TOKEN_RING,
 };
 use ferrolm_cuda::CudaTuning;
 use ferrolm_gguf::{GgufFile, TensorType};
@@ -314,6 +314,12 @@ impl<'f> Emulator<'f> {
             let x = Self::buf(&a[6]).unwrap();
             let shared = Self::buf(&a[10]).map(|sg| [sg, Self::buf(&a[11]).unwrap()]);
             let routed = l.grid.1 as usize - usize::from(shared.is_some());
+            // (a block takes MATVEC_ROWS / 2 rows of gate and up; the grid covers the wider)
+            let widest = rows.max(if shared.is_some() { Self::i(&a[13]) } else { 0 });
+            assert!(
+                l.grid.0 as usize * (MATVEC_ROWS / 2) >= widest,
+                "{name}: rows left out"
+            );
             let ids = self.u32s[&Buf::ExpertIds].clone();
             assert!(
                 ids.len() >= routed,

@@ -182,8 +182,13 @@ pub fn run(dev: &HostDevice, name: &str, grid: (u32, u32), block: u32, args: &[V
             let at = a.ptr(3) + (r * (n + 8 * (n / 32))) as u64;
             mem.quantize(at, n + 8 * (n / 32), y, mode);
         }
-    } else if let Some(most) = name.strip_prefix("dq4k_gemm_") {
-        assert_eq!(block, 256, "eight warps");
+    } else if let Some((most, warps)) = name
+        .strip_prefix("dq4k_gemm_")
+        .map(|m| (m, 8))
+        .or_else(|| name.strip_prefix("dq4k_gemm4w_").map(|m| (m, 4)))
+    {
+        // (a block's warps split the super-blocks; the sums are the same whatever their number)
+        assert_eq!(block, 32 * warps, "{warps} warps");
         assert!(
             grid.0 as usize * ferrolm_cuda::prefill::DQ_ROWS >= a.int(2),
             "rows left out"
