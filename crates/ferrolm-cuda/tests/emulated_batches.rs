@@ -371,18 +371,7 @@ fn the_q6k_blocks_read_by_a_batched_step_give_the_cpus_logits() {
     };
     let (_, _, plan) = load(&spec, &tuning);
     assert!(plan.matrices.iter().any(|m| m.kernel == "Q6_KR"));
-    let mut distances = Vec::new();
-    for batch in [3, 12] {
-        distances.extend(batched_steps(
-            "llama Q4_K + Q6_K",
-            &spec,
-            &tuning,
-            batch,
-            true,
-            None,
-        ));
-    }
-    distances.iter().for_each(Distance::assert_close);
+    close_at_3_and_12("llama Q4_K + Q6_K", &spec, &tuning);
 }
 
 /// A batched step's Q4_K products by blocks of four warps (`dq4k_gemm4w_*`,
@@ -396,18 +385,16 @@ fn four_warp_q4k_blocks_give_the_cpus_logits() {
         dq_gemm_warps: 4,
         ..host_tuning()
     };
-    let mut distances = Vec::new();
+    close_at_3_and_12("llama Q4_K, four warps", &spec, &tuning);
+}
+
+/// [`batched_steps`] of 3 and of 12 rows (f16 copies kept), each sequence close to the CPU.
+fn close_at_3_and_12(what: &str, spec: &SyntheticSpec, tuning: &CudaTuning) {
     for batch in [3, 12] {
-        distances.extend(batched_steps(
-            "llama Q4_K, four warps",
-            &spec,
-            &tuning,
-            batch,
-            true,
-            None,
-        ));
+        batched_steps(what, spec, tuning, batch, true, None)
+            .iter()
+            .for_each(Distance::assert_close);
     }
-    distances.iter().for_each(Distance::assert_close);
 }
 
 /// The files the batched passes serve, as emulated_step.rs covers them: the llama family
