@@ -29,7 +29,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | 
 t0=$(date +%s); el() { echo $(( $(date +%s) - t0 )); }
 T="--tokenizer-from .bench/tok.gguf"
 # (make_moe.py: random Q4_0 blocks from torch on the GPU, about 25 s; `ferrolm synth --arch`
-# quantizes random values on one core, minutes for 17 GB)
+# took over 230 s for this file in session 19, drawing on one core then)
 [ -f $W/moe30.gguf ] || (PYTHONPATH=.bench/llama.cpp/gguf-py setsid python3 .bench/make_moe.py \
   qwen3-30b-a3b $W/moe30.tmp > /tmp/moe30.out 2>&1 && mv $W/moe30.tmp $W/moe30.gguf &)
 [ -f $W/hy.gguf ] || $B synth --arch qwen3next --embd 2048 --layers 24 --heads 16 --kv-heads 2 \

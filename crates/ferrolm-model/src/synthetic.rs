@@ -559,8 +559,20 @@ pub fn build(spec: &SyntheticSpec) -> Result<GgufWriter> {
     }
 
     let mut rng = Rng(spec.seed);
-    for (name, dims, init, is_matrix) in tensors {
+    for (place, (name, dims, init, is_matrix)) in tensors.into_iter().enumerate() {
         let n: usize = dims.iter().product::<u64>() as usize;
+        let ty = if is_matrix {
+            matrix_type(&name)
+        } else {
+            TensorType::F32
+        };
+        if let (Init::Normal(std), true) = (&init, n > PARALLEL_VALUES) {
+            let seed = spec.seed ^ (place as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+            if let Some(data) = normal_in_parallel(ty, n, dims[0] as usize, *std, seed) {
+                w.add_tensor(name, &dims, ty, data)?;
+                continue;
+            }
+        }
         let values: Vec<f32> = match init {
             Init::Normal(std) => (0..n).map(|_| rng.normal(std)).collect(),
             Init::AroundOne(std) => (0..n).map(|_| 1.0 + rng.normal(std)).collect(),
@@ -578,11 +590,6 @@ pub fn build(spec: &SyntheticSpec) -> Result<GgufWriter> {
                 })
                 .collect(),
         };
-        let ty = if is_matrix {
-            matrix_type(&name)
-        } else {
-            TensorType::F32
-        };
         let bytes = ferrolm_quant::row_bytes(ty, n)
             .map_err(|e| invalid(format!("{name}: {ty} for {n} values: {e}")))?;
         let mut data = vec![0u8; bytes];
@@ -599,6 +606,59 @@ pub fn build(spec: &SyntheticSpec) -> Result<GgufWriter> {
         w.add_tensor(name, &dims, ty, data)?;
     }
     Ok(w)
+}
+
+/// Tensors of more values than this draw them in chunks of rows on every core, each chunk from
+/// its own stream (seeded by the spec's seed, the tensor's place and the chunk's), so that
+/// files of real models' sizes take seconds; smaller ones draw from the file's one stream. (The
+/// files whose outputs the tests compare with llama.cpp's are all far smaller.)
+const PARALLEL_VALUES: usize = 1 << 26;
+
+/// Values a chunk of [`normal_in_parallel`] draws, at least (whole rows).
+const CHUNK_VALUES: usize = 1 << 22;
+
+/// `n` values of standard deviation `std` in rows of `row` as type `ty`, drawn and quantized
+/// chunk by chunk on every core; `None` where `ty` has no quantizer here or `row` is not a
+/// whole number of its blocks (the caller draws them in one stream).
+fn normal_in_parallel(
+    ty: TensorType,
+    n: usize,
+    row: usize,
+    std: f32,
+    seed: u64,
+) -> Option<Vec<u8>> {
+    let row_bytes = ferrolm_quant::row_bytes(ty, row).ok()?;
+    let mut probe = vec![0u8; row_bytes];
+    ferrolm_quant::quantize(ty, &vec![0.0; row], &mut probe).ok()?;
+    if row == 0 || !n.is_multiple_of(row) {
+        return None;
+    }
+    let rows_per_chunk = CHUNK_VALUES.div_ceil(row);
+    let mut data = vec![0u8; n / row * row_bytes];
+    let chunks: Vec<(usize, &mut [u8])> = data
+        .chunks_mut(rows_per_chunk * row_bytes)
+        .enumerate()
+        .collect();
+    let work = std::sync::Mutex::new(chunks);
+    let threads = std::thread::available_parallelism().map_or(1, |t| t.get());
+    let failed = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|scope| {
+        for _ in 0..threads {
+            scope.spawn(|| loop {
+                let Some((c, out)) = work.lock().map_or(None, |mut w| w.pop()) else {
+                    return;
+                };
+                let mut rng = Rng(seed ^ (c as u64).wrapping_mul(0xbf58_476d_1ce4_e5b9));
+                let values: Vec<f32> = (0..out.len() / row_bytes * row)
+                    .map(|_| rng.normal(std))
+                    .collect();
+                if ferrolm_quant::quantize(ty, &values, out).is_err() {
+                    failed.store(true, std::sync::atomic::Ordering::Relaxed);
+                }
+            });
+        }
+    });
+    (!failed.into_inner()).then_some(data)
 }
 
 /// Writes the tokenizer keys; returns the vocabulary size.
@@ -690,5 +750,31 @@ mod tests {
         let model = crate::Model::from_file(file, 1).unwrap();
         assert_eq!(model.plan().n_vocab, MINIMAL_VOCAB);
         assert_eq!(model.plan().layers[0].attention.head_dim, 48);
+    }
+
+    /// A large tensor's values, drawn chunk by chunk on every core: the same bytes every time,
+    /// of the spread asked for, each chunk its own draw; no quantizer, no parallel draw.
+    #[test]
+    fn large_tensors_draw_in_parallel_the_same_bytes_every_time() {
+        let (row, rows) = (2048, 2 * CHUNK_VALUES / 2048 + 3);
+        let n = row * rows;
+        let a = normal_in_parallel(TensorType::Q8_0, n, row, 0.02, 7).unwrap();
+        assert_eq!(
+            a,
+            normal_in_parallel(TensorType::Q8_0, n, row, 0.02, 7).unwrap()
+        );
+        assert_ne!(
+            a,
+            normal_in_parallel(TensorType::Q8_0, n, row, 0.02, 8).unwrap()
+        );
+        let mut v = vec![0f32; n];
+        ferrolm_quant::dequantize(TensorType::Q8_0, &a, &mut v).unwrap();
+        let std = (v.iter().map(|x| x * x).sum::<f32>() / n as f32).sqrt();
+        assert!((std - 0.02).abs() < 0.001, "std {std}");
+        // (the first rows of the first and second chunks differ)
+        let chunk = CHUNK_VALUES.div_ceil(row) * row;
+        assert_ne!(v[..row], v[chunk..chunk + row]);
+        assert!(normal_in_parallel(TensorType::IQ2_XXS, n, row, 0.02, 7).is_none());
+        assert!(normal_in_parallel(TensorType::Q8_0, n, 33, 0.02, 7).is_none());
     }
 }
