@@ -15,7 +15,8 @@
 #    tg64 with and without `FERROLM_CUDA_NO_FUSED_COMBINE=1`, pp512;
 # 3. issue 18: the 8B Q4_K_M at B=16 with `FERROLM_CUDA_DQ_WARPS=4` (dq4k_gemm4w_*: blocks of 4
 #    warps, three an SM) and without, alternating, and cuda-check --batch 16 with it;
-# 4. llama.cpp's pp512 and tg on the same files (llama-bench), llama-batched-bench on the 8B.
+# 4. llama.cpp's pp512 and tg on the same files (llama-bench), llama-batched-bench on the 8B;
+#    and the pinned host-to-device copy rate (issue 24's bus arithmetic).
 # Everything lands in $OUT/pending.txt (and on stdout).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -38,6 +39,15 @@ T="--tokenizer-from .bench/tok.gguf"
 [ -f $W/q2m.gguf ] || $B synth --arch qwen2moe --layers 4 --embd 1024 --heads 16 --kv-heads 4 \
   --head-dim 64 --ff 512 --experts 32 --experts-used 4 --type q4_0 -o $W/q2m.gguf > /dev/null
 say "== files $(el) s"
+# (issue 24's bus arithmetic, docs/EXPERT_STREAMING.md: the pinned host-to-device copy rate)
+python3 - <<'PY' 2>&1 | tee -a $LOG
+import torch, time
+a = torch.empty(2 << 30, dtype=torch.uint8).pin_memory(); b = torch.empty_like(a, device="cuda")
+for _ in range(2): b.copy_(a, non_blocking=True)
+torch.cuda.synchronize(); t = time.perf_counter()
+for _ in range(5): b.copy_(a, non_blocking=True)
+torch.cuda.synchronize(); print(f"pinned host-to-device copy: {5 * a.numel() / (time.perf_counter() - t) / 1e9:.1f} GB/s")
+PY
 SG=FERROLM_CUDA_SHARED_IN_GRID=1
 for f in hy q2m; do
   say "== $f cuda-check, $SG ($(el) s)"
