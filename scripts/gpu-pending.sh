@@ -8,8 +8,9 @@
 #       ".bench/llama.cpp.tar.gz", ".bench/tok.gguf", ".bench/make_moe.py",
 #       ".bench/make_gguf.py"])   (about 9 min)
 # 1. `FERROLM_CUDA_SHARED_IN_GRID=1` (the shared expert as one more grid row of the routed
-#    experts' launches; off until measured): cuda-check on the hybrid and qwen2moe, then tg128
-#    on issue 19's hybrid-1g with and without, alternating;
+#    experts' launches) and `FERROLM_CUDA_DELTA_RUNS=1` (the decode delta rule's state read in
+#    runs of 16), both off until measured: cuda-check on the hybrid and qwen2moe, then tg128
+#    on issue 19's hybrid-1g with neither, each and both, alternating;
 # 2. issue 24: a Qwen3-30B-A3B-shaped file (48 layers, 128 experts top-8, Q4_0, by
 #    make_moe.py in the background from the start), resident
 #    tg64 with and without `FERROLM_CUDA_NO_FUSED_COMBINE=1`, pp512;
@@ -53,7 +54,10 @@ for f in hy q2m; do
   say "== $f cuda-check, $SG ($(el) s)"
   env $SG timeout 90 $B cuda-check -m $W/$f.gguf -p 128 -n 16 2>&1 | grep -E 'decode steps|prompt batch|kernels in' | tee -a $LOG
 done
-for v in FERROLM_UNUSED=1 $SG FERROLM_UNUSED=1 $SG FERROLM_UNUSED=1 $SG; do
+DR=FERROLM_CUDA_DELTA_RUNS=1
+say "== hy cuda-check, $DR ($(el) s)"
+env $DR timeout 90 $B cuda-check -m $W/hy.gguf -p 128 -n 16 2>&1 | grep -E 'decode steps|prompt batch' | tee -a $LOG
+for v in FERROLM_UNUSED=1 $SG $DR "$SG $DR" FERROLM_UNUSED=1 $SG $DR "$SG $DR"; do
   say "== hy tg128 $v ($(el) s)"
   env $v timeout 40 $B bench -m $W/hy.gguf --device cuda -p 0 -n 128 -r 3 2>&1 | grep -E 'tg128|rror|anic' | tee -a $LOG
 done

@@ -105,7 +105,10 @@ __device__ __forceinline__ DeltaGates delta_gates(const float* ba, const float* 
 // ssm_a); the state S (s x s, key-major: S[i][j] at i * s + j; zeros when fresh) decayed,
 // u = beta (v - S^T k), S += k u^T, o = S^T q / sqrt(s); returns rms_norm(o) * norm * silu(z).
 // Every thread of the block calls it (block-wide sums); qs, ks: s floats of shared memory. The
-// thread's column of S is in place in S.
+// thread's column of S is in place in S. RUN: values of the column read before they are used
+// (the decode step's `delta_rule` with CudaTuning::delta_runs: 16, so that a run's loads are in
+// flight together rather than one after another); the sums keep their order either way.
+template <int RUN>
 __device__ __forceinline__ float delta_rule_token(const float* c, DeltaGates g,
                                                   const float* dt_bias, const float* ssm_a,
                                                   const float* norm, float* S, bool fresh, int vh,
@@ -121,9 +124,28 @@ __device__ __forceinline__ float delta_rule_token(const float* c, DeltaGates g,
     __syncthreads();
     // S^T k over the decayed state, summed in key order as the CPU's.
     float sk = 0.f, o = 0.f;
-    for (int i = 0; i < s; i++) sk += ks[i] * (fresh ? 0.f : S[(size_t)i * s + j] * decay);
+    int i = 0;
+    for (; i + RUN <= s; i += RUN) {
+        float col[RUN];
+#pragma unroll
+        for (int r = 0; r < RUN; r++) col[r] = fresh ? 0.f : S[(size_t)(i + r) * s + j];
+#pragma unroll
+        for (int r = 0; r < RUN; r++) sk += ks[i + r] * (fresh ? 0.f : col[r] * decay);
+    }
+    for (; i < s; i++) sk += ks[i] * (fresh ? 0.f : S[(size_t)i * s + j] * decay);
     float u = (v - sk) * beta;
-    for (int i = 0; i < s; i++) {
+    for (i = 0; i + RUN <= s; i += RUN) {
+        float col[RUN];
+#pragma unroll
+        for (int r = 0; r < RUN; r++) col[r] = fresh ? 0.f : S[(size_t)(i + r) * s + j];
+#pragma unroll
+        for (int r = 0; r < RUN; r++) {
+            float x = (fresh ? 0.f : col[r] * decay) + ks[i + r] * u;
+            S[(size_t)(i + r) * s + j] = x;
+            o += qs[i + r] * x;
+        }
+    }
+    for (; i < s; i++) {
         float x = (fresh ? 0.f : S[(size_t)i * s + j] * decay) + ks[i] * u;
         S[(size_t)i * s + j] = x;
         o += qs[i] * x;
@@ -133,20 +155,24 @@ __device__ __forceinline__ float delta_rule_token(const float* c, DeltaGates g,
     return (o * r) * norm[j] * silu_f(g.z);
 }
 
-// One token, a block per value head (s threads, at most 256).
+// One token, a block per value head (s threads, at most 256); run: delta_rule_token's RUN
+// (16, else 1).
 extern "C" __global__ void delta_rule(const float* conv, const float* ba, const float* alpha,
                                       const float* dt_bias, const float* ssm_a,
                                       const float* norm, const float* in_fused, const float* z,
                                       float* state, const u32* pos, float* out, int n_k_heads,
                                       int n_v_heads, int s, int tiled, float eps, u8* xq,
-                                      int mode) {
+                                      int mode, int run) {
     step_begin();
     __shared__ float qs[256], ks[256];
     int vh = blockIdx.x, zi = vh * s + threadIdx.x, ratio = n_v_heads / n_k_heads;
     int kh = tiled ? vh % n_k_heads : vh / ratio;
     DeltaGates g = delta_gates(ba, alpha, in_fused, z, vh, zi, ratio, s);
-    float o = delta_rule_token(conv, g, dt_bias, ssm_a, norm, state + (size_t)vh * s * s,
-                               *pos == 0, vh, kh, n_k_heads * s, s, eps, qs, ks);
+    float* S = state + (size_t)vh * s * s;
+    float o = run >= 16 ? delta_rule_token<16>(conv, g, dt_bias, ssm_a, norm, S, *pos == 0, vh,
+                                               kh, n_k_heads * s, s, eps, qs, ks)
+                        : delta_rule_token<1>(conv, g, dt_bias, ssm_a, norm, S, *pos == 0, vh, kh,
+                                              n_k_heads * s, s, eps, qs, ks);
     out[zi] = o;
     // (xq non-null: quantized for the output product too, quantize_lane's modes)
     if (xq) quantize_lane(o, zi, xq, n_v_heads * s, mode);
@@ -177,7 +203,7 @@ extern "C" __global__ void delta_rule_rows(const float* conv, const float* ba, i
                                    alpha ? alpha + (size_t)t * n_v_heads : nullptr,
                                    in_fused + (size_t)t * z_stride,
                                    z ? z + (size_t)t * z_stride : nullptr, vh, zi, ratio, s);
-        float o = delta_rule_token(conv + (size_t)t * channels, g, dt_bias, ssm_a, norm, S,
+        float o = delta_rule_token<1>(conv + (size_t)t * channels, g, dt_bias, ssm_a, norm, S,
                                    pos0 == 0 && t == 0, vh, kh, key_dim, s, eps, qs, ks);
         out[(size_t)t * value_dim + zi] = f2h(o);
     }
@@ -495,7 +521,7 @@ extern "C" __global__ void delta_rule_slots(const float* conv, const float* ba, 
                                in_fused + (size_t)t * z_stride,
                                z ? z + (size_t)t * z_stride : nullptr, vh, zi, ratio, s);
     float* S = ssm_state + (size_t)slot[t] * ssm_stride + (size_t)vh * s * s;
-    float o = delta_rule_token(conv + (size_t)t * channels, g, dt_bias, ssm_a, norm, S,
+    float o = delta_rule_token<1>(conv + (size_t)t * channels, g, dt_bias, ssm_a, norm, S,
                                pos[t] == 0, vh, kh, key_dim, s, eps, qs, ks);
     out[(size_t)t * value_dim + zi] = f2h(o);
 }

@@ -1514,6 +1514,7 @@ impl Builder {
                 Arg::F32(end.eps),
                 Arg::Null,
                 Arg::I32(0),
+                Arg::I32(if self.tuning.delta_runs { 16 } else { 1 }),
             ],
         );
         self.block_output(out, Buf::DeltaOut, None, end);

@@ -48,6 +48,10 @@ pub struct CudaTuning {
     /// experts' launches, where its rows match theirs in type and size
     /// (`FERROLM_CUDA_SHARED_IN_GRID=1`; off until measured on a GPU).
     pub shared_expert_in_grid: bool,
+    /// The decode step's delta rule reads its state columns 16 values at a time before using
+    /// them, so that their loads are in flight together (the same sums in the same order;
+    /// `FERROLM_CUDA_DELTA_RUNS=1`, off until measured on a GPU).
+    pub delta_runs: bool,
     /// The warps' decode attention rotates (and Q/K-norms) the token's query and key and stores
     /// its key and value itself, in place of a rope_store launch
     /// (`FERROLM_CUDA_NO_ROPE_IN_ATTENTION`: the rope_store launch).
@@ -137,6 +141,7 @@ impl Default for CudaTuning {
             producer_quantize: true,
             fused_moe_combine: true,
             shared_expert_in_grid: false,
+            delta_runs: false,
             rope_in_attention: true,
             batch_overlap: false,
             repack: true,
@@ -181,6 +186,7 @@ impl CudaTuning {
             producer_quantize: unset("FERROLM_CUDA_NO_PRODUCER_QUANT"),
             fused_moe_combine: unset("FERROLM_CUDA_NO_FUSED_COMBINE"),
             shared_expert_in_grid: !unset("FERROLM_CUDA_SHARED_IN_GRID"),
+            delta_runs: !unset("FERROLM_CUDA_DELTA_RUNS"),
             rope_in_attention: unset("FERROLM_CUDA_NO_ROPE_IN_ATTENTION"),
             batch_overlap: !unset("FERROLM_CUDA_BATCH_OVERLAP"),
             repack: unset("FERROLM_CUDA_NO_REPACK"),

@@ -540,9 +540,11 @@ impl<'f> Emulator<'f> {
         } else if name == "delta_conv" {
             self.delta_conv(a);
         } else if name == "delta_rule" {
+            // (the run length changes when loads are issued, not the sums)
+            assert!(matches!(Self::i(&a[18]), 1 | 16), "delta_rule's run");
             self.delta_rule(a);
             let n = Self::i(&a[12]) * Self::i(&a[13]);
-            self.quantized_output(&a[10], n, &a[16..]);
+            self.quantized_output(&a[10], n, &a[16..18]);
         } else if name == "advance_pos" {
             self.u32s.get_mut(&Buf::Pos).unwrap()[0] += 1;
         } else {
@@ -553,6 +555,7 @@ impl<'f> Emulator<'f> {
     /// A producer's output (`out`) quantized into `xq` in `format` where the launch asks for it
     /// (`[xq, format]` its last two arguments, quantize_lane: as quantize_act).
     fn quantized_output(&mut self, out: &Arg, n: usize, xq_format: &[Arg]) {
+        assert_eq!(xq_format.len(), 2, "[xq, format]: {xq_format:?}");
         if let [Arg::Buf(xq), Arg::I32(code)] = *xq_format {
             let y = self.read(Self::buf(out).unwrap());
             self.quantize_into(xq, &y[..n], code);
@@ -796,12 +799,13 @@ fn emulate(
     on_load_max: usize,
     ids: &[u32],
 ) -> (Vec<f32>, Vec<f32>, Vec<String>) {
-    // (with the switch not yet measured on a GPU on; `unfused_launches_compute_what_the_cpu_
+    // (with the switches not yet measured on a GPU on; `unfused_launches_compute_what_the_cpu_
     // computes` takes the fusions' switches off)
     let tuning = CudaTuning {
         quantized_activations: activations == Activations::Quantized,
         quantize_on_load_max: on_load_max,
         shared_expert_in_grid: true,
+        delta_runs: true,
         ..CudaTuning::default()
     };
     emulate_tuned(spec, &tuning, ids)
