@@ -484,7 +484,7 @@ impl CudaModel {
             .iter()
             .zip(&tiers)
             .filter(|(_, &t)| t == Tier::Device)
-            .map(|(m, _)| (m.rows * m.row_bytes()) as u64)
+            .map(|(m, _)| m.total_bytes())
             .sum();
         let dp = dp.unstaged_where(|m| tiers[m] == Tier::Host);
         let need = on_device + fixed;
@@ -1105,9 +1105,9 @@ impl CudaModel {
     /// rows' bytes on each tier; `None` when every expert is in device memory.
     pub fn expert_tiers(&self, counts: &[Vec<u64>]) -> Option<ferrolm_engine::ExpertTierStats> {
         let stack_bytes = |tier: Tier| -> u64 {
-            (0..self.plan.matrices.len())
-                .filter(|&m| self.plan.matrices[m].experts > 1 && self.tiers[m] == tier)
-                .map(|m| (self.plan.matrices[m].rows * self.plan.matrices[m].row_bytes()) as u64)
+            (self.plan.matrices.iter().zip(&self.tiers))
+                .filter(|&(m, &t)| m.experts > 1 && t == tier)
+                .map(|(m, _)| m.total_bytes())
                 .sum()
         };
         let host_expert_bytes = stack_bytes(Tier::Host);

@@ -243,6 +243,16 @@ impl MatrixSpec {
         self.cols / self.ty.block_size() * self.ty.block_bytes()
     }
 
+    /// Bytes of the whole matrix (every expert's rows of a stack).
+    pub fn total_bytes(&self) -> u64 {
+        (self.rows * self.row_bytes()) as u64
+    }
+
+    /// Bytes of one expert's rows of a stack (the whole matrix otherwise).
+    pub fn expert_bytes(&self) -> u64 {
+        (self.rows / self.experts.max(1) * self.row_bytes()) as u64
+    }
+
     /// Where row `r` of the view is in the tensor's bytes (its columns of a column view).
     pub fn row_range(&self, r: usize) -> std::ops::Range<usize> {
         let block = |cols: usize| cols / self.ty.block_size() * self.ty.block_bytes();
@@ -2814,12 +2824,11 @@ impl DecodePlan {
                     let beside = l.args.iter().any(
                         |a| matches!(a, Arg::Buf(Buf::Matrix(s)) if self.matrices[*s].experts <= 1),
                     );
-                    let rows = if spec.experts > 1 {
-                        spec.rows / spec.experts * (l.grid.1 as usize - usize::from(beside))
+                    total += if spec.experts > 1 {
+                        spec.expert_bytes() * (l.grid.1 as u64 - u64::from(beside))
                     } else {
-                        spec.rows
+                        spec.total_bytes()
                     };
-                    total += (rows * spec.row_bytes()) as u64;
                 }
             }
         }
@@ -2828,10 +2837,7 @@ impl DecodePlan {
 
     /// Bytes of every matrix the device holds.
     pub fn weight_bytes_total(&self) -> u64 {
-        self.matrices
-            .iter()
-            .map(|m| (m.rows * m.row_bytes()) as u64)
-            .sum()
+        self.matrices.iter().map(MatrixSpec::total_bytes).sum()
     }
 
     /// Bytes of the whole KV cache (keys and values, f16), with the recurrent layers' states.
@@ -3384,7 +3390,7 @@ pub(crate) mod tests {
             p.matrices
                 .iter()
                 .filter(|m| m.experts > 1)
-                .map(|m| (m.rows / m.experts * m.row_bytes()) as u64)
+                .map(MatrixSpec::expert_bytes)
                 .collect()
         };
         let expert_bytes: u64 = stack(&two).iter().sum();

@@ -26,7 +26,7 @@ pub enum Tier {
 /// the device. Errors when what must be on the device does not fit, saying how many bytes it
 /// needs and how many the budget leaves.
 pub fn place(p: &DecodePlan, fixed: u64, budget: Option<u64>) -> Result<Vec<Tier>, CudaError> {
-    let bytes = |m: usize| (p.matrices[m].rows * p.matrices[m].row_bytes()) as u64;
+    let bytes = |m: usize| p.matrices[m].total_bytes();
     let is_stack = |m: usize| p.matrices[m].experts > 1;
     let Some(budget) = budget else {
         return Ok(vec![Tier::Device; p.matrices.len()]);
@@ -85,10 +85,7 @@ pub fn traffic(p: &DecodePlan, tiers: &[Tier], counts: &[Vec<u64>]) -> TierTraff
             .experts
             .iter()
             .filter(|&&m| tiers[m] == Tier::Host)
-            .map(|&m| {
-                let spec = &p.matrices[m];
-                (spec.rows / spec.experts.max(1) * spec.row_bytes()) as u64
-            })
+            .map(|&m| p.matrices[m].expert_bytes())
             .sum();
         let selections: u64 = counts.iter().sum();
         if host_bytes == 0 {
@@ -124,7 +121,7 @@ mod tests {
     }
 
     fn bytes(dp: &DecodePlan, m: usize) -> u64 {
-        (dp.matrices[m].rows * dp.matrices[m].row_bytes()) as u64
+        dp.matrices[m].total_bytes()
     }
 
     #[test]
@@ -193,8 +190,7 @@ mod tests {
         let up = dp.layers[l].moe.as_ref().unwrap().experts[1];
         let mut tiers = on_device.clone();
         tiers[up] = Tier::Host;
-        let spec = &dp.matrices[up];
-        let one = (spec.rows / spec.experts * spec.row_bytes()) as u64;
+        let one = dp.matrices[up].expert_bytes();
         let layer: u64 = counts[l].iter().sum();
         assert_eq!(
             traffic(&dp, &tiers, &counts),

@@ -58,6 +58,7 @@ struct Histograms {
     experts: Vec<Vec<u64>>,
     /// The streamed-expert cache's counters (`None` when the experts are resident).
     expert_cache: Option<ferrolm_model::ExpertCacheStats>,
+    /// Where the expert selections were served from (`None` without a GPU memory budget).
     expert_tiers: Option<ferrolm_engine::ExpertTierStats>,
 }
 
