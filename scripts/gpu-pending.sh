@@ -15,7 +15,8 @@
 #    make_moe.py in the background from the start), resident
 #    tg64 with and without `FERROLM_CUDA_NO_FUSED_COMBINE=1`, pp512;
 # 3. issue 18: the 8B Q4_K_M at B=16 with `FERROLM_CUDA_DQ_WARPS=4` (dq4k_gemm4w_*: blocks of 4
-#    warps, three an SM) and without, alternating, and cuda-check --batch 16 with it;
+#    warps, three an SM), `FERROLM_CUDA_DQ_PREFETCH=1` (each block's rows asked of L2 as it
+#    starts), both and neither, and cuda-check --batch 16 with the first;
 # 4. llama.cpp's pp512 and tg on the same files (llama-bench), llama-batched-bench on the 8B;
 #    and the pinned host-to-device copy rate (issue 24's bus arithmetic).
 # Everything lands in $OUT/pending.txt (and on stdout).
@@ -62,7 +63,7 @@ for v in FERROLM_UNUSED=1 $SG $DR "$SG $DR" FERROLM_UNUSED=1 $SG $DR "$SG $DR"; 
   env $v timeout 40 $B bench -m $W/hy.gguf --device cuda -p 0 -n 128 -r 3 2>&1 | grep -E 'tg128|rror|anic' | tee -a $LOG
 done
 while [ ! -f $W/moe30.gguf ] && [ $(el) -lt 360 ]; do sleep 5; done
-for v in FERROLM_UNUSED=1 FERROLM_CUDA_NO_FUSED_COMBINE=1 FERROLM_UNUSED=1 FERROLM_CUDA_NO_FUSED_COMBINE=1; do
+for v in FERROLM_UNUSED=1 FERROLM_CUDA_NO_FUSED_COMBINE=1; do
   say "== moe30 tg64 $v ($(el) s)"
   env $v timeout 60 $B bench -m $W/moe30.gguf --device cuda -p 0 -n 64 -r 2 2>&1 | grep -E 'tg64|rror|anic' | tee -a $LOG
 done
@@ -72,7 +73,8 @@ timeout 90 $B bench -m $W/moe30.gguf --device cuda -p 512 -n 0 -r 2 2>&1 | grep 
 DW=FERROLM_CUDA_DQ_WARPS=4
 say "== 8b cuda-check --batch 16, $DW ($(el) s)"
 env $DW timeout 90 $B cuda-check -m $W/8b.gguf --batch 16 -p 32 -n 4 2>&1 | grep -E '^\| |rror' | tail -2 | tee -a $LOG
-for v in FERROLM_UNUSED=1 $DW FERROLM_UNUSED=1 $DW; do
+PF=FERROLM_CUDA_DQ_PREFETCH=1
+for v in FERROLM_UNUSED=1 $DW $PF "$DW $PF" FERROLM_UNUSED=1 "$DW $PF"; do
   say "== 8b B=16 $v ($(el) s)"
   env $v timeout 60 $B bench -m $W/8b.gguf --device cuda --batch 16 -p 128 -n 128 2>&1 | grep -E '^\| +[0-9]|rror|anic' | tee -a $LOG
 done
@@ -80,4 +82,10 @@ while [ ! -x $L/llama-bench ] && [ $(el) -lt 420 ]; do sleep 5; done
 say "== llama.cpp ($(el) s)"
 timeout 150 $L/llama-bench -m $W/hy.gguf,$W/moe30.gguf -ngl 99 -fa 1 -p 512 -n 64 -r 2 2>&1 | grep -E '^\|' | tee -a $LOG
 timeout 60 $L/llama-batched-bench -m $W/8b.gguf -ngl 99 -fa 1 -c 40000 -npp 128 -ntg 128 -npl 16 2>&1 | grep -E '^\|' | tail -1 | tee -a $LOG
+# Where the MoE token and the 8B's batched step spend their time now (events, kernel by kernel),
+# while the call has room.
+if [ $(el) -lt 500 ]; then
+  timeout 60 $B cuda-check -m $W/moe30.gguf -p 16 -n 2 --profile 16 > ${OUT:-/tmp}/moe30-profile.txt 2>&1
+  timeout 40 $B cuda-check -m $W/8b.gguf --batch 16 -p 16 -n 2 --profile 1 > ${OUT:-/tmp}/8b-b16-profile.txt 2>&1
+fi
 say "total $(el) s"

@@ -678,8 +678,11 @@ impl<D: BatchDevice> Prefill<D> {
                     Value::I32(n as i32),
                     Value::Ptr(c),
                     Value::F32(beta),
-                    // (the weights asked of L2 early where the launch overlaps the one before)
-                    Value::I32(i32::from(self.tuning.batch_overlap)),
+                    // (the weights asked of L2 as the block starts: early where the launch
+                    // overlaps the one before)
+                    Value::I32(i32::from(
+                        self.tuning.batch_overlap || self.tuning.dq_prefetch,
+                    )),
                 ],
             );
         }

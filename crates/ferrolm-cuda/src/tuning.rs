@@ -109,6 +109,11 @@ pub struct CudaTuning {
     /// Warps of a `dq4k_gemm_*` block: 8, or 4 (`dq4k_gemm4w_*`: more blocks an SM;
     /// `FERROLM_CUDA_DQ_WARPS=4`, off until measured on a GPU).
     pub dq_gemm_warps: usize,
+    /// Each `dq4k_gemm_*` block asks L2 for all its weight rows when it starts, so that their
+    /// loads from memory are in flight together rather than a super-block at a time (also on
+    /// with [`CudaTuning::batch_overlap`]; `FERROLM_CUDA_DQ_PREFETCH=1`, off until measured
+    /// on its own).
+    pub dq_prefetch: bool,
     /// Those products by `dq4k_pipe_*` (warps a block, super-blocks in flight: one of
     /// [`crate::prefill::DQ_PIPES`]), the pipelined layout, rather than `dq4k_gemm_*`
     /// (`FERROLM_CUDA_DQ_PIPE=4x3`; `None`, the default: slower than `dq4k_gemm_*` on an H100,
@@ -158,6 +163,7 @@ impl Default for CudaTuning {
             skinny_gemm_max_rows: 8,
             dq_gemm_max_rows: 16,
             dq_gemm_warps: 8,
+            dq_prefetch: false,
             dq_pipe: None,
             dq6_pipe: false,
             paged_kv: true,
@@ -208,6 +214,7 @@ impl CudaTuning {
             dq_gemm_warps: number("FERROLM_CUDA_DQ_WARPS")
                 .filter(|&w| w == 4)
                 .unwrap_or(d.dq_gemm_warps),
+            dq_prefetch: !unset("FERROLM_CUDA_DQ_PREFETCH"),
             dq6_pipe: std::env::var_os("FERROLM_CUDA_DQ6_PIPE").is_some(),
             dq_pipe: match std::env::var("FERROLM_CUDA_DQ_PIPE").ok().as_deref() {
                 None => d.dq_pipe,
