@@ -16,7 +16,8 @@
 #    tg64 with and without `FERROLM_CUDA_NO_FUSED_COMBINE=1`, pp512;
 # 3. issue 18: the 8B Q4_K_M at B=16 with `FERROLM_CUDA_DQ_WARPS=4` (dq4k_gemm4w_*: blocks of 4
 #    warps, three an SM), `FERROLM_CUDA_DQ_PREFETCH=1` (each block's rows asked of L2 as it
-#    starts), both and neither, and cuda-check --batch 16 with the first;
+#    starts), `FERROLM_CUDA_DQ_SEGMENTS=1` (Q, K and V, gate and up, one launch each), in
+#    combinations, and cuda-check --batch 16 with the first and last;
 # 4. llama.cpp's pp512 and tg on the same files (llama-bench), llama-batched-bench on the 8B;
 #    and the pinned host-to-device copy rate (issue 24's bus arithmetic).
 # Everything lands in $OUT/pending.txt (and on stdout).
@@ -58,7 +59,7 @@ done
 DR=FERROLM_CUDA_DELTA_RUNS=1
 say "== hy cuda-check, $DR ($(el) s)"
 env $DR timeout 90 $B cuda-check -m $W/hy.gguf -p 128 -n 16 2>&1 | grep -E 'decode steps|prompt batch' | tee -a $LOG
-for v in FERROLM_UNUSED=1 $SG $DR "$SG $DR" FERROLM_UNUSED=1 $SG $DR "$SG $DR"; do
+for v in FERROLM_UNUSED=1 $SG $DR "$SG $DR" FERROLM_UNUSED=1 "$SG $DR"; do
   say "== hy tg128 $v ($(el) s)"
   env $v timeout 40 $B bench -m $W/hy.gguf --device cuda -p 0 -n 128 -r 3 2>&1 | grep -E 'tg128|rror|anic' | tee -a $LOG
 done
@@ -72,9 +73,10 @@ timeout 90 $B bench -m $W/moe30.gguf --device cuda -p 512 -n 0 -r 2 2>&1 | grep 
 [ -f $W/8b.gguf ] || $B synth --shape llama-3.1-8b --type q4_k_m $T -o $W/8b.gguf > /dev/null
 DW=FERROLM_CUDA_DQ_WARPS=4
 say "== 8b cuda-check --batch 16, $DW ($(el) s)"
-env $DW timeout 90 $B cuda-check -m $W/8b.gguf --batch 16 -p 32 -n 4 2>&1 | grep -E '^\| |rror' | tail -2 | tee -a $LOG
+env $DW $SE timeout 90 $B cuda-check -m $W/8b.gguf --batch 16 -p 32 -n 4 2>&1 | grep -E '^\| |rror' | tail -2 | tee -a $LOG
 PF=FERROLM_CUDA_DQ_PREFETCH=1
-for v in FERROLM_UNUSED=1 $DW $PF "$DW $PF" FERROLM_UNUSED=1 "$DW $PF"; do
+SE=FERROLM_CUDA_DQ_SEGMENTS=1
+for v in FERROLM_UNUSED=1 $DW $PF $SE "$DW $PF" "$PF $SE" "$DW $PF $SE" FERROLM_UNUSED=1; do
   say "== 8b B=16 $v ($(el) s)"
   env $v timeout 60 $B bench -m $W/8b.gguf --device cuda --batch 16 -p 128 -n 128 2>&1 | grep -E '^\| +[0-9]|rror|anic' | tee -a $LOG
 done

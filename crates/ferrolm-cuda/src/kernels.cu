@@ -3289,14 +3289,14 @@ __device__ __forceinline__ u32 f2h2(float f) {
 // prefetch non-zero: the block's weight rows asked of L2 before it waits for its predecessor
 // (which a launch overlapping that predecessor lets start early: CudaTuning::batch_overlap).
 // WARPS: the block's warps, each taking every WARPS-th super-block of the rows.
+// r0: the block's first row.
 template <int NT, int WARPS = SG_WARPS>
 __device__ __forceinline__ void dq4k_gemm(const u8* __restrict__ W, int row_bytes, int rows,
                                           int n_sb, const u16* __restrict__ A, int cols, int n,
-                                          float* C, float beta, int prefetch) {
+                                          float* C, float beta, int prefetch, int r0) {
     __shared__ float part[WARPS][8 * NT][32];
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int g = lane / 4, c = lane % 4;
-    const int r0 = blockIdx.x * SG_ROWS;
     if (prefetch && threadIdx.x < SG_ROWS && r0 + (int)threadIdx.x < rows)
         prefetch_l2(W + (size_t)(r0 + threadIdx.x) * row_bytes, row_bytes);
     step_begin();
@@ -3380,14 +3380,16 @@ extern "C" __global__ void DQ_BOUNDS dq4k_gemm_8(const u8* __restrict__ W, int r
                                                  int rows, int n_sb, const u16* __restrict__ A,
                                                  int cols, int n, float* C, float beta,
                                                  int prefetch) {
-    dq4k_gemm<1>(W, row_bytes, rows, n_sb, A, cols, n, C, beta, prefetch);
+    dq4k_gemm<1>(W, row_bytes, rows, n_sb, A, cols, n, C, beta, prefetch,
+                 blockIdx.x * SG_ROWS);
 }
 
 extern "C" __global__ void DQ_BOUNDS dq4k_gemm_16(const u8* __restrict__ W, int row_bytes,
                                                   int rows, int n_sb, const u16* __restrict__ A,
                                                   int cols, int n, float* C, float beta,
                                                   int prefetch) {
-    dq4k_gemm<2>(W, row_bytes, rows, n_sb, A, cols, n, C, beta, prefetch);
+    dq4k_gemm<2>(W, row_bytes, rows, n_sb, A, cols, n, C, beta, prefetch,
+                 blockIdx.x * SG_ROWS);
 }
 
 // The same with four warps a block (`CudaTuning::dq_gemm_warps`): three blocks an SM at the
@@ -3399,14 +3401,74 @@ extern "C" __global__ void DQ4_BOUNDS dq4k_gemm4w_8(const u8* __restrict__ W, in
                                                    int rows, int n_sb, const u16* __restrict__ A,
                                                    int cols, int n, float* C, float beta,
                                                    int prefetch) {
-    dq4k_gemm<1, 4>(W, row_bytes, rows, n_sb, A, cols, n, C, beta, prefetch);
+    dq4k_gemm<1, 4>(W, row_bytes, rows, n_sb, A, cols, n, C, beta, prefetch,
+                    blockIdx.x * SG_ROWS);
 }
 
 extern "C" __global__ void DQ4_BOUNDS dq4k_gemm4w_16(const u8* __restrict__ W, int row_bytes,
                                                     int rows, int n_sb, const u16* __restrict__ A,
                                                     int cols, int n, float* C, float beta,
                                                     int prefetch) {
-    dq4k_gemm<2, 4>(W, row_bytes, rows, n_sb, A, cols, n, C, beta, prefetch);
+    dq4k_gemm<2, 4>(W, row_bytes, rows, n_sb, A, cols, n, C, beta, prefetch,
+                    blockIdx.x * SG_ROWS);
+}
+
+// Two or three matrices of the same input and width in one launch (Q, K and V; gate and up:
+// `CudaTuning::dq_segments`): a block takes SG_ROWS rows of the matrix its index falls in,
+// the first's blocks first. Fewer launches, and K and V's few blocks fill the SMs that Q's
+// leave idle.
+template <int NT, int WARPS = SG_WARPS>
+__device__ __forceinline__ void dq4k_segments(const u8* W0, int rows0, float* C0, const u8* W1,
+                                              int rows1, float* C1, const u8* W2, int rows2,
+                                              float* C2, int row_bytes, int n_sb, const u16* A,
+                                              int cols, int n, float beta, int prefetch) {
+    const int b0 = (rows0 + SG_ROWS - 1) / SG_ROWS, b1 = (rows1 + SG_ROWS - 1) / SG_ROWS;
+    const int b = blockIdx.x;
+    if (b < b0)
+        dq4k_gemm<NT, WARPS>(W0, row_bytes, rows0, n_sb, A, cols, n, C0, beta, prefetch,
+                             b * SG_ROWS);
+    else if (b < b0 + b1)
+        dq4k_gemm<NT, WARPS>(W1, row_bytes, rows1, n_sb, A, cols, n, C1, beta, prefetch,
+                             (b - b0) * SG_ROWS);
+    else
+        dq4k_gemm<NT, WARPS>(W2, row_bytes, rows2, n_sb, A, cols, n, C2, beta, prefetch,
+                             (b - b0 - b1) * SG_ROWS);
+}
+
+extern "C" __global__ void DQ_BOUNDS dq4k_gemm3_8(const u8* W0, int rows0, float* C0,
+                                                  const u8* W1, int rows1, float* C1,
+                                                  const u8* W2, int rows2, float* C2,
+                                                  int row_bytes, int n_sb, const u16* A, int cols,
+                                                  int n, float beta, int prefetch) {
+    dq4k_segments<1>(W0, rows0, C0, W1, rows1, C1, W2, rows2, C2, row_bytes, n_sb, A, cols, n,
+                     beta, prefetch);
+}
+
+extern "C" __global__ void DQ_BOUNDS dq4k_gemm3_16(const u8* W0, int rows0, float* C0,
+                                                   const u8* W1, int rows1, float* C1,
+                                                   const u8* W2, int rows2, float* C2,
+                                                   int row_bytes, int n_sb, const u16* A, int cols,
+                                                   int n, float beta, int prefetch) {
+    dq4k_segments<2>(W0, rows0, C0, W1, rows1, C1, W2, rows2, C2, row_bytes, n_sb, A, cols, n,
+                     beta, prefetch);
+}
+
+extern "C" __global__ void DQ4_BOUNDS dq4k_gemm3_4w_8(const u8* W0, int rows0, float* C0,
+                                                      const u8* W1, int rows1, float* C1,
+                                                      const u8* W2, int rows2, float* C2,
+                                                      int row_bytes, int n_sb, const u16* A,
+                                                      int cols, int n, float beta, int prefetch) {
+    dq4k_segments<1, 4>(W0, rows0, C0, W1, rows1, C1, W2, rows2, C2, row_bytes, n_sb, A, cols, n,
+                        beta, prefetch);
+}
+
+extern "C" __global__ void DQ4_BOUNDS dq4k_gemm3_4w_16(const u8* W0, int rows0, float* C0,
+                                                       const u8* W1, int rows1, float* C1,
+                                                       const u8* W2, int rows2, float* C2,
+                                                       int row_bytes, int n_sb, const u16* A,
+                                                       int cols, int n, float beta, int prefetch) {
+    dq4k_segments<2, 4>(W0, rows0, C0, W1, rows1, C1, W2, rows2, C2, row_bytes, n_sb, A, cols, n,
+                        beta, prefetch);
 }
 
 // The same products in a pipeline (dq_pipe: dq4k_pipe_*, and dq6k_pipe_* over Q6_KR rows): a

@@ -700,6 +700,73 @@ impl<D: BatchDevice> Prefill<D> {
         self.gemm(w16, spec.rows, spec.cols, a, n, c, beta)
     }
 
+    /// [`Prefill::product`] of matrices `ms` (each with its output) of the one input `a`: those
+    /// that go through `dq4k_gemm_*`, two or three of one width, as one `dq4k_gemm3_*` launch
+    /// where the tuning asks for it ([`CudaTuning::dq_segments`]), the rest one by one.
+    fn products(
+        &mut self,
+        p: &DecodePlan,
+        at: &Addresses,
+        ms: &[(usize, u64)],
+        a: u64,
+        n: usize,
+    ) -> Result<(), CudaError> {
+        let joins = |m: usize| {
+            let spec = &p.matrices[m];
+            self.tuning.dq_segments
+                && self.tuning.dq_pipe.is_none()
+                && has_dq(spec)
+                && self.reads_blocks(spec)
+                && !(self.mmq_step && has_mmq(spec))
+                && (at.matrices[m] | a).is_multiple_of(16)
+        };
+        let joined: Vec<bool> = ms.iter().map(|&(m, _)| joins(m)).collect();
+        let (joint, alone): (Vec<_>, Vec<_>) = ms.iter().zip(&joined).partition(|(_, &j)| j);
+        let joint: Vec<(usize, u64)> = joint.into_iter().map(|(&mc, _)| mc).collect();
+        let one_width = joint
+            .iter()
+            .all(|&(m, _)| p.matrices[m].cols == p.matrices[joint[0].0].cols);
+        if joint.len() < 2 || !one_width {
+            for &(m, c) in ms {
+                self.product(p, at, m, a, n, c, 0.0)?;
+            }
+            return Ok(());
+        }
+        self.xq_holds = None;
+        let spec = &p.matrices[joint[0].0];
+        let mut args = Vec::new();
+        let mut blocks = 0;
+        for i in 0..3 {
+            let (w, rows, c) = joint
+                .get(i)
+                .map_or((0, 0, 0), |&(m, c)| (at.matrices[m], p.matrices[m].rows, c));
+            blocks += rows.div_ceil(DQ_ROWS);
+            args.extend([Value::Ptr(w), Value::I32(rows as i32), Value::Ptr(c)]);
+        }
+        args.extend([
+            Value::I32(spec.row_bytes() as i32),
+            Value::I32((spec.cols / 256) as i32),
+            Value::Ptr(a),
+            Value::I32(spec.cols as i32),
+            Value::I32(n as i32),
+            Value::F32(0.0),
+            Value::I32(i32::from(
+                self.tuning.batch_overlap || self.tuning.dq_prefetch,
+            )),
+        ]);
+        let (kernel, threads) = match (n <= 8, self.tuning.dq_gemm_warps == 4) {
+            (true, false) => ("dq4k_gemm3_8", crate::batch_device::SKINNY_THREADS),
+            (false, false) => ("dq4k_gemm3_16", crate::batch_device::SKINNY_THREADS),
+            (true, true) => ("dq4k_gemm3_4w_8", 128),
+            (false, true) => ("dq4k_gemm3_4w_16", 128),
+        };
+        self.run(kernel, (blocks as u32, 1), threads, &args)?;
+        for (&(m, c), _) in alone {
+            self.product(p, at, m, a, n, c, 0.0)?;
+        }
+        Ok(())
+    }
+
     /// Whether the step being launched reads matrix `spec`'s blocks (`dq4k_gemm_*`,
     /// `dq4k_pipe_*`, `dq6k_pipe_*`) rather than an f16 copy.
     fn reads_blocks(&self, spec: &MatrixSpec) -> bool {
@@ -1021,9 +1088,9 @@ impl<D: BatchDevice> Prefill<D> {
                         self.hybrid.as_ref().filter(|_| ar.gated_output).map(|b| {
                             (self.dev.address(&b.q_gated), self.dev.address(&b.attn_gate))
                         });
-                    for (m, out) in ar.qkv.iter().zip([gated.map_or(q, |g| g.0), k, v]) {
-                        self.product(p, at, *m, h, n, out, 0.0)?;
-                    }
+                    let outs = [gated.map_or(q, |g| g.0), k, v];
+                    let qkv: Vec<(usize, u64)> = ar.qkv.iter().copied().zip(outs).collect();
+                    self.products(p, at, &qkv, h, n)?;
                     if let Some((qg, g)) = gated {
                         self.run(
                             "split_query_gate_rows",
@@ -1239,8 +1306,7 @@ impl<D: BatchDevice> Prefill<D> {
                 )?;
             }
             _ => {
-                self.product(p, at, g, h, n, gate, 0.0)?;
-                self.product(p, at, u, h, n, up, 0.0)?;
+                self.products(p, at, &[(g, gate), (u, up)], h, n)?;
                 if self.all_mmq(p, &[down]) {
                     self.glu_rows_q(p, r, [gate, up, act], n, down)?;
                 } else {

@@ -296,6 +296,8 @@ fn batched_steps(
     if dq && (0..plan.matrices.len()).any(|m| q4k(m) && plan.matrices[m].experts == 1) {
         expected.push(if tuning.dq_pipe.is_some() {
             "dq4k_pipe_"
+        } else if tuning.dq_segments {
+            "dq4k_gemm3_"
         } else if tuning.dq_gemm_warps == 4 {
             "dq4k_gemm4w_"
         } else {
@@ -386,6 +388,30 @@ fn four_warp_q4k_blocks_give_the_cpus_logits() {
         ..host_tuning()
     };
     close_at_3_and_12("llama Q4_K, four warps", &spec, &tuning);
+}
+
+/// A batched step's Q, K and V, and gate and up, each as one launch of segments
+/// (`dq4k_gemm3_*`, `FERROLM_CUDA_DQ_SEGMENTS=1`), of eight warps and of four, at 3 and 12
+/// rows; and a file whose V is Q6_K, so that only Q and K join: the CPU's logits still.
+#[test]
+fn q4k_products_of_one_input_in_one_launch_give_the_cpus_logits() {
+    let mut spec = small("llama");
+    spec.default_type = TensorType::Q4_K;
+    spec.types = Vec::new();
+    for warps in [8, 4] {
+        let tuning = CudaTuning {
+            dq_segments: true,
+            dq_gemm_warps: warps,
+            ..host_tuning()
+        };
+        close_at_3_and_12("llama Q4_K, segments", &spec, &tuning);
+    }
+    spec.types = vec![("attn_v".into(), TensorType::Q6_K)];
+    let tuning = CudaTuning {
+        dq_segments: true,
+        ..host_tuning()
+    };
+    close_at_3_and_12("llama Q4_K + a Q6_K V, segments", &spec, &tuning);
 }
 
 /// [`batched_steps`] of 3 and of 12 rows (f16 copies kept), each sequence close to the CPU.

@@ -196,6 +196,32 @@ pub fn run(dev: &HostDevice, name: &str, grid: (u32, u32), block: u32, args: &[V
         // (the prefetch flag: computes nothing)
         assert!(matches!(a.int(9), 0 | 1), "prefetch {}", a.int(9));
         dq4k_gemm(dev, mem, most, [0, 1, 2, 3, 4, 5, 6, 7, 8], &a);
+    } else if let Some(rest) = name.strip_prefix("dq4k_gemm3_") {
+        // dq4k_gemm3_{most} / _4w_{most}: three (W, rows, C) segments, then row_bytes, n_sb,
+        // a, cols, n, beta, prefetch; a block's rows in the segment its index falls in
+        let (most, warps) = rest.strip_prefix("4w_").map_or((rest, 8), |m| (m, 4));
+        assert_eq!(block, 32 * warps, "{warps} warps");
+        let blocks: usize = (0..3)
+            .map(|s| a.int(3 * s + 1).div_ceil(ferrolm_cuda::prefill::DQ_ROWS))
+            .sum();
+        assert_eq!(
+            grid.0 as usize, blocks,
+            "{name}: a block a segment's 32 rows"
+        );
+        assert!(matches!(a.int(15), 0 | 1), "prefetch {}", a.int(15));
+        assert!(
+            a.int(1) > 0 && a.int(4) > 0,
+            "{name}: two segments at least"
+        );
+        for s in (0..3).filter(|&s| a.int(3 * s + 1) > 0) {
+            dq4k_gemm(
+                dev,
+                mem,
+                most,
+                [3 * s, 9, 3 * s + 1, 10, 11, 12, 13, 3 * s + 2, 14],
+                &a,
+            );
+        }
     } else if let Some(most) = name.strip_prefix("dq6k_pipe_") {
         // dq6k_pipe_{most}: dq4k_pipe's arguments, Q6_KR rows, DQ6_PIPE's layout
         pipe_grid(name, grid, block, ferrolm_cuda::prefill::DQ6_PIPE.0, &a);
