@@ -1648,10 +1648,15 @@ impl Builder {
             .map(|((g, u), d)| [g, u, d]);
         // The normed input in f32 (H); each product's quantized copy in Xq, made again only
         // when the format changes (`held`: what Xq holds now). The router's copy comes from
-        // the norm's launch (`rms_norm_fq`).
-        let router_format = self.shared_format(&[router]);
-        self.rms_norm_f32_and(ffn_norm, d, eps, router_format);
-        let mut held = router_format;
+        // the norm's launch (`rms_norm_fq`); an f32 router's, the experts' gate and up read
+        // (one fewer launch than a quantize_act after the routing).
+        let glu_format = (self.matrices[gate].ty == self.matrices[up].ty
+            && expert_biases.is_none())
+        .then(|| self.shared_format(&[gate, up]))
+        .flatten();
+        let norm_format = self.shared_format(&[router]).or(glu_format);
+        self.rms_norm_f32_and(ffn_norm, d, eps, norm_format);
+        let mut held = norm_format;
         let mut input = |b: &mut Builder, mats: &[usize]| match b.shared_format(mats) {
             None => Buf::H,
             Some(f) if held == Some(f) => Buf::Xq,
@@ -3402,6 +3407,28 @@ pub(crate) mod tests {
         assert!(two.weight_bytes_per_token() < two.weight_bytes_total());
         // None of it from host memory unless a matrix lives there.
         assert_eq!(two.weight_bytes_per_token_of(|_| false), 0);
+    }
+
+    /// An f32 router before quantized experts (Qwen3-30B-A3B's files): the feed-forward norm's
+    /// launch quantizes the experts' input beside its f32 output, no quantize_act after.
+    #[test]
+    fn an_f32_router_leaves_the_experts_input_to_the_norm() {
+        let pl = moe_plan();
+        let weights = bound(&pl, |name| {
+            if name.contains("ffn_gate_inp") {
+                TensorType::F32
+            } else {
+                TensorType::Q4_0
+            }
+        });
+        let p = decode_plan(&pl, &weights, 256).unwrap();
+        let kernels: Vec<&str> = p.launches.iter().map(|l| l.kernel.as_str()).collect();
+        let route = kernels.iter().position(|&k| k == "moe_route").unwrap();
+        assert_eq!(kernels[route - 1], "matvec_F32");
+        assert_eq!(kernels[route - 2], "rms_norm_fq");
+        assert!(!kernels.contains(&"quantize_act"), "{kernels:?}");
+        assert!(kernels[route + 1].starts_with("moe_glu"), "{kernels:?}");
+        assert_eq!(p.launches[route + 1].args[6], Arg::Buf(Buf::Xq));
     }
 
     #[test]

@@ -918,6 +918,13 @@ fn the_decode_step_computes_what_the_cpu_computes() {
         }
         cases.push(s);
     }
+    // Qwen3-30B-A3B's layout: an f32 router, the rest Q4_0 (the experts' quantized input
+    // made by the norm's launch, which the router reads in f32).
+    let mut f32_router = SyntheticSpec::small("qwen3moe");
+    f32_router.head_dim = 64;
+    f32_router.default_type = TensorType::Q4_0;
+    f32_router.types = vec![("ffn_gate_inp".into(), TensorType::F32)];
+    cases.push(f32_router);
     // Hybrids: gated delta-net layers beside attention with a gated output; qwen3next's fused
     // projections and its split ones, Qwen3.5's (value heads tiling the key heads) with dense
     // and with expert feed-forward blocks.
