@@ -36,6 +36,8 @@ T="--tokenizer-from .bench/tok.gguf"
 # took over 230 s for this file in session 19, drawing on one core then)
 [ -f $W/moe30.gguf ] || (PYTHONPATH=.bench/llama.cpp/gguf-py setsid python3 .bench/make_moe.py \
   qwen3-30b-a3b $W/moe30.tmp > /tmp/moe30.out 2>&1 && mv $W/moe30.tmp $W/moe30.gguf &)
+[ -f $W/8b.gguf ] || (setsid $B synth --shape llama-3.1-8b --type q4_k_m $T -o $W/8b.tmp \
+  > /dev/null 2>&1 && mv $W/8b.tmp $W/8b.gguf &)
 [ -f $W/hy.gguf ] || $B synth --arch qwen3next --embd 2048 --layers 24 --heads 16 --kv-heads 2 \
   --head-dim 128 --ff 512 --experts 16 --experts-used 4 --ssm-state 128 --ssm-k-heads 16 \
   --ssm-v-heads 32 --full-attention-interval 4 --ctx 4096 --type q4_0 $T -o $W/hy.gguf > /dev/null
@@ -51,6 +53,14 @@ torch.cuda.synchronize(); t = time.perf_counter()
 for _ in range(5): b.copy_(a, non_blocking=True)
 torch.cuda.synchronize(); print(f"pinned host-to-device copy: {5 * a.numel() / (time.perf_counter() - t) / 1e9:.1f} GB/s")
 PY
+while [ ! -f $W/8b.gguf ] && [ $(el) -lt 300 ]; do sleep 5; done
+DW=FERROLM_CUDA_DQ_WARPS=4; PF=FERROLM_CUDA_DQ_PREFETCH=1; SE=FERROLM_CUDA_DQ_SEGMENTS=1
+say "== 8b cuda-check --batch 16, $DW $SE ($(el) s)"
+env $DW $SE timeout 90 $B cuda-check -m $W/8b.gguf --batch 16 -p 32 -n 4 2>&1 | grep -E '^\| |rror' | tail -2 | tee -a $LOG
+for v in FERROLM_UNUSED=1 $DW $PF $SE "$DW $PF" "$PF $SE" "$DW $PF $SE" FERROLM_UNUSED=1; do
+  say "== 8b B=16 $v ($(el) s)"
+  env $v timeout 60 $B bench -m $W/8b.gguf --device cuda --batch 16 -p 128 -n 128 2>&1 | grep -E '^\| +[0-9]|rror|anic' | tee -a $LOG
+done
 SG=FERROLM_CUDA_SHARED_IN_GRID=1
 for f in hy q2m; do
   say "== $f cuda-check, $SG ($(el) s)"
@@ -70,16 +80,6 @@ for v in FERROLM_UNUSED=1 FERROLM_CUDA_NO_FUSED_COMBINE=1; do
 done
 say "== moe30 pp512 ($(el) s)"
 timeout 90 $B bench -m $W/moe30.gguf --device cuda -p 512 -n 0 -r 2 2>&1 | grep -E 'pp512|rror|anic' | tee -a $LOG
-[ -f $W/8b.gguf ] || $B synth --shape llama-3.1-8b --type q4_k_m $T -o $W/8b.gguf > /dev/null
-DW=FERROLM_CUDA_DQ_WARPS=4
-say "== 8b cuda-check --batch 16, $DW ($(el) s)"
-env $DW $SE timeout 90 $B cuda-check -m $W/8b.gguf --batch 16 -p 32 -n 4 2>&1 | grep -E '^\| |rror' | tail -2 | tee -a $LOG
-PF=FERROLM_CUDA_DQ_PREFETCH=1
-SE=FERROLM_CUDA_DQ_SEGMENTS=1
-for v in FERROLM_UNUSED=1 $DW $PF $SE "$DW $PF" "$PF $SE" "$DW $PF $SE" FERROLM_UNUSED=1; do
-  say "== 8b B=16 $v ($(el) s)"
-  env $v timeout 60 $B bench -m $W/8b.gguf --device cuda --batch 16 -p 128 -n 128 2>&1 | grep -E '^\| +[0-9]|rror|anic' | tee -a $LOG
-done
 while [ ! -x $L/llama-bench ] && [ $(el) -lt 420 ]; do sleep 5; done
 say "== llama.cpp ($(el) s)"
 timeout 150 $L/llama-bench -m $W/hy.gguf,$W/moe30.gguf -ngl 99 -fa 1 -p 512 -n 64 -r 2 2>&1 | grep -E '^\|' | tee -a $LOG
