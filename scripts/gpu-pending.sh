@@ -16,8 +16,9 @@
 #    tg64 with and without `FERROLM_CUDA_NO_FUSED_COMBINE=1`, pp512;
 # 3. issue 18: the 8B Q4_K_M at B=16 with `FERROLM_CUDA_DQ_WARPS=4` (dq4k_gemm4w_*: blocks of 4
 #    warps, three an SM), `FERROLM_CUDA_DQ_PREFETCH=1` (each block's rows asked of L2 as it
-#    starts), `FERROLM_CUDA_DQ_SEGMENTS=1` (Q, K and V, gate and up, one launch each), in
-#    combinations, and cuda-check --batch 16 with the first and last;
+#    starts), `FERROLM_CUDA_DQ_SEGMENTS=1` (Q, K and V, gate and up, one launch each),
+#    `FERROLM_CUDA_DQ_GLU=1` (gate, up and the activation one launch), in combinations, and
+#    cuda-check --batch 16 with them;
 # 4. llama.cpp's pp512 and tg on the same files (llama-bench), llama-batched-bench on the 8B;
 #    and the pinned host-to-device copy rate (issue 24's bus arithmetic).
 # Everything lands in $OUT/pending.txt (and on stdout).
@@ -56,8 +57,9 @@ PY
 while [ ! -f $W/8b.gguf ] && [ $(el) -lt 300 ]; do sleep 5; done
 DW=FERROLM_CUDA_DQ_WARPS=4; PF=FERROLM_CUDA_DQ_PREFETCH=1; SE=FERROLM_CUDA_DQ_SEGMENTS=1
 say "== 8b cuda-check --batch 16, $DW $SE ($(el) s)"
-env $DW $SE timeout 90 $B cuda-check -m $W/8b.gguf --batch 16 -p 32 -n 4 2>&1 | grep -E '^\| |rror' | tail -2 | tee -a $LOG
-for v in FERROLM_UNUSED=1 $DW $PF $SE "$DW $PF" "$PF $SE" "$DW $PF $SE" FERROLM_UNUSED=1; do
+env $DW $SE FERROLM_CUDA_DQ_GLU=1 timeout 90 $B cuda-check -m $W/8b.gguf --batch 16 -p 32 -n 4 2>&1 | grep -E '^\| |rror' | tail -2 | tee -a $LOG
+GL=FERROLM_CUDA_DQ_GLU=1
+for v in FERROLM_UNUSED=1 $PF $SE $GL $DW "$PF $SE $GL" "$DW $PF $SE $GL" FERROLM_UNUSED=1; do
   say "== 8b B=16 $v ($(el) s)"
   env $v timeout 60 $B bench -m $W/8b.gguf --device cuda --batch 16 -p 128 -n 128 2>&1 | grep -E '^\| +[0-9]|rror|anic' | tee -a $LOG
 done

@@ -3289,24 +3289,18 @@ __device__ __forceinline__ u32 f2h2(float f) {
 // prefetch non-zero: the block's weight rows asked of L2 before it waits for its predecessor
 // (which a launch overlapping that predecessor lets start early: CudaTuning::batch_overlap).
 // WARPS: the block's warps, each taking every WARPS-th super-block of the rows.
-// r0: the block's first row.
-template <int NT, int WARPS = SG_WARPS>
-__device__ __forceinline__ void dq4k_gemm(const u8* __restrict__ W, int row_bytes, int rows,
-                                          int n_sb, const u16* __restrict__ A, int cols, int n,
-                                          float* C, float beta, int prefetch, int r0) {
-    __shared__ float part[WARPS][8 * NT][32];
+// A warp's sums over its super-blocks (every WARPS-th) for rows wr[0..4] (the lane's rows g,
+// g + 8, g + 16, g + 24 of the block's 32) and the n inputs: acc[m][t] holds rows 16 m ..
+// 16 m + 15 by inputs 8 t .. 8 t + 7, as mma lays out its accumulators.
+template <int NT, int WARPS>
+__device__ __forceinline__ void dq4k_sums(const u8* const (&wr)[4], int n_sb,
+                                          const u16* __restrict__ A, int cols, int n,
+                                          float (&acc)[2][NT][4]) {
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int g = lane / 4, c = lane % 4;
-    if (prefetch && threadIdx.x < SG_ROWS && r0 + (int)threadIdx.x < rows)
-        prefetch_l2(W + (size_t)(r0 + threadIdx.x) * row_bytes, row_bytes);
-    step_begin();
-    const u8* wr[4];
-#pragma unroll
-    for (int i = 0; i < 4; i++) wr[i] = W + (long long)min(r0 + g + 8 * i, rows - 1) * row_bytes;
     const u16* ar[NT];
 #pragma unroll
     for (int t = 0; t < NT; t++) ar[t] = A + (long long)min(g + 8 * t, n - 1) * cols + 64 * c;
-    float acc[2][NT][4] = {};
     for (int sb = warp; sb < n_sb; sb += WARPS) {
         uint4 hd[4], qv[4][2];
 #pragma unroll
@@ -3369,7 +3363,88 @@ __device__ __forceinline__ void dq4k_gemm(const u8* __restrict__ W, int row_byte
             }
         }
     }
+}
+
+// r0: the block's first row.
+template <int NT, int WARPS = SG_WARPS>
+__device__ __forceinline__ void dq4k_gemm(const u8* __restrict__ W, int row_bytes, int rows,
+                                          int n_sb, const u16* __restrict__ A, int cols, int n,
+                                          float* C, float beta, int prefetch, int r0) {
+    __shared__ float part[WARPS][8 * NT][32];
+    const int g = threadIdx.x % 32 / 4;
+    if (prefetch && threadIdx.x < SG_ROWS && r0 + (int)threadIdx.x < rows)
+        prefetch_l2(W + (size_t)(r0 + threadIdx.x) * row_bytes, row_bytes);
+    step_begin();
+    const u8* wr[4];
+#pragma unroll
+    for (int i = 0; i < 4; i++) wr[i] = W + (long long)min(r0 + g + 8 * i, rows - 1) * row_bytes;
+    float acc[2][NT][4] = {};
+    dq4k_sums<NT, WARPS>(wr, n_sb, A, cols, n, acc);
     skinny_store<NT, WARPS>(part, acc, r0, rows, n, C, beta);
+}
+
+// Gate and up products with the activation after them (`CudaTuning::dq_glu`): a block takes
+// 16 rows of each, gate's in the places of dq4k_gemm's rows 0-15 and up's in those of 16-31,
+// sums them as dq4k_gemm does (the same f32 sums, in the same warp order) and writes
+// act[t][r] = silu(g) * u (gelu: 1) in f16, as swiglu_f16 and geglu_f16 make it from those
+// sums: no f32 gate and up rows, no activation launch.
+template <int NT, int WARPS = SG_WARPS>
+__device__ __forceinline__ void dq4k_glu(const u8* __restrict__ Wg, const u8* __restrict__ Wu,
+                                         int row_bytes, int rows, int n_sb,
+                                         const u16* __restrict__ A, int cols, int n, u16* act,
+                                         int gelu, int prefetch) {
+    __shared__ float part[WARPS][8 * NT][32];
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int g = lane / 4;
+    const int r0 = blockIdx.x * 16;
+    if (prefetch && threadIdx.x < 32 && r0 + (int)threadIdx.x % 16 < rows)
+        prefetch_l2((threadIdx.x < 16 ? Wg : Wu) + (size_t)(r0 + threadIdx.x % 16) * row_bytes,
+                    row_bytes);
+    step_begin();
+    const u8* wr[4];
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+        wr[i] = (i < 2 ? Wg : Wu) + (long long)min(r0 + g + 8 * (i % 2), rows - 1) * row_bytes;
+    float acc[2][NT][4] = {};
+    dq4k_sums<NT, WARPS>(wr, n_sb, A, cols, n, acc);
+#pragma unroll
+    for (int m = 0; m < 2; m++)
+#pragma unroll
+        for (int t = 0; t < NT; t++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) part[warp][(m * NT + t) * 4 + e][lane] = acc[m][t][e];
+    __syncthreads();
+    for (int o = threadIdx.x; o < 16 * 8 * NT; o += blockDim.x) {
+        const int rr = o % 16, cc = o / 16;
+        const int r = r0 + rr;
+        if (r >= rows || cc >= n) continue;
+        const int t = cc / 8, ct = cc % 8;
+        const int at = (rr / 8) * 2 + ct % 2, from = (rr % 8) * 4 + ct / 2;
+        float sg = 0.f, su = 0.f;
+#pragma unroll
+        for (int w = 0; w < WARPS; w++) {
+            sg += part[w][t * 4 + at][from];
+            su += part[w][(NT + t) * 4 + at][from];
+        }
+        const float a = gelu ? gelu_table(sg) : sg / (1.f + __expf(-sg));
+        act[(long long)cc * rows + r] = f2h(a * su);
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(SG_WARPS * 32) dq4k_glu_8(const u8* __restrict__ Wg,
+                                                const u8* __restrict__ Wu, int row_bytes,
+                                                int rows, int n_sb, const u16* __restrict__ A,
+                                                int cols, int n, u16* act, int gelu,
+                                                int prefetch) {
+    dq4k_glu<1>(Wg, Wu, row_bytes, rows, n_sb, A, cols, n, act, gelu, prefetch);
+}
+
+extern "C" __global__ void __launch_bounds__(SG_WARPS * 32) dq4k_glu_16(const u8* __restrict__ Wg,
+                                                 const u8* __restrict__ Wu, int row_bytes,
+                                                 int rows, int n_sb, const u16* __restrict__ A,
+                                                 int cols, int n, u16* act, int gelu,
+                                                 int prefetch) {
+    dq4k_glu<2>(Wg, Wu, row_bytes, rows, n_sb, A, cols, n, act, gelu, prefetch);
 }
 
 // (An explicit `__launch_bounds__(256, 1)` takes dq4k_gemm_16 from 102 registers to 140, and

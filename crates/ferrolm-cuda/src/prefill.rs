@@ -18,7 +18,7 @@ use crate::batch_device::{BatchDevice, CudaBatch, Gemm, Value};
 use crate::device::Rows;
 use crate::schedule::{
     activation_format, expert_product_kernel, DecodePlan, DeltaNetProjection, DeltaNetRefs,
-    LayerRefs, MatrixSpec, MixerRefs, MoeRefs, MATVEC_ROWS,
+    GateActivation, LayerRefs, MatrixSpec, MixerRefs, MoeRefs, MATVEC_ROWS,
 };
 use crate::{CudaError, CudaTuning};
 
@@ -711,16 +711,10 @@ impl<D: BatchDevice> Prefill<D> {
         a: u64,
         n: usize,
     ) -> Result<(), CudaError> {
-        let joins = |m: usize| {
-            let spec = &p.matrices[m];
-            self.tuning.dq_segments
-                && self.tuning.dq_pipe.is_none()
-                && has_dq(spec)
-                && self.reads_blocks(spec)
-                && !(self.mmq_step && has_mmq(spec))
-                && (at.matrices[m] | a).is_multiple_of(16)
-        };
-        let joined: Vec<bool> = ms.iter().map(|&(m, _)| joins(m)).collect();
+        let joined: Vec<bool> = ms
+            .iter()
+            .map(|&(m, _)| self.tuning.dq_segments && self.by_dq4k_gemm(p, at, m, a))
+            .collect();
         let (joint, alone): (Vec<_>, Vec<_>) = ms.iter().zip(&joined).partition(|(_, &j)| j);
         let joint: Vec<(usize, u64)> = joint.into_iter().map(|(&mc, _)| mc).collect();
         let one_width = joint
@@ -765,6 +759,67 @@ impl<D: BatchDevice> Prefill<D> {
             self.product(p, at, m, a, n, c, 0.0)?;
         }
         Ok(())
+    }
+
+    /// Whether [`Prefill::product`] of matrix `m` with input `a` launches `dq4k_gemm_*`.
+    fn by_dq4k_gemm(&self, p: &DecodePlan, at: &Addresses, m: usize, a: u64) -> bool {
+        let spec = &p.matrices[m];
+        self.tuning.dq_pipe.is_none()
+            && has_dq(spec)
+            && self.reads_blocks(spec)
+            && !(self.mmq_step && has_mmq(spec))
+            && (at.matrices[m] | a).is_multiple_of(16)
+    }
+
+    /// Gate `g` and up `u` of input `a` and the activation into `act` (f16) as one
+    /// `dq4k_glu_*` launch, where the tuning asks for it ([`CudaTuning::dq_glu`]) and both
+    /// go through `dq4k_gemm_*`: whether it launched.
+    #[allow(clippy::too_many_arguments)]
+    fn dq_glu(
+        &mut self,
+        p: &DecodePlan,
+        at: &Addresses,
+        [g, u]: [usize; 2],
+        activation: GateActivation,
+        (a, n): (u64, usize),
+        act: u64,
+    ) -> Result<bool, CudaError> {
+        let gelu = match activation {
+            GateActivation::Silu => 0,
+            GateActivation::Gelu => 1,
+            GateActivation::SwigluOai => return Ok(false),
+        };
+        let (sg, su) = (&p.matrices[g], &p.matrices[u]);
+        if !self.tuning.dq_glu
+            || !self.by_dq4k_gemm(p, at, g, a)
+            || !self.by_dq4k_gemm(p, at, u, a)
+            || (sg.rows, sg.cols) != (su.rows, su.cols)
+        {
+            return Ok(false);
+        }
+        self.xq_holds = None;
+        let kernel = if n <= 8 { "dq4k_glu_8" } else { "dq4k_glu_16" };
+        self.run(
+            kernel,
+            (sg.rows.div_ceil(16) as u32, 1),
+            crate::batch_device::SKINNY_THREADS,
+            &[
+                Value::Ptr(at.matrices[g]),
+                Value::Ptr(at.matrices[u]),
+                Value::I32(sg.row_bytes() as i32),
+                Value::I32(sg.rows as i32),
+                Value::I32((sg.cols / 256) as i32),
+                Value::Ptr(a),
+                Value::I32(sg.cols as i32),
+                Value::I32(n as i32),
+                Value::Ptr(act),
+                Value::I32(gelu),
+                Value::I32(i32::from(
+                    self.tuning.batch_overlap || self.tuning.dq_prefetch,
+                )),
+            ],
+        )?;
+        Ok(true)
     }
 
     /// Whether the step being launched reads matrix `spec`'s blocks (`dq4k_gemm_*`,
@@ -1288,10 +1343,10 @@ impl<D: BatchDevice> Prefill<D> {
             }
             _ => None,
         };
-        match (fused_gu, &self.gate_up_rows) {
-            (Some(w), Some(rows_buf)) => {
+        let stacked_rows = self.gate_up_rows.as_ref().map(|b| self.dev.address(b));
+        match (fused_gu, stacked_rows) {
+            (Some(w), Some(out)) => {
                 // Gate and up as one stacked matrix: each token's row is (gate | up).
-                let out = self.dev.address(rows_buf);
                 self.gemm(w, 2 * n_ff, d, h, n, out, 0.0)?;
                 self.run(
                     &format!("{}_pairs_f16", r.activation.kernel()),
@@ -1305,6 +1360,8 @@ impl<D: BatchDevice> Prefill<D> {
                     ],
                 )?;
             }
+            _ if !self.all_mmq(p, &[down])
+                && self.dq_glu(p, at, [g, u], r.activation, (h, n), act)? => {}
             _ => {
                 self.products(p, at, &[(g, gate), (u, up)], h, n)?;
                 if self.all_mmq(p, &[down]) {

@@ -117,6 +117,10 @@ pub struct CudaTuning {
     /// Q, K and V, and gate and up, where two or three of them go through `dq4k_gemm_*`, as
     /// one launch (`dq4k_gemm3_*`; `FERROLM_CUDA_DQ_SEGMENTS=1`, off until measured).
     pub dq_segments: bool,
+    /// Gate and up through `dq4k_gemm_*` as one launch that writes the activation's f16 rows
+    /// (`dq4k_glu_*`: no f32 gate and up rows, no activation launch;
+    /// `FERROLM_CUDA_DQ_GLU=1`, off until measured).
+    pub dq_glu: bool,
     /// Those products by `dq4k_pipe_*` (warps a block, super-blocks in flight: one of
     /// [`crate::prefill::DQ_PIPES`]), the pipelined layout, rather than `dq4k_gemm_*`
     /// (`FERROLM_CUDA_DQ_PIPE=4x3`; `None`, the default: slower than `dq4k_gemm_*` on an H100,
@@ -168,6 +172,7 @@ impl Default for CudaTuning {
             dq_gemm_warps: 8,
             dq_prefetch: false,
             dq_segments: false,
+            dq_glu: false,
             dq_pipe: None,
             dq6_pipe: false,
             paged_kv: true,
@@ -220,6 +225,7 @@ impl CudaTuning {
                 .unwrap_or(d.dq_gemm_warps),
             dq_prefetch: !unset("FERROLM_CUDA_DQ_PREFETCH"),
             dq_segments: !unset("FERROLM_CUDA_DQ_SEGMENTS"),
+            dq_glu: !unset("FERROLM_CUDA_DQ_GLU"),
             dq6_pipe: std::env::var_os("FERROLM_CUDA_DQ6_PIPE").is_some(),
             dq_pipe: match std::env::var("FERROLM_CUDA_DQ_PIPE").ok().as_deref() {
                 None => d.dq_pipe,

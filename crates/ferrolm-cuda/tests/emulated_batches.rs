@@ -314,6 +314,15 @@ fn batched_steps(
     } else if keep_f16 && stacked_ffn {
         expected.push("_pairs_f16");
     }
+    if dq
+        && tuning.dq_glu
+        && plan
+            .layers
+            .iter()
+            .any(|r| r.ffn[..2].iter().all(|&m| q4k(m)))
+    {
+        expected.push("dq4k_glu_");
+    }
     if plan.recurrent() {
         expected.push("delta_rule_slots");
     }
@@ -412,6 +421,27 @@ fn q4k_products_of_one_input_in_one_launch_give_the_cpus_logits() {
         ..host_tuning()
     };
     close_at_3_and_12("llama Q4_K + a Q6_K V, segments", &spec, &tuning);
+}
+
+/// Gate, up and the activation as one launch (`dq4k_glu_*`, `FERROLM_CUDA_DQ_GLU=1`) at 3 and
+/// 12 rows, SwiGLU (llama) and GeGLU (Gemma 3): the CPU's logits still.
+#[test]
+fn gate_up_and_the_activation_in_one_launch_give_the_cpus_logits() {
+    for arch in ["llama", "gemma3"] {
+        let mut spec = small(arch);
+        spec.default_type = TensorType::Q4_K;
+        spec.types = Vec::new();
+        spec.sliding_window = spec.sliding_window.map(|_| 8);
+        let tuning = CudaTuning {
+            dq_glu: true,
+            ..host_tuning()
+        };
+        close_at_3_and_12(
+            &format!("{arch} Q4_K, gate, up and activation"),
+            &spec,
+            &tuning,
+        );
+    }
 }
 
 /// [`batched_steps`] of 3 and of 12 rows (f16 copies kept), each sequence close to the CPU.

@@ -222,6 +222,9 @@ pub fn run(dev: &HostDevice, name: &str, grid: (u32, u32), block: u32, args: &[V
                 &a,
             );
         }
+    } else if let Some(most) = name.strip_prefix("dq4k_glu_") {
+        assert_eq!(block, 256, "eight warps");
+        dq4k_glu(dev, mem, most, grid, &a);
     } else if let Some(most) = name.strip_prefix("dq6k_pipe_") {
         // dq6k_pipe_{most}: dq4k_pipe's arguments, Q6_KR rows, DQ6_PIPE's layout
         pipe_grid(name, grid, block, ferrolm_cuda::prefill::DQ6_PIPE.0, &a);
@@ -570,6 +573,51 @@ fn pipe_grid(name: &str, grid: (u32, u32), block: u32, warps: usize, a: &Args) {
 /// most 8 or 16) f16 rows of `a`, f32 sums, each weight as the kernels make it: `q * half(d
 /// sc) - half(dmin m)` rounded once to f16.
 fn dq4k_gemm(dev: &HostDevice, mem: &mut Memory, most: &str, at: [usize; 9], a: &Args) {
+    let arg = |i: usize| at[i];
+    let products = dq4k_products(
+        dev,
+        mem,
+        most,
+        [at[0], at[1], at[2], at[3], at[4], at[5], at[6]],
+        a,
+    );
+    let n = a.int(arg(6));
+    let n_rows = a.int(arg(2));
+    let beta = a.float(arg(8));
+    let out = a.ptr(arg(7));
+    let mut y = if beta == 0.0 {
+        vec![0f32; n * n_rows]
+    } else {
+        mem.f32s(out, n * n_rows).iter().map(|v| v * beta).collect()
+    };
+    for (y, p) in y.iter_mut().zip(products) {
+        *y += p;
+    }
+    mem.write(out, &y);
+}
+
+/// dq4k_glu_8/_16(Wg, Wu, row_bytes, n_rows, n_sb, a, cols, n, act, gelu, prefetch): gate and
+/// up products as dq4k_gemm's, then `act[t][r] = f16(act(g) * u)`.
+fn dq4k_glu(dev: &HostDevice, mem: &mut Memory, most: &str, grid: (u32, u32), a: &Args) {
+    assert_eq!(
+        grid.0 as usize,
+        a.int(3).div_ceil(16),
+        "16 rows of each a block"
+    );
+    assert!(matches!(a.int(10), 0 | 1), "prefetch {}", a.int(10));
+    let g = dq4k_products(dev, mem, most, [0, 2, 3, 4, 5, 6, 7], a);
+    let u = dq4k_products(dev, mem, most, [1, 2, 3, 4, 5, 6, 7], a);
+    let act = match a.int(9) {
+        0 => "swiglu",
+        1 => "geglu",
+        other => panic!("activation {other}"),
+    };
+    mem.write_f16s(a.ptr(8), &math::gated(act, &g, &u));
+}
+
+/// The products `y[t][r] = a[t] . w[r]` of dq4k_gemm_*'s arguments (W, row_bytes, n_rows,
+/// n_sb, a, cols, n at `at`): f32 sums of each weight as the kernels make it.
+fn dq4k_products(dev: &HostDevice, mem: &Memory, most: &str, at: [usize; 7], a: &Args) -> Vec<f32> {
     use ferrolm_cuda::prefill::DQ_MAX_ROWS;
     let arg = |i: usize| at[i];
     let (rb, n_rows, n_sb, cols, n) = (
@@ -603,21 +651,15 @@ fn dq4k_gemm(dev: &HostDevice, mem: &mut Memory, most: &str, at: [usize; 9], a: 
         k => panic!("{k} rows read by a pipelined product"),
     };
     let x = mem.f16s(a.ptr(arg(4)), n * cols);
-    let beta = a.float(arg(8));
-    let out = a.ptr(arg(7));
-    let mut y = if beta == 0.0 {
-        vec![0f32; n * n_rows]
-    } else {
-        mem.f32s(out, n * n_rows).iter().map(|v| v * beta).collect()
-    };
+    let mut y = vec![0f32; n * n_rows];
     for t in 0..n {
         let xt = &x[t * cols..][..cols];
         for r in 0..n_rows {
             let wr = &w[r * cols..][..cols];
-            y[t * n_rows + r] += xt.iter().zip(wr).map(|(x, w)| x * w).sum::<f32>();
+            y[t * n_rows + r] = xt.iter().zip(wr).map(|(x, w)| x * w).sum::<f32>();
         }
     }
-    mem.write(out, &y);
+    y
 }
 
 /// A regrouped Q6_K row's weights (Q6_KR: every ql, then every qh, scales and d) as
