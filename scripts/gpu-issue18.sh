@@ -47,4 +47,9 @@ for f in 1b 8b; do
   timeout 120 $L/llama-batched-bench -m $W/$f.gguf -ngl 99 -fa 1 -c 40000 -npp 128 -ntg 128 \
     -npl 1,4,16,64 2>&1 | grep -E '^\|' | tee -a $LOG
 done
+# (issue 24's file, where gpu-pending.sh made it on this machine: llama.cpp's resident figures)
+if [ -f $W/moe30.gguf ] && [ $(el) -lt 480 ]; then
+  say "== llama.cpp moe30 ($(el) s)"
+  timeout 100 $L/llama-bench -m $W/moe30.gguf -ngl 99 -fa 1 -p 512 -n 64 -r 2 2>&1 | grep -E '^\|' | tee -a $LOG
+fi
 say "total $(el) s"
