@@ -160,6 +160,32 @@ impl CudaBackend {
         &mut self.gpu
     }
 
+    /// `f` of the expert counters (each layer's counts; empty per dense layer), read from the
+    /// device again where [`EXPERT_COUNTS_EVERY`] says the last reading is stale; `None` for a
+    /// model without experts or before a first reading.
+    fn with_expert_counts<T>(&self, f: impl FnOnce(&[Vec<u64>]) -> T) -> Option<T> {
+        if self.gpu.plan().max_experts == 0 {
+            return None;
+        }
+        let tokens = self.gpu.stats().tokens;
+        let mut cached = self.expert_counts.borrow_mut();
+        let (every, after) = EXPERT_COUNTS_EVERY;
+        let stale = cached.as_ref().is_none_or(|c| {
+            tokens != c.tokens && (tokens >= c.tokens + every || c.at.elapsed() >= after)
+        });
+        if stale {
+            // (a failed read keeps the last counts: the next step's error says what went wrong)
+            if let Ok(counts) = self.gpu.expert_counts() {
+                *cached = Some(ExpertCounts {
+                    tokens,
+                    at: std::time::Instant::now(),
+                    counts,
+                });
+            }
+        }
+        cached.as_ref().map(|c| f(&c.counts))
+    }
+
     /// Before a step that may draw: the device's draws topped up.
     fn ensure_draws(&mut self) -> Result<(), CudaError> {
         if let Some(rng) = self.draws.as_mut() {
@@ -475,31 +501,12 @@ impl Backend for CudaBackend {
     }
 
     fn expert_counts(&self) -> Option<Vec<Vec<u64>>> {
-        if self.gpu.plan().max_experts == 0 {
-            return None;
-        }
-        let tokens = self.gpu.stats().tokens;
-        let mut cached = self.expert_counts.borrow_mut();
-        let (every, after) = EXPERT_COUNTS_EVERY;
-        let stale = cached.as_ref().is_none_or(|c| {
-            tokens != c.tokens && (tokens >= c.tokens + every || c.at.elapsed() >= after)
-        });
-        if stale {
-            // (a failed read keeps the last counts: the next step's error says what went wrong)
-            if let Ok(counts) = self.gpu.expert_counts() {
-                *cached = Some(ExpertCounts {
-                    tokens,
-                    at: std::time::Instant::now(),
-                    counts,
-                });
-            }
-        }
-        cached.as_ref().map(|c| c.counts.clone())
+        self.with_expert_counts(<[Vec<u64>]>::to_vec)
     }
 
     fn expert_tier_stats(&self) -> Option<ferrolm_engine::ExpertTierStats> {
-        let counts = self.expert_counts()?;
-        self.gpu.expert_tiers(&counts)
+        self.with_expert_counts(|counts| self.gpu.expert_tiers(counts))
+            .flatten()
     }
 
     fn decode_report(&self, tokens_per_s: f64, position: usize) -> Option<String> {
