@@ -59,7 +59,8 @@ DW=FERROLM_CUDA_DQ_WARPS=4; PF=FERROLM_CUDA_DQ_PREFETCH=1; SE=FERROLM_CUDA_DQ_SE
 say "== 8b cuda-check --batch 16, $DW $SE ($(el) s)"
 env $DW $SE FERROLM_CUDA_DQ_GLU=1 timeout 90 $B cuda-check -m $W/8b.gguf --batch 16 -p 32 -n 4 2>&1 | grep -E '^\| |rror' | tail -2 | tee -a $LOG
 GL=FERROLM_CUDA_DQ_GLU=1
-for v in FERROLM_UNUSED=1 $PF $SE $GL $DW "$PF $SE $GL" "$DW $PF $SE $GL" FERROLM_UNUSED=1; do
+SK=FERROLM_CUDA_SKINNY_GEMM_MAX_ROWS=16
+for v in FERROLM_UNUSED=1 $PF $SE $GL $DW "$PF $SE $GL" "$DW $PF $SE $GL" "$PF $SE $GL $SK" FERROLM_UNUSED=1; do
   say "== 8b B=16 $v ($(el) s)"
   env $v timeout 60 $B bench -m $W/8b.gguf --device cuda --batch 16 -p 128 -n 128 2>&1 | grep -E '^\| +[0-9]|rror|anic' | tee -a $LOG | tee /tmp/row
   tg=$(awk -F'|' '/^\| +[0-9]/{printf "%d", $9}' /tmp/row)
