@@ -69,12 +69,8 @@ for v in FERROLM_UNUSED=1 $PF $SE $GL $DW "$PF $SE $GL" "$DW $PF $SE $GL" "$PF $
 done
 say "fastest at B=16: $(cat /tmp/best-env) ($best)"
 while [ ! -f $W/moe30.gguf ] && [ $(el) -lt 360 ]; do sleep 5; done
-for v in FERROLM_UNUSED=1 FERROLM_CUDA_NO_FUSED_COMBINE=1; do
-  say "== moe30 tg64 $v ($(el) s)"
-  env $v timeout 60 $B bench -m $W/moe30.gguf --device cuda -p 0 -n 64 -r 2 2>&1 | grep -E 'tg64|rror|anic' | tee -a $LOG
-done
-say "== moe30 pp512 ($(el) s)"
-timeout 90 $B bench -m $W/moe30.gguf --device cuda -p 512 -n 0 -r 2 2>&1 | grep -E 'pp512|rror|anic' | tee -a $LOG
+say "== moe30 pp512 tg64 ($(el) s)"
+timeout 90 $B bench -m $W/moe30.gguf --device cuda -p 512 -n 64 -r 2 2>&1 | grep -E 'pp512|tg64|rror|anic' | tee -a $LOG
 if [ "${HYBRID:-0}" = 1 ]; then
 SG=FERROLM_CUDA_SHARED_IN_GRID=1
 for f in hy q2m; do
