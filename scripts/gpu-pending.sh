@@ -56,8 +56,6 @@ torch.cuda.synchronize(); print(f"pinned host-to-device copy: {5 * a.numel() / (
 PY
 while [ ! -f $W/8b.gguf ] && [ $(el) -lt 300 ]; do sleep 5; done
 DW=FERROLM_CUDA_DQ_WARPS=4; PF=FERROLM_CUDA_DQ_PREFETCH=1; SE=FERROLM_CUDA_DQ_SEGMENTS=1
-say "== 8b cuda-check --batch 16, $DW $SE ($(el) s)"
-env $DW $SE FERROLM_CUDA_DQ_GLU=1 timeout 90 $B cuda-check -m $W/8b.gguf --batch 16 -p 32 -n 4 2>&1 | grep -E '^\| |rror' | tail -2 | tee -a $LOG
 GL=FERROLM_CUDA_DQ_GLU=1
 SK=FERROLM_CUDA_SKINNY_GEMM_MAX_ROWS=16
 for v in FERROLM_UNUSED=1 $PF $SE $GL $DW "$PF $SE $GL" "$DW $PF $SE $GL" "$PF $SE $GL $SK" FERROLM_UNUSED=1; do
@@ -68,6 +66,8 @@ for v in FERROLM_UNUSED=1 $PF $SE $GL $DW "$PF $SE $GL" "$DW $PF $SE $GL" "$PF $
   if [ -n "$tg" ] && [ "$tg" -gt "${best:-0}" ]; then best=$tg; echo "$v" > /tmp/best-env; fi
 done
 say "fastest at B=16: $(cat /tmp/best-env) ($best)"
+say "== 8b cuda-check --batch 16, $DW $PF $SE $GL ($(el) s)"
+env $DW $PF $SE $GL timeout 90 $B cuda-check -m $W/8b.gguf --batch 16 -p 32 -n 4 2>&1 | grep -E '^\| |rror' | tail -2 | tee -a $LOG
 while [ ! -f $W/moe30.gguf ] && [ $(el) -lt 360 ]; do sleep 5; done
 say "== moe30 pp512 tg64 ($(el) s)"
 timeout 90 $B bench -m $W/moe30.gguf --device cuda -p 512 -n 64 -r 2 2>&1 | grep -E 'pp512|tg64|rror|anic' | tee -a $LOG
