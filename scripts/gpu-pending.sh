@@ -11,7 +11,8 @@
 #    experts' launches) and `FERROLM_CUDA_DELTA_RUNS=1` (the decode delta rule's state read in
 #    runs of 16), both off until measured: cuda-check on the hybrid and qwen2moe, then tg128
 #    on issue 19's hybrid-1g with neither, each and both, alternating;
-# 2. issue 24: a Qwen3-30B-A3B-shaped file (48 layers, 128 experts top-8, Q4_0, by
+# 2. issue 24 (`FERROLM_CUDA_ROUTER_IN_ROUTE=1`: the f32 router's product in the routing's
+#    launch, against the default): a Qwen3-30B-A3B-shaped file (48 layers, 128 experts top-8, Q4_0, by
 #    make_moe.py in the background from the start), resident
 #    tg64 with and without `FERROLM_CUDA_NO_FUSED_COMBINE=1`, pp512;
 # 3. issue 18: the 8B Q4_K_M at B=16 with `FERROLM_CUDA_DQ_WARPS=4` (dq4k_gemm4w_*: blocks of 4
@@ -71,6 +72,10 @@ env $DW $PF $SE $GL timeout 90 $B cuda-check -m $W/8b.gguf --batch 16 -p 32 -n 4
 while [ ! -f $W/moe30.gguf ] && [ $(el) -lt 360 ]; do sleep 5; done
 say "== moe30 pp512 tg64 ($(el) s)"
 timeout 90 $B bench -m $W/moe30.gguf --device cuda -p 512 -n 64 -r 2 2>&1 | grep -E 'pp512|tg64|rror|anic' | tee -a $LOG
+RR=FERROLM_CUDA_ROUTER_IN_ROUTE=1
+say "== moe30 tg64 $RR, then cuda-check with it ($(el) s)"
+env $RR timeout 60 $B bench -m $W/moe30.gguf --device cuda -p 0 -n 64 -r 2 2>&1 | grep -E 'tg64|rror|anic' | tee -a $LOG
+env $RR timeout 60 $B cuda-check -m $W/moe30.gguf -p 32 -n 8 2>&1 | grep -E 'decode steps|rror' | tee -a $LOG
 if [ "${HYBRID:-0}" = 1 ]; then
 SG=FERROLM_CUDA_SHARED_IN_GRID=1
 for f in hy q2m; do

@@ -4352,21 +4352,16 @@ extern "C" __global__ void adjust_logits(float* x, long long n, float inv_cap, f
 // i on expert i; the sums run in one thread, in the CPU's order.
 // counts (when not null): how often each expert was chosen, row by row, but for the padding
 // rows of a batched step (row_slots[row] == spare).
-extern "C" __global__ void moe_route(const float* logits, const float* sel_bias, u32* ids,
-                                     float* weights, int ne, int k, int gating, int n_group,
-                                     int n_group_used, int norm, float scale, u32* counts,
-                                     const u32* row_slots, u32 spare) {
-    step_begin();
-    bool counted = counts && !(row_slots && row_slots[blockIdx.x] == spare);
-    // Row blockIdx.x of a batch (a decode step has one).
-    logits += (size_t)blockIdx.x * ne;
-    ids += (size_t)blockIdx.x * k;
-    weights += (size_t)blockIdx.x * k;
+__device__ __forceinline__ void route_body(const float* logits, const float* sel_bias, u32* ids,
+                                           float* weights, int ne, int k, int gating,
+                                           int n_group, int n_group_used, int norm, float scale,
+                                           u32* counts, bool counted) {
     __shared__ float p[1024], sel[1024], gscore[64];
     __shared__ float mx;
     __shared__ double sum;
     int i = threadIdx.x;
-    float l = i < ne ? logits[i] : -INFINITY;
+    // (__ldcg: in moe_route_f32 other blocks wrote them)
+    float l = i < ne ? __ldcg(logits + i) : -INFINITY;
     if (gating == 0) {
         float m = warp_max(l);
         __shared__ float wm[32];
@@ -4448,6 +4443,60 @@ extern "C" __global__ void moe_route(const float* logits, const float* sel_bias,
         if (scale != 1.f)
             for (int j = 0; j < k; j++) weights[j] *= scale;
     }
+}
+
+extern "C" __global__ void moe_route(const float* logits, const float* sel_bias, u32* ids,
+                                     float* weights, int ne, int k, int gating, int n_group,
+                                     int n_group_used, int norm, float scale, u32* counts,
+                                     const u32* row_slots, u32 spare) {
+    step_begin();
+    bool counted = counts && !(row_slots && row_slots[blockIdx.x] == spare);
+    // Row blockIdx.x of a batch (a decode step has one).
+    logits += (size_t)blockIdx.x * ne;
+    ids += (size_t)blockIdx.x * k;
+    weights += (size_t)blockIdx.x * k;
+    route_body(logits, sel_bias, ids, weights, ne, k, gating, n_group, n_group_used, norm, scale,
+               counts, counted);
+}
+
+// The decode step's router product (f32 rows of d: logits = W h) and moe_route in one launch
+// (`CudaTuning::router_in_route`): each block's warps take a row each (the lanes' float4s,
+// then a warp sum), and the block that finishes last (done[0], reset by it) routes as
+// moe_route does, with at least ne threads. moe_route's arguments, then W, h, d and done.
+extern "C" __global__ void moe_route_f32(float* logits, const float* sel_bias, u32* ids,
+                                         float* weights, int ne, int k, int gating, int n_group,
+                                         int n_group_used, int norm, float scale, u32* counts,
+                                         const u32* row_slots, u32 spare, const float* W,
+                                         const float* h, int d, u32* done) {
+    step_begin();
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
+    const int r = blockIdx.x * warps + warp;
+    if (r < ne) {
+        const float4* w4 = (const float4*)(W + (size_t)r * d);
+        const float4* h4 = (const float4*)h;
+        float s = 0.f;
+        for (int i = lane; i < d / 4; i += 32) {
+            const float4 a = __ldg(w4 + i), b = h4[i];
+            s = fmaf(a.x, b.x, s);
+            s = fmaf(a.y, b.y, s);
+            s = fmaf(a.z, b.z, s);
+            s = fmaf(a.w, b.w, s);
+        }
+        s = warp_sum(s);
+        if (lane == 0) logits[r] = s;
+    }
+    __shared__ bool last;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(done, 1u) == gridDim.x - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    if (threadIdx.x == 0) done[0] = 0;
+    (void)row_slots;
+    (void)spare;
+    route_body(logits, sel_bias, ids, weights, ne, k, gating, n_group, n_group_used, norm, scale,
+               counts, counts != nullptr);
 }
 
 // gate_w . h over d f32 values by the whole block (each block of a launch the same sum).

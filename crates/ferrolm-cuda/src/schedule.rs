@@ -1666,33 +1666,53 @@ impl Builder {
             }
         };
         let x = input(self, &[router]);
-        self.matvec(router, x, router_bias, None, Buf::Router);
+        // An f32 router of at most 1024 rows without a bias: its product in the routing's
+        // launch where the tuning asks for it (`moe_route_f32`).
+        let joined = self.tuning.router_in_route
+            && self.matrices[router].ty == TensorType::F32
+            && router_bias.is_none()
+            && x == Buf::H
+            && ne <= 1024
+            && d.is_multiple_of(4);
+        if !joined {
+            self.matvec(router, x, router_bias, None, Buf::Router);
+        }
         let gating = match gating {
             Gating::Softmax => 0,
             Gating::Sigmoid => 1,
             Gating::SoftmaxAfterTopK => 2,
         };
-        self.push(
-            "moe_route",
-            (1, 1),
-            ne.next_multiple_of(32) as u32,
-            vec![
-                Arg::Buf(Buf::Router),
-                bias.map_or(Arg::Null, |v| Arg::Buf(Buf::Vector(v))),
-                Arg::Buf(Buf::ExpertIds),
-                Arg::Buf(Buf::ExpertWeights),
-                Arg::I32(ne as i32),
-                Arg::I32(k as i32),
-                Arg::I32(gating),
-                Arg::I32(n_group as i32),
-                Arg::I32(n_group_used as i32),
-                Arg::I32(i32::from(norm_weights)),
-                Arg::F32(weights_scale.unwrap_or(1.0)),
-                Arg::Buf(Buf::ExpertCounts(l)),
-                Arg::Null,
-                Arg::I32(0),
-            ],
-        );
+        let threads = ne.next_multiple_of(32).max(128);
+        let (kernel, grid, threads, joined_args) = if joined {
+            let rows_a_block = threads / 32;
+            let args = vec![
+                Arg::Buf(Buf::Matrix(router)),
+                Arg::Buf(Buf::H),
+                Arg::I32(d as i32),
+                Arg::Buf(Buf::Done),
+            ];
+            ("moe_route_f32", ne.div_ceil(rows_a_block), threads, args)
+        } else {
+            ("moe_route", 1, ne.next_multiple_of(32), Vec::new())
+        };
+        let mut route_args = vec![
+            Arg::Buf(Buf::Router),
+            bias.map_or(Arg::Null, |v| Arg::Buf(Buf::Vector(v))),
+            Arg::Buf(Buf::ExpertIds),
+            Arg::Buf(Buf::ExpertWeights),
+            Arg::I32(ne as i32),
+            Arg::I32(k as i32),
+            Arg::I32(gating),
+            Arg::I32(n_group as i32),
+            Arg::I32(n_group_used as i32),
+            Arg::I32(i32::from(norm_weights)),
+            Arg::F32(weights_scale.unwrap_or(1.0)),
+            Arg::Buf(Buf::ExpertCounts(l)),
+            Arg::Null,
+            Arg::I32(0),
+        ];
+        route_args.extend(joined_args);
+        self.push(kernel, (grid as u32, 1), threads as u32, route_args);
         // The shared expert's matrices (bound after the routed experts', as the plan lists
         // them); where their types match the routed experts', its products are one more grid
         // row of theirs.

@@ -121,6 +121,10 @@ pub struct CudaTuning {
     /// (`dq4k_glu_*`: no f32 gate and up rows, no activation launch;
     /// `FERROLM_CUDA_DQ_GLU=1`, off until measured).
     pub dq_glu: bool,
+    /// An f32 router's product (at most 1024 experts, no bias) in the decode step's routing
+    /// launch (`moe_route_f32`: the last block routes; `FERROLM_CUDA_ROUTER_IN_ROUTE=1`, off
+    /// until measured).
+    pub router_in_route: bool,
     /// Those products by `dq4k_pipe_*` (warps a block, super-blocks in flight: one of
     /// [`crate::prefill::DQ_PIPES`]), the pipelined layout, rather than `dq4k_gemm_*`
     /// (`FERROLM_CUDA_DQ_PIPE=4x3`; `None`, the default: slower than `dq4k_gemm_*` on an H100,
@@ -173,6 +177,7 @@ impl Default for CudaTuning {
             dq_prefetch: false,
             dq_segments: false,
             dq_glu: false,
+            router_in_route: false,
             dq_pipe: None,
             dq6_pipe: false,
             paged_kv: true,
@@ -226,6 +231,7 @@ impl CudaTuning {
             dq_prefetch: !unset("FERROLM_CUDA_DQ_PREFETCH"),
             dq_segments: !unset("FERROLM_CUDA_DQ_SEGMENTS"),
             dq_glu: !unset("FERROLM_CUDA_DQ_GLU"),
+            router_in_route: !unset("FERROLM_CUDA_ROUTER_IN_ROUTE"),
             dq6_pipe: std::env::var_os("FERROLM_CUDA_DQ6_PIPE").is_some(),
             dq_pipe: match std::env::var("FERROLM_CUDA_DQ_PIPE").ok().as_deref() {
                 None => d.dq_pipe,

@@ -307,6 +307,31 @@ impl<'f> Emulator<'f> {
             self.write(Self::buf(&a[2]).unwrap(), 0, &out);
         } else if name == "moe_route" {
             self.route(a);
+        } else if name == "moe_route_f32" {
+            // moe_route's arguments, then the f32 router W, h, d, done: the logits W h first
+            // (a warp a row: the grid's warps cover the experts), then the routing
+            let (ne, d) = (Self::i(&a[4]), Self::i(&a[16]));
+            assert!(
+                l.grid.0 as usize * (l.block as usize / 32) >= ne,
+                "{name}: rows left out"
+            );
+            assert!(
+                l.block as usize >= ne,
+                "{name}: a thread an expert to route"
+            );
+            assert_eq!(a[17], Arg::Buf(Buf::Done));
+            let h = self.read(Self::buf(&a[15]).unwrap())[..d].to_vec();
+            let logits: Vec<f32> = (0..ne)
+                .map(|r| {
+                    let (ty, row) = self.row(Self::buf(&a[14]).unwrap(), r);
+                    assert_eq!(ty, TensorType::F32);
+                    let mut w = vec![0f32; d];
+                    ferrolm_quant::dequantize(ty, row, &mut w).unwrap();
+                    w.iter().zip(&h).map(|(w, h)| w * h).sum()
+                })
+                .collect();
+            self.write(Self::buf(&a[0]).unwrap(), 0, &logits);
+            self.route(a);
         } else if product("moe_glu") {
             // moe_glu(G, U, expert_bytes, row_bytes, n_chunks, n_rows, x, ids, out, act, SG, SU,
             // sout, s_rows): a grid row per chosen expert, and the last for SG and SU when given
@@ -999,6 +1024,33 @@ fn the_decode_step_computes_what_the_cpu_computes() {
     let mut gpt_oss = SyntheticSpec::small("gpt-oss");
     gpt_oss.sliding_window = Some(8);
     check_emulated(&gpt_oss, 9);
+}
+
+/// An f32 router's product in the routing's launch (`moe_route_f32`,
+/// `FERROLM_CUDA_ROUTER_IN_ROUTE=1`) on Qwen3-30B-A3B's layout (the rest Q4_0) and on the
+/// default qwen3moe file (a quantized router: not joined): the CPU's logits still.
+#[test]
+fn the_router_in_the_routing_launch_computes_what_the_cpu_computes() {
+    let tuning = CudaTuning {
+        router_in_route: true,
+        ..CudaTuning::default()
+    };
+    let mut f32_router = SyntheticSpec::small("qwen3moe");
+    f32_router.head_dim = 64;
+    f32_router.default_type = TensorType::Q4_0;
+    f32_router.types = vec![("ffn_gate_inp".into(), TensorType::F32)];
+    let mut plain = SyntheticSpec::small("qwen3moe");
+    plain.head_dim = 64;
+    for (spec, joined) in [(&f32_router, true), (&plain, false)] {
+        let (gpu, cpu, kernels) = emulate_tuned(spec, &tuning, &ids(12));
+        let fused = kernels.iter().any(|k| k == "moe_route_f32");
+        assert_eq!(fused, joined, "{joined}: {kernels:?}");
+        assert_eq!(kernels.iter().any(|k| k == "moe_route"), !joined);
+        // (the f32 router's product launched apart only where not joined)
+        assert!(!kernels.iter().any(|k| k == "matvec_F32"), "{kernels:?}");
+        let kl = mean_kl(&cpu, &gpu, cpu.len() / 12);
+        assert!(kl < 1e-3, "joined {joined}: mean KL {kl:.3e}");
+    }
 }
 
 /// A shared expert whose rows match the routed experts' in type rides in their launches as
