@@ -10,15 +10,8 @@
 # Everything lands in $OUT/issue18.txt.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-source .bench/prep.sh
-B=$PWD/.bench/ferrolm; W=/tmp/fw; L=/tmp/lcp-build/bin; LOG=${OUT:-/tmp}/issue18.txt
-mkdir -p $W; : > $LOG
-say() { echo "$@" | tee -a $LOG; }
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee -a $LOG
-[ -x $L/llama-batched-bench ] ||
-  (setsid nice -n 5 bash .bench/build-llama-cpp.sh .bench/llama.cpp /tmp/lcp-build > /tmp/lcp.out 2>&1 &)
-t0=$(date +%s); el() { echo $(( $(date +%s) - t0 )); }
-T="--tokenizer-from .bench/tok.gguf"
+LOG=${OUT:-/tmp}/issue18.txt
+source scripts/gpu-call.sh
 E="FERROLM_UNUSED=1 ${ENV:-}"
 say "ferrolm settings: $E"
 [ -f $W/8b.gguf ] || $B synth --shape llama-3.1-8b --type q4_k_m $T -o $W/8b.gguf > /dev/null

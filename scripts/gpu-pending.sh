@@ -25,15 +25,8 @@
 # Everything lands in $OUT/pending.txt (and on stdout).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-source .bench/prep.sh
-B=$PWD/.bench/ferrolm; W=/tmp/fw; L=/tmp/lcp-build/bin; LOG=${OUT:-/tmp}/pending.txt
-mkdir -p $W; : > $LOG
-say() { echo "$@" | tee -a $LOG; }
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee -a $LOG
-[ -x $L/llama-bench ] ||
-  (setsid nice -n 5 bash .bench/build-llama-cpp.sh .bench/llama.cpp /tmp/lcp-build > /tmp/lcp.out 2>&1 &)
-t0=$(date +%s); el() { echo $(( $(date +%s) - t0 )); }
-T="--tokenizer-from .bench/tok.gguf"
+LOG=${OUT:-/tmp}/pending.txt
+source scripts/gpu-call.sh
 # (make_moe.py: random Q4_0 blocks from torch on the GPU, about 25 s; `ferrolm synth --arch`
 # took over 230 s for this file in session 19, drawing on one core then)
 [ -f $W/moe30.gguf ] || (PYTHONPATH=.bench/llama.cpp/gguf-py setsid python3 .bench/make_moe.py \

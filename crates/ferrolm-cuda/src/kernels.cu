@@ -3431,21 +3431,15 @@ __device__ __forceinline__ void dq4k_glu(const u8* __restrict__ Wg, const u8* __
     }
 }
 
-extern "C" __global__ void __launch_bounds__(SG_WARPS * 32) dq4k_glu_8(const u8* __restrict__ Wg,
-                                                const u8* __restrict__ Wu, int row_bytes,
-                                                int rows, int n_sb, const u16* __restrict__ A,
-                                                int cols, int n, u16* act, int gelu,
-                                                int prefetch) {
-    dq4k_glu<1>(Wg, Wu, row_bytes, rows, n_sb, A, cols, n, act, gelu, prefetch);
-}
-
-extern "C" __global__ void __launch_bounds__(SG_WARPS * 32) dq4k_glu_16(const u8* __restrict__ Wg,
-                                                 const u8* __restrict__ Wu, int row_bytes,
-                                                 int rows, int n_sb, const u16* __restrict__ A,
-                                                 int cols, int n, u16* act, int gelu,
-                                                 int prefetch) {
-    dq4k_glu<2>(Wg, Wu, row_bytes, rows, n_sb, A, cols, n, act, gelu, prefetch);
-}
+// dq4k_glu_8 and _16: one tile of 8 input rows, or two.
+#define DQ4K_GLU(ROWS, NT)                                                                        \
+    extern "C" __global__ void __launch_bounds__(SG_WARPS * 32) dq4k_glu_##ROWS(                  \
+        const u8* __restrict__ Wg, const u8* __restrict__ Wu, int row_bytes, int rows, int n_sb, \
+        const u16* __restrict__ A, int cols, int n, u16* act, int gelu, int prefetch) {          \
+        dq4k_glu<NT>(Wg, Wu, row_bytes, rows, n_sb, A, cols, n, act, gelu, prefetch);            \
+    }
+DQ4K_GLU(8, 1)
+DQ4K_GLU(16, 2)
 
 // (An explicit `__launch_bounds__(256, 1)` takes dq4k_gemm_16 from 102 registers to 140, and
 // `DQ_MIN_BLOCKS=3`'s 80 registers measured slower: docs/PERFORMANCE.md.)
@@ -3510,41 +3504,19 @@ __device__ __forceinline__ void dq4k_segments(const u8* W0, int rows0, float* C0
                              (b - b0 - b1) * SG_ROWS);
 }
 
-extern "C" __global__ void DQ_BOUNDS dq4k_gemm3_8(const u8* W0, int rows0, float* C0,
-                                                  const u8* W1, int rows1, float* C1,
-                                                  const u8* W2, int rows2, float* C2,
-                                                  int row_bytes, int n_sb, const u16* A, int cols,
-                                                  int n, float beta, int prefetch) {
-    dq4k_segments<1>(W0, rows0, C0, W1, rows1, C1, W2, rows2, C2, row_bytes, n_sb, A, cols, n,
-                     beta, prefetch);
-}
-
-extern "C" __global__ void DQ_BOUNDS dq4k_gemm3_16(const u8* W0, int rows0, float* C0,
-                                                   const u8* W1, int rows1, float* C1,
-                                                   const u8* W2, int rows2, float* C2,
-                                                   int row_bytes, int n_sb, const u16* A, int cols,
-                                                   int n, float beta, int prefetch) {
-    dq4k_segments<2>(W0, rows0, C0, W1, rows1, C1, W2, rows2, C2, row_bytes, n_sb, A, cols, n,
-                     beta, prefetch);
-}
-
-extern "C" __global__ void DQ4_BOUNDS dq4k_gemm3_4w_8(const u8* W0, int rows0, float* C0,
-                                                      const u8* W1, int rows1, float* C1,
-                                                      const u8* W2, int rows2, float* C2,
-                                                      int row_bytes, int n_sb, const u16* A,
-                                                      int cols, int n, float beta, int prefetch) {
-    dq4k_segments<1, 4>(W0, rows0, C0, W1, rows1, C1, W2, rows2, C2, row_bytes, n_sb, A, cols, n,
-                        beta, prefetch);
-}
-
-extern "C" __global__ void DQ4_BOUNDS dq4k_gemm3_4w_16(const u8* W0, int rows0, float* C0,
-                                                       const u8* W1, int rows1, float* C1,
-                                                       const u8* W2, int rows2, float* C2,
-                                                       int row_bytes, int n_sb, const u16* A,
-                                                       int cols, int n, float beta, int prefetch) {
-    dq4k_segments<2, 4>(W0, rows0, C0, W1, rows1, C1, W2, rows2, C2, row_bytes, n_sb, A, cols, n,
-                        beta, prefetch);
-}
+// dq4k_gemm3_{8,16} (blocks of eight warps) and dq4k_gemm3_4w_{8,16} (of four).
+#define DQ4K_SEGMENTS(SUFFIX, BOUNDS, NT, WARPS)                                                  \
+    extern "C" __global__ void BOUNDS dq4k_gemm3_##SUFFIX(                                       \
+        const u8* W0, int rows0, float* C0, const u8* W1, int rows1, float* C1, const u8* W2,   \
+        int rows2, float* C2, int row_bytes, int n_sb, const u16* A, int cols, int n,           \
+        float beta, int prefetch) {                                                              \
+        dq4k_segments<NT, WARPS>(W0, rows0, C0, W1, rows1, C1, W2, rows2, C2, row_bytes, n_sb,  \
+                                 A, cols, n, beta, prefetch);                                    \
+    }
+DQ4K_SEGMENTS(8, DQ_BOUNDS, 1, SG_WARPS)
+DQ4K_SEGMENTS(16, DQ_BOUNDS, 2, SG_WARPS)
+DQ4K_SEGMENTS(4w_8, DQ4_BOUNDS, 1, 4)
+DQ4K_SEGMENTS(4w_16, DQ4_BOUNDS, 2, 4)
 
 // The same products in a pipeline (dq_pipe: dq4k_pipe_*, and dq6k_pipe_* over Q6_KR rows): a
 // block of WARPS warps takes WARPS x 32 rows

@@ -658,12 +658,15 @@ impl<D: BatchDevice> Prefill<D> {
                 return self.product_pipe(spec, w, a, n, c, beta);
             }
             // One tile of 8 inputs where they fit, else two; blocks of 8 warps or of 4.
-            let (kernel, threads) = match (n <= 8, self.tuning.dq_gemm_warps == 4) {
-                (true, false) => ("dq4k_gemm_8", crate::batch_device::SKINNY_THREADS),
-                (false, false) => ("dq4k_gemm_16", crate::batch_device::SKINNY_THREADS),
-                (true, true) => ("dq4k_gemm4w_8", 128),
-                (false, true) => ("dq4k_gemm4w_16", 128),
-            };
+            let (kernel, threads) = self.dq_kernel(
+                n,
+                [
+                    "dq4k_gemm_8",
+                    "dq4k_gemm_16",
+                    "dq4k_gemm4w_8",
+                    "dq4k_gemm4w_16",
+                ],
+            );
             return self.run(
                 kernel,
                 (spec.rows.div_ceil(DQ_ROWS) as u32, 1),
@@ -678,11 +681,7 @@ impl<D: BatchDevice> Prefill<D> {
                     Value::I32(n as i32),
                     Value::Ptr(c),
                     Value::F32(beta),
-                    // (the weights asked of L2 as the block starts: early where the launch
-                    // overlaps the one before)
-                    Value::I32(i32::from(
-                        self.tuning.batch_overlap || self.tuning.dq_prefetch,
-                    )),
+                    self.dq_prefetch_flag(),
                 ],
             );
         }
@@ -711,12 +710,10 @@ impl<D: BatchDevice> Prefill<D> {
         a: u64,
         n: usize,
     ) -> Result<(), CudaError> {
-        let joined: Vec<bool> = ms
+        let (joint, alone): (Vec<_>, Vec<_>) = ms
             .iter()
-            .map(|&(m, _)| self.tuning.dq_segments && self.by_dq4k_gemm(p, at, m, a))
-            .collect();
-        let (joint, alone): (Vec<_>, Vec<_>) = ms.iter().zip(&joined).partition(|(_, &j)| j);
-        let joint: Vec<(usize, u64)> = joint.into_iter().map(|(&mc, _)| mc).collect();
+            .copied()
+            .partition(|&(m, _)| self.tuning.dq_segments && self.by_dq4k_gemm(p, at, m, a));
         let one_width = joint
             .iter()
             .all(|&(m, _)| p.matrices[m].cols == p.matrices[joint[0].0].cols);
@@ -744,21 +741,42 @@ impl<D: BatchDevice> Prefill<D> {
             Value::I32(spec.cols as i32),
             Value::I32(n as i32),
             Value::F32(0.0),
-            Value::I32(i32::from(
-                self.tuning.batch_overlap || self.tuning.dq_prefetch,
-            )),
+            self.dq_prefetch_flag(),
         ]);
-        let (kernel, threads) = match (n <= 8, self.tuning.dq_gemm_warps == 4) {
-            (true, false) => ("dq4k_gemm3_8", crate::batch_device::SKINNY_THREADS),
-            (false, false) => ("dq4k_gemm3_16", crate::batch_device::SKINNY_THREADS),
-            (true, true) => ("dq4k_gemm3_4w_8", 128),
-            (false, true) => ("dq4k_gemm3_4w_16", 128),
-        };
+        let (kernel, threads) = self.dq_kernel(
+            n,
+            [
+                "dq4k_gemm3_8",
+                "dq4k_gemm3_16",
+                "dq4k_gemm3_4w_8",
+                "dq4k_gemm3_4w_16",
+            ],
+        );
         self.run(kernel, (blocks as u32, 1), threads, &args)?;
-        for (&(m, c), _) in alone {
+        for (m, c) in alone {
             self.product(p, at, m, a, n, c, 0.0)?;
         }
         Ok(())
+    }
+
+    /// Of a Q4_K block product's four kernels (one tile of inputs or two, by blocks of eight
+    /// warps, then of four), the one for `n` input rows under the tuning, and its threads.
+    fn dq_kernel(&self, n: usize, kernels: [&'static str; 4]) -> (&'static str, u32) {
+        let four = self.tuning.dq_gemm_warps == 4;
+        let threads = if four {
+            128
+        } else {
+            crate::batch_device::SKINNY_THREADS
+        };
+        (kernels[2 * usize::from(four) + usize::from(n > 8)], threads)
+    }
+
+    /// The Q4_K block products' last argument: whether a block asks L2 for its weight rows as
+    /// it starts (early where the launch overlaps the one before).
+    fn dq_prefetch_flag(&self) -> Value {
+        Value::I32(i32::from(
+            self.tuning.batch_overlap || self.tuning.dq_prefetch,
+        ))
     }
 
     /// Whether [`Prefill::product`] of matrix `m` with input `a` launches `dq4k_gemm_*`.
@@ -814,9 +832,7 @@ impl<D: BatchDevice> Prefill<D> {
                 Value::I32(n as i32),
                 Value::Ptr(act),
                 Value::I32(gelu),
-                Value::I32(i32::from(
-                    self.tuning.batch_overlap || self.tuning.dq_prefetch,
-                )),
+                self.dq_prefetch_flag(),
             ],
         )?;
         Ok(true)

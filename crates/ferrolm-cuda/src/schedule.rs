@@ -1682,18 +1682,12 @@ impl Builder {
             Gating::Sigmoid => 1,
             Gating::SoftmaxAfterTopK => 2,
         };
-        let threads = ne.next_multiple_of(32).max(128);
-        let (kernel, grid, threads, joined_args) = if joined {
-            let rows_a_block = threads / 32;
-            let args = vec![
-                Arg::Buf(Buf::Matrix(router)),
-                Arg::Buf(Buf::H),
-                Arg::I32(d as i32),
-                Arg::Buf(Buf::Done),
-            ];
-            ("moe_route_f32", ne.div_ceil(rows_a_block), threads, args)
+        // (moe_route_f32: a warp a router row, and a thread an expert in the block that routes)
+        let (kernel, grid, threads) = if joined {
+            let threads = ne.next_multiple_of(32).max(128);
+            ("moe_route_f32", ne.div_ceil(threads / 32), threads)
         } else {
-            ("moe_route", 1, ne.next_multiple_of(32), Vec::new())
+            ("moe_route", 1, ne.next_multiple_of(32))
         };
         let mut route_args = vec![
             Arg::Buf(Buf::Router),
@@ -1711,7 +1705,14 @@ impl Builder {
             Arg::Null,
             Arg::I32(0),
         ];
-        route_args.extend(joined_args);
+        if joined {
+            route_args.extend([
+                Arg::Buf(Buf::Matrix(router)),
+                Arg::Buf(Buf::H),
+                Arg::I32(d as i32),
+                Arg::Buf(Buf::Done),
+            ]);
+        }
         self.push(kernel, (grid as u32, 1), threads as u32, route_args);
         // The shared expert's matrices (bound after the routed experts', as the plan lists
         // them); where their types match the routed experts', its products are one more grid

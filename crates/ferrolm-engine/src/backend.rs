@@ -176,12 +176,7 @@ pub struct ExpertTierStats {
 impl ExpertTierStats {
     /// Device selections over all selections (0 before any).
     pub fn device_share(&self) -> f64 {
-        let all = self.device_selections + self.host_selections;
-        if all == 0 {
-            0.0
-        } else {
-            self.device_selections as f64 / all as f64
-        }
+        ferrolm_model::share(self.device_selections, self.host_selections)
     }
 }
 

@@ -81,12 +81,18 @@ pub struct ExpertCacheStats {
 impl ExpertCacheStats {
     /// Hits over all uses (0 before any use).
     pub fn hit_rate(&self) -> f64 {
-        let uses = self.hits + self.misses;
-        if uses == 0 {
-            0.0
-        } else {
-            self.hits as f64 / uses as f64
-        }
+        share(self.hits, self.misses)
+    }
+}
+
+/// `part` over `part + rest`, 0 when both are 0: a hit rate, the share of selections served
+/// from one tier.
+pub fn share(part: u64, rest: u64) -> f64 {
+    let all = part + rest;
+    if all == 0 {
+        0.0
+    } else {
+        part as f64 / all as f64
     }
 }
 

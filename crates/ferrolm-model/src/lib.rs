@@ -22,7 +22,7 @@ use ferrolm_gguf::GgufFile;
 pub use cpu::forward::Logits;
 pub use error::{ModelError, Result};
 pub use experts::{
-    ExpertCacheStats, ExpertMode, LoadOptions, AUTO_CACHE_SHARE, STREAM_ABOVE_SHARE,
+    share, ExpertCacheStats, ExpertMode, LoadOptions, AUTO_CACHE_SHARE, STREAM_ABOVE_SHARE,
 };
 pub use kv_cache::KvCache;
 pub use plan::ModelPlan;
