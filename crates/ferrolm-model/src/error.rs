@@ -88,6 +88,9 @@ pub enum ModelError {
     /// A metadata value that makes no sense (zero heads, head count not dividing, ...).
     #[error("invalid hyperparameter: {0}")]
     Invalid(String),
+    /// Experts asked of [`crate::HostExperts`] that it cannot compute.
+    #[error("experts on the CPU for another executor: {0}")]
+    HostExperts(String),
 }
 
 /// Results of this crate.

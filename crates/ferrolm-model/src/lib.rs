@@ -7,6 +7,7 @@ pub mod arch;
 mod cpu;
 mod error;
 mod experts;
+mod host_experts;
 mod kv_cache;
 pub mod plan;
 pub mod shapes;
@@ -21,6 +22,7 @@ use ferrolm_gguf::GgufFile;
 
 pub use cpu::forward::Logits;
 pub use error::{ModelError, Result};
+pub use host_experts::HostExperts;
 pub use experts::{
     share, ExpertCacheStats, ExpertMode, LoadOptions, AUTO_CACHE_SHARE, STREAM_ABOVE_SHARE,
 };

@@ -582,7 +582,7 @@ impl<'a> ExpertBias<'a> {
 }
 
 /// Adds `bias` to every row of `x` (one row per token), as ggml's add does.
-fn add_bias(x: &mut [f32], bias: Option<&[f32]>) {
+pub(crate) fn add_bias(x: &mut [f32], bias: Option<&[f32]>) {
     if let Some(b) = bias {
         x.chunks_mut(b.len())
             .for_each(|row| row.iter_mut().zip(b).for_each(|(x, b)| *x += b));
@@ -590,7 +590,7 @@ fn add_bias(x: &mut [f32], bias: Option<&[f32]>) {
 }
 
 /// `gated = act(gate) * up`, row by row.
-fn activate(
+pub(crate) fn activate(
     pool: &ThreadPool,
     activation: Activation,
     g: &[f32],

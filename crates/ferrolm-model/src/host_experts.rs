@@ -1,0 +1,170 @@
+//! Chosen experts' outputs computed on the CPU for another executor: the CUDA backend's CPU
+//! tier, which under a GPU memory budget has the CPU compute some of the experts whose
+//! weights stay in host memory while the GPU reads the others over the bus
+//! (docs/EXPERT_STREAMING.md). The products are the CPU forward pass's own (`gated_ffn`'s
+//! quantization, dot kernels and activations), over the same mapped bytes.
+
+use std::sync::Arc;
+
+use ferrolm_gguf::GgufFile;
+use ferrolm_threads::ThreadPool;
+
+use crate::cpu::forward::{activate, add_bias};
+use crate::cpu::matmul::{matmul_group, QuantizedRows, SharedInput};
+use crate::plan::{Activation, Ffn};
+use crate::weights::{FfnWeights, Matrix};
+use crate::{Model, ModelError, Result};
+
+/// One layer's experts as the CPU reads them.
+struct LayerExperts {
+    gate: Vec<Matrix>,
+    up: Vec<Matrix>,
+    down: Vec<Matrix>,
+    n_ff: usize,
+    activation: Activation,
+    /// Every expert's gate, up and down biases, expert after expert (gpt-oss).
+    biases: [Option<Vec<f32>>; 3],
+}
+
+/// Some layers' experts, owned (the file shared), for computing chosen experts' outputs on
+/// a thread of another executor.
+pub struct HostExperts {
+    file: Arc<GgufFile>,
+    /// Per layer of the model: its experts, where asked for.
+    layers: Vec<Option<LayerExperts>>,
+    d: usize,
+}
+
+impl Model {
+    /// The experts of `layers` for [`HostExperts::outputs`]. Errors when a layer is not a
+    /// mixture of experts, or when the experts are streamed from the file (they are read
+    /// through the mapping here, which streaming keeps them out of).
+    pub fn host_experts(&self, layers: &[usize]) -> Result<HostExperts> {
+        if self.expert_cache_stats().is_some() {
+            return Err(ModelError::HostExperts(
+                "experts computed for another executor need them mapped, not streamed".into(),
+            ));
+        }
+        let mut out: Vec<Option<LayerExperts>> = (0..self.plan.layers.len()).map(|_| None).collect();
+        for &l in layers {
+            let (Some(layer), Some(w)) = (self.plan.layers.get(l), self.weights.layers.get(l))
+            else {
+                return Err(ModelError::HostExperts(format!("layer {l} does not exist")));
+            };
+            let (
+                Ffn::Moe(m),
+                FfnWeights::Moe {
+                    gate, up, down, biases, ..
+                },
+            ) = (&layer.ffn, &w.ffn)
+            else {
+                return Err(ModelError::HostExperts(format!(
+                    "layer {l} is not a mixture of experts"
+                )));
+            };
+            let values = |v: &Option<crate::weights::Vector>| v.as_deref().map(<[f32]>::to_vec);
+            out[l] = Some(LayerExperts {
+                gate: gate.clone(),
+                up: up.clone(),
+                down: down.clone(),
+                n_ff: m.n_ff,
+                activation: m.activation,
+                biases: [values(&biases.gate), values(&biases.up), values(&biases.down)],
+            });
+        }
+        Ok(HostExperts {
+            file: self.file.clone(),
+            layers: out,
+            d: self.plan.n_embd,
+        })
+    }
+}
+
+impl HostExperts {
+    /// The width of an expert's output (the model's embedding).
+    pub fn d(&self) -> usize {
+        self.d
+    }
+
+    /// Whether layer `l`'s experts are here.
+    pub fn has_layer(&self, l: usize) -> bool {
+        self.layers.get(l).is_some_and(Option::is_some)
+    }
+
+    /// Experts `ids` of layer `l` over the one normed input `x` (`d` values): expert `j`'s
+    /// output (its biases added, not its routing weight) into `out[j * d..]`, each the same
+    /// bits as the CPU forward pass's output of that expert. Gate and up of every expert in
+    /// one parallel step, then every down product in another.
+    pub fn outputs(
+        &self,
+        pool: &ThreadPool,
+        l: usize,
+        ids: &[u32],
+        x: &[f32],
+        out: &mut [f32],
+    ) -> Result<()> {
+        let d = self.d;
+        let Some(Some(le)) = self.layers.get(l) else {
+            return Err(ModelError::HostExperts(format!("layer {l}'s experts are not here")));
+        };
+        let ne = le.gate.len();
+        if let Some(&e) = ids.iter().find(|&&e| e as usize >= ne) {
+            return Err(ModelError::HostExperts(format!(
+                "expert {e} of layer {l}, which has {ne}"
+            )));
+        }
+        assert_eq!(x.len(), d, "one input of the model's width");
+        assert_eq!(out.len(), ids.len() * d, "an output row per expert");
+        let (n_ff, k) = (le.n_ff, ids.len());
+        let file = self.file.file_bytes();
+        let mut input = SharedInput::default();
+        let types: Vec<_> = ids
+            .iter()
+            .flat_map(|&e| [le.gate[e as usize].ty, le.up[e as usize].ty])
+            .collect();
+        input.prepare(pool, x, 1, d, &types);
+        let mut g = vec![0f32; k * n_ff];
+        let mut u = vec![0f32; k * n_ff];
+        let jobs = ids
+            .iter()
+            .zip(g.chunks_mut(n_ff).zip(u.chunks_mut(n_ff)))
+            .flat_map(|(&e, (g, u))| {
+                let (wg, wu) = (&le.gate[e as usize], &le.up[e as usize]);
+                [
+                    (wg, input.rows_for(wg.ty), g),
+                    (wu, input.rows_for(wu.ty), u),
+                ]
+            })
+            .collect();
+        matmul_group(pool, file, jobs);
+        let bias = |i: usize, e: u32, len: usize| {
+            le.biases[i]
+                .as_deref()
+                .map(|b| &b[e as usize * len..(e as usize + 1) * len])
+        };
+        let mut gated = vec![0f32; k * n_ff];
+        let mut acts: Vec<QuantizedRows> = Vec::with_capacity(k);
+        for (j, &e) in ids.iter().enumerate() {
+            let r = j * n_ff..(j + 1) * n_ff;
+            add_bias(&mut g[r.clone()], bias(0, e, n_ff));
+            add_bias(&mut u[r.clone()], bias(1, e, n_ff));
+            activate(pool, le.activation, &g[r.clone()], &u[r.clone()], n_ff, &mut gated[r.clone()]);
+            let ty = ferrolm_quant::vec_dot_type(le.down[e as usize].ty)
+                .expect("bound matrices have a dot kernel");
+            let mut q = QuantizedRows::default();
+            q.quantize(pool, &gated[r], 1, n_ff, ty);
+            acts.push(q);
+        }
+        let jobs = ids
+            .iter()
+            .zip(&acts)
+            .zip(out.chunks_mut(d))
+            .map(|((&e, a), o)| (&le.down[e as usize], a, o))
+            .collect();
+        matmul_group(pool, file, jobs);
+        for (j, &e) in ids.iter().enumerate() {
+            add_bias(&mut out[j * d..(j + 1) * d], bias(2, e, d));
+        }
+        Ok(())
+    }
+}
