@@ -10,6 +10,7 @@ use cudarc::driver::{
 };
 use ferrolm_model::Model;
 
+use crate::cpu_tier::CpuTier;
 use crate::kernels;
 use crate::kv_pages::{KvPages, PagePool};
 use crate::prefill::{self, Addresses, Prefill, RowsWant, MAX_BATCH};
@@ -292,8 +293,26 @@ impl MatrixMemory {
     }
 }
 
+/// The CPU tier's worker and the exchange it answers in: the stream synchronized before the
+/// worker stops (no step still waits for an answer), the worker stopped before the exchange is
+/// freed.
+struct CpuTierHold {
+    stream: Arc<CudaStream>,
+    worker: Option<CpuTier>,
+    _exchange: cudarc::driver::PinnedHostSlice<u8>,
+}
+
+impl Drop for CpuTierHold {
+    fn drop(&mut self) {
+        let _ = self.stream.synchronize();
+        self.worker.take();
+    }
+}
+
 /// A model on one GPU, decoding one sequence a token at a time.
 pub struct CudaModel {
+    /// The CPU's share of the experts in layers left in host memory (first: dropped first).
+    cpu_tier: Option<CpuTierHold>,
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
     plan: DecodePlan,
@@ -386,7 +405,14 @@ fn buffer_bytes(p: &DecodePlan, b: Buf, slots: usize) -> usize {
             let slots = if slots > 1 { slots + 1 } else { 1 };
             slots * p.n_ctx * p.kv_dims[l] / 2
         }
-        Buf::Matrix(_) | Buf::Vector(_) | Buf::Logits | Buf::Token | Buf::Pos | Buf::TokenRing => 0,
+        Buf::CpuSeq => p.layers.len(),
+        Buf::Matrix(_)
+        | Buf::Vector(_)
+        | Buf::Logits
+        | Buf::Token
+        | Buf::Pos
+        | Buf::TokenRing
+        | Buf::CpuExchange => 0,
     }
 }
 
@@ -487,6 +513,15 @@ impl CudaModel {
             .map(|(m, _)| m.total_bytes())
             .sum();
         let dp = dp.unstaged_where(|m| tiers[m] == Tier::Host);
+        // The CPU's share of the chosen experts in the layers left wholly in host memory.
+        let cpu_layers = crate::tiers::host_layers(&dp, &tiers);
+        let fewest_used = cpu_layers
+            .iter()
+            .filter_map(|&l| dp.layers[l].moe.as_ref().map(|m| m.n_used))
+            .min()
+            .unwrap_or(0);
+        let per_layer = tuning.cpu_experts.min(fewest_used.saturating_sub(1));
+        let dp = dp.with_cpu_experts(&cpu_layers, per_layer)?;
         let need = on_device + fixed;
         let (free, _) = ctx.mem_get_info().map_err(driver("reading free memory"))?;
         if need as usize > free {
@@ -541,6 +576,7 @@ impl CudaModel {
         // Every other buffer the launches name, allocated once (zeroed: the caches too).
         let mut buffers = Vec::new();
         let mut ring = None;
+        let mut exchange = None;
         let mut buf_index: HashMap<Buf, usize> = HashMap::new();
         let mut addr: HashMap<Buf, u64> = HashMap::new();
         let ptr = |s: &CudaSlice<u8>| s.device_ptr(&stream).0;
@@ -559,6 +595,16 @@ impl CudaModel {
                         Buf::TokenRing => {
                             let (r, dev) = TokenRing::new(&ctx)?;
                             ring = Some(r);
+                            dev
+                        }
+                        Buf::CpuExchange => {
+                            let bytes = dp.cpu_experts.as_ref().map_or(0, |c| c.exchange_bytes());
+                            let (pinned, host, dev) =
+                                mapped_pinned::<u8>(&ctx, bytes.max(256), "the CPU tier's exchange")?;
+                            // SAFETY: `host` holds `bytes` (at least 256) bytes, allocated above;
+                            // the flags start at zero (no step published, none answered).
+                            unsafe { std::ptr::write_bytes(host, 0, bytes.max(256)) };
+                            exchange = Some((pinned, host));
                             dev
                         }
                         Buf::KCache(l) | Buf::VCache(l) if pages.is_some() => {
@@ -634,7 +680,28 @@ impl CudaModel {
             .map_err(driver("logits"))?;
         let rows_token = stream.alloc_zeros::<u32>(1).map_err(driver("token"))?;
         stream.synchronize().map_err(driver("uploading"))?;
+        let cpu_tier = match (&dp.cpu_experts, exchange) {
+            (Some(tier), Some((pinned, host))) => {
+                let experts = model
+                    .host_experts(&tier.layers)
+                    .map_err(|e| CudaError::Model(e.to_string()))?;
+                let threads = match tuning.cpu_tier_threads {
+                    0 => model.threads(),
+                    n => n,
+                };
+                // SAFETY: `host` is the exchange's memory, which the hold frees after the
+                // worker has stopped.
+                let worker = unsafe { CpuTier::start(experts, tier, host, threads)? };
+                Some(CpuTierHold {
+                    stream: stream.clone(),
+                    worker: Some(worker),
+                    _exchange: pinned,
+                })
+            }
+            _ => None,
+        };
         let mut model = CudaModel {
+            cpu_tier,
             ctx,
             stream,
             plan: dp,
@@ -991,6 +1058,7 @@ impl CudaModel {
                     n_ctx: self.plan.n_ctx,
                 });
             }
+            self.kick_cpu_tier()?;
             let mut events = Vec::with_capacity(self.launches.len());
             for r in &self.launches {
                 let start = self.stream.record_event(flags).map_err(driver("event"))?;
@@ -1032,6 +1100,19 @@ impl CudaModel {
         Ok(())
     }
 
+    /// Wakes the CPU tier's worker for a step about to be launched, after reporting what went
+    /// wrong in the steps it served before.
+    fn kick_cpu_tier(&self) -> Result<(), CudaError> {
+        let Some(worker) = self.cpu_tier.as_ref().and_then(|t| t.worker.as_ref()) else {
+            return Ok(());
+        };
+        if let Some(f) = worker.failure() {
+            return Err(CudaError::Model(f));
+        }
+        worker.kick();
+        Ok(())
+    }
+
     /// Runs one step on the token and position already in device memory.
     fn run_step(&mut self) -> Result<(), CudaError> {
         if self.pos >= self.plan.n_ctx {
@@ -1040,6 +1121,7 @@ impl CudaModel {
             });
         }
         self.ensure_room(0, self.pos + 1)?;
+        self.kick_cpu_tier()?;
         match &self.graph {
             Some(g) => {
                 g.launch().map_err(driver("launching the graph"))?;

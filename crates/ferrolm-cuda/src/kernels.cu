@@ -4478,6 +4478,74 @@ __device__ __forceinline__ float shared_gate_logit(const float* gate_w, const fl
     return block_sum(s);
 }
 
+// ---- The CPU tier (cpu_tier.rs): the CPU computes a layer's last c chosen experts ----------
+// A layer's exchange in mapped host memory: u32 flags (0: the step that published, 1: the
+// step the CPU answered, 2: a step whose wait ran out of time), the c expert ids from word 4,
+// the experts' input (d f32) from byte CPU_X_AT, then the CPU's c outputs (c x d f32).
+#define CPU_X_AT 256
+
+__device__ __forceinline__ u32 ld_acquire_sys(const u32* p) {
+    u32 v;
+    asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+
+__device__ __forceinline__ void st_release_sys(u32* p, u32 v) {
+    asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+
+// The last c of the k chosen ids and the input h handed to the CPU: written, then made
+// visible to the host, then the step's number for layer slot i (seq[i] + 1) published.
+extern "C" __global__ void moe_cpu_publish(const u32* ids, int k, int c, const float* h, int d,
+                                           u8* exchange, long long offset, u32* seq, int i) {
+    step_begin();
+    u8* at = exchange + offset;
+    u32* flags = (u32*)at;
+    for (int j = threadIdx.x; j < c; j += blockDim.x) flags[4 + j] = ids[k - c + j];
+    float* x = (float*)(at + CPU_X_AT);
+    for (int j = threadIdx.x; j < d; j += blockDim.x) x[j] = h[j];
+    __threadfence_system();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        const u32 s = seq[i] + 1;
+        seq[i] = s;
+        st_release_sys(flags, s);
+    }
+}
+
+// Waits for the CPU to answer layer slot i's step (flag 1 = seq[i]), then copies its c outputs
+// into rows k - c .. k - 1 of ys. After CPU_WAIT_NS without an answer it marks the step (flag
+// 2), which the host reports, and goes on.
+#define CPU_WAIT_NS 10000000000ull
+extern "C" __global__ void moe_cpu_wait(u8* exchange, long long offset, const u32* seq, int i,
+                                        float* ys, int k, int c, int d) {
+    step_begin();
+    u8* at = exchange + offset;
+    u32* flags = (u32*)at;
+    __shared__ int answered;
+    if (threadIdx.x == 0) {
+        const u32 s = seq[i];
+        u64 t0, t;
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+        answered = 1;
+        while (ld_acquire_sys(flags + 1) != s) {
+            __nanosleep(256);
+            asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+            if (t - t0 > CPU_WAIT_NS) {
+                answered = 0;
+                flags[2] = s;
+                __threadfence_system();
+                break;
+            }
+        }
+    }
+    __syncthreads();
+    if (!answered) return;
+    const float* y = (const float*)(at + CPU_X_AT) + d;
+    float* dst = ys + (size_t)(k - c) * d;
+    for (int j = threadIdx.x; j < c * d; j += blockDim.x) dst[j] = __ldcv(y + j);
+}
+
 // x += the k experts' outputs (rows of d), each times its weight, summed in slot order as the
 // CPU sums them, then the shared expert's output (null: none) times sigmoid of its gate logit
 // (null: 1; computed as silu(g) / g, as llama.cpp's graph does). Token t = blockIdx.y: its

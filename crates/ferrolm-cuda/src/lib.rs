@@ -17,6 +17,7 @@
 #![deny(missing_docs)]
 
 mod backend;
+pub mod cpu_tier;
 pub mod batch_device;
 mod device;
 pub mod kernels;

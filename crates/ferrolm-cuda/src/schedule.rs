@@ -171,6 +171,12 @@ pub enum Buf {
     /// How often each of layer `l`'s experts was chosen, u32 (for `--expert-stats` and
     /// `/metrics`).
     ExpertCounts(usize),
+    /// The CPU tier's exchange with the CPU (`cpu_tier.rs`): per layer whose chosen experts
+    /// the CPU partly computes, its flags, ids, input and the CPU's outputs, in mapped host
+    /// memory.
+    CpuExchange,
+    /// Per layer, how many steps have handed experts to the CPU, u32 (device memory).
+    CpuSeq,
     /// Layer `l`'s keys, `n_ctx x kv_dim` f16.
     KCache(usize),
     /// Layer `l`'s values, `n_ctx x kv_dim` f16.
@@ -673,6 +679,8 @@ pub struct DecodePlan {
     /// What the logits go through: the final soft cap (Gemma 2) and the logit scale they are
     /// divided by (Granite).
     pub logits: LogitAdjust,
+    /// The layers whose last chosen experts the CPU computes (`None`: none; `cpu_tier.rs`).
+    pub cpu_experts: Option<crate::cpu_tier::CpuExperts>,
 }
 
 /// The largest delta-net buffers over the layers, in floats.
@@ -2784,6 +2792,7 @@ fn decode_plan_rank(
         max_used,
         embedding_scale: *embedding_scale,
         logits,
+        cpu_experts: None,
     })
 }
 

@@ -60,6 +60,19 @@ pub fn place(p: &DecodePlan, fixed: u64, budget: Option<u64>) -> Result<Vec<Tier
         .collect())
 }
 
+/// The mixture-of-experts layers whose gate, up and down stacks all stay in host memory:
+/// those whose chosen experts the CPU tier may share ([`crate::cpu_tier`]).
+pub fn host_layers(p: &DecodePlan, tiers: &[Tier]) -> Vec<usize> {
+    (0..p.layers.len())
+        .filter(|&l| {
+            p.layers[l]
+                .moe
+                .as_ref()
+                .is_some_and(|m| m.experts.iter().all(|&s| tiers[s] == Tier::Host))
+        })
+        .collect()
+}
+
 /// What the tiers served, from the selection counts (per layer, per expert; empty per dense
 /// layer): the selections whose gate, up and down rows are all in device memory, the others,
 /// and the bytes of the others' host-memory rows (each selection's: a decode step reads a

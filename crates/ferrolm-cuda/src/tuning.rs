@@ -92,6 +92,13 @@ pub struct CudaTuning {
     /// leaves no room for stay in pinned host memory, read over the bus ([`crate::tiers`]);
     /// `None`: no budget, all on the device.
     pub gpu_memory: Option<u64>,
+    /// Under a budget, of each token's chosen experts in a layer whose expert stacks stay in
+    /// host memory, how many (the last) the CPU computes while the GPU reads the others over
+    /// the bus ([`crate::cpu_tier`]; `FERROLM_CUDA_CPU_EXPERTS`; 0, the default: none, until
+    /// measured). At most one fewer than the experts a token uses.
+    pub cpu_experts: usize,
+    /// The CPU tier's threads (0: as many as the CPU model's, `-t`).
+    pub cpu_tier_threads: usize,
     /// Batched decode steps of at most this many rows multiply Q4_K and Q6_K matrices on the
     /// int8 tensor cores against 8-bit activations (`mmq_*`, reading the quantized blocks)
     /// instead of f16 GEMMs (`FERROLM_CUDA_MMQ_MAX_ROWS`; 0, the default: never). Measured
@@ -170,6 +177,8 @@ impl Default for CudaTuning {
             f16_weights: true,
             f16_experts: true,
             gpu_memory: None,
+            cpu_experts: 0,
+            cpu_tier_threads: 0,
             mmq_max_rows: 0,
             skinny_gemm_max_rows: 8,
             dq_gemm_max_rows: 16,
@@ -221,6 +230,8 @@ impl CudaTuning {
             f16_weights: unset("FERROLM_CUDA_NO_F16_WEIGHTS"),
             f16_experts: unset("FERROLM_CUDA_NO_F16_EXPERTS"),
             gpu_memory: None,
+            cpu_experts: number("FERROLM_CUDA_CPU_EXPERTS").unwrap_or(d.cpu_experts),
+            cpu_tier_threads: number("FERROLM_CUDA_CPU_TIER_THREADS").unwrap_or(d.cpu_tier_threads),
             mmq_max_rows: number("FERROLM_CUDA_MMQ_MAX_ROWS").unwrap_or(d.mmq_max_rows),
             skinny_gemm_max_rows: number("FERROLM_CUDA_SKINNY_GEMM_MAX_ROWS")
                 .unwrap_or(d.skinny_gemm_max_rows),

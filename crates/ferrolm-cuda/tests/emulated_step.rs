@@ -30,6 +30,9 @@ struct Emulator<'f> {
     u32s: HashMap<Buf, Vec<u32>>,
     /// The quantized activations (Xq) as the CPU lays them out: format and blocks.
     xq: HashMap<Buf, (TensorType, Vec<u8>)>,
+    /// The CPU tier's experts, and per tier slot what the step handed it (ids, input).
+    host_experts: Option<ferrolm_model::HostExperts>,
+    handed: HashMap<usize, (Vec<u32>, Vec<f32>)>,
 }
 
 fn f16_round(x: &[f32]) -> Vec<f32> {
@@ -58,6 +61,8 @@ impl<'f> Emulator<'f> {
             f32s: HashMap::new(),
             u32s: HashMap::new(),
             xq: HashMap::new(),
+            host_experts: None,
+            handed: HashMap::new(),
         };
         for (l, &kv) in plan.kv_dims.iter().enumerate() {
             e.f32s.insert(Buf::KCache(l), vec![0.0; plan.n_ctx * kv]);
@@ -529,6 +534,30 @@ impl<'f> Emulator<'f> {
             );
             let out: Vec<f32> = (0..n).map(|i| swiglu_oai(g[i], u[i])).collect();
             self.write(Self::buf(&a[2]).unwrap(), 0, &out);
+        } else if name == "moe_cpu_publish" {
+            // moe_cpu_publish(ids, k, c, h, d, exchange, offset, seq, slot): the last c ids
+            // and h handed to the CPU tier
+            let (k, c, d, slot) = (Self::i(&a[1]), Self::i(&a[2]), Self::i(&a[4]), Self::i(&a[8]));
+            assert_eq!(a[5], Arg::Buf(Buf::CpuExchange));
+            assert_eq!(a[7], Arg::Buf(Buf::CpuSeq));
+            let tier = self.plan.cpu_experts.as_ref().expect("a plan with a CPU tier");
+            assert_eq!(Self::i64(&a[6]), slot * tier.stride, "{name}: the slot's exchange");
+            let ids = self.u32s[&Buf::ExpertIds][k - c..k].to_vec();
+            let h = self.read(Self::buf(&a[3]).unwrap())[..d].to_vec();
+            assert!(self.handed.insert(slot, (ids, h)).is_none(), "published twice");
+        } else if name == "moe_cpu_wait" {
+            // moe_cpu_wait(exchange, offset, seq, slot, ys, k, c, d): the CPU's c outputs into
+            // rows k - c .. k - 1 of ys
+            let (slot, k, c, d) = (Self::i(&a[3]), Self::i(&a[5]), Self::i(&a[6]), Self::i(&a[7]));
+            let tier = self.plan.cpu_experts.as_ref().expect("a plan with a CPU tier");
+            assert_eq!(Self::i64(&a[1]), slot * tier.stride, "{name}: the slot's exchange");
+            let (ids, h) = self.handed.remove(&slot).expect("waited for a request not handed");
+            assert_eq!(ids.len(), c);
+            let pool = ferrolm_threads::ThreadPool::new(1).unwrap();
+            let mut y = vec![0f32; c * d];
+            let host = self.host_experts.as_ref().expect("the tier's experts");
+            host.outputs(&pool, tier.layers[slot], &ids, &h, &mut y).unwrap();
+            self.write(Self::buf(&a[4]).unwrap(), (k - c) * d, &y);
         } else if name == "moe_add_bias" {
             // moe_add_bias(y, bias, ids, rows): grid row j adds expert ids[j]'s rows
             let (yb, rows) = (Self::buf(&a[0]).unwrap(), Self::i(&a[3]));
@@ -842,6 +871,17 @@ fn emulate_tuned(
     tuning: &CudaTuning,
     ids: &[u32],
 ) -> (Vec<f32>, Vec<f32>, Vec<String>) {
+    emulate_with_cpu_tier(spec, tuning, ids, 0)
+}
+
+/// [`emulate_tuned`] with the CPU computing the last `cpu_experts` chosen experts of every
+/// mixture-of-experts layer (the CPU tier; 0: none).
+fn emulate_with_cpu_tier(
+    spec: &SyntheticSpec,
+    tuning: &CudaTuning,
+    ids: &[u32],
+    cpu_experts: usize,
+) -> (Vec<f32>, Vec<f32>, Vec<String>) {
     let file = Arc::new(GgufFile::from_bytes(synthetic::build(spec).unwrap().to_bytes()).unwrap());
     let model = Model::from_file(file.clone(), 1).unwrap();
     let n_layer = model.plan().layers.len();
@@ -853,7 +893,14 @@ fn emulate_tuned(
         tuning,
     )
     .unwrap();
+    let moe_layers: Vec<usize> = (0..n_layer)
+        .filter(|&l| plan.layers[l].moe.is_some())
+        .collect();
+    let plan = plan.with_cpu_experts(&moe_layers, cpu_experts).unwrap();
     let mut e = Emulator::new(&file, &plan);
+    if let Some(tier) = &plan.cpu_experts {
+        e.host_experts = Some(model.host_experts(&tier.layers).unwrap());
+    }
     let mut logits = Vec::new();
     for (p, &id) in ids.iter().enumerate() {
         e.step(id, p);
@@ -1051,6 +1098,58 @@ fn the_router_in_the_routing_launch_computes_what_the_cpu_computes() {
         let kl = mean_kl(&cpu, &gpu, cpu.len() / 12);
         assert!(kl < 1e-3, "joined {joined}: mean KL {kl:.3e}");
     }
+}
+
+/// The CPU tier (`FERROLM_CUDA_CPU_EXPERTS`): the last chosen experts of every MoE layer
+/// computed by the CPU, handed over after the routing and taken back before the weighted sum,
+/// the GPU's launches taking the first slots only. On Qwen3-30B-A3B's layout, gpt-oss (expert
+/// biases, the gate and up apart) and qwen2moe (a gated shared expert beside them): the CPU's
+/// logits still; a shared expert in the routed experts' grid is refused, saying so.
+#[test]
+fn experts_on_the_cpu_tier_compute_what_the_cpu_computes() {
+    let mut qwen3 = SyntheticSpec::small("qwen3moe");
+    qwen3.head_dim = 64;
+    qwen3.default_type = TensorType::Q4_0;
+    qwen3.types = vec![("ffn_gate_inp".into(), TensorType::F32)];
+    let mut gpt_oss = SyntheticSpec::small("gpt-oss");
+    gpt_oss.sliding_window = Some(8);
+    let mut qwen2 = SyntheticSpec::small("qwen2moe");
+    qwen2.head_dim = 64;
+    let tuning = CudaTuning::default();
+    for spec in [&qwen3, &gpt_oss, &qwen2] {
+        let (_, _, plain) = emulate_with_cpu_tier(spec, &tuning, &ids(2), 0);
+        let (gpu, cpu, kernels) = emulate_with_cpu_tier(spec, &tuning, &ids(9), 1);
+        let kl = mean_kl(&cpu, &gpu, cpu.len() / 9);
+        assert!(kl < 1e-3, "{}: mean KL {kl:.3e}", spec.arch);
+        let moe_layers = spec.n_layer;
+        for k in ["moe_cpu_publish", "moe_cpu_wait"] {
+            let n = kernels.iter().filter(|&x| x == k).count();
+            assert_eq!(n, moe_layers, "{}: {k} in {kernels:?}", spec.arch);
+        }
+        assert_eq!(kernels.len(), plain.len() + 2 * moe_layers, "{}", spec.arch);
+    }
+    // (one type throughout: the shared expert rides in the routed experts' grid)
+    qwen2.default_type = TensorType::Q4_0;
+    qwen2.types = Vec::new();
+    let file = Arc::new(GgufFile::from_bytes(synthetic::build(&qwen2).unwrap().to_bytes()).unwrap());
+    let model = Model::from_file(file, 1).unwrap();
+    let plan_of = |t: &CudaTuning| {
+        decode_plan_with(model.plan(), model.weights(), 8, qwen2.n_layer, t).unwrap()
+    };
+    let refusal = |plan: DecodePlan, c: usize| match plan.with_cpu_experts(&[0], c) {
+        Err(e) => e.to_string(),
+        Ok(_) => panic!("{c} experts a layer on the CPU accepted"),
+    };
+    let in_grid = CudaTuning {
+        shared_expert_in_grid: true,
+        ..CudaTuning::default()
+    };
+    let e = refusal(plan_of(&in_grid), 1);
+    assert!(e.contains("the shared expert"), "{e}");
+    let e = refusal(plan_of(&tuning), 64);
+    assert!(e.contains("past the 60"), "{e}");
+    let e = refusal(plan_of(&tuning), 2);
+    assert!(e.contains("leave the GPU none"), "{e}");
 }
 
 /// A shared expert whose rows match the routed experts' in type rides in their launches as

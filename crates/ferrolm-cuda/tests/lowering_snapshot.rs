@@ -61,6 +61,7 @@ fn dump(file: &GgufFile, p: &DecodePlan) -> String {
         max_used,
         embedding_scale,
         logits,
+        cpu_experts,
     } = p;
     let mut s = String::new();
     writeln!(
@@ -72,6 +73,9 @@ fn dump(file: &GgufFile, p: &DecodePlan) -> String {
          max_used {max_used} embedding_scale {embedding_scale:?} logits {logits:?}"
     )
     .unwrap();
+    if let Some(c) = cpu_experts {
+        writeln!(s, "cpu_experts {c:?}").unwrap();
+    }
     for (i, l) in layers.iter().enumerate() {
         writeln!(s, "layer {i}: {l:?}").unwrap();
     }

@@ -1,0 +1,345 @@
+//! The CPU tier of a GPU memory budget (`--gpu-memory`; docs/EXPERT_STREAMING.md): in a layer
+//! whose expert stacks stay in host memory, the CPU computes the last `per_layer` of each
+//! token's chosen experts while the GPU reads the others' rows over the bus, both at once, as
+//! llama.cpp's `--n-cpu-moe` computes a layer's experts on the CPU (here a share of them, so
+//! that the bus and the CPU's memory both work).
+//!
+//! The decode step hands the routing's last ids and the experts' input to mapped host memory
+//! (`moe_cpu_publish`, right after the routing), runs its own share of the experts, then waits
+//! for the CPU's outputs (`moe_cpu_wait`, before the weighted sum), which it copies among its
+//! own: the sum is in slot order as before, so only the CPU's experts' rounding differs from
+//! the GPU's (each the CPU forward pass's own bits: `ferrolm_model::HostExperts`). A worker
+//! thread answers layer after layer, step after step; prompt batches (the batched passes) read
+//! every expert over the bus and do not involve it.
+
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use ferrolm_model::HostExperts;
+use ferrolm_threads::ThreadPool;
+
+use crate::schedule::{Arg, Buf, DecodePlan, Launch};
+use crate::CudaError;
+
+/// Bytes before a layer's input in its exchange: flags (published step, answered step, timed
+/// out step) and the ids from byte 16 (`CPU_X_AT` in kernels.cu).
+pub const EXCHANGE_INPUT_AT: usize = 256;
+/// Byte of the ids in a layer's exchange.
+const EXCHANGE_IDS_AT: usize = 16;
+/// Most experts a layer may hand to the CPU (the ids' room before the input).
+pub const MOST_PER_LAYER: usize = (EXCHANGE_INPUT_AT - EXCHANGE_IDS_AT) / 4;
+
+/// The CPU tier of a decode plan.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CpuExperts {
+    /// The layers, in order.
+    pub layers: Vec<usize>,
+    /// Of each token's chosen experts in those layers, how many (the last) the CPU computes.
+    pub per_layer: usize,
+    /// Bytes of one layer's part of [`Buf::CpuExchange`].
+    pub stride: usize,
+}
+
+impl CpuExperts {
+    /// Bytes of the whole exchange.
+    pub fn exchange_bytes(&self) -> usize {
+        self.layers.len() * self.stride
+    }
+}
+
+impl DecodePlan {
+    /// The plan with the CPU computing the last `per_layer` chosen experts of each of
+    /// `layers` (mixtures of experts, in order): the routed experts' launches of those layers
+    /// take the first `k - per_layer` slots, a `moe_cpu_publish` follows the routing and a
+    /// `moe_cpu_wait` precedes the weighted sum. Errors when a layer has no experts, when
+    /// `per_layer` leaves the GPU none (or exceeds [`MOST_PER_LAYER`]), or when the shared
+    /// expert runs in the routed experts' grid (`FERROLM_CUDA_SHARED_IN_GRID`).
+    pub fn with_cpu_experts(
+        mut self,
+        layers: &[usize],
+        per_layer: usize,
+    ) -> Result<DecodePlan, CudaError> {
+        let refuse = |what: String| Err(CudaError::Model(format!("the CPU tier: {what}")));
+        if layers.is_empty() || per_layer == 0 {
+            return Ok(self);
+        }
+        if self.cpu_experts.is_some() {
+            return refuse("the plan has one already".into());
+        }
+        if per_layer > MOST_PER_LAYER {
+            return refuse(format!(
+                "{per_layer} experts a layer, past the {MOST_PER_LAYER} it has room for"
+            ));
+        }
+        let d = self.n_embd;
+        let stride = (EXCHANGE_INPUT_AT + 4 * d * (1 + per_layer)).next_multiple_of(256);
+        for (i, &l) in layers.iter().enumerate() {
+            let Some(k) = self.layers.get(l).and_then(|r| r.moe.as_ref()).map(|m| m.n_used)
+            else {
+                return refuse(format!("layer {l} has no experts"));
+            };
+            if per_layer >= k {
+                return refuse(format!(
+                    "{per_layer} of layer {l}'s {k} chosen experts leave the GPU none"
+                ));
+            }
+            let counts = Arg::Buf(Buf::ExpertCounts(l));
+            let Some(route) = self
+                .launches
+                .iter()
+                .position(|x| x.kernel.starts_with("moe_route") && x.args.contains(&counts))
+            else {
+                return refuse(format!("layer {l}'s routing is not in the step"));
+            };
+            let Some(combine) = self.launches[route..]
+                .iter()
+                .position(|x| x.kernel.starts_with("moe_combine"))
+                .map(|j| route + j)
+            else {
+                return refuse(format!("layer {l}'s weighted sum is not in the step"));
+            };
+            let n_ff = self.layers[l].moe.as_ref().map_or(0, |m| m.n_ff);
+            let gated = [Buf::Gate, Buf::Up, Buf::Act].map(Arg::Buf);
+            for x in &mut self.launches[route + 1..combine] {
+                // (the activation between gate and up apart and the down products: over the
+                // GPU's experts' rows only)
+                if x.args.starts_with(&gated) && x.args.get(3) == Some(&Arg::I32((k * n_ff) as i32))
+                {
+                    let n = (k - per_layer) * n_ff;
+                    x.args[3] = Arg::I32(n as i32);
+                    x.grid.0 = n.div_ceil(x.block as usize) as u32;
+                    continue;
+                }
+                if !x.args.contains(&Arg::Buf(Buf::ExpertIds)) {
+                    continue;
+                }
+                if x.grid.1 as usize != k {
+                    return refuse(format!(
+                        "layer {l}'s {} has {} grid rows for {k} experts (the shared expert \
+                         among them)",
+                        x.kernel, x.grid.1
+                    ));
+                }
+                x.grid.1 = (k - per_layer) as u32;
+            }
+            let offset = Arg::I64((i * stride) as i64);
+            let (k, c, d, slot) = (k as i32, per_layer as i32, d as i32, i as i32);
+            self.launches.insert(
+                combine,
+                Launch {
+                    kernel: "moe_cpu_wait".into(),
+                    grid: (1, 1),
+                    block: 512,
+                    args: vec![
+                        Arg::Buf(Buf::CpuExchange),
+                        offset,
+                        Arg::Buf(Buf::CpuSeq),
+                        Arg::I32(slot),
+                        Arg::Buf(Buf::ExpertOut),
+                        Arg::I32(k),
+                        Arg::I32(c),
+                        Arg::I32(d),
+                    ],
+                    shared: 0,
+                },
+            );
+            self.launches.insert(
+                route + 1,
+                Launch {
+                    kernel: "moe_cpu_publish".into(),
+                    grid: (1, 1),
+                    block: 256,
+                    args: vec![
+                        Arg::Buf(Buf::ExpertIds),
+                        Arg::I32(k),
+                        Arg::I32(c),
+                        Arg::Buf(Buf::H),
+                        Arg::I32(d),
+                        Arg::Buf(Buf::CpuExchange),
+                        offset,
+                        Arg::Buf(Buf::CpuSeq),
+                        Arg::I32(slot),
+                    ],
+                    shared: 0,
+                },
+            );
+        }
+        self.cpu_experts = Some(CpuExperts {
+            layers: layers.to_vec(),
+            per_layer,
+            stride,
+        });
+        Ok(self)
+    }
+}
+
+/// What the worker and the model share.
+struct Shared {
+    stop: AtomicBool,
+    failure: Mutex<Option<String>>,
+}
+
+/// The thread that answers the decode step's requests, and the exchange it answers in.
+pub(crate) struct CpuTier {
+    shared: Arc<Shared>,
+    thread: Option<JoinHandle<()>>,
+    /// The exchange's host address and the layers' strides, for the timed-out flags.
+    host: usize,
+    tier: CpuExperts,
+}
+
+/// How long the worker spins on a flag before it sleeps between looks (a step's layers come
+/// well within it; the first layer after an idle spell waits for [`CpuTier::kick`]).
+const SPIN: Duration = Duration::from_millis(5);
+/// How long it sleeps between looks after that.
+const NAP: Duration = Duration::from_micros(500);
+
+impl CpuTier {
+    /// Starts the worker over `experts` (the tier's layers), answering in the exchange at host
+    /// address `host` (mapped pinned memory of `tier.exchange_bytes()`, zeroed, alive as long
+    /// as this), on `threads` threads.
+    ///
+    /// # Safety
+    /// `host` must point to that memory, valid until this is dropped.
+    pub(crate) unsafe fn start(
+        experts: HostExperts,
+        tier: &CpuExperts,
+        host: *mut u8,
+        threads: usize,
+    ) -> Result<CpuTier, CudaError> {
+        let pool = ThreadPool::new(threads)
+            .map_err(|e| CudaError::Model(format!("the CPU tier's threads: {e}")))?;
+        let shared = Arc::new(Shared {
+            stop: AtomicBool::new(false),
+            failure: Mutex::new(None),
+        });
+        let (t, s, at) = (tier.clone(), shared.clone(), host as usize);
+        let thread = std::thread::Builder::new()
+            .name("ferrolm-cpu-tier".into())
+            .spawn(move || serve(&experts, &pool, &t, at, &s))
+            .map_err(|e| CudaError::Model(format!("the CPU tier's worker: {e}")))?;
+        Ok(CpuTier {
+            shared,
+            thread: Some(thread),
+            host: host as usize,
+            tier: tier.clone(),
+        })
+    }
+
+    /// Wakes the worker for a step about to be launched.
+    pub(crate) fn kick(&self) {
+        if let Some(t) = &self.thread {
+            t.thread().unpark();
+        }
+    }
+
+    /// What went wrong in a step served so far: the worker's failure, or a step whose wait
+    /// ran out of time.
+    pub(crate) fn failure(&self) -> Option<String> {
+        if let Some(f) = self.shared.failure.lock().unwrap_or_else(|e| e.into_inner()).clone() {
+            return Some(f);
+        }
+        self.tier.layers.iter().enumerate().find_map(|(i, &l)| {
+            // SAFETY: the exchange outlives self; the flag is a u32 at a 256-byte boundary.
+            let late = unsafe { flag(self.host + i * self.tier.stride, 2) }.load(Ordering::Acquire);
+            (late != 0).then(|| {
+                format!("layer {l}'s experts on the CPU did not come back in time (step {late})")
+            })
+        })
+    }
+}
+
+impl Drop for CpuTier {
+    // (the model synchronizes its stream first: no step still waits for an answer)
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Ordering::Release);
+        if let Some(t) = self.thread.take() {
+            t.thread().unpark();
+            let _ = t.join();
+        }
+    }
+}
+
+/// Flag `i` of the exchange part at `at`.
+///
+/// # Safety
+/// `at` must be a live exchange part (16-byte aligned, at least 16 bytes).
+unsafe fn flag<'a>(at: usize, i: usize) -> &'a AtomicU32 {
+    &*((at + 4 * i) as *const AtomicU32)
+}
+
+/// Waits until `f` holds `want`; false: stopped first.
+fn wait_for(f: &AtomicU32, want: u32, stop: &AtomicBool) -> bool {
+    let start = Instant::now();
+    let mut looks = 0u32;
+    loop {
+        if f.load(Ordering::Acquire) == want {
+            return true;
+        }
+        if stop.load(Ordering::Acquire) {
+            return false;
+        }
+        looks = looks.wrapping_add(1);
+        if looks % 1024 != 0 || start.elapsed() < SPIN {
+            std::hint::spin_loop();
+        } else {
+            std::thread::park_timeout(NAP);
+        }
+    }
+}
+
+/// The worker: each layer of the tier in turn, the next step's request answered when it is
+/// published. A failure is kept for the model to report and the step still answered (with
+/// zeros), so that the device never waits in vain.
+fn serve(experts: &HostExperts, pool: &ThreadPool, tier: &CpuExperts, host: usize, s: &Shared) {
+    let (c, d) = (tier.per_layer, experts.d());
+    let mut answered = vec![0u32; tier.layers.len()];
+    let mut ids = vec![0u32; c];
+    let mut x = vec![0f32; d];
+    let mut y = vec![0f32; c * d];
+    loop {
+        for (i, &l) in tier.layers.iter().enumerate() {
+            let at = host + i * tier.stride;
+            let want = answered[i].wrapping_add(1);
+            // SAFETY: the exchange outlives the worker (CpuTier's drop joins it first).
+            if !wait_for(unsafe { flag(at, 0) }, want, &s.stop) {
+                return;
+            }
+            // SAFETY: the device wrote the ids and the input before publishing `want`, which
+            // the acquiring load saw; they stay until the step's wait has read the answer.
+            unsafe {
+                std::ptr::copy_nonoverlapping((at + EXCHANGE_IDS_AT) as *const u32, ids.as_mut_ptr(), c);
+                std::ptr::copy_nonoverlapping(
+                    (at + EXCHANGE_INPUT_AT) as *const f32,
+                    x.as_mut_ptr(),
+                    d,
+                );
+            }
+            let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                experts.outputs(pool, l, &ids, &x, &mut y)
+            }));
+            let failed = match result {
+                Ok(Ok(())) => None,
+                Ok(Err(e)) => Some(e.to_string()),
+                Err(_) => Some("the worker panicked".into()),
+            };
+            if let Some(f) = failed {
+                y.fill(0.0);
+                let mut kept = s.failure.lock().unwrap_or_else(|e| e.into_inner());
+                kept.get_or_insert(format!("layer {l}'s experts on the CPU: {f}"));
+            }
+            // SAFETY: as above; the device reads the outputs only after `want` is answered.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    y.as_ptr(),
+                    (at + EXCHANGE_INPUT_AT + 4 * d) as *mut f32,
+                    c * d,
+                );
+                flag(at, 1).store(want, Ordering::Release);
+            }
+            answered[i] = want;
+        }
+    }
+}
