@@ -112,7 +112,11 @@ impl DecodePlan {
                     x.grid.0 = n.div_ceil(x.block as usize) as u32;
                     continue;
                 }
-                if !x.args.contains(&Arg::Buf(Buf::ExpertIds)) {
+                // (the chosen ids, or the staged experts' `slots.rs`)
+                if ![Buf::ExpertIds, Buf::SlotIds]
+                    .iter()
+                    .any(|&b| x.args.contains(&Arg::Buf(b)))
+                {
                     continue;
                 }
                 if x.grid.1 as usize != k {

@@ -313,6 +313,8 @@ impl Drop for CpuTierHold {
 pub struct CudaModel {
     /// The CPU's share of the experts in layers left in host memory (first: dropped first).
     cpu_tier: Option<CpuTierHold>,
+    /// The expert slot cache (`--gpu-memory` with `CudaTuning::expert_slots`).
+    expert_slots: Option<crate::slots::DeviceSlots>,
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
     plan: DecodePlan,
@@ -406,6 +408,9 @@ fn buffer_bytes(p: &DecodePlan, b: Buf, slots: usize) -> usize {
             slots * p.n_ctx * p.kv_dims[l] / 2
         }
         Buf::CpuSeq => p.layers.len(),
+        Buf::ExpertTable(l) => 6 * p.layers[l].moe.as_ref().map_or(0, |m| m.n_expert),
+        Buf::ExpertStage(i) => p.staged_experts.as_ref().map_or(0, |s| s.stage_bytes[i] / 4),
+        Buf::SlotIds => p.max_used,
         Buf::Matrix(_)
         | Buf::Vector(_)
         | Buf::Logits
@@ -504,7 +509,17 @@ impl CudaModel {
         };
         let fixed = caches + prefill::scratch_bytes(&dp);
         // Under a budget, the expert stacks it leaves no room for stay in host memory.
-        let tiers = crate::tiers::place(&dp, fixed, tuning.gpu_memory)?;
+        // (with the slot cache, every stack there, and what is left as slots)
+        let slot_room = match tuning.gpu_memory {
+            Some(budget) if tuning.expert_slots => {
+                Some(crate::tiers::room_for_experts(&dp, fixed, budget)?)
+            }
+            _ => None,
+        };
+        let tiers = match slot_room {
+            Some(_) => crate::tiers::stacks_on_host(&dp),
+            None => crate::tiers::place(&dp, fixed, tuning.gpu_memory)?,
+        };
         let on_device: u64 = dp
             .matrices
             .iter()
@@ -515,13 +530,24 @@ impl CudaModel {
         let dp = dp.unstaged_where(|m| tiers[m] == Tier::Host);
         // The CPU's share of the chosen experts in the layers left wholly in host memory.
         let cpu_layers = crate::tiers::host_layers(&dp, &tiers);
+        let slotted = if slot_room.is_some() { &cpu_layers[..] } else { &[] };
+        let dp = dp.with_expert_slots(slotted)?;
+        // Slots for as many experts a layer as the room left after the stages allows.
+        let per_layer = match (&dp.staged_experts, slot_room) {
+            (Some(staged), Some(room)) => {
+                let room = room.saturating_sub(staged.stage_bytes.iter().sum::<usize>() as u64);
+                let one = crate::slots::slot_bytes(&dp, staged, 1).max(1);
+                (room / one) as usize
+            }
+            _ => 0,
+        };
         let fewest_used = cpu_layers
             .iter()
             .filter_map(|&l| dp.layers[l].moe.as_ref().map(|m| m.n_used))
             .min()
             .unwrap_or(0);
-        let per_layer = tuning.cpu_experts.min(fewest_used.saturating_sub(1));
-        let dp = dp.with_cpu_experts(&cpu_layers, per_layer)?;
+        let cpu_per_layer = tuning.cpu_experts.min(fewest_used.saturating_sub(1));
+        let dp = dp.with_cpu_experts(&cpu_layers, cpu_per_layer)?;
         let need = on_device + fixed;
         let (free, _) = ctx.mem_get_info().map_err(driver("reading free memory"))?;
         if need as usize > free {
@@ -702,6 +728,7 @@ impl CudaModel {
         };
         let mut model = CudaModel {
             cpu_tier,
+            expert_slots: None,
             ctx,
             stream,
             plan: dp,
@@ -734,6 +761,23 @@ impl CudaModel {
             stats: Stats::default(),
             checkpoint: None,
         };
+        if model.plan.staged_experts.is_some() {
+            let slots = crate::slots::DeviceSlots::new(
+                &model.stream,
+                &model.plan,
+                &model.matrix_addrs,
+                per_layer,
+                tuning.slot_interval,
+            )?;
+            let ids: Vec<u8> = (0..model.plan.max_used as u32)
+                .flat_map(u32::to_le_bytes)
+                .collect();
+            model.write_buf(Buf::SlotIds, &ids)?;
+            for (b, table) in slots.tables(&model.stream) {
+                model.write_buf(b, &table)?;
+            }
+            model.expert_slots = Some(slots);
+        }
         if tuning.graphs {
             model.capture()?;
         }
@@ -1100,6 +1144,26 @@ impl CudaModel {
         Ok(())
     }
 
+    /// The slot cache's turn before a decode step: every so many steps, the most chosen
+    /// experts copied into the slots and the tables written (in stream order, before the
+    /// step reads them).
+    fn choose_slots(&mut self) -> Result<(), CudaError> {
+        let Some(mut slots) = self.expert_slots.take() else {
+            return Ok(());
+        };
+        let changed = slots.step(&self.stream, || self.expert_counts());
+        let written = match changed {
+            Ok(true) => slots
+                .tables(&self.stream)
+                .into_iter()
+                .try_for_each(|(b, t)| self.write_buf(b, &t)),
+            Ok(false) => Ok(()),
+            Err(e) => Err(e),
+        };
+        self.expert_slots = Some(slots);
+        written
+    }
+
     /// Wakes the CPU tier's worker for a step about to be launched, after reporting what went
     /// wrong in the steps it served before.
     fn kick_cpu_tier(&self) -> Result<(), CudaError> {
@@ -1121,6 +1185,7 @@ impl CudaModel {
             });
         }
         self.ensure_room(0, self.pos + 1)?;
+        self.choose_slots()?;
         self.kick_cpu_tier()?;
         match &self.graph {
             Some(g) => {
@@ -1197,6 +1262,17 @@ impl CudaModel {
             return None;
         }
         let t = crate::tiers::traffic(&self.plan, &self.tiers, counts);
+        // (the slot cache's hits and misses, where it has them: up to its last choice)
+        if let Some(slots) = &self.expert_slots {
+            let (hits, misses, slot_bytes, one) = slots.usage();
+            return Some(ferrolm_engine::ExpertTierStats {
+                device_expert_bytes: stack_bytes(Tier::Device) + slot_bytes,
+                host_expert_bytes,
+                device_selections: hits,
+                host_selections: misses,
+                host_bytes: misses * one,
+            });
+        }
         Some(ferrolm_engine::ExpertTierStats {
             device_expert_bytes: stack_bytes(Tier::Device),
             host_expert_bytes,

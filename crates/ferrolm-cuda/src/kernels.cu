@@ -4478,6 +4478,29 @@ __device__ __forceinline__ float shared_gate_logit(const float* gate_w, const fl
     return block_sum(s);
 }
 
+// ---- The expert slot cache (slots.rs): each chosen expert's rows staged before its products --
+// tables: the gate, up and down tables of the layer, ne addresses each (an expert's rows in a
+// device slot, or in mapped host memory). Block (x, j) copies its share of expert ids[j]'s
+// three matrices into slot j of the three stages (16-byte words; the sizes are multiples of
+// 16), so that the products read the chosen experts from device memory at ids 0 .. k - 1.
+extern "C" __global__ void moe_stage(const u64* tables, int ne, const u32* ids, u8* g, u8* u,
+                                     u8* dn, long long g_bytes, long long u_bytes,
+                                     long long d_bytes) {
+    step_begin();
+    const int j = blockIdx.y;
+    const u32 e = ids[j];
+    u8* const dst[3] = {g, u, dn};
+    const long long bytes[3] = {g_bytes, u_bytes, d_bytes};
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    for (int m = 0; m < 3; m++) {
+        const uint4* src = (const uint4*)tables[(size_t)m * ne + e];
+        uint4* d = (uint4*)(dst[m] + (size_t)j * bytes[m]);
+        const long long n = bytes[m] / 16;
+        for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
+            d[i] = src[i];
+    }
+}
+
 // ---- The CPU tier (cpu_tier.rs): the CPU computes a layer's last c chosen experts ----------
 // A layer's exchange in mapped host memory: u32 flags (0: the step that published, 1: the
 // step the CPU answered, 2: a step whose wait ran out of time), the c expert ids from word 4,

@@ -25,6 +25,7 @@ mod kv_pages;
 pub mod prefill;
 pub mod repack;
 pub mod schedule;
+pub mod slots;
 pub mod tiers;
 mod tuning;
 

@@ -177,6 +177,13 @@ pub enum Buf {
     CpuExchange,
     /// Per layer, how many steps have handed experts to the CPU, u32 (device memory).
     CpuSeq,
+    /// Layer `l`'s expert table (`slots.rs`): where each expert's gate, up and down rows are
+    /// now (a device slot, or mapped host memory), `3 x n_expert` u64.
+    ExpertTable(usize),
+    /// The chosen experts' gate (0), up (1) or down (2) rows, staged, `max_used` experts.
+    ExpertStage(usize),
+    /// `0, 1, .. max_used - 1`: the staged experts' ids, u32.
+    SlotIds,
     /// Layer `l`'s keys, `n_ctx x kv_dim` f16.
     KCache(usize),
     /// Layer `l`'s values, `n_ctx x kv_dim` f16.
@@ -681,6 +688,9 @@ pub struct DecodePlan {
     pub logits: LogitAdjust,
     /// The layers whose last chosen experts the CPU computes (`None`: none; `cpu_tier.rs`).
     pub cpu_experts: Option<crate::cpu_tier::CpuExperts>,
+    /// The layers whose chosen experts are staged from the slot cache (`None`: none;
+    /// `slots.rs`).
+    pub staged_experts: Option<crate::slots::StagedExperts>,
 }
 
 /// The largest delta-net buffers over the layers, in floats.
@@ -2793,6 +2803,7 @@ fn decode_plan_rank(
         embedding_scale: *embedding_scale,
         logits,
         cpu_experts: None,
+        staged_experts: None,
     })
 }
 

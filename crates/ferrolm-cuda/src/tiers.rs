@@ -31,20 +31,7 @@ pub fn place(p: &DecodePlan, fixed: u64, budget: Option<u64>) -> Result<Vec<Tier
     let Some(budget) = budget else {
         return Ok(vec![Tier::Device; p.matrices.len()]);
     };
-    let dense: u64 = (0..p.matrices.len())
-        .filter(|&m| !is_stack(m))
-        .map(bytes)
-        .sum();
-    let needed = dense + fixed;
-    if needed > budget {
-        return Err(CudaError::Model(format!(
-            "a GPU memory budget of {budget} bytes cannot hold what must stay on the GPU: \
-             {needed} bytes ({dense} of weights besides the experts, {fixed} of caches and \
-             buffers); {} more are needed",
-            needed - budget
-        )));
-    }
-    let mut left = budget - needed;
+    let mut left = room_for_experts(p, fixed, budget)?;
     Ok((0..p.matrices.len())
         .map(|m| {
             if !is_stack(m) {
@@ -58,6 +45,33 @@ pub fn place(p: &DecodePlan, fixed: u64, budget: Option<u64>) -> Result<Vec<Tier
             }
         })
         .collect())
+}
+
+/// Bytes `budget` leaves for expert stacks once every other matrix and `fixed` bytes fit;
+/// errors when they do not, saying how many bytes they need and how many the budget leaves.
+pub fn room_for_experts(p: &DecodePlan, fixed: u64, budget: u64) -> Result<u64, CudaError> {
+    let dense: u64 = (p.matrices.iter())
+        .filter(|m| m.experts <= 1)
+        .map(|m| m.total_bytes())
+        .sum();
+    let needed = dense + fixed;
+    if needed > budget {
+        return Err(CudaError::Model(format!(
+            "a GPU memory budget of {budget} bytes cannot hold what must stay on the GPU: \
+             {needed} bytes ({dense} of weights besides the experts, {fixed} of caches and \
+             buffers); {} more are needed",
+            needed - budget
+        )));
+    }
+    Ok(budget - needed)
+}
+
+/// Every expert stack in host memory, the rest on the device (the slot cache's placement,
+/// `slots.rs`).
+pub fn stacks_on_host(p: &DecodePlan) -> Vec<Tier> {
+    (p.matrices.iter())
+        .map(|m| if m.experts > 1 { Tier::Host } else { Tier::Device })
+        .collect()
 }
 
 /// The mixture-of-experts layers whose gate, up and down stacks all stay in host memory:

@@ -99,6 +99,13 @@ pub struct CudaTuning {
     pub cpu_experts: usize,
     /// The CPU tier's threads (0: as many as the CPU model's, `-t`).
     pub cpu_tier_threads: usize,
+    /// Under a budget, every expert stack in host memory and what the budget leaves as
+    /// device slots for each layer's most chosen experts, re-chosen as the model runs
+    /// ([`crate::slots`]; `FERROLM_CUDA_EXPERT_SLOTS=1`; off, the default: whole stacks on
+    /// the device while they fit, until measured).
+    pub expert_slots: bool,
+    /// Decode steps between the slot cache's choices (`FERROLM_CUDA_SLOT_INTERVAL`).
+    pub slot_interval: usize,
     /// Batched decode steps of at most this many rows multiply Q4_K and Q6_K matrices on the
     /// int8 tensor cores against 8-bit activations (`mmq_*`, reading the quantized blocks)
     /// instead of f16 GEMMs (`FERROLM_CUDA_MMQ_MAX_ROWS`; 0, the default: never). Measured
@@ -179,6 +186,8 @@ impl Default for CudaTuning {
             gpu_memory: None,
             cpu_experts: 0,
             cpu_tier_threads: 0,
+            expert_slots: false,
+            slot_interval: 64,
             mmq_max_rows: 0,
             skinny_gemm_max_rows: 8,
             dq_gemm_max_rows: 16,
@@ -232,6 +241,8 @@ impl CudaTuning {
             gpu_memory: None,
             cpu_experts: number("FERROLM_CUDA_CPU_EXPERTS").unwrap_or(d.cpu_experts),
             cpu_tier_threads: number("FERROLM_CUDA_CPU_TIER_THREADS").unwrap_or(d.cpu_tier_threads),
+            expert_slots: !unset("FERROLM_CUDA_EXPERT_SLOTS"),
+            slot_interval: number("FERROLM_CUDA_SLOT_INTERVAL").unwrap_or(d.slot_interval),
             mmq_max_rows: number("FERROLM_CUDA_MMQ_MAX_ROWS").unwrap_or(d.mmq_max_rows),
             skinny_gemm_max_rows: number("FERROLM_CUDA_SKINNY_GEMM_MAX_ROWS")
                 .unwrap_or(d.skinny_gemm_max_rows),

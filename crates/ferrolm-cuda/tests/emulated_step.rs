@@ -33,6 +33,8 @@ struct Emulator<'f> {
     /// The CPU tier's experts, and per tier slot what the step handed it (ids, input).
     host_experts: Option<ferrolm_model::HostExperts>,
     handed: HashMap<usize, (Vec<u32>, Vec<f32>)>,
+    /// Per stage (gate, up, down), the stack it holds rows of and the experts staged.
+    stages: HashMap<usize, (usize, Vec<u32>)>,
 }
 
 fn f16_round(x: &[f32]) -> Vec<f32> {
@@ -63,7 +65,9 @@ impl<'f> Emulator<'f> {
             xq: HashMap::new(),
             host_experts: None,
             handed: HashMap::new(),
+            stages: HashMap::new(),
         };
+        e.u32s.insert(Buf::SlotIds, (0..plan.max_used as u32).collect());
         for (l, &kv) in plan.kv_dims.iter().enumerate() {
             e.f32s.insert(Buf::KCache(l), vec![0.0; plan.n_ctx * kv]);
             e.f32s.insert(Buf::VCache(l), vec![0.0; plan.n_ctx * kv]);
@@ -125,8 +129,18 @@ impl<'f> Emulator<'f> {
 
     /// Row `r` of matrix `m`, and its type.
     fn row(&self, m: Buf, r: usize) -> (TensorType, &'f [u8]) {
-        let Buf::Matrix(i) = m else {
-            panic!("a matrix argument, found {m:?}")
+        // (a stage's row r: row r % rows of the expert its slot r / rows holds)
+        let (i, r) = match m {
+            Buf::Matrix(i) => (i, r),
+            Buf::ExpertStage(s) => {
+                let (i, ids) = self.stages.get(&s).expect("a stage read before it was filled");
+                let spec = &self.plan.matrices[*i];
+                let per = spec.rows / spec.experts;
+                let slot = r / per;
+                assert!(slot < ids.len(), "slot {slot} of {} staged", ids.len());
+                (*i, ids[slot] as usize * per + r % per)
+            }
+            m => panic!("a matrix argument, found {m:?}"),
         };
         let spec = &self.plan.matrices[i];
         assert!(
@@ -350,7 +364,7 @@ impl<'f> Emulator<'f> {
                 l.grid.0 as usize * (MATVEC_ROWS / 2) >= widest,
                 "{name}: rows left out"
             );
-            let ids = self.u32s[&Buf::ExpertIds].clone();
+            let ids = self.u32s[&Self::buf(&a[7]).unwrap()].clone();
             assert!(
                 ids.len() >= routed,
                 "{name}: {routed} grid rows of {} ids",
@@ -386,7 +400,7 @@ impl<'f> Emulator<'f> {
             let (x, stride, per) = (Self::buf(&a[5]).unwrap(), Self::i(&a[6]), Self::i(&a[7]));
             let shared = Self::buf(&a[10]);
             let routed = l.grid.1 as usize - usize::from(shared.is_some());
-            let ids = self.u32s[&Buf::ExpertIds].clone();
+            let ids = self.u32s[&Self::buf(&a[8]).unwrap()].clone();
             assert!(
                 ids.len() >= routed,
                 "{name}: {routed} grid rows of {} ids",
@@ -534,6 +548,20 @@ impl<'f> Emulator<'f> {
             );
             let out: Vec<f32> = (0..n).map(|i| swiglu_oai(g[i], u[i])).collect();
             self.write(Self::buf(&a[2]).unwrap(), 0, &out);
+        } else if name == "moe_stage" {
+            // moe_stage(tables, ne, ids, g, u, d, g_bytes, u_bytes, d_bytes): grid row j stages
+            // expert ids[j]'s rows of the layer's three stacks into slot j of each stage
+            let Some(Buf::ExpertTable(layer)) = Self::buf(&a[0]) else {
+                panic!("{name}: a layer's expert table, found {:?}", a[0]);
+            };
+            let moe = self.plan.layers[layer].moe.as_ref().expect("a layer of experts");
+            assert_eq!(Self::i(&a[1]), moe.n_expert);
+            let ids = self.u32s[&Self::buf(&a[2]).unwrap()][..l.grid.1 as usize].to_vec();
+            for (i, &m) in moe.experts.iter().enumerate() {
+                assert_eq!(Self::buf(&a[3 + i]), Some(Buf::ExpertStage(i)));
+                assert_eq!(Self::i64(&a[6 + i]), self.plan.matrices[m].expert_bytes() as usize);
+                self.stages.insert(i, (m, ids.clone()));
+            }
         } else if name == "moe_cpu_publish" {
             // moe_cpu_publish(ids, k, c, h, d, exchange, offset, seq, slot): the last c ids
             // and h handed to the CPU tier
@@ -882,6 +910,18 @@ fn emulate_with_cpu_tier(
     ids: &[u32],
     cpu_experts: usize,
 ) -> (Vec<f32>, Vec<f32>, Vec<String>) {
+    emulate_tiers(spec, tuning, ids, false, cpu_experts)
+}
+
+/// [`emulate_with_cpu_tier`], every mixture-of-experts layer's chosen experts staged from the
+/// slot cache first where `staged`.
+fn emulate_tiers(
+    spec: &SyntheticSpec,
+    tuning: &CudaTuning,
+    ids: &[u32],
+    staged: bool,
+    cpu_experts: usize,
+) -> (Vec<f32>, Vec<f32>, Vec<String>) {
     let file = Arc::new(GgufFile::from_bytes(synthetic::build(spec).unwrap().to_bytes()).unwrap());
     let model = Model::from_file(file.clone(), 1).unwrap();
     let n_layer = model.plan().layers.len();
@@ -896,6 +936,8 @@ fn emulate_with_cpu_tier(
     let moe_layers: Vec<usize> = (0..n_layer)
         .filter(|&l| plan.layers[l].moe.is_some())
         .collect();
+    let slotted = if staged { &moe_layers[..] } else { &[] };
+    let plan = plan.with_expert_slots(slotted).unwrap();
     let plan = plan.with_cpu_experts(&moe_layers, cpu_experts).unwrap();
     let mut e = Emulator::new(&file, &plan);
     if let Some(tier) = &plan.cpu_experts {
@@ -1150,6 +1192,39 @@ fn experts_on_the_cpu_tier_compute_what_the_cpu_computes() {
     assert!(e.contains("past the 60"), "{e}");
     let e = refusal(plan_of(&tuning), 2);
     assert!(e.contains("leave the GPU none"), "{e}");
+}
+
+/// The expert slot cache (`FERROLM_CUDA_EXPERT_SLOTS`): each chosen expert's rows staged
+/// (`moe_stage`) and the products reading the stage: the very logits of the plain step, on
+/// Qwen3-30B-A3B's layout, gpt-oss (expert biases by the chosen ids) and qwen2moe (a shared
+/// expert beside them), alone and with the CPU tier after it.
+#[test]
+fn staged_experts_give_the_plain_step_s_logits() {
+    let mut qwen3 = SyntheticSpec::small("qwen3moe");
+    qwen3.head_dim = 64;
+    qwen3.default_type = TensorType::Q4_0;
+    qwen3.types = vec![("ffn_gate_inp".into(), TensorType::F32)];
+    let mut gpt_oss = SyntheticSpec::small("gpt-oss");
+    gpt_oss.sliding_window = Some(8);
+    let mut qwen2 = SyntheticSpec::small("qwen2moe");
+    qwen2.head_dim = 64;
+    let tuning = CudaTuning::default();
+    for spec in [&qwen3, &gpt_oss, &qwen2] {
+        let (plain, cpu, plain_kernels) = emulate_tiers(spec, &tuning, &ids(9), false, 0);
+        let (staged, _, kernels) = emulate_tiers(spec, &tuning, &ids(9), true, 0);
+        assert!(
+            plain.iter().zip(&staged).all(|(a, b)| a.to_bits() == b.to_bits()),
+            "{}: the staged step's logits differ",
+            spec.arch
+        );
+        let stages = kernels.iter().filter(|&k| k == "moe_stage").count();
+        assert_eq!(stages, spec.n_layer, "{}: {kernels:?}", spec.arch);
+        assert_eq!(kernels.len(), plain_kernels.len() + spec.n_layer);
+        let (both, _, kernels) = emulate_tiers(spec, &tuning, &ids(9), true, 1);
+        let kl = mean_kl(&cpu, &both, cpu.len() / 9);
+        assert!(kl < 1e-3, "{} staged, CPU tier: mean KL {kl:.3e}", spec.arch);
+        assert_eq!(kernels.len(), plain_kernels.len() + 3 * spec.n_layer);
+    }
 }
 
 /// A shared expert whose rows match the routed experts' in type rides in their launches as

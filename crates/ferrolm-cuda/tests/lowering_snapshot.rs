@@ -62,6 +62,7 @@ fn dump(file: &GgufFile, p: &DecodePlan) -> String {
         embedding_scale,
         logits,
         cpu_experts,
+        staged_experts,
     } = p;
     let mut s = String::new();
     writeln!(
@@ -75,6 +76,9 @@ fn dump(file: &GgufFile, p: &DecodePlan) -> String {
     .unwrap();
     if let Some(c) = cpu_experts {
         writeln!(s, "cpu_experts {c:?}").unwrap();
+    }
+    if let Some(c) = staged_experts {
+        writeln!(s, "staged_experts {c:?}").unwrap();
     }
     for (i, l) in layers.iter().enumerate() {
         writeln!(s, "layer {i}: {l:?}").unwrap();
