@@ -52,7 +52,7 @@ while [ ! -f $W/8b.gguf ] && [ $(el) -lt 300 ]; do sleep 5; done
 DW=FERROLM_CUDA_DQ_WARPS=4; PF=FERROLM_CUDA_DQ_PREFETCH=1; SE=FERROLM_CUDA_DQ_SEGMENTS=1
 GL=FERROLM_CUDA_DQ_GLU=1
 SK=FERROLM_CUDA_SKINNY_GEMM_MAX_ROWS=16
-for v in FERROLM_UNUSED=1 $PF $SE $GL $DW "$PF $SE $GL" "$DW $PF $SE $GL" "$PF $SE $GL $SK" FERROLM_UNUSED=1; do
+for v in FERROLM_UNUSED=1 "$PF $SE $GL" "$DW $PF $SE $GL" "$PF $SE $GL $SK" $PF $GL; do
   say "== 8b B=16 $v ($(el) s)"
   env $v timeout 60 $B bench -m $W/8b.gguf --device cuda --batch 16 -p 128 -n 128 2>&1 | grep -E '^\| +[0-9]|rror|anic' | tee -a $LOG | tee /tmp/row
   tg=$(awk -F'|' '/^\| +[0-9]/{printf "%d", $9}' /tmp/row)
@@ -69,6 +69,16 @@ RR=FERROLM_CUDA_ROUTER_IN_ROUTE=1
 say "== moe30 tg64 $RR, then cuda-check with it ($(el) s)"
 env $RR timeout 60 $B bench -m $W/moe30.gguf --device cuda -p 0 -n 64 -r 2 2>&1 | grep -E 'tg64|rror|anic' | tee -a $LOG
 env $RR timeout 60 $B cuda-check -m $W/moe30.gguf -p 32 -n 8 2>&1 | grep -E 'decode steps|rror' | tee -a $LOG
+# Issue 24's CPU tier and slot cache under --gpu-memory 6 (scripts/gpu-cpu-tier.sh has more).
+CE=FERROLM_CUDA_CPU_EXPERTS; ES=FERROLM_CUDA_EXPERT_SLOTS=1
+for v in "$CE=0" "$CE=4" "$ES" "$ES $CE=4"; do
+  say "== moe30 --gpu-memory 6 tg64, $v ($(el) s)"
+  env $v timeout 90 $B bench -m $W/moe30.gguf --device cuda --gpu-memory 6 -t 16 -p 0 -n 64 -r 2 2>&1 |
+    grep -E 'tg64|rror|anic' | tee -a $LOG
+done
+say "== moe30 --gpu-memory 6 cuda-check, $ES $CE=4 ($(el) s)"
+env $ES $CE=4 timeout 90 $B cuda-check -m $W/moe30.gguf --gpu-memory 6 -t 16 -p 32 -n 8 2>&1 |
+  grep -E 'decode steps|prompt batch|rror|anic' | tee -a $LOG
 if [ "${HYBRID:-0}" = 1 ]; then
 SG=FERROLM_CUDA_SHARED_IN_GRID=1
 for f in hy q2m; do
@@ -83,16 +93,17 @@ for v in FERROLM_UNUSED=1 $SG $DR "$SG $DR" FERROLM_UNUSED=1 "$SG $DR"; do
   env $v timeout 40 $B bench -m $W/hy.gguf --device cuda -p 0 -n 128 -r 3 2>&1 | grep -E 'tg128|rror|anic' | tee -a $LOG
 done
 fi
-# Where the MoE token and the 8B's batched step spend their time now (events, kernel by kernel).
-timeout 60 $B cuda-check -m $W/moe30.gguf -p 16 -n 2 --profile 16 > ${OUT:-/tmp}/moe30-profile.txt 2>&1
-env $(cat /tmp/best-env) timeout 40 $B cuda-check -m $W/8b.gguf --batch 16 -p 16 -n 2 --profile 1 \
-  > ${OUT:-/tmp}/8b-b16-profile.txt 2>&1
 # llama.cpp where its build (started in the background) is done by now; else gpu-issue18.sh on
 # the same machine runs it (the build goes on between calls on a warm machine).
 while [ ! -x $L/llama-bench ] && [ $(el) -lt 400 ]; do sleep 5; done
 if [ -x $L/llama-bench ]; then
   say "== llama.cpp ($(el) s)"
-  timeout 120 $L/llama-bench -m $W/moe30.gguf -ngl 99 -fa 1 -p 512 -n 64 -r 2 2>&1 | grep -E '^\|' | tee -a $LOG
   timeout 60 $L/llama-batched-bench -m $W/8b.gguf -ngl 99 -fa 1 -c 40000 -npp 128 -ntg 128 -npl 16 2>&1 | grep -E '^\|' | tail -1 | tee -a $LOG
+  timeout 120 $L/llama-bench -m $W/moe30.gguf -ngl 99 -fa 1 -p 512 -n 64 -r 2 2>&1 | grep -E '^\|' | tee -a $LOG
+  timeout 100 $L/llama-bench -m $W/moe30.gguf -ngl 99 -fa 1 -ncmoe 36 -t 16 -p 0 -n 64 -r 2 2>&1 | grep -E '^\|' | tee -a $LOG
 fi
+# Where the MoE token and the 8B's batched step spend their time now (events, kernel by kernel).
+timeout 60 $B cuda-check -m $W/moe30.gguf -p 16 -n 2 --profile 16 > ${OUT:-/tmp}/moe30-profile.txt 2>&1
+env $(cat /tmp/best-env) timeout 40 $B cuda-check -m $W/8b.gguf --batch 16 -p 16 -n 2 --profile 1 \
+  > ${OUT:-/tmp}/8b-b16-profile.txt 2>&1
 say "total $(el) s"
