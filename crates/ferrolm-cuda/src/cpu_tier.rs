@@ -76,7 +76,11 @@ impl DecodePlan {
         let d = self.n_embd;
         let stride = (EXCHANGE_INPUT_AT + 4 * d * (1 + per_layer)).next_multiple_of(256);
         for (i, &l) in layers.iter().enumerate() {
-            let Some(k) = self.layers.get(l).and_then(|r| r.moe.as_ref()).map(|m| m.n_used)
+            let Some(k) = self
+                .layers
+                .get(l)
+                .and_then(|r| r.moe.as_ref())
+                .map(|m| m.n_used)
             else {
                 return refuse(format!("layer {l} has no experts"));
             };
@@ -242,7 +246,13 @@ impl CpuTier {
     /// What went wrong in a step served so far: the worker's failure, or a step whose wait
     /// ran out of time.
     pub(crate) fn failure(&self) -> Option<String> {
-        if let Some(f) = self.shared.failure.lock().unwrap_or_else(|e| e.into_inner()).clone() {
+        if let Some(f) = self
+            .shared
+            .failure
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+        {
             return Some(f);
         }
         self.tier.layers.iter().enumerate().find_map(|(i, &l)| {
@@ -286,7 +296,7 @@ fn wait_for(f: &AtomicU32, want: u32, stop: &AtomicBool) -> bool {
             return false;
         }
         looks = looks.wrapping_add(1);
-        if looks % 1024 != 0 || start.elapsed() < SPIN {
+        if !looks.is_multiple_of(1024) || start.elapsed() < SPIN {
             std::hint::spin_loop();
         } else {
             std::thread::park_timeout(NAP);
@@ -314,7 +324,11 @@ fn serve(experts: &HostExperts, pool: &ThreadPool, tier: &CpuExperts, host: usiz
             // SAFETY: the device wrote the ids and the input before publishing `want`, which
             // the acquiring load saw; they stay until the step's wait has read the answer.
             unsafe {
-                std::ptr::copy_nonoverlapping((at + EXCHANGE_IDS_AT) as *const u32, ids.as_mut_ptr(), c);
+                std::ptr::copy_nonoverlapping(
+                    (at + EXCHANGE_IDS_AT) as *const u32,
+                    ids.as_mut_ptr(),
+                    c,
+                );
                 std::ptr::copy_nonoverlapping(
                     (at + EXCHANGE_INPUT_AT) as *const f32,
                     x.as_mut_ptr(),

@@ -409,7 +409,10 @@ fn buffer_bytes(p: &DecodePlan, b: Buf, slots: usize) -> usize {
         }
         Buf::CpuSeq => p.layers.len(),
         Buf::ExpertTable(l) => 6 * p.layers[l].moe.as_ref().map_or(0, |m| m.n_expert),
-        Buf::ExpertStage(i) => p.staged_experts.as_ref().map_or(0, |s| s.stage_bytes[i] / 4),
+        Buf::ExpertStage(i) => p
+            .staged_experts
+            .as_ref()
+            .map_or(0, |s| s.stage_bytes[i] / 4),
         Buf::SlotIds => p.max_used,
         Buf::Matrix(_)
         | Buf::Vector(_)
@@ -530,7 +533,11 @@ impl CudaModel {
         let dp = dp.unstaged_where(|m| tiers[m] == Tier::Host);
         // The CPU's share of the chosen experts in the layers left wholly in host memory.
         let cpu_layers = crate::tiers::host_layers(&dp, &tiers);
-        let slotted = if slot_room.is_some() { &cpu_layers[..] } else { &[] };
+        let slotted = if slot_room.is_some() {
+            &cpu_layers[..]
+        } else {
+            &[]
+        };
         let dp = dp.with_expert_slots(slotted)?;
         // Slots for as many experts a layer as the room left after the stages allows.
         let per_layer = match (&dp.staged_experts, slot_room) {
@@ -625,8 +632,11 @@ impl CudaModel {
                         }
                         Buf::CpuExchange => {
                             let bytes = dp.cpu_experts.as_ref().map_or(0, |c| c.exchange_bytes());
-                            let (pinned, host, dev) =
-                                mapped_pinned::<u8>(&ctx, bytes.max(256), "the CPU tier's exchange")?;
+                            let (pinned, host, dev) = mapped_pinned::<u8>(
+                                &ctx,
+                                bytes.max(256),
+                                "the CPU tier's exchange",
+                            )?;
                             // SAFETY: `host` holds `bytes` (at least 256) bytes, allocated above;
                             // the flags start at zero (no step published, none answered).
                             unsafe { std::ptr::write_bytes(host, 0, bytes.max(256)) };

@@ -17,8 +17,8 @@
 #![deny(missing_docs)]
 
 mod backend;
-pub mod cpu_tier;
 pub mod batch_device;
+pub mod cpu_tier;
 mod device;
 pub mod kernels;
 mod kv_pages;

@@ -42,7 +42,9 @@ impl DecodePlan {
             let Some(moe) = self.layers.get(l).and_then(|r| r.moe.clone()) else {
                 return refuse(format!("layer {l} has no experts"));
             };
-            let bytes = moe.experts.map(|m| self.matrices[m].expert_bytes() as usize);
+            let bytes = moe
+                .experts
+                .map(|m| self.matrices[m].expert_bytes() as usize);
             if bytes.iter().any(|b| b % 16 != 0) {
                 continue;
             }
@@ -214,7 +216,11 @@ impl SlotCache {
             let mut outside: Vec<u32> = (0..s.score.len() as u32)
                 .filter(|e| !s.resident.contains(e))
                 .collect();
-            outside.sort_by(|&a, &b| s.score[b as usize].total_cmp(&s.score[a as usize]).then(a.cmp(&b)));
+            outside.sort_by(|&a, &b| {
+                s.score[b as usize]
+                    .total_cmp(&s.score[a as usize])
+                    .then(a.cmp(&b))
+            });
             for e in outside {
                 let (slot, &weakest) = s
                     .resident
@@ -283,7 +289,11 @@ pub(crate) fn slot_bytes(p: &DecodePlan, staged: &StagedExperts, per_layer: usiz
         .iter()
         .filter_map(|&l| p.layers[l].moe.as_ref())
         .map(|m| {
-            let one: u64 = m.experts.iter().map(|&x| p.matrices[x].expert_bytes()).sum();
+            let one: u64 = m
+                .experts
+                .iter()
+                .map(|&x| p.matrices[x].expert_bytes())
+                .sum();
             per_layer.min(m.n_expert) as u64 * one
         })
         .sum()
@@ -304,7 +314,10 @@ impl DeviceSlots {
         let mut layers = Vec::with_capacity(staged.len());
         let mut n_expert = Vec::with_capacity(staged.len());
         for &l in staged {
-            let m = p.layers[l].moe.as_ref().expect("staged layers have experts");
+            let m = p.layers[l]
+                .moe
+                .as_ref()
+                .expect("staged layers have experts");
             let bytes = m.experts.map(|x| p.matrices[x].expert_bytes());
             let slots = per_layer.min(m.n_expert);
             let memory = stream
@@ -342,11 +355,9 @@ impl DeviceSlots {
             let dst = sl.slot_address(stream, slot, m);
             // SAFETY: both ranges lie in memory this model holds (the slots, the mapped
             // stack); the copy is ordered on the model's stream like every kernel.
-            unsafe {
-                sys::cuMemcpyAsync(dst, src, sl.bytes[m] as usize, stream.cu_stream())
-            }
-            .result()
-            .map_err(driver("filling an expert slot"))?;
+            unsafe { sys::cuMemcpyAsync(dst, src, sl.bytes[m] as usize, stream.cu_stream()) }
+                .result()
+                .map_err(driver("filling an expert slot"))?;
         }
         Ok(())
     }
@@ -401,7 +412,12 @@ impl DeviceSlots {
     /// expert).
     pub(crate) fn usage(&self) -> (u64, u64, u64, u64) {
         let slot_bytes = self.layers.iter().map(|sl| sl.memory.len() as u64).sum();
-        let one = self.layers.iter().map(SlotLayer::per_expert).max().unwrap_or(0);
+        let one = self
+            .layers
+            .iter()
+            .map(SlotLayer::per_expert)
+            .max()
+            .unwrap_or(0);
         (self.cache.hits, self.cache.misses, slot_bytes, one)
     }
 }
@@ -428,7 +444,10 @@ mod tests {
         assert_eq!(cache.resident(1), Some(&[0, 1][..]));
         // Layer 1: experts 4 and 5 chosen far more than 0 and 1; layer 3: a near tie.
         let c = counts(
-            &[(1, vec![1, 2, 0, 0, 40, 30]), (3, vec![10, 10, 12, 0, 0, 0])],
+            &[
+                (1, vec![1, 2, 0, 0, 40, 30]),
+                (3, vec![10, 10, 12, 0, 0, 0]),
+            ],
             4,
         );
         let moves = cache.choose(&c);
@@ -447,11 +466,25 @@ mod tests {
         assert_eq!((cache.hits, cache.misses), (23, 82));
         // Nothing chosen since: nothing moves, and an old favourite's score halves each time.
         assert!(cache.choose(&c).is_empty());
-        let later = counts(&[(1, vec![1, 2, 0, 0, 40, 30]), (3, vec![10, 10, 60, 0, 0, 0])], 4);
+        let later = counts(
+            &[
+                (1, vec![1, 2, 0, 0, 40, 30]),
+                (3, vec![10, 10, 60, 0, 0, 0]),
+            ],
+            4,
+        );
         let moves = cache.choose(&later);
         assert_eq!(moves.len(), 1);
         assert_eq!(moves[0].expert, 2);
-        assert_eq!(cache.resident(3).unwrap().iter().filter(|&&e| e == 2).count(), 1);
+        assert_eq!(
+            cache
+                .resident(3)
+                .unwrap()
+                .iter()
+                .filter(|&&e| e == 2)
+                .count(),
+            1
+        );
     }
 
     #[test]

@@ -70,7 +70,13 @@ pub fn room_for_experts(p: &DecodePlan, fixed: u64, budget: u64) -> Result<u64, 
 /// `slots.rs`).
 pub fn stacks_on_host(p: &DecodePlan) -> Vec<Tier> {
     (p.matrices.iter())
-        .map(|m| if m.experts > 1 { Tier::Host } else { Tier::Device })
+        .map(|m| {
+            if m.experts > 1 {
+                Tier::Host
+            } else {
+                Tier::Device
+            }
+        })
         .collect()
 }
 

@@ -67,7 +67,8 @@ impl<'f> Emulator<'f> {
             handed: HashMap::new(),
             stages: HashMap::new(),
         };
-        e.u32s.insert(Buf::SlotIds, (0..plan.max_used as u32).collect());
+        e.u32s
+            .insert(Buf::SlotIds, (0..plan.max_used as u32).collect());
         for (l, &kv) in plan.kv_dims.iter().enumerate() {
             e.f32s.insert(Buf::KCache(l), vec![0.0; plan.n_ctx * kv]);
             e.f32s.insert(Buf::VCache(l), vec![0.0; plan.n_ctx * kv]);
@@ -133,7 +134,10 @@ impl<'f> Emulator<'f> {
         let (i, r) = match m {
             Buf::Matrix(i) => (i, r),
             Buf::ExpertStage(s) => {
-                let (i, ids) = self.stages.get(&s).expect("a stage read before it was filled");
+                let (i, ids) = self
+                    .stages
+                    .get(&s)
+                    .expect("a stage read before it was filled");
                 let spec = &self.plan.matrices[*i];
                 let per = spec.rows / spec.experts;
                 let slot = r / per;
@@ -554,37 +558,76 @@ impl<'f> Emulator<'f> {
             let Some(Buf::ExpertTable(layer)) = Self::buf(&a[0]) else {
                 panic!("{name}: a layer's expert table, found {:?}", a[0]);
             };
-            let moe = self.plan.layers[layer].moe.as_ref().expect("a layer of experts");
+            let moe = self.plan.layers[layer]
+                .moe
+                .as_ref()
+                .expect("a layer of experts");
             assert_eq!(Self::i(&a[1]), moe.n_expert);
             let ids = self.u32s[&Self::buf(&a[2]).unwrap()][..l.grid.1 as usize].to_vec();
             for (i, &m) in moe.experts.iter().enumerate() {
                 assert_eq!(Self::buf(&a[3 + i]), Some(Buf::ExpertStage(i)));
-                assert_eq!(Self::i64(&a[6 + i]), self.plan.matrices[m].expert_bytes() as usize);
+                assert_eq!(
+                    Self::i64(&a[6 + i]),
+                    self.plan.matrices[m].expert_bytes() as usize
+                );
                 self.stages.insert(i, (m, ids.clone()));
             }
         } else if name == "moe_cpu_publish" {
             // moe_cpu_publish(ids, k, c, h, d, exchange, offset, seq, slot): the last c ids
             // and h handed to the CPU tier
-            let (k, c, d, slot) = (Self::i(&a[1]), Self::i(&a[2]), Self::i(&a[4]), Self::i(&a[8]));
+            let (k, c, d, slot) = (
+                Self::i(&a[1]),
+                Self::i(&a[2]),
+                Self::i(&a[4]),
+                Self::i(&a[8]),
+            );
             assert_eq!(a[5], Arg::Buf(Buf::CpuExchange));
             assert_eq!(a[7], Arg::Buf(Buf::CpuSeq));
-            let tier = self.plan.cpu_experts.as_ref().expect("a plan with a CPU tier");
-            assert_eq!(Self::i64(&a[6]), slot * tier.stride, "{name}: the slot's exchange");
+            let tier = self
+                .plan
+                .cpu_experts
+                .as_ref()
+                .expect("a plan with a CPU tier");
+            assert_eq!(
+                Self::i64(&a[6]),
+                slot * tier.stride,
+                "{name}: the slot's exchange"
+            );
             let ids = self.u32s[&Buf::ExpertIds][k - c..k].to_vec();
             let h = self.read(Self::buf(&a[3]).unwrap())[..d].to_vec();
-            assert!(self.handed.insert(slot, (ids, h)).is_none(), "published twice");
+            assert!(
+                self.handed.insert(slot, (ids, h)).is_none(),
+                "published twice"
+            );
         } else if name == "moe_cpu_wait" {
             // moe_cpu_wait(exchange, offset, seq, slot, ys, k, c, d): the CPU's c outputs into
             // rows k - c .. k - 1 of ys
-            let (slot, k, c, d) = (Self::i(&a[3]), Self::i(&a[5]), Self::i(&a[6]), Self::i(&a[7]));
-            let tier = self.plan.cpu_experts.as_ref().expect("a plan with a CPU tier");
-            assert_eq!(Self::i64(&a[1]), slot * tier.stride, "{name}: the slot's exchange");
-            let (ids, h) = self.handed.remove(&slot).expect("waited for a request not handed");
+            let (slot, k, c, d) = (
+                Self::i(&a[3]),
+                Self::i(&a[5]),
+                Self::i(&a[6]),
+                Self::i(&a[7]),
+            );
+            let tier = self
+                .plan
+                .cpu_experts
+                .as_ref()
+                .expect("a plan with a CPU tier");
+            assert_eq!(
+                Self::i64(&a[1]),
+                slot * tier.stride,
+                "{name}: the slot's exchange"
+            );
+            let (ids, h) = self
+                .handed
+                .remove(&slot)
+                .expect("waited for a request not handed");
             assert_eq!(ids.len(), c);
             let pool = ferrolm_threads::ThreadPool::new(1).unwrap();
             let mut y = vec![0f32; c * d];
             let host = self.host_experts.as_ref().expect("the tier's experts");
-            host.outputs(&pool, tier.layers[slot], &ids, &h, &mut y).unwrap();
+            host.outputs(&pool, tier.layers[slot], &ids, &h, &mut y)
+                .unwrap();
             self.write(Self::buf(&a[4]).unwrap(), (k - c) * d, &y);
         } else if name == "moe_add_bias" {
             // moe_add_bias(y, bias, ids, rows): grid row j adds expert ids[j]'s rows
@@ -1173,7 +1216,8 @@ fn experts_on_the_cpu_tier_compute_what_the_cpu_computes() {
     // (one type throughout: the shared expert rides in the routed experts' grid)
     qwen2.default_type = TensorType::Q4_0;
     qwen2.types = Vec::new();
-    let file = Arc::new(GgufFile::from_bytes(synthetic::build(&qwen2).unwrap().to_bytes()).unwrap());
+    let file =
+        Arc::new(GgufFile::from_bytes(synthetic::build(&qwen2).unwrap().to_bytes()).unwrap());
     let model = Model::from_file(file, 1).unwrap();
     let plan_of = |t: &CudaTuning| {
         decode_plan_with(model.plan(), model.weights(), 8, qwen2.n_layer, t).unwrap()
@@ -1213,7 +1257,10 @@ fn staged_experts_give_the_plain_step_s_logits() {
         let (plain, cpu, plain_kernels) = emulate_tiers(spec, &tuning, &ids(9), false, 0);
         let (staged, _, kernels) = emulate_tiers(spec, &tuning, &ids(9), true, 0);
         assert!(
-            plain.iter().zip(&staged).all(|(a, b)| a.to_bits() == b.to_bits()),
+            plain
+                .iter()
+                .zip(&staged)
+                .all(|(a, b)| a.to_bits() == b.to_bits()),
             "{}: the staged step's logits differ",
             spec.arch
         );
@@ -1222,7 +1269,11 @@ fn staged_experts_give_the_plain_step_s_logits() {
         assert_eq!(kernels.len(), plain_kernels.len() + spec.n_layer);
         let (both, _, kernels) = emulate_tiers(spec, &tuning, &ids(9), true, 1);
         let kl = mean_kl(&cpu, &both, cpu.len() / 9);
-        assert!(kl < 1e-3, "{} staged, CPU tier: mean KL {kl:.3e}", spec.arch);
+        assert!(
+            kl < 1e-3,
+            "{} staged, CPU tier: mean KL {kl:.3e}",
+            spec.arch
+        );
         assert_eq!(kernels.len(), plain_kernels.len() + 3 * spec.n_layer);
     }
 }

@@ -45,7 +45,8 @@ impl Model {
                 "experts computed for another executor need them mapped, not streamed".into(),
             ));
         }
-        let mut out: Vec<Option<LayerExperts>> = (0..self.plan.layers.len()).map(|_| None).collect();
+        let mut out: Vec<Option<LayerExperts>> =
+            (0..self.plan.layers.len()).map(|_| None).collect();
         for &l in layers {
             let (Some(layer), Some(w)) = (self.plan.layers.get(l), self.weights.layers.get(l))
             else {
@@ -54,7 +55,11 @@ impl Model {
             let (
                 Ffn::Moe(m),
                 FfnWeights::Moe {
-                    gate, up, down, biases, ..
+                    gate,
+                    up,
+                    down,
+                    biases,
+                    ..
                 },
             ) = (&layer.ffn, &w.ffn)
             else {
@@ -69,7 +74,11 @@ impl Model {
                 down: down.clone(),
                 n_ff: m.n_ff,
                 activation: m.activation,
-                biases: [values(&biases.gate), values(&biases.up), values(&biases.down)],
+                biases: [
+                    values(&biases.gate),
+                    values(&biases.up),
+                    values(&biases.down),
+                ],
             });
         }
         Ok(HostExperts {
@@ -105,7 +114,9 @@ impl HostExperts {
     ) -> Result<()> {
         let d = self.d;
         let Some(Some(le)) = self.layers.get(l) else {
-            return Err(ModelError::HostExperts(format!("layer {l}'s experts are not here")));
+            return Err(ModelError::HostExperts(format!(
+                "layer {l}'s experts are not here"
+            )));
         };
         let ne = le.gate.len();
         if let Some(&e) = ids.iter().find(|&&e| e as usize >= ne) {
@@ -148,7 +159,14 @@ impl HostExperts {
             let r = j * n_ff..(j + 1) * n_ff;
             add_bias(&mut g[r.clone()], bias(0, e, n_ff));
             add_bias(&mut u[r.clone()], bias(1, e, n_ff));
-            activate(pool, le.activation, &g[r.clone()], &u[r.clone()], n_ff, &mut gated[r.clone()]);
+            activate(
+                pool,
+                le.activation,
+                &g[r.clone()],
+                &u[r.clone()],
+                n_ff,
+                &mut gated[r.clone()],
+            );
             let ty = ferrolm_quant::vec_dot_type(le.down[e as usize].ty)
                 .expect("bound matrices have a dot kernel");
             let mut q = QuantizedRows::default();

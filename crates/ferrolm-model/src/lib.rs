@@ -22,10 +22,10 @@ use ferrolm_gguf::GgufFile;
 
 pub use cpu::forward::Logits;
 pub use error::{ModelError, Result};
-pub use host_experts::HostExperts;
 pub use experts::{
     share, ExpertCacheStats, ExpertMode, LoadOptions, AUTO_CACHE_SHARE, STREAM_ABOVE_SHARE,
 };
+pub use host_experts::HostExperts;
 pub use kv_cache::KvCache;
 pub use plan::ModelPlan;
 pub use weights::{Matrix, Weights};

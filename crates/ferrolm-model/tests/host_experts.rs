@@ -20,7 +20,11 @@ fn read_f32(path: &std::path::Path) -> Vec<f32> {
 /// The `k` best of `probs`, ties to the lower index (the CPU's softmax top-k).
 fn top_k(probs: &[f32], k: usize) -> Vec<u32> {
     let mut order: Vec<u32> = (0..probs.len() as u32).collect();
-    order.sort_by(|&a, &b| probs[b as usize].total_cmp(&probs[a as usize]).then(a.cmp(&b)));
+    order.sort_by(|&a, &b| {
+        probs[b as usize]
+            .total_cmp(&probs[a as usize])
+            .then(a.cmp(&b))
+    });
     order.truncate(k);
     order
 }
@@ -63,14 +67,22 @@ fn the_routed_sum_of_host_expert_outputs_is_the_forward_pass_s() {
                     *s += y * weights[j];
                 }
             }
-            let same = sum.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits());
-            assert!(same, "layer {l}: the routed sum differs from the forward pass's");
+            let same = sum
+                .iter()
+                .zip(&want)
+                .all(|(a, b)| a.to_bits() == b.to_bits());
+            assert!(
+                same,
+                "layer {l}: the routed sum differs from the forward pass's"
+            );
         }
     }
     let pool = ThreadPool::new(1).unwrap();
     let h = vec![0.5f32; d];
     let mut ys = vec![0f32; d];
-    let e = host.outputs(&pool, 0, &[spec.n_expert as u32], &h, &mut ys).unwrap_err();
+    let e = host
+        .outputs(&pool, 0, &[spec.n_expert as u32], &h, &mut ys)
+        .unwrap_err();
     assert!(e.to_string().contains("expert 16"), "{e}");
     let few = model.host_experts(&[0]).unwrap();
     let e = few.outputs(&pool, 1, &[0], &h, &mut ys).unwrap_err();
