@@ -6,7 +6,7 @@
 # clients. Run after `scripts/gpu-pack.sh` on the GPU machine (the carry list of
 # scripts/gpu-pending.sh); on a machine that ran gpu-pending.sh it reuses its files and build.
 # ENV: FERROLM_CUDA_* settings to run ferrolm with (space-separated), e.g.
-#   ENV="FERROLM_CUDA_DQ_PREFETCH=1" bash scripts/gpu-issue18.sh
+#   ENV="FERROLM_CUDA_SKINNY_GEMM_MAX_ROWS=16" bash scripts/gpu-issue18.sh
 # Everything lands in $OUT/issue18.txt.
 set -uo pipefail
 cd "$(dirname "$0")/.."

@@ -7,21 +7,19 @@
 #       ".bench/kernels.tar.gz", ".bench/prep.sh", ".bench/build-llama-cpp.sh",
 #       ".bench/llama.cpp.tar.gz", ".bench/tok.gguf", ".bench/make_moe.py",
 #       ".bench/make_gguf.py"])   (about 9 min)
-# 1. (with HYBRID=1) `FERROLM_CUDA_SHARED_IN_GRID=1` (the shared expert as one more grid row of the routed
-#    experts' launches) and `FERROLM_CUDA_DELTA_RUNS=1` (the decode delta rule's state read in
-#    runs of 16), both off until measured: cuda-check on the hybrid and qwen2moe, then tg128
-#    on issue 19's hybrid-1g with neither, each and both, alternating;
-# 2. issue 24 (`FERROLM_CUDA_ROUTER_IN_ROUTE=1`: the f32 router's product in the routing's
-#    launch, against the default): a Qwen3-30B-A3B-shaped file (48 layers, 128 experts top-8, Q4_0, by
-#    make_moe.py in the background from the start), resident
-#    tg64 with and without `FERROLM_CUDA_NO_FUSED_COMBINE=1`, pp512;
-# 3. issue 18: the 8B Q4_K_M at B=16 with `FERROLM_CUDA_DQ_WARPS=4` (dq4k_gemm4w_*: blocks of 4
-#    warps, three an SM), `FERROLM_CUDA_DQ_PREFETCH=1` (each block's rows asked of L2 as it
-#    starts), `FERROLM_CUDA_DQ_SEGMENTS=1` (Q, K and V, gate and up, one launch each),
-#    `FERROLM_CUDA_DQ_GLU=1` (gate, up and the activation one launch), in combinations, and
-#    cuda-check --batch 16 with them;
-# 4. llama.cpp's pp512 and tg on the same files (llama-bench), llama-batched-bench on the 8B;
-#    and the pinned host-to-device copy rate (issue 24's bus arithmetic).
+# 1. (with HYBRID=1) `FERROLM_CUDA_SHARED_IN_GRID=1` (the shared expert as one more grid row of
+#    the routed experts' launches) and `FERROLM_CUDA_DELTA_RUNS=1` (the decode delta rule's state
+#    read in runs of 16), both off until measured: cuda-check on the hybrid and qwen2moe, then
+#    tg128 on issue 19's hybrid-1g with neither, each and both, alternating;
+# 2. issue 24: a Qwen3-30B-A3B-shaped file (48 layers, 128 experts top-8, Q4_0, by make_moe.py
+#    in the background from the start), resident pp512 and tg64 with and without
+#    `FERROLM_CUDA_ROUTER_IN_ROUTE=1`; under `--gpu-memory 6` the CPU tier
+#    (`FERROLM_CUDA_CPU_EXPERTS`, 2 by default) and the slot cache (`FERROLM_CUDA_EXPERT_SLOTS=1`);
+# 3. issue 18: the 8B Q4_K_M at B=16 with the defaults (Q, K, V and gate, up as one launch each,
+#    gate, up and the activation as one), without them, and with the Q6_K matrices' f16 copies
+#    through `skinny_gemm_16`; cuda-check --batch 16;
+# 4. llama.cpp's pp512 and tg on the same files (llama-bench, and `-ncmoe 36`),
+#    llama-batched-bench on the 8B; and the pinned host-to-device copy rate.
 # Everything lands in $OUT/pending.txt (and on stdout).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -49,10 +47,9 @@ for _ in range(5): b.copy_(a, non_blocking=True)
 torch.cuda.synchronize(); print(f"pinned host-to-device copy: {5 * a.numel() / (time.perf_counter() - t) / 1e9:.1f} GB/s")
 PY
 while [ ! -f $W/8b.gguf ] && [ $(el) -lt 300 ]; do sleep 5; done
-DW=FERROLM_CUDA_DQ_WARPS=4; PF=FERROLM_CUDA_DQ_PREFETCH=1; SE=FERROLM_CUDA_DQ_SEGMENTS=1
-GL=FERROLM_CUDA_DQ_GLU=1
+NO="FERROLM_CUDA_NO_DQ_SEGMENTS=1 FERROLM_CUDA_NO_DQ_GLU=1"
 SK=FERROLM_CUDA_SKINNY_GEMM_MAX_ROWS=16
-for v in FERROLM_UNUSED=1 "$PF $SE $GL" "$DW $PF $SE $GL" "$PF $SE $GL $SK" $PF $GL; do
+for v in FERROLM_UNUSED=1 "$NO" $SK FERROLM_UNUSED=1; do
   say "== 8b B=16 $v ($(el) s)"
   env $v timeout 60 $B bench -m $W/8b.gguf --device cuda --batch 16 -p 128 -n 128 2>&1 | grep -E '^\| +[0-9]|rror|anic' | tee -a $LOG | tee /tmp/row
   tg=$(awk -F'|' '/^\| +[0-9]/{printf "%d", $9}' /tmp/row)
@@ -60,8 +57,8 @@ for v in FERROLM_UNUSED=1 "$PF $SE $GL" "$DW $PF $SE $GL" "$PF $SE $GL $SK" $PF 
   if [ -n "$tg" ] && [ "$tg" -gt "${best:-0}" ]; then best=$tg; echo "$v" > /tmp/best-env; fi
 done
 say "fastest at B=16: $(cat /tmp/best-env) ($best)"
-say "== 8b cuda-check --batch 16, $DW $PF $SE $GL ($(el) s)"
-env $DW $PF $SE $GL timeout 90 $B cuda-check -m $W/8b.gguf --batch 16 -p 32 -n 4 2>&1 | grep -E '^\| |rror' | tail -2 | tee -a $LOG
+say "== 8b cuda-check --batch 16 ($(el) s)"
+timeout 90 $B cuda-check -m $W/8b.gguf --batch 16 -p 32 -n 4 2>&1 | grep -E '^\| |rror' | tail -2 | tee -a $LOG
 while [ ! -f $W/moe30.gguf ] && [ $(el) -lt 360 ]; do sleep 5; done
 say "== moe30 pp512 tg64 ($(el) s)"
 timeout 90 $B bench -m $W/moe30.gguf --device cuda -p 512 -n 64 -r 2 2>&1 | grep -E 'pp512|tg64|rror|anic' | tee -a $LOG
@@ -71,13 +68,13 @@ env $RR timeout 60 $B bench -m $W/moe30.gguf --device cuda -p 0 -n 64 -r 2 2>&1 
 env $RR timeout 60 $B cuda-check -m $W/moe30.gguf -p 32 -n 8 2>&1 | grep -E 'decode steps|rror' | tee -a $LOG
 # Issue 24's CPU tier and slot cache under --gpu-memory 6 (scripts/gpu-cpu-tier.sh has more).
 CE=FERROLM_CUDA_CPU_EXPERTS; ES=FERROLM_CUDA_EXPERT_SLOTS=1
-for v in "$CE=0" "$CE=4" "$ES" "$ES $CE=4"; do
+for v in "$CE=0" "$CE=2" "$ES $CE=0" "$ES"; do
   say "== moe30 --gpu-memory 6 tg64, $v ($(el) s)"
   env $v timeout 90 $B bench -m $W/moe30.gguf --device cuda --gpu-memory 6 -t 16 -p 0 -n 64 -r 2 2>&1 |
     grep -E 'tg64|rror|anic' | tee -a $LOG
 done
-say "== moe30 --gpu-memory 6 cuda-check, $ES $CE=4 ($(el) s)"
-env $ES $CE=4 timeout 90 $B cuda-check -m $W/moe30.gguf --gpu-memory 6 -t 16 -p 32 -n 8 2>&1 |
+say "== moe30 --gpu-memory 6 cuda-check, $ES ($(el) s)"
+env $ES timeout 90 $B cuda-check -m $W/moe30.gguf --gpu-memory 6 -t 16 -p 32 -n 8 2>&1 |
   grep -E 'decode steps|prompt batch|rror|anic' | tee -a $LOG
 if [ "${HYBRID:-0}" = 1 ]; then
 SG=FERROLM_CUDA_SHARED_IN_GRID=1

@@ -722,7 +722,7 @@ impl CudaModel {
                     .host_experts(&tier.layers)
                     .map_err(|e| CudaError::Model(e.to_string()))?;
                 let threads = match tuning.cpu_tier_threads {
-                    0 => model.threads(),
+                    0 => std::thread::available_parallelism().map_or(1, |n| (n.get() / 2).max(1)),
                     n => n,
                 };
                 // SAFETY: `host` is the exchange's memory, which the hold frees after the

@@ -3461,27 +3461,6 @@ extern "C" __global__ void DQ_BOUNDS dq4k_gemm_16(const u8* __restrict__ W, int 
                  blockIdx.x * SG_ROWS);
 }
 
-// The same with four warps a block (`CudaTuning::dq_gemm_warps`): three blocks an SM at the
-// eight-warp kernel's registers, so more of an SM's loads in flight, each warp twice the
-// super-blocks.
-#define DQ4_BOUNDS __launch_bounds__(128, 3)
-
-extern "C" __global__ void DQ4_BOUNDS dq4k_gemm4w_8(const u8* __restrict__ W, int row_bytes,
-                                                   int rows, int n_sb, const u16* __restrict__ A,
-                                                   int cols, int n, float* C, float beta,
-                                                   int prefetch) {
-    dq4k_gemm<1, 4>(W, row_bytes, rows, n_sb, A, cols, n, C, beta, prefetch,
-                    blockIdx.x * SG_ROWS);
-}
-
-extern "C" __global__ void DQ4_BOUNDS dq4k_gemm4w_16(const u8* __restrict__ W, int row_bytes,
-                                                    int rows, int n_sb, const u16* __restrict__ A,
-                                                    int cols, int n, float* C, float beta,
-                                                    int prefetch) {
-    dq4k_gemm<2, 4>(W, row_bytes, rows, n_sb, A, cols, n, C, beta, prefetch,
-                    blockIdx.x * SG_ROWS);
-}
-
 // Two or three matrices of the same input and width in one launch (Q, K and V; gate and up:
 // `CudaTuning::dq_segments`): a block takes SG_ROWS rows of the matrix its index falls in,
 // the first's blocks first. Fewer launches, and K and V's few blocks fill the SMs that Q's
@@ -3504,7 +3483,7 @@ __device__ __forceinline__ void dq4k_segments(const u8* W0, int rows0, float* C0
                              (b - b0 - b1) * SG_ROWS);
 }
 
-// dq4k_gemm3_{8,16} (blocks of eight warps) and dq4k_gemm3_4w_{8,16} (of four).
+// dq4k_gemm3_8 and _16: one tile of 8 input rows, or two.
 #define DQ4K_SEGMENTS(SUFFIX, BOUNDS, NT, WARPS)                                                  \
     extern "C" __global__ void BOUNDS dq4k_gemm3_##SUFFIX(                                       \
         const u8* W0, int rows0, float* C0, const u8* W1, int rows1, float* C1, const u8* W2,   \
@@ -3515,8 +3494,6 @@ __device__ __forceinline__ void dq4k_segments(const u8* W0, int rows0, float* C0
     }
 DQ4K_SEGMENTS(8, DQ_BOUNDS, 1, SG_WARPS)
 DQ4K_SEGMENTS(16, DQ_BOUNDS, 2, SG_WARPS)
-DQ4K_SEGMENTS(4w_8, DQ4_BOUNDS, 1, 4)
-DQ4K_SEGMENTS(4w_16, DQ4_BOUNDS, 2, 4)
 
 // The same products in a pipeline (dq_pipe: dq4k_pipe_*, and dq6k_pipe_* over Q6_KR rows): a
 // block of WARPS warps takes WARPS x 32 rows

@@ -657,20 +657,16 @@ impl<D: BatchDevice> Prefill<D> {
             if has_dq6(spec) || self.tuning.dq_pipe.is_some() {
                 return self.product_pipe(spec, w, a, n, c, beta);
             }
-            // One tile of 8 inputs where they fit, else two; blocks of 8 warps or of 4.
-            let (kernel, threads) = self.dq_kernel(
-                n,
-                [
-                    "dq4k_gemm_8",
-                    "dq4k_gemm_16",
-                    "dq4k_gemm4w_8",
-                    "dq4k_gemm4w_16",
-                ],
-            );
+            // One tile of 8 inputs where they fit, else two.
+            let kernel = if n <= 8 {
+                "dq4k_gemm_8"
+            } else {
+                "dq4k_gemm_16"
+            };
             return self.run(
                 kernel,
                 (spec.rows.div_ceil(DQ_ROWS) as u32, 1),
-                threads,
+                crate::batch_device::SKINNY_THREADS,
                 &[
                     Value::Ptr(w),
                     Value::I32(spec.row_bytes() as i32),
@@ -743,15 +739,12 @@ impl<D: BatchDevice> Prefill<D> {
             Value::F32(0.0),
             self.dq_prefetch_flag(),
         ]);
-        let (kernel, threads) = self.dq_kernel(
-            n,
-            [
-                "dq4k_gemm3_8",
-                "dq4k_gemm3_16",
-                "dq4k_gemm3_4w_8",
-                "dq4k_gemm3_4w_16",
-            ],
-        );
+        let kernel = if n <= 8 {
+            "dq4k_gemm3_8"
+        } else {
+            "dq4k_gemm3_16"
+        };
+        let threads = crate::batch_device::SKINNY_THREADS;
         self.run(kernel, (blocks as u32, 1), threads, &args)?;
         for (m, c) in alone {
             self.product(p, at, m, a, n, c, 0.0)?;
@@ -759,24 +752,10 @@ impl<D: BatchDevice> Prefill<D> {
         Ok(())
     }
 
-    /// Of a Q4_K block product's four kernels (one tile of inputs or two, by blocks of eight
-    /// warps, then of four), the one for `n` input rows under the tuning, and its threads.
-    fn dq_kernel(&self, n: usize, kernels: [&'static str; 4]) -> (&'static str, u32) {
-        let four = self.tuning.dq_gemm_warps == 4;
-        let threads = if four {
-            128
-        } else {
-            crate::batch_device::SKINNY_THREADS
-        };
-        (kernels[2 * usize::from(four) + usize::from(n > 8)], threads)
-    }
-
     /// The Q4_K block products' last argument: whether a block asks L2 for its weight rows as
-    /// it starts (early where the launch overlaps the one before).
+    /// it starts (where the launch overlaps the one before, so that it starts early).
     fn dq_prefetch_flag(&self) -> Value {
-        Value::I32(i32::from(
-            self.tuning.batch_overlap || self.tuning.dq_prefetch,
-        ))
+        Value::I32(i32::from(self.tuning.batch_overlap))
     }
 
     /// Whether [`Prefill::product`] of matrix `m` with input `a` launches `dq4k_gemm_*`.

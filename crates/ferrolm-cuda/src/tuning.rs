@@ -94,10 +94,13 @@ pub struct CudaTuning {
     pub gpu_memory: Option<u64>,
     /// Under a budget, of each token's chosen experts in a layer whose expert stacks stay in
     /// host memory, how many (the last) the CPU computes while the GPU reads the others over
-    /// the bus ([`crate::cpu_tier`]; `FERROLM_CUDA_CPU_EXPERTS`; 0, the default: none, until
-    /// measured). At most one fewer than the experts a token uses.
+    /// the bus ([`crate::cpu_tier`]; `FERROLM_CUDA_CPU_EXPERTS`, 0: none). At most one fewer
+    /// than the experts a token uses. The default, 2, measured best on Qwen3-30B-A3B's shape
+    /// under `--gpu-memory 6` (docs/PERFORMANCE.md).
     pub cpu_experts: usize,
-    /// The CPU tier's threads (0: as many as the CPU model's, `-t`).
+    /// The CPU tier's threads (`FERROLM_CUDA_CPU_TIER_THREADS`; 0, the default: half the
+    /// cores, as many more stay free for the threads that wait on the device: all of them
+    /// measured twenty times slower).
     pub cpu_tier_threads: usize,
     /// Under a budget, every expert stack in host memory and what the budget leaves as
     /// device slots for each layer's most chosen experts, re-chosen as the model runs
@@ -120,20 +123,13 @@ pub struct CudaTuning {
     /// `dq4k_gemm_*`, which reads their blocks and dequantizes them in registers, instead of
     /// GEMMs over f16 copies (`FERROLM_CUDA_DQ_GEMM_MAX_ROWS`; 0: never; docs/PERFORMANCE.md).
     pub dq_gemm_max_rows: usize,
-    /// Warps of a `dq4k_gemm_*` block: 8, or 4 (`dq4k_gemm4w_*`: more blocks an SM;
-    /// `FERROLM_CUDA_DQ_WARPS=4`, off until measured on a GPU).
-    pub dq_gemm_warps: usize,
-    /// Each `dq4k_gemm_*` block asks L2 for all its weight rows when it starts, so that their
-    /// loads from memory are in flight together rather than a super-block at a time (also on
-    /// with [`CudaTuning::batch_overlap`]; `FERROLM_CUDA_DQ_PREFETCH=1`, off until measured
-    /// on its own).
-    pub dq_prefetch: bool,
     /// Q, K and V, and gate and up, where two or three of them go through `dq4k_gemm_*`, as
-    /// one launch (`dq4k_gemm3_*`; `FERROLM_CUDA_DQ_SEGMENTS=1`, off until measured).
+    /// one launch (`dq4k_gemm3_*`; `FERROLM_CUDA_NO_DQ_SEGMENTS`: one by one). With
+    /// [`CudaTuning::dq_glu`], 10% faster 16-row steps on an 8B (docs/PERFORMANCE.md).
     pub dq_segments: bool,
     /// Gate and up through `dq4k_gemm_*` as one launch that writes the activation's f16 rows
     /// (`dq4k_glu_*`: no f32 gate and up rows, no activation launch;
-    /// `FERROLM_CUDA_DQ_GLU=1`, off until measured).
+    /// `FERROLM_CUDA_NO_DQ_GLU`: apart).
     pub dq_glu: bool,
     /// An f32 router's product (at most 1024 experts, no bias) in the decode step's routing
     /// launch (`moe_route_f32`: the last block routes; `FERROLM_CUDA_ROUTER_IN_ROUTE=1`, off
@@ -184,17 +180,15 @@ impl Default for CudaTuning {
             f16_weights: true,
             f16_experts: true,
             gpu_memory: None,
-            cpu_experts: 0,
+            cpu_experts: 2,
             cpu_tier_threads: 0,
             expert_slots: false,
             slot_interval: 64,
             mmq_max_rows: 0,
             skinny_gemm_max_rows: 8,
             dq_gemm_max_rows: 16,
-            dq_gemm_warps: 8,
-            dq_prefetch: false,
-            dq_segments: false,
-            dq_glu: false,
+            dq_segments: true,
+            dq_glu: true,
             router_in_route: false,
             dq_pipe: None,
             dq6_pipe: false,
@@ -247,12 +241,8 @@ impl CudaTuning {
             skinny_gemm_max_rows: number("FERROLM_CUDA_SKINNY_GEMM_MAX_ROWS")
                 .unwrap_or(d.skinny_gemm_max_rows),
             dq_gemm_max_rows: number("FERROLM_CUDA_DQ_GEMM_MAX_ROWS").unwrap_or(d.dq_gemm_max_rows),
-            dq_gemm_warps: number("FERROLM_CUDA_DQ_WARPS")
-                .filter(|&w| w == 4)
-                .unwrap_or(d.dq_gemm_warps),
-            dq_prefetch: !unset("FERROLM_CUDA_DQ_PREFETCH"),
-            dq_segments: !unset("FERROLM_CUDA_DQ_SEGMENTS"),
-            dq_glu: !unset("FERROLM_CUDA_DQ_GLU"),
+            dq_segments: unset("FERROLM_CUDA_NO_DQ_SEGMENTS"),
+            dq_glu: unset("FERROLM_CUDA_NO_DQ_GLU"),
             router_in_route: !unset("FERROLM_CUDA_ROUTER_IN_ROUTE"),
             dq6_pipe: std::env::var_os("FERROLM_CUDA_DQ6_PIPE").is_some(),
             dq_pipe: match std::env::var("FERROLM_CUDA_DQ_PIPE").ok().as_deref() {

@@ -294,12 +294,15 @@ fn batched_steps(
     }
     let q4k = |m: usize| plan.matrices[m].ty == TensorType::Q4_K;
     if dq && (0..plan.matrices.len()).any(|m| q4k(m) && plan.matrices[m].experts == 1) {
+        // (segments where two of Q, K and V are Q4_K; else each alone)
+        let joins = plan.layers.iter().any(|r| {
+            r.attention()
+                .is_some_and(|a| a.qkv.iter().filter(|&&m| q4k(m)).count() >= 2)
+        });
         expected.push(if tuning.dq_pipe.is_some() {
             "dq4k_pipe_"
-        } else if tuning.dq_segments {
+        } else if tuning.dq_segments && joins {
             "dq4k_gemm3_"
-        } else if tuning.dq_gemm_warps == 4 {
-            "dq4k_gemm4w_"
         } else {
             "dq4k_gemm_"
         });
@@ -316,6 +319,7 @@ fn batched_steps(
     }
     if dq
         && tuning.dq_glu
+        && tuning.dq_pipe.is_none()
         && plan
             .layers
             .iter()
@@ -385,32 +389,18 @@ fn the_q6k_blocks_read_by_a_batched_step_give_the_cpus_logits() {
     close_at_3_and_12("llama Q4_K + Q6_K", &spec, &tuning);
 }
 
-/// A batched step's Q4_K products by blocks of four warps (`dq4k_gemm4w_*`,
-/// `FERROLM_CUDA_DQ_WARPS=4`) at 3 and 12 rows: the CPU's logits still.
-#[test]
-fn four_warp_q4k_blocks_give_the_cpus_logits() {
-    let mut spec = small("llama");
-    spec.default_type = TensorType::Q4_K;
-    spec.types = Vec::new();
-    let tuning = CudaTuning {
-        dq_gemm_warps: 4,
-        ..host_tuning()
-    };
-    close_at_3_and_12("llama Q4_K, four warps", &spec, &tuning);
-}
-
 /// A batched step's Q, K and V, and gate and up, each as one launch of segments
-/// (`dq4k_gemm3_*`, `FERROLM_CUDA_DQ_SEGMENTS=1`), of eight warps and of four, at 3 and 12
+/// (`dq4k_gemm3_*`, the default) and one by one (`FERROLM_CUDA_NO_DQ_SEGMENTS`), at 3 and 12
 /// rows; and a file whose V is Q6_K, so that only Q and K join: the CPU's logits still.
 #[test]
 fn q4k_products_of_one_input_in_one_launch_give_the_cpus_logits() {
     let mut spec = small("llama");
     spec.default_type = TensorType::Q4_K;
     spec.types = Vec::new();
-    for warps in [8, 4] {
+    for segments in [true, false] {
         let tuning = CudaTuning {
-            dq_segments: true,
-            dq_gemm_warps: warps,
+            dq_segments: segments,
+            dq_glu: false,
             ..host_tuning()
         };
         close_at_3_and_12("llama Q4_K, segments", &spec, &tuning);
@@ -423,8 +413,9 @@ fn q4k_products_of_one_input_in_one_launch_give_the_cpus_logits() {
     close_at_3_and_12("llama Q4_K + a Q6_K V, segments", &spec, &tuning);
 }
 
-/// Gate, up and the activation as one launch (`dq4k_glu_*`, `FERROLM_CUDA_DQ_GLU=1`) at 3 and
-/// 12 rows, SwiGLU (llama) and GeGLU (Gemma 3): the CPU's logits still.
+/// Gate, up and the activation as one launch (`dq4k_glu_*`, the default) at 3 and 12 rows,
+/// SwiGLU (llama) and GeGLU (Gemma 3), and apart (`FERROLM_CUDA_NO_DQ_GLU`): the CPU's logits
+/// still.
 #[test]
 fn gate_up_and_the_activation_in_one_launch_give_the_cpus_logits() {
     for arch in ["llama", "gemma3"] {
@@ -432,15 +423,17 @@ fn gate_up_and_the_activation_in_one_launch_give_the_cpus_logits() {
         spec.default_type = TensorType::Q4_K;
         spec.types = Vec::new();
         spec.sliding_window = spec.sliding_window.map(|_| 8);
-        let tuning = CudaTuning {
-            dq_glu: true,
-            ..host_tuning()
-        };
-        close_at_3_and_12(
-            &format!("{arch} Q4_K, gate, up and activation"),
-            &spec,
-            &tuning,
-        );
+        for glu in [true, false] {
+            let tuning = CudaTuning {
+                dq_glu: glu,
+                ..host_tuning()
+            };
+            close_at_3_and_12(
+                &format!("{arch} Q4_K, gate, up and activation together: {glu}"),
+                &spec,
+                &tuning,
+            );
+        }
     }
 }
 

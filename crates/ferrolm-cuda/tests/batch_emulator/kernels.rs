@@ -182,13 +182,8 @@ pub fn run(dev: &HostDevice, name: &str, grid: (u32, u32), block: u32, args: &[V
             let at = a.ptr(3) + (r * (n + 8 * (n / 32))) as u64;
             mem.quantize(at, n + 8 * (n / 32), y, mode);
         }
-    } else if let Some((most, warps)) = name
-        .strip_prefix("dq4k_gemm_")
-        .map(|m| (m, 8))
-        .or_else(|| name.strip_prefix("dq4k_gemm4w_").map(|m| (m, 4)))
-    {
-        // (a block's warps split the super-blocks; the sums are the same whatever their number)
-        assert_eq!(block, 32 * warps, "{warps} warps");
+    } else if let Some(most) = name.strip_prefix("dq4k_gemm_") {
+        assert_eq!(block, 256, "eight warps");
         assert!(
             grid.0 as usize * ferrolm_cuda::prefill::DQ_ROWS >= a.int(2),
             "rows left out"
@@ -197,10 +192,10 @@ pub fn run(dev: &HostDevice, name: &str, grid: (u32, u32), block: u32, args: &[V
         assert!(matches!(a.int(9), 0 | 1), "prefetch {}", a.int(9));
         dq4k_gemm(dev, mem, most, [0, 1, 2, 3, 4, 5, 6, 7, 8], &a);
     } else if let Some(rest) = name.strip_prefix("dq4k_gemm3_") {
-        // dq4k_gemm3_{most} / _4w_{most}: three (W, rows, C) segments, then row_bytes, n_sb,
-        // a, cols, n, beta, prefetch; a block's rows in the segment its index falls in
-        let (most, warps) = rest.strip_prefix("4w_").map_or((rest, 8), |m| (m, 4));
-        assert_eq!(block, 32 * warps, "{warps} warps");
+        // dq4k_gemm3_{most}: three (W, rows, C) segments, then row_bytes, n_sb, a, cols, n,
+        // beta, prefetch; a block's rows in the segment its index falls in
+        let most = rest;
+        assert_eq!(block, 256, "eight warps");
         let blocks: usize = (0..3)
             .map(|s| a.int(3 * s + 1).div_ceil(ferrolm_cuda::prefill::DQ_ROWS))
             .sum();
