@@ -361,3 +361,113 @@ fn serve(experts: &HostExperts, pool: &ThreadPool, tier: &CpuExperts, host: usiz
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ferrolm_model::synthetic::{self, SyntheticSpec};
+    use ferrolm_model::Model;
+
+    /// The worker against the test thread playing the device: for three steps, each layer's
+    /// request published as the kernels publish it (ids, input, then the step number), the
+    /// answer waited for and compared with `HostExperts::outputs` bit for bit; a failure and a
+    /// timed-out step are reported; dropping stops the worker.
+    #[test]
+    fn the_worker_answers_each_layer_s_request_in_turn() {
+        let mut spec = SyntheticSpec::small("qwen3moe");
+        spec.n_expert = 16;
+        let file = std::sync::Arc::new(
+            ferrolm_gguf::GgufFile::from_bytes(synthetic::build(&spec).unwrap().to_bytes())
+                .unwrap(),
+        );
+        let model = Model::from_file(file, 1).unwrap();
+        let (c, d) = (2, spec.n_embd);
+        let tier = CpuExperts {
+            layers: vec![1, 3],
+            per_layer: c,
+            stride: (EXCHANGE_INPUT_AT + 4 * d * (1 + c)).next_multiple_of(256),
+        };
+        // (u64s: the exchange's 16-byte flags aligned as the device's allocation is)
+        let mut exchange = vec![0u64; tier.exchange_bytes() / 8];
+        let host = exchange.as_mut_ptr().cast::<u8>();
+        let reference = model.host_experts(&tier.layers).unwrap();
+        // SAFETY: `exchange` outlives the worker (dropped at the end of this test, after it).
+        let worker =
+            unsafe { CpuTier::start(model.host_experts(&tier.layers).unwrap(), &tier, host, 2) }
+                .unwrap();
+        let pool = ThreadPool::new(1).unwrap();
+        for step in 1..=3u32 {
+            worker.kick();
+            for (i, &l) in tier.layers.iter().enumerate() {
+                let at = host as usize + i * tier.stride;
+                let ids = [step % 16, (step * 5 + i as u32) % 16];
+                let x: Vec<f32> = (0..d)
+                    .map(|j| ((j as u32 * step) % 7) as f32 - 3.0)
+                    .collect();
+                // SAFETY: the part lies in `exchange`; the worker reads it only after the flag.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(
+                        ids.as_ptr(),
+                        (at + EXCHANGE_IDS_AT) as *mut u32,
+                        c,
+                    );
+                    std::ptr::copy_nonoverlapping(
+                        x.as_ptr(),
+                        (at + EXCHANGE_INPUT_AT) as *mut f32,
+                        d,
+                    );
+                    flag(at, 0).store(step, Ordering::Release);
+                }
+                let stop = AtomicBool::new(false);
+                // SAFETY: as above.
+                assert!(wait_for(unsafe { flag(at, 1) }, step, &stop));
+                let mut got = vec![0f32; c * d];
+                // SAFETY: the worker wrote the answer before the flag, which was seen.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(
+                        (at + EXCHANGE_INPUT_AT + 4 * d) as *const f32,
+                        got.as_mut_ptr(),
+                        c * d,
+                    );
+                }
+                let mut want = vec![0f32; c * d];
+                reference.outputs(&pool, l, &ids, &x, &mut want).unwrap();
+                assert!(
+                    got.iter()
+                        .zip(&want)
+                        .all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "step {step}, layer {l}"
+                );
+            }
+        }
+        assert_eq!(worker.failure(), None);
+        // A step the device gave up waiting for is reported, naming its layer.
+        // SAFETY: as above.
+        unsafe { flag(host as usize + tier.stride, 2).store(4, Ordering::Release) };
+        let late = worker.failure().expect("a late step is a failure");
+        assert!(
+            late.contains("layer 3") && late.contains("step 4"),
+            "{late}"
+        );
+        // A request the experts cannot serve (an id past the layer's) is answered with zeros
+        // and reported.
+        let at = host as usize;
+        // SAFETY: as above.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                [99u32, 0].as_ptr(),
+                (at + EXCHANGE_IDS_AT) as *mut u32,
+                c,
+            );
+            flag(at, 0).store(4, Ordering::Release);
+            assert!(wait_for(flag(at, 1), 4, &AtomicBool::new(false)));
+        }
+        let failed = worker.failure().expect("a failed request is a failure");
+        assert!(
+            failed.contains("layer 1") && failed.contains("expert 99"),
+            "{failed}"
+        );
+        drop(worker);
+        drop(exchange);
+    }
+}
