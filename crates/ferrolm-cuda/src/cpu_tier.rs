@@ -50,6 +50,19 @@ impl CpuExperts {
 }
 
 impl DecodePlan {
+    /// Where layer `l`'s mixture of experts is in the launches: its routing, and its weighted
+    /// sum after it (the expert products between them); else what is missing.
+    pub(crate) fn moe_launches(&self, l: usize) -> Result<(usize, usize), String> {
+        let counts = Arg::Buf(Buf::ExpertCounts(l));
+        let route = (self.launches.iter())
+            .position(|x| x.kernel.starts_with("moe_route") && x.args.contains(&counts))
+            .ok_or_else(|| format!("layer {l}'s routing is not in the step"))?;
+        let combine = (self.launches[route..].iter())
+            .position(|x| x.kernel.starts_with("moe_combine"))
+            .ok_or_else(|| format!("layer {l}'s weighted sum is not in the step"))?;
+        Ok((route, route + combine))
+    }
+
     /// The plan with the CPU computing the last `per_layer` chosen experts of each of
     /// `layers` (mixtures of experts, in order): the routed experts' launches of those layers
     /// take the first `k - per_layer` slots, a `moe_cpu_publish` follows the routing and a
@@ -89,20 +102,9 @@ impl DecodePlan {
                     "{per_layer} of layer {l}'s {k} chosen experts leave the GPU none"
                 ));
             }
-            let counts = Arg::Buf(Buf::ExpertCounts(l));
-            let Some(route) = self
-                .launches
-                .iter()
-                .position(|x| x.kernel.starts_with("moe_route") && x.args.contains(&counts))
-            else {
-                return refuse(format!("layer {l}'s routing is not in the step"));
-            };
-            let Some(combine) = self.launches[route..]
-                .iter()
-                .position(|x| x.kernel.starts_with("moe_combine"))
-                .map(|j| route + j)
-            else {
-                return refuse(format!("layer {l}'s weighted sum is not in the step"));
+            let (route, combine) = match self.moe_launches(l) {
+                Ok(span) => span,
+                Err(what) => return refuse(what),
             };
             let n_ff = self.layers[l].moe.as_ref().map_or(0, |m| m.n_ff);
             let gated = [Buf::Gate, Buf::Up, Buf::Act].map(Arg::Buf);

@@ -48,20 +48,9 @@ impl DecodePlan {
             if bytes.iter().any(|b| b % 16 != 0) {
                 continue;
             }
-            let counts = Arg::Buf(Buf::ExpertCounts(l));
-            let Some(route) = self
-                .launches
-                .iter()
-                .position(|x| x.kernel.starts_with("moe_route") && x.args.contains(&counts))
-            else {
-                return refuse(format!("layer {l}'s routing is not in the step"));
-            };
-            let Some(combine) = self.launches[route..]
-                .iter()
-                .position(|x| x.kernel.starts_with("moe_combine"))
-                .map(|j| route + j)
-            else {
-                return refuse(format!("layer {l}'s weighted sum is not in the step"));
+            let (route, combine) = match self.moe_launches(l) {
+                Ok(span) => span,
+                Err(what) => return refuse(what),
             };
             for x in &mut self.launches[route + 1..combine] {
                 let mut reads_stage = false;
