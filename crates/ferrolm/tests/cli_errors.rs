@@ -289,3 +289,21 @@ fn a_gpu_memory_budget_that_is_no_number_of_gb_is_refused() {
         fails_with(&args(&a), &["--gpu-memory", "a positive number of GB"]);
     }
 }
+
+#[test]
+fn expert_placement_flags_without_a_gpu_memory_budget_are_refused() {
+    let dir = temp_dir("cpu-experts");
+    let model = write(
+        &dir,
+        "good.gguf",
+        &rewritten("llama", |_, d, b| Some((d, b))),
+    );
+    for flag in ["--cpu-experts=3", "--expert-slots"] {
+        let mut a = logits(&model, "1,2", &dir);
+        a.push(flag.to_string());
+        fails_with(
+            &args(&a),
+            &["--cpu-experts and --expert-slots", "--gpu-memory"],
+        );
+    }
+}

@@ -42,6 +42,17 @@ pub struct ModelArgs {
     /// too small for everything but the experts is an error saying how much is needed.
     #[arg(long, value_name = "GB")]
     pub gpu_memory: Option<f64>,
+    /// With CUDA and `--gpu-memory`: of each token's chosen experts in a layer left in host
+    /// memory, how many the CPU computes (on half the cores) while the GPU reads the others
+    /// over the bus; 0: the GPU reads them all. Default 2 (at most one fewer than a token's
+    /// experts).
+    #[arg(long, value_name = "N")]
+    pub cpu_experts: Option<usize>,
+    /// With CUDA and `--gpu-memory`: keep every expert stack in host memory and use the
+    /// budget's rest as device slots for each layer's most chosen experts, re-chosen as the
+    /// model runs, instead of whole layers' stacks on the device while they fit.
+    #[arg(long)]
+    pub expert_slots: bool,
     /// With CUDA and several sequences (`serve --parallel`, `bench --batch`), the most device
     /// memory their KV caches may take, in GB: pages are mapped as sequences grow, and a
     /// request waits while others hold the rest. Default: every sequence's whole context
@@ -76,10 +87,16 @@ impl ModelArgs {
 
     /// The CUDA tuning the environment and these flags give.
     pub fn cuda_tuning(&self) -> Result<CudaTuning> {
+        if self.gpu_memory.is_none() && (self.cpu_experts.is_some() || self.expert_slots) {
+            bail!("--cpu-experts and --expert-slots place the experts under a --gpu-memory budget: give one");
+        }
+        let env = CudaTuning::from_env();
         Ok(CudaTuning {
             gpu_memory: self.gpu_memory_bytes()?,
             kv_memory: gigabytes("--kv-memory", self.kv_memory)?,
-            ..CudaTuning::from_env()
+            cpu_experts: self.cpu_experts.unwrap_or(env.cpu_experts),
+            expert_slots: self.expert_slots || env.expert_slots,
+            ..env
         })
     }
 
