@@ -205,6 +205,8 @@ pub(crate) struct CpuTier {
 const SPIN: Duration = Duration::from_millis(5);
 /// How long it sleeps between looks after that.
 const NAP: Duration = Duration::from_micros(500);
+/// How long it sleeps between looks for a step's first request (a kick wakes it sooner).
+const IDLE_NAP: Duration = Duration::from_millis(20);
 
 impl CpuTier {
     /// Starts the worker over `experts` (the tier's layers), answering in the exchange at host
@@ -286,8 +288,11 @@ unsafe fn flag<'a>(at: usize, i: usize) -> &'a AtomicU32 {
     &*((at + 4 * i) as *const AtomicU32)
 }
 
-/// Waits until `f` holds `want`; false: stopped first.
-fn wait_for(f: &AtomicU32, want: u32, stop: &AtomicBool) -> bool {
+/// Waits until `f` holds `want`; false: stopped first. `idle`: the wait for a step's first
+/// request, which once spinning is over sleeps until [`CpuTier::kick`] (every launch of a
+/// step kicks first) or [`IDLE_NAP`] (a kick taken by an earlier wait, for a step queued
+/// ahead); a later layer's request comes without a kick, so its wait only naps.
+fn wait_for(f: &AtomicU32, want: u32, stop: &AtomicBool, idle: bool) -> bool {
     let start = Instant::now();
     let mut looks = 0u32;
     loop {
@@ -300,6 +305,8 @@ fn wait_for(f: &AtomicU32, want: u32, stop: &AtomicBool) -> bool {
         looks = looks.wrapping_add(1);
         if !looks.is_multiple_of(1024) || start.elapsed() < SPIN {
             std::hint::spin_loop();
+        } else if idle {
+            std::thread::park_timeout(IDLE_NAP);
         } else {
             std::thread::park_timeout(NAP);
         }
@@ -320,7 +327,7 @@ fn serve(experts: &HostExperts, pool: &ThreadPool, tier: &CpuExperts, host: usiz
             let at = host + i * tier.stride;
             let want = answered[i].wrapping_add(1);
             // SAFETY: the exchange outlives the worker (CpuTier's drop joins it first).
-            if !wait_for(unsafe { flag(at, 0) }, want, &s.stop) {
+            if !wait_for(unsafe { flag(at, 0) }, want, &s.stop, i == 0) {
                 return;
             }
             // SAFETY: the device wrote the ids and the input before publishing `want`, which
@@ -422,7 +429,7 @@ mod tests {
                 }
                 let stop = AtomicBool::new(false);
                 // SAFETY: as above.
-                assert!(wait_for(unsafe { flag(at, 1) }, step, &stop));
+                assert!(wait_for(unsafe { flag(at, 1) }, step, &stop, false));
                 let mut got = vec![0f32; c * d];
                 // SAFETY: the worker wrote the answer before the flag, which was seen.
                 unsafe {
@@ -454,6 +461,7 @@ mod tests {
         // A request the experts cannot serve (an id past the layer's) is answered with zeros
         // and reported.
         let at = host as usize;
+        worker.kick();
         // SAFETY: as above.
         unsafe {
             std::ptr::copy_nonoverlapping(
@@ -462,7 +470,7 @@ mod tests {
                 c,
             );
             flag(at, 0).store(4, Ordering::Release);
-            assert!(wait_for(flag(at, 1), 4, &AtomicBool::new(false)));
+            assert!(wait_for(flag(at, 1), 4, &AtomicBool::new(false), false));
         }
         let failed = worker.failure().expect("a failed request is a failure");
         assert!(
