@@ -160,7 +160,11 @@ pub fn run(args: RunArgs) -> Result<()> {
     Ok(())
 }
 
-/// Per mixture-of-experts layer, one line: each expert's selections and its share of them.
+/// Experts listed per layer by [`expert_stats`] (the most chosen; `--json` has them all).
+const LISTED_EXPERTS: usize = 16;
+
+/// Per mixture-of-experts layer, one line: how many experts were chosen at all, and the most
+/// chosen ones' selections and share of them, most first.
 pub fn expert_stats(counts: &[Vec<u64>]) -> String {
     use std::fmt::Write as _;
     let mut s = String::new();
@@ -173,16 +177,48 @@ pub fn expert_stats(counts: &[Vec<u64>]) -> String {
             continue;
         }
         let total: u64 = layer.iter().sum();
-        let _ = write!(s, "ferrolm: experts of layer {l:3} ({total} selections):");
-        for (e, &c) in layer.iter().enumerate() {
-            let share = if total == 0 {
-                0.0
-            } else {
-                100.0 * c as f64 / total as f64
-            };
+        let mut chosen: Vec<usize> = (0..layer.len()).filter(|&e| layer[e] > 0).collect();
+        chosen.sort_by(|&a, &b| layer[b].cmp(&layer[a]).then(a.cmp(&b)));
+        let _ = write!(
+            s,
+            "ferrolm: experts of layer {l:3} ({total} selections, {} of {} experts chosen):",
+            chosen.len(),
+            layer.len()
+        );
+        for &e in chosen.iter().take(LISTED_EXPERTS) {
+            let c = layer[e];
+            let share = 100.0 * c as f64 / total as f64;
             let _ = write!(s, " {e}={c} ({share:.1}%)");
+        }
+        if chosen.len() > LISTED_EXPERTS {
+            let _ = write!(s, " and {} more", chosen.len() - LISTED_EXPERTS);
         }
         s.push('\n');
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn expert_stats_list_the_most_chosen_first_and_count_the_rest() {
+        let mut wide = vec![0u64; 40];
+        for (e, c) in wide.iter_mut().enumerate().skip(2) {
+            *c = (e % 5) as u64 + 1;
+        }
+        let s = expert_stats(&[vec![], vec![0, 3, 0, 5], wide]);
+        let lines: Vec<&str> = s.lines().collect();
+        assert_eq!(lines.len(), 2, "{s}");
+        assert!(
+            lines[0].ends_with("(8 selections, 2 of 4 experts chosen): 3=5 (62.5%) 1=3 (37.5%)"),
+            "{s}"
+        );
+        // 38 chosen: the 16 most (the fives first, by index), then how many more.
+        assert!(lines[1].contains("38 of 40 experts chosen): 4=5 "), "{s}");
+        assert!(lines[1].ends_with(" and 22 more"), "{s}");
+        assert_eq!(lines[1].matches('%').count(), 16, "{s}");
+        assert!(expert_stats(&[vec![], vec![]]).contains("no mixture-of-experts layers"));
+    }
 }
