@@ -185,6 +185,121 @@ impl DecodePlan {
     }
 }
 
+/// Of a layer's `k` chosen experts, how many the CPU should take so that both sides finish
+/// soonest: the GPU reads its `k - c` over the bus at `bus_per_expert` seconds each while
+/// the CPU computes `c` in `cpu[c - 1]` seconds (measured for `c` = 1 ..); 0 where the bus
+/// alone is as fast. Ties go to the fewer on the CPU.
+pub fn choose_cpu_experts(k: usize, bus_per_expert: f64, cpu: &[f64]) -> usize {
+    let time = |c: usize| {
+        let on_cpu = if c == 0 { 0.0 } else { cpu[c - 1] };
+        on_cpu.max((k - c) as f64 * bus_per_expert)
+    };
+    (0..=cpu.len().min(k.saturating_sub(1)))
+        .min_by(|&a, &b| time(a).total_cmp(&time(b)).then(a.cmp(&b)))
+        .unwrap_or(0)
+}
+
+/// Times, for layer `l` of the plan (its stacks in host memory at `stacks`), the GPU reading
+/// its `k` experts' rows over the bus (`moe_stage` into scratch stages, as the products read
+/// them) and the CPU computing 1 .. k - 1 of them on `threads` threads, and returns
+/// [`choose_cpu_experts`]'s count (`--cpu-experts auto`). `None`: the layer's rows are not
+/// whole 16-byte words, so nothing was timed.
+pub(crate) fn calibrate(
+    stream: &std::sync::Arc<cudarc::driver::CudaStream>,
+    module: &std::sync::Arc<cudarc::driver::CudaModule>,
+    p: &DecodePlan,
+    l: usize,
+    stacks: [u64; 3],
+    experts: &HostExperts,
+    threads: usize,
+) -> Result<Option<usize>, CudaError> {
+    use cudarc::driver::{sys, DevicePtr, LaunchConfig};
+    let driver = crate::device::driver;
+    let Some(moe) = p.layers.get(l).and_then(|r| r.moe.as_ref()) else {
+        return Ok(None);
+    };
+    let (k, ne) = (moe.n_used, moe.n_expert);
+    let bytes = moe.experts.map(|m| p.matrices[m].expert_bytes());
+    if bytes.iter().any(|b| b % 16 != 0) || k < 2 {
+        return Ok(None);
+    }
+    // The GPU: k experts' rows staged from host memory, the best of three.
+    let table: Vec<u64> = (0..3)
+        .flat_map(|m| (0..ne as u64).map(move |e| stacks[m] + e * bytes[m]))
+        .collect();
+    let table = stream
+        .clone_htod(&table)
+        .map_err(driver("the calibration's table"))?;
+    let ids: Vec<u32> = (0..k as u32).collect();
+    let ids = stream
+        .clone_htod(&ids)
+        .map_err(driver("the calibration's ids"))?;
+    let stages = bytes
+        .iter()
+        .map(|&b| stream.alloc_zeros::<u8>(k * b as usize))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(driver("the calibration's stages"))?;
+    let func = module
+        .load_function("moe_stage")
+        .map_err(driver("moe_stage"))?;
+    let ptr = |s: &cudarc::driver::CudaSlice<u8>| s.device_ptr(stream).0;
+    let args = [
+        crate::device::Value::Ptr(table.device_ptr(stream).0),
+        crate::device::Value::I32(ne as i32),
+        crate::device::Value::Ptr(ids.device_ptr(stream).0),
+        crate::device::Value::Ptr(ptr(&stages[0])),
+        crate::device::Value::Ptr(ptr(&stages[1])),
+        crate::device::Value::Ptr(ptr(&stages[2])),
+        crate::device::Value::I64(bytes[0] as i64),
+        crate::device::Value::I64(bytes[1] as i64),
+        crate::device::Value::I64(bytes[2] as i64),
+    ];
+    let cfg = LaunchConfig {
+        grid_dim: (32, k as u32, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let flags = Some(sys::CUevent_flags::CU_EVENT_DEFAULT);
+    let mut bus = f64::INFINITY;
+    for round in 0..4 {
+        let start = stream.record_event(flags).map_err(driver("event"))?;
+        crate::device::launch(stream, &func, cfg, &args)?;
+        let end = stream.record_event(flags).map_err(driver("event"))?;
+        end.synchronize().map_err(driver("the calibration"))?;
+        let ms = start.elapsed_ms(&end).map_err(driver("event time"))?;
+        // (the first round warms up)
+        if round > 0 {
+            bus = bus.min(f64::from(ms) * 1e-3 / k as f64);
+        }
+    }
+    // The CPU: 1 .. k - 1 of them, the best of three each.
+    let pool = ThreadPool::new(threads)
+        .map_err(|e| CudaError::Model(format!("the CPU tier's threads: {e}")))?;
+    let d = experts.d();
+    let x: Vec<f32> = (0..d)
+        .map(|i| ((i * 7919) % 17) as f32 / 8.0 - 1.0)
+        .collect();
+    let mut y = vec![0f32; k * d];
+    let mut cpu = Vec::with_capacity(k - 1);
+    for c in 1..k {
+        let mut best = f64::INFINITY;
+        for _ in 0..3 {
+            let t = Instant::now();
+            experts
+                .outputs(&pool, l, &ids_of(c, ne), &x, &mut y[..c * d])
+                .map_err(|e| CudaError::Model(e.to_string()))?;
+            best = best.min(t.elapsed().as_secs_f64());
+        }
+        cpu.push(best);
+    }
+    Ok(Some(choose_cpu_experts(k, bus, &cpu)))
+}
+
+/// `c` distinct experts of `ne`, spread over the layer.
+fn ids_of(c: usize, ne: usize) -> Vec<u32> {
+    (0..c).map(|j| ((j * ne) / c.max(1)) as u32).collect()
+}
+
 /// What the worker and the model share.
 struct Shared {
     stop: AtomicBool,
@@ -374,6 +489,19 @@ fn serve(experts: &HostExperts, pool: &ThreadPool, tier: &CpuExperts, host: usiz
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_cpu_takes_the_experts_that_let_both_sides_finish_soonest() {
+        // 8 experts at 1 ms each over the bus; the CPU 1.5 ms for one, then 1 ms more each.
+        let cpu: Vec<f64> = (1..8).map(|c| 0.5e-3 + 1e-3 * c as f64).collect();
+        // c = 3: max(3.5, 5) = 5 ms; c = 4: max(4.5, 4) = 4.5 ms; c = 5: max(5.5, 3) = 5.5 ms.
+        assert_eq!(choose_cpu_experts(8, 1e-3, &cpu), 4);
+        // A CPU slower than the whole bus read: none.
+        assert_eq!(choose_cpu_experts(8, 1e-3, &[9e-3; 7]), 0);
+        // A very fast CPU still leaves the GPU one expert.
+        assert_eq!(choose_cpu_experts(8, 1e-3, &[1e-9; 7]), 7);
+        assert_eq!(choose_cpu_experts(1, 1e-3, &[]), 0);
+    }
     use ferrolm_model::synthetic::{self, SyntheticSpec};
     use ferrolm_model::Model;
 

@@ -548,13 +548,6 @@ impl CudaModel {
             }
             _ => 0,
         };
-        let fewest_used = cpu_layers
-            .iter()
-            .filter_map(|&l| dp.layers[l].moe.as_ref().map(|m| m.n_used))
-            .min()
-            .unwrap_or(0);
-        let cpu_per_layer = tuning.cpu_experts.min(fewest_used.saturating_sub(1));
-        let dp = dp.with_cpu_experts(&cpu_layers, cpu_per_layer)?;
         let need = on_device + fixed;
         let (free, _) = ctx.mem_get_info().map_err(driver("reading free memory"))?;
         if need as usize > free {
@@ -591,6 +584,36 @@ impl CudaModel {
                 Tier::Host => MatrixMemory::mapped(&ctx, bytes, &m.label)?,
             });
         }
+        // The CPU tier: as many experts a layer as asked, or as timing both sides chooses.
+        let tier_threads = match tuning.cpu_tier_threads {
+            0 => std::thread::available_parallelism().map_or(1, |n| (n.get() / 2).max(1)),
+            n => n,
+        };
+        let fewest_used = cpu_layers
+            .iter()
+            .filter_map(|&l| dp.layers[l].moe.as_ref().map(|m| m.n_used))
+            .min()
+            .unwrap_or(0);
+        let mut cpu_per_layer = tuning.cpu_experts;
+        if let (true, Some(&l)) = (tuning.cpu_experts_auto, cpu_layers.first()) {
+            let moe = dp.layers[l].moe.as_ref().expect("a layer of experts");
+            let stacks = moe.experts.map(|m| matrices[m].address(&stream));
+            let experts = model
+                .host_experts(&[l])
+                .map_err(|e| CudaError::Model(e.to_string()))?;
+            let chosen = crate::cpu_tier::calibrate(
+                &stream,
+                &module,
+                &dp,
+                l,
+                stacks,
+                &experts,
+                tier_threads,
+            )?;
+            cpu_per_layer = chosen.unwrap_or(cpu_per_layer);
+        }
+        let cpu_per_layer = cpu_per_layer.min(fewest_used.saturating_sub(1));
+        let dp = dp.with_cpu_experts(&cpu_layers, cpu_per_layer)?;
         let mut vectors = Vec::with_capacity(dp.vectors.len());
         for v in &dp.vectors {
             // (the bound values, read into f32 once by the binding)
@@ -721,13 +744,9 @@ impl CudaModel {
                 let experts = model
                     .host_experts(&tier.layers)
                     .map_err(|e| CudaError::Model(e.to_string()))?;
-                let threads = match tuning.cpu_tier_threads {
-                    0 => std::thread::available_parallelism().map_or(1, |n| (n.get() / 2).max(1)),
-                    n => n,
-                };
                 // SAFETY: `host` is the exchange's memory, which the hold frees after the
                 // worker has stopped.
-                let worker = unsafe { CpuTier::start(experts, tier, host, threads)? };
+                let worker = unsafe { CpuTier::start(experts, tier, host, tier_threads)? };
                 Some(CpuTierHold {
                     stream: stream.clone(),
                     worker: Some(worker),
@@ -1172,6 +1191,12 @@ impl CudaModel {
         };
         self.expert_slots = Some(slots);
         written
+    }
+
+    /// Of each token's chosen experts in the layers left in host memory, how many the CPU
+    /// computes (0: none, or no such layer).
+    pub fn cpu_experts(&self) -> usize {
+        self.plan.cpu_experts.as_ref().map_or(0, |c| c.per_layer)
     }
 
     /// Wakes the CPU tier's worker for a step about to be launched, after reporting what went

@@ -98,6 +98,10 @@ pub struct CudaTuning {
     /// than the experts a token uses. The default, 2, measured best on Qwen3-30B-A3B's shape
     /// under `--gpu-memory 6` (docs/PERFORMANCE.md).
     pub cpu_experts: usize,
+    /// Instead, that count chosen at load by timing both sides on one layer: the GPU reading a
+    /// token's experts over the bus, the CPU computing 1 .. k - 1 of them
+    /// (`cpu_tier::choose_cpu_experts`; `--cpu-experts auto`, `FERROLM_CUDA_CPU_EXPERTS=auto`).
+    pub cpu_experts_auto: bool,
     /// The CPU tier's threads (`FERROLM_CUDA_CPU_TIER_THREADS`; 0, the default: half the
     /// cores, as many more stay free for the threads that wait on the device: all of them
     /// measured twenty times slower).
@@ -181,6 +185,7 @@ impl Default for CudaTuning {
             f16_experts: true,
             gpu_memory: None,
             cpu_experts: 2,
+            cpu_experts_auto: false,
             cpu_tier_threads: 0,
             expert_slots: false,
             slot_interval: 64,
@@ -234,6 +239,7 @@ impl CudaTuning {
             f16_experts: unset("FERROLM_CUDA_NO_F16_EXPERTS"),
             gpu_memory: None,
             cpu_experts: number("FERROLM_CUDA_CPU_EXPERTS").unwrap_or(d.cpu_experts),
+            cpu_experts_auto: std::env::var("FERROLM_CUDA_CPU_EXPERTS").is_ok_and(|v| v == "auto"),
             cpu_tier_threads: number("FERROLM_CUDA_CPU_TIER_THREADS").unwrap_or(d.cpu_tier_threads),
             expert_slots: !unset("FERROLM_CUDA_EXPERT_SLOTS"),
             slot_interval: number("FERROLM_CUDA_SLOT_INTERVAL").unwrap_or(d.slot_interval),

@@ -298,7 +298,7 @@ fn expert_placement_flags_without_a_gpu_memory_budget_are_refused() {
         "good.gguf",
         &rewritten("llama", |_, d, b| Some((d, b))),
     );
-    for flag in ["--cpu-experts=3", "--expert-slots"] {
+    for flag in ["--cpu-experts=3", "--cpu-experts=auto", "--expert-slots"] {
         let mut a = logits(&model, "1,2", &dir);
         a.push(flag.to_string());
         fails_with(
@@ -306,4 +306,10 @@ fn expert_placement_flags_without_a_gpu_memory_budget_are_refused() {
             &["--cpu-experts and --expert-slots", "--gpu-memory"],
         );
     }
+    let mut a = logits(&model, "1,2", &dir);
+    a.extend([
+        "--gpu-memory=4".to_string(),
+        "--cpu-experts=some".to_string(),
+    ]);
+    fails_with(&args(&a), &["some", "a number of experts, or auto"]);
 }

@@ -44,10 +44,10 @@ pub struct ModelArgs {
     pub gpu_memory: Option<f64>,
     /// With CUDA and `--gpu-memory`: of each token's chosen experts in a layer left in host
     /// memory, how many the CPU computes (on half the cores) while the GPU reads the others
-    /// over the bus; 0: the GPU reads them all. Default 2 (at most one fewer than a token's
-    /// experts).
-    #[arg(long, value_name = "N")]
-    pub cpu_experts: Option<usize>,
+    /// over the bus; 0: the GPU reads them all; auto: the count that timing both sides at load
+    /// gives. Default 2 (at most one fewer than a token's experts).
+    #[arg(long, value_name = "N|auto")]
+    pub cpu_experts: Option<String>,
     /// With CUDA and `--gpu-memory`: keep every expert stack in host memory and use the
     /// budget's rest as device slots for each layer's most chosen experts, re-chosen as the
     /// model runs, instead of whole layers' stacks on the device while they fit.
@@ -68,6 +68,25 @@ pub struct ModelArgs {
     /// `GGML_CPU_TILED_MM=0` (no tiled matmul for the K-quants and i-quants).
     #[arg(long)]
     pub no_tiled: bool,
+}
+
+/// `--cpu-experts`: a count, or chosen by timing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum CpuExperts {
+    /// This many.
+    Count(usize),
+    /// As timing both sides at load chooses.
+    Auto,
+}
+
+fn parse_cpu_experts(v: &str) -> Result<CpuExperts> {
+    if v == "auto" {
+        return Ok(CpuExperts::Auto);
+    }
+    match v.parse() {
+        Ok(n) => Ok(CpuExperts::Count(n)),
+        Err(_) => bail!("--cpu-experts {v}: a number of experts, or auto"),
+    }
 }
 
 /// A flag's GB in bytes, refused when it is not a positive number.
@@ -91,10 +110,22 @@ impl ModelArgs {
             bail!("--cpu-experts and --expert-slots place the experts under a --gpu-memory budget: give one");
         }
         let env = CudaTuning::from_env();
+        let cpu_experts = self
+            .cpu_experts
+            .as_deref()
+            .map(parse_cpu_experts)
+            .transpose()?;
         Ok(CudaTuning {
             gpu_memory: self.gpu_memory_bytes()?,
             kv_memory: gigabytes("--kv-memory", self.kv_memory)?,
-            cpu_experts: self.cpu_experts.unwrap_or(env.cpu_experts),
+            cpu_experts: match cpu_experts {
+                Some(CpuExperts::Count(n)) => n,
+                _ => env.cpu_experts,
+            },
+            cpu_experts_auto: match cpu_experts {
+                Some(c) => c == CpuExperts::Auto,
+                None => env.cpu_experts_auto,
+            },
             expert_slots: self.expert_slots || env.expert_slots,
             ..env
         })
