@@ -213,8 +213,8 @@ pub(crate) fn calibrate(
     experts: &HostExperts,
     threads: usize,
 ) -> Result<Option<usize>, CudaError> {
+    use crate::device::{driver, Value};
     use cudarc::driver::{sys, DevicePtr, LaunchConfig};
-    let driver = crate::device::driver;
     let Some(moe) = p.layers.get(l).and_then(|r| r.moe.as_ref()) else {
         return Ok(None);
     };
@@ -244,15 +244,15 @@ pub(crate) fn calibrate(
         .map_err(driver("moe_stage"))?;
     let ptr = |s: &cudarc::driver::CudaSlice<u8>| s.device_ptr(stream).0;
     let args = [
-        crate::device::Value::Ptr(table.device_ptr(stream).0),
-        crate::device::Value::I32(ne as i32),
-        crate::device::Value::Ptr(ids.device_ptr(stream).0),
-        crate::device::Value::Ptr(ptr(&stages[0])),
-        crate::device::Value::Ptr(ptr(&stages[1])),
-        crate::device::Value::Ptr(ptr(&stages[2])),
-        crate::device::Value::I64(bytes[0] as i64),
-        crate::device::Value::I64(bytes[1] as i64),
-        crate::device::Value::I64(bytes[2] as i64),
+        Value::Ptr(table.device_ptr(stream).0),
+        Value::I32(ne as i32),
+        Value::Ptr(ids.device_ptr(stream).0),
+        Value::Ptr(ptr(&stages[0])),
+        Value::Ptr(ptr(&stages[1])),
+        Value::Ptr(ptr(&stages[2])),
+        Value::I64(bytes[0] as i64),
+        Value::I64(bytes[1] as i64),
+        Value::I64(bytes[2] as i64),
     ];
     let cfg = LaunchConfig {
         grid_dim: (32, k as u32, 1),

@@ -3159,10 +3159,11 @@ __device__ __forceinline__ u32 pack_h2(float lo, float hi) {
 // rows by t of inputs) through shared memory, summed in warp order, for the block's SG_ROWS of
 // `rows` rows and the n inputs. Output (row rr, input cc) of the block is fragment (m, t, e) of
 // lane (g, c), as mma's accumulators lie (rows g and g + 8, inputs 8t + 2c and 8t + 2c + 1).
-template <int NT, int WARPS = SG_WARPS>
-__device__ __forceinline__ void skinny_store(float (*part)[8 * NT][32],
-                                             const float (&acc)[2][NT][4], int r0, int rows,
-                                             int n, float* C, float beta) {
+// Each warp's accumulators into its part of shared memory, where the block's threads then
+// sum them in warp order (skinny_store, dq4k_glu).
+template <int NT>
+__device__ __forceinline__ void park_sums(float (*part)[8 * NT][32],
+                                          const float (&acc)[2][NT][4]) {
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 #pragma unroll
     for (int m = 0; m < 2; m++)
@@ -3171,6 +3172,13 @@ __device__ __forceinline__ void skinny_store(float (*part)[8 * NT][32],
 #pragma unroll
             for (int e = 0; e < 4; e++) part[warp][(m * NT + t) * 4 + e][lane] = acc[m][t][e];
     __syncthreads();
+}
+
+template <int NT, int WARPS = SG_WARPS>
+__device__ __forceinline__ void skinny_store(float (*part)[8 * NT][32],
+                                             const float (&acc)[2][NT][4], int r0, int rows,
+                                             int n, float* C, float beta) {
+    park_sums<NT>(part, acc);
     for (int o = threadIdx.x; o < SG_ROWS * 8 * NT; o += blockDim.x) {
         const int rr = o % SG_ROWS, cc = o / SG_ROWS;
         const int r = r0 + rr;
@@ -3394,8 +3402,7 @@ __device__ __forceinline__ void dq4k_glu(const u8* __restrict__ Wg, const u8* __
                                          const u16* __restrict__ A, int cols, int n, u16* act,
                                          int gelu, int prefetch) {
     __shared__ float part[WARPS][8 * NT][32];
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int g = lane / 4;
+    const int g = threadIdx.x % 32 / 4;
     const int r0 = blockIdx.x * 16;
     if (prefetch && threadIdx.x < 32 && r0 + (int)threadIdx.x % 16 < rows)
         prefetch_l2((threadIdx.x < 16 ? Wg : Wu) + (size_t)(r0 + threadIdx.x % 16) * row_bytes,
@@ -3407,13 +3414,7 @@ __device__ __forceinline__ void dq4k_glu(const u8* __restrict__ Wg, const u8* __
         wr[i] = (i < 2 ? Wg : Wu) + (long long)min(r0 + g + 8 * (i % 2), rows - 1) * row_bytes;
     float acc[2][NT][4] = {};
     dq4k_sums<NT, WARPS>(wr, n_sb, A, cols, n, acc);
-#pragma unroll
-    for (int m = 0; m < 2; m++)
-#pragma unroll
-        for (int t = 0; t < NT; t++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) part[warp][(m * NT + t) * 4 + e][lane] = acc[m][t][e];
-    __syncthreads();
+    park_sums<NT>(part, acc);
     for (int o = threadIdx.x; o < 16 * 8 * NT; o += blockDim.x) {
         const int rr = o % 16, cc = o / 16;
         const int r = r0 + rr;

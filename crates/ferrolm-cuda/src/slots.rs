@@ -12,6 +12,7 @@ use std::sync::Arc;
 
 use cudarc::driver::{sys, CudaSlice, CudaStream, DevicePtr};
 
+use crate::device::driver;
 use crate::schedule::{Arg, Buf, DecodePlan, Launch};
 use crate::CudaError;
 
@@ -409,10 +410,6 @@ impl DeviceSlots {
             .unwrap_or(0);
         (self.cache.hits, self.cache.misses, slot_bytes, one)
     }
-}
-
-fn driver(what: &str) -> impl FnOnce(cudarc::driver::DriverError) -> CudaError + '_ {
-    crate::device::driver(what)
 }
 
 #[cfg(test)]

@@ -942,22 +942,12 @@ fn emulate_tuned(
     tuning: &CudaTuning,
     ids: &[u32],
 ) -> (Vec<f32>, Vec<f32>, Vec<String>) {
-    emulate_with_cpu_tier(spec, tuning, ids, 0)
+    emulate_tiers(spec, tuning, ids, false, 0)
 }
 
-/// [`emulate_tuned`] with the CPU computing the last `cpu_experts` chosen experts of every
-/// mixture-of-experts layer (the CPU tier; 0: none).
-fn emulate_with_cpu_tier(
-    spec: &SyntheticSpec,
-    tuning: &CudaTuning,
-    ids: &[u32],
-    cpu_experts: usize,
-) -> (Vec<f32>, Vec<f32>, Vec<String>) {
-    emulate_tiers(spec, tuning, ids, false, cpu_experts)
-}
-
-/// [`emulate_with_cpu_tier`], every mixture-of-experts layer's chosen experts staged from the
-/// slot cache first where `staged`.
+/// [`emulate_tuned`], every mixture-of-experts layer's chosen experts staged from the slot
+/// cache first where `staged`, and the last `cpu_experts` of them computed by the CPU (the
+/// CPU tier; 0: none).
 fn emulate_tiers(
     spec: &SyntheticSpec,
     tuning: &CudaTuning,
@@ -1185,13 +1175,9 @@ fn the_router_in_the_routing_launch_computes_what_the_cpu_computes() {
     }
 }
 
-/// The CPU tier (`FERROLM_CUDA_CPU_EXPERTS`): the last chosen experts of every MoE layer
-/// computed by the CPU, handed over after the routing and taken back before the weighted sum,
-/// the GPU's launches taking the first slots only. On Qwen3-30B-A3B's layout, gpt-oss (expert
-/// biases, the gate and up apart) and qwen2moe (a gated shared expert beside them): the CPU's
-/// logits still; a shared expert in the routed experts' grid is refused, saying so.
-#[test]
-fn experts_on_the_cpu_tier_compute_what_the_cpu_computes() {
+/// The MoE files the tiers' tests run: Qwen3-30B-A3B's layout (Q4_0, an f32 router), gpt-oss
+/// (expert biases, gate and up apart) and qwen2moe (a gated shared expert).
+fn tier_files() -> [SyntheticSpec; 3] {
     let mut qwen3 = SyntheticSpec::small("qwen3moe");
     qwen3.head_dim = 64;
     qwen3.default_type = TensorType::Q4_0;
@@ -1200,10 +1186,21 @@ fn experts_on_the_cpu_tier_compute_what_the_cpu_computes() {
     gpt_oss.sliding_window = Some(8);
     let mut qwen2 = SyntheticSpec::small("qwen2moe");
     qwen2.head_dim = 64;
+    [qwen3, gpt_oss, qwen2]
+}
+
+/// The CPU tier (`FERROLM_CUDA_CPU_EXPERTS`): the last chosen experts of every MoE layer
+/// computed by the CPU, handed over after the routing and taken back before the weighted sum,
+/// the GPU's launches taking the first slots only. On Qwen3-30B-A3B's layout, gpt-oss (expert
+/// biases, the gate and up apart) and qwen2moe (a gated shared expert beside them): the CPU's
+/// logits still; a shared expert in the routed experts' grid is refused, saying so.
+#[test]
+fn experts_on_the_cpu_tier_compute_what_the_cpu_computes() {
+    let [qwen3, gpt_oss, mut qwen2] = tier_files();
     let tuning = CudaTuning::default();
     for spec in [&qwen3, &gpt_oss, &qwen2] {
-        let (_, _, plain) = emulate_with_cpu_tier(spec, &tuning, &ids(2), 0);
-        let (gpu, cpu, kernels) = emulate_with_cpu_tier(spec, &tuning, &ids(9), 1);
+        let (_, _, plain) = emulate_tiers(spec, &tuning, &ids(2), false, 0);
+        let (gpu, cpu, kernels) = emulate_tiers(spec, &tuning, &ids(9), false, 1);
         let kl = mean_kl(&cpu, &gpu, cpu.len() / 9);
         assert!(kl < 1e-3, "{}: mean KL {kl:.3e}", spec.arch);
         let moe_layers = spec.n_layer;
@@ -1244,14 +1241,7 @@ fn experts_on_the_cpu_tier_compute_what_the_cpu_computes() {
 /// expert beside them), alone and with the CPU tier after it.
 #[test]
 fn staged_experts_give_the_plain_step_s_logits() {
-    let mut qwen3 = SyntheticSpec::small("qwen3moe");
-    qwen3.head_dim = 64;
-    qwen3.default_type = TensorType::Q4_0;
-    qwen3.types = vec![("ffn_gate_inp".into(), TensorType::F32)];
-    let mut gpt_oss = SyntheticSpec::small("gpt-oss");
-    gpt_oss.sliding_window = Some(8);
-    let mut qwen2 = SyntheticSpec::small("qwen2moe");
-    qwen2.head_dim = 64;
+    let [qwen3, gpt_oss, qwen2] = tier_files();
     let tuning = CudaTuning::default();
     for spec in [&qwen3, &gpt_oss, &qwen2] {
         let (plain, cpu, plain_kernels) = emulate_tiers(spec, &tuning, &ids(9), false, 0);
