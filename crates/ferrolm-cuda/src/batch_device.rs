@@ -93,6 +93,14 @@ pub trait BatchDevice {
         dst: &mut Self::Buffer<T>,
         what: &str,
     ) -> Result<(), CudaError>;
+    /// Elements `at..at + src.len()` of `dst` = `src`.
+    fn upload_at<T: Element>(
+        &self,
+        src: &[T],
+        dst: &mut Self::Buffer<T>,
+        at: usize,
+        what: &str,
+    ) -> Result<(), CudaError>;
     /// `dst` = the first `dst.len()` elements of `src`.
     fn download<T: Element>(
         &self,
@@ -102,6 +110,8 @@ pub trait BatchDevice {
     ) -> Result<(), CudaError>;
     /// Waits for everything queued.
     fn synchronize(&self, what: &str) -> Result<(), CudaError>;
+    /// Whether everything queued so far has finished, without waiting.
+    fn idle(&self) -> Result<bool, CudaError>;
     /// Launches `kernel` on a grid of `grid` blocks of `block` threads with `args` (in the
     /// kernel's parameter order).
     fn launch(
@@ -309,6 +319,18 @@ impl BatchDevice for CudaBatch {
             .map_err(driver(what))
     }
 
+    fn upload_at<T: Element>(
+        &self,
+        src: &[T],
+        dst: &mut CudaSlice<T>,
+        at: usize,
+        what: &str,
+    ) -> Result<(), CudaError> {
+        self.stream
+            .memcpy_htod(src, &mut dst.slice_mut(at..at + src.len()))
+            .map_err(driver(what))
+    }
+
     fn download<T: Element>(
         &self,
         src: &CudaSlice<T>,
@@ -322,6 +344,12 @@ impl BatchDevice for CudaBatch {
 
     fn synchronize(&self, what: &str) -> Result<(), CudaError> {
         self.stream.synchronize().map_err(driver(what))
+    }
+
+    fn idle(&self) -> Result<bool, CudaError> {
+        let flags = Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING);
+        let event = self.stream.record_event(flags).map_err(driver("event"))?;
+        Ok(event.is_complete())
     }
 
     fn launch_shared(

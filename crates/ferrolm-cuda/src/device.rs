@@ -717,11 +717,37 @@ impl CudaModel {
                 args,
             });
         }
-        let prefill = if tuning.batched_prompts {
+        let mut prefill = if tuning.batched_prompts {
             Prefill::new(&stream, &module, &dp, tuning, major >= 9)?
         } else {
             None
         };
+        // The CPU's share of the same layers' expert groups in prompt batches.
+        if let (Some(prefill), false) = (prefill.as_mut(), cpu_layers.is_empty()) {
+            let fewest_experts = (cpu_layers.iter())
+                .filter_map(|&l| dp.layers[l].moe.as_ref().map(|m| m.n_expert))
+                .min()
+                .unwrap_or(0);
+            let (count, adapt) = match tuning.prompt_cpu_experts {
+                Some(c) => (c, false),
+                None => (fewest_experts * 3 / 8, true),
+            };
+            if count > 0 {
+                let experts = model
+                    .host_experts(&cpu_layers)
+                    .map_err(|e| CudaError::Model(e.to_string()))?;
+                let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+                let threads = tier_threads.max(cores.saturating_sub(2));
+                prefill.set_cpu_share(crate::cpu_prompt::PromptCpuShare::new(
+                    experts,
+                    &cpu_layers,
+                    dp.layers.len(),
+                    threads,
+                    count,
+                    adapt,
+                )?);
+            }
+        }
         let matrix_addrs = matrices.iter().map(|m| m.address(&stream)).collect();
         let vector_addrs = vectors.iter().map(|v| v.device_ptr(&stream).0).collect();
         let cache = |f: fn(usize) -> Buf| -> Vec<u64> {

@@ -18,6 +18,7 @@
 
 mod backend;
 pub mod batch_device;
+pub mod cpu_prompt;
 pub mod cpu_tier;
 mod device;
 pub mod kernels;

@@ -15,6 +15,7 @@ use cudarc::driver::{CudaModule, CudaStream};
 use ferrolm_gguf::TensorType;
 
 use crate::batch_device::{BatchDevice, CudaBatch, Gemm, Value};
+use crate::cpu_prompt::PromptCpuShare;
 use crate::device::Rows;
 use crate::schedule::{
     activation_format, expert_product_kernel, DecodePlan, DeltaNetProjection, DeltaNetRefs,
@@ -159,6 +160,8 @@ pub struct Prefill<D: BatchDevice = CudaBatch> {
     /// launches).
     dq_partial: D::Buffer<f32>,
     dq_counters: D::Buffer<u32>,
+    /// The CPU's part of the host-memory layers' expert groups (`cpu_prompt.rs`).
+    cpu_share: Option<PromptCpuShare>,
 }
 
 /// The most rows of a batched step whose Q4_K products read the blocks (`dq4k_gemm_16`).
@@ -513,6 +516,7 @@ impl<D: BatchDevice> Prefill<D> {
             dq_step: false,
             dq_partial: f32s(pipe_sums)?,
             dq_counters: dev.alloc_zeros::<u32>(pipe_counters, "batch counters")?,
+            cpu_share: None,
             dev,
         })
     }
@@ -520,6 +524,18 @@ impl<D: BatchDevice> Prefill<D> {
     /// The device it runs on.
     pub fn device(&self) -> &D {
         &self.dev
+    }
+
+    /// Has the CPU compute part of the expert groups of the layers `share` serves in prompt
+    /// batches (`cpu_prompt.rs`).
+    pub fn set_cpu_share(&mut self, share: PromptCpuShare) {
+        self.cpu_share = Some(share);
+    }
+
+    /// Rows (token, expert pairs) computed on the CPU and on the GPU in the layers the CPU
+    /// shares so far; `None` without a share.
+    pub fn cpu_share_rows(&self) -> Option<(u64, u64)> {
+        self.cpu_share.as_ref().map(PromptCpuShare::rows)
     }
 
     fn run(
@@ -1586,6 +1602,28 @@ impl<D: BatchDevice> Prefill<D> {
         n: usize,
         rows: Placement<'_>,
     ) -> Result<(), CudaError> {
+        // (out of self while the CPU works beside the launches; back whatever happens)
+        let mut share = match (&self.cpu_share, rows) {
+            (Some(s), Placement::Prompt { .. }) if s.serves(l) => self.cpu_share.take(),
+            _ => None,
+        };
+        let done = self.experts_sharing(p, at, (l, r, m), n, rows, share.as_mut());
+        if share.is_some() {
+            self.cpu_share = share;
+        }
+        done
+    }
+
+    /// [`Prefill::experts`], a prompt's groups of the last experts computed by `share`.
+    fn experts_sharing(
+        &mut self,
+        p: &DecodePlan,
+        at: &Addresses,
+        (l, r, m): (usize, &LayerRefs, &MoeRefs),
+        n: usize,
+        rows: Placement<'_>,
+        mut share: Option<&mut PromptCpuShare>,
+    ) -> Result<(), CudaError> {
         let (d, ne, k, ff) = (p.n_embd, m.n_expert, m.n_used, m.n_ff);
         let pairs = n * k;
         let b = self
@@ -1674,6 +1712,10 @@ impl<D: BatchDevice> Prefill<D> {
         let [wg, wu, wd] = m.experts;
         let grouped = matches!(rows, Placement::Prompt { .. });
         if grouped {
+            // (the CPU multiplies the f32 norms, as its forward pass does)
+            if share.is_some() && router.ty != TensorType::F32 {
+                self.norm_rows_f32(at.vectors[r.ffn_norm], normed, n, p)?;
+            }
             let group = if ne <= 1024 {
                 "moe_group_warp"
             } else {
@@ -1696,12 +1738,26 @@ impl<D: BatchDevice> Prefill<D> {
             let b = self.moe.as_ref().expect("allocated");
             self.dev
                 .download(&b.counts, &mut used, "reading the experts' counts")?;
+            if let Some(s) = share.as_deref_mut() {
+                s.prepare(n, k, d);
+                self.dev
+                    .download(&b.ids, &mut s.ids, "the CPU's chosen experts")?;
+                self.dev.download(&b.at, &mut s.at, "the CPU's groups")?;
+                self.dev
+                    .download(&b.normed, &mut s.normed, "the CPU's inputs")?;
+            }
             self.dev.synchronize("reading the experts' counts")?;
+            // Experts `cpu.first..` on the CPU, their rows from `cpu.row` on.
+            let cpu = share.as_deref().map(|s| s.split(&used));
+            let gpu_experts = cpu.map_or(ne, |c| c.first);
             // Every expert's group padded to the largest, where that fits twice the pairs: one
             // strided-batched GEMM per matrix over all the experts (a GEMM each otherwise, or
-            // without `CudaTuning::padded_expert_groups`).
+            // without `CudaTuning::padded_expert_groups`, or with the CPU's share).
             let most = used.iter().copied().max().unwrap_or(0) as usize;
-            let padded = self.tuning.padded_expert_groups && most > 0 && ne * most <= 2 * pairs;
+            let padded = self.tuning.padded_expert_groups
+                && cpu.is_none()
+                && most > 0
+                && ne * most <= 2 * pairs;
             if padded {
                 self.run(
                     "moe_pad_rows",
@@ -1737,7 +1793,7 @@ impl<D: BatchDevice> Prefill<D> {
                     Some(g)
                 })
                 .enumerate()
-                .filter(|(_, (_, c))| *c > 0)
+                .filter(|&(e, (_, c))| c > 0 && e < gpu_experts)
                 .map(|(e, (o, c))| if padded { (e, e * most, c) } else { (e, o, c) })
                 .collect();
             let each = |this: &mut Prefill<D>,
@@ -1747,6 +1803,9 @@ impl<D: BatchDevice> Prefill<D> {
                         out: u64,
                         bias: Option<u64>|
              -> Result<(), CudaError> {
+                if groups.is_empty() {
+                    return Ok(());
+                }
                 let spec = &p.matrices[mat];
                 let kept = this.w16_kept.get(mat).copied().flatten();
                 let w16 = if spec.ty == TensorType::F16 {
@@ -1754,8 +1813,13 @@ impl<D: BatchDevice> Prefill<D> {
                 } else if let Some(w) = kept {
                     w
                 } else {
+                    // (the GPU's experts only: their rows come first)
+                    let gpu_part = MatrixSpec {
+                        rows: gpu_experts * rows_out,
+                        ..spec.clone()
+                    };
                     let dst = this.dev.address(&this.w16);
-                    this.dequantize(spec, at.matrices[mat], dst)?;
+                    this.dequantize(&gpu_part, at.matrices[mat], dst)?;
                     dst
                 };
                 if padded {
@@ -1786,11 +1850,44 @@ impl<D: BatchDevice> Prefill<D> {
                 Ok(())
             };
             let [gb, ub, db] = biases.map(|(_, e)| e.map(Some)).unwrap_or_default();
-            let rows = if padded { ne * most } else { pairs };
-            each(self, wg, (ff, d), gathered, gate, gb)?;
-            each(self, wu, (ff, d), gathered, up, ub)?;
-            self.glu_f16(r, [gate, up, act], (rows * ff) as u64)?;
-            each(self, wd, (d, ff), act, outputs, db)?;
+            let rows = match cpu {
+                Some(c) => c.row,
+                None if padded => ne * most,
+                None => pairs,
+            };
+            let gpu_side = |this: &mut Prefill<D>| -> Result<(), CudaError> {
+                each(this, wg, (ff, d), gathered, gate, gb)?;
+                each(this, wu, (ff, d), gathered, up, ub)?;
+                if rows > 0 {
+                    this.glu_f16(r, [gate, up, act], (rows * ff) as u64)?;
+                }
+                each(this, wd, (d, ff), act, outputs, db)
+            };
+            match (share, cpu) {
+                (Some(s), Some(split)) => {
+                    // Both sides at once: the GPU's launches queued while the CPU computes.
+                    let (gpu, cpu) = std::thread::scope(|scope| {
+                        let worker = scope.spawn(|| s.compute(l, k, split));
+                        let gpu = gpu_side(self);
+                        (gpu, worker.join())
+                    });
+                    gpu?;
+                    cpu.map_err(|_| {
+                        CudaError::Model("the CPU tier's prompt worker panicked".into())
+                    })??;
+                    s.adapt(self.dev.idle()?, ne);
+                    let b = self.moe.as_mut().expect("allocated");
+                    if !s.output().is_empty() {
+                        self.dev.upload_at(
+                            s.output(),
+                            &mut b.outputs,
+                            split.row * d,
+                            "the CPU's expert outputs",
+                        )?;
+                    }
+                }
+                _ => gpu_side(self)?,
+            }
         } else {
             // Each pair's products as the decode step computes them, from the f32 norms.
             if router.ty != TensorType::F32 {

@@ -106,6 +106,13 @@ pub struct CudaTuning {
     /// cores, as many more stay free for the threads that wait on the device: all of them
     /// measured twenty times slower).
     pub cpu_tier_threads: usize,
+    /// In prompt batches, how many of each such layer's experts (the last ids) the CPU
+    /// computes for every token that chose them while the GPU multiplies the others' groups
+    /// ([`crate::cpu_prompt`]; `FERROLM_CUDA_PROMPT_CPU_EXPERTS`, 0: none, `auto`): `None`,
+    /// the default, starts at three eighths of the experts and moves by one after each layer
+    /// towards both sides finishing together. Its threads: all the cores but two, or
+    /// `cpu_tier_threads` if more.
+    pub prompt_cpu_experts: Option<usize>,
     /// Under a budget, every expert stack in host memory and what the budget leaves as
     /// device slots for each layer's most chosen experts, re-chosen as the model runs
     /// ([`crate::slots`]; `FERROLM_CUDA_EXPERT_SLOTS=1`; off, the default: whole stacks on
@@ -187,6 +194,7 @@ impl Default for CudaTuning {
             cpu_experts: 2,
             cpu_experts_auto: false,
             cpu_tier_threads: 0,
+            prompt_cpu_experts: None,
             expert_slots: false,
             slot_interval: 64,
             mmq_max_rows: 0,
@@ -241,6 +249,10 @@ impl CudaTuning {
             cpu_experts: number("FERROLM_CUDA_CPU_EXPERTS").unwrap_or(d.cpu_experts),
             cpu_experts_auto: std::env::var("FERROLM_CUDA_CPU_EXPERTS").is_ok_and(|v| v == "auto"),
             cpu_tier_threads: number("FERROLM_CUDA_CPU_TIER_THREADS").unwrap_or(d.cpu_tier_threads),
+            prompt_cpu_experts: match std::env::var("FERROLM_CUDA_PROMPT_CPU_EXPERTS") {
+                Ok(v) if v != "auto" => v.parse().ok().or(d.prompt_cpu_experts),
+                _ => d.prompt_cpu_experts,
+            },
             expert_slots: !unset("FERROLM_CUDA_EXPERT_SLOTS"),
             slot_interval: number("FERROLM_CUDA_SLOT_INTERVAL").unwrap_or(d.slot_interval),
             mmq_max_rows: number("FERROLM_CUDA_MMQ_MAX_ROWS").unwrap_or(d.mmq_max_rows),

@@ -832,3 +832,60 @@ fn a_prompt_longer_than_a_batch_goes_in_batches() {
     let what = format!("a prompt of {} in batches of {MAX_BATCH}", seq.len());
     distance(&what, &cpu_logits(&model, &seq), &logits, plan.n_vocab, &[]).assert_close();
 }
+
+/// The CPU tier in prompt batches (`cpu_prompt.rs`): in each layer of experts, the groups of
+/// the last experts computed on the CPU for the tokens that chose them (their rows copied into
+/// the grouped outputs), the others by the emulated GPU; the prompt's logits against the CPU
+/// model's as without the share, with one expert, half of them and all of them on the CPU, and
+/// with the count adapted, on qwen3moe, qwen2moe (a gated shared expert), Mixtral-style llama,
+/// qwen35moe (a hybrid) and gpt-oss (the experts' biases, MXFP4).
+#[test]
+fn prompt_batches_share_their_expert_groups_with_the_cpu() {
+    use ferrolm_cuda::cpu_prompt::PromptCpuShare;
+    let tuning = CudaTuning {
+        // (host-memory stacks are not kept as f16 copies: each batch dequantizes the GPU's)
+        f16_experts: false,
+        ..host_tuning()
+    };
+    let moe_files = files().into_iter().filter(|(_, s)| s.n_expert > 0).chain(
+        hybrid_and_gpt_oss_files()
+            .into_iter()
+            .filter(|(n, _)| ["qwen35moe", "gpt-oss"].contains(n))
+            .map(|(n, s)| (n.to_string(), s)),
+    );
+    for (name, spec) in moe_files {
+        let ne = spec.n_expert;
+        for (count, adapt) in [(1, false), (ne / 2, false), (ne, false), (ne / 2, true)] {
+            let (file, model, plan) = load(&spec, &tuning);
+            let dev = HostDevice::new(&file, &plan, 2);
+            let at = dev.addresses(1);
+            let mut prefill = Prefill::on(dev, &plan, &tuning).unwrap();
+            let layers: Vec<usize> = (0..plan.layers.len())
+                .filter(|&l| plan.layers[l].moe.is_some())
+                .collect();
+            let k = plan.layers[layers[0]].moe.as_ref().unwrap().n_used;
+            let experts = model.host_experts(&layers).unwrap();
+            let share =
+                PromptCpuShare::new(experts, &layers, plan.layers.len(), 2, count, adapt).unwrap();
+            prefill.set_cpu_share(share);
+            let seq = ids(1, 60);
+            let logits = prefill.eval(&plan, &at, &seq, 0, true, true).unwrap();
+            let ties = near_ties(&prefill);
+            let what = format!("{name}, {count} of {ne} experts on the CPU (adapted: {adapt})");
+            let cpu = cpu_logits(&model, &seq);
+            distance(&what, &cpu, &logits, plan.n_vocab, &ties).assert_close();
+            let (on_cpu, on_gpu) = prefill.cpu_share_rows().unwrap();
+            assert_eq!(
+                on_cpu + on_gpu,
+                (layers.len() * seq.len() * k) as u64,
+                "{what}: every pair of every layer on one side"
+            );
+            assert!(on_cpu > 0, "{what}: the CPU computed none");
+            assert_eq!(
+                on_gpu == 0,
+                count == ne && !adapt,
+                "{what}: {on_gpu} on the GPU"
+            );
+        }
+    }
+}

@@ -9,7 +9,8 @@ use std::sync::Arc;
 use ferrolm_gguf::GgufFile;
 use ferrolm_threads::ThreadPool;
 
-use crate::cpu::forward::{activate, add_bias};
+use crate::cpu::buffers::Buffers;
+use crate::cpu::forward::{activate, add_bias, gated_ffn, ExpertBias};
 use crate::cpu::matmul::{matmul_group, QuantizedRows, SharedInput};
 use crate::plan::{Activation, Ffn};
 use crate::weights::{FfnWeights, Matrix};
@@ -95,6 +96,72 @@ impl HostExperts {
         self.d
     }
 
+    /// Layer `l`'s experts, or an error naming it.
+    fn layer(&self, l: usize) -> Result<&LayerExperts> {
+        match self.layers.get(l) {
+            Some(Some(le)) => Ok(le),
+            _ => Err(ModelError::HostExperts(format!(
+                "layer {l}'s experts are not here"
+            ))),
+        }
+    }
+
+    /// Experts of layer `l` over rows of a batch, as a prompt's grouped products take them:
+    /// for each `(e, rows)` of `groups`, expert `e`'s outputs (its biases added, not its
+    /// routing weight) of the inputs `x[rows]` (row `r` at `x[r * d..]`) into `out[rows]`.
+    /// Each expert's matrices are read once for all its rows, by the CPU forward pass's
+    /// batched products (`gated_ffn`), so each row is the bits the CPU pass gives it in a
+    /// batch of those rows.
+    pub fn grouped(
+        &self,
+        pool: &ThreadPool,
+        l: usize,
+        groups: &[(u32, std::ops::Range<usize>)],
+        x: &[f32],
+        out: &mut [f32],
+    ) -> Result<()> {
+        let (d, le) = (self.d, self.layer(l)?);
+        let ne = le.gate.len();
+        let file = self.file.file_bytes();
+        let (mut input, mut floats) = (SharedInput::default(), Buffers::default());
+        for (e, rows) in groups {
+            let e = *e as usize;
+            if e >= ne {
+                return Err(ModelError::HostExperts(format!(
+                    "expert {e} of layer {l}, which has {ne}"
+                )));
+            }
+            let span = rows.start * d..rows.end * d;
+            if rows.is_empty() || span.end > x.len() || span.end > out.len() {
+                return Err(ModelError::HostExperts(format!(
+                    "rows {rows:?} of expert {e} of layer {l}, past the {} inputs or {} \
+                     outputs",
+                    x.len() / d,
+                    out.len() / d
+                )));
+            }
+            let bias =
+                |i: usize, len: usize| le.biases[i].as_deref().map(|b| &b[e * len..(e + 1) * len]);
+            let y = gated_ffn(
+                pool,
+                file,
+                (&mut input, &mut floats),
+                (&x[span.clone()], rows.len(), d),
+                (le.n_ff, le.activation),
+                (&le.gate[e], &le.up[e], &le.down[e]),
+                ExpertBias {
+                    gate: bias(0, le.n_ff),
+                    up: bias(1, le.n_ff),
+                    down: bias(2, d),
+                },
+                None,
+            );
+            out[span].copy_from_slice(&y);
+            floats.give(y);
+        }
+        Ok(())
+    }
+
     /// Whether layer `l`'s experts are here.
     pub fn has_layer(&self, l: usize) -> bool {
         self.layers.get(l).is_some_and(Option::is_some)
@@ -112,12 +179,7 @@ impl HostExperts {
         x: &[f32],
         out: &mut [f32],
     ) -> Result<()> {
-        let d = self.d;
-        let Some(Some(le)) = self.layers.get(l) else {
-            return Err(ModelError::HostExperts(format!(
-                "layer {l}'s experts are not here"
-            )));
-        };
+        let (d, le) = (self.d, self.layer(l)?);
         let ne = le.gate.len();
         if let Some(&e) = ids.iter().find(|&&e| e as usize >= ne) {
             return Err(ModelError::HostExperts(format!(

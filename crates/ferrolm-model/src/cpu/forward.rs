@@ -33,7 +33,7 @@ pub enum Logits {
 /// Where a forward pass writes its intermediate tensors (`Model::set_dump_dir`; `None`: off),
 /// a developer's tool for comparing with llama.cpp's eval callback tensor by tensor.
 #[derive(Clone, Copy)]
-struct Dump<'a>(Option<&'a std::path::Path>);
+pub(crate) struct Dump<'a>(Option<&'a std::path::Path>);
 
 impl Dump<'_> {
     fn of(model: &Model) -> Dump<'_> {
@@ -512,7 +512,7 @@ fn split_query_gate(q: &[f32], hd: usize) -> (Vec<f32>, Vec<f32>) {
 /// the input quantized once for gate and up, the intermediates in reused buffers. With a
 /// layer, its intermediates are dumped under llama.cpp's names.
 #[allow(clippy::type_complexity, clippy::too_many_arguments)] // (gate, up, down), (rows, count, width): named by position; the biases beside them
-fn gated_ffn(
+pub(crate) fn gated_ffn(
     pool: &ThreadPool,
     file: &[u8],
     (input, floats): (&mut SharedInput, &mut Buffers),
@@ -561,10 +561,10 @@ fn gated_ffn(
 
 /// The biases of one expert's gate, up and down projections (gpt-oss), where it has them.
 #[derive(Clone, Copy, Default)]
-struct ExpertBias<'a> {
-    gate: Option<&'a [f32]>,
-    up: Option<&'a [f32]>,
-    down: Option<&'a [f32]>,
+pub(crate) struct ExpertBias<'a> {
+    pub gate: Option<&'a [f32]>,
+    pub up: Option<&'a [f32]>,
+    pub down: Option<&'a [f32]>,
 }
 
 impl<'a> ExpertBias<'a> {
