@@ -12,7 +12,7 @@
 //! thread answers layer after layer, step after step; prompt batches (the batched passes) read
 //! every expert over the bus and do not involve it.
 
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -304,6 +304,8 @@ fn ids_of(c: usize, ne: usize) -> Vec<u32> {
 struct Shared {
     stop: AtomicBool,
     failure: Mutex<Option<String>>,
+    /// Selections (one token's expert in one layer) answered.
+    selections: AtomicU64,
 }
 
 /// The thread that answers the decode step's requests, and the exchange it answers in.
@@ -341,6 +343,7 @@ impl CpuTier {
         let shared = Arc::new(Shared {
             stop: AtomicBool::new(false),
             failure: Mutex::new(None),
+            selections: AtomicU64::new(0),
         });
         let (t, s, at) = (tier.clone(), shared.clone(), host as usize);
         let thread = std::thread::Builder::new()
@@ -360,6 +363,11 @@ impl CpuTier {
         if let Some(t) = &self.thread {
             t.thread().unpark();
         }
+    }
+
+    /// Selections (one token's expert in one layer) computed so far.
+    pub(crate) fn selections(&self) -> u64 {
+        self.shared.selections.load(Ordering::Relaxed)
     }
 
     /// What went wrong in a step served so far: the worker's failure, or a step whose wait
@@ -482,6 +490,7 @@ fn serve(experts: &HostExperts, pool: &ThreadPool, tier: &CpuExperts, host: usiz
                 flag(at, 1).store(want, Ordering::Release);
             }
             answered[i] = want;
+            s.selections.fetch_add(c as u64, Ordering::Relaxed);
         }
     }
 }
@@ -578,6 +587,7 @@ mod tests {
             }
         }
         assert_eq!(worker.failure(), None);
+        assert_eq!(worker.selections(), (3 * tier.layers.len() * c) as u64);
         // A step the device gave up waiting for is reported, naming its layer.
         // SAFETY: as above.
         unsafe { flag(host as usize + tier.stride, 2).store(4, Ordering::Release) };

@@ -1323,6 +1323,11 @@ impl CudaModel {
             return None;
         }
         let t = crate::tiers::traffic(&self.plan, &self.tiers, counts);
+        let on_cpu = self.cpu_tier.as_ref().and_then(|h| h.worker.as_ref());
+        let cpu_selections = on_cpu.map_or(0, CpuTier::selections)
+            + (self.prefill.as_ref())
+                .and_then(Prefill::cpu_share_rows)
+                .map_or(0, |(cpu, _)| cpu);
         // (the slot cache's hits and misses, where it has them: up to its last choice)
         if let Some(slots) = &self.expert_slots {
             let (hits, misses, slot_bytes, one) = slots.usage();
@@ -1331,6 +1336,7 @@ impl CudaModel {
                 host_expert_bytes,
                 device_selections: hits,
                 host_selections: misses,
+                cpu_selections,
                 host_bytes: misses * one,
             });
         }
@@ -1339,6 +1345,7 @@ impl CudaModel {
             host_expert_bytes,
             device_selections: t.device,
             host_selections: t.host,
+            cpu_selections,
             host_bytes: t.host_bytes,
         })
     }

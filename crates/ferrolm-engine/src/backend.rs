@@ -168,6 +168,9 @@ pub struct ExpertTierStats {
     pub device_selections: u64,
     /// Selections that read rows in host memory.
     pub host_selections: u64,
+    /// Of those, the selections the CPU computed (the CPU tier: decode steps' last experts
+    /// and prompt batches' groups of the last experts), reading host memory, not the bus.
+    pub cpu_selections: u64,
     /// Bytes of host-memory rows those selections read (each selection's; a prompt batch
     /// reads a shared expert's rows once for its tokens, so the bus moves at most this).
     pub host_bytes: u64,

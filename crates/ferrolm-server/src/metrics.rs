@@ -312,6 +312,12 @@ impl Metrics {
                         st.host_selections,
                     ),
                     (
+                        "ferrolm_expert_cpu_selections_total",
+                        "counter",
+                        "Of the host-memory selections, those computed on the CPU.",
+                        st.cpu_selections,
+                    ),
+                    (
                         "ferrolm_expert_host_read_bytes_total",
                         "counter",
                         "Bytes of host-memory expert rows the selections read.",
@@ -382,6 +388,7 @@ mod tests {
             host_expert_bytes: 9000,
             device_selections: 4,
             host_selections: 12,
+            cpu_selections: 5,
             host_bytes: 6000,
         }));
         let text = m.render();
@@ -390,6 +397,7 @@ mod tests {
             "ferrolm_expert_host_bytes 9000",
             "ferrolm_expert_device_selections_total 4",
             "ferrolm_expert_host_selections_total 12",
+            "ferrolm_expert_cpu_selections_total 5",
             "ferrolm_expert_host_read_bytes_total 6000",
             "# TYPE ferrolm_expert_host_selections_total counter",
             "# TYPE ferrolm_expert_host_bytes gauge",

@@ -45,11 +45,12 @@ pub fn expert_cache_json(st: &ExpertCacheStats) -> serde_json::Value {
 pub fn expert_tier_line(st: &ExpertTierStats) -> String {
     let mb = |b: u64| b as f64 / (1u64 << 20) as f64;
     format!(
-        "ferrolm: expert tiers ({:.1} MB in device memory, {:.1} MB in host memory): {} selections from the device, {} from host memory ({:.1}% on the device), {:.1} MB of host rows read",
+        "ferrolm: expert tiers ({:.1} MB in device memory, {:.1} MB in host memory): {} selections from the device, {} from host memory ({} of them computed on the CPU; {:.1}% on the device), {:.1} MB of host rows read",
         mb(st.device_expert_bytes),
         mb(st.host_expert_bytes),
         st.device_selections,
         st.host_selections,
+        st.cpu_selections,
         100.0 * st.device_share(),
         mb(st.host_bytes),
     )
@@ -62,6 +63,7 @@ pub fn expert_tier_json(st: &ExpertTierStats) -> serde_json::Value {
         "host_expert_bytes": st.host_expert_bytes,
         "device_selections": st.device_selections,
         "host_selections": st.host_selections,
+        "cpu_selections": st.cpu_selections,
         "device_share": st.device_share(),
         "host_bytes": st.host_bytes,
     })
