@@ -2,7 +2,8 @@
 //! tier, which under a GPU memory budget has the CPU compute some of the experts whose
 //! weights stay in host memory while the GPU reads the others over the bus
 //! (docs/EXPERT_STREAMING.md). The products are the CPU forward pass's own (`gated_ffn`'s
-//! quantization, dot kernels and activations), over the same mapped bytes.
+//! quantization, dot kernels and activations), over the same bytes: mapped, or read from the
+//! file through the model's expert cache when its experts are streamed.
 
 use std::sync::Arc;
 
@@ -12,6 +13,7 @@ use ferrolm_threads::ThreadPool;
 use crate::cpu::buffers::Buffers;
 use crate::cpu::forward::{activate, add_bias, gated_ffn, ExpertBias};
 use crate::cpu::matmul::{matmul_group, QuantizedRows, SharedInput};
+use crate::experts::{ExpertStore, ExpertView};
 use crate::plan::{Activation, Ffn};
 use crate::weights::{FfnWeights, Matrix};
 use crate::{Model, ModelError, Result};
@@ -27,25 +29,38 @@ struct LayerExperts {
     biases: [Option<Vec<f32>>; 3],
 }
 
+impl LayerExperts {
+    /// Expert `e`'s rows of the layer's biases, where it has them.
+    fn bias(&self, e: usize, d: usize) -> ExpertBias<'_> {
+        let row = |i: usize, len: usize| {
+            self.biases[i]
+                .as_deref()
+                .map(|b| &b[e * len..(e + 1) * len])
+        };
+        ExpertBias {
+            gate: row(0, self.n_ff),
+            up: row(1, self.n_ff),
+            down: row(2, d),
+        }
+    }
+}
+
 /// Some layers' experts, owned (the file shared), for computing chosen experts' outputs on
 /// a thread of another executor.
 pub struct HostExperts {
     file: Arc<GgufFile>,
+    /// Where the experts' bytes come from: the mapping, or the model's streamed cache.
+    store: Arc<ExpertStore>,
     /// Per layer of the model: its experts, where asked for.
     layers: Vec<Option<LayerExperts>>,
     d: usize,
 }
 
 impl Model {
-    /// The experts of `layers` for [`HostExperts::outputs`]. Errors when a layer is not a
-    /// mixture of experts, or when the experts are streamed from the file (they are read
-    /// through the mapping here, which streaming keeps them out of).
+    /// The experts of `layers` for [`HostExperts::outputs`] and [`HostExperts::grouped`],
+    /// read as the model reads them (mapped, or streamed through its cache, which they
+    /// share). Errors when a layer is not a mixture of experts.
     pub fn host_experts(&self, layers: &[usize]) -> Result<HostExperts> {
-        if self.expert_cache_stats().is_some() {
-            return Err(ModelError::HostExperts(
-                "experts computed for another executor need them mapped, not streamed".into(),
-            ));
-        }
         let mut out: Vec<Option<LayerExperts>> =
             (0..self.plan.layers.len()).map(|_| None).collect();
         for &l in layers {
@@ -84,6 +99,7 @@ impl Model {
         }
         Ok(HostExperts {
             file: self.file.clone(),
+            store: self.experts.clone(),
             layers: out,
             d: self.plan.n_embd,
         })
@@ -122,8 +138,6 @@ impl HostExperts {
     ) -> Result<()> {
         let (d, le) = (self.d, self.layer(l)?);
         let ne = le.gate.len();
-        let file = self.file.file_bytes();
-        let (mut input, mut floats) = (SharedInput::default(), Buffers::default());
         for (e, rows) in groups {
             let e = *e as usize;
             if e >= ne {
@@ -140,26 +154,41 @@ impl HostExperts {
                     out.len() / d
                 )));
             }
-            let bias =
-                |i: usize, len: usize| le.biases[i].as_deref().map(|b| &b[e * len..(e + 1) * len]);
+        }
+        let experts: Vec<usize> = groups.iter().map(|(e, _)| *e as usize).collect();
+        let rows_of = |e: usize| &groups[experts.iter().position(|&x| x == e).expect("asked")].1;
+        let (mut input, mut floats) = (SharedInput::default(), Buffers::default());
+        self.each_expert(pool, l, &experts, |e, view| {
+            let rows = rows_of(e);
+            let span = rows.start * d..rows.end * d;
             let y = gated_ffn(
                 pool,
-                file,
+                view.bytes(),
                 (&mut input, &mut floats),
                 (&x[span.clone()], rows.len(), d),
                 (le.n_ff, le.activation),
-                (&le.gate[e], &le.up[e], &le.down[e]),
-                ExpertBias {
-                    gate: bias(0, le.n_ff),
-                    up: bias(1, le.n_ff),
-                    down: bias(2, d),
-                },
+                (view.gate, view.up, view.down),
+                le.bias(e, d),
                 None,
             );
             out[span].copy_from_slice(&y);
             floats.give(y);
-        }
-        Ok(())
+        })
+    }
+
+    /// Calls `f` with each of `experts` (distinct) of layer `l` and its matrices, as the
+    /// model's store serves them (a streamed store reads the ones it does not hold).
+    fn each_expert(
+        &self,
+        pool: &ThreadPool,
+        l: usize,
+        experts: &[usize],
+        f: impl FnMut(usize, &ExpertView<'_>),
+    ) -> Result<()> {
+        let le = self.layer(l)?;
+        let mats = (&le.gate[..], &le.up[..], &le.down[..]);
+        self.store
+            .for_each_expert(pool, &self.file, l, mats, experts, f)
     }
 
     /// Whether layer `l`'s experts are here.
@@ -188,6 +217,9 @@ impl HostExperts {
         }
         assert_eq!(x.len(), d, "one input of the model's width");
         assert_eq!(out.len(), ids.len() * d, "an output row per expert");
+        if self.store.stats().is_some() {
+            return self.streamed_outputs(pool, l, ids, x, out);
+        }
         let (n_ff, k) = (le.n_ff, ids.len());
         let file = self.file.file_bytes();
         let mut input = SharedInput::default();
@@ -246,5 +278,39 @@ impl HostExperts {
             add_bias(&mut out[j * d..(j + 1) * d], bias(2, e, d));
         }
         Ok(())
+    }
+
+    /// [`HostExperts::outputs`] with the experts streamed: each expert as the CPU pass runs a
+    /// streamed expert (its own `gated_ffn` over the cache's bytes), read from the file where
+    /// the cache does not hold it.
+    fn streamed_outputs(
+        &self,
+        pool: &ThreadPool,
+        l: usize,
+        ids: &[u32],
+        x: &[f32],
+        out: &mut [f32],
+    ) -> Result<()> {
+        let (d, le) = (self.d, self.layer(l)?);
+        let mut distinct: Vec<usize> = ids.iter().map(|&e| e as usize).collect();
+        distinct.sort_unstable();
+        distinct.dedup();
+        let (mut input, mut floats) = (SharedInput::default(), Buffers::default());
+        self.each_expert(pool, l, &distinct, |e, view| {
+            let y = gated_ffn(
+                pool,
+                view.bytes(),
+                (&mut input, &mut floats),
+                (x, 1, d),
+                (le.n_ff, le.activation),
+                (view.gate, view.up, view.down),
+                le.bias(e, d),
+                None,
+            );
+            for (j, _) in ids.iter().enumerate().filter(|(_, &id)| id as usize == e) {
+                out[j * d..(j + 1) * d].copy_from_slice(&y);
+            }
+            floats.give(y);
+        })
     }
 }

@@ -37,7 +37,7 @@ pub struct Model {
     file: Arc<GgufFile>,
     pool: ferrolm_threads::ThreadPool,
     /// Where the experts' weights come from (mapped, or streamed through a cache).
-    experts: experts::ExpertStore,
+    experts: Arc<experts::ExpertStore>,
     /// Per layer, how many times each expert was selected (empty for dense layers).
     expert_counts: Vec<Vec<std::sync::atomic::AtomicU64>>,
     /// Where forward passes write their intermediate tensors ([`Model::set_dump_dir`]).
@@ -91,7 +91,7 @@ impl Model {
             weights,
             file,
             pool,
-            experts,
+            experts: Arc::new(experts),
             expert_counts,
             dump_dir: None,
         })

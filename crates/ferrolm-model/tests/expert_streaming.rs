@@ -278,3 +278,44 @@ fn concurrent_passes_through_a_tiny_cache_match_resident() {
     let st = streamed.expert_cache_stats().unwrap();
     assert!(st.misses > 0);
 }
+
+/// Experts computed for another executor (`HostExperts`, the CUDA backend's CPU tier) read a
+/// streamed model's experts through its cache: a token's chosen experts and a batch's groups
+/// give the resident model's bits, the cache reading the experts it does not hold.
+#[test]
+fn host_experts_of_a_streamed_model_give_the_resident_bits() {
+    let file = moe_file("host");
+    let (minimum, _) = minimum_cache(&file.0, 2);
+    let resident = load(&file.0, ExpertMode::Resident, 2);
+    let streamed = load(
+        &file.0,
+        ExpertMode::Streamed {
+            cache_bytes: minimum,
+        },
+        2,
+    );
+    let layers = [0, 2, 3];
+    let (want, got) = (
+        resident.host_experts(&layers).unwrap(),
+        streamed.host_experts(&layers).unwrap(),
+    );
+    let pool = ferrolm_threads::ThreadPool::new(2).unwrap();
+    let d = want.d();
+    let x: Vec<f32> = (0..6 * d).map(|i| ((i * 31) % 23) as f32 / 8.0 - 1.4).collect();
+    for &l in &layers {
+        // A token's chosen experts, one of them twice.
+        let ids = [3u32, 11, 3, 15];
+        let (mut a, mut b) = (vec![0f32; ids.len() * d], vec![1f32; ids.len() * d]);
+        want.outputs(&pool, l, &ids, &x[..d], &mut a).unwrap();
+        got.outputs(&pool, l, &ids, &x[..d], &mut b).unwrap();
+        assert_eq!(bits(&a), bits(&b), "layer {l}: one token's experts");
+        // Six rows in three groups.
+        let groups = [(1u32, 0..2), (7, 2..5), (12, 5..6)];
+        let (mut a, mut b) = (vec![0f32; 6 * d], vec![1f32; 6 * d]);
+        want.grouped(&pool, l, &groups, &x, &mut a).unwrap();
+        got.grouped(&pool, l, &groups, &x, &mut b).unwrap();
+        assert_eq!(bits(&a), bits(&b), "layer {l}: a batch's groups");
+    }
+    let st = streamed.expert_cache_stats().unwrap();
+    assert!(st.misses >= 6 && st.bytes_read > 0, "{st:?}");
+}
