@@ -66,9 +66,11 @@ impl DecodePlan {
     /// The plan with the CPU computing the last `per_layer` chosen experts of each of
     /// `layers` (mixtures of experts, in order): the routed experts' launches of those layers
     /// take the first `k - per_layer` slots, a `moe_cpu_publish` follows the routing and a
-    /// `moe_cpu_wait` precedes the weighted sum. Errors when a layer has no experts, when
-    /// `per_layer` leaves the GPU none (or exceeds [`MOST_PER_LAYER`]), or when the shared
-    /// expert runs in the routed experts' grid (`FERROLM_CUDA_SHARED_IN_GRID`).
+    /// `moe_cpu_wait` precedes the weighted sum. `per_layer` may be all of a layer's `k`
+    /// (experts streamed from the file, which only the CPU reads): the routed experts'
+    /// launches then go. Errors when a layer has no experts, when `per_layer` exceeds a
+    /// layer's `k` (or [`MOST_PER_LAYER`]), or when the shared expert runs in the routed
+    /// experts' grid (`FERROLM_CUDA_SHARED_IN_GRID`).
     pub fn with_cpu_experts(
         mut self,
         layers: &[usize],
@@ -97,18 +99,19 @@ impl DecodePlan {
             else {
                 return refuse(format!("layer {l} has no experts"));
             };
-            if per_layer >= k {
+            if per_layer > k {
                 return refuse(format!(
-                    "{per_layer} of layer {l}'s {k} chosen experts leave the GPU none"
+                    "{per_layer} of layer {l}'s {k} chosen experts, more than it chooses"
                 ));
             }
-            let (route, combine) = match self.moe_launches(l) {
+            let (route, mut combine) = match self.moe_launches(l) {
                 Ok(span) => span,
                 Err(what) => return refuse(what),
             };
             let n_ff = self.layers[l].moe.as_ref().map_or(0, |m| m.n_ff);
             let gated = [Buf::Gate, Buf::Up, Buf::Act].map(Arg::Buf);
-            for x in &mut self.launches[route + 1..combine] {
+            let mut gone = Vec::new();
+            for (j, x) in self.launches[route + 1..combine].iter_mut().enumerate() {
                 // (the activation between gate and up apart and the down products: over the
                 // GPU's experts' rows only)
                 if x.args.starts_with(&gated) && x.args.get(3) == Some(&Arg::I32((k * n_ff) as i32))
@@ -116,6 +119,9 @@ impl DecodePlan {
                     let n = (k - per_layer) * n_ff;
                     x.args[3] = Arg::I32(n as i32);
                     x.grid.0 = n.div_ceil(x.block as usize) as u32;
+                    if n == 0 {
+                        gone.push(route + 1 + j);
+                    }
                     continue;
                 }
                 // (the chosen ids, or the staged experts' `slots.rs`)
@@ -133,7 +139,15 @@ impl DecodePlan {
                     ));
                 }
                 x.grid.1 = (k - per_layer) as u32;
+                if per_layer == k {
+                    gone.push(route + 1 + j);
+                }
             }
+            // (a launch over no experts: none at all)
+            for &j in gone.iter().rev() {
+                self.launches.remove(j);
+            }
+            combine -= gone.len();
             let offset = Arg::I64((i * stride) as i64);
             let (k, c, d, slot) = (k as i32, per_layer as i32, d as i32, i as i32);
             self.launches.insert(

@@ -264,6 +264,9 @@ fn mapped_pinned<T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits
 /// (an expert stack a `--gpu-memory` budget leaves no room for: `tiers.rs`).
 enum MatrixMemory {
     Device(CudaSlice<u8>),
+    /// Not on the device nor in its reach: experts streamed from the file, which only the
+    /// CPU tier reads.
+    Absent,
     Host {
         // Held for the mapping's lifetime.
         _pinned: cudarc::driver::PinnedHostSlice<u8>,
@@ -289,6 +292,7 @@ impl MatrixMemory {
         match self {
             MatrixMemory::Device(s) => s.device_ptr(stream).0,
             MatrixMemory::Host { device, .. } => *device,
+            MatrixMemory::Absent => 0,
         }
     }
 }
@@ -513,6 +517,17 @@ impl CudaModel {
         let fixed = caches + prefill::scratch_bytes(&dp);
         // Under a budget, the expert stacks it leaves no room for stay in host memory.
         // (with the slot cache, every stack there, and what is left as slots)
+        // Experts streamed from the file (the model larger than host memory): the stacks left
+        // in host memory are not copied there; the CPU computes every chosen expert of their
+        // layers, reading them through the model's expert cache.
+        let streamed = model.expert_cache_stats().is_some();
+        if streamed && tuning.expert_slots {
+            return Err(CudaError::Model(
+                "the expert slot cache copies experts from host memory, and this model's are \
+                 streamed from the file (--expert-cache): drop one"
+                    .into(),
+            ));
+        }
         let slot_room = match tuning.gpu_memory {
             Some(budget) if tuning.expert_slots => {
                 Some(crate::tiers::room_for_experts(&dp, fixed, budget)?)
@@ -521,6 +536,9 @@ impl CudaModel {
         };
         let tiers = match slot_room {
             Some(_) => crate::tiers::stacks_on_host(&dp),
+            None if streamed => {
+                crate::tiers::whole_layers(&dp, crate::tiers::place(&dp, fixed, tuning.gpu_memory)?)
+            }
             None => crate::tiers::place(&dp, fixed, tuning.gpu_memory)?,
         };
         let on_device: u64 = dp
@@ -533,6 +551,13 @@ impl CudaModel {
         let dp = dp.unstaged_where(|m| tiers[m] == Tier::Host);
         // The CPU's share of the chosen experts in the layers left wholly in host memory.
         let cpu_layers = crate::tiers::host_layers(&dp, &tiers);
+        if streamed && !cpu_layers.is_empty() && slots > 1 {
+            return Err(CudaError::Model(
+                "the experts are streamed from the file and some stay off the GPU, which the \
+                 batched step cannot read"
+                    .into(),
+            ));
+        }
         let slotted = if slot_room.is_some() {
             &cpu_layers[..]
         } else {
@@ -581,6 +606,8 @@ impl CudaModel {
                 Tier::Device => {
                     MatrixMemory::Device(stream.clone_htod(bytes).map_err(driver(&m.label))?)
                 }
+                // (read only by the CPU, through the model's cache)
+                Tier::Host if streamed => MatrixMemory::Absent,
                 Tier::Host => MatrixMemory::mapped(&ctx, bytes, &m.label)?,
             });
         }
@@ -594,8 +621,20 @@ impl CudaModel {
             .filter_map(|&l| dp.layers[l].moe.as_ref().map(|m| m.n_used))
             .min()
             .unwrap_or(0);
+        let most_used = (cpu_layers.iter())
+            .filter_map(|&l| dp.layers[l].moe.as_ref().map(|m| m.n_used))
+            .max()
+            .unwrap_or(0);
+        if streamed && most_used != fewest_used {
+            return Err(CudaError::Model(format!(
+                "streamed experts: the layers off the GPU choose {fewest_used} to {most_used} \
+                 experts, and the CPU computes them all with one count"
+            )));
+        }
         let mut cpu_per_layer = tuning.cpu_experts;
-        if let (true, Some(&l)) = (tuning.cpu_experts_auto, cpu_layers.first()) {
+        if streamed {
+            cpu_per_layer = fewest_used;
+        } else if let (true, Some(&l)) = (tuning.cpu_experts_auto, cpu_layers.first()) {
             let moe = dp.layers[l].moe.as_ref().expect("a layer of experts");
             let stacks = moe.experts.map(|m| matrices[m].address(&stream));
             let experts = model
@@ -612,7 +651,11 @@ impl CudaModel {
             )?;
             cpu_per_layer = chosen.unwrap_or(cpu_per_layer);
         }
-        let cpu_per_layer = cpu_per_layer.min(fewest_used.saturating_sub(1));
+        let cpu_per_layer = if streamed {
+            cpu_per_layer
+        } else {
+            cpu_per_layer.min(fewest_used.saturating_sub(1))
+        };
         let dp = dp.with_cpu_experts(&cpu_layers, cpu_per_layer)?;
         let mut vectors = Vec::with_capacity(dp.vectors.len());
         for v in &dp.vectors {
@@ -729,6 +772,8 @@ impl CudaModel {
                 .min()
                 .unwrap_or(0);
             let (count, adapt) = match tuning.prompt_cpu_experts {
+                // (streamed: the CPU alone reads those layers' experts)
+                _ if streamed => (usize::MAX, false),
                 Some(c) => (c, false),
                 None => (fewest_experts * 3 / 8, true),
             };

@@ -80,6 +80,20 @@ pub fn stacks_on_host(p: &DecodePlan) -> Vec<Tier> {
         .collect()
 }
 
+/// `tiers` with every layer's expert stacks in one tier: a layer with any stack in host
+/// memory has all of them there (experts streamed from the file, whose CPU tier computes a
+/// layer's chosen experts whole).
+pub fn whole_layers(p: &DecodePlan, mut tiers: Vec<Tier>) -> Vec<Tier> {
+    for r in &p.layers {
+        if let Some(m) = &r.moe {
+            if m.experts.iter().any(|&s| tiers[s] == Tier::Host) {
+                m.experts.iter().for_each(|&s| tiers[s] = Tier::Host);
+            }
+        }
+    }
+    tiers
+}
+
 /// The mixture-of-experts layers whose gate, up and down stacks all stay in host memory:
 /// those whose chosen experts the CPU tier may share ([`crate::cpu_tier`]).
 pub fn host_layers(p: &DecodePlan, tiers: &[Tier]) -> Vec<usize> {
@@ -242,5 +256,24 @@ mod tests {
         assert!(e.contains("budget of 4000 bytes"), "{e}");
         assert!(e.contains("5000 of caches and buffers"), "{e}");
         assert!(e.contains("more are needed"), "{e}");
+    }
+
+    #[test]
+    fn a_layer_with_a_stack_on_the_host_goes_there_whole() {
+        let pl = crate::schedule::tests::moe_plan();
+        let dp = decode_plan(&pl, &all(&pl, TensorType::Q8_0), 64).unwrap();
+        let moe: Vec<[usize; 3]> = (dp.layers.iter())
+            .filter_map(|r| r.moe.as_ref().map(|m| m.experts))
+            .collect();
+        assert!(!moe.is_empty());
+        let mut tiers = vec![Tier::Device; dp.matrices.len()];
+        assert_eq!(whole_layers(&dp, tiers.clone()), tiers);
+        tiers[moe[0][2]] = Tier::Host;
+        let whole = whole_layers(&dp, tiers.clone());
+        assert!(moe[0].iter().all(|&s| whole[s] == Tier::Host));
+        // (nothing else moves)
+        let moved = (0..tiers.len()).filter(|&m| tiers[m] != whole[m]).count();
+        assert_eq!(moved, 2);
+        assert_eq!(host_layers(&dp, &whole).len(), 1);
     }
 }

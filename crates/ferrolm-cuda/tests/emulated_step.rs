@@ -957,6 +957,18 @@ fn emulate_tiers(
 ) -> (Vec<f32>, Vec<f32>, Vec<String>) {
     let file = Arc::new(GgufFile::from_bytes(synthetic::build(spec).unwrap().to_bytes()).unwrap());
     let model = Model::from_file(file.clone(), 1).unwrap();
+    emulate_model(&model, tuning, ids, staged, cpu_experts)
+}
+
+/// [`emulate_tiers`] on a loaded model (its experts resident or streamed).
+fn emulate_model(
+    model: &Model,
+    tuning: &CudaTuning,
+    ids: &[u32],
+    staged: bool,
+    cpu_experts: usize,
+) -> (Vec<f32>, Vec<f32>, Vec<String>) {
+    let file = model.file();
     let n_layer = model.plan().layers.len();
     let plan = decode_plan_with(
         model.plan(),
@@ -972,6 +984,10 @@ fn emulate_tiers(
     let slotted = if staged { &moe_layers[..] } else { &[] };
     let plan = plan.with_expert_slots(slotted).unwrap();
     let plan = plan.with_cpu_experts(&moe_layers, cpu_experts).unwrap();
+    // (a launch over an empty grid is an error on a GPU)
+    for x in &plan.launches {
+        assert!(x.grid.0 > 0 && x.grid.1 > 0, "{} over no blocks", x.kernel);
+    }
     let mut e = Emulator::new(&file, &plan);
     if let Some(tier) = &plan.cpu_experts {
         e.host_experts = Some(model.host_experts(&tier.layers).unwrap());
@@ -1209,6 +1225,26 @@ fn experts_on_the_cpu_tier_compute_what_the_cpu_computes() {
             assert_eq!(n, moe_layers, "{}: {k} in {kernels:?}", spec.arch);
         }
         assert_eq!(kernels.len(), plain.len() + 2 * moe_layers, "{}", spec.arch);
+        // Every chosen expert on the CPU (experts streamed from the file): no routed expert
+        // product left on the GPU, the CPU's logits still.
+        let k = spec.n_expert_used;
+        let (gpu, cpu, kernels) = emulate_tiers(spec, &tuning, &ids(9), false, k);
+        let kl = mean_kl(&cpu, &gpu, cpu.len() / 9);
+        assert!(
+            kl < 1e-3,
+            "{}, all {k} on the CPU: mean KL {kl:.3e}",
+            spec.arch
+        );
+        assert!(
+            !kernels.iter().any(|x| x.starts_with("moe_matvec")
+                || x.starts_with("moe_add_bias")
+                || x.starts_with("moe_glu")),
+            "{}: {kernels:?}",
+            spec.arch
+        );
+        assert!(kernels
+            .iter()
+            .any(|x| x == "moe_combine" || x.starts_with("moe_combine")));
     }
     // (one type throughout: the shared expert rides in the routed experts' grid)
     qwen2.default_type = TensorType::Q4_0;
@@ -1231,8 +1267,47 @@ fn experts_on_the_cpu_tier_compute_what_the_cpu_computes() {
     assert!(e.contains("the shared expert"), "{e}");
     let e = refusal(plan_of(&tuning), 64);
     assert!(e.contains("past the 60"), "{e}");
-    let e = refusal(plan_of(&tuning), 2);
-    assert!(e.contains("leave the GPU none"), "{e}");
+    let e = refusal(plan_of(&tuning), 3);
+    assert!(e.contains("more than it chooses"), "{e}");
+}
+
+/// A model larger than host memory (its experts streamed from the file through a small
+/// cache): the layers the budget leaves off the GPU have the CPU compute every chosen expert,
+/// read through the model's cache, and the GPU none (`moe_cpu_publish` and `moe_cpu_wait`
+/// around no routed products): the CPU's logits, on Qwen3-30B-A3B's layout, gpt-oss and
+/// qwen2moe, the cache reading experts from the file.
+#[test]
+fn experts_streamed_from_the_file_feed_the_cpu_tier() {
+    use ferrolm_model::{ExpertMode, LoadOptions};
+    for spec in tier_files() {
+        let path = std::env::temp_dir().join(format!(
+            "ferrolm-streamed-tier-{}-{}.gguf",
+            spec.arch,
+            std::process::id()
+        ));
+        synthetic::write(&spec, &path).unwrap();
+        let options = LoadOptions {
+            threads: 1,
+            experts: ExpertMode::Streamed {
+                cache_bytes: 4 << 20,
+            },
+            ..Default::default()
+        };
+        let model = Model::load_with(&path, &options).unwrap();
+        let k = spec.n_expert_used;
+        let (gpu, cpu, kernels) = emulate_model(&model, &CudaTuning::default(), &ids(9), false, k);
+        let kl = mean_kl(&cpu, &gpu, cpu.len() / 9);
+        assert!(kl < 1e-3, "{}: mean KL {kl:.3e}", spec.arch);
+        let waits = kernels.iter().filter(|&x| x == "moe_cpu_wait").count();
+        assert_eq!(waits, spec.n_layer, "{}", spec.arch);
+        assert!(
+            !kernels.iter().any(|x| x.starts_with("moe_matvec")),
+            "{kernels:?}"
+        );
+        let st = model.expert_cache_stats().unwrap();
+        assert!(st.misses > 0 && st.bytes_read > 0, "{}: {st:?}", spec.arch);
+        std::fs::remove_file(&path).unwrap();
+    }
 }
 
 /// The expert slot cache (`FERROLM_CUDA_EXPERT_SLOTS`): each chosen expert's rows staged

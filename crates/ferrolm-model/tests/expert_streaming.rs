@@ -301,7 +301,9 @@ fn host_experts_of_a_streamed_model_give_the_resident_bits() {
     );
     let pool = ferrolm_threads::ThreadPool::new(2).unwrap();
     let d = want.d();
-    let x: Vec<f32> = (0..6 * d).map(|i| ((i * 31) % 23) as f32 / 8.0 - 1.4).collect();
+    let x: Vec<f32> = (0..6 * d)
+        .map(|i| ((i * 31) % 23) as f32 / 8.0 - 1.4)
+        .collect();
     for &l in &layers {
         // A token's chosen experts, one of them twice.
         let ids = [3u32, 11, 3, 15];

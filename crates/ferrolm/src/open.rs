@@ -109,14 +109,6 @@ pub fn open_backend<'m>(
     let Device::Cuda(ordinal) = device else {
         return Ok(cpu(None));
     };
-    if model.expert_cache_stats().is_some() {
-        // The CUDA path uploads every weight from the mapping, experts included.
-        let why = "streamed experts run on the CPU only";
-        if explicit {
-            bail!("--device {device}: {why}; drop --expert-cache or --device");
-        }
-        return Ok(cpu(Some(why.into())));
-    }
     if options.gpu_layers == Some(0) {
         return Ok(cpu(Some("--gpu-layers 0".into())));
     }
