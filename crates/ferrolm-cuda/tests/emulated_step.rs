@@ -988,7 +988,7 @@ fn emulate_model(
     for x in &plan.launches {
         assert!(x.grid.0 > 0 && x.grid.1 > 0, "{} over no blocks", x.kernel);
     }
-    let mut e = Emulator::new(&file, &plan);
+    let mut e = Emulator::new(file, &plan);
     if let Some(tier) = &plan.cpu_experts {
         e.host_experts = Some(model.host_experts(&tier.layers).unwrap());
     }
