@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# One device call (the carry of gpu-pending.sh; about 6 min on a machine gpu-pending.sh or
+# gpu-cpu-tier.sh warmed, else it makes the file first): issue 24's prompts under a budget and
+# experts streamed from the file. The 48-layer Qwen3-30B-A3B-shaped file under
+# `--gpu-memory 6`: pp512 with the CPU tier in prompt batches off (`PROMPT_CPU_EXPERTS=0`, the
+# bus alone), adapted (the default) and fixed at 32, 48, 64 and 80 of the 128 experts, with the
+# selections the CPU computed (`--expert-stats`); then the model loaded with its experts
+# streamed (`--expert-cache 4096`, the CPU computing every expert of the layers off the GPU)
+# pp512 and tg64; cuda-check of a 512-token prompt and decode steps in both; llama.cpp's pp512
+# with `-ncmoe 36` (its best under 6 GB) in the same sitting. Everything lands in
+# $OUT/moe-prompts.txt.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+LOG=${OUT:-/tmp}/moe-prompts.txt
+source scripts/gpu-call.sh
+[ -f $W/moe30.gguf ] || PYTHONPATH=.bench/llama.cpp/gguf-py python3 .bench/make_moe.py \
+  qwen3-30b-a3b $W/moe30.gguf > /tmp/moe30.out 2>&1
+G="--gpu-memory 6"; PE=FERROLM_CUDA_PROMPT_CPU_EXPERTS
+for v in "$PE=0" "$PE=auto" "$PE=32" "$PE=48" "$PE=64" "$PE=80" "$PE=auto"; do
+  say "== moe30 $G pp512, $v ($(el) s)"
+  env $v timeout 100 $B bench -m $W/moe30.gguf --device cuda $G -t 16 -p 512 -n 0 -r 2 2>&1 |
+    grep -E 'pp512|rror|anic' | tee -a $LOG
+done
+say "== moe30 $G run --expert-stats, a 512-token prompt ($(el) s)"
+timeout 100 $B run -m $W/moe30.gguf --device cuda $G -t 16 --expert-stats -n 4 --temp 0 \
+  -p "$(python3 -c 'print(" ".join(["tiers"] * 500))')" 2>&1 | grep -E 'expert tiers|rror|anic' |
+  tee -a $LOG
+S="--expert-cache 4096"
+say "== moe30 $G $S (streamed) pp512 and tg64 ($(el) s)"
+timeout 150 $B bench -m $W/moe30.gguf --device cuda $G $S -t 16 -p 512 -n 64 -r 1 2>&1 |
+  grep -E 'pp512|tg64|stream|rror|anic' | tee -a $LOG
+for s in "" "$S"; do
+  say "== moe30 $G $s cuda-check -p 512 ($(el) s)"
+  timeout 150 $B cuda-check -m $W/moe30.gguf $G $s -t 16 -p 512 -n 8 2>&1 |
+    grep -E 'decode steps|prompt batch|rror|anic' | tee -a $LOG
+done
+while [ ! -x $L/llama-bench ] && [ $(el) -lt 420 ]; do sleep 5; done
+if [ -x $L/llama-bench ]; then
+  say "== llama.cpp -ncmoe 36 pp512 ($(el) s)"
+  timeout 150 $L/llama-bench -m $W/moe30.gguf -ngl 99 -fa 1 -ncmoe 36 -t 16 -p 512 -n 0 -r 2 2>&1 |
+    grep -E '^\|' | tee -a $LOG
+fi
+say "total $(el) s"
