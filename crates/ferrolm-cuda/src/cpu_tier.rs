@@ -36,8 +36,9 @@ pub const MOST_PER_LAYER: usize = (EXCHANGE_INPUT_AT - EXCHANGE_IDS_AT) / 4;
 pub struct CpuExperts {
     /// The layers, in order.
     pub layers: Vec<usize>,
-    /// Of each token's chosen experts in those layers, how many (the last) the CPU computes.
-    pub per_layer: usize,
+    /// Of each token's chosen experts in each of those layers, how many (the last) the CPU
+    /// computes.
+    pub counts: Vec<usize>,
     /// Bytes of one layer's part of [`Buf::CpuExchange`].
     pub stride: usize,
 }
@@ -72,25 +73,36 @@ impl DecodePlan {
     /// layer's `k` (or [`MOST_PER_LAYER`]), or when the shared expert runs in the routed
     /// experts' grid (`FERROLM_CUDA_SHARED_IN_GRID`).
     pub fn with_cpu_experts(
-        mut self,
+        self,
         layers: &[usize],
         per_layer: usize,
     ) -> Result<DecodePlan, CudaError> {
+        let each: Vec<(usize, usize)> = layers.iter().map(|&l| (l, per_layer)).collect();
+        self.with_cpu_experts_each(&each)
+    }
+
+    /// [`DecodePlan::with_cpu_experts`] with a count of its own for each layer: `(layer,
+    /// count)` pairs in layer order, a count of 0 leaving its layer to the GPU.
+    pub fn with_cpu_experts_each(
+        mut self,
+        each: &[(usize, usize)],
+    ) -> Result<DecodePlan, CudaError> {
         let refuse = |what: String| Err(CudaError::Model(format!("the CPU tier: {what}")));
-        if layers.is_empty() || per_layer == 0 {
+        let each: Vec<(usize, usize)> = each.iter().copied().filter(|&(_, c)| c > 0).collect();
+        let Some(most) = each.iter().map(|&(_, c)| c).max() else {
             return Ok(self);
-        }
+        };
         if self.cpu_experts.is_some() {
             return refuse("the plan has one already".into());
         }
-        if per_layer > MOST_PER_LAYER {
+        if most > MOST_PER_LAYER {
             return refuse(format!(
-                "{per_layer} experts a layer, past the {MOST_PER_LAYER} it has room for"
+                "{most} experts a layer, past the {MOST_PER_LAYER} it has room for"
             ));
         }
         let d = self.n_embd;
-        let stride = (EXCHANGE_INPUT_AT + 4 * d * (1 + per_layer)).next_multiple_of(256);
-        for (i, &l) in layers.iter().enumerate() {
+        let stride = (EXCHANGE_INPUT_AT + 4 * d * (1 + most)).next_multiple_of(256);
+        for (i, &(l, per_layer)) in each.iter().enumerate() {
             let Some(k) = self
                 .layers
                 .get(l)
@@ -191,8 +203,8 @@ impl DecodePlan {
             );
         }
         self.cpu_experts = Some(CpuExperts {
-            layers: layers.to_vec(),
-            per_layer,
+            layers: each.iter().map(|&(l, _)| l).collect(),
+            counts: each.iter().map(|&(_, c)| c).collect(),
             stride,
         });
         Ok(self)
@@ -454,13 +466,16 @@ fn wait_for(f: &AtomicU32, want: u32, stop: &AtomicBool, idle: bool) -> bool {
 /// published. A failure is kept for the model to report and the step still answered (with
 /// zeros), so that the device never waits in vain.
 fn serve(experts: &HostExperts, pool: &ThreadPool, tier: &CpuExperts, host: usize, s: &Shared) {
-    let (c, d) = (tier.per_layer, experts.d());
+    let d = experts.d();
+    let most = tier.counts.iter().copied().max().unwrap_or(0);
     let mut answered = vec![0u32; tier.layers.len()];
-    let mut ids = vec![0u32; c];
+    let mut ids_of = vec![0u32; most];
     let mut x = vec![0f32; d];
-    let mut y = vec![0f32; c * d];
+    let mut y_of = vec![0f32; most * d];
     loop {
         for (i, &l) in tier.layers.iter().enumerate() {
+            let c = tier.counts[i];
+            let (ids, y) = (&mut ids_of[..c], &mut y_of[..c * d]);
             let at = host + i * tier.stride;
             let want = answered[i].wrapping_add(1);
             // SAFETY: the exchange outlives the worker (CpuTier's drop joins it first).
@@ -482,7 +497,7 @@ fn serve(experts: &HostExperts, pool: &ThreadPool, tier: &CpuExperts, host: usiz
                 );
             }
             let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                experts.outputs(pool, l, &ids, &x, &mut y)
+                experts.outputs(pool, l, ids, &x, y)
             }));
             let failed = match result {
                 Ok(Ok(())) => None,
@@ -544,7 +559,7 @@ mod tests {
         let (c, d) = (2, spec.n_embd);
         let tier = CpuExperts {
             layers: vec![1, 3],
-            per_layer: c,
+            counts: vec![c; 2],
             stride: (EXCHANGE_INPUT_AT + 4 * d * (1 + c)).next_multiple_of(256),
         };
         // (u64s: the exchange's 16-byte flags aligned as the device's allocation is)

@@ -616,47 +616,50 @@ impl CudaModel {
             0 => std::thread::available_parallelism().map_or(1, |n| (n.get() / 2).max(1)),
             n => n,
         };
-        let fewest_used = cpu_layers
-            .iter()
-            .filter_map(|&l| dp.layers[l].moe.as_ref().map(|m| m.n_used))
-            .min()
-            .unwrap_or(0);
-        let most_used = (cpu_layers.iter())
-            .filter_map(|&l| dp.layers[l].moe.as_ref().map(|m| m.n_used))
-            .max()
-            .unwrap_or(0);
-        if streamed && most_used != fewest_used {
-            return Err(CudaError::Model(format!(
-                "streamed experts: the layers off the GPU choose {fewest_used} to {most_used} \
-                 experts, and the CPU computes them all with one count"
-            )));
-        }
-        let mut cpu_per_layer = tuning.cpu_experts;
-        if streamed {
-            cpu_per_layer = fewest_used;
-        } else if let (true, Some(&l)) = (tuning.cpu_experts_auto, cpu_layers.first()) {
+        // The CPU tier's count in each such layer: as asked (at most k - 1), every chosen
+        // expert where they are streamed, or timed once for each kind of layer (its stacks'
+        // types and sizes, k) with `--cpu-experts auto`.
+        let mut counts = Vec::with_capacity(cpu_layers.len());
+        let mut timed = HashMap::new();
+        for &l in &cpu_layers {
             let moe = dp.layers[l].moe.as_ref().expect("a layer of experts");
-            let stacks = moe.experts.map(|m| matrices[m].address(&stream));
-            let experts = model
-                .host_experts(&[l])
-                .map_err(|e| CudaError::Model(e.to_string()))?;
-            let chosen = crate::cpu_tier::calibrate(
-                &stream,
-                &module,
-                &dp,
-                l,
-                stacks,
-                &experts,
-                tier_threads,
-            )?;
-            cpu_per_layer = chosen.unwrap_or(cpu_per_layer);
+            let k = moe.n_used;
+            let kind = (
+                moe.experts
+                    .map(|m| (dp.matrices[m].kernel, dp.matrices[m].expert_bytes())),
+                k,
+            );
+            let c = if streamed {
+                k
+            } else if tuning.cpu_experts_auto {
+                let c = match timed.get(&kind) {
+                    Some(&c) => c,
+                    None => {
+                        let stacks = moe.experts.map(|m| matrices[m].address(&stream));
+                        let experts = model
+                            .host_experts(&[l])
+                            .map_err(|e| CudaError::Model(e.to_string()))?;
+                        let chosen = crate::cpu_tier::calibrate(
+                            &stream,
+                            &module,
+                            &dp,
+                            l,
+                            stacks,
+                            &experts,
+                            tier_threads,
+                        )?
+                        .unwrap_or(tuning.cpu_experts);
+                        timed.insert(kind, chosen);
+                        chosen
+                    }
+                };
+                c.min(k.saturating_sub(1))
+            } else {
+                tuning.cpu_experts.min(k.saturating_sub(1))
+            };
+            counts.push((l, c));
         }
-        let cpu_per_layer = if streamed {
-            cpu_per_layer
-        } else {
-            cpu_per_layer.min(fewest_used.saturating_sub(1))
-        };
-        let dp = dp.with_cpu_experts(&cpu_layers, cpu_per_layer)?;
+        let dp = dp.with_cpu_experts_each(&counts)?;
         let mut vectors = Vec::with_capacity(dp.vectors.len());
         for v in &dp.vectors {
             // (the bound values, read into f32 once by the binding)
@@ -1265,9 +1268,11 @@ impl CudaModel {
     }
 
     /// Of each token's chosen experts in the layers left in host memory, how many the CPU
-    /// computes (0: none, or no such layer).
-    pub fn cpu_experts(&self) -> usize {
-        self.plan.cpu_experts.as_ref().map_or(0, |c| c.per_layer)
+    /// computes: (layer, count) for each layer where it computes some.
+    pub fn cpu_experts(&self) -> Vec<(usize, usize)> {
+        (self.plan.cpu_experts.iter())
+            .flat_map(|c| c.layers.iter().copied().zip(c.counts.iter().copied()))
+            .collect()
     }
 
     /// Wakes the CPU tier's worker for a step about to be launched, after reporting what went

@@ -957,16 +957,17 @@ fn emulate_tiers(
 ) -> (Vec<f32>, Vec<f32>, Vec<String>) {
     let file = Arc::new(GgufFile::from_bytes(synthetic::build(spec).unwrap().to_bytes()).unwrap());
     let model = Model::from_file(file.clone(), 1).unwrap();
-    emulate_model(&model, tuning, ids, staged, cpu_experts)
+    emulate_model(&model, tuning, ids, staged, &[cpu_experts])
 }
 
-/// [`emulate_tiers`] on a loaded model (its experts resident or streamed).
+/// [`emulate_tiers`] on a loaded model (its experts resident or streamed), the CPU tier's
+/// count of the i-th MoE layer `cpu_counts[i % cpu_counts.len()]`.
 fn emulate_model(
     model: &Model,
     tuning: &CudaTuning,
     ids: &[u32],
     staged: bool,
-    cpu_experts: usize,
+    cpu_counts: &[usize],
 ) -> (Vec<f32>, Vec<f32>, Vec<String>) {
     let file = model.file();
     let n_layer = model.plan().layers.len();
@@ -983,7 +984,10 @@ fn emulate_model(
         .collect();
     let slotted = if staged { &moe_layers[..] } else { &[] };
     let plan = plan.with_expert_slots(slotted).unwrap();
-    let plan = plan.with_cpu_experts(&moe_layers, cpu_experts).unwrap();
+    let each: Vec<(usize, usize)> = (moe_layers.iter().enumerate())
+        .map(|(i, &l)| (l, cpu_counts[i % cpu_counts.len()]))
+        .collect();
+    let plan = plan.with_cpu_experts_each(&each).unwrap();
     // (a launch over an empty grid is an error on a GPU)
     for x in &plan.launches {
         assert!(x.grid.0 > 0 && x.grid.1 > 0, "{} over no blocks", x.kernel);
@@ -1242,9 +1246,23 @@ fn experts_on_the_cpu_tier_compute_what_the_cpu_computes() {
             "{}: {kernels:?}",
             spec.arch
         );
-        assert!(kernels
-            .iter()
-            .any(|x| x == "moe_combine" || x.starts_with("moe_combine")));
+        assert!(kernels.iter().any(|x| x.starts_with("moe_combine")));
+        // A count of each layer's own (chosen per kind of layer): 0, 1, all, and k - 1 in
+        // turn; a layer at 0 keeps its experts on the GPU and hands the CPU nothing.
+        let file =
+            Arc::new(GgufFile::from_bytes(synthetic::build(spec).unwrap().to_bytes()).unwrap());
+        let model = Model::from_file(file, 1).unwrap();
+        let counts = [0, 1, k, k - 1];
+        let (gpu, cpu, kernels) = emulate_model(&model, &tuning, &ids(9), false, &counts);
+        let kl = mean_kl(&cpu, &gpu, cpu.len() / 9);
+        assert!(
+            kl < 1e-3,
+            "{}, counts {counts:?}: mean KL {kl:.3e}",
+            spec.arch
+        );
+        let shared = (0..spec.n_layer).filter(|i| counts[i % 4] > 0).count();
+        let waits = kernels.iter().filter(|&x| x == "moe_cpu_wait").count();
+        assert_eq!(waits, shared, "{}: {kernels:?}", spec.arch);
     }
     // (one type throughout: the shared expert rides in the routed experts' grid)
     qwen2.default_type = TensorType::Q4_0;
@@ -1295,7 +1313,8 @@ fn experts_streamed_from_the_file_feed_the_cpu_tier() {
         };
         let model = Model::load_with(&path, &options).unwrap();
         let k = spec.n_expert_used;
-        let (gpu, cpu, kernels) = emulate_model(&model, &CudaTuning::default(), &ids(9), false, k);
+        let (gpu, cpu, kernels) =
+            emulate_model(&model, &CudaTuning::default(), &ids(9), false, &[k]);
         let kl = mean_kl(&cpu, &gpu, cpu.len() / 9);
         assert!(kl < 1e-3, "{}: mean KL {kl:.3e}", spec.arch);
         let waits = kernels.iter().filter(|&x| x == "moe_cpu_wait").count();
