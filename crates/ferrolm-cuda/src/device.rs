@@ -894,6 +894,8 @@ impl CudaModel {
         // f16 copies of the weights for the batched passes' GEMMs (prompts and batched steps),
         // then of the expert stacks (prompts), each where it fits with an eighth of the device
         // to spare and no budget says otherwise; else each batch dequantizes what it reads.
+        // The stacks' copies go in layer order as far as the room goes (all of a large MoE's
+        // do not fit an 80 GB device beside its weights).
         if model.is_whole() && tuning.gpu_memory.is_none() {
             let at = model.addresses(0);
             for experts in [false, true] {
@@ -909,14 +911,15 @@ impl CudaModel {
                 let spare = (2u64 << 30).max(total as u64 / 8);
                 // The paged caches' pool comes first: the room it will map stays free.
                 let pool = model.pages.as_ref().map_or(0, |p| p.unmade_bytes());
-                if !on || want == 0 || want + spare + pool >= free as u64 {
+                let room = (free as u64).saturating_sub(spare + pool);
+                if !on || want == 0 || (!experts && want >= room) {
                     continue;
                 }
                 let Some(p) = model.prefill.as_mut() else {
                     break;
                 };
                 if experts {
-                    p.keep_f16_experts(&model.plan, &at)?;
+                    p.keep_f16_experts_within(&model.plan, &at, room)?;
                 } else {
                     p.keep_f16_weights(&model.plan, &at)?;
                 }

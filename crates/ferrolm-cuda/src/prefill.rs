@@ -1041,9 +1041,27 @@ impl<D: BatchDevice> Prefill<D> {
     /// experts as they are instead of dequantizing three stacks a layer. After
     /// [`Prefill::keep_f16_weights`], which replaces the list of copies.
     pub fn keep_f16_experts(&mut self, p: &DecodePlan, at: &Addresses) -> Result<(), CudaError> {
+        self.keep_f16_experts_within(p, at, u64::MAX).map(|_| ())
+    }
+
+    /// [`Prefill::keep_f16_experts`] for the stacks, in the plan's order, whose copies fit in
+    /// `room` bytes together (the others dequantized for each batch, as without copies):
+    /// the bytes kept.
+    pub fn keep_f16_experts_within(
+        &mut self,
+        p: &DecodePlan,
+        at: &Addresses,
+        room: u64,
+    ) -> Result<u64, CudaError> {
         self.w16_kept.resize(p.matrices.len(), None);
+        let mut kept = 0u64;
         for (m, spec) in p.matrices.iter().enumerate() {
+            let bytes = 2 * (spec.rows * spec.cols) as u64;
             if spec.experts > 1 && spec.ty != TensorType::F16 && self.w16_kept[m].is_none() {
+                if kept + bytes > room {
+                    break;
+                }
+                kept += bytes;
                 let w = self
                     .dev
                     .alloc_zeros::<u16>(spec.rows * spec.cols, "f16 copies of the experts")?;
@@ -1053,7 +1071,7 @@ impl<D: BatchDevice> Prefill<D> {
                 self.w16_owned.push(w);
             }
         }
-        Ok(())
+        Ok(kept)
     }
 
     /// The embedding and every layer for `ids` (at most [`MAX_BATCH`]): the residual stream

@@ -889,3 +889,37 @@ fn prompt_batches_share_their_expert_groups_with_the_cpu() {
         }
     }
 }
+
+/// f16 copies of only the expert stacks that fit (`Prefill::keep_f16_experts_within`, a
+/// device too small for all of them): the kept stacks read as they are, the others
+/// dequantized for each batch, the CPU's logits still.
+#[test]
+fn some_expert_stacks_kept_as_f16_give_the_cpus_logits() {
+    let tuning = host_tuning();
+    for (name, spec) in files().into_iter().filter(|(_, s)| s.n_expert > 0) {
+        let (file, model, plan) = load(&spec, &tuning);
+        let dev = HostDevice::new(&file, &plan, 2);
+        let at = dev.addresses(1);
+        let mut prefill = Prefill::on(dev, &plan, &tuning).unwrap();
+        let all = Prefill::f16_expert_bytes(&plan);
+        let kept = prefill
+            .keep_f16_experts_within(&plan, &at, all / 2)
+            .unwrap();
+        assert!(
+            kept > 0 && kept <= all / 2,
+            "{name}: {kept} of {all} bytes kept"
+        );
+        let seq = ids(1, 60);
+        let logits = prefill.eval(&plan, &at, &seq, 0, true, true).unwrap();
+        let ties = near_ties(&prefill);
+        let what = format!("{name}, {kept} of {all} bytes of f16 expert copies");
+        distance(
+            &what,
+            &cpu_logits(&model, &seq),
+            &logits,
+            plan.n_vocab,
+            &ties,
+        )
+        .assert_close();
+    }
+}
