@@ -4299,7 +4299,8 @@ extern "C" __global__ void adjust_logits(float* x, long long n, float inv_cap, f
 // groups masked (n_group 0: no groups), the k best by selection score (ties: the lower index,
 // as the CPU's stable sort), their probabilities as weights, renormalized (norm, the sum in
 // f64 clamped to 2^-14) and scaled (scale 1: none). One block of at most 1024 threads, thread
-// i on expert i; the sums run in one thread, in the CPU's order.
+// i on expert i; the softmax's sum by the block, the k weights' sums in one thread in the
+// CPU's order.
 // counts (when not null): how often each expert was chosen, row by row, but for the padding
 // rows of a batched step (row_slots[row] == spare).
 __device__ __forceinline__ void route_body(const float* logits, const float* sel_bias, u32* ids,
@@ -4323,12 +4324,22 @@ __device__ __forceinline__ void route_body(const float* logits, const float* sel
             mx = t;
         }
         __syncthreads();
-        if (i < ne) p[i] = expf(l - mx);
+        // (the sum in f64 by the whole block, not one thread: with terms of 24 bits the order
+        // moves only the f64 sum's last bits, below what the f32 scale taken from it keeps
+        // but at a rounding boundary)
+        float e = i < ne ? expf(l - mx) : 0.f;
+        if (i < ne) p[i] = e;
+        double s = (double)e;
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+        __shared__ double ws[32];
+        if ((i & 31) == 0) ws[i >> 5] = s;
         __syncthreads();
-        if (i == 0) {
-            double s = 0.0;
-            for (int j = 0; j < ne; j++) s += (double)p[j];
-            sum = s;
+        if (i < 32) {
+            double t = i < (int)(blockDim.x >> 5) ? ws[i] : 0.0;
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) t += __shfl_xor_sync(0xffffffffu, t, o);
+            if (i == 0) sum = t;
         }
         __syncthreads();
         if (i < ne) p[i] *= (float)(1.0 / sum);
