@@ -391,7 +391,8 @@ fn buffer_bytes(p: &DecodePlan, b: Buf, slots: usize) -> usize {
         Buf::K | Buf::V => p.max_kv,
         Buf::Gate | Buf::Up | Buf::Act => p.max_ff,
         Buf::PartO => p.max_part,
-        Buf::Router => p.max_experts,
+        // (an f32 router's runs of columns in moe_route_f32 each have a row of their own)
+        Buf::Router => p.max_experts * crate::schedule::ROUTER_MOST_PARTS,
         Buf::ExpertIds | Buf::ExpertWeights => p.max_used,
         Buf::ExpertOut => p.max_used * p.n_embd,
         Buf::SharedOut => p.n_embd,

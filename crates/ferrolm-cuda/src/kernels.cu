@@ -4421,22 +4421,26 @@ extern "C" __global__ void moe_route(const float* logits, const float* sel_bias,
 }
 
 // The decode step's router product (f32 rows of d: logits = W h) and moe_route in one launch
-// (`CudaTuning::router_in_route`): each block's warps take a row each (the lanes' float4s,
-// then a warp sum), and the block that finishes last (done[0], reset by it) routes as
-// moe_route does, with at least ne threads. moe_route's arguments, then W, h, d and done.
+// (`CudaTuning::router_in_route`): each row split into `parts` runs of columns, each block's
+// warps take a (run, row) each (the lanes' float4s, then a warp sum into logits[run * ne +
+// row]: so many warps that the whole matrix is read at once), and the block that finishes
+// last (done[0], reset by it) adds each row's runs in order and routes as moe_route does,
+// with at least ne threads. moe_route's arguments, then W, h, d, done and parts (logits holds
+// parts * ne values).
 extern "C" __global__ void moe_route_f32(float* logits, const float* sel_bias, u32* ids,
                                          float* weights, int ne, int k, int gating, int n_group,
                                          int n_group_used, int norm, float scale, u32* counts,
                                          const u32* row_slots, u32 spare, const float* W,
-                                         const float* h, int d, u32* done) {
+                                         const float* h, int d, u32* done, int parts) {
     step_begin();
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
-    const int r = blockIdx.x * warps + warp;
-    if (r < ne) {
-        const float4* w4 = (const float4*)(W + (size_t)r * d);
-        const float4* h4 = (const float4*)h;
+    const int item = blockIdx.x * warps + warp, r = item % ne, run = item / ne;
+    if (run < parts) {
+        const int len = d / 4 / parts;
+        const float4* w4 = (const float4*)(W + (size_t)r * d) + run * len;
+        const float4* h4 = (const float4*)h + run * len;
         float s = 0.f;
-        for (int i = lane; i < d / 4; i += 32) {
+        for (int i = lane; i < len; i += 32) {
             const float4 a = __ldg(w4 + i), b = h4[i];
             s = fmaf(a.x, b.x, s);
             s = fmaf(a.y, b.y, s);
@@ -4444,7 +4448,7 @@ extern "C" __global__ void moe_route_f32(float* logits, const float* sel_bias, u
             s = fmaf(a.w, b.w, s);
         }
         s = warp_sum(s);
-        if (lane == 0) logits[r] = s;
+        if (lane == 0) logits[(size_t)run * ne + r] = s;
     }
     __shared__ bool last;
     __threadfence();
@@ -4456,6 +4460,12 @@ extern "C" __global__ void moe_route_f32(float* logits, const float* sel_bias, u
     if (threadIdx.x == 0) done[0] = 0;
     (void)row_slots;
     (void)spare;
+    // (each thread adds its own row's runs: the first run's place takes the sum)
+    if (threadIdx.x < ne && parts > 1) {
+        float s = __ldcg(logits + threadIdx.x);
+        for (int c = 1; c < parts; c++) s += __ldcg(logits + (size_t)c * ne + threadIdx.x);
+        logits[threadIdx.x] = s;
+    }
     route_body(logits, sel_bias, ids, weights, ne, k, gating, n_group, n_group_used, norm, scale,
                counts, counts != nullptr);
 }

@@ -609,6 +609,18 @@ impl GateActivation {
 
 /// The expert product kernel for rows of `spec` (`moe_matvecf_T`: quantizing its f32 input
 /// as it loads it, where the rows take quantized activations and the activations are
+/// Runs of columns `moe_route_f32` splits each f32 router row into: the most of 8, 4, 2 that
+/// leaves whole float4s in each, so that the whole matrix is read at once (a warp a run).
+pub const ROUTER_MOST_PARTS: usize = 8;
+
+/// [`ROUTER_MOST_PARTS`] or fewer for rows of `d` values.
+pub fn router_parts(d: usize) -> usize {
+    [8, 4, 2]
+        .into_iter()
+        .find(|&p| d.is_multiple_of(4 * p))
+        .unwrap_or(1)
+}
+
 /// quantized; else `moe_matvec_T`).
 pub fn expert_product_kernel(spec: &MatrixSpec, quantized_activations: bool) -> String {
     if quantized_activations && activation_format(spec.ty).is_some() {
@@ -1700,10 +1712,16 @@ impl Builder {
             Gating::Sigmoid => 1,
             Gating::SoftmaxAfterTopK => 2,
         };
-        // (moe_route_f32: a warp a router row, and a thread an expert in the block that routes)
+        // (moe_route_f32: a warp a run of a router row's columns, and a thread an expert in the
+        // block that routes)
+        let parts = router_parts(d);
         let (kernel, grid, threads) = if joined {
             let threads = ne.next_multiple_of(32).max(128);
-            ("moe_route_f32", ne.div_ceil(threads / 32), threads)
+            (
+                "moe_route_f32",
+                (ne * parts).div_ceil(threads / 32),
+                threads,
+            )
         } else {
             ("moe_route", 1, ne.next_multiple_of(32))
         };
@@ -1729,6 +1747,7 @@ impl Builder {
                 Arg::Buf(Buf::H),
                 Arg::I32(d as i32),
                 Arg::Buf(Buf::Done),
+                Arg::I32(parts as i32),
             ]);
         }
         self.push(kernel, (grid as u32, 1), threads as u32, route_args);

@@ -143,8 +143,10 @@ pub struct CudaTuning {
     /// `FERROLM_CUDA_NO_DQ_GLU`: apart).
     pub dq_glu: bool,
     /// An f32 router's product (at most 1024 experts, no bias) in the decode step's routing
-    /// launch (`moe_route_f32`: the last block routes; `FERROLM_CUDA_ROUTER_IN_ROUTE=1`, off
-    /// until measured).
+    /// launch (`moe_route_f32`: each row in up to 8 runs of columns, a warp each, so that the
+    /// whole matrix is read at once; the last block adds the runs and routes;
+    /// `FERROLM_CUDA_ROUTER_IN_ROUTE=1`, off until measured: a warp a whole row measured
+    /// within noise of apart on an H100, the runs are not yet measured).
     pub router_in_route: bool,
     /// Those products by `dq4k_pipe_*` (warps a block, super-blocks in flight: one of
     /// [`crate::prefill::DQ_PIPES`]), the pipelined layout, rather than `dq4k_gemm_*`

@@ -333,11 +333,12 @@ impl<'f> Emulator<'f> {
         } else if name == "moe_route_f32" {
             // moe_route's arguments, then the f32 router W, h, d, done: the logits W h first
             // (a warp a row: the grid's warps cover the experts), then the routing
-            let (ne, d) = (Self::i(&a[4]), Self::i(&a[16]));
+            let (ne, d, parts) = (Self::i(&a[4]), Self::i(&a[16]), Self::i(&a[18]));
             assert!(
-                l.grid.0 as usize * (l.block as usize / 32) >= ne,
-                "{name}: rows left out"
+                l.grid.0 as usize * (l.block as usize / 32) >= ne * parts,
+                "{name}: runs of rows left out"
             );
+            assert_eq!(d % (4 * parts), 0, "{name}: {parts} runs of whole float4s");
             assert!(
                 l.block as usize >= ne,
                 "{name}: a thread an expert to route"
