@@ -36,7 +36,34 @@ pub struct PromptCpuShare {
     pub(crate) at: Vec<u32>,
     pub(crate) normed: Vec<f32>,
     x: Vec<f32>,
-    y: Vec<f32>,
+    y: Box<dyn RowsMemory>,
+    /// Values of `y` the last [`PromptCpuShare::compute`] wrote.
+    y_len: usize,
+}
+
+/// Where the CPU writes its output rows for their copy to the device: a `Vec`, or page-locked
+/// memory (the CUDA backend's), whose copy runs at the bus's speed without a staging copy.
+/// Such a copy may still read the memory after the call that queued it returns; the prompt
+/// pass waits for the device (reading the next layer's counts) before the CPU writes again.
+pub trait RowsMemory: Send {
+    /// Room for at least `len` values (an error where it has less), for writing.
+    fn rows_mut(&mut self, len: usize) -> Result<&mut [f32], String>;
+    /// The first `len` values.
+    fn rows(&self, len: usize) -> Result<&[f32], String>;
+}
+
+impl RowsMemory for Vec<f32> {
+    fn rows_mut(&mut self, len: usize) -> Result<&mut [f32], String> {
+        if self.len() < len {
+            self.resize(len, 0.0);
+        }
+        Ok(&mut self[..len])
+    }
+
+    fn rows(&self, len: usize) -> Result<&[f32], String> {
+        self.get(..len)
+            .ok_or_else(|| format!("{len} output values past the {}", self.len()))
+    }
 }
 
 /// Where a layer's batch splits between the GPU and the CPU.
@@ -85,7 +112,8 @@ impl PromptCpuShare {
             at: Vec::new(),
             normed: Vec::new(),
             x: Vec::new(),
-            y: Vec::new(),
+            y: Box::new(Vec::new()),
+            y_len: 0,
         })
     }
 
@@ -116,8 +144,15 @@ impl PromptCpuShare {
     }
 
     /// The outputs of the CPU's rows of the last [`PromptCpuShare::compute`].
-    pub fn output(&self) -> &[f32] {
-        &self.y
+    pub fn output(&self) -> Result<&[f32], CudaError> {
+        (self.y.rows(self.y_len))
+            .map_err(|e| CudaError::Model(format!("the CPU tier in prompts: {e}")))
+    }
+
+    /// Writes the CPU's output rows into `memory` from now on.
+    pub fn set_rows_memory(&mut self, memory: Box<dyn RowsMemory>) {
+        self.y = memory;
+        self.y_len = 0;
     }
 
     /// Sizes the host copies for a batch of `n` tokens of `k` pairs each, `d` wide.
@@ -137,7 +172,7 @@ impl PromptCpuShare {
         let pairs = self.ids.len();
         let rows = pairs.saturating_sub(split.row);
         self.x.resize(rows * d, 0.0);
-        self.y.resize(rows * d, 0.0);
+        self.y_len = 0;
         if rows == 0 {
             self.gpu_rows += split.row as u64;
             return Ok(());
@@ -185,9 +220,12 @@ impl PromptCpuShare {
                 split.row
             )));
         }
+        let y = (self.y.rows_mut(rows * d))
+            .map_err(|e| CudaError::Model(format!("the CPU tier in prompts: {e}")))?;
         self.experts
-            .grouped(&self.pool, l, &groups, &self.x, &mut self.y)
+            .grouped(&self.pool, l, &groups, &self.x, y)
             .map_err(|e| CudaError::Model(e.to_string()))?;
+        self.y_len = rows * d;
         self.cpu_rows += rows as u64;
         self.gpu_rows += split.row as u64;
         Ok(())
@@ -270,7 +308,43 @@ mod tests {
         assert!(e.contains("pair 2") && e.contains("row 2"), "{e}");
         s.at.copy_from_slice(&[0, 2, 3, 1]);
         s.compute(1, 2, split).unwrap();
-        assert_eq!(s.output().len(), 2 * s.experts.d());
+        assert_eq!(s.output().unwrap().len(), 2 * s.experts.d());
         assert_eq!(s.rows(), (2, 2));
+    }
+
+    /// Output memory of a fixed room (as the pinned memory is): a batch past it is an error,
+    /// not a write past its end; within it the rows land there.
+    #[test]
+    fn output_memory_of_too_little_room_is_an_error() {
+        struct Fixed(Vec<f32>);
+        impl RowsMemory for Fixed {
+            fn rows_mut(&mut self, len: usize) -> Result<&mut [f32], String> {
+                let room = self.0.len();
+                (self.0.get_mut(..len)).ok_or_else(|| format!("{len} values past the {room}"))
+            }
+            fn rows(&self, len: usize) -> Result<&[f32], String> {
+                self.0.get(..len).ok_or_else(|| "past".into())
+            }
+        }
+        let mut s = share(1, false);
+        let d = s.experts.d();
+        s.prepare(2, 2, d);
+        s.ids.copy_from_slice(&[0, 7, 7, 3]);
+        s.at.copy_from_slice(&[0, 2, 3, 1]);
+        s.normed
+            .iter_mut()
+            .enumerate()
+            .for_each(|(i, v)| *v = (i % 5) as f32 - 2.0);
+        let split = Split { first: 7, row: 2 };
+        s.set_rows_memory(Box::new(Fixed(vec![0.0; d])));
+        let e = s.compute(1, 2, split).unwrap_err().to_string();
+        assert!(e.contains(&format!("{} values past the {d}", 2 * d)), "{e}");
+        s.set_rows_memory(Box::new(Fixed(vec![0.0; 3 * d])));
+        s.compute(1, 2, split).unwrap();
+        let got = s.output().unwrap().to_vec();
+        s.set_rows_memory(Box::new(Vec::new()));
+        s.compute(1, 2, split).unwrap();
+        assert_eq!(got, s.output().unwrap());
+        assert!(got.iter().any(|&v| v != 0.0));
     }
 }

@@ -260,6 +260,24 @@ fn mapped_pinned<T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits
     Ok((pinned, host, device))
 }
 
+/// Page-locked host memory for the CPU tier's output rows in prompt batches.
+struct PinnedRows(cudarc::driver::PinnedHostSlice<f32>);
+
+impl crate::cpu_prompt::RowsMemory for PinnedRows {
+    fn rows_mut(&mut self, len: usize) -> Result<&mut [f32], String> {
+        let all = self.0.as_mut_slice().map_err(|e| e.to_string())?;
+        let room = all.len();
+        all.get_mut(..len)
+            .ok_or_else(|| format!("{len} output values past the {room} pinned"))
+    }
+
+    fn rows(&self, len: usize) -> Result<&[f32], String> {
+        let all = self.0.as_slice().map_err(|e| e.to_string())?;
+        all.get(..len)
+            .ok_or_else(|| format!("{len} output values past the {} pinned", all.len()))
+    }
+}
+
 /// A weight matrix's memory: on the device, or pinned in host memory mapped for the device
 /// (an expert stack a `--gpu-memory` budget leaves no room for: `tiers.rs`).
 enum MatrixMemory {
@@ -787,14 +805,21 @@ impl CudaModel {
                     .map_err(|e| CudaError::Model(e.to_string()))?;
                 let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
                 let threads = tier_threads.max(cores.saturating_sub(2));
-                prefill.set_cpu_share(crate::cpu_prompt::PromptCpuShare::new(
+                let mut share = crate::cpu_prompt::PromptCpuShare::new(
                     experts,
                     &cpu_layers,
                     dp.layers.len(),
                     threads,
                     count,
                     adapt,
-                )?);
+                )?;
+                // (a batch's every pair at most)
+                let most = MAX_BATCH * dp.max_used * dp.n_embd;
+                // SAFETY: the CPU writes rows before the copies read them.
+                let pinned = unsafe { ctx.alloc_pinned::<f32>(most) }
+                    .map_err(driver("the CPU tier's prompt rows"))?;
+                share.set_rows_memory(Box::new(PinnedRows(pinned)));
+                prefill.set_cpu_share(share);
             }
         }
         let matrix_addrs = matrices.iter().map(|m| m.address(&stream)).collect();

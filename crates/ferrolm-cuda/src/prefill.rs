@@ -1895,9 +1895,10 @@ impl<D: BatchDevice> Prefill<D> {
                     })??;
                     s.adapt(self.dev.idle()?, ne);
                     let b = self.moe.as_mut().expect("allocated");
-                    if !s.output().is_empty() {
+                    let rows = s.output()?;
+                    if !rows.is_empty() {
                         self.dev.upload_at(
-                            s.output(),
+                            rows,
                             &mut b.outputs,
                             split.row * d,
                             "the CPU's expert outputs",
