@@ -30,6 +30,28 @@ struct LayerExperts {
 }
 
 impl LayerExperts {
+    /// Expert `e` (its matrices and bytes in `view`) over the `n` inputs `x`: the CPU pass's
+    /// `gated_ffn`, biases added.
+    fn run(
+        &self,
+        pool: &ThreadPool,
+        view: &ExpertView<'_>,
+        e: usize,
+        (x, n, d): (&[f32], usize, usize),
+        (input, floats): &mut (SharedInput, Buffers),
+    ) -> Vec<f32> {
+        gated_ffn(
+            pool,
+            view.bytes(),
+            (input, floats),
+            (x, n, d),
+            (self.n_ff, self.activation),
+            (view.gate, view.up, view.down),
+            self.bias(e, d),
+            None,
+        )
+    }
+
     /// Expert `e`'s rows of the layer's biases, where it has them.
     fn bias(&self, e: usize, d: usize) -> ExpertBias<'_> {
         let row = |i: usize, len: usize| {
@@ -157,22 +179,13 @@ impl HostExperts {
         }
         let experts: Vec<usize> = groups.iter().map(|(e, _)| *e as usize).collect();
         let rows_of = |e: usize| &groups[experts.iter().position(|&x| x == e).expect("asked")].1;
-        let (mut input, mut floats) = (SharedInput::default(), Buffers::default());
+        let mut bufs = (SharedInput::default(), Buffers::default());
         self.each_expert(pool, l, &experts, |e, view| {
             let rows = rows_of(e);
             let span = rows.start * d..rows.end * d;
-            let y = gated_ffn(
-                pool,
-                view.bytes(),
-                (&mut input, &mut floats),
-                (&x[span.clone()], rows.len(), d),
-                (le.n_ff, le.activation),
-                (view.gate, view.up, view.down),
-                le.bias(e, d),
-                None,
-            );
+            let y = le.run(pool, view, e, (&x[span.clone()], rows.len(), d), &mut bufs);
             out[span].copy_from_slice(&y);
-            floats.give(y);
+            bufs.1.give(y);
         })
     }
 
@@ -295,22 +308,13 @@ impl HostExperts {
         let mut distinct: Vec<usize> = ids.iter().map(|&e| e as usize).collect();
         distinct.sort_unstable();
         distinct.dedup();
-        let (mut input, mut floats) = (SharedInput::default(), Buffers::default());
+        let mut bufs = (SharedInput::default(), Buffers::default());
         self.each_expert(pool, l, &distinct, |e, view| {
-            let y = gated_ffn(
-                pool,
-                view.bytes(),
-                (&mut input, &mut floats),
-                (x, 1, d),
-                (le.n_ff, le.activation),
-                (view.gate, view.up, view.down),
-                le.bias(e, d),
-                None,
-            );
+            let y = le.run(pool, view, e, (x, 1, d), &mut bufs);
             for (j, _) in ids.iter().enumerate().filter(|(_, &id)| id as usize == e) {
                 out[j * d..(j + 1) * d].copy_from_slice(&y);
             }
-            floats.give(y);
+            bufs.1.give(y);
         })
     }
 }
