@@ -35,6 +35,11 @@ pub struct PromptCpuShare {
     pub(crate) ids: Vec<u32>,
     pub(crate) at: Vec<u32>,
     pub(crate) normed: Vec<f32>,
+    /// The layer's rows a expert ([`PromptCpuShare::split`]), each expert's first row in the
+    /// compact groups (where `at` counts from) and in the grouped outputs (padded or not).
+    used: Vec<usize>,
+    compact: Vec<usize>,
+    starts: Vec<usize>,
     x: Vec<f32>,
     y: Box<dyn RowsMemory>,
     /// Values of `y` the last [`PromptCpuShare::compute`] wrote.
@@ -71,9 +76,12 @@ impl RowsMemory for Vec<f32> {
 pub struct Split {
     /// The first expert the CPU computes: experts `first..` are the CPU's.
     pub first: usize,
-    /// The first grouped row of the CPU's groups: rows `row..` are theirs (the groups lie in
-    /// expert order, each expert's rows together).
+    /// The first row of the CPU's groups in the grouped outputs: rows `row..row + rows` are
+    /// theirs (the groups lie in expert order, each expert's rows together, padded to the
+    /// same count where the device pads them).
     pub row: usize,
+    /// How many (padding rows included).
+    pub rows: usize,
 }
 
 impl PromptCpuShare {
@@ -111,6 +119,9 @@ impl PromptCpuShare {
             ids: Vec::new(),
             at: Vec::new(),
             normed: Vec::new(),
+            used: Vec::new(),
+            compact: Vec::new(),
+            starts: Vec::new(),
             x: Vec::new(),
             y: Box::new(Vec::new()),
             y_len: 0,
@@ -136,11 +147,26 @@ impl PromptCpuShare {
         (self.cpu_rows, self.gpu_rows)
     }
 
-    /// Where a layer of `ne` experts splits, given each expert's rows in the batch (`used`).
-    pub fn split(&self, used: &[u32]) -> Split {
-        let first = used.len() - self.count(used.len());
-        let row = used[..first].iter().map(|&c| c as usize).sum();
-        Split { first, row }
+    /// Where a layer of `ne` experts splits, given each expert's rows in the batch (`used`)
+    /// and, where the device pads every expert's group to `most` rows, that.
+    pub fn split(&mut self, used: &[u32], most: Option<usize>) -> Split {
+        let ne = used.len();
+        let first = ne - self.count(ne);
+        self.used = used.iter().map(|&c| c as usize).collect();
+        (self.compact.clear(), self.starts.clear());
+        let mut o = 0;
+        for (e, &c) in self.used.iter().enumerate() {
+            self.compact.push(o);
+            self.starts.push(most.map_or(o, |m| e * m));
+            o += c;
+        }
+        let end = most.map_or(o, |m| ne * m);
+        let row = self.starts.get(first).copied().unwrap_or(end);
+        Split {
+            first,
+            row,
+            rows: end - row,
+        }
     }
 
     /// The outputs of the CPU's rows of the last [`PromptCpuShare::compute`].
@@ -163,62 +189,64 @@ impl PromptCpuShare {
     }
 
     /// The CPU's groups of layer `l` (`k` pairs a token; ids, rows and inputs as
-    /// [`PromptCpuShare::prepare`] sized them, filled from the device): each pair whose
-    /// expert is `split.first` or later gets its token's input at its grouped row, and each
-    /// such expert's rows are computed: the outputs of rows `split.row..` (the rest of the
-    /// batch's pairs) in [`PromptCpuShare::output`].
+    /// [`PromptCpuShare::prepare`] sized them, filled from the device, and the split of
+    /// [`PromptCpuShare::split`]): each pair whose expert is `split.first` or later gets its
+    /// token's input at its row of its expert's group, and each such expert's rows are
+    /// computed: the outputs of rows `split.row..split.row + split.rows` in
+    /// [`PromptCpuShare::output`] (padding rows as they were).
     pub fn compute(&mut self, l: usize, k: usize, split: Split) -> Result<(), CudaError> {
         let d = self.experts.d();
-        let pairs = self.ids.len();
-        let rows = pairs.saturating_sub(split.row);
+        let refuse = |what: String| {
+            Err(CudaError::Model(format!(
+                "the CPU tier in prompts: layer {l}'s {what}"
+            )))
+        };
+        let (ne, rows) = (self.used.len(), split.rows);
+        if split.first > ne || self.starts.len() != ne {
+            return refuse(format!("split {split:?} of {ne} experts"));
+        }
+        let on_cpu: usize = self.used[split.first..].iter().sum();
+        let on_gpu: usize = self.used[..split.first].iter().sum();
         self.x.resize(rows * d, 0.0);
         self.y_len = 0;
-        if rows == 0 {
-            self.gpu_rows += split.row as u64;
+        if on_cpu == 0 {
+            self.gpu_rows += on_gpu as u64;
             return Ok(());
         }
-        // Each CPU expert's span of rows, and which rows were filled.
-        let mut spans: Vec<Option<Range<usize>>> = Vec::new();
+        // Each CPU expert's rows, from the counts; every pair of it in one of them, once.
+        let mut groups: Vec<(u32, Range<usize>)> = Vec::new();
+        for e in split.first..ne {
+            let start = self.starts[e].checked_sub(split.row);
+            match start.filter(|&s| s + self.used[e] <= rows) {
+                _ if self.used[e] == 0 => {}
+                Some(s) => groups.push((e as u32, s..s + self.used[e])),
+                None => return refuse(format!("expert {e}'s group outside the CPU's rows")),
+            }
+        }
         let mut filled = vec![false; rows];
+        let mut seen = 0;
         for (i, (&e, &at)) in self.ids.iter().zip(&self.at).enumerate() {
             let (e, at) = (e as usize, at as usize);
             if e < split.first {
                 continue;
             }
-            let r = at
-                .checked_sub(split.row)
-                .filter(|&r| r < rows && !filled[r]);
+            let r = (e < ne)
+                .then(|| at.checked_sub(self.compact[e]))
+                .flatten()
+                .filter(|&rank| rank < self.used[e])
+                .map(|rank| self.starts[e] + rank - split.row)
+                .filter(|&r| !filled[r]);
             let Some(r) = r else {
-                return Err(CudaError::Model(format!(
-                    "the CPU tier in prompts: layer {l}'s pair {i} (expert {e}) at row {at}, \
-                     not a free row of the CPU's {}..{pairs}",
-                    split.row
-                )));
+                return refuse(format!(
+                    "pair {i} (expert {e}) at row {at}, not a free row of its group"
+                ));
             };
-            filled[r] = true;
+            (filled[r], seen) = (true, seen + 1);
             let t = i / k;
             self.x[r * d..(r + 1) * d].copy_from_slice(&self.normed[t * d..(t + 1) * d]);
-            let j = e - split.first;
-            if spans.len() <= j {
-                spans.resize(j + 1, None);
-            }
-            let span = spans[j].get_or_insert(r..r + 1);
-            span.start = span.start.min(r);
-            span.end = span.end.max(r + 1);
         }
-        // Every CPU row filled, and the experts' spans tile them in expert order (the device's
-        // grouping).
-        let groups: Vec<(u32, Range<usize>)> = (spans.into_iter().enumerate())
-            .filter_map(|(j, s)| s.map(|s| ((split.first + j) as u32, s)))
-            .collect();
-        let tiled = filled.iter().all(|&f| f)
-            && groups.first().is_some_and(|(_, s)| s.start == 0)
-            && groups.windows(2).all(|w| w[0].1.end == w[1].1.start);
-        if !tiled {
-            return Err(CudaError::Model(format!(
-                "the CPU tier in prompts: layer {l}'s groups do not tile rows {}..{pairs}",
-                split.row
-            )));
+        if seen != on_cpu {
+            return refuse(format!("{seen} pairs for the {on_cpu} rows of its groups"));
         }
         let y = (self.y.rows_mut(rows * d))
             .map_err(|e| CudaError::Model(format!("the CPU tier in prompts: {e}")))?;
@@ -226,8 +254,8 @@ impl PromptCpuShare {
             .grouped(&self.pool, l, &groups, &self.x, y)
             .map_err(|e| CudaError::Model(e.to_string()))?;
         self.y_len = rows * d;
-        self.cpu_rows += rows as u64;
-        self.gpu_rows += split.row as u64;
+        self.cpu_rows += on_cpu as u64;
+        self.gpu_rows += on_gpu as u64;
         Ok(())
     }
 
@@ -261,15 +289,16 @@ mod tests {
 
     #[test]
     fn the_split_gives_the_cpu_the_last_experts_rows() {
-        let s = share(3, false);
+        let mut s = share(3, false);
         assert!(s.serves(1) && !s.serves(0) && !s.serves(9));
-        assert_eq!(
-            s.split(&[2, 0, 1, 4, 3, 0, 1, 5]),
-            Split { first: 5, row: 10 }
-        );
+        let used = [2, 0, 1, 4, 3, 0, 1, 5];
+        let split = |first, row, rows| Split { first, row, rows };
+        assert_eq!(s.split(&used, None), split(5, 10, 6));
+        // Every group padded to 5 rows: the CPU's from expert 5's place on.
+        assert_eq!(s.split(&used, Some(5)), split(5, 25, 15));
         // A fixed count may take every expert; an adapted one leaves the GPU one.
-        assert_eq!(share(9, false).split(&[1, 1]), Split { first: 0, row: 0 });
-        assert_eq!(share(9, true).split(&[1, 1]), Split { first: 1, row: 1 });
+        assert_eq!(share(9, false).split(&[1, 1], None), split(0, 0, 2));
+        assert_eq!(share(9, true).split(&[1, 1], None), split(1, 1, 1));
     }
 
     #[test]
@@ -291,25 +320,63 @@ mod tests {
         assert_eq!(fixed.count(8), 3);
     }
 
+    /// Two tokens of two pairs; expert 7 (the CPU's, of 8) chosen by pairs 1 and 2, at
+    /// compact rows 2 and 3 (experts 0 and 3 at rows 0 and 1).
+    fn two_tokens(s: &mut PromptCpuShare, padded: Option<usize>) -> Split {
+        s.prepare(2, 2, s.experts.d());
+        s.ids.copy_from_slice(&[0, 7, 7, 3]);
+        s.at.copy_from_slice(&[0, 2, 3, 1]);
+        s.normed
+            .iter_mut()
+            .enumerate()
+            .for_each(|(i, v)| *v = (i % 5) as f32 - 2.0);
+        s.split(&[1, 0, 0, 1, 0, 0, 0, 2], padded)
+    }
+
     #[test]
     fn rows_the_device_did_not_group_are_refused() {
         let mut s = share(1, false);
-        // Two tokens of two pairs; expert 7 (the CPU's) chosen by pairs 1 and 2.
-        s.prepare(2, 2, s.experts.d());
-        s.ids.copy_from_slice(&[0, 7, 7, 3]);
-        let split = Split { first: 7, row: 2 };
-        // Pair 1 at row 2 and pair 2 at row 5: past the 4 rows.
-        s.at.copy_from_slice(&[0, 2, 5, 1]);
+        let d = s.experts.d();
+        let split = two_tokens(&mut s, None);
+        assert_eq!(
+            split,
+            Split {
+                first: 7,
+                row: 2,
+                rows: 2
+            }
+        );
+        // Pair 2 at row 4: past its expert's group.
+        s.at.copy_from_slice(&[0, 2, 4, 1]);
         let e = s.compute(1, 2, split).unwrap_err().to_string();
-        assert!(e.contains("row 5"), "{e}");
+        assert!(e.contains("pair 2") && e.contains("row 4"), "{e}");
         // Both at row 2.
         s.at.copy_from_slice(&[0, 2, 2, 1]);
         let e = s.compute(1, 2, split).unwrap_err().to_string();
         assert!(e.contains("pair 2") && e.contains("row 2"), "{e}");
+        // An expert past the layer's.
+        s.ids.copy_from_slice(&[0, 7, 9, 3]);
         s.at.copy_from_slice(&[0, 2, 3, 1]);
+        let e = s.compute(1, 2, split).unwrap_err().to_string();
+        assert!(e.contains("expert 9"), "{e}");
+        s.ids.copy_from_slice(&[0, 7, 7, 3]);
         s.compute(1, 2, split).unwrap();
-        assert_eq!(s.output().unwrap().len(), 2 * s.experts.d());
+        let compact = s.output().unwrap().to_vec();
+        assert_eq!(compact.len(), 2 * d);
         assert_eq!(s.rows(), (2, 2));
+        // Groups padded to 3 rows: the same two rows at the start of expert 7's group.
+        let split = two_tokens(&mut s, Some(3));
+        assert_eq!(
+            split,
+            Split {
+                first: 7,
+                row: 21,
+                rows: 3
+            }
+        );
+        s.compute(1, 2, split).unwrap();
+        assert_eq!(&s.output().unwrap()[..2 * d], &compact[..]);
+        assert_eq!(s.rows(), (4, 4));
     }
 
     /// Output memory of a fixed room (as the pinned memory is): a batch past it is an error,
@@ -328,14 +395,7 @@ mod tests {
         }
         let mut s = share(1, false);
         let d = s.experts.d();
-        s.prepare(2, 2, d);
-        s.ids.copy_from_slice(&[0, 7, 7, 3]);
-        s.at.copy_from_slice(&[0, 2, 3, 1]);
-        s.normed
-            .iter_mut()
-            .enumerate()
-            .for_each(|(i, v)| *v = (i % 5) as f32 - 2.0);
-        let split = Split { first: 7, row: 2 };
+        let split = two_tokens(&mut s, None);
         s.set_rows_memory(Box::new(Fixed(vec![0.0; d])));
         let e = s.compute(1, 2, split).unwrap_err().to_string();
         assert!(e.contains(&format!("{} values past the {d}", 2 * d)), "{e}");

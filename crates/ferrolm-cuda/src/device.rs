@@ -813,8 +813,8 @@ impl CudaModel {
                     count,
                     adapt,
                 )?;
-                // (a batch's every pair at most)
-                let most = MAX_BATCH * dp.max_used * dp.n_embd;
+                // (a batch's every pair at most, twice that with the groups padded)
+                let most = 2 * MAX_BATCH * dp.max_used * dp.n_embd;
                 // SAFETY: the CPU writes rows before the copies read them.
                 let pinned = unsafe { ctx.alloc_pinned::<f32>(most) }
                     .map_err(driver("the CPU tier's prompt rows"))?;

@@ -1765,17 +1765,14 @@ impl<D: BatchDevice> Prefill<D> {
                     .download(&b.normed, &mut s.normed, "the CPU's inputs")?;
             }
             self.dev.synchronize("reading the experts' counts")?;
-            // Experts `cpu.first..` on the CPU, their rows from `cpu.row` on.
-            let cpu = share.as_deref().map(|s| s.split(&used));
-            let gpu_experts = cpu.map_or(ne, |c| c.first);
             // Every expert's group padded to the largest, where that fits twice the pairs: one
-            // strided-batched GEMM per matrix over all the experts (a GEMM each otherwise, or
-            // without `CudaTuning::padded_expert_groups`, or with the CPU's share).
+            // strided-batched GEMM per matrix over all the (GPU's) experts (a GEMM each
+            // otherwise, or without `CudaTuning::padded_expert_groups`).
             let most = used.iter().copied().max().unwrap_or(0) as usize;
-            let padded = self.tuning.padded_expert_groups
-                && cpu.is_none()
-                && most > 0
-                && ne * most <= 2 * pairs;
+            let padded = self.tuning.padded_expert_groups && most > 0 && ne * most <= 2 * pairs;
+            // Experts `cpu.first..` on the CPU, their rows from `cpu.row` on.
+            let cpu = (share.as_deref_mut()).map(|s| s.split(&used, padded.then_some(most)));
+            let gpu_experts = cpu.map_or(ne, |c| c.first);
             if padded {
                 self.run(
                     "moe_pad_rows",
@@ -1850,7 +1847,7 @@ impl<D: BatchDevice> Prefill<D> {
                         c: out,
                         beta: 0.0,
                         f32_operands: false,
-                        batch: ne,
+                        batch: gpu_experts,
                     })?;
                 }
                 for &(e, o, c) in &groups {

@@ -837,16 +837,25 @@ fn a_prompt_longer_than_a_batch_goes_in_batches() {
 /// the last experts computed on the CPU for the tokens that chose them (their rows copied into
 /// the grouped outputs), the others by the emulated GPU; the prompt's logits against the CPU
 /// model's as without the share, with one expert, half of them and all of them on the CPU, and
-/// with the count adapted, on qwen3moe, qwen2moe (a gated shared expert), Mixtral-style llama,
-/// qwen35moe (a hybrid) and gpt-oss (the experts' biases, MXFP4).
+/// with the count adapted, the groups padded to one batched GEMM a matrix and not, on
+/// qwen3moe, qwen2moe (a gated shared expert), Mixtral-style llama, qwen35moe (a hybrid) and
+/// gpt-oss (the experts' biases, MXFP4).
 #[test]
 fn prompt_batches_share_their_expert_groups_with_the_cpu() {
+    for padded in [true, false] {
+        let tuning = CudaTuning {
+            // (host-memory stacks are not kept as f16 copies: each batch dequantizes the GPU's)
+            f16_experts: false,
+            padded_expert_groups: padded,
+            ..host_tuning()
+        };
+        share_prompt_groups(&tuning);
+    }
+}
+
+fn share_prompt_groups(tuning: &CudaTuning) {
     use ferrolm_cuda::cpu_prompt::PromptCpuShare;
-    let tuning = CudaTuning {
-        // (host-memory stacks are not kept as f16 copies: each batch dequantizes the GPU's)
-        f16_experts: false,
-        ..host_tuning()
-    };
+    let padded = tuning.padded_expert_groups;
     let moe_files = files().into_iter().filter(|(_, s)| s.n_expert > 0).chain(
         hybrid_and_gpt_oss_files()
             .into_iter()
@@ -856,10 +865,10 @@ fn prompt_batches_share_their_expert_groups_with_the_cpu() {
     for (name, spec) in moe_files {
         let ne = spec.n_expert;
         for (count, adapt) in [(1, false), (ne / 2, false), (ne, false), (ne / 2, true)] {
-            let (file, model, plan) = load(&spec, &tuning);
+            let (file, model, plan) = load(&spec, tuning);
             let dev = HostDevice::new(&file, &plan, 2);
             let at = dev.addresses(1);
-            let mut prefill = Prefill::on(dev, &plan, &tuning).unwrap();
+            let mut prefill = Prefill::on(dev, &plan, tuning).unwrap();
             let layers: Vec<usize> = (0..plan.layers.len())
                 .filter(|&l| plan.layers[l].moe.is_some())
                 .collect();
@@ -871,7 +880,9 @@ fn prompt_batches_share_their_expert_groups_with_the_cpu() {
             let seq = ids(1, 60);
             let logits = prefill.eval(&plan, &at, &seq, 0, true, true).unwrap();
             let ties = near_ties(&prefill);
-            let what = format!("{name}, {count} of {ne} experts on the CPU (adapted: {adapt})");
+            let what = format!(
+                "{name}, {count} of {ne} experts on the CPU (adapted: {adapt}, padded: {padded})"
+            );
             let cpu = cpu_logits(&model, &seq);
             distance(&what, &cpu, &logits, plan.n_vocab, &ties).assert_close();
             let (on_cpu, on_gpu) = prefill.cpu_share_rows().unwrap();
@@ -886,6 +897,9 @@ fn prompt_batches_share_their_expert_groups_with_the_cpu() {
                 count == ne && !adapt,
                 "{what}: {on_gpu} on the GPU"
             );
+            let launched = &prefill.device().launched;
+            let pads = launched.iter().any(|l| l == "moe_pad_rows");
+            assert_eq!(pads, padded, "{what}: {launched:?}");
         }
     }
 }
