@@ -153,7 +153,8 @@ impl PromptCpuShare {
         let ne = used.len();
         let first = ne - self.count(ne);
         self.used = used.iter().map(|&c| c as usize).collect();
-        (self.compact.clear(), self.starts.clear());
+        self.compact.clear();
+        self.starts.clear();
         let mut o = 0;
         for (e, &c) in self.used.iter().enumerate() {
             self.compact.push(o);
