@@ -13,7 +13,8 @@
 #    tg128 on issue 19's hybrid-1g with neither, each and both, alternating;
 # 2. issue 24: a Qwen3-30B-A3B-shaped file (48 layers, 128 experts top-8, Q4_0, by make_moe.py
 #    in the background from the start), resident pp512 and tg64 with and without
-#    `FERROLM_CUDA_ROUTER_IN_ROUTE=1`; under `--gpu-memory 6` the CPU tier
+#    `FERROLM_CUDA_ROUTER_IN_ROUTE=1` (its rows in runs of columns since session 22), and
+#    cuda-check with and without it; under `--gpu-memory 6` the CPU tier
 #    (`FERROLM_CUDA_CPU_EXPERTS`, 2 by default) and the slot cache (`FERROLM_CUDA_EXPERT_SLOTS=1`);
 # 3. issue 18: the 8B Q4_K_M at B=16 with the defaults (Q, K, V and gate, up as one launch each,
 #    gate, up and the activation as one), without them, and with the Q6_K matrices' f16 copies
@@ -62,6 +63,8 @@ timeout 90 $B cuda-check -m $W/8b.gguf --batch 16 -p 32 -n 4 2>&1 | grep -E '^\|
 while [ ! -f $W/moe30.gguf ] && [ $(el) -lt 360 ]; do sleep 5; done
 say "== moe30 pp512 tg64 ($(el) s)"
 timeout 90 $B bench -m $W/moe30.gguf --device cuda -p 512 -n 64 -r 2 2>&1 | grep -E 'pp512|tg64|rror|anic' | tee -a $LOG
+say "== moe30 cuda-check (moe_route's block sum, session 22) ($(el) s)"
+timeout 60 $B cuda-check -m $W/moe30.gguf -p 32 -n 8 2>&1 | grep -E 'decode steps|prompt batch|rror' | tee -a $LOG
 RR=FERROLM_CUDA_ROUTER_IN_ROUTE=1
 say "== moe30 tg64 $RR, then cuda-check with it ($(el) s)"
 env $RR timeout 60 $B bench -m $W/moe30.gguf --device cuda -p 0 -n 64 -r 2 2>&1 | grep -E 'tg64|rror|anic' | tee -a $LOG
