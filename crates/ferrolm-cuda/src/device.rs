@@ -570,13 +570,6 @@ impl CudaModel {
         let dp = dp.unstaged_where(|m| tiers[m] == Tier::Host);
         // The CPU's share of the chosen experts in the layers left wholly in host memory.
         let cpu_layers = crate::tiers::host_layers(&dp, &tiers);
-        if streamed && !cpu_layers.is_empty() && slots > 1 {
-            return Err(CudaError::Model(
-                "the experts are streamed from the file and some stay off the GPU, which the \
-                 batched step cannot read"
-                    .into(),
-            ));
-        }
         let slotted = if slot_room.is_some() {
             &cpu_layers[..]
         } else {

@@ -526,10 +526,13 @@ impl<D: BatchDevice> Prefill<D> {
         &self.dev
     }
 
-    /// Has the CPU compute part of the expert groups of the layers `share` serves in prompt
-    /// batches (`cpu_prompt.rs`).
+    /// Has the CPU compute part of the expert groups of the layers `share` serves, in prompt
+    /// batches and batched decode steps (`cpu_prompt.rs`). Those steps then group their pairs
+    /// by expert as prompts do, which reads the counts back: they run launch by launch, not
+    /// as graphs.
     pub fn set_cpu_share(&mut self, share: PromptCpuShare) {
         self.cpu_share = Some(share);
+        self.graphs = false;
     }
 
     /// Rows (token, expert pairs) computed on the CPU and on the GPU in the layers the CPU
@@ -1621,8 +1624,8 @@ impl<D: BatchDevice> Prefill<D> {
         rows: Placement<'_>,
     ) -> Result<(), CudaError> {
         // (out of self while the CPU works beside the launches; back whatever happens)
-        let mut share = match (&self.cpu_share, rows) {
-            (Some(s), Placement::Prompt { .. }) if s.serves(l) => self.cpu_share.take(),
+        let mut share = match &self.cpu_share {
+            Some(s) if s.serves(l) => self.cpu_share.take(),
             _ => None,
         };
         let done = self.experts_sharing(p, at, (l, r, m), n, rows, share.as_mut());
@@ -1632,7 +1635,8 @@ impl<D: BatchDevice> Prefill<D> {
         done
     }
 
-    /// [`Prefill::experts`], a prompt's groups of the last experts computed by `share`.
+    /// [`Prefill::experts`], the groups of the last experts computed by `share` (a batched
+    /// decode step's rows grouped as a prompt's then).
     fn experts_sharing(
         &mut self,
         p: &DecodePlan,
@@ -1728,7 +1732,7 @@ impl<D: BatchDevice> Prefill<D> {
             ],
         )?;
         let [wg, wu, wd] = m.experts;
-        let grouped = matches!(rows, Placement::Prompt { .. });
+        let grouped = matches!(rows, Placement::Prompt { .. }) || share.is_some();
         if grouped {
             // (the CPU multiplies the f32 norms, as its forward pass does)
             if share.is_some() && router.ty != TensorType::F32 {
@@ -1811,6 +1815,9 @@ impl<D: BatchDevice> Prefill<D> {
                 .filter(|&(e, (_, c))| c > 0 && e < gpu_experts)
                 .map(|(e, (o, c))| if padded { (e, e * most, c) } else { (e, o, c) })
                 .collect();
+            // Stacks in host memory dequantized expert by expert where a batched step uses
+            // few of the GPU's (each expert's rows cross the bus once either way).
+            let sparse = cpu.is_some() && 4 * groups.len() < 3 * gpu_experts;
             let each = |this: &mut Prefill<D>,
                         mat: usize,
                         (rows_out, cols): (usize, usize),
@@ -1828,13 +1835,25 @@ impl<D: BatchDevice> Prefill<D> {
                 } else if let Some(w) = kept {
                     w
                 } else {
-                    // (the GPU's experts only: their rows come first)
-                    let gpu_part = MatrixSpec {
-                        rows: gpu_experts * rows_out,
-                        ..spec.clone()
-                    };
                     let dst = this.dev.address(&this.w16);
-                    this.dequantize(&gpu_part, at.matrices[mat], dst)?;
+                    if sparse {
+                        // (the used experts alone, each at its place)
+                        let one = MatrixSpec {
+                            rows: rows_out,
+                            ..spec.clone()
+                        };
+                        for &(e, _, _) in &groups {
+                            let from = at.matrices[mat] + e as u64 * spec.expert_bytes();
+                            this.dequantize(&one, from, dst + 2 * (e * rows_out * cols) as u64)?;
+                        }
+                    } else {
+                        // (the GPU's experts only: their rows come first)
+                        let gpu_part = MatrixSpec {
+                            rows: gpu_experts * rows_out,
+                            ..spec.clone()
+                        };
+                        this.dequantize(&gpu_part, at.matrices[mat], dst)?;
+                    }
                     dst
                 };
                 if padded {

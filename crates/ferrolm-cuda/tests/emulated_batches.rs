@@ -937,3 +937,96 @@ fn some_expert_stacks_kept_as_f16_give_the_cpus_logits() {
         .assert_close();
     }
 }
+
+/// The CPU tier in batched decode steps (`serve --parallel` under a budget, and models whose
+/// experts are streamed from the file): 3 and 8 sequences at different positions, each step's
+/// pairs grouped by expert as a prompt's, the last experts' groups on the CPU (half of them,
+/// and all), launch by launch (no graph); each sequence's logits against the CPU model's
+/// alone, on qwen3moe and gpt-oss.
+#[test]
+fn batched_steps_share_their_expert_groups_with_the_cpu() {
+    use ferrolm_cuda::cpu_prompt::PromptCpuShare;
+    let tuning = CudaTuning {
+        f16_experts: false,
+        ..host_tuning()
+    };
+    // (gpt-oss's every expert chosen, as in the batched steps' test above: its small file's
+    // router meets near ties the tie test does not flag)
+    let mut gpt_oss = SyntheticSpec::small("gpt-oss");
+    gpt_oss.n_layer = 2;
+    gpt_oss.sliding_window = Some(8);
+    gpt_oss.n_expert_used = gpt_oss.n_expert;
+    for (name, spec) in [("qwen3moe", small("qwen3moe")), ("gpt-oss", gpt_oss)] {
+        let ne = spec.n_expert;
+        for (batch, count) in [(3, ne / 2), (8, ne / 2), (8, ne)] {
+            let (file, model, plan) = load(&spec, &tuning);
+            let dev = HostDevice::new(&file, &plan, batch);
+            let slots: Vec<Addresses> = (0..batch).map(|s| dev.addresses(s)).collect();
+            let stride = dev.slot_stride();
+            let mut prefill = Prefill::on(dev, &plan, &tuning).unwrap();
+            let layers: Vec<usize> = (0..plan.layers.len())
+                .filter(|&l| plan.layers[l].moe.is_some())
+                .collect();
+            let experts = model.host_experts(&layers).unwrap();
+            let share =
+                PromptCpuShare::new(experts, &layers, plan.layers.len(), 2, count, false).unwrap();
+            prefill.set_cpu_share(share);
+            let steps = 3;
+            let prompt_len = |s: usize| 2 + (5 * s) % 7;
+            let seqs: Vec<Vec<u32>> = (0..batch).map(|s| ids(s, prompt_len(s) + steps)).collect();
+            let mut logits = Vec::new();
+            let mut ties: Vec<Vec<usize>> = vec![Vec::new(); batch];
+            for (s, seq) in seqs.iter().enumerate() {
+                let prompt = &seq[..prompt_len(s)];
+                let out = prefill.eval(&plan, &slots[s], prompt, 0, true, true);
+                logits.push(out.unwrap());
+                ties[s].extend(near_ties(&prefill));
+            }
+            let before = prefill.cpu_share_rows().unwrap();
+            let rows: Vec<u32> = (0..batch as u32).collect();
+            for step in 0..steps {
+                let (ids, pos): (Vec<u32>, Vec<u32>) = (0..batch)
+                    .map(|s| (seqs[s][prompt_len(s) + step], (prompt_len(s) + step) as u32))
+                    .unzip();
+                let want = RowsWant::Logits;
+                let out = prefill
+                    .decode_rows(
+                        &plan,
+                        &slots[0],
+                        &ids,
+                        &rows,
+                        &pos,
+                        &stride,
+                        batch as u32,
+                        want,
+                    )
+                    .unwrap();
+                let Rows::Logits(out) = out else {
+                    panic!("logits asked for")
+                };
+                for (s, row) in out.chunks_exact(plan.n_vocab).enumerate() {
+                    logits[s].extend_from_slice(row);
+                }
+                for s in near_ties(&prefill).into_iter().filter(|&s| s < batch) {
+                    ties[s].push(prompt_len(s) + step);
+                }
+            }
+            for (s, seq) in seqs.iter().enumerate() {
+                let what =
+                    format!("{name}, batch {batch}, {count} of {ne} on the CPU, sequence {s}");
+                let cpu = cpu_logits(&model, seq);
+                distance(&what, &cpu, &logits[s], plan.n_vocab, &ties[s]).assert_close();
+            }
+            let after = prefill.cpu_share_rows().unwrap();
+            assert!(
+                after.0 > before.0,
+                "{name}, batch {batch}: the steps' CPU rows"
+            );
+            assert_eq!(
+                prefill.device().replays.get(),
+                0,
+                "{name}: no graph replayed"
+            );
+        }
+    }
+}
