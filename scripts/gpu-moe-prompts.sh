@@ -4,7 +4,9 @@
 # experts streamed from the file. The 48-layer Qwen3-30B-A3B-shaped file under
 # `--gpu-memory 6`: pp512 with the CPU tier in prompt batches off (`PROMPT_CPU_EXPERTS=0`, the
 # bus alone), adapted (the default) and fixed at 32, 48, 64 and 80 of the 128 experts, with the
-# selections the CPU computed (`--expert-stats`); then the model loaded with its experts
+# selections the CPU computed (`--expert-stats`); batched decode of 4 and 16 sequences with the
+# share off (per-pair products over the bus, graphs) and on (grouped, launch by launch); then
+# the model loaded with its experts
 # streamed (`--expert-cache 4096`, the CPU computing every expert of the layers off the GPU)
 # pp512 and tg64; cuda-check of a 512-token prompt and decode steps in both; llama.cpp's pp512
 # with `-ncmoe 36` (its best under 6 GB) in the same sitting. Everything lands in
@@ -25,6 +27,11 @@ say "== moe30 $G run --expert-stats, a 512-token prompt ($(el) s)"
 timeout 100 $B run -m $W/moe30.gguf --device cuda $G -t 16 --expert-stats -n 4 --temp 0 \
   -p "$(python3 -c 'print(" ".join(["tiers"] * 500))')" 2>&1 | grep -E 'expert tiers|rror|anic' |
   tee -a $LOG
+for v in "$PE=0" "$PE=auto"; do
+  say "== moe30 $G batched decode --batch 4,16, $v ($(el) s)"
+  env $v timeout 150 $B bench -m $W/moe30.gguf --device cuda $G -t 16 --batch 4,16 -p 64 -n 32 2>&1 |
+    grep -E '^\| +[0-9]|rror|anic' | tee -a $LOG
+done
 S="--expert-cache 4096"
 say "== moe30 $G $S (streamed) pp512 and tg64 ($(el) s)"
 timeout 150 $B bench -m $W/moe30.gguf --device cuda $G $S -t 16 -p 512 -n 64 -r 1 2>&1 |
