@@ -32,6 +32,9 @@ for v in "$PE=0" "$PE=auto"; do
   env $v timeout 150 $B bench -m $W/moe30.gguf --device cuda $G -t 16 --batch 4,16 -p 64 -n 32 2>&1 |
     grep -E '^\| +[0-9]|rror|anic' | tee -a $LOG
 done
+say "== moe30 on the CPU alone, pp512 (the prompt share's CPU side) ($(el) s)"
+timeout 150 $B bench -m $W/moe30.gguf --device cpu -t 14 -p 512 -n 0 -r 1 2>&1 |
+  grep -E 'pp512|rror|anic' | tee -a $LOG
 S="--expert-cache 4096"
 say "== moe30 $G $S (streamed) pp512 and tg64 ($(el) s)"
 timeout 150 $B bench -m $W/moe30.gguf --device cuda $G $S -t 16 -p 512 -n 64 -r 1 2>&1 |

@@ -30,23 +30,24 @@ struct LayerExperts {
 }
 
 impl LayerExperts {
-    /// Expert `e` (its matrices and bytes in `view`) over the `n` inputs `x`: the CPU pass's
-    /// `gated_ffn`, biases added.
+    /// Expert `e` (its matrices and the bytes they index into) over the `n` inputs `x`: the
+    /// CPU pass's `gated_ffn`, biases added.
+    #[allow(clippy::type_complexity)] // (gate, up, down), as gated_ffn takes them
     fn run(
         &self,
         pool: &ThreadPool,
-        view: &ExpertView<'_>,
+        (bytes, mats): (&[u8], (&Matrix, &Matrix, &Matrix)),
         e: usize,
         (x, n, d): (&[f32], usize, usize),
         (input, floats): &mut (SharedInput, Buffers),
     ) -> Vec<f32> {
         gated_ffn(
             pool,
-            view.bytes(),
+            bytes,
             (input, floats),
             (x, n, d),
             (self.n_ff, self.activation),
-            (view.gate, view.up, view.down),
+            mats,
             self.bias(e, d),
             None,
         )
@@ -177,13 +178,41 @@ impl HostExperts {
                 )));
             }
         }
+        // Mapped experts side by side, each on one thread alone (no dispatch per product; the
+        // same dot products, so the same bits); streamed ones as the store serves them.
+        if matches!(*self.store, ExpertStore::Resident) && pool.n_threads() > 1 {
+            let file = self.file.file_bytes();
+            let ys = pool.map(groups.len(), |j| {
+                let (e, rows) = (groups[j].0 as usize, &groups[j].1);
+                let alone = ThreadPool::new(1).expect("a pool of one thread spawns none");
+                let mats = (&le.gate[e], &le.up[e], &le.down[e]);
+                let x = &x[rows.start * d..rows.end * d];
+                le.run(
+                    &alone,
+                    (file, mats),
+                    e,
+                    (x, rows.len(), d),
+                    &mut Default::default(),
+                )
+            });
+            for ((_, rows), y) in groups.iter().zip(ys) {
+                out[rows.start * d..rows.end * d].copy_from_slice(&y);
+            }
+            return Ok(());
+        }
         let experts: Vec<usize> = groups.iter().map(|(e, _)| *e as usize).collect();
         let rows_of = |e: usize| &groups[experts.iter().position(|&x| x == e).expect("asked")].1;
         let mut bufs = (SharedInput::default(), Buffers::default());
         self.each_expert(pool, l, &experts, |e, view| {
             let rows = rows_of(e);
             let span = rows.start * d..rows.end * d;
-            let y = le.run(pool, view, e, (&x[span.clone()], rows.len(), d), &mut bufs);
+            let y = le.run(
+                pool,
+                (view.bytes(), (view.gate, view.up, view.down)),
+                e,
+                (&x[span.clone()], rows.len(), d),
+                &mut bufs,
+            );
             out[span].copy_from_slice(&y);
             bufs.1.give(y);
         })
@@ -310,7 +339,13 @@ impl HostExperts {
         distinct.dedup();
         let mut bufs = (SharedInput::default(), Buffers::default());
         self.each_expert(pool, l, &distinct, |e, view| {
-            let y = le.run(pool, view, e, (x, 1, d), &mut bufs);
+            let y = le.run(
+                pool,
+                (view.bytes(), (view.gate, view.up, view.down)),
+                e,
+                (x, 1, d),
+                &mut bufs,
+            );
             for (j, _) in ids.iter().enumerate().filter(|(_, &id)| id as usize == e) {
                 out[j * d..(j + 1) * d].copy_from_slice(&y);
             }
