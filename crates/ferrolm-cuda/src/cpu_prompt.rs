@@ -7,8 +7,9 @@
 //! takes the GPU's.
 //!
 //! How many experts the CPU takes is either fixed or adapted layer after layer: when the CPU
-//! finishes its groups before the GPU has finished its own it takes one more expert at the
-//! next layer, otherwise one fewer, so that both sides finish together.
+//! finishes its groups before the GPU has finished its own it takes more at the next layer,
+//! otherwise fewer (bisecting between the latest counts seen on either side), so that both
+//! sides finish together.
 
 use std::ops::Range;
 
@@ -25,8 +26,13 @@ pub struct PromptCpuShare {
     layers: Vec<bool>,
     /// Experts a layer the CPU takes (the last ids).
     count: usize,
-    /// Whether `count` follows which side finishes first.
+    /// Whether `count` follows which side finishes first; the latest counts seen to leave
+    /// the CPU the faster side and the slower one (a bracket to halve); the next move while
+    /// only one side of it is known (doubling).
     adapt: bool,
+    faster: Option<usize>,
+    slower: Option<usize>,
+    step: usize,
     /// Rows (token, expert pairs) computed on the CPU and on the GPU in those layers so far.
     cpu_rows: u64,
     gpu_rows: u64,
@@ -114,6 +120,9 @@ impl PromptCpuShare {
             layers: on,
             count: count.max(1),
             adapt,
+            faster: None,
+            slower: None,
+            step: 1,
             cpu_rows: 0,
             gpu_rows: 0,
             ids: Vec::new(),
@@ -261,12 +270,45 @@ impl PromptCpuShare {
     }
 
     /// After a layer: the GPU had finished its groups by the time the CPU finished
-    /// (`gpu_idle`): the CPU takes one fewer expert next time, else one more.
+    /// (`gpu_idle`: the CPU was the slower side at this count) or not. Between a count known
+    /// to leave the CPU faster and one known to leave it slower, the next is halfway; with
+    /// only one of them known, the count moves away from it one expert, then twice as many
+    /// each layer (at most an eighth of them); a count seen on the other side than before
+    /// replaces the old bound, so that the bracket follows a balance that drifts.
     pub fn adapt(&mut self, gpu_idle: bool, ne: usize) {
-        if self.adapt {
-            let c = self.count(ne);
-            self.count = if gpu_idle { c - 1 } else { c + 1 }.clamp(1, ne.max(2) - 1);
+        if !self.adapt {
+            return;
         }
+        let c = self.count(ne);
+        if gpu_idle {
+            self.slower = Some(c);
+            self.faster = self.faster.filter(|&f| f < c);
+        } else {
+            self.faster = Some(c);
+            self.slower = self.slower.filter(|&s| s > c);
+        }
+        let most = (ne / 8).max(1);
+        let mut grow = || {
+            let s = self.step;
+            self.step = (2 * s).min(most);
+            s
+        };
+        let next = match (self.faster, self.slower) {
+            (Some(f), Some(s)) if s > f + 1 => (f + s) / 2,
+            (Some(f), Some(s)) => {
+                if gpu_idle {
+                    f
+                } else {
+                    s
+                }
+            }
+            (Some(_), None) => c + grow(),
+            (None, _) => c.saturating_sub(grow()),
+        };
+        if self.faster.is_some() && self.slower.is_some() {
+            self.step = 1;
+        }
+        self.count = next.clamp(1, ne.max(2) - 1);
     }
 }
 
@@ -304,10 +346,13 @@ mod tests {
 
     #[test]
     fn the_count_follows_the_side_that_finishes_first() {
+        // Of 8 experts (a move of one at most): 3 -> 4 -> 5; the CPU slower at 5: back to 4.
         let mut s = share(3, true);
         s.adapt(false, 8);
         s.adapt(false, 8);
         assert_eq!(s.count(8), 5);
+        s.adapt(true, 8);
+        assert_eq!(s.count(8), 4);
         for _ in 0..10 {
             s.adapt(true, 8);
         }
@@ -319,6 +364,18 @@ mod tests {
         let mut fixed = share(3, false);
         fixed.adapt(true, 8);
         assert_eq!(fixed.count(8), 3);
+        // Of 128, the sides even at 20 on the CPU, then at 60: from 48 the count is near 20
+        // within 8 layers and stays there, then follows to 60.
+        let mut s = share(48, true);
+        let mut seen = Vec::new();
+        for layer in 0..80 {
+            let c = s.count(128);
+            seen.push(c);
+            s.adapt(c > if layer < 40 { 20 } else { 60 }, 128);
+        }
+        let near =
+            |from: usize, to: usize, at: usize| seen[from..to].iter().all(|&c| c.abs_diff(at) <= 2);
+        assert!(near(8, 40, 20) && near(52, 80, 60), "{seen:?}");
     }
 
     /// Two tokens of two pairs; expert 7 (the CPU's, of 8) chosen by pairs 1 and 2, at

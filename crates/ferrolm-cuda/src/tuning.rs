@@ -109,8 +109,8 @@ pub struct CudaTuning {
     /// In prompt batches, how many of each such layer's experts (the last ids) the CPU
     /// computes for every token that chose them while the GPU multiplies the others' groups
     /// ([`crate::cpu_prompt`]; `FERROLM_CUDA_PROMPT_CPU_EXPERTS`, 0: none, `auto`): `None`,
-    /// the default, starts at three eighths of the experts and moves by one after each layer
-    /// towards both sides finishing together. Its threads: all the cores but two, or
+    /// the default, starts at three eighths of the experts and moves after each layer
+    /// towards both sides finishing together (`PromptCpuShare::adapt`). Its threads: all the cores but two, or
     /// `cpu_tier_threads` if more.
     pub prompt_cpu_experts: Option<usize>,
     /// Under a budget, every expert stack in host memory and what the budget leaves as
