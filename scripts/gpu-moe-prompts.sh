@@ -44,10 +44,14 @@ for s in "" "$S"; do
   timeout 150 $B cuda-check -m $W/moe30.gguf $G $s -t 16 -p 512 -n 8 2>&1 |
     grep -E 'decode steps|prompt batch|rror|anic' | tee -a $LOG
 done
+say "== the host's CPU: $(lscpu | sed -n 's/^Model name: *//p'); $(grep -o 'amx[a-z_0-9]*\|avx512_vnni' /proc/cpuinfo | sort -u | tr '\n' ' ')"
 while [ ! -x $L/llama-bench ] && [ $(el) -lt 420 ]; do sleep 5; done
 if [ -x $L/llama-bench ]; then
-  say "== llama.cpp -ncmoe 36 pp512 ($(el) s)"
-  timeout 150 $L/llama-bench -m $W/moe30.gguf -ngl 99 -fa 1 -ncmoe 36 -t 16 -p 512 -n 0 -r 2 2>&1 |
-    grep -E '^\|' | tee -a $LOG
+  # (with its op offload, the default, and without: which of the CPU and the bus it uses)
+  for po in 0 1; do
+    say "== llama.cpp -ncmoe 36 pp512, --no-op-offload $po ($(el) s)"
+    timeout 150 $L/llama-bench -m $W/moe30.gguf -ngl 99 -fa 1 -ncmoe 36 -t 16 -p 512 -n 0 -r 2 \
+      -nopo $po 2>&1 | grep -E '^\||rror' | tee -a $LOG
+  done
 fi
 say "total $(el) s"
