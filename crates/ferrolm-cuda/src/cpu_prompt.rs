@@ -20,10 +20,9 @@ use crate::CudaError;
 
 /// The CPU's part of the prompt batches' expert groups, and the host copies it works from.
 pub struct PromptCpuShare {
+    /// The experts of the layers the CPU takes part in.
     experts: HostExperts,
     pool: ThreadPool,
-    /// Per layer of the plan: whether the CPU takes part there.
-    layers: Vec<bool>,
     /// Experts a layer the CPU takes (the last ids).
     count: usize,
     /// Whether `count` follows which side finishes first; the latest counts seen to leave
@@ -41,11 +40,12 @@ pub struct PromptCpuShare {
     pub(crate) ids: Vec<u32>,
     pub(crate) at: Vec<u32>,
     pub(crate) normed: Vec<f32>,
-    /// The layer's rows a expert ([`PromptCpuShare::split`]), each expert's first row in the
-    /// compact groups (where `at` counts from) and in the grouped outputs (padded or not).
+    /// The layer's rows an expert ([`PromptCpuShare::split`]), each expert's first row in the
+    /// compact groups (where `at` counts from), and the rows of each padded group in the
+    /// grouped outputs (`None`: not padded, the compact places).
     used: Vec<usize>,
     compact: Vec<usize>,
-    starts: Vec<usize>,
+    most: Option<usize>,
     x: Vec<f32>,
     y: Box<dyn RowsMemory>,
     /// Values of `y` the last [`PromptCpuShare::compute`] wrote.
@@ -91,33 +91,19 @@ pub struct Split {
 }
 
 impl PromptCpuShare {
-    /// The share over `experts` (holding each of `layers`) on `threads` threads, for a plan of
-    /// `n_layers` layers: `count` experts a layer, or adapted from there when `adapt`.
+    /// The share over `experts` (the layers it takes part in) on `threads` threads: `count`
+    /// experts a layer, or adapted from there when `adapt`.
     pub fn new(
         experts: HostExperts,
-        layers: &[usize],
-        n_layers: usize,
         threads: usize,
         count: usize,
         adapt: bool,
     ) -> Result<PromptCpuShare, CudaError> {
-        if let Some(&l) = layers.iter().find(|&&l| !experts.has_layer(l)) {
-            return Err(CudaError::Model(format!(
-                "the CPU tier in prompts: layer {l}'s experts are not on the host"
-            )));
-        }
         let pool = ThreadPool::new(threads.max(1))
             .map_err(|e| CudaError::Model(format!("the CPU tier's prompt threads: {e}")))?;
-        let mut on = vec![false; n_layers];
-        for &l in layers {
-            if let Some(x) = on.get_mut(l) {
-                *x = true;
-            }
-        }
         Ok(PromptCpuShare {
             experts,
             pool,
-            layers: on,
             count: count.max(1),
             adapt,
             faster: None,
@@ -130,7 +116,7 @@ impl PromptCpuShare {
             normed: Vec::new(),
             used: Vec::new(),
             compact: Vec::new(),
-            starts: Vec::new(),
+            most: None,
             x: Vec::new(),
             y: Box::new(Vec::new()),
             y_len: 0,
@@ -139,7 +125,12 @@ impl PromptCpuShare {
 
     /// Whether the CPU takes part in layer `l`.
     pub fn serves(&self, l: usize) -> bool {
-        self.layers.get(l).copied().unwrap_or(false)
+        self.experts.has_layer(l)
+    }
+
+    /// Expert `e`'s first row in the grouped outputs.
+    fn start(&self, e: usize) -> usize {
+        self.most.map_or(self.compact[e], |m| e * m)
     }
 
     /// Experts the CPU takes in a layer of `ne`: adapted counts leave each side at least one.
@@ -163,15 +154,14 @@ impl PromptCpuShare {
         let first = ne - self.count(ne);
         self.used = used.iter().map(|&c| c as usize).collect();
         self.compact.clear();
-        self.starts.clear();
         let mut o = 0;
-        for (e, &c) in self.used.iter().enumerate() {
+        for &c in &self.used {
             self.compact.push(o);
-            self.starts.push(most.map_or(o, |m| e * m));
             o += c;
         }
+        self.most = most;
         let end = most.map_or(o, |m| ne * m);
-        let row = self.starts.get(first).copied().unwrap_or(end);
+        let row = if first < ne { self.start(first) } else { end };
         Split {
             first,
             row,
@@ -212,7 +202,7 @@ impl PromptCpuShare {
             )))
         };
         let (ne, rows) = (self.used.len(), split.rows);
-        if split.first > ne || self.starts.len() != ne {
+        if split.first > ne || self.compact.len() != ne {
             return refuse(format!("split {split:?} of {ne} experts"));
         }
         let on_cpu: usize = self.used[split.first..].iter().sum();
@@ -226,7 +216,7 @@ impl PromptCpuShare {
         // Each CPU expert's rows, from the counts; every pair of it in one of them, once.
         let mut groups: Vec<(u32, Range<usize>)> = Vec::new();
         for e in split.first..ne {
-            let start = self.starts[e].checked_sub(split.row);
+            let start = self.start(e).checked_sub(split.row);
             match start.filter(|&s| s + self.used[e] <= rows) {
                 _ if self.used[e] == 0 => {}
                 Some(s) => groups.push((e as u32, s..s + self.used[e])),
@@ -244,7 +234,7 @@ impl PromptCpuShare {
                 .then(|| at.checked_sub(self.compact[e]))
                 .flatten()
                 .filter(|&rank| rank < self.used[e])
-                .map(|rank| self.starts[e] + rank - split.row)
+                .map(|rank| self.start(e) + rank - split.row)
                 .filter(|&r| !filled[r]);
             let Some(r) = r else {
                 return refuse(format!(
@@ -327,7 +317,7 @@ mod tests {
         );
         let model = Model::from_file(file, 1).unwrap();
         let experts = model.host_experts(&[1]).unwrap();
-        PromptCpuShare::new(experts, &[1], spec.n_layer, 1, count, adapt).unwrap()
+        PromptCpuShare::new(experts, 1, count, adapt).unwrap()
     }
 
     #[test]

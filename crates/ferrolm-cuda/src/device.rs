@@ -534,11 +534,9 @@ impl CudaModel {
             None => (if slots > 1 { slots + 1 } else { 1 }) as u64 * dp.kv_bytes_total(),
         };
         let fixed = caches + prefill::scratch_bytes(&dp);
-        // Under a budget, the expert stacks it leaves no room for stay in host memory.
-        // (with the slot cache, every stack there, and what is left as slots)
         // Experts streamed from the file (the model larger than host memory): the stacks left
-        // in host memory are not copied there; the CPU computes every chosen expert of their
-        // layers, reading them through the model's expert cache.
+        // off the device are not copied to host memory; the CPU computes every chosen expert
+        // of their layers, reading them through the model's expert cache.
         let streamed = model.expert_cache_stats().is_some();
         if streamed && tuning.expert_slots {
             return Err(CudaError::Model(
@@ -547,6 +545,8 @@ impl CudaModel {
                     .into(),
             ));
         }
+        // Under a budget, the expert stacks it leaves no room for stay in host memory.
+        // (with the slot cache, every stack there, and what is left as slots)
         let slot_room = match tuning.gpu_memory {
             Some(budget) if tuning.expert_slots => {
                 Some(crate::tiers::room_for_experts(&dp, fixed, budget)?)
@@ -641,35 +641,32 @@ impl CudaModel {
                     .map(|m| (dp.matrices[m].kernel, dp.matrices[m].expert_bytes())),
                 k,
             );
-            let c = if streamed {
-                k
-            } else if tuning.cpu_experts_auto {
-                let c = match timed.get(&kind) {
-                    Some(&c) => c,
-                    None => {
-                        let stacks = moe.experts.map(|m| matrices[m].address(&stream));
-                        let experts = model
-                            .host_experts(&[l])
-                            .map_err(|e| CudaError::Model(e.to_string()))?;
-                        let chosen = crate::cpu_tier::calibrate(
-                            &stream,
-                            &module,
-                            &dp,
-                            l,
-                            stacks,
-                            &experts,
-                            tier_threads,
-                        )?
-                        .unwrap_or(tuning.cpu_experts);
-                        timed.insert(kind, chosen);
-                        chosen
-                    }
-                };
-                c.min(k.saturating_sub(1))
-            } else {
-                tuning.cpu_experts.min(k.saturating_sub(1))
+            if streamed {
+                counts.push((l, k));
+                continue;
+            }
+            let asked = match timed.get(&kind) {
+                Some(&c) => c,
+                None if tuning.cpu_experts_auto => {
+                    let stacks = moe.experts.map(|m| matrices[m].address(&stream));
+                    let experts = model
+                        .host_experts(&[l])
+                        .map_err(|e| CudaError::Model(e.to_string()))?;
+                    let chosen = crate::cpu_tier::calibrate(
+                        &stream,
+                        &module,
+                        &dp,
+                        l,
+                        stacks,
+                        &experts,
+                        tier_threads,
+                    )?
+                    .unwrap_or(tuning.cpu_experts);
+                    *timed.entry(kind).or_insert(chosen)
+                }
+                None => tuning.cpu_experts,
             };
-            counts.push((l, c));
+            counts.push((l, asked.min(k.saturating_sub(1))));
         }
         let dp = dp.with_cpu_experts_each(&counts)?;
         let mut vectors = Vec::with_capacity(dp.vectors.len());
@@ -798,14 +795,8 @@ impl CudaModel {
                     .map_err(|e| CudaError::Model(e.to_string()))?;
                 let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
                 let threads = tier_threads.max(cores.saturating_sub(2));
-                let mut share = crate::cpu_prompt::PromptCpuShare::new(
-                    experts,
-                    &cpu_layers,
-                    dp.layers.len(),
-                    threads,
-                    count,
-                    adapt,
-                )?;
+                let mut share =
+                    crate::cpu_prompt::PromptCpuShare::new(experts, threads, count, adapt)?;
                 // (a batch's every pair at most, twice that with the groups padded)
                 let most = 2 * MAX_BATCH * dp.max_used * dp.n_embd;
                 // SAFETY: the CPU writes rows before the copies read them.

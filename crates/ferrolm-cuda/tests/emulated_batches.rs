@@ -874,8 +874,7 @@ fn share_prompt_groups(tuning: &CudaTuning) {
                 .collect();
             let k = plan.layers[layers[0]].moe.as_ref().unwrap().n_used;
             let experts = model.host_experts(&layers).unwrap();
-            let share =
-                PromptCpuShare::new(experts, &layers, plan.layers.len(), 2, count, adapt).unwrap();
+            let share = PromptCpuShare::new(experts, 2, count, adapt).unwrap();
             prefill.set_cpu_share(share);
             let seq = ids(1, 60);
             let logits = prefill.eval(&plan, &at, &seq, 0, true, true).unwrap();
@@ -968,8 +967,7 @@ fn batched_steps_share_their_expert_groups_with_the_cpu() {
                 .filter(|&l| plan.layers[l].moe.is_some())
                 .collect();
             let experts = model.host_experts(&layers).unwrap();
-            let share =
-                PromptCpuShare::new(experts, &layers, plan.layers.len(), 2, count, false).unwrap();
+            let share = PromptCpuShare::new(experts, 2, count, false).unwrap();
             prefill.set_cpu_share(share);
             let steps = 3;
             let prompt_len = |s: usize| 2 + (5 * s) % 7;

@@ -13,6 +13,7 @@ use std::sync::Arc;
 
 use host_math::{mean_kl, relative_difference, swiglu_oai, DeltaShape, Rope, Routing};
 
+use ferrolm_cuda::cpu_tier::CpuExperts;
 use ferrolm_cuda::schedule::{
     decode_plan_layers, decode_plan_with, Activations, Arg, Buf, DecodePlan, Launch, MATVEC_ROWS,
     MIXED_QKV, TOKEN_RING,
@@ -106,6 +107,17 @@ impl<'f> Emulator<'f> {
             Arg::F32(v) => *v,
             other => panic!("a float argument, found {other:?}"),
         }
+    }
+
+    /// The plan's CPU tier, `offset` checked to be `slot`'s part of its exchange.
+    fn cpu_tier(&self, name: &str, offset: &Arg, slot: usize) -> &CpuExperts {
+        let tier = (self.plan.cpu_experts.as_ref()).expect("a plan with a CPU tier");
+        assert_eq!(
+            Self::i64(offset),
+            slot * tier.stride,
+            "{name}: the slot's exchange"
+        );
+        tier
     }
 
     /// A vector (weights from the file) or an f32 buffer.
@@ -584,16 +596,7 @@ impl<'f> Emulator<'f> {
             );
             assert_eq!(a[5], Arg::Buf(Buf::CpuExchange));
             assert_eq!(a[7], Arg::Buf(Buf::CpuSeq));
-            let tier = self
-                .plan
-                .cpu_experts
-                .as_ref()
-                .expect("a plan with a CPU tier");
-            assert_eq!(
-                Self::i64(&a[6]),
-                slot * tier.stride,
-                "{name}: the slot's exchange"
-            );
+            self.cpu_tier(name, &a[6], slot);
             let ids = self.u32s[&Buf::ExpertIds][k - c..k].to_vec();
             let h = self.read(Self::buf(&a[3]).unwrap())[..d].to_vec();
             assert!(
@@ -609,16 +612,7 @@ impl<'f> Emulator<'f> {
                 Self::i(&a[6]),
                 Self::i(&a[7]),
             );
-            let tier = self
-                .plan
-                .cpu_experts
-                .as_ref()
-                .expect("a plan with a CPU tier");
-            assert_eq!(
-                Self::i64(&a[1]),
-                slot * tier.stride,
-                "{name}: the slot's exchange"
-            );
+            let layer = self.cpu_tier(name, &a[1], slot).layers[slot];
             let (ids, h) = self
                 .handed
                 .remove(&slot)
@@ -627,8 +621,7 @@ impl<'f> Emulator<'f> {
             let pool = ferrolm_threads::ThreadPool::new(1).unwrap();
             let mut y = vec![0f32; c * d];
             let host = self.host_experts.as_ref().expect("the tier's experts");
-            host.outputs(&pool, tier.layers[slot], &ids, &h, &mut y)
-                .unwrap();
+            host.outputs(&pool, layer, &ids, &h, &mut y).unwrap();
             self.write(Self::buf(&a[4]).unwrap(), (k - c) * d, &y);
         } else if name == "moe_add_bias" {
             // moe_add_bias(y, bias, ids, rows): grid row j adds expert ids[j]'s rows

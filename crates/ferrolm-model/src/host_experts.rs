@@ -284,17 +284,13 @@ impl HostExperts {
             })
             .collect();
         matmul_group(pool, file, jobs);
-        let bias = |i: usize, e: u32, len: usize| {
-            le.biases[i]
-                .as_deref()
-                .map(|b| &b[e as usize * len..(e as usize + 1) * len])
-        };
         let mut gated = vec![0f32; k * n_ff];
         let mut acts: Vec<QuantizedRows> = Vec::with_capacity(k);
         for (j, &e) in ids.iter().enumerate() {
             let r = j * n_ff..(j + 1) * n_ff;
-            add_bias(&mut g[r.clone()], bias(0, e, n_ff));
-            add_bias(&mut u[r.clone()], bias(1, e, n_ff));
+            let bias = le.bias(e as usize, d);
+            add_bias(&mut g[r.clone()], bias.gate);
+            add_bias(&mut u[r.clone()], bias.up);
             activate(
                 pool,
                 le.activation,
@@ -317,7 +313,7 @@ impl HostExperts {
             .collect();
         matmul_group(pool, file, jobs);
         for (j, &e) in ids.iter().enumerate() {
-            add_bias(&mut out[j * d..(j + 1) * d], bias(2, e, d));
+            add_bias(&mut out[j * d..(j + 1) * d], le.bias(e as usize, d).down);
         }
         Ok(())
     }
