@@ -193,6 +193,11 @@ fn bench_streamed_peak_rss_stays_within_cache_plus_dense_part() {
     assert!(cache["misses"].as_u64().unwrap() > 0, "{cache}");
     assert!(resident.get("expert_cache").is_none());
     assert!(streamed["pp16"].as_f64().unwrap() > 0.0);
+    assert_eq!(
+        streamed["pp16_sd"].as_f64(),
+        Some(0.0),
+        "one repetition: no spread"
+    );
     // The dense part is about 2 MB; 64 MB covers the binary, stacks, KV cache and activations.
     let (s, r) = (mb(&streamed), mb(&resident));
     assert!(s <= 16.0 + 2.0 + 64.0, "streamed peak RSS {s:.1} MB");

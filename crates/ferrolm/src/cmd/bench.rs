@@ -24,7 +24,7 @@ pub struct BenchArgs {
     /// Generated tokens (0: skip the tg test); with --batch, per sequence.
     #[arg(short = 'n', long, default_value_t = 128)]
     pub n_gen: usize,
-    /// Repetitions; the median is reported.
+    /// Repetitions; the median is reported, with the repetitions' standard deviation.
     #[arg(short = 'r', long, default_value_t = 3)]
     pub reps: usize,
     /// Sequences decoded together, a comma-separated list (`1,4,16,64`): per batch size, the
@@ -37,9 +37,14 @@ pub struct BenchArgs {
     pub json: bool,
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
+/// The median of the repetitions' speeds and their sample standard deviation (0 for one
+/// repetition), as llama-bench reports a spread beside each speed.
+fn median_and_spread(mut v: Vec<f64>) -> (f64, f64) {
     v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
+    let n = v.len() as f64;
+    let mean = v.iter().sum::<f64>() / n;
+    let var = v.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1.0).max(1.0);
+    (v[v.len() / 2], var.sqrt())
 }
 
 /// Parses `1,4,16` into batch sizes (each at least 1).
@@ -84,7 +89,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
             eval_one(backend.as_mut(), 0, &ids, Logits::Last)?;
             speeds.push(args.n_prompt as f64 / t.elapsed().as_secs_f64());
         }
-        results.push((format!("pp{}", args.n_prompt), median(speeds)));
+        results.push((format!("pp{}", args.n_prompt), median_and_spread(speeds)));
     }
     if args.n_gen > 0 {
         // Greedy steps; where the device chooses, each step is queued before the previous
@@ -118,22 +123,23 @@ pub fn run(args: BenchArgs) -> Result<()> {
         if on_device {
             backend.sample_on_device(0, None)?;
         }
-        let tg = median(speeds);
+        let (tg, spread) = median_and_spread(speeds);
         if let Some(line) = backend.decode_report(tg, args.n_gen / 2) {
             if !args.json {
                 eprintln!("ferrolm: tg: {line}");
             }
         }
-        results.push((format!("tg{}", args.n_gen), tg));
+        results.push((format!("tg{}", args.n_gen), (tg, spread)));
     }
     let peak_rss = telemetry::peak_rss_bytes();
     let cache = model.expert_cache_stats();
     let tiers = backend.expert_tier_stats();
     if args.json {
-        let mut obj: serde_json::Map<String, serde_json::Value> = results
-            .iter()
-            .map(|(k, v)| (k.clone(), serde_json::json!(v)))
-            .collect();
+        let mut obj = serde_json::Map::new();
+        for (test, (tps, spread)) in &results {
+            obj.insert(test.clone(), serde_json::json!(tps));
+            obj.insert(format!("{test}_sd"), serde_json::json!(spread));
+        }
         if let Some(b) = peak_rss {
             obj.insert("peak_rss_bytes".into(), b.into());
         }
@@ -151,11 +157,11 @@ pub fn run(args: BenchArgs) -> Result<()> {
         .file_name()
         .map_or_else(String::new, |f| f.to_string_lossy().into_owned());
     let where_ = backend.describe();
-    println!("| model | size | backend | threads | test | t/s |");
-    println!("| --- | ---: | --- | ---: | ---: | ---: |");
-    for (test, tps) in &results {
+    println!("| model | size | backend | threads | test | t/s | sd |");
+    println!("| --- | ---: | --- | ---: | ---: | ---: | ---: |");
+    for (test, (tps, spread)) in &results {
         println!(
-            "| {name} | {:.1} MiB | {where_} | {} | {test} | {tps:.2} |",
+            "| {name} | {:.1} MiB | {where_} | {} | {test} | {tps:.2} | {spread:.2} |",
             size as f64 / (1 << 20) as f64,
             model.threads()
         );
@@ -269,8 +275,8 @@ fn batched(
         let runs = (0..args.reps.max(1))
             .map(|_| batched_once(args, backend, b, rng))
             .collect::<Result<Vec<_>>>()?;
-        let pp_s = median(runs.iter().map(|r| r.pp_s).collect());
-        let tg_s = median(runs.iter().map(|r| r.tg_s).collect());
+        let pp_s = median_and_spread(runs.iter().map(|r| r.pp_s).collect()).0;
+        let tg_s = median_and_spread(runs.iter().map(|r| r.tg_s).collect()).0;
         rows.push((b, pp_s, tg_s));
     }
     let rate = |tokens: usize, s: f64| tokens as f64 / s.max(1e-9);
@@ -305,4 +311,20 @@ fn batched(
         );
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn median_and_spread_of_repetitions() {
+        assert_eq!(median_and_spread(vec![5.0]), (5.0, 0.0));
+        let (m, sd) = median_and_spread(vec![3.0, 1.0, 2.0]);
+        assert_eq!(m, 2.0);
+        assert!((sd - 1.0).abs() < 1e-12, "{sd}");
+        let (m, sd) = median_and_spread(vec![10.0, 10.0, 40.0, 20.0]);
+        assert_eq!(m, 20.0);
+        assert!((sd - 200f64.sqrt()).abs() < 1e-9, "{sd}");
+    }
 }
