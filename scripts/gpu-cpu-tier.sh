@@ -13,8 +13,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 LOG=${OUT:-/tmp}/cpu-tier.txt
 source scripts/gpu-call.sh
-[ -f $W/moe30.gguf ] || PYTHONPATH=.bench/llama.cpp/gguf-py python3 .bench/make_moe.py \
-  qwen3-30b-a3b $W/moe30.gguf > /tmp/moe30.out 2>&1
+moe30
 G="--gpu-memory 6"
 CE=FERROLM_CUDA_CPU_EXPERTS; ES=FERROLM_CUDA_EXPERT_SLOTS=1
 for v in "$CE=0" "$CE=2" "$CE=auto" "$CE=4" "$CE=6" "$CE=4 FERROLM_CUDA_CPU_TIER_THREADS=12" \

@@ -15,8 +15,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 LOG=${OUT:-/tmp}/moe-prompts.txt
 source scripts/gpu-call.sh
-[ -f $W/moe30.gguf ] || PYTHONPATH=.bench/llama.cpp/gguf-py python3 .bench/make_moe.py \
-  qwen3-30b-a3b $W/moe30.gguf > /tmp/moe30.out 2>&1
+moe30
 G="--gpu-memory 6"; PE=FERROLM_CUDA_PROMPT_CPU_EXPERTS
 for v in "$PE=0" "$PE=auto" "$PE=32" "$PE=48" "$PE=64" "$PE=80" "$PE=auto"; do
   say "== moe30 $G pp512, $v ($(el) s)"

@@ -92,7 +92,9 @@ pub trait BatchDevice {
         src: &[T],
         dst: &mut Self::Buffer<T>,
         what: &str,
-    ) -> Result<(), CudaError>;
+    ) -> Result<(), CudaError> {
+        self.upload_at(src, dst, 0, what)
+    }
     /// Elements `at..at + src.len()` of `dst` = `src`.
     fn upload_at<T: Element>(
         &self,
@@ -306,17 +308,6 @@ impl BatchDevice for CudaBatch {
 
     fn address<T: Element>(&self, buf: &CudaSlice<T>) -> u64 {
         buf.device_ptr(&self.stream).0
-    }
-
-    fn upload<T: Element>(
-        &self,
-        src: &[T],
-        dst: &mut CudaSlice<T>,
-        what: &str,
-    ) -> Result<(), CudaError> {
-        self.stream
-            .memcpy_htod(src, &mut dst.slice_mut(..src.len()))
-            .map_err(driver(what))
     }
 
     fn upload_at<T: Element>(

@@ -360,18 +360,6 @@ impl BatchDevice for HostDevice<'_> {
         buf.addr
     }
 
-    fn upload<T: Element>(
-        &self,
-        src: &[T],
-        dst: &mut HostBuffer<T>,
-        _: &str,
-    ) -> Result<(), CudaError> {
-        self.not_capturing("an upload");
-        assert!(src.len() <= dst.len, "an upload past the buffer's end");
-        self.memory.borrow_mut().write(dst.addr, src);
-        Ok(())
-    }
-
     fn upload_at<T: Element>(
         &self,
         src: &[T],
